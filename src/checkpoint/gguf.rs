@@ -1,0 +1,1 @@
+//! GGUF (llama.cpp) files → Hugging Face checkpoints.

@@ -1,0 +1,30 @@
+//! Command-line types. Each verb's arguments live beside its implementation in `commands/`.
+
+use clap::{Parser, Subcommand};
+
+use crate::commands;
+
+/// Turn Hugging Face causal language models into iOS17 Core ML packages, and prove them right.
+#[derive(Debug, Parser)]
+#[command(name = "hf2coreml", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Describe a checkpoint: architecture, parameters, tensors by role, sizes under the recipe.
+    Inspect(commands::inspect::Args),
+    /// Check a plan against a device's app memory limit (exit 1 when it does not fit).
+    Budget(commands::budget::Args),
+}
+
+impl Command {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self {
+            Command::Inspect(a) => commands::inspect::run(a),
+            Command::Budget(a) => commands::budget::run(a),
+        }
+    }
+}

@@ -1,0 +1,163 @@
+use std::path::PathBuf;
+
+use anyhow::Context;
+use hf2coreml::budget::{self, Devices, Limit};
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::error::CheckFailed;
+use hf2coreml::util::{fmt_bytes, fmt_count};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (config.json + *.safetensors).
+    #[arg(required_unless_present = "list_devices")]
+    pub dir: Option<PathBuf>,
+    /// Target device profile (see --list-devices).
+    #[arg(long, conflicts_with = "memory_limit")]
+    pub device: Option<String>,
+    /// Check against an explicit limit instead of a device, e.g. `3.5GiB` or bytes.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub memory_limit: Option<u64>,
+    /// Use the limit with the increased-memory-limit entitlement.
+    #[arg(long)]
+    pub increased_memory_limit: bool,
+    /// The package's fixed max_sequence_length S.
+    #[arg(long, default_value_t = 512)]
+    pub max_seq_len: usize,
+    /// Tokens per step Q.
+    #[arg(long, default_value_t = 1)]
+    pub query_len: usize,
+    /// Device table to use instead of the built-in one.
+    #[arg(long)]
+    pub devices: Option<PathBuf>,
+    /// Print the device table and exit.
+    #[arg(long)]
+    pub list_devices: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    budget::parse_size(s)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let devices = match &args.devices {
+        Some(p) => Devices::from_file(p)?,
+        None => Devices::builtin(),
+    };
+    if args.list_devices {
+        if args.json {
+            return super::print_json(&devices.devices);
+        }
+        println!(
+            "{:<20} {:<44} {:>9} {:>11} {:>11}",
+            "device", "name", "RAM", "app limit", "increased"
+        );
+        for d in &devices.devices {
+            println!(
+                "{:<20} {:<44} {:>9} {:>11} {:>11}",
+                d.id,
+                d.name,
+                fmt_bytes(d.ram_bytes),
+                fmt_bytes(d.app_limit_bytes),
+                fmt_bytes(d.app_limit_increased_bytes)
+            );
+        }
+        return Ok(());
+    }
+    let dir = args.dir.as_ref().expect("clap requires dir");
+    if args.max_seq_len == 0 || args.query_len == 0 {
+        anyhow::bail!("--max-seq-len and --query-len must be at least 1");
+    }
+    if args.query_len > args.max_seq_len {
+        anyhow::bail!(
+            "--query-len ({}) cannot exceed --max-seq-len ({})",
+            args.query_len,
+            args.max_seq_len
+        );
+    }
+    let limit = match (&args.device, args.memory_limit) {
+        (Some(id), _) => Limit::for_device(devices.get(id)?, args.increased_memory_limit),
+        (None, Some(bytes)) => Limit::explicit(bytes),
+        (None, None) => anyhow::bail!("give --device NAME or --memory-limit BYTES"),
+    };
+    let ckpt = Checkpoint::open(dir)
+        .with_context(|| format!("cannot read checkpoint {}", dir.display()))?;
+    let spec = ckpt.spec();
+    let weights = budget::weights_bytes(&ckpt.slots(), budget::default_storage);
+    let b = budget::compute(spec, weights, args.max_seq_len, args.query_len, &limit);
+    if args.json {
+        super::print_json(&b)?;
+    } else {
+        let target = match &b.device {
+            Some(id) => format!(
+                "{} ({}{})",
+                id,
+                devices.get(id)?.name,
+                if b.increased_memory_limit {
+                    ", increased-memory-limit entitlement"
+                } else {
+                    ""
+                }
+            ),
+            None => "explicit limit".to_string(),
+        };
+        println!(
+            "Budget for {} at S={} Q={} on {}",
+            spec.architecture, b.max_seq_len, b.query_len, target
+        );
+        let row = |k: &str, v: u64, note: &str| {
+            println!("  {k:<22} {:>12}  {note}", fmt_bytes(v));
+        };
+        row(
+            "weights",
+            b.weights_bytes,
+            "default recipe: projections 4-bit LUT, rest fp16",
+        );
+        row(
+            "kv cache",
+            b.kv_cache_bytes,
+            &format!(
+                "2 × {} layers × {} kv heads × {} × S {} × 2 B",
+                spec.num_hidden_layers, spec.num_key_value_heads, spec.head_dim, b.max_seq_len
+            ),
+        );
+        row(
+            "step working set",
+            b.working_set_bytes,
+            "logits, updates, scores, activations",
+        );
+        row(
+            "runtime overhead",
+            b.runtime_overhead_bytes,
+            "Core ML + app",
+        );
+        row("total", b.total_bytes, "");
+        row(
+            "usable",
+            b.usable_bytes,
+            &format!(
+                "limit {} less {:.0}% safety margin",
+                fmt_bytes(b.limit_bytes),
+                b.safety_margin * 100.0
+            ),
+        );
+        println!(
+            "  {}: headroom {}{}; largest max_seq_len that fits: {}",
+            if b.fits { "FITS" } else { "DOES NOT FIT" },
+            if b.headroom_bytes < 0 { "-" } else { "" },
+            fmt_bytes(b.headroom_bytes.unsigned_abs()),
+            fmt_count(b.max_seq_len_that_fits as u64)
+        );
+    }
+    if !b.fits {
+        return Err(CheckFailed(format!(
+            "the plan needs {} but only {} is usable",
+            fmt_bytes(b.total_bytes),
+            fmt_bytes(b.usable_bytes)
+        ))
+        .into());
+    }
+    Ok(())
+}

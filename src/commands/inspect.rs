@@ -1,0 +1,86 @@
+use std::path::PathBuf;
+
+use anyhow::Context;
+use hf2coreml::checkpoint::{summary, Checkpoint};
+use hf2coreml::util::{fmt_bytes, fmt_count};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (config.json + *.safetensors).
+    pub dir: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let ckpt = Checkpoint::open(&args.dir)
+        .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
+    let s = summary::summarize(&ckpt);
+    if args.json {
+        return super::print_json(&s);
+    }
+    println!("{}  {}", s.architecture, s.path);
+    println!(
+        "  parameters   {} ({}tied embeddings)",
+        fmt_count(s.parameters),
+        if s.tie_word_embeddings { "" } else { "un" }
+    );
+    println!(
+        "  layers       {}   hidden {}   intermediate {}",
+        s.layers, s.hidden_size, s.intermediate_size
+    );
+    println!(
+        "  heads        {} query, {} key/value (GQA ×{}), head_dim {}",
+        s.num_attention_heads,
+        s.num_key_value_heads,
+        s.num_attention_heads / s.num_key_value_heads,
+        s.head_dim
+    );
+    println!("  vocab        {}", fmt_count(s.vocab_size as u64));
+    println!(
+        "  context      {}   rope θ {}   scaling {}",
+        s.context_length,
+        s.rope_theta,
+        match &s.rope_scaling {
+            hf2coreml::checkpoint::RopeScaling::None => "none".to_string(),
+            hf2coreml::checkpoint::RopeScaling::Linear { factor } => format!("linear ×{factor}"),
+            hf2coreml::checkpoint::RopeScaling::Llama3 { factor, .. } =>
+                format!("llama3 ×{factor}"),
+        }
+    );
+    println!(
+        "  dtype        {} (config: {})",
+        s.dtype,
+        s.config_dtype.as_deref().unwrap_or("unset")
+    );
+    println!();
+    println!(
+        "  {:<10} {:>8} {:>14} {:>12}",
+        "role", "tensors", "parameters", "bytes"
+    );
+    for g in &s.groups {
+        if g.tensors == 0 {
+            continue;
+        }
+        println!(
+            "  {:<10} {:>8} {:>14} {:>12}",
+            g.role,
+            g.tensors,
+            fmt_count(g.parameters),
+            fmt_bytes(g.bytes)
+        );
+    }
+    println!();
+    println!(
+        "  checkpoint files        {}",
+        fmt_bytes(s.checkpoint_bytes)
+    );
+    println!("  all fp16                {}", fmt_bytes(s.fp16_bytes));
+    println!(
+        "  default recipe          {}  (projections 4-bit LUT, embedding/lm_head/norms fp16; {:.2} bits/weight)",
+        fmt_bytes(s.default_recipe_bytes),
+        s.default_recipe_bytes as f64 * 8.0 / s.parameters as f64
+    );
+    Ok(())
+}

@@ -1,0 +1,10 @@
+//! One module per verb: argument types, running, printing.
+
+pub mod budget;
+pub mod inspect;
+
+/// Print `value` as pretty JSON on stdout.
+pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}

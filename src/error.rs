@@ -1,0 +1,72 @@
+//! Exit codes and the error classes the binary maps onto them (DESIGN.md, "Errors and exit codes").
+//!
+//! Library modules keep their own thiserror enums. Two marker types here let any layer say
+//! "this is not bad input": [`CheckFailed`] (exit 1) and [`EnvironmentError`] (exit 3). Everything
+//! else that reaches `main` as an error is bad input or configuration (exit 2).
+
+use std::fmt;
+
+/// Process exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitCode {
+    Success = 0,
+    /// A check or quality gate failed (budget does not fit, validation gate failed).
+    CheckFailed = 1,
+    /// Bad input or configuration.
+    BadInput = 2,
+    /// Environment problem: Python, coremltools or the platform is missing.
+    Environment = 3,
+}
+
+/// A check or gate that failed; the command already printed its report.
+#[derive(Debug, Clone)]
+pub struct CheckFailed(pub String);
+
+impl fmt::Display for CheckFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for CheckFailed {}
+
+/// The machine lacks something the command needs; `fix` is the command that fixes it.
+#[derive(Debug, Clone)]
+pub struct EnvironmentError {
+    pub message: String,
+    pub fix: String,
+}
+
+impl fmt::Display for EnvironmentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+impl std::error::Error for EnvironmentError {}
+
+/// Classify an error chain into an exit code.
+pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
+    for cause in err.chain() {
+        if cause.downcast_ref::<EnvironmentError>().is_some() {
+            return ExitCode::Environment;
+        }
+        if cause.downcast_ref::<CheckFailed>().is_some() {
+            return ExitCode::CheckFailed;
+        }
+    }
+    ExitCode::BadInput
+}
+
+/// A hint printed under the error, when the chain holds an error that has one.
+pub fn hint_for(err: &anyhow::Error) -> Option<String> {
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<EnvironmentError>() {
+            return Some(format!("run `{}`", e.fix));
+        }
+        if let Some(e) = cause.downcast_ref::<crate::checkpoint::CheckpointError>() {
+            if let Some(h) = e.hint() {
+                return Some(h.to_string());
+            }
+        }
+    }
+    None
+}

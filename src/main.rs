@@ -1,0 +1,26 @@
+use clap::Parser;
+
+mod cli;
+mod commands;
+
+use hf2coreml::error::{exit_code_for, hint_for, ExitCode};
+
+fn main() {
+    let cli = cli::Cli::parse();
+    let code = match cli.command.run() {
+        Ok(()) => ExitCode::Success,
+        Err(err) => {
+            let code = exit_code_for(&err);
+            // A failed check already printed its report; say why in one line.
+            eprintln!("error: {err}");
+            for cause in err.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            if let Some(hint) = hint_for(&err) {
+                eprintln!("hint: {hint}");
+            }
+            code
+        }
+    };
+    std::process::exit(code as i32);
+}

@@ -1,0 +1,33 @@
+//! Running packages on the CPU: the MIL interpreter (`interp`), and the token loop with a
+//! preallocated static KV cache, sampling and chat templates on top of any [`StepModel`].
+
+use half::f16;
+
+/// One step of a contract-v1 model (DESIGN.md, "The package contract"): the interpreted
+/// package implements it, and so can anything else that follows the contract (a reference, a
+/// Core ML backend on macOS).
+pub trait StepModel {
+    /// The dimensions and token ids the model was built with.
+    fn contract(&self) -> &crate::contract::Contract;
+
+    /// Run tokens `input_ids` (exactly Q of them) at absolute positions `position ..
+    /// position + Q`, reading cache rows `[0, position)` of `key_cache`/`value_cache`
+    /// ([L, Hkv, S, D], row-major).
+    fn step(
+        &mut self,
+        input_ids: &[i32],
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+    ) -> anyhow::Result<StepOutput>;
+}
+
+/// What one step returns.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// [Q, V] next-token logits, row-major.
+    pub logits: Vec<f32>,
+    /// [L, Hkv, Q, D]: rows for cache positions `position .. position + Q`.
+    pub key_update: Vec<f16>,
+    pub value_update: Vec<f16>,
+}

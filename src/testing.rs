@@ -1,0 +1,276 @@
+//! Test fixtures built in code: small random checkpoints written as real safetensors
+//! directories. Used by unit tests, integration tests, benches and `make demo`'s tiny model.
+//! No weights live in git.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+use safetensors::{serialize_to_file, Dtype, View};
+
+use crate::arch;
+use crate::checkpoint::{Architecture, DType, ModelSpec};
+
+/// The shape of a fixture model.
+#[derive(Debug, Clone)]
+pub struct TinyModel {
+    pub architecture: Architecture,
+    pub layers: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    /// Explicit head_dim (written to config.json) or hidden/heads when `None`.
+    pub head_dim: Option<usize>,
+    pub vocab: usize,
+    pub tied: bool,
+    pub dtype: DType,
+    /// Number of safetensors shards (1 = a single model.safetensors).
+    pub shards: usize,
+    /// Write a transformers-5 style config (`rope_parameters`, `dtype`) instead of v4.
+    pub transformers5: bool,
+    /// `rope_scaling` JSON object (v4 style), if any.
+    pub rope_scaling: Option<serde_json::Value>,
+    pub rope_theta: f64,
+    pub seed: u64,
+    /// Standard deviation of the random weights.
+    pub scale: f32,
+}
+
+impl TinyModel {
+    /// Llama with GQA and tied embeddings, bf16, one file.
+    pub fn llama() -> Self {
+        TinyModel {
+            architecture: Architecture::Llama,
+            layers: 2,
+            hidden: 64,
+            intermediate: 128,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: None,
+            vocab: 96,
+            tied: true,
+            dtype: DType::BF16,
+            shards: 1,
+            transformers5: false,
+            rope_scaling: None,
+            rope_theta: 10_000.0,
+            seed: 1,
+            scale: 0.08,
+        }
+    }
+
+    /// Qwen2 with q/k/v biases, untied, sharded over 2 files, f16.
+    pub fn qwen2() -> Self {
+        TinyModel {
+            architecture: Architecture::Qwen2,
+            tied: false,
+            dtype: DType::F16,
+            shards: 2,
+            rope_theta: 1_000_000.0,
+            seed: 2,
+            ..Self::llama()
+        }
+    }
+
+    /// Mistral, untied, f32, explicit head_dim that differs from hidden/heads.
+    pub fn mistral() -> Self {
+        TinyModel {
+            architecture: Architecture::Mistral,
+            tied: false,
+            dtype: DType::F32,
+            head_dim: Some(24),
+            seed: 3,
+            ..Self::llama()
+        }
+    }
+
+    /// config.json text for this model.
+    pub fn config_json(&self) -> serde_json::Value {
+        let mut c = serde_json::json!({
+            "architectures": [self.architecture.hf_name()],
+            "model_type": self.architecture.model_type(),
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "num_hidden_layers": self.layers,
+            "vocab_size": self.vocab,
+            "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": self.tied,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "hidden_act": "silu",
+        });
+        let obj = c.as_object_mut().expect("json object");
+        if let Some(d) = self.head_dim {
+            obj.insert("head_dim".into(), d.into());
+        }
+        let dtype_name = match self.dtype {
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            DType::F32 => "float32",
+        };
+        if self.transformers5 {
+            obj.insert("dtype".into(), dtype_name.into());
+            let mut rp = serde_json::json!({"rope_type": "default", "rope_theta": self.rope_theta});
+            if let Some(serde_json::Value::Object(s)) = &self.rope_scaling {
+                for (k, v) in s {
+                    let k = if k == "type" { "rope_type" } else { k.as_str() };
+                    rp[k] = v.clone();
+                }
+            }
+            obj.insert("rope_parameters".into(), rp);
+        } else {
+            obj.insert("torch_dtype".into(), dtype_name.into());
+            obj.insert("rope_theta".into(), self.rope_theta.into());
+            obj.insert(
+                "rope_scaling".into(),
+                self.rope_scaling.clone().unwrap_or(serde_json::Value::Null),
+            );
+        }
+        if self.architecture == Architecture::Qwen2 {
+            obj.insert("use_sliding_window".into(), false.into());
+        }
+        c
+    }
+
+    pub fn spec(&self) -> ModelSpec {
+        ModelSpec::from_config_str(&self.config_json().to_string())
+            .expect("fixture config is valid")
+    }
+
+    /// Write config.json and the weights into `dir` (which must exist).
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        let spec = self.spec();
+        std::fs::write(
+            dir.join("config.json"),
+            serde_json::to_string_pretty(&self.config_json())?,
+        )?;
+        let mut rng = SplitMix64(self.seed);
+        let slots = arch::expected_tensors(&spec);
+        let mut tensors: Vec<(String, Blob)> = Vec::new();
+        for slot in &slots {
+            let values: Vec<f32> = match slot.role {
+                // RMSNorm weights near 1, like trained models.
+                arch::Role::Norm => (0..slot.numel())
+                    .map(|_| 1.0 + 0.1 * rng.normal())
+                    .collect(),
+                _ => (0..slot.numel())
+                    .map(|_| self.scale * rng.normal())
+                    .collect(),
+            };
+            tensors.push((
+                slot.name.clone(),
+                Blob::new(self.dtype, slot.shape.clone(), &values),
+            ));
+        }
+        let shards = self.shards.max(1);
+        if shards == 1 {
+            serialize_to_file(tensors, None, &dir.join("model.safetensors"))
+                .map_err(std::io::Error::other)?;
+            return Ok(());
+        }
+        let per = tensors.len().div_ceil(shards);
+        let mut weight_map = BTreeMap::new();
+        let mut chunks: Vec<Vec<(String, Blob)>> = Vec::new();
+        let mut it = tensors.into_iter().peekable();
+        while it.peek().is_some() {
+            chunks.push(it.by_ref().take(per).collect());
+        }
+        let n = chunks.len();
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
+            for (name, _) in &chunk {
+                weight_map.insert(name.clone(), file.clone());
+            }
+            serialize_to_file(chunk, None, &dir.join(&file)).map_err(std::io::Error::other)?;
+        }
+        let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            serde_json::to_string_pretty(&index)?,
+        )?;
+        Ok(())
+    }
+
+    /// Write into a fresh temp dir.
+    pub fn write_temp(&self) -> std::io::Result<tempfile::TempDir> {
+        let dir = tempfile::tempdir()?;
+        self.write(dir.path())?;
+        Ok(dir)
+    }
+}
+
+/// A tensor to serialize.
+pub struct Blob {
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl Blob {
+    pub fn new(dtype: DType, shape: Vec<usize>, values: &[f32]) -> Self {
+        let bytes = match dtype {
+            DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::F16 => values
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            DType::BF16 => values
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        };
+        Blob {
+            dtype,
+            shape,
+            bytes,
+        }
+    }
+}
+
+impl View for Blob {
+    fn dtype(&self) -> Dtype {
+        match self.dtype {
+            DType::F32 => Dtype::F32,
+            DType::F16 => Dtype::F16,
+            DType::BF16 => Dtype::BF16,
+        }
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// A tiny deterministic generator so fixtures are identical everywhere.
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = self.uniform().max(1e-7);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+    }
+}

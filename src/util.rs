@@ -1,0 +1,183 @@
+//! Small shared helpers: atomic outputs, byte formatting, terminal detection.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+/// Write `bytes` to `dest` atomically: a temp file beside it, then a rename.
+pub fn atomic_write(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let parent = parent_dir(dest);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", file_name(dest)))
+        .suffix(".tmp")
+        .tempfile_in(parent)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(dest).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// An output directory built under a temporary name beside its destination and renamed into
+/// place by [`AtomicDir::commit`]. Dropped without commit (error, panic), it is removed, so a
+/// failed run never leaves a partial output under the destination's name.
+#[derive(Debug)]
+pub struct AtomicDir {
+    tmp: Option<tempfile::TempDir>,
+    dest: PathBuf,
+}
+
+impl AtomicDir {
+    /// Start building `dest`. Fails if `dest` exists and `force` is false.
+    pub fn new(dest: &Path, force: bool) -> std::io::Result<Self> {
+        if dest.exists() && !force {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} already exists (use --force to replace it)",
+                    dest.display()
+                ),
+            ));
+        }
+        let parent = parent_dir(dest);
+        std::fs::create_dir_all(parent)?;
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{}.", file_name(dest)))
+            .suffix(".partial")
+            .tempdir_in(parent)?;
+        Ok(AtomicDir {
+            tmp: Some(tmp),
+            dest: dest.to_path_buf(),
+        })
+    }
+
+    /// Where to write the contents.
+    pub fn path(&self) -> &Path {
+        self.tmp.as_ref().expect("not committed").path()
+    }
+
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    /// Move the finished directory into place, replacing any existing `dest`.
+    pub fn commit(mut self) -> std::io::Result<PathBuf> {
+        let tmp = self.tmp.take().expect("commit once");
+        let tmp_path = tmp.keep();
+        if self.dest.exists() {
+            // Move the old output aside first so there is no moment without a complete one
+            // under the destination's name for longer than two renames.
+            let trash = parent_dir(&self.dest).join(format!(
+                ".{}.old-{}",
+                file_name(&self.dest),
+                std::process::id()
+            ));
+            std::fs::rename(&self.dest, &trash)?;
+            std::fs::rename(&tmp_path, &self.dest)?;
+            if trash.is_dir() {
+                std::fs::remove_dir_all(&trash)?;
+            } else {
+                std::fs::remove_file(&trash)?;
+            }
+        } else {
+            std::fs::rename(&tmp_path, &self.dest)?;
+        }
+        Ok(self.dest.clone())
+    }
+}
+
+fn parent_dir(p: &Path) -> &Path {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into())
+}
+
+/// Human-readable bytes (binary units): `1.50 GiB`.
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// A count with thousands separators: `134,515,008`.
+pub fn fmt_count(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// True when progress bars and colours make sense (stderr is a terminal, not CI).
+pub fn stderr_is_terminal() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("CI").is_none()
+}
+
+/// A progress bar on stderr, hidden when stderr is not a terminal.
+pub fn progress_bar(len: u64, label: &str) -> indicatif::ProgressBar {
+    if !stderr_is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_bytes() {
+        assert_eq!(fmt_count(134_515_008), "134,515,008");
+        assert_eq!(fmt_count(12), "12");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(10), "10 B");
+    }
+
+    #[test]
+    fn atomic_dir_commits_or_vanishes() {
+        let root = tempfile::tempdir().unwrap();
+        let dest = root.path().join("out.mlpackage");
+        {
+            let d = AtomicDir::new(&dest, false).unwrap();
+            std::fs::write(d.path().join("x"), b"1").unwrap();
+            // dropped without commit
+        }
+        assert!(!dest.exists());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+        let d = AtomicDir::new(&dest, false).unwrap();
+        std::fs::write(d.path().join("x"), b"1").unwrap();
+        d.commit().unwrap();
+        assert!(dest.join("x").is_file());
+        assert!(AtomicDir::new(&dest, false).is_err());
+        let d = AtomicDir::new(&dest, true).unwrap();
+        std::fs::write(d.path().join("y"), b"2").unwrap();
+        d.commit().unwrap();
+        assert!(dest.join("y").is_file() && !dest.join("x").exists());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+    }
+}
