@@ -6,6 +6,9 @@ interpreter's end-to-end StepModel test (tests/interp_step.rs).
 usage: python decode_step.py OUT_DIR Q [Q ...]
 writes OUT_DIR/q{Q}/model.mlpackage for each Q, and OUT_DIR/reference.json:
   {"tokens": [...], "logits": [[V floats] per position], "S": .., "V": ..}
+
+HF2COREML_STEP_DIMS="L,H,HKV,D,HID,INTER,V,S" builds another size with a tied embedding and
+no reference (benches use the SmolLM2-135M shape: 30,9,3,64,576,1536,49152,512).
 """
 
 import json
@@ -19,6 +22,9 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
 L, H, HKV, D, HID, INTER, V, S = 2, 4, 2, 8, 32, 48, 50, 16
+DIMS = os.environ.get("HF2COREML_STEP_DIMS")
+if DIMS:
+    L, H, HKV, D, HID, INTER, V, S = (int(v) for v in DIMS.split(","))
 EPS = 1e-5
 THETA = 10000.0
 RNG = np.random.default_rng(7)
@@ -36,6 +42,8 @@ def weights():
     w = {"embed": (RNG.standard_normal((V, HID)) * 0.5).astype(np.float16),
          "norm": (1.0 + RNG.standard_normal(HID) * 0.1).astype(np.float16),
          "lm_head": (RNG.standard_normal((V, HID)) * 0.3).astype(np.float16)}
+    if DIMS:
+        w["lm_head"] = w["embed"]
     for l in range(L):
         for name, shape in [("q", (H * D, HID)), ("k", (HKV * D, HID)), ("v", (HKV * D, HID)),
                             ("o", (HID, H * D)), ("gate", (INTER, HID)), ("up", (INTER, HID)),
@@ -187,6 +195,8 @@ def main():
                            compute_precision=ct.precision.FLOAT16)
         model.user_defined_metadata["hf2coreml.contract"] = json.dumps(contract(q))
         model.save(os.path.join(out, f"q{q}", "model.mlpackage"))
+    if DIMS:
+        return
     logits = reference(w, tokens)
     with open(os.path.join(out, "reference.json"), "w") as fh:
         json.dump({"tokens": tokens, "logits": logits.tolist(), "S": S, "V": V}, fh)

@@ -66,6 +66,8 @@ pub struct OpStat {
     pub non_finite: u64,
     /// Op executions seen.
     pub count: u64,
+    /// Wall time spent in this op kind, in nanoseconds (for profiling the interpreter).
+    pub nanos: u64,
 }
 
 /// Per-op-kind statistics over one or more runs (pass the same collector to each run).
@@ -75,9 +77,10 @@ pub struct Stats {
 }
 
 impl Stats {
-    fn record(&mut self, op_type: &str, t: &Tensor) {
+    fn record(&mut self, op_type: &str, t: &Tensor, nanos: u64) {
         let s = self.ops.entry(op_type.to_string()).or_default();
         s.count += 1;
+        s.nanos += nanos;
         let mut scan = |x: f32| {
             if x.is_finite() {
                 s.max_abs = s.max_abs.max(x.abs());
@@ -125,6 +128,21 @@ pub struct Program {
     outputs: Vec<(String, usize)>,
     opset: String,
 }
+
+/// Ops that only move elements: their results need no rounding when the dtype is unchanged.
+const LAYOUT_OPS: &[&str] = &[
+    "reshape",
+    "expand_dims",
+    "squeeze",
+    "identity",
+    "transpose",
+    "concat",
+    "split",
+    "slice_by_index",
+    "slice_by_size",
+    "tile",
+    "gather",
+];
 
 /// Ops whose value is computed once at load.
 const CONSTEXPR: &[&str] = &["const", "constexpr_lut_to_dense"];
@@ -318,7 +336,11 @@ impl Program {
             });
         }
         for ins in &self.instrs {
-            let results = self.exec(ins, &env)?;
+            let started = stats.is_some().then(std::time::Instant::now);
+            let results = match self.reshape_in_place(ins, &mut env) {
+                Some(t) => vec![t],
+                None => self.exec(ins, &env)?,
+            };
             for ((s, ty), (mut t, name)) in ins
                 .outputs
                 .iter()
@@ -339,9 +361,17 @@ impl Program {
                         });
                     }
                 }
-                let t = self.conform(t, ty.dtype);
+                // Ops that only move values keep them representable in their dtype.
+                let t = if LAYOUT_OPS.contains(&ins.op_type.as_str())
+                    && t.dtype == effective_dtype(ty.dtype, self.options)
+                {
+                    t
+                } else {
+                    self.conform(t, ty.dtype)
+                };
                 if let Some(st) = stats.as_deref_mut() {
-                    st.record(&ins.op_type, &t);
+                    let nanos = started.map_or(0, |s| s.elapsed().as_nanos() as u64);
+                    st.record(&ins.op_type, &t, nanos);
                 }
                 env[*s] = Some(Arc::new(t));
             }
@@ -360,6 +390,39 @@ impl Program {
             );
         }
         Ok(out)
+    }
+
+    /// A reshape-like op whose input dies here takes the input's storage instead of copying.
+    fn reshape_in_place(&self, ins: &Instr, env: &mut [Option<Arc<Tensor>>]) -> Option<Tensor> {
+        if !matches!(
+            ins.op_type.as_str(),
+            "reshape" | "expand_dims" | "squeeze" | "identity"
+        ) {
+            return None;
+        }
+        let (_, args) = ins.inputs.iter().find(|(k, _)| k == "x")?;
+        let Some(Arg::Slot(s)) = args.first() else {
+            return None;
+        };
+        let (_, ty) = ins.outputs.first()?;
+        if !ins.frees.contains(s) {
+            return None;
+        }
+        let arc = env[*s].take()?;
+        match Arc::try_unwrap(arc) {
+            Ok(mut t) if t.len() == ty.shape.iter().product::<usize>() => {
+                t.shape = ty.shape.clone();
+                Some(t)
+            }
+            Ok(t) => {
+                env[*s] = Some(Arc::new(t));
+                None
+            }
+            Err(arc) => {
+                env[*s] = Some(arc);
+                None
+            }
+        }
     }
 
     fn conform(&self, t: Tensor, dtype: DType) -> Tensor {

@@ -669,9 +669,31 @@ fn strided(x: &Tensor, start: &[i64], step: &[i64], shape: Vec<usize>) -> OpResu
             ));
         }
     }
-    // Contiguous fast path: only the leading dims are restricted (like a layer of the cache).
-    let idx = strided_indices(&x.shape, start, step, &shape);
-    let data = map_data!(&x.data, |v| take(v, &idx));
+    // Copy contiguous runs: trailing axes taken whole, plus one more axis with step 1 (a layer
+    // of the cache is a single run).
+    let r = x.rank();
+    let mut k = r;
+    let mut run = 1usize;
+    while k > 0 && step[k - 1] == 1 && start[k - 1] == 0 && shape[k - 1] == x.shape[k - 1] {
+        run *= shape[k - 1];
+        k -= 1;
+    }
+    if k > 0 && step[k - 1] == 1 {
+        run *= shape[k - 1];
+        k -= 1;
+    }
+    let mut outer_shape = shape.clone();
+    for d in outer_shape.iter_mut().skip(k) {
+        *d = 1;
+    }
+    let bases = strided_indices(&x.shape, start, step, &outer_shape);
+    let data = map_data!(&x.data, |v| {
+        let mut out = Vec::with_capacity(bases.len() * run);
+        for &b in &bases {
+            out.extend_from_slice(&v[b..b + run]);
+        }
+        out
+    });
     Ok(Tensor::new(x.dtype, shape, data))
 }
 
@@ -780,24 +802,34 @@ pub fn tile(args: &Args) -> OpResult<Tensor> {
     if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
         return Err(format!("reps {reps:?} for shape {:?}", x.shape));
     }
-    let shape: Vec<usize> = x
-        .shape
-        .iter()
-        .zip(&reps)
-        .map(|(&d, &r)| d * r as usize)
-        .collect();
-    let st = strides(&x.shape);
-    let n: usize = shape.iter().product();
-    let ost = strides(&shape);
-    let idx: Vec<usize> = (0..n)
-        .map(|i| {
-            (0..x.rank())
-                .map(|d| (i / ost[d] % shape[d]) % x.shape[d] * st[d])
-                .sum()
-        })
-        .collect();
-    let data = map_data!(&x.data, |v| take(v, &idx));
+    let reps: Vec<usize> = reps.iter().map(|&r| r as usize).collect();
+    let shape: Vec<usize> = x.shape.iter().zip(&reps).map(|(&d, &r)| d * r).collect();
+    let data = map_data!(&x.data, |v| tile_blocks(v, &x.shape, &reps));
     Ok(Tensor::new(x.dtype, shape, data))
+}
+
+/// Tile by whole-block copies, innermost axis first (no per-element index arithmetic).
+fn tile_blocks<T: Copy>(src: &[T], shape: &[usize], reps: &[usize]) -> Vec<T> {
+    let mut cur = src.to_vec();
+    let mut cur_shape = shape.to_vec();
+    for d in (0..shape.len()).rev() {
+        let r = reps[d];
+        if r == 1 {
+            continue;
+        }
+        let outer: usize = cur_shape[..d].iter().product();
+        let block: usize = cur_shape[d..].iter().product();
+        let mut next = Vec::with_capacity(cur.len() * r);
+        for o in 0..outer {
+            let b = &cur[o * block..(o + 1) * block];
+            for _ in 0..r {
+                next.extend_from_slice(b);
+            }
+        }
+        cur = next;
+        cur_shape[d] *= r;
+    }
+    cur
 }
 
 pub fn gather(args: &Args) -> OpResult<Tensor> {
