@@ -81,24 +81,46 @@ impl Stats {
         let s = self.ops.entry(op_type.to_string()).or_default();
         s.count += 1;
         s.nanos += nanos;
-        let mut scan = |x: f32| {
-            if x.is_finite() {
-                s.max_abs = s.max_abs.max(x.abs());
-            } else {
-                s.non_finite += 1;
-            }
+        let (max_abs, non_finite) = match &t.data {
+            Data::F(v) => scan_f32(v),
+            Data::Half(v) => scan_f16(v),
+            _ => return,
         };
-        match &t.data {
-            Data::F(v) => v.iter().for_each(|&x| scan(x)),
-            Data::Half(v) => v.iter().for_each(|x| scan(x.to_f32())),
-            _ => {}
-        }
+        s.max_abs = s.max_abs.max(max_abs);
+        s.non_finite += non_finite;
     }
 
     /// Whether any op produced inf or NaN.
     pub fn any_non_finite(&self) -> bool {
         self.ops.values().any(|s| s.non_finite > 0)
     }
+}
+
+/// Largest finite |x| and the count of inf/NaN, in one pass the compiler can vectorize.
+fn scan_f32(v: &[f32]) -> (f32, u64) {
+    let mut m = 0f32;
+    let mut bad = 0u64;
+    for &x in v {
+        let a = x.abs();
+        let finite = a < f32::INFINITY;
+        m = if finite && a > m { a } else { m };
+        bad += (!finite) as u64;
+    }
+    (m, bad)
+}
+
+/// The same on fp16 bits: |x| orders like its bits with the sign cleared; 0x7c00 and above is
+/// inf or NaN.
+fn scan_f16(v: &[f16]) -> (f32, u64) {
+    let mut m = 0u16;
+    let mut bad = 0u64;
+    for x in v {
+        let a = x.to_bits() & 0x7fff;
+        let finite = a < 0x7c00;
+        m = if finite && a > m { a } else { m };
+        bad += (!finite) as u64;
+    }
+    (f16::from_bits(m).to_f32(), bad)
 }
 
 #[derive(Debug, Clone)]
