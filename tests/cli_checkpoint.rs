@@ -96,7 +96,10 @@ fn inspect_mistral_f32_explicit_head_dim() {
     let dir = m.write_temp().unwrap();
     let j = inspect_json(dir.path());
     assert_eq!(j["architecture"], "MistralForCausalLM");
-    assert_eq!(j["head_dim"], 24, "explicit head_dim overrides hidden/heads");
+    assert_eq!(
+        j["head_dim"], 24,
+        "explicit head_dim overrides hidden/heads"
+    );
     assert_eq!(j["dtype"], "f32");
 }
 
@@ -135,7 +138,13 @@ fn inspect_text_report_has_the_role_table() {
     let out = hf2coreml(&["inspect", dir.path().to_str().unwrap()]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for needle in ["LlamaForCausalLM", "attention", "mlp", "norms", "default recipe"] {
+    for needle in [
+        "LlamaForCausalLM",
+        "attention",
+        "mlp",
+        "norms",
+        "default recipe",
+    ] {
         assert!(text.contains(needle), "{needle} missing from:\n{text}");
     }
 }
@@ -188,7 +197,15 @@ fn budget_exit_codes() {
     let dir = smollm_shaped().write_temp().unwrap();
     let d = dir.path().to_str().unwrap();
     // 40 MB cannot hold the 47 MB cache of 2048 rows.
-    let out = hf2coreml(&["budget", d, "--memory-limit", "40MB", "--max-seq-len", "2048", "--json"]);
+    let out = hf2coreml(&[
+        "budget",
+        d,
+        "--memory-limit",
+        "40MB",
+        "--max-seq-len",
+        "2048",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["fits"], false);
@@ -196,9 +213,16 @@ fn budget_exit_codes() {
     assert!(fit > 0 && fit < 2048);
     // The largest S reported is exactly the boundary.
     let at = |s: u64| {
-        hf2coreml(&["budget", d, "--memory-limit", "40MB", "--max-seq-len", &s.to_string()])
-            .status
-            .code()
+        hf2coreml(&[
+            "budget",
+            d,
+            "--memory-limit",
+            "40MB",
+            "--max-seq-len",
+            &s.to_string(),
+        ])
+        .status
+        .code()
     };
     assert_eq!(at(fit), Some(0));
     assert_eq!(at(fit + 1), Some(1));
@@ -213,7 +237,14 @@ fn budget_lists_devices() {
     let out = hf2coreml(&["budget", "--list-devices"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for id in ["iphone-15", "iphone-15-pro", "iphone-16", "iphone-16-pro", "iphone-17-pro", "mac-m1-16gb"] {
+    for id in [
+        "iphone-15",
+        "iphone-15-pro",
+        "iphone-16",
+        "iphone-16-pro",
+        "iphone-17-pro",
+        "mac-m1-16gb",
+    ] {
         assert!(text.contains(id), "{id} missing");
     }
 }
@@ -229,9 +260,22 @@ fn budget_devices_file_override() {
     .unwrap();
     let d = dir.path().to_str().unwrap();
     let dev = devices.to_str().unwrap();
-    let out = hf2coreml(&["budget", d, "--devices", dev, "--device", "watch", "--max-seq-len", "64"]);
+    let out = hf2coreml(&[
+        "budget",
+        d,
+        "--devices",
+        dev,
+        "--device",
+        "watch",
+        "--max-seq-len",
+        "64",
+    ]);
     assert_eq!(out.status.code(), Some(1), "tiny limit: does not fit");
-    std::fs::write(&devices, "[devices.watch]\nname = 'x'\nram = 'lots'\napp_limit='1'\napp_limit_increased='1'\n").unwrap();
+    std::fs::write(
+        &devices,
+        "[devices.watch]\nname = 'x'\nram = 'lots'\napp_limit='1'\napp_limit_increased='1'\n",
+    )
+    .unwrap();
     assert_bad_input(
         &hf2coreml(&["budget", d, "--devices", dev, "--device", "watch"]),
         "devices.toml",
@@ -247,7 +291,10 @@ fn missing_directory_and_config() {
         &hf2coreml(&["inspect", empty.path().to_str().unwrap()]),
         "no config.json",
     );
-    assert_bad_input(&hf2coreml(&["inspect", "/nonexistent/model"]), "/nonexistent/model");
+    assert_bad_input(
+        &hf2coreml(&["inspect", "/nonexistent/model"]),
+        "/nonexistent/model",
+    );
 }
 
 #[test]
@@ -263,7 +310,10 @@ fn pickle_only_is_refused_with_a_reason() {
     assert_bad_input(&out, "pytorch_model.bin");
     let err = stderr(&out);
     assert!(err.contains("arbitrary code"), "{err}");
-    assert!(err.contains("hint:") && err.contains("safetensors"), "{err}");
+    assert!(
+        err.contains("hint:") && err.contains("safetensors"),
+        "{err}"
+    );
 }
 
 #[test]
