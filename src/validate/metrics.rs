@@ -349,7 +349,7 @@ mod tests {
         let r = [0.5, 3.0, 3.0, -1.0, 2.0];
         assert_eq!(top_k(&r, 3), vec![1, 2, 4]);
         assert_eq!(top_k(&r, 10).len(), 5);
-        assert_eq!(top_k_overlap(&r, &[0.0, 0.0, 0.0, 9.0, 8.0], 2), 0.5);
+        assert_eq!(top_k_overlap(&r, &[0.0, 0.0, 9.0, 0.0, 8.0], 2), 0.5);
     }
 
     #[test]
