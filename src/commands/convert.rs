@@ -172,8 +172,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let python_env = PythonEnv::discover(args.python_env.as_deref())?;
     hf2coreml::emit::check_environment(&python_env)?;
 
-    let mut times = StageTimes::default();
-    times.read = open_secs;
+    let mut times = StageTimes {
+        read: open_secs,
+        ..StageTimes::default()
+    };
     let measure = args.compute_precision == ComputePrecision::Fp16
         && !args.no_range_scaling
         && ranges.is_none();
