@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use hf2coreml::arch::{expected_tensors, mil_name, Role};
+use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::contract::{self, Contract};
+use hf2coreml::quant::{self, Recipe};
 use hf2coreml::testing::TinyModel;
 use serde_json::Value;
 
@@ -200,11 +202,11 @@ fn check_weight_names(model: &TinyModel, v: &Value) {
 }
 
 #[test]
-fn llama_tied_gqa_fp16() {
+fn llama_tied_gqa_all_fp16() {
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("tiny.mlpackage");
     let model = TinyModel::llama();
-    let (_dir, o) = convert(&model, &pkg, &[]);
+    let (_dir, o) = convert(&model, &pkg, &["--keep-fp16", "*"]);
     ok(&o);
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -294,7 +296,11 @@ fn mistral_explicit_head_dim_fp32() {
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
     let model = TinyModel::mistral();
-    let (_dir, o) = convert(&model, &pkg, &["--compute-precision", "fp32"]);
+    let (_dir, o) = convert(
+        &model,
+        &pkg,
+        &["--compute-precision", "fp32", "--keep-fp16", "*"],
+    );
     ok(&o);
     let v = check_contract(&model, &pkg, 32, 1, "FLOAT32");
     assert_eq!(model.spec().head_dim, 24);
@@ -419,4 +425,68 @@ fn over_budget_plan_is_refused_unless_allowed() {
     ok(&o);
     assert!(String::from_utf8_lossy(&o.stdout).contains("over budget"));
     assert!(!pkg.exists());
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn default_recipe_luts_in_weight_bin_equal_the_palettizer() {
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("p.mlpackage");
+    let model = TinyModel::llama();
+    let dir = model.write_temp().unwrap();
+    ok(&hf2coreml(&[
+        "convert",
+        dir.path().to_str().unwrap(),
+        "-o",
+        pkg.to_str().unwrap(),
+        "--max-seq-len",
+        "32",
+    ]));
+    let v = check_contract(&model, &pkg, 32, 1, "FLOAT16");
+    check_weight_names(&model, &v);
+    let spec = model.spec();
+    let c: Contract = serde_json::from_str(
+        v["metadata"]["user_defined"][contract::METADATA_KEY]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    // Random tiny weights keep the residual small: no scale, so LUTs are stored as fitted.
+    assert_eq!(c.scaling["residual_scale"], 1.0);
+    assert_eq!(
+        c.recipe["tensors"]["model.layers.0.mlp.down_proj.weight"],
+        "lut4"
+    );
+    assert_eq!(c.recipe["tensors"]["model.embed_tokens.weight"], "fp16");
+    // The default recipe: every decoder projection 4-bit, embedding and norms fp16.
+    assert_eq!(
+        v["op_counts"]["constexpr_lut_to_dense"],
+        7 * spec.num_hidden_layers as u64
+    );
+    assert_eq!(v["consts"]["model_embed_tokens_weight"]["dtype"], 10);
+    // What weight.bin holds is exactly what the palettizer produced (it is deterministic).
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let out = quant::palettize_checkpoint(&ckpt, &Recipe::default(), &|_| {}).unwrap();
+    let mut checked = 0;
+    for t in &out.tensors {
+        let Some(p) = &t.palettized else { continue };
+        let l = &v["luts"][mil_name(&t.slot.name)];
+        let lut: Vec<u8> = p.lut().iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(l["lut"]["hex"], hex(&lut), "{} LUT", t.slot.name);
+        assert_eq!(
+            l["indices"]["hex"],
+            hex(&p.packed_indices),
+            "{} indices",
+            t.slot.name
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 7 * spec.num_hidden_layers);
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(root.path().join("p.report.json")).unwrap()).unwrap();
+    assert!(report["bits_per_weight"].as_f64().unwrap() < 16.0);
+    assert!(!report["palettize"]["tensors"].as_array().unwrap().is_empty());
 }

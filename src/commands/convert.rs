@@ -7,7 +7,9 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::emit::pipeline::{self, ComputePrecision, ConvertOptions, Outputs, StageTimes};
 use hf2coreml::emit::PythonEnv;
 use hf2coreml::graph::scaling::ActivationRanges;
-use hf2coreml::util::{fmt_bytes, fmt_count};
+use hf2coreml::util::{fmt_bytes, fmt_count, progress_bar};
+
+use super::palettize::RecipeArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -23,13 +25,18 @@ pub struct Args {
     /// Tokens per step Q.
     #[arg(long, default_value_t = 1)]
     pub query_len: usize,
+    #[command(flatten)]
+    pub recipe: RecipeArgs,
     /// Precision the program computes in: fp16 (all compute units) or fp32 (CPU/GPU only).
     #[arg(long, value_enum, default_value_t = ComputePrecision::Fp16)]
     pub compute_precision: ComputePrecision,
-    /// Measured activation ranges (JSON: {"residual_max_abs": [...], "source": "..."}) used to
-    /// choose the fp16 residual scale.
-    #[arg(long)]
+    /// Activation ranges (JSON: {"residual_max_abs": [...], "source": "..."}) to choose the
+    /// fp16 residual scale from, instead of measuring them on the shipped calibration text.
+    #[arg(long, conflicts_with = "no_range_scaling")]
     pub activation_ranges: Option<PathBuf>,
+    /// Do not scale the residual stream for fp16 (diagnosis: shows what overflow does).
+    #[arg(long)]
+    pub no_range_scaling: bool,
     /// Check the plan against this device profile first; refuse it if it does not fit.
     #[arg(long)]
     pub device: Option<String>,
@@ -78,8 +85,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let open_secs = start.elapsed().as_secs_f64();
     let spec = ckpt.spec().clone();
     let slots = ckpt.slots();
-    let storage = |_: &hf2coreml::arch::TensorSlot| budget::Storage::Fp16;
-    let predicted = budget::weights_bytes(&slots, storage);
+    let recipe = args.recipe.load()?;
+    let predicted = budget::weights_bytes(&slots, |s| recipe.storage(s));
 
     let budget = match &args.device {
         Some(id) => {
@@ -118,7 +125,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "max_seq_len": args.max_seq_len,
             "query_len": args.query_len,
             "compute_precision": args.compute_precision.as_str(),
-            "scaling": pipeline::scaling_for(args.compute_precision, ranges.as_ref()),
+            "recipe": recipe.origin(),
+            "range_scaling": match (&args.activation_ranges, args.no_range_scaling) {
+                (_, true) => "off".to_string(),
+                (Some(p), false) => format!("from {}", p.display()),
+                (None, false) => "measured on the calibration text".to_string(),
+            },
             "predicted_weight_bytes": predicted,
             "budget": budget,
             "outputs": outputs,
@@ -138,7 +150,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.query_len,
             args.compute_precision.as_str()
         );
-        println!("  weights       {}", fmt_bytes(predicted));
+        println!(
+            "  weights       {} (recipe {})",
+            fmt_bytes(predicted),
+            recipe.origin()
+        );
         if let Some(b) = &budget {
             println!(
                 "  budget        {} of {} usable on {} ({})",
@@ -156,12 +172,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let python_env = PythonEnv::discover(args.python_env.as_deref())?;
     hf2coreml::emit::check_environment(&python_env)?;
 
-    let mut times = StageTimes::default();
+    let mut times = StageTimes {
+        read: open_secs,
+        ..StageTimes::default()
+    };
+    let measure = args.compute_precision == ComputePrecision::Fp16
+        && !args.no_range_scaling
+        && ranges.is_none();
+    let ranges = if measure {
+        let t = Instant::now();
+        let pb = progress_bar(1, "calibrate");
+        pb.set_message("reference forward pass on calibration text");
+        let r = pipeline::measure_ranges(&ckpt)?;
+        pb.finish_and_clear();
+        times.calibrate = t.elapsed().as_secs_f64();
+        Some(r)
+    } else if args.no_range_scaling {
+        None
+    } else {
+        ranges
+    };
+
     let t = Instant::now();
-    let weights = pipeline::read_dense(&ckpt)?;
-    // Opening and validating the checkpoint counts as reading.
-    times.read = open_secs + t.elapsed().as_secs_f64();
-    let recipe = serde_json::json!({"default": "fp16"});
+    let plan = hf2coreml::quant::Report::plan(&ckpt, &recipe)?;
+    let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
+    let (weights, report) = pipeline::prepare_weights(&ckpt, &recipe, &|line| {
+        pb.set_message(line.name.clone());
+        pb.inc(1);
+    })?;
+    pb.finish_and_clear();
+    times.palettize = t.elapsed().as_secs_f64();
+    let applied = serde_json::json!({
+        "origin": recipe.origin(),
+        "toml": recipe.to_toml(),
+        "tensors": report
+            .tensors
+            .iter()
+            .map(|l| (l.name.clone(), l.decision.to_string()))
+            .collect::<std::collections::BTreeMap<_, _>>(),
+    });
     let opts = ConvertOptions {
         checkpoint: args.dir.clone(),
         output: args.output.clone(),
@@ -172,7 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         force: args.force,
         python_env,
     };
-    let summary = pipeline::convert(&ckpt, &opts, weights, recipe, times)?;
+    let summary = pipeline::convert(&ckpt, &opts, weights, applied, Some(report), times)?;
     if args.json {
         return super::print_json(&summary);
     }
@@ -192,8 +241,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let tm = &summary.times;
     println!(
-        "  time: read {:.2}s, palettize {:.2}s, build {:.2}s, serialize {:.2}s, total {:.2}s",
-        tm.read, tm.palettize, tm.build, tm.serialize, tm.total
+        "  time: read {:.2}s, calibrate {:.2}s, palettize {:.2}s, build {:.2}s, serialize {:.2}s, total {:.2}s",
+        tm.read, tm.calibrate, tm.palettize, tm.build, tm.serialize, tm.total
     );
     let sc = &summary.contract.scaling;
     println!(

@@ -15,7 +15,10 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::contract::{self, Contract, Source};
 use crate::graph::llama::{self, StepOptions, Weight};
 use crate::graph::scaling::{ActivationRanges, Scaling};
-use crate::graph::{DType, GraphError};
+use crate::graph::{DType, GraphError, Palettized};
+use crate::quant::{self, Granularity, QuantError, Recipe};
+use crate::reference::calibrate::{self, ActivationStats, CalibrationOptions};
+use crate::reference::ReferenceError;
 use crate::util::{atomic_write, progress_bar};
 
 /// Precision the program computes in.
@@ -81,6 +84,16 @@ pub enum ConvertError {
     Exists(PathBuf),
     #[error("contract JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("palettizing: {0}")]
+    Quant(#[from] QuantError),
+    #[error("measuring activation ranges: {0}")]
+    Calibration(#[from] ReferenceError),
+    #[error("{path}: cannot tokenize the calibration text: {message}")]
+    Tokenizer { path: PathBuf, message: String },
+    #[error(
+        "tensor `{tensor}`: {granularity} palettization needs iOS18; iOS17 packages take one LUT per tensor"
+    )]
+    Granularity { tensor: String, granularity: String },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError + '_ {
@@ -94,6 +107,8 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError + '_ {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StageTimes {
     pub read: f64,
+    /// Measuring activation ranges on the calibration text (fp16 range safety).
+    pub calibrate: f64,
     pub palettize: f64,
     pub build: f64,
     pub serialize: f64,
@@ -145,6 +160,8 @@ pub struct ConvertSummary {
     pub emit: EmitReport,
     /// Per-tensor storage: checkpoint tensor → `fp16` or `lut<n>`.
     pub tensors: BTreeMap<String, String>,
+    /// The palettizer's per-tensor report (sizes, MSE, SNR).
+    pub palettize: Option<quant::Report>,
 }
 
 /// The names of the files whose hashes identify the source checkpoint.
@@ -246,19 +263,97 @@ pub fn scaling_for(precision: ComputePrecision, ranges: Option<&ActivationRanges
     }
 }
 
-/// Read every weight as dense fp16, with a progress bar.
-pub fn read_dense(ckpt: &Checkpoint) -> Result<BTreeMap<String, Weight>, ConvertError> {
-    let slots = ckpt.slots();
-    let pb = progress_bar(slots.len() as u64, "read");
-    let mut out = BTreeMap::new();
-    for slot in slots {
-        pb.set_message(slot.name.clone());
-        let t = ckpt.tensor(&slot.name)?;
-        out.insert(slot.name.clone(), Weight::Dense(t.to_f16()));
-        pb.inc(1);
+/// The calibration text shipped with the tool (also used by `reference` tests).
+pub const CALIBRATION_TEXT: &str = include_str!("../../fixtures/calibration.txt");
+
+/// Token ids of the calibration text: through the checkpoint's tokenizer.json when it has one;
+/// otherwise (test fixtures) its bytes modulo the vocabulary, which still drives every layer
+/// with varied tokens. The second value says which.
+pub fn calibration_tokens(ckpt: &Checkpoint) -> Result<(Vec<u32>, String), ConvertError> {
+    let path = ckpt.dir().join("tokenizer.json");
+    if path.is_file() {
+        let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| ConvertError::Tokenizer {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let enc = tok
+            .encode(CALIBRATION_TEXT, false)
+            .map_err(|e| ConvertError::Tokenizer {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        let ids = enc.get_ids().to_vec();
+        let n = ids.len();
+        return Ok((ids, format!("calibration.txt, {n} tokens (tokenizer.json)")));
     }
-    pb.finish_and_clear();
-    Ok(out)
+    let v = ckpt.spec().vocab_size as u32;
+    let ids: Vec<u32> = CALIBRATION_TEXT.bytes().map(|b| b as u32 % v).collect();
+    let n = ids.len();
+    Ok((
+        ids,
+        format!("calibration.txt, {n} byte tokens (no tokenizer.json)"),
+    ))
+}
+
+/// Per-site residual maxima from calibration statistics.
+pub fn ranges_from_stats(stats: &ActivationStats, source: String) -> ActivationRanges {
+    let mut residual_max_abs = vec![stats.embedding_max_abs];
+    residual_max_abs.extend(stats.layers.iter().map(|l| {
+        l.max_abs_residual_after_attention
+            .max(l.max_abs_residual_after_mlp)
+    }));
+    residual_max_abs.push(stats.final_norm_max_abs);
+    ActivationRanges {
+        residual_max_abs,
+        source,
+    }
+}
+
+/// Calibration tokens used for range measurement: one 512-token segment. Massive activations
+/// appear within the first tokens of a sequence, and SQUARE_HEADROOM covers inputs larger than
+/// measured; a second segment would double the cost of this stage for little new information.
+pub const CALIBRATION_TOKENS: usize = 512;
+
+/// Run the float reference over the calibration text and collect residual-stream ranges.
+pub fn measure_ranges(ckpt: &Checkpoint) -> Result<ActivationRanges, ConvertError> {
+    let (mut tokens, source) = calibration_tokens(ckpt)?;
+    tokens.truncate(CALIBRATION_TOKENS);
+    let source = format!("{source}, first {} used", tokens.len());
+    let stats = calibrate::calibrate(ckpt, &tokens, &CalibrationOptions::default())?;
+    Ok(ranges_from_stats(&stats, source))
+}
+
+/// Palettize what `recipe` selects and read the rest as dense fp16. `progress` is called once
+/// per palettized tensor, from worker threads.
+pub fn prepare_weights(
+    ckpt: &Checkpoint,
+    recipe: &Recipe,
+    progress: &(dyn Fn(&quant::TensorReport) + Sync),
+) -> Result<(BTreeMap<String, Weight>, quant::Report), ConvertError> {
+    let out = quant::palettize_checkpoint(ckpt, recipe, progress)?;
+    let mut weights = BTreeMap::new();
+    for t in out.tensors {
+        let w = match t.palettized {
+            Some(p) => {
+                if p.granularity != Granularity::PerTensor || p.luts.len() != 1 {
+                    return Err(ConvertError::Granularity {
+                        tensor: t.slot.name.clone(),
+                        granularity: p.granularity.to_string(),
+                    });
+                }
+                let nbits = p.nbits;
+                let lut = p.luts.into_iter().next().unwrap_or_default();
+                Weight::Palettized(Palettized {
+                    nbits,
+                    lut,
+                    packed: p.packed_indices,
+                })
+            }
+            None => Weight::Dense(ckpt.tensor(&t.slot.name)?.to_f16()),
+        };
+        weights.insert(t.slot.name, w);
+    }
+    Ok((weights, out.report))
 }
 
 /// Size of a directory tree in bytes.
@@ -289,6 +384,7 @@ pub fn convert(
     opts: &ConvertOptions,
     weights: BTreeMap<String, Weight>,
     recipe: serde_json::Value,
+    palettize: Option<quant::Report>,
     mut times: StageTimes,
 ) -> Result<ConvertSummary, ConvertError> {
     let start = Instant::now();
@@ -352,7 +448,7 @@ pub fn convert(
     let package_bytes = dir_bytes(&outputs.package).map_err(io_err(&outputs.package))?;
     let wb = weight_bin(&outputs.package);
     let weight_bin_bytes = std::fs::metadata(&wb).map_err(io_err(&wb))?.len();
-    times.total = times.read + times.palettize + start.elapsed().as_secs_f64();
+    times.total = times.read + times.calibrate + times.palettize + start.elapsed().as_secs_f64();
     let summary = ConvertSummary {
         outputs,
         contract,
@@ -364,6 +460,7 @@ pub fn convert(
         times,
         emit,
         tensors,
+        palettize,
     };
     let json = serde_json::to_vec_pretty(&summary)?;
     atomic_write(&summary.outputs.report, &json).map_err(io_err(&summary.outputs.report))?;
