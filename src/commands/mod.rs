@@ -1,6 +1,7 @@
 //! One module per verb: argument types, running, printing.
 
 pub mod budget;
+pub mod import_gguf;
 pub mod inspect;
 
 /// Print `value` as pretty JSON on stdout.
