@@ -88,3 +88,29 @@ fn bad_input_exits_2_with_the_reason_and_no_output() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope.gguf"));
 }
+
+#[test]
+fn json_report_counts_every_parameter() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("tiny.gguf");
+    let built = TinyGguf::llama().build();
+    built.writer.write(&src).unwrap();
+    let dest = root.path().join("ckpt");
+    let mut args = import_args(&src, &dest);
+    args.push("--json".as_ref());
+    let out = run(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: usize = built.expected.values().map(|(_, v)| v.len()).sum();
+    assert_eq!(report["parameters"].as_u64(), Some(want as u64));
+    assert_eq!(
+        report["tensors"].as_u64(),
+        Some(built.expected.len() as u64)
+    );
+    assert_eq!(report["pre_tokenizer"], "smollm");
+    assert_eq!(report["tensor_types"]["Q4_1"].as_u64(), Some(14));
+}

@@ -343,6 +343,40 @@ fn unknown_pre_tokenizer_is_named() {
 }
 
 #[test]
+fn missing_pre_tokenizer_is_refused_not_guessed() {
+    let mut w = TinyGguf::llama().build().writer;
+    w.remove_meta("tokenizer.ggml.pre");
+    let err = expect_err(&w);
+    assert!(
+        matches!(err, GgufError::UnsupportedTokenizer { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("tokenizer.ggml.pre"), "{err}");
+}
+
+#[test]
+fn eos_is_appended_when_the_gguf_asks() {
+    let mut built = TinyGguf::llama().build();
+    built
+        .writer
+        .meta("tokenizer.ggml.add_bos_token", Meta::Bool(true))
+        .meta("tokenizer.ggml.add_eos_token", Meta::Bool(true));
+    let (_root, out) = import_fixture(&built.writer, false);
+    let out = out.unwrap();
+    let (_, ids) = encode(&out, "in", true);
+    assert_eq!(ids, vec![1, ID_IN, 2]);
+    let (_, ids) = encode(&out, "in", false);
+    assert_eq!(ids, vec![ID_IN]);
+    let tc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        (tc["add_bos_token"].as_bool(), tc["add_eos_token"].as_bool()),
+        (Some(true), Some(true))
+    );
+}
+
+#[test]
 fn sentencepiece_tokenizer_is_refused() {
     let mut w = TinyGguf::llama().build().writer;
     w.meta("tokenizer.ggml.model", Meta::Str("llama".into()));

@@ -41,6 +41,7 @@ pub struct GgufTokenizer {
     pub pad: Option<(u32, String)>,
     pub unk: Option<(u32, String)>,
     pub add_bos: bool,
+    pub add_eos: bool,
     /// Control and user-defined tokens: (id, content, special).
     pub added: Vec<(u32, String, bool)>,
     pub chat_template: Option<String>,
@@ -68,10 +69,15 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
             supported: "gpt2 (byte-level BPE)".into(),
         });
     }
-    // llama.cpp treats a missing `pre` as its default GPT-2 splitting.
+    // Without `pre`, llama.cpp falls back to a splitting no transformers tokenizer uses;
+    // guessing would give a tokenizer that silently disagrees with the model's training.
     let pre = g
         .get_str("tokenizer.ggml.pre")?
-        .unwrap_or("default")
+        .ok_or_else(|| GgufError::UnsupportedTokenizer {
+            path: g.path().to_path_buf(),
+            what: "pre-tokenizer (no `tokenizer.ggml.pre`)".into(),
+            supported: SUPPORTED_PRE.join(", "),
+        })?
         .to_string();
     let pre_tokenizer = pre_tokenizer_for(&pre).ok_or_else(|| GgufError::UnsupportedTokenizer {
         path: g.path().to_path_buf(),
@@ -149,6 +155,22 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
     let pad = special_id("tokenizer.ggml.padding_token_id")?;
     let unk = special_id("tokenizer.ggml.unknown_token_id")?;
     let add_bos = g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let add_eos = g.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+    let flag_err = |key: &str, what: &str| GgufError::Metadata {
+        path: g.path().to_path_buf(),
+        key: key.to_string(),
+        message: format!("is true but there is no {what} token id"),
+    };
+    let bos_added = match (add_bos, &bos) {
+        (true, None) => return Err(flag_err("tokenizer.ggml.add_bos_token", "BOS")),
+        (true, Some(t)) => Some(t.clone()),
+        (false, _) => None,
+    };
+    let eos_added = match (add_eos, &eos) {
+        (true, None) => return Err(flag_err("tokenizer.ggml.add_eos_token", "EOS")),
+        (true, Some(t)) => Some(t.clone()),
+        (false, _) => None,
+    };
 
     let mut builder = BPE::builder().vocab_and_merges(vocab, merges);
     if let Some((_, t)) = &unk {
@@ -160,20 +182,14 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
     let mut tokenizer = Tokenizer::new(bpe);
     tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
-    // Byte-level offsets as transformers writes them; a BOS template when the GGUF asks for one.
+    // Byte-level offsets as transformers writes them, then BOS/EOS when the GGUF asks for them.
     let byte_level_pp: PostProcessorWrapper = ByteLevel::new(true, false, true).into();
-    let post: PostProcessorWrapper = match (&bos, add_bos) {
-        (Some((id, t)), true) => {
-            let template = TemplateProcessing::builder()
-                .try_single(format!("{t} $A"))
-                .and_then(|b| b.try_pair(format!("{t} $A {t}:1 $B:1")))
-                .map_err(|e| tok_err(g, format!("BOS template: {e}")))?
-                .special_tokens(vec![(t.clone(), *id)])
-                .build()
-                .map_err(|e| tok_err(g, format!("BOS template: {e}")))?;
-            ProcessorSequence::new(vec![byte_level_pp, template.into()]).into()
-        }
-        _ => byte_level_pp,
+    let post: PostProcessorWrapper = if bos_added.is_none() && eos_added.is_none() {
+        byte_level_pp
+    } else {
+        let template = special_template(bos_added.as_ref(), eos_added.as_ref())
+            .map_err(|e| tok_err(g, format!("BOS/EOS template: {e}")))?;
+        ProcessorSequence::new(vec![byte_level_pp, template.into()]).into()
     };
     tokenizer.with_post_processor(Some(post));
 
@@ -217,9 +233,47 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
         pad,
         unk,
         add_bos,
+        add_eos,
         added,
         chat_template,
     })
+}
+
+/// `[BOS] $A [EOS]` for single sequences and the same per segment for pairs (transformers'
+/// layout for Llama-style tokenizers).
+fn special_template(
+    bos: Option<&(u32, String)>,
+    eos: Option<&(u32, String)>,
+) -> Result<TemplateProcessing, String> {
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    let mut specials = Vec::new();
+    for (segment, seq) in [("A", 0), ("B", 1)] {
+        if let Some((_, t)) = bos {
+            pair.push(format!("{t}:{seq}"));
+        }
+        pair.push(format!("${segment}:{seq}"));
+        if let Some((_, t)) = eos {
+            pair.push(format!("{t}:{seq}"));
+        }
+    }
+    if let Some((id, t)) = bos {
+        single.push(t.clone());
+        specials.push((t.clone(), *id));
+    }
+    single.push("$A".to_string());
+    if let Some((id, t)) = eos {
+        single.push(t.clone());
+        if !specials.iter().any(|(s, _)| s == t) {
+            specials.push((t.clone(), *id));
+        }
+    }
+    TemplateProcessing::builder()
+        .try_single(single)
+        .and_then(|b| b.try_pair(pair))?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 /// The pre-tokenizer transformers uses for the family llama.cpp calls `pre`; `None` when we
@@ -228,7 +282,7 @@ fn pre_tokenizer_for(pre: &str) -> Option<Result<PreTokenizerWrapper, String>> {
     // GPT-2's own regex, no prefix space: what llama.cpp applies for these types.
     let gpt2 = || ByteLevel::new(false, true, true);
     Some(match pre {
-        "gpt2" | "default" => Ok(gpt2().into()),
+        "gpt2" => Ok(gpt2().into()),
         // SmolLM: every digit on its own, then GPT-2 byte-level splitting.
         "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), gpt2().into()]).into()),
         "llama-bpe" | "llama3" => Split::new(
@@ -284,7 +338,7 @@ impl GgufTokenizer {
         };
         let mut cfg = serde_json::json!({
             "add_bos_token": self.add_bos,
-            "add_eos_token": false,
+            "add_eos_token": self.add_eos,
             "add_prefix_space": false,
             "added_tokens_decoder": decoder,
             "additional_special_tokens": additional,
