@@ -6,7 +6,7 @@ use std::path::Path;
 
 use half::f16;
 use hf2coreml::checkpoint::gguf::fixture::{FixtureType, GgufWriter, Meta, RawTensor, TinyGguf};
-use hf2coreml::checkpoint::gguf::{import, GgufError, ImportOptions};
+use hf2coreml::checkpoint::gguf::{import, is_gguf_file, GgufError, ImportOptions};
 use hf2coreml::checkpoint::{Architecture, Checkpoint};
 use proptest::prelude::*;
 
@@ -454,6 +454,28 @@ fn bad_hyperparameters_are_named() {
     assert!(expect_err(&w)
         .to_string()
         .contains("layer_norm_rms_epsilon"));
+}
+
+#[test]
+fn huge_metadata_arrays_are_refused_before_parsing() {
+    let mut w = TinyGguf::llama().build().writer;
+    w.meta("general.blob", Meta::U8Array(vec![0; (1 << 24) + 1]));
+    let err = expect_err(&w);
+    assert!(matches!(err, GgufError::Malformed { .. }), "{err}");
+    assert!(err.to_string().contains("general.blob"), "{err}");
+}
+
+#[test]
+fn gguf_files_are_recognised_by_magic() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("model.gguf");
+    TinyGguf::llama().build().writer.write(&src).unwrap();
+    assert!(is_gguf_file(&src));
+    let other = root.path().join("config.json");
+    std::fs::write(&other, b"{}").unwrap();
+    assert!(!is_gguf_file(&other));
+    assert!(!is_gguf_file(root.path()));
+    assert!(!is_gguf_file(&root.path().join("absent.gguf")));
 }
 
 #[test]

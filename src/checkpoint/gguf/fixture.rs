@@ -53,6 +53,7 @@ pub enum Meta {
     Str(String),
     StrArray(Vec<String>),
     I32Array(Vec<i32>),
+    U8Array(Vec<u8>),
 }
 
 impl Meta {
@@ -63,7 +64,7 @@ impl Meta {
             Meta::F32(_) => 6,
             Meta::Bool(_) => 7,
             Meta::Str(_) => 8,
-            Meta::StrArray(_) | Meta::I32Array(_) => 9,
+            Meta::StrArray(_) | Meta::I32Array(_) | Meta::U8Array(_) => 9,
         }
     }
 
@@ -80,6 +81,11 @@ impl Meta {
                 for s in items {
                     put_str(out, s);
                 }
+            }
+            Meta::U8Array(items) => {
+                out.extend_from_slice(&0u32.to_le_bytes());
+                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+                out.extend_from_slice(items);
             }
             Meta::I32Array(items) => {
                 out.extend_from_slice(&5u32.to_le_bytes());

@@ -396,6 +396,16 @@ pub fn plan_tensors(g: &GgufFile, hp: &LlamaHParams) -> Result<Vec<TensorPlan>, 
     Ok(plan)
 }
 
+/// True when `path` is a file starting with the GGUF magic (for commands that accept either
+/// a checkpoint directory or a GGUF file).
+pub fn is_gguf_file(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok()
+        && &magic == b"GGUF"
+}
+
 /// Options of [`import`].
 #[derive(Debug, Clone, Default)]
 pub struct ImportOptions {

@@ -32,6 +32,10 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
 /// Arrays of arrays deeper than this do not occur in real files; the cap bounds recursion.
 const MAX_VALUE_DEPTH: usize = 4;
+/// Metadata array elements allowed in one file. A parsed value takes ~32 bytes however few
+/// it took on disk, so a file-size bound alone would let a 100 MB array of u8 cost 3 GB.
+/// Real vocabularies are well under a million entries (plus as many merges and types).
+const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
 
 /// The supported types as a list for messages: `F32, F16, BF16, Q8_0, Q4_0, Q4_1`.
 pub fn supported_types_list() -> String {
@@ -165,6 +169,8 @@ struct Header<'a> {
     r: &'a mut BufReader<File>,
     pos: u64,
     size: u64,
+    /// Array elements still allowed (see [`MAX_ARRAY_ELEMENTS`]).
+    elements_left: u64,
     path: &'a Path,
 }
 
@@ -256,6 +262,11 @@ impl Header<'_> {
                 };
                 // Refuse a count the rest of the file cannot hold before allocating for it.
                 self.need(n.saturating_mul(min), key)?;
+                self.elements_left = self.elements_left.checked_sub(n).ok_or_else(|| {
+                    self.malformed(format!(
+                        "metadata `{key}`: arrays hold more than {MAX_ARRAY_ELEMENTS} elements in all"
+                    ))
+                })?;
                 let mut items = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     items.push(self.value(elem, depth + 1, key)?);
@@ -286,6 +297,7 @@ impl GgufFile {
             r: &mut reader,
             pos: 0,
             size: file_size,
+            elements_left: MAX_ARRAY_ELEMENTS,
             path,
         };
         let magic = h.array::<4>("the magic number")?;
