@@ -5,8 +5,10 @@
 use std::path::Path;
 
 use half::f16;
-use hf2coreml::checkpoint::gguf::fixture::{FixtureType, GgufWriter, Meta, RawTensor, TinyGguf};
-use hf2coreml::checkpoint::gguf::{import, is_gguf_file, GgufError, ImportOptions};
+use hf2coreml::checkpoint::gguf::fixture::{
+    self, FixtureType, GgufWriter, Meta, RawTensor, TinyGguf,
+};
+use hf2coreml::checkpoint::gguf::{import, is_gguf_file, GgufError, GgufFile, ImportOptions};
 use hf2coreml::checkpoint::{Architecture, Checkpoint};
 use proptest::prelude::*;
 
@@ -525,6 +527,46 @@ proptest! {
                 let left = std::fs::read_dir(root.path()).unwrap().count();
                 prop_assert_eq!(left, 1);
             }
+        }
+    }
+}
+
+fn read_back(ty: FixtureType, values: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (data, decoded) = fixture::encode(values, ty);
+    let mut w = GgufWriter::default();
+    w.tensor(RawTensor {
+        name: "t".into(),
+        type_id: ty.id(),
+        shape: vec![values.len() / 32, 32],
+        data,
+    });
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("t.gguf");
+    w.write(&src).unwrap();
+    let mut g = GgufFile::open(&src).unwrap();
+    let t = g.tensor("t").unwrap().clone();
+    (g.read_f32(&t).unwrap(), decoded)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// candle's dequantization (what the importer uses) agrees bit for bit with ggml's
+    /// reference formulas, including constant blocks (zero scale) and wide ranges.
+    #[test]
+    fn block_dequantization_matches_ggml_formulas(
+        blocks in 1usize..4,
+        scale in prop::sample::select(vec![0.0f32, 1e-3, 1.0, 300.0]),
+        seed in any::<u64>(),
+        ty in prop::sample::select(vec![FixtureType::Q4_0, FixtureType::Q4_1, FixtureType::Q8_0,
+                                         FixtureType::F16, FixtureType::BF16, FixtureType::F32]),
+    ) {
+        let mut rng = hf2coreml::testing::SplitMix64(seed);
+        let values: Vec<f32> = (0..blocks * 32).map(|_| scale * rng.normal()).collect();
+        let (got, want) = read_back(ty, &values);
+        prop_assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            prop_assert_eq!(g.to_bits(), w.to_bits(), "{:?} element {}: {} vs {}", ty, i, g, w);
         }
     }
 }
