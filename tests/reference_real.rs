@@ -60,6 +60,23 @@ fn calibration_shows_massive_activations() {
     let tokens = encode(&tok, text);
     let stats = calibrate(&ckpt, &tokens, &CalibrationOptions::default()).unwrap();
     let max = stats.max_abs_residual();
+    eprintln!(
+        "calibration: {} tokens in {} segments; max |residual| {max:.1}, max mean(x²) {:.4e}, \
+         suggested α (margin 1) {}",
+        stats.tokens,
+        stats.segments,
+        stats.max_mean_square_residual(),
+        stats.residual_scale_for_fp16(1.0)
+    );
+    for l in &stats.layers {
+        eprintln!(
+            "  block {:2}: |residual| after attention {:9.1}, after mlp {:9.1}",
+            l.layer, l.max_abs_residual_after_attention, l.max_abs_residual_after_mlp
+        );
+    }
+    for (kind, v) in stats.max_abs_by_kind() {
+        eprintln!("  {:<26} {v:.4e}", kind.as_str());
+    }
     // REAL_MODEL.md: ~24,900 from block 11 on; anything in the 10^4 range is the phenomenon.
     assert!((1e4..1e5).contains(&max), "max |residual| {max}");
     // The first blocks are still small (~39 after block 0).
@@ -87,4 +104,14 @@ fn candle_and_plain_agree_on_the_real_model() {
     const KL_F32: f64 = 1e-6;
     assert!(cmp.kl_max < KL_F32, "{cmp:?}");
     assert_eq!(cmp.top1, 1.0);
+}
+
+#[test]
+fn fixture_texts_have_their_intended_lengths() {
+    let (_, tok) = open_model();
+    let calibration = encode(&tok, include_str!("../fixtures/calibration.txt")).len();
+    let evaluation = encode(&tok, include_str!("../fixtures/evaluation.txt")).len();
+    eprintln!("calibration.txt {calibration} tokens, evaluation.txt {evaluation} tokens");
+    assert!((500..=800).contains(&calibration), "{calibration}");
+    assert!((900..=1300).contains(&evaluation), "{evaluation}");
 }
