@@ -18,6 +18,8 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// Check a plan against a device's app memory limit (exit 1 when it does not fit).
     Budget(commands::budget::Args),
+    /// Palettize a checkpoint's weights under a recipe and report sizes and errors (writes no package).
+    Palettize(commands::palettize::Args),
 }
 
 impl Command {
@@ -25,6 +27,7 @@ impl Command {
         match self {
             Command::Inspect(a) => commands::inspect::run(a),
             Command::Budget(a) => commands::budget::run(a),
+            Command::Palettize(a) => commands::palettize::run(a),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod budget;
 pub mod inspect;
+pub mod palettize;
 
 /// Print `value` as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {

@@ -1,1 +1,14 @@
-//! (module under construction: see DESIGN.md's module map)
+//! Validation: how closely a package follows its checkpoint. The metrics and gates here are
+//! pure functions over logits and weights; the `validate` command feeds them the package run
+//! by the interpreter and the [`crate::reference`] forward pass.
+
+pub mod gates;
+pub mod metrics;
+pub mod report;
+
+pub use gates::{default_gates, Cmp, Gate, GateError, GateResult, Metric, RecipeKind};
+pub use metrics::{
+    compare_logits, kl_divergence, log_softmax, max_abs_diff, perplexity, top_k, top_k_overlap,
+    LogitComparison, MetricError, WeightError,
+};
+pub use report::{ActivationRange, ContractItem, ValidationReport};

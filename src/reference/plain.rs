@@ -1,0 +1,404 @@
+//! Our own float32 decoder forward pass on candle tensors: the fallback for what
+//! candle-transformers cannot express (explicit head_dim on Llama/Qwen2, linear rope scaling,
+//! tied Mistral embeddings) and the instrumented forward behind calibration.
+//!
+//! Written from the Hugging Face modelling code's definitions, deliberately sharing nothing
+//! with `src/graph/` (so the reference can catch the graph builder's mistakes) nor with
+//! candle-transformers (so tests can hold the two references against each other).
+
+use candle_core::{DType, Device, IndexOp, Tensor, D};
+
+use crate::checkpoint::{Checkpoint, ModelSpec, RopeScaling};
+
+/// A point in the forward pass where the instrumented forward shows a tensor to an
+/// [`Observer`]. Shapes are given with T = tokens of the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Point {
+    /// [T, H] the embedding rows.
+    Embedding,
+    /// [T, H] the input of an RMSNorm (the residual stream); `layer: None` is the final norm.
+    NormInput,
+    /// [T, H] the normalised, weighted output of the input_layernorm: the q/k/v input.
+    AttentionInput,
+    Q,
+    K,
+    V,
+    /// [Hq, T, Tk] scaled q·k before the mask; masked entries are zeroed so they never count.
+    Scores,
+    /// [T, Hq·D] the attention output before o_proj: the o_proj input.
+    OInput,
+    O,
+    ResidualAfterAttention,
+    /// [T, H] the gate/up input.
+    MlpInput,
+    Gate,
+    Up,
+    /// [T, I] silu(gate)·up: the down_proj input.
+    SiluUp,
+    Down,
+    ResidualAfterMlp,
+}
+
+/// Sees intermediate tensors of the plain forward pass.
+pub(crate) trait Observer {
+    fn observe(
+        &mut self,
+        layer: Option<usize>,
+        point: Point,
+        x: &Tensor,
+    ) -> candle_core::Result<()>;
+}
+
+/// The observer that looks at nothing.
+pub(crate) struct Blind;
+
+impl Observer for Blind {
+    fn observe(&mut self, _: Option<usize>, _: Point, _: &Tensor) -> candle_core::Result<()> {
+        Ok(())
+    }
+}
+
+struct Layer {
+    input_norm: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_bias: Option<Tensor>,
+    k_bias: Option<Tensor>,
+    v_bias: Option<Tensor>,
+    o: Tensor,
+    post_norm: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+/// The plain f32 model with its own growing KV cache.
+pub struct PlainModel {
+    spec: ModelSpec,
+    device: Device,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    inv_freq: Vec<f32>,
+    /// Per layer: keys (after rope) and values, [Hkv, cached, D].
+    cache: Vec<Option<(Tensor, Tensor)>>,
+    cached: usize,
+}
+
+fn load(ckpt: &Checkpoint, name: &str, device: &Device) -> Result<Tensor, super::ReferenceError> {
+    let view = ckpt.tensor(name)?;
+    Tensor::from_vec(view.to_f32(), view.shape, device)
+        .map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))
+}
+
+/// Rotary inverse frequencies, one per pair of head dimensions, with the config's scaling.
+/// Computed in f64 and rounded once: HF computes them in f32, the difference is far below the
+/// tolerances anyone compares references with.
+pub(crate) fn inverse_frequencies(spec: &ModelSpec) -> Vec<f32> {
+    let d = spec.head_dim as f64;
+    let base: Vec<f64> = (0..spec.head_dim / 2)
+        .map(|i| 1.0 / spec.rope_theta.powf(2.0 * i as f64 / d))
+        .collect();
+    let scaled: Vec<f64> = match spec.rope_scaling {
+        RopeScaling::None => base,
+        RopeScaling::Linear { factor } => base.into_iter().map(|f| f / factor).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old = original_max_position_embeddings as f64;
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            base.into_iter()
+                .map(|f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    };
+    scaled.into_iter().map(|f| f as f32).collect()
+}
+
+impl PlainModel {
+    pub fn load(ckpt: &Checkpoint) -> Result<Self, super::ReferenceError> {
+        let spec = ckpt.spec().clone();
+        let device = Device::Cpu;
+        let embed = load(ckpt, "model.embed_tokens.weight", &device)?;
+        let mut layers = Vec::with_capacity(spec.num_hidden_layers);
+        for l in 0..spec.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let get = |suffix: &str| load(ckpt, &format!("{p}.{suffix}"), &device);
+            let bias = |suffix: &str| -> Result<Option<Tensor>, super::ReferenceError> {
+                if spec.attention_bias {
+                    Ok(Some(get(suffix)?))
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(Layer {
+                input_norm: get("input_layernorm.weight")?,
+                q: get("self_attn.q_proj.weight")?,
+                k: get("self_attn.k_proj.weight")?,
+                v: get("self_attn.v_proj.weight")?,
+                q_bias: bias("self_attn.q_proj.bias")?,
+                k_bias: bias("self_attn.k_proj.bias")?,
+                v_bias: bias("self_attn.v_proj.bias")?,
+                o: get("self_attn.o_proj.weight")?,
+                post_norm: get("post_attention_layernorm.weight")?,
+                gate: get("mlp.gate_proj.weight")?,
+                up: get("mlp.up_proj.weight")?,
+                down: get("mlp.down_proj.weight")?,
+            });
+        }
+        let norm = load(ckpt, "model.norm.weight", &device)?;
+        let lm_head = if spec.tie_word_embeddings {
+            embed.clone()
+        } else {
+            load(ckpt, "lm_head.weight", &device)?
+        };
+        Ok(PlainModel {
+            inv_freq: inverse_frequencies(&spec),
+            cache: vec![None; spec.num_hidden_layers],
+            cached: 0,
+            spec,
+            device,
+            embed,
+            layers,
+            norm,
+            lm_head,
+        })
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// Tokens held in the KV cache.
+    pub fn cached(&self) -> usize {
+        self.cached
+    }
+
+    pub fn clear_cache(&mut self) {
+        self.cache.iter_mut().for_each(|c| *c = None);
+        self.cached = 0;
+    }
+
+    /// Final-norm hidden states [T, H] for `tokens` at positions `cached .. cached + T`,
+    /// appending to the KV cache when `use_cache`; every intermediate is shown to `obs`.
+    pub(crate) fn hidden(
+        &mut self,
+        tokens: &[u32],
+        use_cache: bool,
+        obs: &mut dyn Observer,
+    ) -> candle_core::Result<Tensor> {
+        let t = tokens.len();
+        let position = if use_cache { self.cached } else { 0 };
+        let ids = Tensor::from_slice(tokens, t, &self.device)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        obs.observe(None, Point::Embedding, &x)?;
+        let (cos, sin) = self.rope_tables(position, t)?;
+        let mask = causal_mask(t, position, &self.device)?;
+        for l in 0..self.layers.len() {
+            x = self.layer(l, &x, &cos, &sin, &mask, use_cache, obs)?;
+        }
+        obs.observe(None, Point::NormInput, &x)?;
+        if use_cache {
+            self.cached += t;
+        }
+        rms_norm(&x, &self.norm, self.spec.rms_norm_eps)
+    }
+
+    /// Logits [T, V] from final hidden states [T, H].
+    pub(crate) fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        hidden.matmul(&self.lm_head.t()?)
+    }
+
+    /// cos/sin [T, D/2] for positions `start .. start + t`.
+    fn rope_tables(&self, start: usize, t: usize) -> candle_core::Result<(Tensor, Tensor)> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(t * half);
+        let mut sin = Vec::with_capacity(t * half);
+        for p in start..start + t {
+            for &f in &self.inv_freq {
+                // f32 product as in HF (position × inv_freq in float32), then cos/sin.
+                let angle = p as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        Ok((
+            Tensor::from_vec(cos, (t, half), &self.device)?,
+            Tensor::from_vec(sin, (t, half), &self.device)?,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &mut self,
+        l: usize,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+        use_cache: bool,
+        obs: &mut dyn Observer,
+    ) -> candle_core::Result<Tensor> {
+        let PlainModel {
+            spec,
+            layers,
+            cache,
+            device,
+            ..
+        } = self;
+        let (t, _) = x.dims2()?;
+        let (hq, hkv, d) = (
+            spec.num_attention_heads,
+            spec.num_key_value_heads,
+            spec.head_dim,
+        );
+        let w = &layers[l];
+        let lo = Some(l);
+        obs.observe(lo, Point::NormInput, x)?;
+        let h = rms_norm(x, &w.input_norm, spec.rms_norm_eps)?;
+        obs.observe(lo, Point::AttentionInput, &h)?;
+        let q = linear(&h, &w.q, w.q_bias.as_ref())?;
+        let k = linear(&h, &w.k, w.k_bias.as_ref())?;
+        let v = linear(&h, &w.v, w.v_bias.as_ref())?;
+        obs.observe(lo, Point::Q, &q)?;
+        obs.observe(lo, Point::K, &k)?;
+        obs.observe(lo, Point::V, &v)?;
+        // [T, heads·D] → [heads, T, D]
+        let heads = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
+            x.reshape((t, n, d))?.transpose(0, 1)?.contiguous()
+        };
+        let q = rope(&heads(q, hq)?, cos, sin)?;
+        let mut k = rope(&heads(k, hkv)?, cos, sin)?;
+        let mut v = heads(v, hkv)?;
+        if use_cache {
+            if let Some((ck, cv)) = &cache[l] {
+                k = Tensor::cat(&[ck, &k], 1)?;
+                v = Tensor::cat(&[cv, &v], 1)?;
+            }
+            cache[l] = Some((k.clone(), v.clone()));
+        }
+        let tk = k.dim(1)?;
+        // Query head h reads key/value head h / groups (HF's repeat_kv): group the query
+        // heads of one kv head into one batched matmul.
+        let groups = hq / hkv;
+        let qg = q.reshape((hkv, groups * t, d))?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((hq, t, tk))?;
+        let visible = mask.broadcast_as((hq, t, tk))?;
+        obs.observe(
+            lo,
+            Point::Scores,
+            &visible.where_cond(&scores, &scores.zeros_like()?)?,
+        )?;
+        let neg_inf = Tensor::new(f32::NEG_INFINITY, &*device)?.broadcast_as((hq, t, tk))?;
+        let scores = visible.where_cond(&scores, &neg_inf)?;
+        let probs = softmax_last(&scores)?;
+        let attn = probs
+            .reshape((hkv, groups * t, tk))?
+            .matmul(&v)?
+            .reshape((hq, t, d))?
+            .transpose(0, 1)?
+            .reshape((t, hq * d))?;
+        obs.observe(lo, Point::OInput, &attn)?;
+        let o = linear(&attn, &w.o, None)?;
+        obs.observe(lo, Point::O, &o)?;
+        let x = (x + o)?;
+        obs.observe(lo, Point::ResidualAfterAttention, &x)?;
+        obs.observe(lo, Point::NormInput, &x)?;
+        let h = rms_norm(&x, &w.post_norm, spec.rms_norm_eps)?;
+        obs.observe(lo, Point::MlpInput, &h)?;
+        let gate = linear(&h, &w.gate, None)?;
+        let up = linear(&h, &w.up, None)?;
+        obs.observe(lo, Point::Gate, &gate)?;
+        obs.observe(lo, Point::Up, &up)?;
+        // silu(g) = g · sigmoid(g) = g / (1 + e^-g)
+        let silu = (&gate / (gate.neg()?.exp()? + 1.0)?)?;
+        let act = (silu * up)?;
+        obs.observe(lo, Point::SiluUp, &act)?;
+        let down = linear(&act, &w.down, None)?;
+        obs.observe(lo, Point::Down, &down)?;
+        let x = (x + down)?;
+        obs.observe(lo, Point::ResidualAfterMlp, &x)?;
+        Ok(x)
+    }
+
+    /// Keys after rope at layer `l`, [Hkv, cached, D], if any are cached (for tests).
+    pub fn cached_keys(&self, l: usize) -> Option<&Tensor> {
+        self.cache.get(l)?.as_ref().map(|(k, _)| k)
+    }
+}
+
+/// x · W^T (+ b) for x [T, in], W [out, in].
+fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    let y = x.matmul(&w.t()?)?;
+    match b {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
+}
+
+/// x / sqrt(mean(x²) + eps) · w over the last dimension.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let inv = (ms + eps)?.sqrt()?.recip()?;
+    x.broadcast_mul(&inv)?.broadcast_mul(w)
+}
+
+/// HF rotate-half rope on [heads, T, D] with cos/sin [T, D/2].
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    let d = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+    let b = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
+    Tensor::cat(&[a, b], D::Minus1)
+}
+
+/// Numerically stable softmax over the last dimension.
+fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
+    let m = x.max_keepdim(D::Minus1)?;
+    let e = x.broadcast_sub(&m)?.exp()?;
+    let s = e.sum_keepdim(D::Minus1)?;
+    e.broadcast_div(&s)
+}
+
+/// u8 [T, position + T]: 1 where new token i may see cache/new position j (j <= position + i).
+fn causal_mask(t: usize, position: usize, device: &Device) -> candle_core::Result<Tensor> {
+    let tk = position + t;
+    let m: Vec<u8> = (0..t)
+        .flat_map(|i| (0..tk).map(move |j| u8::from(j <= position + i)))
+        .collect();
+    Tensor::from_vec(m, (t, tk), device)
+}
+
+/// Largest |x| of a tensor of any shape.
+pub(crate) fn max_abs(x: &Tensor) -> candle_core::Result<f32> {
+    x.abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_dtype(DType::F32)?
+        .to_scalar()
+}
+
+/// The last row of a [T, N] tensor as a vector.
+pub(crate) fn last_row(x: &Tensor) -> candle_core::Result<Vec<f32>> {
+    let t = x.dim(0)?;
+    x.i(t - 1)?.to_vec1()
+}
