@@ -35,3 +35,8 @@ pub struct StepOutput {
     pub key_update: Vec<f16>,
     pub value_update: Vec<f16>,
 }
+
+pub mod chat;
+pub mod generate;
+pub mod sampling;
+pub mod text;
