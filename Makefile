@@ -41,8 +41,12 @@ $(VENV)/.complete: python/requirements.txt
 # name and renames it into place, so an existing config.json means a complete import.
 model: $(MODEL_DIR)/config.json
 
+# IMPORT_BIN is whichever build the caller already has: `make test` builds the debug binary
+# with its tests (one dependency build instead of two), `make demo` the release one.
+IMPORT_BIN ?= target/debug/hf2coreml
 $(MODEL_DIR)/config.json: $(MODEL_GGUF)
-	$(CARGO) run --release --locked --quiet -- import-gguf $(MODEL_GGUF) -o $(MODEL_DIR) --force
+	test -x $(IMPORT_BIN) || $(CARGO) test --locked --no-run
+	$(IMPORT_BIN) import-gguf $(MODEL_GGUF) -o $(MODEL_DIR) --force
 
 $(MODEL_GGUF):
 	mkdir -p $(CACHE)/gguf
@@ -61,7 +65,11 @@ lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
-test: setup model lint
+# Test binaries first: they also build target/debug/hf2coreml, which imports the model.
+test: setup
+	$(CARGO) test --locked --no-run
+	$(MAKE) --no-print-directory model
+	$(MAKE) --no-print-directory lint
 	$(CARGO) test --locked
 
 fmt:

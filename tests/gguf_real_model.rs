@@ -56,7 +56,7 @@ fn imported() -> Option<&'static Imported> {
 fn real_model_opens_with_published_parameter_count() {
     let Some(m) = imported() else { return };
     let ckpt = Checkpoint::open(&m.dir).unwrap();
-    let s = summary::summarize(&ckpt);
+    let s = summary::summarize(&ckpt, &hf2coreml::quant::Recipe::default());
     assert_eq!(s.parameters, 134_515_008);
     let spec = ckpt.spec();
     assert_eq!(spec.num_hidden_layers, 30);
