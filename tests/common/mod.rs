@@ -159,7 +159,7 @@ impl StepModel for ToyModel {
         position: usize,
         key_cache: &[f16],
         value_cache: &[f16],
-    ) -> anyhow::Result<StepOutput> {
+    ) -> Result<StepOutput, hf2coreml::runtime::RuntimeError> {
         let (l, hkv, d) = self.lhd();
         let (s, q, v) = (
             self.contract.max_seq_len,
@@ -169,7 +169,9 @@ impl StepModel for ToyModel {
         let call = self.calls.len();
         self.calls.push((position, input_ids.to_vec()));
         if self.fail_on_call == Some(call) {
-            return Err(ToyFailure(format!("planned failure on call {call}")).into());
+            return Err(hf2coreml::runtime::RuntimeError::Program(
+                ToyFailure(format!("planned failure on call {call}")).to_string(),
+            ));
         }
         assert_eq!(
             input_ids.len(),
