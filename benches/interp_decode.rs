@@ -8,6 +8,12 @@
 //! ~/.cache/hf2coreml/bench/smollm2-shape with python/testgen/decode_step.py
 //! (HF2COREML_STEP_DIMS=30,9,3,64,576,1536,49152,512).
 //!
+//! With the real model (HF2COREML_MODEL_DIR, default ~/.cache/hf2coreml/smollm2-135m-instruct)
+//! and a package converted from it at HF2COREML_BENCH_REAL_PKG (default
+//! ~/.cache/hf2coreml/bench/smollm2-real/model.mlpackage, made with `hf2coreml convert DIR -o
+//! ... --max-seq-len 512`), a second group decodes 16 tokens from position 0 with the
+//! interpreter (host static cache) and with the candle reference (its own KV cache).
+//!
 //! Run: `CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo bench --profile dev --bench interp_decode`
 //! (or plain `cargo bench --bench interp_decode` for the release profile).
 
@@ -97,5 +103,56 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// 16-token decodes on the real model: the interpreted package vs the candle reference.
+fn bench_real(c: &mut Criterion) {
+    const TOKENS: usize = 16;
+    let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_default());
+    let model_dir = std::env::var_os("HF2COREML_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".cache/hf2coreml/smollm2-135m-instruct"));
+    let pkg_path = std::env::var_os("HF2COREML_BENCH_REAL_PKG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".cache/hf2coreml/bench/smollm2-real/model.mlpackage"));
+    if !model_dir.join("config.json").exists() || !pkg_path.exists() {
+        eprintln!(
+            "SKIP real-model group: need {} and {}",
+            model_dir.display(),
+            pkg_path.display()
+        );
+        return;
+    }
+    let mut pkg = Package::load(&pkg_path, Options::default()).expect("load package");
+    let ckpt = hf2coreml::checkpoint::Checkpoint::open(&model_dir).expect("checkpoint");
+    let mut reference = hf2coreml::reference::Reference::load(&ckpt).expect("reference");
+    let ct = pkg.contract().clone();
+    let (l, hkv, s, d) = (ct.num_layers, ct.num_kv_heads, ct.max_seq_len, ct.head_dim);
+    let tokens: Vec<u32> = (0..TOKENS as u32).map(|i| 100 + 37 * i).collect();
+    let mut g = c.benchmark_group("decode_16_tokens_smollm2_real");
+    g.sample_size(10);
+    g.bench_function("interp_package", |b| {
+        let mut kc = vec![f16::ZERO; l * hkv * s * d];
+        let mut vc = kc.clone();
+        b.iter(|| {
+            for (p, &t) in tokens.iter().enumerate() {
+                let out = pkg.step(&[t as i32], p, &kc, &vc).expect("step");
+                for (cache, upd) in [(&mut kc, &out.key_update), (&mut vc, &out.value_update)] {
+                    for row in 0..l * hkv {
+                        let dst = (row * s + p) * d;
+                        cache[dst..dst + d].copy_from_slice(&upd[row * d..(row + 1) * d]);
+                    }
+                }
+            }
+        })
+    });
+    g.bench_function("candle_reference_kv_cache", |b| {
+        b.iter(|| {
+            for (p, &t) in tokens.iter().enumerate() {
+                reference.step(&[t], p).expect("reference step");
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_real);
 criterion_main!(benches);
