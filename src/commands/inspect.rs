@@ -11,12 +11,15 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub recipe: super::palettize::RecipeArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let recipe = args.recipe.load()?;
     let ckpt = Checkpoint::open(&args.dir)
         .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
-    let s = summary::summarize(&ckpt);
+    let s = summary::summarize(&ckpt, &recipe);
     if args.json {
         return super::print_json(&s);
     }
@@ -82,5 +85,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fmt_bytes(s.default_recipe_bytes),
         s.default_recipe_bytes as f64 * 8.0 / s.parameters as f64
     );
+    if s.recipe_bytes != s.default_recipe_bytes || args.recipe.recipe.is_some() {
+        println!(
+            "  this recipe             {}  ({}; {:.2} bits/weight)",
+            fmt_bytes(s.recipe_bytes),
+            s.recipe,
+            s.recipe_bytes as f64 * 8.0 / s.parameters as f64
+        );
+    }
     Ok(())
 }

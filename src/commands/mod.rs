@@ -1,7 +1,10 @@
 //! One module per verb: argument types, running, printing.
 
 pub mod budget;
+pub mod convert;
+pub mod import_gguf;
 pub mod inspect;
+pub mod palettize;
 
 /// Print `value` as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {

@@ -1,1 +1,0 @@
-//! GGUF (llama.cpp) files → Hugging Face checkpoints.

@@ -1,0 +1,587 @@
+//! GGUF (llama.cpp) files → Hugging Face checkpoints.
+//!
+//! [`import`] reads a llama-architecture GGUF, dequantizes every tensor (F32, F16, BF16, Q8_0,
+//! Q4_0, Q4_1) into an fp16 `model.safetensors` with llama.cpp's q/k row permutation undone,
+//! and writes config.json, generation_config.json and a tokenizer rebuilt from the GGUF
+//! vocabulary. Everything about the input is checked before the output directory is created,
+//! and the output appears under its name only when complete ([`AtomicDir`]).
+
+pub mod fixture;
+pub mod reader;
+pub mod tokenizer;
+pub mod weights;
+
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use thiserror::Error;
+
+pub use reader::{supported_types_list, type_name, GgufFile, GgufTensor, SUPPORTED_TYPES};
+pub use tokenizer::{GgufTokenizer, SUPPORTED_PRE};
+pub use weights::{hf_tensor_name, permute_rows, unpermute_rows, TensorPlan};
+
+use crate::util::{progress_bar, AtomicDir};
+
+/// Architectures (`general.architecture`) the importer understands.
+pub const SUPPORTED_ARCHITECTURES: [&str; 1] = ["llama"];
+
+/// The transformers version whose config keys we write (v4: `rope_theta`, `torch_dtype`).
+const TRANSFORMERS_VERSION: &str = "4.46.0";
+
+/// Everything that can be wrong with a GGUF import. Every variant names the file.
+#[derive(Debug, Error)]
+pub enum GgufError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a readable GGUF file: {message}")]
+    Malformed { path: PathBuf, message: String },
+    #[error(
+        "{path}: truncated: tensor `{tensor}` needs bytes {start}..{end} but the file has {file_size} bytes"
+    )]
+    Truncated {
+        path: PathBuf,
+        tensor: String,
+        start: u64,
+        end: u64,
+        file_size: u64,
+    },
+    #[error("{path}: metadata `{key}`: {message}")]
+    Metadata {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+    #[error("{path}: architecture `{arch}` is not supported (supported: {})", SUPPORTED_ARCHITECTURES.join(", "))]
+    UnsupportedArchitecture { path: PathBuf, arch: String },
+    #[error(
+        "{path}: tensor `{tensor}` has type {dtype}; supported: {}",
+        supported_types_list()
+    )]
+    UnsupportedTensorType {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+    #[error("{path}: tensor `{tensor}`: {message}")]
+    Tensor {
+        path: PathBuf,
+        tensor: String,
+        message: String,
+    },
+    #[error("{path}: cannot rebuild tokenizer {what} (supported: {supported})")]
+    UnsupportedTokenizer {
+        path: PathBuf,
+        what: String,
+        supported: String,
+    },
+    #[error("{path}: tokenizer: {message}")]
+    Tokenizer { path: PathBuf, message: String },
+    #[error("{path} already exists (use --force to replace it)")]
+    OutputExists { path: PathBuf },
+}
+
+/// The llama hyperparameters of a GGUF, checked for consistency.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LlamaHParams {
+    pub layers: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub context: usize,
+    pub rope_theta: f64,
+    pub rms_norm_eps: f64,
+    /// Linear rope scaling factor, when the file declares one.
+    pub rope_linear_factor: Option<f64>,
+    pub tied: bool,
+}
+
+impl LlamaHParams {
+    /// Read `llama.*` metadata; `vocab` and `tied` come from the tensors.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self, GgufError> {
+        let meta_err = |key: &str, message: String| GgufError::Metadata {
+            path: g.path().to_path_buf(),
+            key: key.to_string(),
+            message,
+        };
+        let need = |key: &str| -> Result<usize, GgufError> {
+            match g.get_uint(key)? {
+                None => Err(meta_err(key, "missing".into())),
+                Some(0) => Err(meta_err(key, "must be positive".into())),
+                Some(v) => {
+                    usize::try_from(v).map_err(|_| meta_err(key, format!("{v} is too large")))
+                }
+            }
+        };
+        let optional = |key: &str| -> Result<Option<usize>, GgufError> {
+            match g.get_uint(key)? {
+                None => Ok(None),
+                Some(0) => Err(meta_err(key, "must be positive".into())),
+                Some(v) => usize::try_from(v)
+                    .map(Some)
+                    .map_err(|_| meta_err(key, format!("{v} is too large"))),
+            }
+        };
+        let layers = need("llama.block_count")?;
+        let hidden = need("llama.embedding_length")?;
+        let intermediate = need("llama.feed_forward_length")?;
+        let heads = need("llama.attention.head_count")?;
+        let kv_heads = optional("llama.attention.head_count_kv")?.unwrap_or(heads);
+        if heads % kv_heads != 0 {
+            return Err(meta_err(
+                "llama.attention.head_count_kv",
+                format!("{kv_heads} does not divide the {heads} query heads"),
+            ));
+        }
+        let head_dim = match optional("llama.attention.key_length")? {
+            Some(d) => d,
+            None if hidden % heads == 0 => hidden / heads,
+            None => {
+                return Err(meta_err(
+                    "llama.attention.head_count",
+                    format!("{heads} heads do not divide embedding_length {hidden}"),
+                ))
+            }
+        };
+        if let Some(v) = optional("llama.attention.value_length")? {
+            if v != head_dim {
+                return Err(meta_err(
+                    "llama.attention.value_length",
+                    format!("{v} differs from the key length {head_dim}; transformers' llama needs them equal"),
+                ));
+            }
+        }
+        // Each block has nine tensors: a corrupt count must not drive a huge allocation.
+        let n_tensors = g.tensors().len();
+        if layers > n_tensors / 9 {
+            return Err(meta_err(
+                "llama.block_count",
+                format!(
+                    "{layers} blocks need at least {} tensors; the file has {n_tensors}",
+                    layers.saturating_mul(9)
+                ),
+            ));
+        }
+        if heads.checked_mul(head_dim).is_none() {
+            return Err(meta_err(
+                "llama.attention.head_count",
+                format!("{heads} heads of {head_dim} overflow"),
+            ));
+        }
+        if head_dim % 2 != 0 {
+            return Err(meta_err(
+                "llama.attention.key_length",
+                format!("head dimension {head_dim} must be even for rotary embeddings"),
+            ));
+        }
+        if let Some(rot) = optional("llama.rope.dimension_count")? {
+            if rot != head_dim {
+                return Err(meta_err(
+                    "llama.rope.dimension_count",
+                    format!(
+                        "partial rotary embeddings ({rot} of {head_dim} dims) are not supported"
+                    ),
+                ));
+            }
+        }
+        let context = need("llama.context_length")?;
+        let rope_theta = g.get_float("llama.rope.freq_base")?.unwrap_or(10_000.0);
+        if !(rope_theta.is_finite() && rope_theta > 0.0) {
+            return Err(meta_err(
+                "llama.rope.freq_base",
+                format!("{rope_theta} must be positive"),
+            ));
+        }
+        let rms_norm_eps = g
+            .get_float("llama.attention.layer_norm_rms_epsilon")?
+            .ok_or_else(|| meta_err("llama.attention.layer_norm_rms_epsilon", "missing".into()))?;
+        if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
+            return Err(meta_err(
+                "llama.attention.layer_norm_rms_epsilon",
+                format!("{rms_norm_eps} must be positive"),
+            ));
+        }
+        let rope_linear_factor = match g.get_str("llama.rope.scaling.type")? {
+            None | Some("none") => None,
+            Some("linear") => {
+                let f = g.get_float("llama.rope.scaling.factor")?.ok_or_else(|| {
+                    meta_err(
+                        "llama.rope.scaling.factor",
+                        "missing for linear scaling".into(),
+                    )
+                })?;
+                if !(f.is_finite() && f > 0.0) {
+                    return Err(meta_err(
+                        "llama.rope.scaling.factor",
+                        format!("{f} must be positive"),
+                    ));
+                }
+                // llama.cpp writes factor 1 for "no scaling" in some converters.
+                (f != 1.0).then_some(f)
+            }
+            Some(other) => {
+                return Err(meta_err(
+                    "llama.rope.scaling.type",
+                    format!("rope scaling `{other}` is not supported (supported: none, linear)"),
+                ))
+            }
+        };
+        let embd = g
+            .tensor("token_embd.weight")
+            .ok_or_else(|| GgufError::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: "token_embd.weight".into(),
+                message: "missing".into(),
+            })?;
+        let vocab = match embd.shape.as_slice() {
+            [v, h] if *h == hidden => *v,
+            other => {
+                return Err(GgufError::Tensor {
+                    path: g.path().to_path_buf(),
+                    tensor: embd.name.clone(),
+                    message: format!("shape {other:?}, expected [vocab, {hidden}]"),
+                })
+            }
+        };
+        if let Some(v) = optional("llama.vocab_size")? {
+            if v != vocab {
+                return Err(meta_err(
+                    "llama.vocab_size",
+                    format!("{v} differs from token_embd.weight's {vocab} rows"),
+                ));
+            }
+        }
+        let tied = g.tensor("output.weight").is_none();
+        Ok(LlamaHParams {
+            layers,
+            hidden,
+            intermediate,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab,
+            context,
+            rope_theta,
+            rms_norm_eps,
+            rope_linear_factor,
+            tied,
+        })
+    }
+
+    /// Every tensor the checkpoint needs, in model order, with its expected shape.
+    pub fn expected(&self) -> Vec<TensorPlan> {
+        let q = self.heads * self.head_dim;
+        let kv = self.kv_heads * self.head_dim;
+        let (h, f) = (self.hidden, self.intermediate);
+        let plan = |gguf: String, shape: Vec<usize>, unpermute_heads: Option<usize>| TensorPlan {
+            hf_name: hf_tensor_name(&gguf).unwrap_or_default(),
+            gguf_name: gguf,
+            shape,
+            unpermute_heads,
+        };
+        let mut out = vec![plan("token_embd.weight".into(), vec![self.vocab, h], None)];
+        for l in 0..self.layers {
+            let b = |p: &str| format!("blk.{l}.{p}.weight");
+            out.push(plan(b("attn_norm"), vec![h], None));
+            out.push(plan(b("attn_q"), vec![q, h], Some(self.heads)));
+            out.push(plan(b("attn_k"), vec![kv, h], Some(self.kv_heads)));
+            out.push(plan(b("attn_v"), vec![kv, h], None));
+            out.push(plan(b("attn_output"), vec![h, q], None));
+            out.push(plan(b("ffn_norm"), vec![h], None));
+            out.push(plan(b("ffn_gate"), vec![f, h], None));
+            out.push(plan(b("ffn_up"), vec![f, h], None));
+            out.push(plan(b("ffn_down"), vec![h, f], None));
+        }
+        out.push(plan("output_norm.weight".into(), vec![h], None));
+        if !self.tied {
+            out.push(plan("output.weight".into(), vec![self.vocab, h], None));
+        }
+        out
+    }
+
+    /// config.json (transformers 4 keys).
+    pub fn config_json(&self, tok: &GgufTokenizer) -> serde_json::Value {
+        let id = |t: &Option<(u32, String)>| t.as_ref().map(|(i, _)| *i);
+        let rope_scaling = match self.rope_linear_factor {
+            Some(f) => serde_json::json!({"type": "linear", "rope_type": "linear", "factor": f}),
+            None => serde_json::Value::Null,
+        };
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "attention_bias": false,
+            "attention_dropout": 0.0,
+            "bos_token_id": id(&tok.bos),
+            "eos_token_id": id(&tok.eos),
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "hidden_size": self.hidden,
+            "initializer_range": 0.02,
+            "intermediate_size": self.intermediate,
+            "max_position_embeddings": self.context,
+            "mlp_bias": false,
+            "model_type": "llama",
+            "num_attention_heads": self.heads,
+            "num_hidden_layers": self.layers,
+            "num_key_value_heads": self.kv_heads,
+            "pad_token_id": id(&tok.pad),
+            "pretraining_tp": 1,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_scaling": rope_scaling,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tied,
+            "torch_dtype": "float16",
+            "transformers_version": TRANSFORMERS_VERSION,
+            "use_cache": true,
+            "vocab_size": self.vocab,
+        })
+    }
+}
+
+/// Check that the file holds exactly the llama tensors `hp` implies, with the right shapes
+/// and dequantizable types.
+pub fn plan_tensors(g: &GgufFile, hp: &LlamaHParams) -> Result<Vec<TensorPlan>, GgufError> {
+    let plan = hp.expected();
+    for p in &plan {
+        let t = g.tensor(&p.gguf_name).ok_or_else(|| GgufError::Tensor {
+            path: g.path().to_path_buf(),
+            tensor: p.gguf_name.clone(),
+            message: "missing".into(),
+        })?;
+        if t.shape != p.shape {
+            return Err(GgufError::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: p.gguf_name.clone(),
+                message: format!("shape {:?}, expected {:?}", t.shape, p.shape),
+            });
+        }
+        if t.dtype.is_none() {
+            return Err(GgufError::UnsupportedTensorType {
+                path: g.path().to_path_buf(),
+                tensor: t.name.clone(),
+                dtype: t.type_name(),
+            });
+        }
+    }
+    let extra: Vec<&str> = g
+        .tensors()
+        .iter()
+        .map(|t| t.name.as_str())
+        .filter(|n| !plan.iter().any(|p| p.gguf_name == *n))
+        .collect();
+    if let Some(first) = extra.first() {
+        let message = if *first == "rope_freqs.weight" {
+            "per-frequency rope factors (Llama 3.1 style) are not supported".to_string()
+        } else {
+            format!(
+                "not part of a {}-layer llama ({} unexpected tensor(s): {})",
+                hp.layers,
+                extra.len(),
+                extra.iter().take(5).copied().collect::<Vec<_>>().join(", ")
+            )
+        };
+        return Err(GgufError::Tensor {
+            path: g.path().to_path_buf(),
+            tensor: first.to_string(),
+            message,
+        });
+    }
+    Ok(plan)
+}
+
+/// True when `path` is a file starting with the GGUF magic (for commands that accept either
+/// a checkpoint directory or a GGUF file).
+pub fn is_gguf_file(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok()
+        && &magic == b"GGUF"
+}
+
+/// Options of [`import`].
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Replace an existing output directory.
+    pub force: bool,
+}
+
+/// What [`import`] wrote.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImportReport {
+    pub source: PathBuf,
+    pub output: PathBuf,
+    pub hparams: LlamaHParams,
+    pub parameters: u64,
+    pub tensors: usize,
+    /// GGUF tensor type → number of tensors of that type.
+    pub tensor_types: BTreeMap<String, usize>,
+    pub pre_tokenizer: String,
+    pub tokenizer_vocab: usize,
+    pub safetensors_bytes: u64,
+}
+
+/// Import the GGUF at `src` as a Hugging Face checkpoint directory `dest`.
+pub fn import(src: &Path, dest: &Path, opts: &ImportOptions) -> Result<ImportReport, GgufError> {
+    let mut g = GgufFile::open(src)?;
+    let arch = g
+        .get_str("general.architecture")?
+        .ok_or_else(|| GgufError::Metadata {
+            path: src.to_path_buf(),
+            key: "general.architecture".into(),
+            message: "missing".into(),
+        })?;
+    if !SUPPORTED_ARCHITECTURES.contains(&arch) {
+        return Err(GgufError::UnsupportedArchitecture {
+            path: src.to_path_buf(),
+            arch: arch.to_string(),
+        });
+    }
+    let hp = LlamaHParams::from_gguf(&g)?;
+    let plan = plan_tensors(&g, &hp)?;
+    let tok = tokenizer::build(&g)?;
+    if tok.vocab_size > hp.vocab {
+        return Err(GgufError::Tokenizer {
+            path: src.to_path_buf(),
+            message: format!(
+                "{} tokens but the embedding has only {} rows",
+                tok.vocab_size, hp.vocab
+            ),
+        });
+    }
+
+    let out = AtomicDir::new(dest, opts.force).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::AlreadyExists {
+            GgufError::OutputExists {
+                path: dest.to_path_buf(),
+            }
+        } else {
+            GgufError::Io {
+                path: dest.to_path_buf(),
+                source,
+            }
+        }
+    })?;
+    let dir = out.path().to_path_buf();
+    let st_path = dir.join("model.safetensors");
+    let (parameters, tensor_types, safetensors_bytes) =
+        write_weights(&mut g, &plan, &st_path, &dest.join("model.safetensors"))?;
+
+    let json = |v: &serde_json::Value| {
+        let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+        s.push('\n');
+        s
+    };
+    let files = [
+        ("config.json", json(&hp.config_json(&tok))),
+        ("generation_config.json", json(&generation_config(&tok))),
+        ("tokenizer_config.json", json(&tok.config_json(hp.context))),
+        (
+            "special_tokens_map.json",
+            json(&tok.special_tokens_map_json()),
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).map_err(|source| GgufError::Io {
+            path: dest.join(name),
+            source,
+        })?;
+    }
+    let tok_path = dir.join("tokenizer.json");
+    tok.tokenizer
+        .save(&tok_path, false)
+        .map_err(|e| GgufError::Tokenizer {
+            path: dest.join("tokenizer.json"),
+            message: format!("cannot write: {e}"),
+        })?;
+    let output = out.commit().map_err(|source| GgufError::Io {
+        path: dest.to_path_buf(),
+        source,
+    })?;
+    Ok(ImportReport {
+        source: src.to_path_buf(),
+        output,
+        parameters,
+        tensors: plan.len(),
+        tensor_types,
+        pre_tokenizer: tok.pre.clone(),
+        tokenizer_vocab: tok.vocab_size,
+        safetensors_bytes,
+        hparams: hp,
+    })
+}
+
+fn generation_config(tok: &GgufTokenizer) -> serde_json::Value {
+    let id = |t: &Option<(u32, String)>| t.as_ref().map(|(i, _)| *i);
+    serde_json::json!({
+        "bos_token_id": id(&tok.bos),
+        "eos_token_id": id(&tok.eos),
+        "pad_token_id": id(&tok.pad),
+        "transformers_version": TRANSFORMERS_VERSION,
+    })
+}
+
+/// Stream every planned tensor, dequantized and in fp16, into one safetensors file.
+/// Returns (parameters, tensor types seen, bytes written).
+fn write_weights(
+    g: &mut GgufFile,
+    plan: &[TensorPlan],
+    path: &Path,
+    shown_as: &Path,
+) -> Result<(u64, BTreeMap<String, usize>, u64), GgufError> {
+    let io_err = |source| GgufError::Io {
+        path: shown_as.to_path_buf(),
+        source,
+    };
+    let entries: Vec<(&str, &[usize])> = plan
+        .iter()
+        .map(|p| (p.hf_name.as_str(), p.shape.as_slice()))
+        .collect();
+    let header = weights::safetensors_header(&entries);
+    let file = std::fs::File::create(path).map_err(io_err)?;
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    w.write_all(&header).map_err(io_err)?;
+    let mut written = header.len() as u64;
+    let mut parameters = 0u64;
+    let mut types = BTreeMap::new();
+    let pb = progress_bar(plan.len() as u64, "importing");
+    for p in plan {
+        let t = g
+            .tensor(&p.gguf_name)
+            .cloned()
+            .ok_or_else(|| GgufError::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: p.gguf_name.clone(),
+                message: "missing".into(),
+            })?;
+        pb.set_message(p.gguf_name.clone());
+        *types.entry(t.type_name()).or_insert(0) += 1;
+        let mut values = g.read_f32(&t)?;
+        if let Some(heads) = p.unpermute_heads {
+            values = unpermute_rows(&values, p.shape[0], p.shape[1], heads);
+        }
+        let bytes = weights::to_f16_bytes(&values).map_err(|i| GgufError::Tensor {
+            path: g.path().to_path_buf(),
+            tensor: p.gguf_name.clone(),
+            message: format!(
+                "element {i} ({}) is outside the fp16 range",
+                values.get(i).copied().unwrap_or(f32::NAN)
+            ),
+        })?;
+        w.write_all(&bytes).map_err(io_err)?;
+        written += bytes.len() as u64;
+        parameters += values.len() as u64;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let file = w.into_inner().map_err(|e| io_err(e.into_error()))?;
+    file.sync_all().map_err(io_err)?;
+    Ok((parameters, types, written))
+}

@@ -1,0 +1,663 @@
+//! An opened GGUF file: metadata, a validated tensor table, and dequantized reads.
+//!
+//! The header is parsed here rather than by candle's `gguf_file::Content::read`, which panics
+//! on `general.alignment = 0` and rejects a whole file for one unknown tensor type without
+//! naming the tensor. Every length, count, shape and offset is checked arithmetic bounded by
+//! the file size before anything is allocated or read. candle dequantizes the tensor data.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::{ggml_file, GgmlDType};
+use candle_core::Device;
+
+use super::GgufError;
+
+/// Tensor types the importer dequantizes (llama.cpp names).
+pub const SUPPORTED_TYPES: [GgmlDType; 6] = [
+    GgmlDType::F32,
+    GgmlDType::F16,
+    GgmlDType::BF16,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+];
+
+/// GGUF's default tensor data alignment.
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// ggml's limit on tensor rank.
+const MAX_DIMS: u32 = 4;
+/// Arrays of arrays deeper than this do not occur in real files; the cap bounds recursion.
+const MAX_VALUE_DEPTH: usize = 4;
+/// Metadata array elements allowed in one file. A parsed value takes ~32 bytes however few
+/// it took on disk, so a file-size bound alone would let a 100 MB array of u8 cost 3 GB.
+/// Real vocabularies are well under a million entries (plus as many merges and types).
+const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
+
+/// The supported types as a list for messages: `F32, F16, BF16, Q8_0, Q4_0, Q4_1`.
+pub fn supported_types_list() -> String {
+    SUPPORTED_TYPES
+        .iter()
+        .map(|t| type_name(type_id(*t)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// ggml's id of a tensor type.
+fn type_id(t: GgmlDType) -> u32 {
+    match t {
+        GgmlDType::F32 => 0,
+        GgmlDType::F16 => 1,
+        GgmlDType::Q4_0 => 2,
+        GgmlDType::Q4_1 => 3,
+        GgmlDType::Q5_0 => 6,
+        GgmlDType::Q5_1 => 7,
+        GgmlDType::Q8_0 => 8,
+        GgmlDType::Q8_1 => 9,
+        GgmlDType::Q2K => 10,
+        GgmlDType::Q3K => 11,
+        GgmlDType::Q4K => 12,
+        GgmlDType::Q5K => 13,
+        GgmlDType::Q6K => 14,
+        GgmlDType::Q8K => 15,
+        GgmlDType::BF16 => 30,
+    }
+}
+
+/// A supported type from its ggml id.
+fn supported_type(id: u32) -> Option<GgmlDType> {
+    SUPPORTED_TYPES.into_iter().find(|t| type_id(*t) == id)
+}
+
+/// (elements per block, bytes per block) of a supported type.
+fn block_layout(t: GgmlDType) -> (u64, u64) {
+    match t {
+        GgmlDType::F32 => (1, 4),
+        GgmlDType::F16 | GgmlDType::BF16 => (1, 2),
+        // f16 scale + 16 bytes of nibbles
+        GgmlDType::Q4_0 => (32, 18),
+        // f16 scale + f16 min + 16 bytes of nibbles
+        GgmlDType::Q4_1 => (32, 20),
+        // f16 scale + 32 × i8
+        _ => (32, 34),
+    }
+}
+
+/// llama.cpp's name for a tensor type id (`type 99` when it has none).
+pub fn type_name(id: u32) -> String {
+    let name = match id {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        6 => "Q5_0",
+        7 => "Q5_1",
+        8 => "Q8_0",
+        9 => "Q8_1",
+        10 => "Q2_K",
+        11 => "Q3_K",
+        12 => "Q4_K",
+        13 => "Q5_K",
+        14 => "Q6_K",
+        15 => "Q8_K",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        30 => "BF16",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => return format!("type {id}"),
+    };
+    name.to_string()
+}
+
+/// One tensor of the file, with its shape already in row-major (Hugging Face) order.
+#[derive(Debug, Clone)]
+pub struct GgufTensor {
+    pub name: String,
+    /// ggml type id.
+    pub type_id: u32,
+    /// The type, when it is one we dequantize.
+    pub dtype: Option<GgmlDType>,
+    /// Row-major shape: GGUF lists dims fastest-first, this is that list reversed.
+    pub shape: Vec<usize>,
+    /// Absolute byte offset of the data in the file.
+    pub start: u64,
+    /// Data size (0 when the type is unsupported and its size unknown).
+    pub n_bytes: u64,
+}
+
+impl GgufTensor {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn type_name(&self) -> String {
+        type_name(self.type_id)
+    }
+}
+
+/// A GGUF file whose header has been read and checked.
+#[derive(Debug)]
+pub struct GgufFile {
+    path: PathBuf,
+    reader: BufReader<File>,
+    file_size: u64,
+    version: u32,
+    metadata: HashMap<String, Value>,
+    /// In file order.
+    tensors: Vec<GgufTensor>,
+}
+
+/// A bounds-checked little-endian reader over the header.
+struct Header<'a> {
+    r: &'a mut BufReader<File>,
+    pos: u64,
+    size: u64,
+    /// Array elements still allowed (see [`MAX_ARRAY_ELEMENTS`]).
+    elements_left: u64,
+    path: &'a Path,
+}
+
+impl Header<'_> {
+    fn malformed(&self, message: String) -> GgufError {
+        GgufError::Malformed {
+            path: self.path.to_path_buf(),
+            message,
+        }
+    }
+
+    fn need(&self, n: u64, what: &str) -> Result<(), GgufError> {
+        match self.pos.checked_add(n) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(self.malformed(format!(
+                "file ends inside the header ({what} needs {n} bytes at offset {}, file has {})",
+                self.pos, self.size
+            ))),
+        }
+    }
+
+    fn bytes(&mut self, n: u64, what: &str) -> Result<Vec<u8>, GgufError> {
+        self.need(n, what)?;
+        let mut buf = vec![0u8; n as usize];
+        self.r
+            .read_exact(&mut buf)
+            .map_err(|source| GgufError::Io {
+                path: self.path.to_path_buf(),
+                source,
+            })?;
+        self.pos += n;
+        Ok(buf)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
+        let v = self.bytes(N as u64, what)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(&v);
+        Ok(a)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String, GgufError> {
+        let n = self.u64(what)?;
+        let b = self.bytes(n, what)?;
+        // Converters occasionally write invalid UTF-8 in names or descriptions; keep going.
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+
+    fn value(&mut self, ty: u32, depth: usize, key: &str) -> Result<Value, GgufError> {
+        Ok(match ty {
+            0 => Value::U8(self.array::<1>(key)?[0]),
+            1 => Value::I8(self.array::<1>(key)?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.array(key)?)),
+            3 => Value::I16(i16::from_le_bytes(self.array(key)?)),
+            4 => Value::U32(u32::from_le_bytes(self.array(key)?)),
+            5 => Value::I32(i32::from_le_bytes(self.array(key)?)),
+            6 => Value::F32(f32::from_le_bytes(self.array(key)?)),
+            7 => match self.array::<1>(key)?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => return Err(self.malformed(format!("metadata `{key}`: bool byte {b}"))),
+            },
+            8 => Value::String(self.string(key)?),
+            9 => {
+                if depth >= MAX_VALUE_DEPTH {
+                    return Err(self.malformed(format!("metadata `{key}`: arrays nested too deep")));
+                }
+                let elem = self.u32(key)?;
+                let n = self.u64(key)?;
+                let min = match elem {
+                    0 | 1 | 7 => 1,
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    8 | 10 | 11 | 12 => 8,
+                    9 => 12,
+                    other => {
+                        return Err(self.malformed(format!(
+                            "metadata `{key}`: unknown array element type {other}"
+                        )))
+                    }
+                };
+                // Refuse a count the rest of the file cannot hold before allocating for it.
+                self.need(n.saturating_mul(min), key)?;
+                self.elements_left = self.elements_left.checked_sub(n).ok_or_else(|| {
+                    self.malformed(format!(
+                        "metadata `{key}`: arrays hold more than {MAX_ARRAY_ELEMENTS} elements in all"
+                    ))
+                })?;
+                let mut items = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    items.push(self.value(elem, depth + 1, key)?);
+                }
+                Value::Array(items)
+            }
+            10 => Value::U64(u64::from_le_bytes(self.array(key)?)),
+            11 => Value::I64(i64::from_le_bytes(self.array(key)?)),
+            12 => Value::F64(f64::from_le_bytes(self.array(key)?)),
+            other => {
+                return Err(self.malformed(format!("metadata `{key}`: unknown value type {other}")))
+            }
+        })
+    }
+}
+
+impl GgufFile {
+    /// Read the header and check every tensor's shape and byte range.
+    pub fn open(path: &Path) -> Result<Self, GgufError> {
+        let io_err = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        let file_size = file.metadata().map_err(io_err)?.len();
+        let mut reader = BufReader::new(file);
+        let mut h = Header {
+            r: &mut reader,
+            pos: 0,
+            size: file_size,
+            elements_left: MAX_ARRAY_ELEMENTS,
+            path,
+        };
+        let magic = h.array::<4>("the magic number")?;
+        if &magic != b"GGUF" {
+            return Err(h.malformed(format!("magic bytes {magic:02x?} are not `GGUF`")));
+        }
+        let version = h.u32("the version")?;
+        if !(2..=3).contains(&version) {
+            return Err(h.malformed(format!("GGUF version {version} (supported: 2, 3)")));
+        }
+        let n_tensors = h.u64("the tensor count")?;
+        let n_kv = h.u64("the metadata count")?;
+        // Each entry takes at least a length prefix and a type: refuse impossible counts early.
+        h.need(
+            n_kv.saturating_mul(13)
+                .saturating_add(n_tensors.saturating_mul(24)),
+            "the declared entries",
+        )?;
+        let mut metadata = HashMap::new();
+        for _ in 0..n_kv {
+            let key = h.string("a metadata key")?;
+            let ty = h.u32(&key)?;
+            let value = h.value(ty, 0, &key)?;
+            metadata.insert(key, value);
+        }
+        let mut infos = Vec::with_capacity(n_tensors as usize);
+        for _ in 0..n_tensors {
+            let name = h.string("a tensor name")?;
+            let n_dims = h.u32(&name)?;
+            if n_dims > MAX_DIMS {
+                return Err(GgufError::Tensor {
+                    path: path.to_path_buf(),
+                    tensor: name,
+                    message: format!("{n_dims} dimensions (ggml allows at most {MAX_DIMS})"),
+                });
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                dims.push(h.u64(&name)?);
+            }
+            let ty = h.u32(&name)?;
+            let offset = h.u64(&name)?;
+            infos.push((name, dims, ty, offset));
+        }
+        let alignment = match metadata.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => match as_uint(v) {
+                Some(a) if a > 0 && a.is_power_of_two() => a,
+                _ => {
+                    return Err(GgufError::Metadata {
+                        path: path.to_path_buf(),
+                        key: "general.alignment".into(),
+                        message: format!("{} is not a positive power of two", describe(v)),
+                    })
+                }
+            },
+        };
+        let data_start = h
+            .pos
+            .checked_next_multiple_of(alignment)
+            .ok_or_else(|| h.malformed("header size overflows".into()))?;
+
+        let mut tensors = Vec::with_capacity(infos.len());
+        let mut seen = std::collections::HashSet::new();
+        for (name, dims, ty, offset) in infos {
+            let bad = |message: String| GgufError::Tensor {
+                path: path.to_path_buf(),
+                tensor: name.clone(),
+                message,
+            };
+            if !seen.insert(name.clone()) {
+                return Err(bad("appears twice".into()));
+            }
+            let numel = dims
+                .iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+                .filter(|n| usize::try_from(*n).is_ok())
+                .ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
+            let shape: Vec<usize> = dims.iter().rev().map(|&d| d as usize).collect();
+            let dtype = supported_type(ty);
+            let n_bytes = match dtype {
+                Some(t) => {
+                    let (block, block_bytes) = block_layout(t);
+                    if numel % block != 0 {
+                        return Err(bad(format!(
+                            "{numel} elements are not a whole number of {block}-element {} blocks",
+                            type_name(ty)
+                        )));
+                    }
+                    (numel / block)
+                        .checked_mul(block_bytes)
+                        .ok_or_else(|| bad(format!("shape {dims:?} overflows")))?
+                }
+                // Rejected by the importer with the tensor's name; its size is unknown here.
+                None => 0,
+            };
+            let start = data_start
+                .checked_add(offset)
+                .ok_or_else(|| bad(format!("offset {offset} overflows")))?;
+            let end = start
+                .checked_add(n_bytes)
+                .ok_or_else(|| bad(format!("offset {offset} overflows")))?;
+            if end > file_size {
+                return Err(GgufError::Truncated {
+                    path: path.to_path_buf(),
+                    tensor: name,
+                    start,
+                    end,
+                    file_size,
+                });
+            }
+            tensors.push(GgufTensor {
+                name,
+                type_id: ty,
+                dtype,
+                shape,
+                start,
+                n_bytes,
+            });
+        }
+        tensors.sort_by_key(|t| t.start);
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            reader,
+            file_size,
+            version,
+            metadata,
+            tensors,
+        })
+    }
+
+    /// The GGUF format version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file_size(&self) -> u64 {
+        self.file_size
+    }
+
+    pub fn tensors(&self) -> &[GgufTensor] {
+        &self.tensors
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.metadata
+    }
+
+    fn meta_err(&self, key: &str, message: String) -> GgufError {
+        GgufError::Metadata {
+            path: self.path.clone(),
+            key: key.to_string(),
+            message,
+        }
+    }
+
+    /// A string value, `None` when absent.
+    pub fn get_str(&self, key: &str) -> Result<Option<&str>, GgufError> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.meta_err(key, format!("expected a string, found {}", kind(v)))),
+        }
+    }
+
+    /// A non-negative integer of any width, `None` when absent.
+    pub fn get_uint(&self, key: &str) -> Result<Option<u64>, GgufError> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => as_uint(v).map(Some).ok_or_else(|| {
+                self.meta_err(
+                    key,
+                    format!("expected a non-negative integer, found {}", describe(v)),
+                )
+            }),
+        }
+    }
+
+    /// A float (f32 values are widened by their shortest decimal form, so 1e-5f32 becomes
+    /// 1e-5 rather than 9.99999974e-6), `None` when absent.
+    pub fn get_float(&self, key: &str) -> Result<Option<f64>, GgufError> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::F32(x)) => Ok(Some(format!("{x}").parse::<f64>().unwrap_or(*x as f64))),
+            Some(Value::F64(x)) => Ok(Some(*x)),
+            Some(v) => match as_uint(v) {
+                Some(n) => Ok(Some(n as f64)),
+                None => {
+                    Err(self.meta_err(key, format!("expected a number, found {}", describe(v))))
+                }
+            },
+        }
+    }
+
+    pub fn get_bool(&self, key: &str) -> Result<Option<bool>, GgufError> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.meta_err(key, format!("expected a bool, found {}", describe(v)))),
+        }
+    }
+
+    /// An array of strings, `None` when absent.
+    pub fn get_str_array(&self, key: &str) -> Result<Option<Vec<&str>>, GgufError> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(s) => Ok(s.as_str()),
+                    other => Err(self.meta_err(
+                        key,
+                        format!("element {i} is {}, expected a string", kind(other)),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => Err(self.meta_err(key, format!("expected an array, found {}", kind(v)))),
+        }
+    }
+
+    /// An array of integers (any width, signed values must be non-negative), `None` when absent.
+    pub fn get_uint_array(&self, key: &str) -> Result<Option<Vec<u64>>, GgufError> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    as_uint(v).ok_or_else(|| {
+                        self.meta_err(
+                            key,
+                            format!(
+                                "element {i} is {}, expected a non-negative integer",
+                                describe(v)
+                            ),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => Err(self.meta_err(key, format!("expected an array, found {}", kind(v)))),
+        }
+    }
+
+    /// The tensor's values as f32, in row-major order.
+    pub fn read_f32(&mut self, tensor: &GgufTensor) -> Result<Vec<f32>, GgufError> {
+        let Some(dtype) = tensor.dtype else {
+            return Err(GgufError::UnsupportedTensorType {
+                path: self.path.clone(),
+                tensor: tensor.name.clone(),
+                dtype: tensor.type_name(),
+            });
+        };
+        let n = usize::try_from(tensor.n_bytes).map_err(|_| GgufError::Tensor {
+            path: self.path.clone(),
+            tensor: tensor.name.clone(),
+            message: format!("{} bytes do not fit in memory", tensor.n_bytes),
+        })?;
+        // candle reinterprets the bytes as blocks holding f16/f32 fields, so the buffer must
+        // be aligned for them; a u64 buffer viewed as bytes is.
+        let mut words = vec![0u64; n.div_ceil(8)];
+        // SAFETY: the u64 buffer is `8 * words.len() >= n` bytes long, u8 has alignment 1 and
+        // every byte pattern is a valid u8; `words` outlives `bytes` and is not touched again.
+        let bytes: &mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), n) };
+        let io_err = |source| GgufError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        self.reader
+            .seek(SeekFrom::Start(tensor.start))
+            .map_err(io_err)?;
+        self.reader.read_exact(bytes).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::UnexpectedEof {
+                // The file shrank after the header was checked.
+                GgufError::Truncated {
+                    path: self.path.clone(),
+                    tensor: tensor.name.clone(),
+                    start: tensor.start,
+                    end: tensor.start + tensor.n_bytes,
+                    file_size: self.file_size,
+                }
+            } else {
+                GgufError::Io {
+                    path: self.path.clone(),
+                    source,
+                }
+            }
+        })?;
+        let candle_err = |e: candle_core::Error| GgufError::Tensor {
+            path: self.path.clone(),
+            tensor: tensor.name.clone(),
+            message: e.to_string(),
+        };
+        let q = ggml_file::qtensor_from_ggml(dtype, bytes, tensor.shape.clone(), &Device::Cpu)
+            .map_err(candle_err)?;
+        q.dequantize(&Device::Cpu)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(candle_err)
+    }
+}
+
+fn as_uint(v: &Value) -> Option<u64> {
+    match v {
+        Value::U8(x) => Some(*x as u64),
+        Value::U16(x) => Some(*x as u64),
+        Value::U32(x) => Some(*x as u64),
+        Value::U64(x) => Some(*x),
+        Value::I8(x) => u64::try_from(*x).ok(),
+        Value::I16(x) => u64::try_from(*x).ok(),
+        Value::I32(x) => u64::try_from(*x).ok(),
+        Value::I64(x) => u64::try_from(*x).ok(),
+        _ => None,
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::U8(_) => "u8",
+        Value::I8(_) => "i8",
+        Value::U16(_) => "u16",
+        Value::I16(_) => "i16",
+        Value::U32(_) => "u32",
+        Value::I32(_) => "i32",
+        Value::U64(_) => "u64",
+        Value::I64(_) => "i64",
+        Value::F32(_) => "f32",
+        Value::F64(_) => "f64",
+        Value::Bool(_) => "bool",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+    }
+}
+
+/// A short description of a value for messages (scalars shown, containers summarized).
+fn describe(v: &Value) -> String {
+    match v {
+        Value::U8(x) => format!("u8 {x}"),
+        Value::I8(x) => format!("i8 {x}"),
+        Value::U16(x) => format!("u16 {x}"),
+        Value::I16(x) => format!("i16 {x}"),
+        Value::U32(x) => format!("u32 {x}"),
+        Value::I32(x) => format!("i32 {x}"),
+        Value::U64(x) => format!("u64 {x}"),
+        Value::I64(x) => format!("i64 {x}"),
+        Value::F32(x) => format!("f32 {x}"),
+        Value::F64(x) => format!("f64 {x}"),
+        Value::Bool(x) => format!("bool {x}"),
+        Value::String(s) => format!("string {:?}", s.chars().take(40).collect::<String>()),
+        Value::Array(a) => format!("an array of {}", a.len()),
+    }
+}

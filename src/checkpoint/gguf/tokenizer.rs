@@ -1,0 +1,374 @@
+//! The GGUF vocabulary → a Hugging Face `tokenizer.json` (built with the `tokenizers` crate)
+//! and `tokenizer_config.json`.
+//!
+//! Only byte-level BPE (`tokenizer.ggml.model = gpt2`) can be rebuilt exactly: its vocabulary
+//! and merges are stored verbatim, and the pre-tokenizer is named by `tokenizer.ggml.pre`,
+//! which maps onto the splitting transformers' tokenizer.json describes for that family.
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::processors::sequence::Sequence as ProcessorSequence;
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+
+use super::reader::GgufFile;
+use super::GgufError;
+
+/// `tokenizer.ggml.pre` values we can rebuild.
+pub const SUPPORTED_PRE: [&str; 3] = ["smollm", "llama-bpe", "gpt2"];
+
+/// llama.cpp token types (`llama_token_type`).
+const TOKEN_TYPE_CONTROL: u64 = 3;
+const TOKEN_TYPE_USER_DEFINED: u64 = 4;
+
+/// Llama 3's split pattern (transformers' tokenizer.json for Meta-Llama-3): contractions
+/// case-insensitively, letters with one leading non-letter, digits in groups of up to three.
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Everything known about the tokenizer, for tokenizer.json and the config files.
+#[derive(Debug)]
+pub struct GgufTokenizer {
+    pub tokenizer: Tokenizer,
+    pub pre: String,
+    pub vocab_size: usize,
+    pub bos: Option<(u32, String)>,
+    pub eos: Option<(u32, String)>,
+    pub pad: Option<(u32, String)>,
+    pub unk: Option<(u32, String)>,
+    pub add_bos: bool,
+    pub add_eos: bool,
+    /// Control and user-defined tokens: (id, content, special).
+    pub added: Vec<(u32, String, bool)>,
+    pub chat_template: Option<String>,
+}
+
+fn tok_err(g: &GgufFile, message: impl Into<String>) -> GgufError {
+    GgufError::Tokenizer {
+        path: g.path().to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Rebuild the tokenizer stored in `g`'s metadata.
+pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
+    let model = g.get_str("tokenizer.ggml.model")?.ok_or_else(|| {
+        tok_err(
+            g,
+            "no `tokenizer.ggml.model` (the file carries no tokenizer)",
+        )
+    })?;
+    if model != "gpt2" {
+        return Err(GgufError::UnsupportedTokenizer {
+            path: g.path().to_path_buf(),
+            what: format!("model `{model}`"),
+            supported: "gpt2 (byte-level BPE)".into(),
+        });
+    }
+    // Without `pre`, llama.cpp falls back to a splitting no transformers tokenizer uses;
+    // guessing would give a tokenizer that silently disagrees with the model's training.
+    let pre = g
+        .get_str("tokenizer.ggml.pre")?
+        .ok_or_else(|| GgufError::UnsupportedTokenizer {
+            path: g.path().to_path_buf(),
+            what: "pre-tokenizer (no `tokenizer.ggml.pre`)".into(),
+            supported: SUPPORTED_PRE.join(", "),
+        })?
+        .to_string();
+    let pre_tokenizer = pre_tokenizer_for(&pre).ok_or_else(|| GgufError::UnsupportedTokenizer {
+        path: g.path().to_path_buf(),
+        what: format!("pre-tokenizer `{pre}`"),
+        supported: SUPPORTED_PRE.join(", "),
+    })?;
+    let pre_tokenizer = pre_tokenizer.map_err(|e| tok_err(g, e))?;
+
+    let tokens = g
+        .get_str_array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| tok_err(g, "no `tokenizer.ggml.tokens`"))?;
+    if tokens.is_empty() {
+        return Err(tok_err(g, "`tokenizer.ggml.tokens` is empty"));
+    }
+    if u32::try_from(tokens.len()).is_err() {
+        return Err(tok_err(g, format!("{} tokens is too many", tokens.len())));
+    }
+    let mut vocab = Vocab::default();
+    for (id, t) in tokens.iter().enumerate() {
+        if vocab.insert(t.to_string(), id as u32).is_some() {
+            return Err(tok_err(
+                g,
+                format!("token {t:?} (id {id}) appears twice in the vocabulary"),
+            ));
+        }
+    }
+    let merges_raw = g.get_str_array("tokenizer.ggml.merges")?.ok_or_else(|| {
+        tok_err(
+            g,
+            "no `tokenizer.ggml.merges` (a BPE vocabulary needs them)",
+        )
+    })?;
+    let mut merges = Vec::with_capacity(merges_raw.len());
+    for (i, m) in merges_raw.iter().enumerate() {
+        let (a, b) = m.split_once(' ').ok_or_else(|| {
+            tok_err(
+                g,
+                format!("merge {i} ({m:?}) is not two tokens separated by a space"),
+            )
+        })?;
+        merges.push((a.to_string(), b.to_string()));
+    }
+    let types = g.get_uint_array("tokenizer.ggml.token_type")?;
+    if let Some(types) = &types {
+        if types.len() != tokens.len() {
+            return Err(tok_err(
+                g,
+                format!(
+                    "`tokenizer.ggml.token_type` has {} entries for {} tokens",
+                    types.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+    }
+
+    let special_id = |key: &str| -> Result<Option<(u32, String)>, GgufError> {
+        match g.get_uint(key)? {
+            None => Ok(None),
+            Some(id) => match tokens.get(id as usize) {
+                Some(t) if id <= u32::MAX as u64 => Ok(Some((id as u32, t.to_string()))),
+                _ => Err(GgufError::Metadata {
+                    path: g.path().to_path_buf(),
+                    key: key.to_string(),
+                    message: format!(
+                        "token id {id} is outside the vocabulary of {}",
+                        tokens.len()
+                    ),
+                }),
+            },
+        }
+    };
+    let bos = special_id("tokenizer.ggml.bos_token_id")?;
+    let eos = special_id("tokenizer.ggml.eos_token_id")?;
+    let pad = special_id("tokenizer.ggml.padding_token_id")?;
+    let unk = special_id("tokenizer.ggml.unknown_token_id")?;
+    let add_bos = g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let add_eos = g.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+    let flag_err = |key: &str, what: &str| GgufError::Metadata {
+        path: g.path().to_path_buf(),
+        key: key.to_string(),
+        message: format!("is true but there is no {what} token id"),
+    };
+    let bos_added = match (add_bos, &bos) {
+        (true, None) => return Err(flag_err("tokenizer.ggml.add_bos_token", "BOS")),
+        (true, Some(t)) => Some(t.clone()),
+        (false, _) => None,
+    };
+    let eos_added = match (add_eos, &eos) {
+        (true, None) => return Err(flag_err("tokenizer.ggml.add_eos_token", "EOS")),
+        (true, Some(t)) => Some(t.clone()),
+        (false, _) => None,
+    };
+
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges);
+    if let Some((_, t)) = &unk {
+        builder = builder.unk_token(t.clone());
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| tok_err(g, format!("BPE model: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    // Byte-level offsets as transformers writes them, then BOS/EOS when the GGUF asks for them.
+    let byte_level_pp: PostProcessorWrapper = ByteLevel::new(true, false, true).into();
+    let post: PostProcessorWrapper = if bos_added.is_none() && eos_added.is_none() {
+        byte_level_pp
+    } else {
+        let template = special_template(bos_added.as_ref(), eos_added.as_ref())
+            .map_err(|e| tok_err(g, format!("BOS/EOS template: {e}")))?;
+        ProcessorSequence::new(vec![byte_level_pp, template.into()]).into()
+    };
+    tokenizer.with_post_processor(Some(post));
+
+    let mut added = Vec::new();
+    if let Some(types) = &types {
+        for (id, (&ty, t)) in types.iter().zip(tokens.iter()).enumerate() {
+            if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED {
+                added.push((id as u32, t.to_string(), ty == TOKEN_TYPE_CONTROL));
+            }
+        }
+    }
+    // bos/eos/pad/unk are special even when a converter forgot to mark them as control.
+    for (id, t) in [&bos, &eos, &pad, &unk].into_iter().flatten() {
+        if !added.iter().any(|(a, _, _)| a == id) {
+            added.push((*id, t.clone(), true));
+        }
+    }
+    added.sort_by_key(|(id, _, _)| *id);
+    let specials: Vec<AddedToken> = added
+        .iter()
+        .filter(|(_, _, s)| *s)
+        .map(|(_, t, _)| AddedToken::from(t.clone(), true))
+        .collect();
+    let users: Vec<AddedToken> = added
+        .iter()
+        .filter(|(_, _, s)| !*s)
+        .map(|(_, t, _)| AddedToken::from(t.clone(), false))
+        .collect();
+    tokenizer
+        .add_special_tokens(specials)
+        .and_then(|_| tokenizer.add_tokens(users))
+        .map_err(|e| tok_err(g, format!("added tokens: {e}")))?;
+
+    let chat_template = g.get_str("tokenizer.chat_template")?.map(str::to_string);
+    Ok(GgufTokenizer {
+        tokenizer,
+        pre,
+        vocab_size: tokens.len(),
+        bos,
+        eos,
+        pad,
+        unk,
+        add_bos,
+        add_eos,
+        added,
+        chat_template,
+    })
+}
+
+/// `[BOS] $A [EOS]` for single sequences and the same per segment for pairs (transformers'
+/// layout for Llama-style tokenizers).
+fn special_template(
+    bos: Option<&(u32, String)>,
+    eos: Option<&(u32, String)>,
+) -> Result<TemplateProcessing, String> {
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    let mut specials = Vec::new();
+    for (segment, seq) in [("A", 0), ("B", 1)] {
+        if let Some((_, t)) = bos {
+            pair.push(format!("{t}:{seq}"));
+        }
+        pair.push(format!("${segment}:{seq}"));
+        if let Some((_, t)) = eos {
+            pair.push(format!("{t}:{seq}"));
+        }
+    }
+    if let Some((id, t)) = bos {
+        single.push(t.clone());
+        specials.push((t.clone(), *id));
+    }
+    single.push("$A".to_string());
+    if let Some((id, t)) = eos {
+        single.push(t.clone());
+        if !specials.iter().any(|(s, _)| s == t) {
+            specials.push((t.clone(), *id));
+        }
+    }
+    TemplateProcessing::builder()
+        .try_single(single)
+        .and_then(|b| b.try_pair(pair))?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// The pre-tokenizer transformers uses for the family llama.cpp calls `pre`; `None` when we
+/// do not know it.
+fn pre_tokenizer_for(pre: &str) -> Option<Result<PreTokenizerWrapper, String>> {
+    // GPT-2's own regex, no prefix space: what llama.cpp applies for these types.
+    let gpt2 = || ByteLevel::new(false, true, true);
+    Some(match pre {
+        "gpt2" => Ok(gpt2().into()),
+        // SmolLM: every digit on its own, then GPT-2 byte-level splitting.
+        "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), gpt2().into()]).into()),
+        "llama-bpe" | "llama3" => Split::new(
+            SplitPattern::Regex(LLAMA3_PATTERN.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map(|split| {
+            Sequence::new(vec![
+                split.into(),
+                ByteLevel::new(false, true, false).into(),
+            ])
+            .into()
+        })
+        .map_err(|e| format!("llama-bpe split pattern: {e}")),
+        _ => return None,
+    })
+}
+
+impl GgufTokenizer {
+    /// `tokenizer_config.json` as transformers writes it for a fast tokenizer.
+    pub fn config_json(&self, model_max_length: usize) -> serde_json::Value {
+        // Keys are ids as strings; transformers parses them, so map order does not matter.
+        let mut decoder = serde_json::Map::new();
+        for (id, content, special) in &self.added {
+            decoder.insert(
+                id.to_string(),
+                serde_json::json!({
+                    "content": content,
+                    "lstrip": false,
+                    "normalized": !special,
+                    "rstrip": false,
+                    "single_word": false,
+                    "special": special,
+                }),
+            );
+        }
+        let named = [&self.bos, &self.eos, &self.pad, &self.unk];
+        let additional: Vec<&str> = self
+            .added
+            .iter()
+            .filter(|(id, _, special)| {
+                *special
+                    && !named
+                        .iter()
+                        .any(|n| n.as_ref().is_some_and(|(i, _)| i == id))
+            })
+            .map(|(_, t, _)| t.as_str())
+            .collect();
+        let content = |t: &Option<(u32, String)>| match t {
+            Some((_, s)) => serde_json::Value::String(s.clone()),
+            None => serde_json::Value::Null,
+        };
+        let mut cfg = serde_json::json!({
+            "add_bos_token": self.add_bos,
+            "add_eos_token": self.add_eos,
+            "add_prefix_space": false,
+            "added_tokens_decoder": decoder,
+            "additional_special_tokens": additional,
+            "bos_token": content(&self.bos),
+            "clean_up_tokenization_spaces": false,
+            "eos_token": content(&self.eos),
+            "model_max_length": model_max_length,
+            "pad_token": content(&self.pad),
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "unk_token": content(&self.unk),
+        });
+        if let (Some(t), Some(obj)) = (&self.chat_template, cfg.as_object_mut()) {
+            obj.insert("chat_template".into(), serde_json::Value::String(t.clone()));
+        }
+        cfg
+    }
+
+    /// `special_tokens_map.json`.
+    pub fn special_tokens_map_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (key, tok) in [
+            ("bos_token", &self.bos),
+            ("eos_token", &self.eos),
+            ("pad_token", &self.pad),
+            ("unk_token", &self.unk),
+        ] {
+            if let Some((_, t)) = tok {
+                m.insert(key.into(), serde_json::Value::String(t.clone()));
+            }
+        }
+        serde_json::Value::Object(m)
+    }
+}

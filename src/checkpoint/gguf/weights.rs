@@ -1,0 +1,207 @@
+//! Tensor names, llama.cpp's q/k row permutation, and a streaming fp16 safetensors writer.
+
+use std::collections::BTreeMap;
+
+use half::f16;
+
+/// How a GGUF tensor becomes a Hugging Face one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorPlan {
+    pub gguf_name: String,
+    pub hf_name: String,
+    /// Row-major shape (same in both files).
+    pub shape: Vec<usize>,
+    /// Undo llama.cpp's rope permutation with this many heads (q and k projections only).
+    pub unpermute_heads: Option<usize>,
+}
+
+/// The Hugging Face name of a llama GGUF tensor, `None` for names outside the llama layout.
+pub fn hf_tensor_name(gguf: &str) -> Option<String> {
+    match gguf {
+        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
+        "output_norm.weight" => return Some("model.norm.weight".into()),
+        "output.weight" => return Some("lm_head.weight".into()),
+        _ => {}
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    // Only canonical decimal layer numbers: `blk.01` would alias `blk.1`.
+    if layer.is_empty()
+        || !layer.bytes().all(|b| b.is_ascii_digit())
+        || (layer.len() > 1 && layer.starts_with('0'))
+    {
+        return None;
+    }
+    let (part, suffix) = rest.rsplit_once('.')?;
+    if suffix != "weight" {
+        return None;
+    }
+    let hf = match part {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.weight"))
+}
+
+/// Undo llama.cpp's `permute(w, n_head)` on a `[rows, cols]` matrix.
+///
+/// llama.cpp stores each head's rows interleaved as (pair index, half) so its rope rotates
+/// adjacent elements; transformers rotates the two halves of a head. Row `h·d + 2i + j` of
+/// the GGUF matrix is row `h·d + j·d/2 + i` of the Hugging Face one (d = rows / n_head).
+/// The caller guarantees `rows` is a multiple of `2·n_head` and `data.len() == rows·cols`.
+pub fn unpermute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
+    let head_rows = rows / n_head;
+    let half = head_rows / 2;
+    let mut out = vec![0.0f32; data.len()];
+    for h in 0..n_head {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = h * head_rows + 2 * i + j;
+                let dst = h * head_rows + j * half + i;
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// llama.cpp's `permute`, the inverse of [`unpermute_rows`] (used to build test fixtures the
+/// way llama.cpp's converter does).
+pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
+    let head_rows = rows / n_head;
+    let half = head_rows / 2;
+    let mut out = vec![0.0f32; data.len()];
+    for h in 0..n_head {
+        for i in 0..half {
+            for j in 0..2 {
+                let hf = h * head_rows + j * half + i;
+                let gg = h * head_rows + 2 * i + j;
+                out[gg * cols..(gg + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// f32 → little-endian f16 bytes; `Err(index)` of the first value that is not finite in f16.
+pub fn to_f16_bytes(values: &[f32]) -> Result<Vec<u8>, usize> {
+    let mut out = Vec::with_capacity(values.len() * 2);
+    for (i, &v) in values.iter().enumerate() {
+        let h = f16::from_f32(v);
+        if !h.is_finite() {
+            return Err(i);
+        }
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    Ok(out)
+}
+
+/// The safetensors header for fp16 tensors written back to back in `entries` order.
+/// Returns the header bytes (length prefix included, padded to 8 bytes as safetensors does).
+pub fn safetensors_header(entries: &[(&str, &[usize])]) -> Vec<u8> {
+    let mut map = serde_json::Map::new();
+    let mut meta = serde_json::Map::new();
+    meta.insert("format".into(), "pt".into());
+    map.insert("__metadata__".into(), serde_json::Value::Object(meta));
+    let mut offset = 0usize;
+    let mut sorted: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
+    for (name, shape) in entries {
+        let n = shape.iter().product::<usize>() * 2;
+        sorted.insert(
+            name,
+            serde_json::json!({
+                "dtype": "F16",
+                "shape": shape,
+                "data_offsets": [offset, offset + n],
+            }),
+        );
+        offset += n;
+    }
+    for (k, v) in sorted {
+        map.insert(k.to_string(), v);
+    }
+    let mut json = serde_json::Value::Object(map).to_string().into_bytes();
+    // safetensors pads the header with spaces so the data section starts 8-aligned.
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len());
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn names_map_like_llama_cpp() {
+        assert_eq!(
+            hf_tensor_name("blk.12.attn_q.weight").as_deref(),
+            Some("model.layers.12.self_attn.q_proj.weight")
+        );
+        assert_eq!(
+            hf_tensor_name("blk.0.ffn_down.weight").as_deref(),
+            Some("model.layers.0.mlp.down_proj.weight")
+        );
+        assert_eq!(
+            hf_tensor_name("output.weight").as_deref(),
+            Some("lm_head.weight")
+        );
+        assert_eq!(hf_tensor_name("blk.01.attn_q.weight"), None);
+        assert_eq!(hf_tensor_name("blk.1.attn_q.bias"), None);
+        assert_eq!(hf_tensor_name("rope_freqs.weight"), None);
+        assert_eq!(hf_tensor_name("blk..attn_q.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_known_head() {
+        // One head of 4 rows, 1 column: llama.cpp order is (i0 j0, i0 j1, i1 j0, i1 j1), i.e.
+        // HF rows 0, 2, 1, 3.
+        let gguf = [0.0, 2.0, 1.0, 3.0];
+        assert_eq!(unpermute_rows(&gguf, 4, 1, 1), vec![0.0, 1.0, 2.0, 3.0]);
+    }
+
+    proptest! {
+        #[test]
+        fn permute_round_trips(heads in 1usize..5, half in 1usize..5, cols in 1usize..4, seed in 0u32..1000) {
+            let rows = heads * half * 2;
+            let data: Vec<f32> = (0..rows * cols).map(|i| (i as u32 ^ seed) as f32).collect();
+            let p = permute_rows(&data, rows, cols, heads);
+            prop_assert_eq!(unpermute_rows(&p, rows, cols, heads), data);
+        }
+    }
+
+    #[test]
+    fn header_is_aligned_and_parses() {
+        let header = safetensors_header(&[("b", &[2, 3]), ("a", &[5])]);
+        let n = u64::from_le_bytes(header[..8].try_into().unwrap()) as usize;
+        assert_eq!(n % 8, 0);
+        assert_eq!(header.len(), 8 + n);
+        let mut file = header.clone();
+        file.extend(vec![0u8; (6 + 5) * 2]);
+        let st = safetensors::SafeTensors::deserialize(&file).unwrap();
+        assert_eq!(st.tensor("b").unwrap().shape(), &[2, 3]);
+        assert_eq!(st.tensor("a").unwrap().data().len(), 10);
+    }
+
+    #[test]
+    fn f16_overflow_is_reported() {
+        assert!(to_f16_bytes(&[1.0, 70000.0]).is_err_and(|i| i == 1));
+        assert_eq!(
+            to_f16_bytes(&[1.0]).unwrap(),
+            f16::ONE.to_le_bytes().to_vec()
+        );
+    }
+}

@@ -1,0 +1,64 @@
+use std::path::PathBuf;
+
+use anyhow::Context;
+use hf2coreml::checkpoint::gguf::{self, ImportOptions};
+use hf2coreml::util::{fmt_bytes, fmt_count};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The GGUF file (llama architecture; F32, F16, BF16, Q8_0, Q4_0 or Q4_1 tensors).
+    pub file: PathBuf,
+    /// Output checkpoint directory (config.json, model.safetensors, tokenizer files).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Replace the output directory if it exists.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let opts = ImportOptions { force: args.force };
+    let r = gguf::import(&args.file, &args.output, &opts)
+        .with_context(|| format!("cannot import {}", args.file.display()))?;
+    if args.json {
+        return super::print_json(&r);
+    }
+    let types: Vec<String> = r
+        .tensor_types
+        .iter()
+        .map(|(t, n)| format!("{n} × {t}"))
+        .collect();
+    println!("imported {} → {}", r.source.display(), r.output.display());
+    println!(
+        "  LlamaForCausalLM  {} layers  hidden {}  heads {}/{}  vocab {}{}",
+        r.hparams.layers,
+        r.hparams.hidden,
+        r.hparams.heads,
+        r.hparams.kv_heads,
+        fmt_count(r.hparams.vocab as u64),
+        if r.hparams.tied {
+            "  (tied embeddings)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  parameters   {} in {} tensors ({})",
+        fmt_count(r.parameters),
+        r.tensors,
+        types.join(", ")
+    );
+    println!(
+        "  weights      model.safetensors, fp16, {}",
+        fmt_bytes(r.safetensors_bytes)
+    );
+    println!(
+        "  tokenizer    byte-level BPE, {} tokens, pre-tokenizer `{}`",
+        fmt_count(r.tokenizer_vocab as u64),
+        r.pre_tokenizer
+    );
+    Ok(())
+}

@@ -1,0 +1,511 @@
+//! Exact weighted 1-D k-means on 16-bit values.
+//!
+//! A f16 tensor holds at most 63,487 distinct finite values (±0 merged), so instead of iterating
+//! Lloyd over millions of elements we histogram the bit patterns, sort the distinct values, and
+//! solve the k-partition problem exactly: in 1-D every optimal cluster is a contiguous run of
+//! sorted values, segment costs come in O(1) from prefix sums, and the optimal split points are
+//! monotone in the right end, so each of the k DP layers is one divide-and-conquer sweep
+//! (O(k · n log n) for n distinct values). Elements are then assigned by a bit-pattern table.
+
+use half::f16;
+
+use super::QuantError;
+
+/// LUT sizes an iOS17 `constexpr_lut_to_dense` accepts (and that the iOS18 grouped form adds
+/// nothing to for our purposes).
+pub const SUPPORTED_NBITS: [u8; 5] = [1, 2, 4, 6, 8];
+
+/// Number of 16-bit patterns, the size of the histogram and of the assignment table.
+const PATTERNS: usize = 1 << 16;
+
+/// One tensor (or one channel group) palettized with a single LUT.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Palettized {
+    pub nbits: u8,
+    /// Sorted (non-decreasing), exactly `2^nbits` entries. When the input has fewer distinct
+    /// values than entries, the unused tail repeats the largest used entry; no index points at it.
+    pub lut: Vec<f16>,
+    /// One LUT index per element, unpacked (see [`super::pack`] for the stored form).
+    pub indices: Vec<u8>,
+    /// Mean squared error per element of what is actually stored (f16 LUT after re-assignment),
+    /// unweighted even when importance weights drove the fit.
+    pub mse: f64,
+    /// 10·log10(Σx² / Σ(x − x̂)²); `+inf` when the reconstruction is exact.
+    pub snr_db: f64,
+}
+
+impl Palettized {
+    /// The stored tensor: `lut[indices]`.
+    pub fn dequantize(&self) -> Vec<f16> {
+        self.indices.iter().map(|&i| self.lut[i as usize]).collect()
+    }
+}
+
+/// Check `nbits` against [`SUPPORTED_NBITS`].
+pub fn check_nbits(nbits: u8) -> Result<(), QuantError> {
+    if SUPPORTED_NBITS.contains(&nbits) {
+        Ok(())
+    } else {
+        Err(QuantError::UnsupportedNbits { nbits })
+    }
+}
+
+/// Palettize `values` to a sorted f16 LUT of `2^nbits` entries minimising the (weighted) squared
+/// error, exactly.
+///
+/// `weights` are per-element importance weights (`None` = uniform). Elements of weight 0 do not
+/// influence the LUT but are still assigned to their nearest entry; if every weight is 0 the fit
+/// falls back to uniform weights. Negative or non-finite weights, NaN/Inf values, a length
+/// mismatch and unsupported `nbits` are errors.
+pub fn palettize_f16(
+    values: &[f16],
+    nbits: u8,
+    weights: Option<&[f32]>,
+) -> Result<Palettized, QuantError> {
+    check_nbits(nbits)?;
+    if let Some(w) = weights {
+        if w.len() != values.len() {
+            return Err(QuantError::WeightsLength {
+                values: values.len(),
+                weights: w.len(),
+            });
+        }
+    }
+    let hist = Histogram::build(values, weights)?;
+    let distinct = hist.distinct_values();
+    let k = 1usize << nbits;
+
+    // Cluster means in f64, from the exact DP over the weighted distinct values.
+    let fit: Vec<(f64, f64)> = distinct
+        .iter()
+        .filter(|d| d.weight > 0.0)
+        .map(|d| (d.value, d.weight))
+        .collect();
+    let fit = if fit.is_empty() {
+        // every weight is zero (or the tensor is empty): fall back to plain counts.
+        distinct.iter().map(|d| (d.value, d.count as f64)).collect()
+    } else {
+        fit
+    };
+    let centers = optimal_centers(&fit, k);
+
+    // The LUT is f16: round the means, then re-assign every distinct value to its nearest stored
+    // entry, because rounding can move the boundary between two neighbouring clusters.
+    let mut lut: Vec<f16> = centers.iter().map(|&c| f16::from_f64(c)).collect();
+    lut.sort_by(|a, b| a.total_cmp(b));
+    let used = lut.len();
+    let pad = lut.last().copied().unwrap_or(f16::ZERO);
+    lut.resize(k, pad);
+    let lut_f64: Vec<f64> = lut[..used.max(1)].iter().map(|v| v.to_f64()).collect();
+
+    let mut table = vec![0u8; PATTERNS];
+    let mut err_sum = 0.0f64;
+    let mut sig_sum = 0.0f64;
+    let mut j = 0usize;
+    for d in &distinct {
+        // distinct values are ascending, so the nearest entry only moves right.
+        while j + 1 < lut_f64.len()
+            && (lut_f64[j + 1] - d.value).abs() < (lut_f64[j] - d.value).abs()
+        {
+            j += 1;
+        }
+        for &p in &d.patterns {
+            table[p as usize] = j as u8;
+        }
+        let e = d.value - lut_f64[j];
+        err_sum += d.count as f64 * e * e;
+        sig_sum += d.count as f64 * d.value * d.value;
+    }
+    let indices: Vec<u8> = values.iter().map(|v| table[v.to_bits() as usize]).collect();
+    let n = values.len().max(1) as f64;
+    Ok(Palettized {
+        nbits,
+        lut,
+        indices,
+        mse: err_sum / n,
+        snr_db: snr_db(sig_sum, err_sum),
+    })
+}
+
+/// 10·log10(signal / error), `+inf` for an exact reconstruction.
+pub fn snr_db(signal_sq_sum: f64, err_sq_sum: f64) -> f64 {
+    if err_sq_sum <= 0.0 {
+        f64::INFINITY
+    } else {
+        10.0 * (signal_sq_sum / err_sq_sum).log10()
+    }
+}
+
+/// One distinct value of the tensor (+0 and −0 are one value with two patterns).
+struct Distinct {
+    value: f64,
+    weight: f64,
+    count: u64,
+    patterns: Vec<u16>,
+}
+
+struct Histogram {
+    counts: Vec<u64>,
+    weights: Option<Vec<f64>>,
+}
+
+impl Histogram {
+    fn build(values: &[f16], weights: Option<&[f32]>) -> Result<Self, QuantError> {
+        let mut counts = vec![0u64; PATTERNS];
+        for v in values {
+            counts[v.to_bits() as usize] += 1;
+        }
+        // Non-finite f16 patterns all have the exponent bits set; check the histogram, not every
+        // element, and only then locate the first offender for the message.
+        let bad = (0..PATTERNS).any(|p| counts[p] > 0 && !f16::from_bits(p as u16).is_finite());
+        if bad {
+            let (index, value) = values
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !v.is_finite())
+                .map(|(i, v)| (i, v.to_f32()))
+                .unwrap_or((0, f32::NAN));
+            return Err(QuantError::NonFinite { index, value });
+        }
+        let weights = match weights {
+            None => None,
+            Some(ws) => {
+                let mut acc = vec![0f64; PATTERNS];
+                for (i, (v, &w)) in values.iter().zip(ws).enumerate() {
+                    if !(w.is_finite() && w >= 0.0) {
+                        return Err(QuantError::BadWeight {
+                            index: i,
+                            weight: w,
+                        });
+                    }
+                    acc[v.to_bits() as usize] += w as f64;
+                }
+                Some(acc)
+            }
+        };
+        Ok(Histogram { counts, weights })
+    }
+
+    /// Present values, ascending, with their accumulated weights.
+    fn distinct_values(&self) -> Vec<Distinct> {
+        let mut present: Vec<u16> = (0..PATTERNS)
+            .filter(|&p| self.counts[p] > 0)
+            .map(|p| p as u16)
+            .collect();
+        present.sort_by(|&a, &b| f16::from_bits(a).total_cmp(&f16::from_bits(b)));
+        let mut out: Vec<Distinct> = Vec::with_capacity(present.len());
+        for p in present {
+            let value = f16::from_bits(p).to_f64();
+            let count = self.counts[p as usize];
+            let weight = match &self.weights {
+                Some(w) => w[p as usize],
+                None => count as f64,
+            };
+            match out.last_mut() {
+                // −0 and +0 sort next to each other and are the same value.
+                Some(last) if last.value == value => {
+                    last.weight += weight;
+                    last.count += count;
+                    last.patterns.push(p);
+                }
+                _ => out.push(Distinct {
+                    value,
+                    weight,
+                    count,
+                    patterns: vec![p],
+                }),
+            }
+        }
+        out
+    }
+}
+
+/// Prefix sums of w, w·y, w·y² over the sorted points, with y centred on the weighted mean so
+/// the O(1) segment cost does not cancel catastrophically for values far from zero.
+struct Prefix {
+    w: Vec<f64>,
+    s1: Vec<f64>,
+    s2: Vec<f64>,
+}
+
+impl Prefix {
+    fn new(points: &[(f64, f64)], shift: f64) -> Self {
+        let n = points.len();
+        let (mut w, mut s1, mut s2) = (
+            Vec::with_capacity(n + 1),
+            Vec::with_capacity(n + 1),
+            Vec::with_capacity(n + 1),
+        );
+        let (mut a, mut b, mut c) = (0.0f64, 0.0f64, 0.0f64);
+        w.push(0.0);
+        s1.push(0.0);
+        s2.push(0.0);
+        for &(x, wt) in points {
+            let y = x - shift;
+            a += wt;
+            b += wt * y;
+            c += wt * y * y;
+            w.push(a);
+            s1.push(b);
+            s2.push(c);
+        }
+        Prefix { w, s1, s2 }
+    }
+
+    /// Weighted squared error of points `i..j` around their weighted mean.
+    #[inline(always)]
+    fn cost(&self, i: usize, j: usize) -> f64 {
+        let w = self.w[j] - self.w[i];
+        if w <= 0.0 {
+            return 0.0;
+        }
+        let s1 = self.s1[j] - self.s1[i];
+        let s2 = self.s2[j] - self.s2[i];
+        (s2 - s1 * s1 / w).max(0.0)
+    }
+
+    /// Weighted mean of points `i..j` (in the original, unshifted coordinates).
+    fn mean(&self, i: usize, j: usize, shift: f64) -> f64 {
+        let w = self.w[j] - self.w[i];
+        shift + (self.s1[j] - self.s1[i]) / w
+    }
+}
+
+/// The cluster means of an optimal partition of sorted, strictly increasing `points`
+/// `(value, weight > 0)` into at most `k` contiguous clusters, ascending.
+pub(crate) fn optimal_centers(points: &[(f64, f64)], k: usize) -> Vec<f64> {
+    let n = points.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    if n <= k {
+        return points.iter().map(|p| p.0).collect();
+    }
+    let total_w: f64 = points.iter().map(|p| p.1).sum();
+    let shift = points.iter().map(|p| p.0 * p.1).sum::<f64>() / total_w;
+    let pre = Prefix::new(points, shift);
+
+    // prev[j]: best cost of the first j points in c clusters. split[c][j]: start of the last
+    // cluster in that solution (n < 2^16, so u16 would do; u32 keeps the code obvious).
+    let mut prev: Vec<f64> = (0..=n).map(|j| pre.cost(0, j)).collect();
+    let mut splits: Vec<Vec<u32>> = Vec::with_capacity(k);
+    splits.push(vec![0; n + 1]);
+    let mut cur = vec![f64::INFINITY; n + 1];
+    for c in 2..=k {
+        let mut split = vec![0u32; n + 1];
+        if c == k {
+            // The last layer only needs the full prefix.
+            let (best, arg) = best_split(&pre, &prev, n, c - 1, n - 1);
+            cur[n] = best;
+            split[n] = arg as u32;
+        } else {
+            // j points in c clusters needs j >= c; split i ranges over c-1 ..= j-1.
+            solve_layer(&pre, &prev, &mut cur, &mut split, c, n, c - 1, n - 1);
+        }
+        splits.push(split);
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    // Backtrack the boundaries from the last layer.
+    let mut bounds = Vec::with_capacity(k + 1);
+    let mut j = n;
+    for c in (0..k).rev() {
+        bounds.push(j);
+        j = if c == 0 { 0 } else { splits[c][j] as usize };
+    }
+    bounds.push(0);
+    bounds.reverse();
+    bounds
+        .windows(2)
+        .filter(|b| b[1] > b[0])
+        .map(|b| pre.mean(b[0], b[1], shift))
+        .collect()
+}
+
+/// argmin over i in lo..=hi of prev[i] + cost(i, j).
+#[inline(always)]
+fn best_split(pre: &Prefix, prev: &[f64], j: usize, lo: usize, hi: usize) -> (f64, usize) {
+    let (wj, s1j, s2j) = (pre.w[j], pre.s1[j], pre.s2[j]);
+    let hi = hi.min(j - 1);
+    let mut best = f64::INFINITY;
+    let mut arg = lo;
+    if lo > hi {
+        return (best, arg);
+    }
+    // Equal-length slices let the compiler drop bounds checks in the hot loop.
+    let r = lo..hi + 1;
+    let terms = pre.w[r.clone()]
+        .iter()
+        .zip(&pre.s1[r.clone()])
+        .zip(&pre.s2[r.clone()])
+        .zip(&prev[r]);
+    for (off, (((&w, &s1), &s2), &p)) in terms.enumerate() {
+        let w = wj - w;
+        let s1 = s1j - s1;
+        let cost = ((s2j - s2) - s1 * s1 / w).max(0.0);
+        let v = p + cost;
+        if v < best {
+            best = v;
+            arg = lo + off;
+        }
+    }
+    (best, arg)
+}
+
+/// Fill cur[j] for j in c..=n: the optimal split of j is monotone in j, so solve the middle j
+/// over the whole candidate range and recurse on each half with the range cut at its argmin.
+#[allow(clippy::too_many_arguments)]
+fn solve_layer(
+    pre: &Prefix,
+    prev: &[f64],
+    cur: &mut [f64],
+    split: &mut [u32],
+    jlo: usize,
+    jhi: usize,
+    optlo: usize,
+    opthi: usize,
+) {
+    // Explicit stack: (jlo, jhi, optlo, opthi) ranges still to solve.
+    let mut stack = vec![(jlo, jhi, optlo, opthi)];
+    while let Some((jlo, jhi, olo, ohi)) = stack.pop() {
+        if jlo > jhi {
+            continue;
+        }
+        let mid = jlo + (jhi - jlo) / 2;
+        let (best, arg) = best_split(pre, prev, mid, olo, ohi);
+        cur[mid] = best;
+        split[mid] = arg as u32;
+        if mid > jlo {
+            stack.push((jlo, mid - 1, olo, arg));
+        }
+        stack.push((mid + 1, jhi, arg, ohi));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Exhaustive optimum over every contiguous partition of sorted points into ≤ k clusters
+    /// (optimal 1-D clusters are contiguous, so this is the optimum over all partitions).
+    fn brute_force_cost(points: &[(f64, f64)], k: usize) -> f64 {
+        fn go(points: &[(f64, f64)], k: usize) -> f64 {
+            let seg = |s: &[(f64, f64)]| {
+                let w: f64 = s.iter().map(|p| p.1).sum();
+                let m = s.iter().map(|p| p.0 * p.1).sum::<f64>() / w;
+                s.iter().map(|p| p.1 * (p.0 - m).powi(2)).sum::<f64>()
+            };
+            if points.is_empty() {
+                return 0.0;
+            }
+            if k == 1 {
+                return seg(points);
+            }
+            (1..=points.len())
+                .map(|cut| seg(&points[..cut]) + go(&points[cut..], k - 1))
+                .fold(f64::INFINITY, f64::min)
+        }
+        go(points, k)
+    }
+
+    fn cost_of(points: &[(f64, f64)], centers: &[f64]) -> f64 {
+        points
+            .iter()
+            .map(|&(x, w)| {
+                let d = centers
+                    .iter()
+                    .map(|c| (x - c).powi(2))
+                    .fold(f64::INFINITY, f64::min);
+                w * d
+            })
+            .sum()
+    }
+
+    #[test]
+    fn dp_matches_brute_force_on_small_inputs() {
+        let mut rng = crate::testing::SplitMix64(7);
+        for trial in 0..300 {
+            let n = 1 + (rng.next_u64() % 11) as usize;
+            let k = 1 + (rng.next_u64() % 5) as usize;
+            let mut xs: Vec<f64> = (0..n).map(|_| rng.normal() as f64).collect();
+            xs.sort_by(f64::total_cmp);
+            xs.dedup();
+            let points: Vec<(f64, f64)> = xs
+                .iter()
+                .map(|&x| (x, 0.1 + rng.uniform() as f64 * 3.0))
+                .collect();
+            let ours = cost_of(&points, &optimal_centers(&points, k));
+            let best = brute_force_cost(&points, k);
+            // The DP sums the same terms in a different order: f64 rounding only.
+            assert!(
+                ours <= best * (1.0 + 1e-9) + 1e-12,
+                "trial {trial}: n={n} k={k} ours={ours} best={best}"
+            );
+        }
+    }
+
+    #[test]
+    fn constant_tensor_is_exact() {
+        let v = vec![f16::from_f32(0.25); 100];
+        let p = palettize_f16(&v, 4, None).unwrap();
+        assert_eq!(p.lut.len(), 16);
+        assert!(p.lut.iter().all(|&x| x == f16::from_f32(0.25)));
+        assert!(p.indices.iter().all(|&i| i == 0));
+        assert_eq!(p.mse, 0.0);
+        assert!(p.snr_db.is_infinite());
+    }
+
+    #[test]
+    fn few_distinct_values_are_reproduced_exactly() {
+        let vals = [-1.5f32, 0.0, -0.0, 2.0, 0.125];
+        let v: Vec<f16> = (0..50).map(|i| f16::from_f32(vals[i % 5])).collect();
+        let p = palettize_f16(&v, 2, None).unwrap();
+        assert_eq!(p.mse, 0.0);
+        let back = p.dequantize();
+        for (a, b) in v.iter().zip(&back) {
+            assert_eq!(a.to_f32(), b.to_f32());
+        }
+        assert!(p.lut.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn nan_and_inf_are_errors() {
+        let mut v = vec![f16::from_f32(0.5); 10];
+        v[3] = f16::NAN;
+        assert!(matches!(
+            palettize_f16(&v, 4, None),
+            Err(QuantError::NonFinite { index: 3, .. })
+        ));
+        v[3] = f16::NEG_INFINITY;
+        assert!(palettize_f16(&v, 4, None).is_err());
+    }
+
+    #[test]
+    fn bad_weights_and_nbits_are_errors() {
+        let v = vec![f16::from_f32(0.5); 4];
+        assert!(palettize_f16(&v, 3, None).is_err());
+        assert!(palettize_f16(&v, 4, Some(&[1.0, 1.0])).is_err());
+        assert!(palettize_f16(&v, 4, Some(&[1.0, -1.0, 1.0, 1.0])).is_err());
+        assert!(palettize_f16(&v, 4, Some(&[1.0, f32::NAN, 1.0, 1.0])).is_err());
+    }
+
+    #[test]
+    fn weights_pull_the_lut_towards_important_values() {
+        // Two values, one cluster: the centre is the weighted mean.
+        let v = vec![f16::from_f32(0.0), f16::from_f32(1.0)];
+        let p = palettize_f16(&v, 1, None).unwrap();
+        assert_eq!(p.mse, 0.0);
+        let v = vec![f16::from_f32(0.0), f16::from_f32(0.25), f16::from_f32(1.0)];
+        let p = palettize_f16(&v, 1, Some(&[1.0, 1.0, 0.0])).unwrap();
+        // {0, 0.25} weighted fully, 1.0 ignored by the fit: LUT is {0, 0.25}.
+        assert_eq!(p.lut[0].to_f32(), 0.0);
+        assert_eq!(p.lut[1].to_f32(), 0.25);
+        assert_eq!(p.indices, vec![0, 1, 1]);
+    }
+
+    #[test]
+    fn empty_input() {
+        let p = palettize_f16(&[], 4, None).unwrap();
+        assert!(p.indices.is_empty());
+        assert_eq!(p.lut.len(), 16);
+    }
+}

@@ -1,0 +1,555 @@
+//! Recipes: which tensors to palettize, and how.
+//!
+//! A recipe is a TOML file (`configs/recipes/*.toml`; `default.toml` is embedded):
+//!
+//! ```toml
+//! default = "fp16"                      # anything no rule below matches
+//!
+//! [roles]                               # by arch::Role name
+//! q = { palettize = { nbits = 4 } }     # granularity defaults to "per_tensor"
+//! embedding = "fp16"
+//!
+//! [[tensors]]                           # by tensor-name glob; the first match wins
+//! glob = "model.layers.0.*"
+//! decision = "fp16"
+//! ```
+//!
+//! Resolution: tensor-name rule > role rule > default. Command-line flags override the file:
+//! `--keep-fp16 GLOB` rules come before every file rule, `--nbits N` replaces the bit width of
+//! every palettize decision. Unknown keys, roles and values are errors naming the file.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use globset::{Glob, GlobMatcher};
+use serde::Serialize;
+
+use super::kmeans::check_nbits;
+use super::{Granularity, QuantError};
+use crate::arch::{Role, TensorSlot};
+use crate::budget::Storage;
+
+/// The embedded default recipe.
+pub const DEFAULT_RECIPE: &str = include_str!("../../configs/recipes/default.toml");
+const DEFAULT_ORIGIN: &str = "configs/recipes/default.toml (built in)";
+
+/// What happens to one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Decision {
+    Fp16,
+    Palettize { nbits: u8, granularity: Granularity },
+}
+
+impl Decision {
+    /// How the tensor is stored, for sizing (budget, inspect, dry runs).
+    pub fn storage(&self, shape: &[usize]) -> Storage {
+        match *self {
+            Decision::Fp16 => Storage::Fp16,
+            Decision::Palettize { nbits, granularity } => Storage::Lut {
+                nbits,
+                luts: granularity.num_luts(shape),
+            },
+        }
+    }
+
+    pub fn nbits(&self) -> Option<u8> {
+        match self {
+            Decision::Fp16 => None,
+            Decision::Palettize { nbits, .. } => Some(*nbits),
+        }
+    }
+
+    /// The TOML inline form, as a recipe file would write it.
+    fn to_toml(self) -> String {
+        match self {
+            Decision::Fp16 => "\"fp16\"".into(),
+            Decision::Palettize { nbits, granularity } => match granularity {
+                Granularity::PerTensor => format!("{{ palettize = {{ nbits = {nbits} }} }}"),
+                Granularity::PerGroupedChannel { group_size, axis } => format!(
+                    "{{ palettize = {{ nbits = {nbits}, granularity = \"per_grouped_channel\", \
+                     group_size = {group_size}, axis = {axis} }} }}"
+                ),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Decision {
+    /// `fp16`, `lut4`, `lut4/g16@0` (grouped: group size and axis).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::Fp16 => f.write_str("fp16"),
+            Decision::Palettize { nbits, granularity } => match granularity {
+                Granularity::PerTensor => write!(f, "lut{nbits}"),
+                Granularity::PerGroupedChannel { group_size, axis } => {
+                    write!(f, "lut{nbits}/g{group_size}@{axis}")
+                }
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct NameRule {
+    glob: String,
+    matcher: GlobMatcher,
+    decision: Decision,
+}
+
+/// A parsed recipe plus command-line overrides.
+#[derive(Debug, Clone)]
+pub struct Recipe {
+    origin: String,
+    default: Decision,
+    roles: BTreeMap<Role, Decision>,
+    names: Vec<NameRule>,
+    nbits_override: Option<u8>,
+}
+
+impl Default for Recipe {
+    /// The embedded default: decoder projections 4-bit per tensor, everything else fp16.
+    fn default() -> Self {
+        match Recipe::parse(DEFAULT_RECIPE, DEFAULT_ORIGIN) {
+            Ok(r) => r,
+            // A unit test parses the embedded file; reaching this is a build defect.
+            Err(e) => panic!("embedded default recipe is invalid: {e}"),
+        }
+    }
+}
+
+impl Recipe {
+    /// Read a recipe file.
+    pub fn from_file(path: &Path) -> Result<Self, QuantError> {
+        let text = std::fs::read_to_string(path).map_err(|e| QuantError::Recipe {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse recipe text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, QuantError> {
+        let err = |message: String| QuantError::Recipe {
+            path: PathBuf::from(origin),
+            message,
+        };
+        let table: toml::Table = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        let mut recipe = Recipe {
+            origin: origin.to_string(),
+            default: Decision::Fp16,
+            roles: BTreeMap::new(),
+            names: Vec::new(),
+            nbits_override: None,
+        };
+        for (key, value) in &table {
+            match key.as_str() {
+                "default" => recipe.default = parse_decision(value, "default").map_err(err)?,
+                "roles" => {
+                    let roles = value
+                        .as_table()
+                        .ok_or_else(|| err("`roles` must be a table".into()))?;
+                    for (name, v) in roles {
+                        let role = Role::parse(name).ok_or_else(|| {
+                            err(format!(
+                                "roles.{name}: unknown role (known: {})",
+                                Role::ALL.map(|r| r.as_str()).join(", ")
+                            ))
+                        })?;
+                        let d = parse_decision(v, &format!("roles.{name}")).map_err(err)?;
+                        recipe.roles.insert(role, d);
+                    }
+                }
+                "tensors" => {
+                    let rules = value.as_array().ok_or_else(|| {
+                        err("`tensors` must be an array of tables ([[tensors]])".into())
+                    })?;
+                    for (i, rule) in rules.iter().enumerate() {
+                        let at = format!("tensors[{i}]");
+                        let t = rule
+                            .as_table()
+                            .ok_or_else(|| err(format!("{at} must be a table")))?;
+                        let mut glob = None;
+                        let mut decision = None;
+                        for (k, v) in t {
+                            match k.as_str() {
+                                "glob" => {
+                                    glob =
+                                        Some(v.as_str().map(str::to_string).ok_or_else(|| {
+                                            err(format!("{at}.glob must be a string"))
+                                        })?)
+                                }
+                                "decision" => {
+                                    decision = Some(
+                                        parse_decision(v, &format!("{at}.decision"))
+                                            .map_err(err)?,
+                                    )
+                                }
+                                other => {
+                                    return Err(err(format!(
+                                        "{at}: unknown key `{other}` (expected glob, decision)"
+                                    )))
+                                }
+                            }
+                        }
+                        let glob = glob.ok_or_else(|| err(format!("{at}: missing `glob`")))?;
+                        let decision =
+                            decision.ok_or_else(|| err(format!("{at}: missing `decision`")))?;
+                        recipe.names.push(
+                            NameRule::new(&glob, decision)
+                                .map_err(|m| err(format!("{at}: {m}")))?,
+                        );
+                    }
+                }
+                other => {
+                    return Err(err(format!(
+                        "unknown key `{other}` (expected default, roles, tensors)"
+                    )))
+                }
+            }
+        }
+        Ok(recipe)
+    }
+
+    /// `--nbits N`: every palettize decision uses `nbits`.
+    pub fn with_nbits(mut self, nbits: u8) -> Result<Self, QuantError> {
+        check_nbits(nbits)?;
+        self.nbits_override = Some(nbits);
+        Ok(self)
+    }
+
+    /// `--keep-fp16 GLOB`: tensors matching `glob` stay fp16, whatever the file says.
+    pub fn keep_fp16(mut self, glob: &str) -> Result<Self, QuantError> {
+        let rule = NameRule::new(glob, Decision::Fp16).map_err(|message| QuantError::Recipe {
+            path: PathBuf::from("--keep-fp16"),
+            message,
+        })?;
+        // Command-line rules sit before the file's rules; their relative order is irrelevant
+        // because they all say fp16.
+        self.names.insert(0, rule);
+        Ok(self)
+    }
+
+    /// Apply the common flags in one go.
+    pub fn with_overrides(
+        mut self,
+        nbits: Option<u8>,
+        keep_fp16: &[String],
+    ) -> Result<Self, QuantError> {
+        if let Some(n) = nbits {
+            self = self.with_nbits(n)?;
+        }
+        for g in keep_fp16 {
+            self = self.keep_fp16(g)?;
+        }
+        Ok(self)
+    }
+
+    /// Where the recipe came from (a path, or the built-in default).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The decision for one tensor: name rule > role rule > default, then `--nbits`.
+    pub fn decide(&self, slot: &TensorSlot) -> Decision {
+        let d = self
+            .names
+            .iter()
+            .find(|r| r.matcher.is_match(&slot.name))
+            .map(|r| r.decision)
+            .or_else(|| self.roles.get(&slot.role).copied())
+            .unwrap_or(self.default);
+        match (d, self.nbits_override) {
+            (Decision::Palettize { granularity, .. }, Some(nbits)) => {
+                Decision::Palettize { nbits, granularity }
+            }
+            _ => d,
+        }
+    }
+
+    /// Storage of one tensor under this recipe (plug into `budget::weights_bytes`).
+    pub fn storage(&self, slot: &TensorSlot) -> Storage {
+        self.decide(slot).storage(&slot.shape)
+    }
+
+    /// The recipe with overrides folded in, as a TOML file that parses back to the same
+    /// decisions (recorded in packages and reports).
+    pub fn to_toml(&self) -> String {
+        let fold = |d: Decision| match (d, self.nbits_override) {
+            (Decision::Palettize { granularity, .. }, Some(nbits)) => {
+                Decision::Palettize { nbits, granularity }
+            }
+            _ => d,
+        };
+        let mut out = format!("default = {}\n\n[roles]\n", fold(self.default).to_toml());
+        for (role, d) in &self.roles {
+            out.push_str(&format!("{} = {}\n", role.as_str(), fold(*d).to_toml()));
+        }
+        for r in &self.names {
+            out.push_str(&format!(
+                "\n[[tensors]]\nglob = {}\ndecision = {}\n",
+                toml::Value::String(r.glob.clone()),
+                fold(r.decision).to_toml()
+            ));
+        }
+        out
+    }
+}
+
+impl NameRule {
+    fn new(glob: &str, decision: Decision) -> Result<Self, String> {
+        let matcher = Glob::new(glob)
+            .map_err(|e| format!("invalid glob `{glob}`: {e}"))?
+            .compile_matcher();
+        Ok(NameRule {
+            glob: glob.to_string(),
+            matcher,
+            decision,
+        })
+    }
+}
+
+fn parse_decision(v: &toml::Value, at: &str) -> Result<Decision, String> {
+    let expected = "expected \"fp16\" or { palettize = { nbits = N } }";
+    match v {
+        toml::Value::String(s) if s == "fp16" => Ok(Decision::Fp16),
+        toml::Value::String(s) => Err(format!("{at}: unknown decision `{s}` ({expected})")),
+        toml::Value::Table(t) => {
+            let mut it = t.iter();
+            let (Some((k, p)), None) = (it.next(), it.next()) else {
+                return Err(format!("{at}: {expected}"));
+            };
+            if k != "palettize" {
+                return Err(format!("{at}: unknown key `{k}` ({expected})"));
+            }
+            let p = p
+                .as_table()
+                .ok_or_else(|| format!("{at}.palettize must be a table"))?;
+            parse_palettize(p, &format!("{at}.palettize"))
+        }
+        _ => Err(format!("{at}: {expected}")),
+    }
+}
+
+fn parse_palettize(t: &toml::Table, at: &str) -> Result<Decision, String> {
+    let int = |k: &str, v: &toml::Value| -> Result<i64, String> {
+        v.as_integer()
+            .ok_or_else(|| format!("{at}.{k} must be an integer"))
+    };
+    let mut nbits = None;
+    let mut gran = "per_tensor".to_string();
+    let mut group_size = None;
+    let mut axis = None;
+    for (k, v) in t {
+        match k.as_str() {
+            "nbits" => nbits = Some(int(k, v)?),
+            "granularity" => {
+                gran = v
+                    .as_str()
+                    .ok_or_else(|| format!("{at}.granularity must be a string"))?
+                    .to_string()
+            }
+            "group_size" => group_size = Some(int(k, v)?),
+            "axis" => axis = Some(int(k, v)?),
+            other => {
+                return Err(format!(
+                    "{at}: unknown key `{other}` (expected nbits, granularity, group_size, axis)"
+                ))
+            }
+        }
+    }
+    let nbits = nbits.ok_or_else(|| format!("{at}: missing `nbits`"))?;
+    let nbits = u8::try_from(nbits)
+        .ok()
+        .filter(|n| check_nbits(*n).is_ok())
+        .ok_or_else(|| format!("{at}.nbits = {nbits}: supported are 1, 2, 4, 6, 8"))?;
+    let granularity = match gran.as_str() {
+        "per_tensor" => {
+            if group_size.is_some() || axis.is_some() {
+                return Err(format!(
+                    "{at}: group_size and axis only apply to granularity = \"per_grouped_channel\""
+                ));
+            }
+            Granularity::PerTensor
+        }
+        "per_grouped_channel" => {
+            let group_size = group_size
+                .ok_or_else(|| format!("{at}: per_grouped_channel needs `group_size`"))?;
+            let group_size = usize::try_from(group_size)
+                .ok()
+                .filter(|g| *g >= 1)
+                .ok_or_else(|| format!("{at}.group_size must be at least 1"))?;
+            let axis = usize::try_from(axis.unwrap_or(0))
+                .ok()
+                .filter(|a| *a <= 1)
+                .ok_or_else(|| format!("{at}.axis must be 0 (output channels) or 1"))?;
+            Granularity::PerGroupedChannel { group_size, axis }
+        }
+        other => {
+            return Err(format!(
+                "{at}.granularity: unknown `{other}` (expected per_tensor, per_grouped_channel)"
+            ))
+        }
+    };
+    Ok(Decision::Palettize { nbits, granularity })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(name: &str, role: Role) -> TensorSlot {
+        TensorSlot {
+            name: name.into(),
+            shape: vec![64, 32],
+            role,
+            layer: Some(0),
+        }
+    }
+
+    const LUT4: Decision = Decision::Palettize {
+        nbits: 4,
+        granularity: Granularity::PerTensor,
+    };
+
+    #[test]
+    fn default_recipe_palettizes_projections_only() {
+        let r = Recipe::default();
+        for role in Role::ALL {
+            let d = r.decide(&slot("x", role));
+            if role.is_projection() {
+                assert_eq!(d, LUT4, "{role}");
+            } else {
+                assert_eq!(d, Decision::Fp16, "{role}");
+            }
+        }
+    }
+
+    #[test]
+    fn name_beats_role_beats_default() {
+        let r = Recipe::parse(
+            r#"
+            default = { palettize = { nbits = 8 } }
+            [roles]
+            q = { palettize = { nbits = 2 } }
+            [[tensors]]
+            glob = "model.layers.0.*"
+            decision = "fp16"
+            [[tensors]]
+            glob = "*.q_proj.weight"
+            decision = { palettize = { nbits = 6 } }
+            "#,
+            "t.toml",
+        )
+        .unwrap();
+        let d = |n: &str, role| r.decide(&slot(n, role));
+        assert_eq!(
+            d("model.layers.0.self_attn.q_proj.weight", Role::Q),
+            Decision::Fp16
+        );
+        assert_eq!(
+            d("model.layers.1.self_attn.q_proj.weight", Role::Q).nbits(),
+            Some(6)
+        );
+        assert_eq!(
+            d("model.layers.1.self_attn.q_norm", Role::Q).nbits(),
+            Some(2)
+        );
+        assert_eq!(
+            d("model.layers.1.mlp.up_proj.weight", Role::Up).nbits(),
+            Some(8)
+        );
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let r = Recipe::default()
+            .with_overrides(Some(6), &["*.down_proj.weight".to_string()])
+            .unwrap();
+        assert_eq!(
+            r.decide(&slot("model.layers.3.mlp.up_proj.weight", Role::Up))
+                .nbits(),
+            Some(6)
+        );
+        assert_eq!(
+            r.decide(&slot("model.layers.3.mlp.down_proj.weight", Role::Down)),
+            Decision::Fp16
+        );
+        let all = Recipe::default().keep_fp16("*").unwrap();
+        assert!(Role::ALL
+            .iter()
+            .all(|&role| all.decide(&slot("a.b", role)) == Decision::Fp16));
+        assert!(Recipe::default().with_nbits(5).is_err());
+        assert!(Recipe::default().keep_fp16("a[").is_err());
+    }
+
+    #[test]
+    fn errors_name_the_file_and_key() {
+        let cases = [
+            ("defualt = \"fp16\"", "defualt"),
+            ("[roles]\nqq = \"fp16\"", "qq"),
+            ("[roles]\nq = \"int8\"", "int8"),
+            ("[roles]\nq = { palettize = { nbits = 3 } }", "nbits = 3"),
+            ("[roles]\nq = { palettize = { nbit = 4 } }", "nbit"),
+            ("[roles]\nq = { palettise = { nbits = 4 } }", "palettise"),
+            (
+                "[[tensors]]\nglob = \"*\"\ndecision = \"fp16\"\nwhy = 1",
+                "why",
+            ),
+            ("[[tensors]]\nglob = \"*\"", "decision"),
+            ("[[tensors]]\nglob = \"a[\"\ndecision = \"fp16\"", "a["),
+            (
+                "[roles]\nq = { palettize = { nbits = 4, granularity = \"per_block\" } }",
+                "per_block",
+            ),
+            (
+                "[roles]\nq = { palettize = { nbits = 4, group_size = 8 } }",
+                "group_size",
+            ),
+            ("default = [", "recipe.toml"),
+        ];
+        for (text, needle) in cases {
+            let e = Recipe::parse(text, "recipe.toml").unwrap_err().to_string();
+            assert!(e.starts_with("recipe.toml"), "{e}");
+            assert!(e.contains(needle), "`{needle}` not in: {e}");
+        }
+    }
+
+    #[test]
+    fn grouped_granularity_parses_and_sizes() {
+        let r = Recipe::parse(
+            "[roles]\nup = { palettize = { nbits = 4, granularity = \"per_grouped_channel\", group_size = 16 } }",
+            "g.toml",
+        )
+        .unwrap();
+        let s = slot("u", Role::Up);
+        let d = r.decide(&s);
+        assert_eq!(
+            d,
+            Decision::Palettize {
+                nbits: 4,
+                granularity: Granularity::PerGroupedChannel {
+                    group_size: 16,
+                    axis: 0
+                }
+            }
+        );
+        assert_eq!(d.to_string(), "lut4/g16@0");
+        assert_eq!(d.storage(&s.shape), Storage::Lut { nbits: 4, luts: 4 });
+    }
+
+    #[test]
+    fn to_toml_round_trips_decisions() {
+        let r = Recipe::default()
+            .with_overrides(Some(2), &["model.layers.1.*".to_string()])
+            .unwrap();
+        let back = Recipe::parse(&r.to_toml(), "round-trip").unwrap();
+        for role in Role::ALL {
+            for name in ["model.layers.1.mlp.up_proj.weight", "model.layers.2.x"] {
+                let s = slot(name, role);
+                assert_eq!(r.decide(&s), back.decide(&s), "{name} {role}");
+            }
+        }
+    }
+}

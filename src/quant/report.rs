@@ -1,0 +1,220 @@
+//! The palettization report: one line per tensor, then totals (llama.cpp's quantize report is
+//! the model). Built as a plan first (decisions and sizes, no k-means: what `convert --dry-run`
+//! prints) and filled with MSE/SNR as tensors finish.
+
+use serde::Serialize;
+
+use super::{Decision, QuantError, Recipe};
+use crate::arch::{Role, TensorSlot};
+use crate::checkpoint::Checkpoint;
+use crate::util::fmt_bytes;
+
+/// One tensor's line.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorReport {
+    /// 1-based position in model order.
+    pub index: usize,
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub role: Role,
+    /// `fp16`, `lut4`, ... (see [`Decision`]'s Display).
+    #[serde(serialize_with = "display")]
+    pub decision: Decision,
+    pub nbits: Option<u8>,
+    /// Bytes in the checkpoint (its own dtype).
+    pub bytes_before: u64,
+    /// Bytes in the package's weight.bin (indices + LUTs, or fp16).
+    pub bytes_after: u64,
+    /// Per-element MSE against the f16 source; `None` until palettized, and for fp16 tensors.
+    pub mse: Option<f64>,
+    /// `None` as for `mse`; JSON `null` also stands for +inf (an exact reconstruction).
+    pub snr_db: Option<f64>,
+}
+
+fn display<S: serde::Serializer>(d: &Decision, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(d)
+}
+
+/// Totals over all tensors.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    pub tensors: usize,
+    pub palettized_tensors: usize,
+    pub parameters: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// bytes_after · 8 / parameters.
+    pub bits_per_weight: f64,
+    /// Mean SNR over palettized tensors with a finite SNR (exact ones would make it +inf).
+    pub mean_snr_db: Option<f64>,
+    pub min_snr_db: Option<f64>,
+    pub min_snr_tensor: Option<String>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The recipe's origin (file path or the built-in default).
+    pub recipe: String,
+    pub tensors: Vec<TensorReport>,
+    pub totals: Totals,
+}
+
+impl Report {
+    /// Decisions and sizes for every tensor of the checkpoint, without palettizing.
+    pub fn plan(ckpt: &Checkpoint, recipe: &Recipe) -> Result<Self, QuantError> {
+        let slots = ckpt.slots();
+        let mut tensors = Vec::with_capacity(slots.len());
+        for (i, slot) in slots.iter().enumerate() {
+            let dtype = ckpt.tensor(&slot.name)?.dtype;
+            tensors.push(Self::line(i + 1, slot, recipe, dtype.size() as u64));
+        }
+        let mut r = Report {
+            recipe: recipe.origin().to_string(),
+            tensors,
+            totals: Totals::default(),
+        };
+        r.recompute_totals();
+        Ok(r)
+    }
+
+    /// A plan from slots alone (no checkpoint), with `source_bytes_per_element` for "before".
+    pub fn plan_slots(
+        slots: &[TensorSlot],
+        recipe: &Recipe,
+        source_bytes_per_element: u64,
+    ) -> Self {
+        let tensors = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Self::line(i + 1, s, recipe, source_bytes_per_element))
+            .collect();
+        let mut r = Report {
+            recipe: recipe.origin().to_string(),
+            tensors,
+            totals: Totals::default(),
+        };
+        r.recompute_totals();
+        r
+    }
+
+    fn line(index: usize, slot: &TensorSlot, recipe: &Recipe, elem_bytes: u64) -> TensorReport {
+        let decision = recipe.decide(slot);
+        TensorReport {
+            index,
+            name: slot.name.clone(),
+            shape: slot.shape.clone(),
+            role: slot.role,
+            decision,
+            nbits: decision.nbits(),
+            bytes_before: slot.numel() as u64 * elem_bytes,
+            bytes_after: decision.storage(&slot.shape).bytes(slot.numel()),
+            mse: None,
+            snr_db: None,
+        }
+    }
+
+    /// Recompute [`Totals`] from the lines.
+    pub fn recompute_totals(&mut self) {
+        let t = &self.tensors;
+        let parameters: u64 = t
+            .iter()
+            .map(|l| l.shape.iter().product::<usize>() as u64)
+            .sum();
+        let bytes_after: u64 = t.iter().map(|l| l.bytes_after).sum();
+        let snrs: Vec<(&str, f64)> = t
+            .iter()
+            .filter_map(|l| l.snr_db.map(|s| (l.name.as_str(), s)))
+            .collect();
+        let finite: Vec<f64> = snrs.iter().map(|s| s.1).filter(|s| s.is_finite()).collect();
+        let min = snrs.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1));
+        self.totals = Totals {
+            tensors: t.len(),
+            palettized_tensors: t.iter().filter(|l| l.nbits.is_some()).count(),
+            parameters,
+            bytes_before: t.iter().map(|l| l.bytes_before).sum(),
+            bytes_after,
+            bits_per_weight: if parameters == 0 {
+                0.0
+            } else {
+                bytes_after as f64 * 8.0 / parameters as f64
+            },
+            mean_snr_db: (!finite.is_empty())
+                .then(|| finite.iter().sum::<f64>() / finite.len() as f64),
+            min_snr_db: min.map(|m| m.1),
+            min_snr_tensor: min.map(|m| m.0.to_string()),
+        };
+    }
+
+    /// `[i/N] name [shape] decision  before → after  SNR dB`.
+    pub fn format_line(&self, l: &TensorReport) -> String {
+        let shape = l
+            .shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let snr = match l.snr_db {
+            Some(s) if s.is_finite() => format!("  SNR {s:6.2} dB"),
+            Some(_) => "  SNR    inf dB".to_string(),
+            None => String::new(),
+        };
+        let width = self.tensors.len().to_string().len();
+        format!(
+            "[{:>width$}/{}] {:<44} [{:<11}] {:<5} {:>10} → {:>10}{}",
+            l.index,
+            self.tensors.len(),
+            l.name,
+            shape,
+            l.decision.to_string(),
+            fmt_bytes(l.bytes_before),
+            fmt_bytes(l.bytes_after),
+            snr
+        )
+    }
+
+    /// The totals block.
+    pub fn format_totals(&self) -> String {
+        let t = &self.totals;
+        let mut s = format!(
+            "{} tensors ({} palettized), {} parameters\nsize: {} → {} ({:.3} bits per weight, {:.2}× smaller)",
+            t.tensors,
+            t.palettized_tensors,
+            crate::util::fmt_count(t.parameters),
+            fmt_bytes(t.bytes_before),
+            fmt_bytes(t.bytes_after),
+            t.bits_per_weight,
+            if t.bytes_after == 0 {
+                1.0
+            } else {
+                t.bytes_before as f64 / t.bytes_after as f64
+            }
+        );
+        if let (Some(min), Some(name)) = (t.min_snr_db, &t.min_snr_tensor) {
+            let mean = t
+                .mean_snr_db
+                .map_or("inf".to_string(), |m| format!("{m:.2}"));
+            s.push_str(&format!(
+                "\nSNR: mean {mean} dB, min {} dB ({name})",
+                if min.is_finite() {
+                    format!("{min:.2}")
+                } else {
+                    "inf".into()
+                }
+            ));
+        }
+        s
+    }
+
+    /// Every line, then the totals.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        for l in &self.tensors {
+            s.push_str(&self.format_line(l));
+            s.push('\n');
+        }
+        s.push_str(&self.format_totals());
+        s.push('\n');
+        s
+    }
+}

@@ -1,0 +1,527 @@
+//! The token loop over any [`StepModel`]: a static KV cache allocated once at
+//! [L, Hkv, S, D], the prompt fed in Q-token chunks, sampling, streaming, stop conditions,
+//! per-position logits and timing.
+//!
+//! ## Chunks and padding
+//! Every model call takes exactly Q tokens at positions `start .. start + Q`, and needs
+//! `start + Q <= S` and every cache row below `start` to be valid. To process the positions
+//! `[done, total)` the loop calls [`next_chunk`], which picks `start = done` and pads the chunk
+//! past the last known token with a pad token (the first eos id, else 0). The padding rows land
+//! in the cache at positions `>= total`; no later step can see them, because a step at `start`
+//! only reads rows `< start <= total`, and the step that processes position `total` rewrites
+//! them first. When `done + Q` would pass S (a long context with Q > 1), the chunk slides back
+//! to end exactly at S instead: it recomputes rows `[S - Q, done)` that are already in the cache
+//! from the same inputs, so they come out the same, and only the logits of new positions are
+//! kept. Hence any context up to S tokens fits, whatever Q is.
+
+use std::time::{Duration, Instant};
+
+use half::f16;
+
+use super::sampling::{Sampler, SamplingError, SamplingParams};
+use super::StepModel;
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// Tokens to sample after the prompt; 0 processes the prompt only.
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop after sampling any of the contract's eos ids.
+    pub stop_at_eos: bool,
+    /// Keep the logits of every processed position (for `--logits-out`); [T, V] can be large.
+    pub record_logits: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new_tokens: 128,
+            sampling: SamplingParams::greedy(),
+            stop_at_eos: true,
+            record_logits: false,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// Sampled this eos id (it is the last of `Generation::tokens`).
+    Eos(u32),
+    MaxNewTokens,
+    /// Only in [`GenerateError::ContextFull`]'s partial result.
+    ContextFull,
+}
+
+/// Wall-clock time spent in the model and sampler, split at the first generated token.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timing {
+    /// Prompt tokens processed (real tokens; padding is not counted).
+    pub prompt_tokens: usize,
+    pub prompt_time: Duration,
+    /// Generated tokens fed back through the model.
+    pub decode_tokens: usize,
+    pub decode_time: Duration,
+    pub model_calls: usize,
+}
+
+impl Timing {
+    pub fn prompt_tokens_per_sec(&self) -> f64 {
+        rate(self.prompt_tokens, self.prompt_time)
+    }
+    pub fn decode_tokens_per_sec(&self) -> f64 {
+        rate(self.decode_tokens, self.decode_time)
+    }
+}
+
+fn rate(n: usize, t: Duration) -> f64 {
+    let s = t.as_secs_f64();
+    if n == 0 || s == 0.0 {
+        0.0
+    } else {
+        n as f64 / s
+    }
+}
+
+/// The logits of every processed position, in order: row t predicts token t + 1.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LogitRows {
+    pub vocab_size: usize,
+    /// [rows, vocab_size], row-major.
+    pub data: Vec<f32>,
+}
+
+impl LogitRows {
+    pub fn rows(&self) -> usize {
+        self.data.len().checked_div(self.vocab_size).unwrap_or(0)
+    }
+    pub fn row(&self, t: usize) -> Option<&[f32]> {
+        self.data
+            .get(t * self.vocab_size..(t + 1) * self.vocab_size)
+    }
+
+    /// The .npy bytes (format 1.0, little-endian float32, C order, shape [rows, V]).
+    pub fn to_npy(&self) -> Vec<u8> {
+        npy_f32(&self.data, &[self.rows(), self.vocab_size])
+    }
+}
+
+/// Serialize a float32 array as .npy version 1.0.
+pub fn npy_f32(data: &[f32], shape: &[usize]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    // A 1-tuple needs its trailing comma in Python syntax.
+    let shape_text = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}");
+    // Magic (6) + version (2) + header length (2) + header + '\n' is padded to 64 bytes so the
+    // data is aligned for memory-mapping readers.
+    let unpadded = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + data.len() * 4);
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    // Header lengths beyond u16 need format 2.0; our headers are < 200 bytes.
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for v in data {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// The result of one `generate` call.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub prompt: Vec<u32>,
+    /// Sampled tokens, in order (an eos that stopped generation included).
+    pub tokens: Vec<u32>,
+    pub stop: StopReason,
+    /// Present when `record_logits` was set: one row per processed position, i.e. the prompt
+    /// and every generated token except the last (which was never fed back).
+    pub logits: Option<LogitRows>,
+    pub timing: Timing,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("the model's contract is unusable: {0}")]
+    BadContract(String),
+    #[error("the prompt is empty: the model needs at least one token")]
+    EmptyPrompt,
+    #[error("prompt token {index} is id {id}, outside the vocabulary of {vocab_size}")]
+    TokenOutOfRange {
+        index: usize,
+        id: u32,
+        vocab_size: usize,
+    },
+    #[error(
+        "the prompt has {prompt_len} tokens but the package's context holds {max_seq_len} \
+         (max_sequence_length); shorten the prompt or convert with a larger --max-seq-len"
+    )]
+    PromptTooLong {
+        prompt_len: usize,
+        max_seq_len: usize,
+    },
+    /// Generation reached S tokens and was asked for more; what was generated is kept.
+    #[error(
+        "the context is full: {max_seq_len} tokens (max_sequence_length) after generating {} \
+         tokens; ask for fewer --max-new-tokens or convert with a larger --max-seq-len",
+        partial.tokens.len()
+    )]
+    ContextFull {
+        max_seq_len: usize,
+        partial: Box<Generation>,
+    },
+    #[error("the model step at position {position} failed")]
+    Step {
+        position: usize,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(
+        "the model step at position {position} returned {what}: {got} values, expected {expected}"
+    )]
+    BadStepOutput {
+        position: usize,
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
+    #[error("sampling after position {position} failed")]
+    Sampling {
+        position: usize,
+        #[source]
+        source: SamplingError,
+    },
+    #[error("writing the generated text failed")]
+    Output(#[source] std::io::Error),
+}
+
+/// One model call: Q tokens from `start`; positions `[first_new, end)` are processed for the
+/// first time (their logits are the call's rows `first_new - start .. end - start`); rows past
+/// `end` are padding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub start: usize,
+    pub first_new: usize,
+    pub end: usize,
+}
+
+/// The next call that processes positions from `done` on, when `total` tokens are known.
+/// Requires `done < total <= s` and `1 <= q <= s` (see the module docs for the padding rule).
+pub fn next_chunk(done: usize, total: usize, q: usize, s: usize) -> Chunk {
+    debug_assert!(done < total && total <= s && q >= 1 && q <= s);
+    let start = if done + q <= s { done } else { s - q };
+    Chunk {
+        start,
+        first_new: done,
+        end: total.min(start + q),
+    }
+}
+
+/// Runs a [`StepModel`] token by token with a static KV cache.
+pub struct Generator<M> {
+    model: M,
+    s: usize,
+    q: usize,
+    layers_heads: usize,
+    d: usize,
+    v: usize,
+    pad: u32,
+    eos: Vec<u32>,
+    key_cache: Vec<f16>,
+    value_cache: Vec<f16>,
+    input: Vec<i32>,
+}
+
+impl<M: StepModel> Generator<M> {
+    /// Check the contract's dimensions and allocate both caches, once, at [L, Hkv, S, D].
+    pub fn new(model: M) -> Result<Self, GenerateError> {
+        let c = model.contract();
+        let (s, q, l, hkv, d, v) = (
+            c.max_seq_len,
+            c.query_len,
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+            c.vocab_size,
+        );
+        if s == 0 || q == 0 || l == 0 || hkv == 0 || d == 0 || v == 0 {
+            return Err(GenerateError::BadContract(format!(
+                "zero dimension: S={s} Q={q} L={l} Hkv={hkv} D={d} V={v}"
+            )));
+        }
+        if q > s {
+            return Err(GenerateError::BadContract(format!(
+                "query_len Q={q} exceeds max_seq_len S={s}"
+            )));
+        }
+        let cache_len = [l, hkv, s, d]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .filter(|&n| n <= isize::MAX as usize / 2)
+            .ok_or_else(|| {
+                GenerateError::BadContract(format!("cache [{l}, {hkv}, {s}, {d}] is too large"))
+            })?;
+        if let Some(&bad) = c.eos_token_ids.iter().find(|&&e| e as usize >= v) {
+            return Err(GenerateError::BadContract(format!(
+                "eos id {bad} is outside the vocabulary of {v}"
+            )));
+        }
+        let eos = c.eos_token_ids.clone();
+        let pad = eos.first().copied().unwrap_or(0);
+        Ok(Generator {
+            model,
+            s,
+            q,
+            layers_heads: l * hkv,
+            d,
+            v,
+            pad,
+            eos,
+            key_cache: vec![f16::ZERO; cache_len],
+            value_cache: vec![f16::ZERO; cache_len],
+            input: Vec::with_capacity(q),
+        })
+    }
+
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+    pub fn model_mut(&mut self) -> &mut M {
+        &mut self.model
+    }
+    pub fn into_model(self) -> M {
+        self.model
+    }
+    /// The key cache, [L, Hkv, S, D]; rows below the last processed position are valid.
+    pub fn key_cache(&self) -> &[f16] {
+        &self.key_cache
+    }
+    pub fn value_cache(&self) -> &[f16] {
+        &self.value_cache
+    }
+
+    /// Process `prompt`, then sample up to `max_new_tokens`, handing each sampled token to
+    /// `on_token` as soon as it is chosen. The cache is reused: each call starts at position 0.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> std::io::Result<()>,
+    ) -> Result<Generation, GenerateError> {
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if let Some((index, &id)) = prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= self.v)
+        {
+            return Err(GenerateError::TokenOutOfRange {
+                index,
+                id,
+                vocab_size: self.v,
+            });
+        }
+        if prompt.len() > self.s {
+            return Err(GenerateError::PromptTooLong {
+                prompt_len: prompt.len(),
+                max_seq_len: self.s,
+            });
+        }
+        let mut sampler =
+            Sampler::new(opts.sampling.clone()).map_err(|source| GenerateError::Sampling {
+                position: 0,
+                source,
+            })?;
+        let mut seq: Vec<u32> = prompt.to_vec();
+        let mut logits = opts.record_logits.then(|| LogitRows {
+            vocab_size: self.v,
+            data: Vec::new(),
+        });
+        let mut timing = Timing {
+            prompt_tokens: prompt.len(),
+            ..Timing::default()
+        };
+        let mut last = vec![0f32; self.v];
+
+        let t0 = Instant::now();
+        self.process(&seq, 0, &mut last, logits.as_mut(), &mut timing)?;
+        timing.prompt_time = t0.elapsed();
+
+        let t1 = Instant::now();
+        let mut tokens = Vec::new();
+        let mut stop = StopReason::MaxNewTokens;
+        let finish = |tokens, stop, logits, mut timing: Timing| {
+            timing.decode_time = t1.elapsed();
+            Generation {
+                prompt: prompt.to_vec(),
+                tokens,
+                stop,
+                logits,
+                timing,
+            }
+        };
+        for n in 0..opts.max_new_tokens {
+            let position = seq.len() - 1;
+            let tok = sampler
+                .sample(&last)
+                .map_err(|source| GenerateError::Sampling { position, source })?;
+            tokens.push(tok);
+            seq.push(tok);
+            on_token(tok).map_err(GenerateError::Output)?;
+            if opts.stop_at_eos && self.eos.contains(&tok) {
+                stop = StopReason::Eos(tok);
+                break;
+            }
+            if n + 1 == opts.max_new_tokens {
+                break;
+            }
+            if seq.len() > self.s {
+                let partial = finish(tokens, StopReason::ContextFull, logits, timing);
+                return Err(GenerateError::ContextFull {
+                    max_seq_len: self.s,
+                    partial: Box::new(partial),
+                });
+            }
+            self.process(&seq, seq.len() - 1, &mut last, logits.as_mut(), &mut timing)?;
+            timing.decode_tokens += 1;
+        }
+        Ok(finish(tokens, stop, logits, timing))
+    }
+
+    /// Run the model over positions `[done, seq.len())`, writing cache rows in place and
+    /// leaving the logits of the last position in `last`.
+    fn process(
+        &mut self,
+        seq: &[u32],
+        mut done: usize,
+        last: &mut [f32],
+        mut record: Option<&mut LogitRows>,
+        timing: &mut Timing,
+    ) -> Result<(), GenerateError> {
+        let total = seq.len();
+        while done < total {
+            let c = next_chunk(done, total, self.q, self.s);
+            self.input.clear();
+            self.input
+                .extend(seq[c.start..c.end].iter().map(|&t| t as i32));
+            self.input.resize(self.q, self.pad as i32);
+            let out = self
+                .model
+                .step(&self.input, c.start, &self.key_cache, &self.value_cache)
+                .map_err(|e| GenerateError::Step {
+                    position: c.start,
+                    source: e.into(),
+                })?;
+            timing.model_calls += 1;
+            let rows = self.layers_heads * self.q * self.d;
+            let check = |what, got: usize, expected| {
+                if got == expected {
+                    Ok(())
+                } else {
+                    Err(GenerateError::BadStepOutput {
+                        position: c.start,
+                        what,
+                        got,
+                        expected,
+                    })
+                }
+            };
+            check("logits", out.logits.len(), self.q * self.v)?;
+            check("key_update", out.key_update.len(), rows)?;
+            check("value_update", out.value_update.len(), rows)?;
+            // key_update[l, h] is a contiguous [Q, D] block that lands on cache rows
+            // [start, start + Q) of the contiguous [S, D] block cache[l, h].
+            let block = self.q * self.d;
+            for lh in 0..self.layers_heads {
+                let dst = (lh * self.s + c.start) * self.d;
+                let src = lh * block;
+                self.key_cache[dst..dst + block].copy_from_slice(&out.key_update[src..src + block]);
+                self.value_cache[dst..dst + block]
+                    .copy_from_slice(&out.value_update[src..src + block]);
+            }
+            let row = |p: usize| &out.logits[(p - c.start) * self.v..(p - c.start + 1) * self.v];
+            if let Some(rec) = record.as_deref_mut() {
+                for p in c.first_new..c.end {
+                    rec.data.extend_from_slice(row(p));
+                }
+            }
+            if c.end == total {
+                last.copy_from_slice(row(total - 1));
+            }
+            done = c.end;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Walking a sequence chunk by chunk, as the prompt and decode loops do, every position
+        /// is processed exactly once, calls fit in S, and no call can see a row that was never
+        /// written (or was only written as padding).
+        #[test]
+        fn chunks_cover_every_position_once(
+            s in 1usize..40,
+            q_frac in 0.0f64..1.0,
+            prompt_frac in 0.0f64..1.0,
+        ) {
+            let q = 1 + ((s - 1) as f64 * q_frac) as usize;
+            let prompt = 1 + ((s - 1) as f64 * prompt_frac) as usize;
+            // Which rows hold real (non-padding) values.
+            let mut real = vec![false; s];
+            let mut seen = Vec::new();
+            let mut step = |done: usize, total: usize, real: &mut Vec<bool>| {
+                let mut done = done;
+                while done < total {
+                    let c = next_chunk(done, total, q, s);
+                    prop_assert!(c.start + q <= s);
+                    prop_assert!(c.start <= done && c.first_new == done && c.end > done);
+                    prop_assert!(real[..c.start].iter().all(|&r| r), "sees unwritten rows");
+                    for (p, r) in real.iter_mut().enumerate().take(c.start + q).skip(c.start) {
+                        *r = p < c.end;
+                    }
+                    seen.extend(c.first_new..c.end);
+                    done = c.end;
+                }
+                Ok(())
+            };
+            step(0, prompt, &mut real)?;
+            for total in prompt + 1..=s {
+                step(total - 1, total, &mut real)?;
+            }
+            prop_assert_eq!(seen, (0..s).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn npy_header_is_aligned_and_describes_the_array() {
+        let bytes = npy_f32(&[1.0, -2.5, 3.0, 0.0, 5.0, 6.0], &[2, 3]);
+        assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00");
+        let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+        assert_eq!((10 + hlen) % 64, 0);
+        let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
+        assert!(header.contains("'descr': '<f4'"));
+        assert!(header.contains("'shape': (2, 3)"));
+        assert!(header.ends_with('\n'));
+        let data: Vec<f32> = bytes[10 + hlen..]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(data, vec![1.0, -2.5, 3.0, 0.0, 5.0, 6.0]);
+        let one = npy_f32(&[1.0], &[1]);
+        let hlen = u16::from_le_bytes([one[8], one[9]]) as usize;
+        let header = std::str::from_utf8(&one[10..10 + hlen]).unwrap();
+        assert!(header.contains("'shape': (1,)"));
+    }
+}

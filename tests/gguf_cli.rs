@@ -1,0 +1,116 @@
+//! `hf2coreml import-gguf` as a user runs it: exit codes, messages, and no partial output.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use hf2coreml::checkpoint::gguf::fixture::{Meta, TinyGguf};
+
+fn run(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
+        .args(args)
+        .output()
+        .expect("run hf2coreml")
+}
+
+fn import_args<'a>(src: &'a Path, dest: &'a Path) -> Vec<&'a std::ffi::OsStr> {
+    vec![
+        "import-gguf".as_ref(),
+        src.as_os_str(),
+        "-o".as_ref(),
+        dest.as_os_str(),
+    ]
+}
+
+#[test]
+fn import_then_refuse_existing_output_then_force() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("tiny.gguf");
+    TinyGguf::llama().build().writer.write(&src).unwrap();
+    let dest = root.path().join("ckpt");
+
+    let out = run(&import_args(&src, &dest));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("parameters") && stdout.contains("smollm"),
+        "{stdout}"
+    );
+
+    let out = run(&import_args(&src, &dest));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("already exists") && stderr.contains("--force"),
+        "{stderr}"
+    );
+
+    let mut args = import_args(&src, &dest);
+    args.push("--force".as_ref());
+    let out = run(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = run(&["inspect".as_ref(), dest.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_the_reason_and_no_output() {
+    let root = tempfile::tempdir().unwrap();
+    let mut w = TinyGguf::llama().build().writer;
+    w.meta("general.architecture", Meta::Str("rwkv6".into()));
+    let src = root.path().join("rwkv.gguf");
+    w.write(&src).unwrap();
+    let dest = root.path().join("ckpt");
+    let out = run(&import_args(&src, &dest));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rwkv6") && stderr.contains("rwkv.gguf"),
+        "{stderr}"
+    );
+    assert!(!dest.exists());
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+
+    let missing = root.path().join("nope.gguf");
+    let out = run(&import_args(&missing, &dest));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope.gguf"));
+}
+
+#[test]
+fn json_report_counts_every_parameter() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("tiny.gguf");
+    let built = TinyGguf::llama().build();
+    built.writer.write(&src).unwrap();
+    let dest = root.path().join("ckpt");
+    let mut args = import_args(&src, &dest);
+    args.push("--json".as_ref());
+    let out = run(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: usize = built.expected.values().map(|(_, v)| v.len()).sum();
+    assert_eq!(report["parameters"].as_u64(), Some(want as u64));
+    assert_eq!(
+        report["tensors"].as_u64(),
+        Some(built.expected.len() as u64)
+    );
+    assert_eq!(report["pre_tokenizer"], "smollm");
+    assert_eq!(report["tensor_types"]["Q4_1"].as_u64(), Some(14));
+}
