@@ -109,7 +109,7 @@ pub fn palettize_f16(
         {
             j += 1;
         }
-        for &p in &d.patterns {
+        for &p in &d.patterns[..d.npatterns] {
             table[p as usize] = j as u8;
         }
         let e = d.value - lut_f64[j];
@@ -141,7 +141,9 @@ struct Distinct {
     value: f64,
     weight: f64,
     count: u64,
-    patterns: Vec<u16>,
+    /// The bit patterns of this value: one, or two for ±0 (inline, to avoid 60k allocations).
+    patterns: [u16; 2],
+    npatterns: usize,
 }
 
 struct Histogram {
@@ -188,11 +190,14 @@ impl Histogram {
 
     /// Present values, ascending, with their accumulated weights.
     fn distinct_values(&self) -> Vec<Distinct> {
-        let mut present: Vec<u16> = (0..PATTERNS)
-            .filter(|&p| self.counts[p] > 0)
-            .map(|p| p as u16)
+        // Sign-magnitude order: negative patterns from the largest magnitude (0xFBFF, the
+        // largest finite) down to −0 (0x8000), then +0 up to 0x7BFF. Non-finite patterns were
+        // rejected in `build`, so their counts are zero and they are skipped with the rest.
+        let present: Vec<u16> = (0x8000u16..=0xFFFF)
+            .rev()
+            .chain(0x0000u16..=0x7FFF)
+            .filter(|&p| self.counts[p as usize] > 0)
             .collect();
-        present.sort_by(|&a, &b| f16::from_bits(a).total_cmp(&f16::from_bits(b)));
         let mut out: Vec<Distinct> = Vec::with_capacity(present.len());
         for p in present {
             let value = f16::from_bits(p).to_f64();
@@ -206,13 +211,15 @@ impl Histogram {
                 Some(last) if last.value == value => {
                     last.weight += weight;
                     last.count += count;
-                    last.patterns.push(p);
+                    last.patterns[1] = p;
+                    last.npatterns = 2;
                 }
                 _ => out.push(Distinct {
                     value,
                     weight,
                     count,
-                    patterns: vec![p],
+                    patterns: [p, p],
+                    npatterns: 1,
                 }),
             }
         }
