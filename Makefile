@@ -93,3 +93,8 @@ $(BENCH_VENV)/.complete: python/requirements.txt
 .PHONY: bench-palettize
 bench-palettize: model $(BENCH_VENV)/.complete
 	HF2COREML_BENCH_PYTHON=$(BENCH_VENV)/bin/python $(CARGO) bench --locked --bench palettize_vs_coremltools
+
+# End-to-end convert of the real model (4-bit, S=512): wall time and peak RSS (/usr/bin/time -v).
+.PHONY: bench-convert
+bench-convert: build setup model
+	BIN=$(BIN) benches/convert.sh $(MODEL_DIR)

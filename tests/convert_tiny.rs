@@ -488,5 +488,8 @@ fn default_recipe_luts_in_weight_bin_equal_the_palettizer() {
     let report: Value =
         serde_json::from_slice(&std::fs::read(root.path().join("p.report.json")).unwrap()).unwrap();
     assert!(report["bits_per_weight"].as_f64().unwrap() < 16.0);
-    assert!(!report["palettize"]["tensors"].as_array().unwrap().is_empty());
+    assert!(!report["palettize"]["tensors"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }

@@ -31,6 +31,11 @@ pub struct TensorReport {
     pub snr_db: Option<f64>,
 }
 
+fn shape_str(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", dims.join(", "))
+}
+
 fn display<S: serde::Serializer>(d: &Decision, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(d)
 }
@@ -146,14 +151,15 @@ impl Report {
         };
     }
 
-    /// `[i/N] name [shape] decision  before → after  SNR dB`.
+    /// `[i/N] name [shape] decision  before → after  SNR dB`, columns aligned across the report.
     pub fn format_line(&self, l: &TensorReport) -> String {
-        let shape = l
-            .shape
+        let name_w = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
+        let shape_w = self
+            .tensors
             .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
+            .map(|t| shape_str(&t.shape).len())
+            .max()
+            .unwrap_or(0);
         let snr = match l.snr_db {
             Some(s) if s.is_finite() => format!("  SNR {s:6.2} dB"),
             Some(_) => "  SNR    inf dB".to_string(),
@@ -161,11 +167,11 @@ impl Report {
         };
         let width = self.tensors.len().to_string().len();
         format!(
-            "[{:>width$}/{}] {:<44} [{:<11}] {:<5} {:>10} → {:>10}{}",
+            "[{:>width$}/{}] {:<name_w$} {:<shape_w$} {:<5} {:>10} → {:>10}{}",
             l.index,
             self.tensors.len(),
             l.name,
-            shape,
+            shape_str(&l.shape),
             l.decision.to_string(),
             fmt_bytes(l.bytes_before),
             fmt_bytes(l.bytes_after),
