@@ -18,6 +18,8 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// Check a plan against a device's app memory limit (exit 1 when it does not fit).
     Budget(commands::budget::Args),
+    /// Convert a checkpoint to an iOS17 Core ML package (fixed max_seq_len, static KV cache).
+    Convert(commands::convert::Args),
     /// Palettize a checkpoint's weights under a recipe and report sizes and errors (writes no package).
     Palettize(commands::palettize::Args),
 }
@@ -27,6 +29,7 @@ impl Command {
         match self {
             Command::Inspect(a) => commands::inspect::run(a),
             Command::Budget(a) => commands::budget::run(a),
+            Command::Convert(a) => commands::convert::run(a),
             Command::Palettize(a) => commands::palettize::run(a),
         }
     }

@@ -1,6 +1,7 @@
 //! One module per verb: argument types, running, printing.
 
 pub mod budget;
+pub mod convert;
 pub mod inspect;
 pub mod palettize;
 

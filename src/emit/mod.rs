@@ -1,1 +1,383 @@
-//! (module under construction: see DESIGN.md's module map)
+//! Graph → coremltools → .mlpackage. The only code that touches Python.
+//!
+//! CPython is embedded through pyo3. The bridge module (`python/hf2coreml_bridge.py`) is compiled
+//! into the binary and loaded from its source text, so the tool works from any directory; the
+//! venv holding coremltools is found by [`PythonEnv::discover`] and added with
+//! `site.addsitedir`. Constants cross as numpy arrays that take ownership of the Rust buffers
+//! (no copy on the Rust side). The package is written into an [`AtomicDir`] beside the
+//! destination and renamed into place only when complete.
+
+pub mod metadata;
+pub mod pipeline;
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+use numpy::IntoPyArray;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyModule, PyTuple};
+use thiserror::Error;
+
+use crate::error::EnvironmentError;
+use crate::graph::{ConstData, DType, Graph};
+use crate::util::AtomicDir;
+
+pub use metadata::Metadata;
+
+/// The bridge module's source, compiled in.
+const BRIDGE_SOURCE: &str = include_str!("../../python/hf2coreml_bridge.py");
+const BRIDGE_NAME: &str = "hf2coreml_bridge";
+
+/// The command that creates the Python environment.
+pub const SETUP_FIX: &str = "make setup";
+
+/// Everything that can go wrong while emitting.
+#[derive(Debug, Error)]
+pub enum EmitError {
+    /// No usable Python environment; carries the marker that makes the binary exit 3.
+    #[error("Python environment unusable: {0}")]
+    Environment(#[source] EnvironmentError),
+    /// Python raised while building, converting or saving.
+    #[error("coremltools failed while {stage}: {message}")]
+    Python { stage: String, message: String },
+    #[error("graph is invalid: {0}")]
+    Graph(#[from] crate::graph::GraphError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the bridge returned an unexpected result: {0}")]
+    Protocol(String),
+}
+
+impl EmitError {
+    fn env(message: String) -> Self {
+        EmitError::Environment(EnvironmentError {
+            message,
+            fix: SETUP_FIX.to_string(),
+        })
+    }
+
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        EmitError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Where the environment was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnvOrigin {
+    Flag,
+    Hf2coremlPythonEnv,
+    VirtualEnv,
+    DotVenv,
+}
+
+/// A Python virtual environment holding coremltools.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PythonEnv {
+    pub root: PathBuf,
+    pub origin: EnvOrigin,
+}
+
+impl PythonEnv {
+    /// Find the environment: `--python-env`, then `HF2COREML_PYTHON_ENV`, `$VIRTUAL_ENV`,
+    /// `./.venv`. An explicitly named environment that does not exist is an error, not a
+    /// reason to look further.
+    pub fn discover(flag: Option<&Path>) -> Result<Self, EmitError> {
+        Self::discover_with(flag, |k| std::env::var_os(k), Path::new(".venv"))
+    }
+
+    fn discover_with(
+        flag: Option<&Path>,
+        env: impl Fn(&str) -> Option<std::ffi::OsString>,
+        dot_venv: &Path,
+    ) -> Result<Self, EmitError> {
+        let candidates = [
+            (flag.map(Path::to_path_buf), EnvOrigin::Flag, "--python-env"),
+            (
+                env("HF2COREML_PYTHON_ENV").map(PathBuf::from),
+                EnvOrigin::Hf2coremlPythonEnv,
+                "HF2COREML_PYTHON_ENV",
+            ),
+            (
+                env("VIRTUAL_ENV").map(PathBuf::from),
+                EnvOrigin::VirtualEnv,
+                "VIRTUAL_ENV",
+            ),
+        ];
+        for (path, origin, what) in candidates {
+            let Some(root) = path.filter(|p| !p.as_os_str().is_empty()) else {
+                continue;
+            };
+            if !root.is_dir() {
+                return Err(EmitError::env(format!(
+                    "{what} points at {}, which is not a directory",
+                    root.display()
+                )));
+            }
+            return Ok(PythonEnv { root, origin });
+        }
+        if dot_venv.is_dir() {
+            return Ok(PythonEnv {
+                root: dot_venv.to_path_buf(),
+                origin: EnvOrigin::DotVenv,
+            });
+        }
+        Err(EmitError::env(
+            "no Python environment with coremltools found (looked at --python-env, \
+             HF2COREML_PYTHON_ENV, VIRTUAL_ENV and ./.venv)"
+                .into(),
+        ))
+    }
+
+    /// The venv's site-packages for the interpreter version this binary embeds.
+    fn site_packages(&self, major: u8, minor: u8) -> Result<PathBuf, EmitError> {
+        let p = self
+            .root
+            .join("lib")
+            .join(format!("python{major}.{minor}"))
+            .join("site-packages");
+        if p.is_dir() {
+            return Ok(p);
+        }
+        Err(EmitError::env(format!(
+            "{} has no lib/python{major}.{minor}/site-packages; hf2coreml embeds Python \
+             {major}.{minor}, so the environment must be built with that version",
+            self.root.display()
+        )))
+    }
+}
+
+/// What a finished emit reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EmitReport {
+    pub package: PathBuf,
+    pub coremltools_version: String,
+    pub specification_version: i64,
+    /// Ops in the saved program by type (after coremltools' passes).
+    pub op_counts: BTreeMap<String, usize>,
+    pub python_env: PythonEnv,
+}
+
+fn py_message(py: Python<'_>, e: &PyErr) -> String {
+    let mut msg = e.to_string();
+    if let Some(tb) = e.traceback(py) {
+        if let Ok(t) = tb.format() {
+            msg = format!("{msg}\n{}", t.trim_end());
+        }
+    }
+    msg
+}
+
+fn python_err(py: Python<'_>, stage: &str, e: PyErr) -> EmitError {
+    EmitError::Python {
+        stage: stage.to_string(),
+        message: py_message(py, &e),
+    }
+}
+
+/// Bring up the interpreter, add the venv, load the bridge and check coremltools imports.
+fn load_bridge<'py>(py: Python<'py>, env: &PythonEnv) -> Result<Bound<'py, PyModule>, EmitError> {
+    let vi = py.version_info();
+    let site_packages = env.site_packages(vi.major, vi.minor)?;
+    py.import("site")
+        .and_then(|site| site.call_method1("addsitedir", (site_packages.to_string_lossy(),)))
+        .map_err(|e| python_err(py, "adding the environment's site-packages", e))?;
+    let code = CString::new(BRIDGE_SOURCE)
+        .map_err(|_| EmitError::Protocol("bridge source contains a NUL byte".into()))?;
+    let file = CString::new("hf2coreml_bridge.py").expect("literal has no NUL");
+    let name = CString::new(BRIDGE_NAME).expect("literal has no NUL");
+    let module = PyModule::from_code(py, &code, &file, &name)
+        .map_err(|e| python_err(py, "loading the bridge module", e))?;
+    match module.call_method0("check_environment") {
+        Ok(_) => Ok(module),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyImportError>(py) => {
+            Err(EmitError::env(format!(
+                "cannot import coremltools/numpy from {}: {}",
+                env.root.display(),
+                e
+            )))
+        }
+        Err(e) => Err(python_err(py, "importing coremltools", e)),
+    }
+}
+
+/// The coremltools version in `env`, or why it cannot be used.
+pub fn check_environment(env: &PythonEnv) -> Result<String, EmitError> {
+    Python::initialize();
+    Python::attach(|py| {
+        let m = load_bridge(py, env)?;
+        m.call_method0("check_environment")
+            .and_then(|v| v.extract::<String>())
+            .map_err(|e| python_err(py, "importing coremltools", e))
+    })
+}
+
+/// Serialize `graph` as an iOS17 package at `dest` (a `.mlpackage` path). The graph is
+/// consumed: its buffers move into numpy arrays. With `force`, an existing `dest` is replaced
+/// once the new package is complete; without it, an existing `dest` is refused up front.
+pub fn emit(
+    graph: Graph,
+    meta: &Metadata,
+    env: &PythonEnv,
+    dest: &Path,
+    force: bool,
+) -> Result<EmitReport, EmitError> {
+    graph.validate()?;
+    let out = AtomicDir::new(dest, force).map_err(|e| EmitError::io(dest, e))?;
+    let desc = serde_json::to_string(&graph.description())
+        .map_err(|e| EmitError::Protocol(e.to_string()))?;
+    let meta_json = serde_json::to_string(meta).map_err(|e| EmitError::Protocol(e.to_string()))?;
+    let precision = match graph.float {
+        DType::Fp32 => "fp32",
+        _ => "fp16",
+    };
+    let work = out.path().to_path_buf();
+    Python::initialize();
+    let result = Python::attach(
+        |py| -> Result<(String, i64, BTreeMap<String, usize>), EmitError> {
+            let bridge = load_bridge(py, env)?;
+            let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
+            let dense = PyDict::new(py);
+            let luts = PyDict::new(py);
+            for c in graph.consts {
+                match c.data {
+                    // fp16 crosses as its bits (the map reuses the allocation: same layout);
+                    // Python views them as float16 without a copy.
+                    ConstData::F16(v) => {
+                        let bits: Vec<u16> = v.into_iter().map(|x| x.to_bits()).collect();
+                        dense
+                            .set_item(&c.name, bits.into_pyarray(py))
+                            .map_err(to_py)?;
+                    }
+                    ConstData::I32(v) => {
+                        dense.set_item(&c.name, v.into_pyarray(py)).map_err(to_py)?;
+                    }
+                    ConstData::Lut(p) => {
+                        let lut: Vec<u16> = p.lut.into_iter().map(|x| x.to_bits()).collect();
+                        let pair = PyTuple::new(
+                            py,
+                            [
+                                p.packed.into_pyarray(py).into_any(),
+                                lut.into_pyarray(py).into_any(),
+                            ],
+                        )
+                        .map_err(to_py)?;
+                        luts.set_item(&c.name, pair).map_err(to_py)?;
+                    }
+                }
+            }
+            let res = bridge
+                .call_method1(
+                    "emit",
+                    (
+                        desc,
+                        dense,
+                        luts,
+                        meta_json,
+                        precision,
+                        work.to_string_lossy().into_owned(),
+                    ),
+                )
+                .map_err(|e| python_err(py, "building, converting and saving the program", e))?;
+            let get = |k: &str| {
+                res.get_item(k)
+                    .map_err(|e| EmitError::Protocol(format!("missing `{k}`: {e}")))
+            };
+            let version: String = get("coremltools_version")?
+                .extract()
+                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+            let spec_version: i64 = get("specification_version")?
+                .extract()
+                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+            let counts: BTreeMap<String, usize> = get("op_counts")?
+                .extract()
+                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+            Ok((version, spec_version, counts))
+        },
+    )?;
+    // coremltools saves to a path ending in .mlpackage; lift its contents into the atomic dir
+    // so the rename below is the only step that makes a package appear under `dest`.
+    let saved = work.join("model.mlpackage");
+    let entries = std::fs::read_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| EmitError::io(&saved, e))?;
+        let to = work.join(entry.file_name());
+        std::fs::rename(entry.path(), &to).map_err(|e| EmitError::io(&to, e))?;
+    }
+    std::fs::remove_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
+    let package = out.commit().map_err(|e| EmitError::io(dest, e))?;
+    Ok(EmitReport {
+        package,
+        coremltools_version: result.0,
+        specification_version: result.1,
+        op_counts: result.2,
+        python_env: env.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn no_env(_: &str) -> Option<OsString> {
+        None
+    }
+
+    #[test]
+    fn discovery_order() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let missing = Path::new("/nonexistent/.venv");
+        let env = |k: &str| match k {
+            "HF2COREML_PYTHON_ENV" => Some(OsString::from(b.path())),
+            "VIRTUAL_ENV" => Some(OsString::from(a.path())),
+            _ => None,
+        };
+        let e = PythonEnv::discover_with(Some(a.path()), env, missing).unwrap();
+        assert_eq!(e.origin, EnvOrigin::Flag);
+        let e = PythonEnv::discover_with(None, env, missing).unwrap();
+        assert_eq!(
+            (e.origin, e.root.as_path()),
+            (EnvOrigin::Hf2coremlPythonEnv, b.path())
+        );
+        let only_virtual = |k: &str| (k == "VIRTUAL_ENV").then(|| OsString::from(a.path()));
+        let e = PythonEnv::discover_with(None, only_virtual, missing).unwrap();
+        assert_eq!(e.origin, EnvOrigin::VirtualEnv);
+        let e = PythonEnv::discover_with(None, no_env, a.path()).unwrap();
+        assert_eq!(e.origin, EnvOrigin::DotVenv);
+    }
+
+    #[test]
+    fn missing_environment_is_an_environment_error() {
+        let err =
+            PythonEnv::discover_with(None, no_env, Path::new("/nonexistent/.venv")).unwrap_err();
+        let EmitError::Environment(e) = err else {
+            panic!("expected an environment error, got {err}");
+        };
+        assert_eq!(e.fix, SETUP_FIX);
+        let err =
+            PythonEnv::discover_with(Some(Path::new("/nonexistent/env")), no_env, Path::new("."))
+                .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/env"));
+    }
+
+    #[test]
+    fn wrong_python_version_names_the_expected_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let env = PythonEnv {
+            root: root.path().to_path_buf(),
+            origin: EnvOrigin::Flag,
+        };
+        let err = env.site_packages(3, 99).unwrap_err();
+        assert!(err.to_string().contains("python3.99"), "{err}");
+    }
+}

@@ -1,1 +1,506 @@
-//! (module under construction: see DESIGN.md's module map)
+//! The decoder-step graph: MIL-shaped operations over named values.
+//!
+//! A [`Graph`] is what the emitter hands to coremltools: typed inputs, constants (dense or
+//! palettized), a list of operations in program order, and the names of the outputs. Op types
+//! and argument names are the iOS17 MIL ones (FORMAT.md, reference/op_specs.txt), so the bridge
+//! can call the MIL builder without translating anything.
+//!
+//! Builders live in submodules: [`llama`] (Llama, Mistral, Qwen2), with [`rope`] tables and
+//! [`scaling`] (fp16 range safety) as inputs.
+
+pub mod llama;
+pub mod rope;
+pub mod scaling;
+
+use std::collections::{BTreeMap, HashSet};
+
+use half::f16;
+use serde::Serialize;
+use thiserror::Error;
+
+/// Element types the graph uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Fp16,
+    Fp32,
+    Int32,
+    Bool,
+}
+
+impl DType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DType::Fp16 => "fp16",
+            DType::Fp32 => "fp32",
+            DType::Int32 => "int32",
+            DType::Bool => "bool",
+        }
+    }
+}
+
+/// A graph input.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Input {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+/// A palettized weight: `out = lut[indices].reshape(shape)` (iOS17 `constexpr_lut_to_dense`,
+/// one LUT per tensor).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Palettized {
+    pub nbits: u8,
+    /// 2^nbits entries.
+    pub lut: Vec<f16>,
+    /// Indices packed LSB-first, ceil(nbits × numel / 8) bytes (FORMAT.md, "weight.bin").
+    pub packed: Vec<u8>,
+}
+
+/// The values of a constant. Float constants are stored in fp16 (the precision a package
+/// ships); an fp32 program widens them when it is serialized.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstData {
+    F16(Vec<f16>),
+    I32(Vec<i32>),
+    Lut(Palettized),
+}
+
+impl ConstData {
+    fn kind(&self) -> &'static str {
+        match self {
+            ConstData::F16(_) => "f16",
+            ConstData::I32(_) => "i32",
+            ConstData::Lut(_) => "lut",
+        }
+    }
+}
+
+/// A named constant. Weights are named after their checkpoint tensor via [`crate::arch::mil_name`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Const {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: ConstData,
+    /// The checkpoint tensor it came from, if any.
+    pub source: Option<String>,
+}
+
+impl Const {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// An operation argument.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum Arg {
+    /// A named value (input, constant or an earlier op's output).
+    Var(String),
+    /// A list of named values (`concat`'s `values`).
+    Vars(Vec<String>),
+    Int(i64),
+    Ints(Vec<i64>),
+    /// A float scalar in the graph's float type.
+    Float(f64),
+    Bool(bool),
+}
+
+/// One MIL operation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Op {
+    /// The MIL op type, e.g. `linear`.
+    pub op: String,
+    /// Output names; most ops have one, `split` has several.
+    pub outputs: Vec<String>,
+    pub args: BTreeMap<String, Arg>,
+}
+
+/// A whole program: one function, `main`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Graph {
+    pub inputs: Vec<Input>,
+    pub consts: Vec<Const>,
+    pub ops: Vec<Op>,
+    pub outputs: Vec<String>,
+    /// The float type every float value computes in.
+    pub float: DType,
+}
+
+/// The op list and I/O as they cross to Python (constants travel separately, as arrays).
+#[derive(Debug, Serialize)]
+pub struct GraphDescription<'a> {
+    pub inputs: &'a [Input],
+    /// Constant names in creation order, with their kind (`f16`, `i32`, `lut`) and shape.
+    pub consts: Vec<ConstDescription<'a>>,
+    pub ops: &'a [Op],
+    pub outputs: &'a [String],
+    pub float: DType,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConstDescription<'a> {
+    pub name: &'a str,
+    pub kind: &'static str,
+    pub shape: &'a [usize],
+    pub nbits: Option<u8>,
+}
+
+/// A graph that does not hang together.
+#[derive(Debug, Error, PartialEq)]
+pub enum GraphError {
+    #[error("value `{0}` is defined twice")]
+    Duplicate(String),
+    #[error("op {index} (`{op}`) reads `{name}`, which is not defined before it")]
+    Undefined {
+        index: usize,
+        op: String,
+        name: String,
+    },
+    #[error("output `{0}` is never produced")]
+    MissingOutput(String),
+    #[error("constant `{name}` holds {found} values, its shape {shape:?} needs {expected}")]
+    ConstSize {
+        name: String,
+        shape: Vec<usize>,
+        expected: usize,
+        found: usize,
+    },
+    #[error("constant `{name}`: {message}")]
+    BadLut { name: String, message: String },
+    #[error("model does not fit the builder: {0}")]
+    Unsupported(String),
+}
+
+impl Graph {
+    /// Check that every name is defined once, before use, that outputs exist, and that each
+    /// constant's data matches its shape.
+    pub fn validate(&self) -> Result<(), GraphError> {
+        let mut defined: HashSet<&str> = HashSet::new();
+        for i in &self.inputs {
+            if !defined.insert(&i.name) {
+                return Err(GraphError::Duplicate(i.name.clone()));
+            }
+        }
+        for c in &self.consts {
+            if !defined.insert(&c.name) {
+                return Err(GraphError::Duplicate(c.name.clone()));
+            }
+            check_const(c)?;
+        }
+        for (index, op) in self.ops.iter().enumerate() {
+            for arg in op.args.values() {
+                let names: &[String] = match arg {
+                    Arg::Var(n) => std::slice::from_ref(n),
+                    Arg::Vars(ns) => ns,
+                    _ => &[],
+                };
+                for n in names {
+                    if !defined.contains(n.as_str()) {
+                        return Err(GraphError::Undefined {
+                            index,
+                            op: op.op.clone(),
+                            name: n.clone(),
+                        });
+                    }
+                }
+            }
+            for o in &op.outputs {
+                if !defined.insert(o) {
+                    return Err(GraphError::Duplicate(o.clone()));
+                }
+            }
+        }
+        for o in &self.outputs {
+            if !defined.contains(o.as_str()) {
+                return Err(GraphError::MissingOutput(o.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The serializable description the bridge reads.
+    pub fn description(&self) -> GraphDescription<'_> {
+        GraphDescription {
+            inputs: &self.inputs,
+            consts: self
+                .consts
+                .iter()
+                .map(|c| ConstDescription {
+                    name: &c.name,
+                    kind: c.data.kind(),
+                    shape: &c.shape,
+                    nbits: match &c.data {
+                        ConstData::Lut(p) => Some(p.nbits),
+                        _ => None,
+                    },
+                })
+                .collect(),
+            ops: &self.ops,
+            outputs: &self.outputs,
+            float: self.float,
+        }
+    }
+
+    /// Number of ops of one type.
+    pub fn count_ops(&self, op: &str) -> usize {
+        self.ops.iter().filter(|o| o.op == op).count()
+    }
+
+    /// Bytes the constants take when stored (fp16 values, packed indices + LUTs, int32).
+    pub fn const_bytes(&self) -> u64 {
+        self.consts
+            .iter()
+            .map(|c| match &c.data {
+                ConstData::F16(v) => 2 * v.len() as u64,
+                ConstData::I32(v) => 4 * v.len() as u64,
+                ConstData::Lut(p) => p.packed.len() as u64 + 2 * p.lut.len() as u64,
+            })
+            .sum()
+    }
+}
+
+fn check_const(c: &Const) -> Result<(), GraphError> {
+    let expected = c.numel();
+    let size_err = |found: usize| GraphError::ConstSize {
+        name: c.name.clone(),
+        shape: c.shape.clone(),
+        expected,
+        found,
+    };
+    match &c.data {
+        ConstData::F16(v) if v.len() != expected => Err(size_err(v.len())),
+        ConstData::I32(v) if v.len() != expected => Err(size_err(v.len())),
+        ConstData::Lut(p) => {
+            if !matches!(p.nbits, 1 | 2 | 4 | 6 | 8) {
+                return Err(GraphError::BadLut {
+                    name: c.name.clone(),
+                    message: format!("iOS17 supports 1, 2, 4, 6 or 8 bits, not {}", p.nbits),
+                });
+            }
+            if p.lut.len() != 1usize << p.nbits {
+                return Err(GraphError::BadLut {
+                    name: c.name.clone(),
+                    message: format!(
+                        "LUT has {} entries, {} bits need {}",
+                        p.lut.len(),
+                        p.nbits,
+                        1usize << p.nbits
+                    ),
+                });
+            }
+            let bytes = (expected * p.nbits as usize).div_ceil(8);
+            if p.packed.len() != bytes {
+                return Err(GraphError::BadLut {
+                    name: c.name.clone(),
+                    message: format!(
+                        "{} packed index bytes, {} elements at {} bits need {bytes}",
+                        p.packed.len(),
+                        expected,
+                        p.nbits
+                    ),
+                });
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Appends ops with fresh, readable names.
+#[derive(Debug)]
+pub struct Builder {
+    graph: Graph,
+    used: HashSet<String>,
+}
+
+impl Builder {
+    pub fn new(float: DType) -> Self {
+        Builder {
+            graph: Graph {
+                inputs: Vec::new(),
+                consts: Vec::new(),
+                ops: Vec::new(),
+                outputs: Vec::new(),
+                float,
+            },
+            used: HashSet::new(),
+        }
+    }
+
+    pub fn float(&self) -> DType {
+        self.graph.float
+    }
+
+    fn claim(&mut self, name: &str) -> String {
+        if self.used.insert(name.to_string()) {
+            return name.to_string();
+        }
+        let mut i = 1;
+        loop {
+            let n = format!("{name}_{i}");
+            if self.used.insert(n.clone()) {
+                return n;
+            }
+            i += 1;
+        }
+    }
+
+    pub fn input(&mut self, name: &str, dtype: DType, shape: Vec<usize>) -> String {
+        let name = self.claim(name);
+        self.graph.inputs.push(Input {
+            name: name.clone(),
+            dtype,
+            shape,
+        });
+        name
+    }
+
+    pub fn constant(
+        &mut self,
+        name: &str,
+        shape: Vec<usize>,
+        data: ConstData,
+        source: Option<String>,
+    ) -> String {
+        let name = self.claim(name);
+        self.graph.consts.push(Const {
+            name: name.clone(),
+            shape,
+            data,
+            source,
+        });
+        name
+    }
+
+    /// Append `op` with one output named `name` (made unique); returns the output name.
+    pub fn op(&mut self, op: &str, name: &str, args: Vec<(&str, Arg)>) -> String {
+        let out = self.claim(name);
+        self.graph.ops.push(Op {
+            op: op.to_string(),
+            outputs: vec![out.clone()],
+            args: args.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        });
+        out
+    }
+
+    /// Append an op with several outputs (`split`).
+    pub fn op_multi(&mut self, op: &str, names: &[&str], args: Vec<(&str, Arg)>) -> Vec<String> {
+        let outs: Vec<String> = names.iter().map(|n| self.claim(n)).collect();
+        self.graph.ops.push(Op {
+            op: op.to_string(),
+            outputs: outs.clone(),
+            args: args.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        });
+        outs
+    }
+
+    pub fn finish(mut self, outputs: Vec<String>) -> Result<Graph, GraphError> {
+        self.graph.outputs = outputs;
+        self.graph.validate()?;
+        Ok(self.graph)
+    }
+}
+
+/// Shorthand for a variable argument.
+pub fn var(name: &str) -> Arg {
+    Arg::Var(name.to_string())
+}
+
+/// Shorthand for an int-list argument.
+pub fn ints(values: &[i64]) -> Arg {
+    Arg::Ints(values.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Builder {
+        let mut b = Builder::new(DType::Fp16);
+        b.input("x", DType::Fp16, vec![1, 4]);
+        b.constant(
+            "w",
+            vec![4, 4],
+            ConstData::F16(vec![f16::ONE; 16]),
+            Some("w.weight".into()),
+        );
+        b
+    }
+
+    #[test]
+    fn names_resolve_in_order() {
+        let mut b = tiny();
+        let y = b.op("linear", "y", vec![("x", var("x")), ("weight", var("w"))]);
+        let y2 = b.op("linear", "y", vec![("x", var(&y)), ("weight", var("w"))]);
+        assert_eq!(y2, "y_1");
+        let g = b.finish(vec![y2]).unwrap();
+        assert_eq!(g.count_ops("linear"), 2);
+        assert_eq!(g.const_bytes(), 32);
+    }
+
+    #[test]
+    fn use_before_definition_is_caught() {
+        let mut b = tiny();
+        b.op("add", "y", vec![("x", var("x")), ("y", var("later"))]);
+        let err = b.finish(vec!["y".into()]).unwrap_err();
+        assert!(matches!(err, GraphError::Undefined { ref name, .. } if name == "later"));
+    }
+
+    #[test]
+    fn missing_output_is_caught() {
+        let b = tiny();
+        assert_eq!(
+            b.finish(vec!["nope".into()]).unwrap_err(),
+            GraphError::MissingOutput("nope".into())
+        );
+    }
+
+    #[test]
+    fn lut_sizes_are_checked() {
+        let mut b = Builder::new(DType::Fp16);
+        b.constant(
+            "p",
+            vec![3, 3],
+            ConstData::Lut(Palettized {
+                nbits: 4,
+                lut: vec![f16::ZERO; 16],
+                packed: vec![0; 4],
+            }),
+            None,
+        );
+        // 9 elements at 4 bits need 5 bytes.
+        assert!(matches!(
+            b.finish(vec!["p".into()]).unwrap_err(),
+            GraphError::BadLut { .. }
+        ));
+        let mut b = Builder::new(DType::Fp16);
+        b.constant(
+            "p",
+            vec![3, 3],
+            ConstData::Lut(Palettized {
+                nbits: 3,
+                lut: vec![f16::ZERO; 8],
+                packed: vec![0; 4],
+            }),
+            None,
+        );
+        assert!(b.finish(vec!["p".into()]).is_err());
+    }
+
+    #[test]
+    fn dense_sizes_are_checked() {
+        let mut b = Builder::new(DType::Fp16);
+        b.constant("c", vec![2, 3], ConstData::I32(vec![0; 5]), None);
+        assert!(matches!(
+            b.finish(vec!["c".into()]).unwrap_err(),
+            GraphError::ConstSize {
+                expected: 6,
+                found: 5,
+                ..
+            }
+        ));
+    }
+}

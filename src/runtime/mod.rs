@@ -3,6 +3,10 @@
 
 use half::f16;
 
+pub mod interp;
+
+pub use interp::RuntimeError;
+
 /// One step of a contract-v1 model (DESIGN.md, "The package contract"): the interpreted
 /// package implements it, and so can anything else that follows the contract (a reference, a
 /// Core ML backend on macOS).
@@ -19,7 +23,7 @@ pub trait StepModel {
         position: usize,
         key_cache: &[f16],
         value_cache: &[f16],
-    ) -> anyhow::Result<StepOutput>;
+    ) -> Result<StepOutput, RuntimeError>;
 }
 
 /// What one step returns.

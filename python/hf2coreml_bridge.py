@@ -1,0 +1,188 @@
+"""hf2coreml's bridge to coremltools: serialize a finished graph, nothing else.
+
+The Rust side builds the whole decoder-step graph (ops, names, weights, LUTs) and calls
+`emit()` once. This module only replays the op list on coremltools' MIL builder, converts for
+iOS17 and saves. No k-means, no graph decisions happen here.
+
+coremltools prints noise on import and during conversion (C++ messages, tqdm bars); every call
+runs with file descriptors 1 and 2 pointed at a capture file so none of it reaches the user.
+"""
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+
+
+@contextlib.contextmanager
+def quiet():
+    """Send fds 1/2 and sys.stdout/stderr to a temp file; yield a function returning its text."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    capture = tempfile.TemporaryFile(mode="w+b")
+    saved = [os.dup(1), os.dup(2)]
+    saved_py = (sys.stdout, sys.stderr)
+    text_sink = open(os.devnull, "w")
+    try:
+        os.dup2(capture.fileno(), 1)
+        os.dup2(capture.fileno(), 2)
+        sys.stdout = text_sink
+        sys.stderr = text_sink
+
+        def captured():
+            capture.flush()
+            capture.seek(0)
+            return capture.read().decode("utf-8", "replace")
+
+        yield captured
+    finally:
+        sys.stdout, sys.stderr = saved_py
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        text_sink.close()
+        capture.close()
+
+
+def check_environment():
+    """Import coremltools quietly; return its version. ImportError means `make setup`."""
+    with quiet():
+        import coremltools  # noqa: F401
+        import numpy  # noqa: F401
+    return coremltools.__version__
+
+
+def _dtypes(np, types, float_name):
+    float_np = np.float16 if float_name == "fp16" else np.float32
+    float_mil = types.fp16 if float_name == "fp16" else types.fp32
+    mil = {"fp16": types.fp16, "fp32": types.fp32, "int32": types.int32, "bool": types.bool}
+    return float_np, float_mil, mil
+
+
+def _build(desc, dense, luts):
+    import numpy as np
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import Function, Program, types
+
+    float_np, _, mil_types = _dtypes(np, types, desc["float"])
+    specs = {}
+    for i in desc["inputs"]:
+        dt = mil_types[i["dtype"]]
+        if i["dtype"] in ("fp16", "fp32"):
+            dt = mil_types[desc["float"]]
+        specs[i["name"]] = mb.placeholder(shape=tuple(i["shape"]), dtype=dt)
+
+    with Function(specs, opset_version=ct.target.iOS17) as func:
+        env = dict(func.inputs)
+        for c in desc["consts"]:
+            name = c["name"]
+            if c["kind"] == "lut":
+                packed, lut = luts.pop(name)
+                env[name] = mb.constexpr_lut_to_dense(
+                    indices=packed,
+                    lut=lut.view(np.float16).astype(float_np, copy=False),
+                    shape=np.array(c["shape"], dtype=np.uint32),
+                    name=name,
+                )
+            else:
+                arr = dense.pop(name)
+                if c["kind"] == "f16":
+                    arr = arr.view(np.float16).astype(float_np, copy=False)
+                env[name] = mb.const(val=arr.reshape(c["shape"]), name=name)
+
+        def arg(a):
+            kind, value = a["kind"], a.get("value")
+            if kind == "var":
+                return env[value]
+            if kind == "vars":
+                return [env[v] for v in value]
+            if kind == "float":
+                return float_np(value)
+            if kind == "ints":
+                return np.array(value, dtype=np.int32)
+            if kind == "int":
+                return int(value)
+            if kind == "bool":
+                return bool(value)
+            raise ValueError(f"unknown argument kind {kind!r}")
+
+        for op in desc["ops"]:
+            fn = getattr(mb, op["op"])
+            kwargs = {k: arg(v) for k, v in op["args"].items()}
+            outs = op["outputs"]
+            if len(outs) == 1:
+                env[outs[0]] = fn(name=outs[0], **kwargs)
+            else:
+                # Multi-output ops name their outputs `<name>_0`, `<name>_1`, ... after the op.
+                res = fn(name=outs[0] + "_op", **kwargs)
+                if len(res) != len(outs):
+                    raise ValueError(
+                        f"op {op['op']} returned {len(res)} outputs, graph expects {len(outs)}"
+                    )
+                for n, r in zip(outs, res):
+                    env[n] = r
+        func.set_outputs([env[o] for o in desc["outputs"]])
+
+    prog = Program()
+    prog.add_function("main", func)
+    return prog
+
+
+def emit(desc_json, dense, luts, meta_json, precision, out_dir):
+    """Build, convert and save the package into `out_dir/model.mlpackage`.
+
+    desc_json: the graph description (ops, inputs, consts, outputs) as JSON.
+    dense: const name -> numpy array (fp16 data travels as uint16 bits, int32 as int32).
+    luts: const name -> (packed uint8 indices, uint16 LUT bits).
+    meta_json: {"author", "short_description", "version", "license", "user_defined": {...},
+                "input_descriptions": {...}, "output_descriptions": {...}}.
+    precision: "fp16" or "fp32".
+    Returns the coremltools version and the ops in the saved program, by type.
+    """
+    desc = json.loads(desc_json)
+    meta = json.loads(meta_json)
+    with quiet() as captured:
+        try:
+            import coremltools as ct
+
+            prog = _build(desc, dense, luts)
+            model = ct.convert(
+                prog,
+                convert_to="mlprogram",
+                minimum_deployment_target=ct.target.iOS17,
+                compute_precision=(
+                    ct.precision.FLOAT16 if precision == "fp16" else ct.precision.FLOAT32
+                ),
+                skip_model_load=True,
+            )
+            model.author = meta["author"]
+            model.short_description = meta["short_description"]
+            model.version = meta["version"]
+            model.license = meta.get("license", "")
+            for k, v in meta["user_defined"].items():
+                model.user_defined_metadata[k] = v
+            for k, v in meta["input_descriptions"].items():
+                model.input_description[k] = v
+            for k, v in meta["output_descriptions"].items():
+                model.output_description[k] = v
+            path = os.path.join(out_dir, "model.mlpackage")
+            model.save(path)
+            counts = {}
+            for op in model._mil_program.functions["main"].operations:
+                counts[op.op_type] = counts.get(op.op_type, 0) + 1
+            spec_version = model.get_spec().specificationVersion
+            return {
+                "coremltools_version": ct.__version__,
+                "op_counts": counts,
+                "specification_version": spec_version,
+                "path": path,
+            }
+        except BaseException as e:
+            log = captured()
+            if log.strip():
+                tail = "\n".join(log.strip().splitlines()[-20:])
+                raise RuntimeError(f"{type(e).__name__}: {e}\n--- coremltools output ---\n{tail}") from e
+            raise

@@ -1,0 +1,89 @@
+//! Package metadata: author, description, version, input/output descriptions and the contract
+//! JSON under [`contract::METADATA_KEY`].
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::contract::{self, Contract};
+
+/// What the bridge writes into the model description.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Metadata {
+    pub author: String,
+    pub short_description: String,
+    pub version: String,
+    pub license: String,
+    /// `user_defined_metadata`; holds the contract JSON.
+    pub user_defined: BTreeMap<String, String>,
+    pub input_descriptions: BTreeMap<String, String>,
+    pub output_descriptions: BTreeMap<String, String>,
+}
+
+/// Key holding the tool that wrote the package.
+pub const TOOL_KEY: &str = "hf2coreml.tool";
+
+impl Metadata {
+    /// Standard metadata for a contract-v1 package.
+    pub fn for_contract(c: &Contract, model_name: &str) -> Result<Self, serde_json::Error> {
+        let s = c.max_seq_len;
+        let q = c.query_len;
+        let mut user_defined = BTreeMap::new();
+        user_defined.insert(
+            contract::METADATA_KEY.to_string(),
+            serde_json::to_string(c)?,
+        );
+        user_defined.insert(
+            TOOL_KEY.to_string(),
+            format!("{} {}", c.tool, c.tool_version),
+        );
+        let d = |k: &str, v: String| (k.to_string(), v);
+        let input_descriptions = BTreeMap::from([
+            d(
+                contract::INPUT_IDS,
+                format!("int32 [1, {q}]: token ids at positions p .. p+{q}-1"),
+            ),
+            d(
+                contract::POSITION,
+                format!("int32 [1]: p, the position of input_ids[0, 0]; p + {q} <= {s}"),
+            ),
+            d(
+                contract::KEY_CACHE,
+                format!("[L, Hkv, {s}, D] keys after RoPE; rows [0, p) valid, later rows ignored"),
+            ),
+            d(
+                contract::VALUE_CACHE,
+                format!("[L, Hkv, {s}, D] values; rows [0, p) valid, later rows ignored"),
+            ),
+        ]);
+        let output_descriptions = BTreeMap::from([
+            d(
+                contract::LOGITS,
+                format!("[1, {q}, V] next-token logits for each query position"),
+            ),
+            d(
+                contract::KEY_UPDATE,
+                format!("[L, Hkv, {q}, D] new key rows; write them to key_cache[:, :, p:p+{q}]"),
+            ),
+            d(
+                contract::VALUE_UPDATE,
+                format!(
+                    "[L, Hkv, {q}, D] new value rows; write them to value_cache[:, :, p:p+{q}]"
+                ),
+            ),
+        ]);
+        Ok(Metadata {
+            author: format!("{} {}", c.tool, c.tool_version),
+            short_description: format!(
+                "{model_name} ({}): one decode step, static KV cache of {s} tokens, {q} token(s) \
+                 per step, {} compute (hf2coreml contract v{})",
+                c.source.architecture, c.compute_precision, c.version
+            ),
+            version: c.tool_version.clone(),
+            license: String::new(),
+            user_defined,
+            input_descriptions,
+            output_descriptions,
+        })
+    }
+}

@@ -1,0 +1,402 @@
+//! The whole `convert` pipeline as a library call: read → (palettize) → build → serialize, with
+//! sidecar files and a summary. The command only parses flags and prints.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::{EmitError, EmitReport, Metadata, PythonEnv};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::contract::{self, Contract, Source};
+use crate::graph::llama::{self, StepOptions, Weight};
+use crate::graph::scaling::{ActivationRanges, Scaling};
+use crate::graph::{DType, GraphError};
+use crate::util::{atomic_write, progress_bar};
+
+/// Precision the program computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputePrecision {
+    /// fp16 everywhere (Neural Engine, GPU and CPU).
+    Fp16,
+    /// fp32 program (CPU/GPU only on device): for diagnosis and models that cannot be kept in
+    /// fp16 range.
+    Fp32,
+}
+
+impl ComputePrecision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputePrecision::Fp16 => "fp16",
+            ComputePrecision::Fp32 => "fp32",
+        }
+    }
+
+    fn dtype(self) -> DType {
+        match self {
+            ComputePrecision::Fp16 => DType::Fp16,
+            ComputePrecision::Fp32 => DType::Fp32,
+        }
+    }
+}
+
+/// Everything a conversion needs besides the checkpoint's weights.
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    pub checkpoint: PathBuf,
+    /// The package path, ending in `.mlpackage`.
+    pub output: PathBuf,
+    pub max_seq_len: usize,
+    pub query_len: usize,
+    pub precision: ComputePrecision,
+    /// Activation ranges for fp16 range safety; `None` means no scaling (recorded as such).
+    pub ranges: Option<ActivationRanges>,
+    pub force: bool,
+    pub python_env: PythonEnv,
+}
+
+/// Errors of the pipeline, each naming what it was working on.
+#[derive(Debug, Error)]
+pub enum ConvertError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Emit(#[from] EmitError),
+    #[error("building the graph: {0}")]
+    Graph(#[from] GraphError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("output {0} must end in .mlpackage")]
+    OutputName(PathBuf),
+    #[error("{0} already exists (use --force to replace it)")]
+    Exists(PathBuf),
+    #[error("contract JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError + '_ {
+    move |source| ConvertError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Time spent per stage, in seconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageTimes {
+    pub read: f64,
+    pub palettize: f64,
+    pub build: f64,
+    pub serialize: f64,
+    pub total: f64,
+}
+
+/// The files a conversion writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outputs {
+    pub package: PathBuf,
+    pub tokenizer: Option<PathBuf>,
+    pub report: PathBuf,
+}
+
+impl Outputs {
+    /// `X.mlpackage` → `X.tokenizer.json`, `X.report.json`.
+    pub fn for_package(package: &Path) -> Result<Self, ConvertError> {
+        let name = package
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(stem) = name.strip_suffix(".mlpackage").filter(|s| !s.is_empty()) else {
+            return Err(ConvertError::OutputName(package.to_path_buf()));
+        };
+        let side = |suffix: &str| package.with_file_name(format!("{stem}.{suffix}"));
+        Ok(Outputs {
+            package: package.to_path_buf(),
+            tokenizer: Some(side("tokenizer.json")),
+            report: side("report.json"),
+        })
+    }
+}
+
+/// What `convert` reports (also written as `X.report.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ConvertSummary {
+    pub outputs: Outputs,
+    pub contract: Contract,
+    /// Bytes of the package on disk.
+    pub package_bytes: u64,
+    /// Bytes of weight.bin.
+    pub weight_bin_bytes: u64,
+    /// Bytes the graph's constants take (what the budget's weights term predicts).
+    pub predicted_weight_bytes: u64,
+    pub parameters: u64,
+    /// weight.bin bits per checkpoint parameter.
+    pub bits_per_weight: f64,
+    pub times: StageTimes,
+    pub emit: EmitReport,
+    /// Per-tensor storage: checkpoint tensor → `fp16` or `lut<n>`.
+    pub tensors: BTreeMap<String, String>,
+}
+
+/// The names of the files whose hashes identify the source checkpoint.
+const HASHED_FILES: [&str; 4] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+];
+
+fn sha256_file(path: &Path) -> Result<String, ConvertError> {
+    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// sha256 of config, tokenizer and weight files, by file name.
+pub fn source_hashes(ckpt: &Checkpoint) -> Result<BTreeMap<String, String>, ConvertError> {
+    let mut out = BTreeMap::new();
+    let mut paths: Vec<PathBuf> = HASHED_FILES
+        .iter()
+        .map(|f| ckpt.dir().join(f))
+        .filter(|p| p.is_file())
+        .collect();
+    paths.extend(ckpt.files().map(Path::to_path_buf));
+    for p in paths {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        out.insert(name, sha256_file(&p)?);
+    }
+    Ok(out)
+}
+
+/// The contract for a checkpoint and options.
+pub fn contract_for(
+    ckpt: &Checkpoint,
+    opts: &ConvertOptions,
+    scaling: &Scaling,
+    recipe: serde_json::Value,
+    files: BTreeMap<String, String>,
+) -> Result<Contract, ConvertError> {
+    let spec = ckpt.spec();
+    let (inputs, outputs) = Contract::io(
+        opts.max_seq_len,
+        opts.query_len,
+        spec.num_hidden_layers,
+        spec.num_key_value_heads,
+        spec.head_dim,
+        spec.vocab_size,
+        opts.precision.as_str(),
+    );
+    Ok(Contract {
+        version: contract::CONTRACT_VERSION,
+        max_seq_len: opts.max_seq_len,
+        query_len: opts.query_len,
+        num_layers: spec.num_hidden_layers,
+        num_kv_heads: spec.num_key_value_heads,
+        head_dim: spec.head_dim,
+        vocab_size: spec.vocab_size,
+        inputs,
+        outputs,
+        bos_token_id: spec.bos_token_id,
+        eos_token_ids: spec.eos_token_ids.clone(),
+        rope: serde_json::json!({
+            "theta": spec.rope_theta,
+            "scaling": spec.rope_scaling,
+            "layout": "rotate_half",
+        }),
+        recipe,
+        scaling: serde_json::to_value(scaling)?,
+        compute_precision: opts.precision.as_str().to_string(),
+        source: Source {
+            architecture: spec.architecture.hf_name().to_string(),
+            files,
+        },
+        tool: "hf2coreml".to_string(),
+        tool_version: crate::VERSION.to_string(),
+    })
+}
+
+/// The residual scale for these options: none for fp32 programs or without measurements.
+pub fn scaling_for(precision: ComputePrecision, ranges: Option<&ActivationRanges>) -> Scaling {
+    match (precision, ranges) {
+        (ComputePrecision::Fp32, _) => Scaling::identity("fp32 program: no range scaling needed"),
+        (ComputePrecision::Fp16, Some(r)) => Scaling::choose(r),
+        (ComputePrecision::Fp16, None) => {
+            Scaling::identity("no activation ranges measured: residual stream not scaled")
+        }
+    }
+}
+
+/// Read every weight as dense fp16, with a progress bar.
+pub fn read_dense(ckpt: &Checkpoint) -> Result<BTreeMap<String, Weight>, ConvertError> {
+    let slots = ckpt.slots();
+    let pb = progress_bar(slots.len() as u64, "read");
+    let mut out = BTreeMap::new();
+    for slot in slots {
+        pb.set_message(slot.name.clone());
+        let t = ckpt.tensor(&slot.name)?;
+        out.insert(slot.name.clone(), Weight::Dense(t.to_f16()));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
+/// Size of a directory tree in bytes.
+pub fn dir_bytes(path: &Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+/// weight.bin inside a package.
+pub fn weight_bin(package: &Path) -> PathBuf {
+    package.join("Data/com.apple.CoreML/weights/weight.bin")
+}
+
+/// Run the conversion. `weights` maps every checkpoint slot to how it is stored (dense fp16 or
+/// palettized); `recipe` is the applied recipe as recorded in the contract; `palettize_secs`
+/// is the time the caller spent producing `weights` beyond reading.
+pub fn convert(
+    ckpt: &Checkpoint,
+    opts: &ConvertOptions,
+    weights: BTreeMap<String, Weight>,
+    recipe: serde_json::Value,
+    mut times: StageTimes,
+) -> Result<ConvertSummary, ConvertError> {
+    let start = Instant::now();
+    let outputs = Outputs::for_package(&opts.output)?;
+    if opts.output.exists() && !opts.force {
+        return Err(ConvertError::Exists(opts.output.clone()));
+    }
+    let spec = ckpt.spec().clone();
+    let tensors: BTreeMap<String, String> = weights
+        .iter()
+        .map(|(k, w)| {
+            let s = match w {
+                Weight::Dense(_) => "fp16".to_string(),
+                Weight::Palettized(p) => format!("lut{}", p.nbits),
+            };
+            (k.clone(), s)
+        })
+        .collect();
+    let parameters: u64 = ckpt.slots().iter().map(|s| s.numel() as u64).sum();
+
+    let t = Instant::now();
+    let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
+    let graph = llama::build(
+        &spec,
+        weights,
+        &StepOptions {
+            max_seq_len: opts.max_seq_len,
+            query_len: opts.query_len,
+            float: opts.precision.dtype(),
+            scaling: scaling.clone(),
+        },
+    )?;
+    let predicted_weight_bytes = graph.const_bytes();
+    let files = source_hashes(ckpt)?;
+    let contract = contract_for(ckpt, opts, &scaling, recipe, files)?;
+    let model_name = ckpt
+        .dir()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let meta = Metadata::for_contract(&contract, &model_name)?;
+    times.build = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let pb = progress_bar(1, "serialize");
+    pb.set_message("coremltools");
+    let emit = super::emit(graph, &meta, &opts.python_env, &opts.output, opts.force)?;
+    pb.finish_and_clear();
+    times.serialize = t.elapsed().as_secs_f64();
+
+    // Sidecars: written after the package, each atomically.
+    let tokenizer_src = ckpt.dir().join("tokenizer.json");
+    let mut outputs = outputs;
+    if tokenizer_src.is_file() {
+        let dest = outputs.tokenizer.clone().unwrap_or_default();
+        let bytes = std::fs::read(&tokenizer_src).map_err(io_err(&tokenizer_src))?;
+        atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
+    } else {
+        outputs.tokenizer = None;
+    }
+    let package_bytes = dir_bytes(&outputs.package).map_err(io_err(&outputs.package))?;
+    let wb = weight_bin(&outputs.package);
+    let weight_bin_bytes = std::fs::metadata(&wb).map_err(io_err(&wb))?.len();
+    times.total = times.read + times.palettize + start.elapsed().as_secs_f64();
+    let summary = ConvertSummary {
+        outputs,
+        contract,
+        package_bytes,
+        weight_bin_bytes,
+        predicted_weight_bytes,
+        parameters,
+        bits_per_weight: weight_bin_bytes as f64 * 8.0 / parameters.max(1) as f64,
+        times,
+        emit,
+        tensors,
+    };
+    let json = serde_json::to_vec_pretty(&summary)?;
+    atomic_write(&summary.outputs.report, &json).map_err(io_err(&summary.outputs.report))?;
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidecar_names() {
+        let o = Outputs::for_package(Path::new("out/smol.mlpackage")).unwrap();
+        assert_eq!(o.report, Path::new("out/smol.report.json"));
+        assert_eq!(
+            o.tokenizer.as_deref(),
+            Some(Path::new("out/smol.tokenizer.json"))
+        );
+        assert!(Outputs::for_package(Path::new("out/smol")).is_err());
+        assert!(Outputs::for_package(Path::new(".mlpackage")).is_err());
+    }
+
+    #[test]
+    fn fp32_and_unmeasured_programs_are_not_scaled() {
+        let r = ActivationRanges {
+            residual_max_abs: vec![24_900.0],
+            source: "t".into(),
+        };
+        assert!(scaling_for(ComputePrecision::Fp32, Some(&r)).is_identity());
+        assert!(scaling_for(ComputePrecision::Fp16, None).is_identity());
+        assert_eq!(
+            scaling_for(ComputePrecision::Fp16, Some(&r)).residual_scale,
+            1.0 / 128.0
+        );
+    }
+}

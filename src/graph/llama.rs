@@ -1,0 +1,577 @@
+//! The contract-v1 decode/chunk step for the Llama family (Llama, Mistral, Qwen2).
+//!
+//! Inputs and outputs follow DESIGN.md's contract exactly. What the graph is made of follows
+//! FORMAT.md, "Verified here": gathered RoPE tables, the cache mask from `less(arange(S),
+//! position)` → `select` → `tile`, concatenated with a constant causal block; per-layer
+//! `slice_by_index` of the caches; GQA by reshape → tile → reshape; rotate-half RoPE with
+//! `split` + `concat`; the key/value updates as a `concat` of per-layer rows along axis 0.
+
+use std::collections::BTreeMap;
+
+use half::f16;
+
+use super::scaling::Scaling;
+use super::{ints, rope, var, Arg, Builder, ConstData, DType, Graph, GraphError, Palettized};
+use crate::arch::{self, mil_name, TensorSlot};
+use crate::checkpoint::ModelSpec;
+use crate::contract;
+
+/// Masked attention scores: large and finite, because -inf turns a fully masked row into NaN
+/// and fp16 has no room for anything below -65,504 anyway.
+pub const MASK_VALUE: f32 = -30_000.0;
+
+/// A weight as the graph stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Weight {
+    Dense(Vec<f16>),
+    Palettized(Palettized),
+}
+
+/// Fixed dimensions and numerics of one package.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOptions {
+    /// S: cache rows.
+    pub max_seq_len: usize,
+    /// Q: tokens per step.
+    pub query_len: usize,
+    /// The float type the program computes in.
+    pub float: DType,
+    pub scaling: Scaling,
+}
+
+/// Build the step graph. `weights` holds every slot of [`arch::expected_tensors`], by checkpoint
+/// name; they are moved into the graph.
+pub fn build(
+    spec: &ModelSpec,
+    mut weights: BTreeMap<String, Weight>,
+    opts: &StepOptions,
+) -> Result<Graph, GraphError> {
+    let s = opts.max_seq_len;
+    let q = opts.query_len;
+    let l_count = spec.num_hidden_layers;
+    let h = spec.num_attention_heads;
+    let hkv = spec.num_key_value_heads;
+    let d = spec.head_dim;
+    if s == 0 || q == 0 || q > s {
+        return Err(GraphError::Unsupported(format!(
+            "query length {q} and max sequence length {s}: need 1 <= Q <= S"
+        )));
+    }
+    if d % 2 != 0 || h % hkv != 0 {
+        return Err(GraphError::Unsupported(format!(
+            "head_dim {d} must be even and {h} query heads a multiple of {hkv} key/value heads"
+        )));
+    }
+    if !matches!(opts.float, DType::Fp16 | DType::Fp32) {
+        return Err(GraphError::Unsupported(format!(
+            "float type {} is not a float",
+            opts.float.as_str()
+        )));
+    }
+    let alpha = opts.scaling.residual_scale;
+    let fl = opts.float;
+    let mut b = Builder::new(fl);
+    let slots: BTreeMap<String, TensorSlot> = arch::expected_tensors(spec)
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
+
+    // Inputs, in contract order.
+    let input_ids = b.input(contract::INPUT_IDS, DType::Int32, vec![1, q]);
+    let position = b.input(contract::POSITION, DType::Int32, vec![1]);
+    let key_cache = b.input(contract::KEY_CACHE, fl, vec![l_count, hkv, s, d]);
+    let value_cache = b.input(contract::VALUE_CACHE, fl, vec![l_count, hkv, s, d]);
+
+    let mut weight = |b: &mut Builder, name: &str, scale: f64| -> Result<String, GraphError> {
+        let slot = slots
+            .get(name)
+            .ok_or_else(|| GraphError::Unsupported(format!("no tensor slot `{name}`")))?;
+        let w = weights
+            .remove(name)
+            .ok_or_else(|| GraphError::Unsupported(format!("weight `{name}` was not provided")))?;
+        let data = match w {
+            Weight::Dense(mut vals) => {
+                if scale != 1.0 {
+                    for x in &mut vals {
+                        *x = f16::from_f64(x.to_f64() * scale);
+                    }
+                }
+                ConstData::F16(vals)
+            }
+            Weight::Palettized(mut p) => {
+                // k-means is scale-equivariant: scaling the LUT equals palettizing the
+                // scaled tensor.
+                if scale != 1.0 {
+                    for x in &mut p.lut {
+                        *x = f16::from_f64(x.to_f64() * scale);
+                    }
+                }
+                ConstData::Lut(p)
+            }
+        };
+        Ok(b.constant(
+            &mil_name(name),
+            slot.shape.clone(),
+            data,
+            Some(name.to_string()),
+        ))
+    };
+
+    // Shared constants: RoPE tables, position offsets, mask pieces.
+    let inv = rope::inv_freq(d, spec.rope_theta, &spec.rope_scaling);
+    let (cos_t, sin_t) = rope::tables(s, d, &inv);
+    let to16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<_>>();
+    let cos_table = b.constant("rope_cos", vec![s, d], ConstData::F16(to16(cos_t)), None);
+    let sin_table = b.constant("rope_sin", vec![s, d], ConstData::F16(to16(sin_t)), None);
+    let arange_q = b.constant(
+        "arange_q",
+        vec![q],
+        ConstData::I32((0..q as i32).collect()),
+        None,
+    );
+    let arange_s = b.constant(
+        "arange_s",
+        vec![s],
+        ConstData::I32((0..s as i32).collect()),
+        None,
+    );
+    let zeros_s = b.constant(
+        "mask_open",
+        vec![s],
+        ConstData::F16(vec![f16::ZERO; s]),
+        None,
+    );
+    let neg_s = b.constant(
+        "mask_closed",
+        vec![s],
+        ConstData::F16(vec![f16::from_f32(MASK_VALUE); s]),
+        None,
+    );
+    let causal: Vec<f16> = (0..q)
+        .flat_map(|i| {
+            (0..q).map(move |k| {
+                if k <= i {
+                    f16::ZERO
+                } else {
+                    f16::from_f32(MASK_VALUE)
+                }
+            })
+        })
+        .collect();
+    let causal = b.constant("mask_causal", vec![q, q], ConstData::F16(causal), None);
+
+    // Positions p .. p+Q-1 → cos/sin rows [Q, D].
+    let pos_ids = b.op(
+        "add",
+        "position_ids",
+        vec![("x", var(&position)), ("y", var(&arange_q))],
+    );
+    let cos = b.op(
+        "gather",
+        "rope_cos_rows",
+        vec![
+            ("x", var(&cos_table)),
+            ("indices", var(&pos_ids)),
+            ("axis", Arg::Int(0)),
+        ],
+    );
+    let sin = b.op(
+        "gather",
+        "rope_sin_rows",
+        vec![
+            ("x", var(&sin_table)),
+            ("indices", var(&pos_ids)),
+            ("axis", Arg::Int(0)),
+        ],
+    );
+
+    // Mask [Q, S+Q]: cache row j visible iff j < p; new token k visible from i iff k <= i.
+    let visible = b.op(
+        "less",
+        "mask_cache_visible",
+        vec![("x", var(&arange_s)), ("y", var(&position))],
+    );
+    let row = b.op(
+        "select",
+        "mask_cache_row",
+        vec![
+            ("cond", var(&visible)),
+            ("a", var(&zeros_s)),
+            ("b", var(&neg_s)),
+        ],
+    );
+    let row = b.op(
+        "reshape",
+        "mask_cache_row_2d",
+        vec![("x", var(&row)), ("shape", ints(&[1, s as i64]))],
+    );
+    let cache_mask = b.op(
+        "tile",
+        "mask_cache",
+        vec![("x", var(&row)), ("reps", ints(&[q as i64, 1]))],
+    );
+    let mask = b.op(
+        "concat",
+        "mask",
+        vec![
+            ("values", Arg::Vars(vec![cache_mask, causal])),
+            ("axis", Arg::Int(-1)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    );
+
+    // Embedding. The table is not scaled in place: when tied it is also the lm_head.
+    let embed_name = "model.embed_tokens.weight";
+    let embed = weight(&mut b, embed_name, 1.0)?;
+    let mut x = b.op(
+        "gather",
+        "embed",
+        vec![
+            ("x", var(&embed)),
+            ("indices", var(&input_ids)),
+            ("axis", Arg::Int(0)),
+        ],
+    );
+    if alpha != 1.0 {
+        x = b.op(
+            "mul",
+            "embed_scaled",
+            vec![("x", var(&x)), ("y", Arg::Float(alpha))],
+        );
+    }
+    // RMSNorm(αx) with ε·α² equals RMSNorm(x) with ε.
+    let eps = spec.rms_norm_eps * alpha * alpha;
+    let q_scale = 1.0 / (d as f64).sqrt();
+
+    let mut key_rows = Vec::with_capacity(l_count);
+    let mut value_rows = Vec::with_capacity(l_count);
+    for l in 0..l_count {
+        let p = format!("model.layers.{l}");
+        let tag = format!("layers_{l}");
+        let nw = weight(&mut b, &format!("{p}.input_layernorm.weight"), 1.0)?;
+        let hn = rms_norm(&mut b, &x, &nw, eps, &format!("{tag}_input_norm"));
+
+        let proj =
+            |b: &mut Builder, wname: String, bias: Option<String>, input: &str, out: &str| {
+                let mut args = vec![("x", var(input)), ("weight", var(&wname))];
+                if let Some(bn) = bias {
+                    args.push(("bias", var(&bn)));
+                }
+                b.op("linear", out, args)
+            };
+        let mut biases = [None, None, None];
+        let wq = weight(&mut b, &format!("{p}.self_attn.q_proj.weight"), 1.0)?;
+        let wk = weight(&mut b, &format!("{p}.self_attn.k_proj.weight"), 1.0)?;
+        let wv = weight(&mut b, &format!("{p}.self_attn.v_proj.weight"), 1.0)?;
+        if spec.attention_bias {
+            for (i, n) in ["q", "k", "v"].iter().enumerate() {
+                biases[i] = Some(weight(
+                    &mut b,
+                    &format!("{p}.self_attn.{n}_proj.bias"),
+                    1.0,
+                )?);
+            }
+        }
+        let [bq, bk, bv] = biases;
+        let qp = proj(&mut b, wq, bq, &hn, &format!("{tag}_q"));
+        let kp = proj(&mut b, wk, bk, &hn, &format!("{tag}_k"));
+        let vp = proj(&mut b, wv, bv, &hn, &format!("{tag}_v"));
+
+        let heads = |b: &mut Builder, t: &str, n: usize, name: &str| {
+            let r = b.op(
+                "reshape",
+                &format!("{name}_heads"),
+                vec![
+                    ("x", var(t)),
+                    ("shape", ints(&[1, q as i64, n as i64, d as i64])),
+                ],
+            );
+            b.op(
+                "transpose",
+                &format!("{name}_bhqd"),
+                vec![("x", var(&r)), ("perm", ints(&[0, 2, 1, 3]))],
+            )
+        };
+        let qh = heads(&mut b, &qp, h, &format!("{tag}_q"));
+        let kh = heads(&mut b, &kp, hkv, &format!("{tag}_k"));
+        let vh = heads(&mut b, &vp, hkv, &format!("{tag}_v"));
+        let qr = apply_rope(&mut b, &qh, &cos, &sin, &format!("{tag}_q_rope"));
+        let kr = apply_rope(&mut b, &kh, &cos, &sin, &format!("{tag}_k_rope"));
+        let qs = b.op(
+            "mul",
+            &format!("{tag}_q_scaled"),
+            vec![("x", var(&qr)), ("y", Arg::Float(q_scale))],
+        );
+        key_rows.push(kr.clone());
+        value_rows.push(vh.clone());
+
+        let layer_cache = |b: &mut Builder, cache: &str, name: &str| {
+            b.op(
+                "slice_by_index",
+                name,
+                vec![
+                    ("x", var(cache)),
+                    ("begin", ints(&[l as i64, 0, 0, 0])),
+                    ("end", ints(&[l as i64 + 1, hkv as i64, s as i64, d as i64])),
+                ],
+            )
+        };
+        let kc = layer_cache(&mut b, &key_cache, &format!("{tag}_key_cache"));
+        let vc = layer_cache(&mut b, &value_cache, &format!("{tag}_value_cache"));
+        let cat = |b: &mut Builder, a: &str, n: &str, name: &str| {
+            b.op(
+                "concat",
+                name,
+                vec![
+                    ("values", Arg::Vars(vec![a.to_string(), n.to_string()])),
+                    ("axis", Arg::Int(2)),
+                    ("interleave", Arg::Bool(false)),
+                ],
+            )
+        };
+        let keys = cat(&mut b, &kc, &kr, &format!("{tag}_keys"));
+        let values = cat(&mut b, &vc, &vh, &format!("{tag}_values"));
+        let keys = expand_kv(
+            &mut b,
+            &keys,
+            hkv,
+            h / hkv,
+            s + q,
+            d,
+            &format!("{tag}_keys"),
+        );
+        let values = expand_kv(
+            &mut b,
+            &values,
+            hkv,
+            h / hkv,
+            s + q,
+            d,
+            &format!("{tag}_values"),
+        );
+        let scores = b.op(
+            "matmul",
+            &format!("{tag}_scores"),
+            vec![
+                ("x", var(&qs)),
+                ("y", var(&keys)),
+                ("transpose_x", Arg::Bool(false)),
+                ("transpose_y", Arg::Bool(true)),
+            ],
+        );
+        let scores = b.op(
+            "add",
+            &format!("{tag}_scores_masked"),
+            vec![("x", var(&scores)), ("y", var(&mask))],
+        );
+        let probs = b.op(
+            "softmax",
+            &format!("{tag}_probs"),
+            vec![("x", var(&scores)), ("axis", Arg::Int(-1))],
+        );
+        let ctx = b.op(
+            "matmul",
+            &format!("{tag}_context"),
+            vec![
+                ("x", var(&probs)),
+                ("y", var(&values)),
+                ("transpose_x", Arg::Bool(false)),
+                ("transpose_y", Arg::Bool(false)),
+            ],
+        );
+        let ctx = b.op(
+            "transpose",
+            &format!("{tag}_context_bqhd"),
+            vec![("x", var(&ctx)), ("perm", ints(&[0, 2, 1, 3]))],
+        );
+        let ctx = b.op(
+            "reshape",
+            &format!("{tag}_context_flat"),
+            vec![
+                ("x", var(&ctx)),
+                ("shape", ints(&[1, q as i64, (h * d) as i64])),
+            ],
+        );
+        let wo = weight(&mut b, &format!("{p}.self_attn.o_proj.weight"), alpha)?;
+        let attn = proj(&mut b, wo, None, &ctx, &format!("{tag}_attn_out"));
+        x = b.op(
+            "add",
+            &format!("{tag}_residual_attn"),
+            vec![("x", var(&x)), ("y", var(&attn))],
+        );
+
+        let nw = weight(&mut b, &format!("{p}.post_attention_layernorm.weight"), 1.0)?;
+        let hn = rms_norm(&mut b, &x, &nw, eps, &format!("{tag}_post_norm"));
+        let wg = weight(&mut b, &format!("{p}.mlp.gate_proj.weight"), 1.0)?;
+        let wu = weight(&mut b, &format!("{p}.mlp.up_proj.weight"), 1.0)?;
+        let wd = weight(&mut b, &format!("{p}.mlp.down_proj.weight"), alpha)?;
+        let g = proj(&mut b, wg, None, &hn, &format!("{tag}_gate"));
+        let g = b.op("silu", &format!("{tag}_gate_act"), vec![("x", var(&g))]);
+        let u = proj(&mut b, wu, None, &hn, &format!("{tag}_up"));
+        let gu = b.op(
+            "mul",
+            &format!("{tag}_gate_up"),
+            vec![("x", var(&g)), ("y", var(&u))],
+        );
+        let down = proj(&mut b, wd, None, &gu, &format!("{tag}_mlp_out"));
+        x = b.op(
+            "add",
+            &format!("{tag}_residual_mlp"),
+            vec![("x", var(&x)), ("y", var(&down))],
+        );
+    }
+
+    let nw = weight(&mut b, "model.norm.weight", 1.0)?;
+    let hn = rms_norm(&mut b, &x, &nw, eps, "final_norm");
+    let head = if spec.tie_word_embeddings {
+        embed
+    } else {
+        weight(&mut b, "lm_head.weight", 1.0)?
+    };
+    let logits = b.op(
+        "linear",
+        contract::LOGITS,
+        vec![("x", var(&hn)), ("weight", var(&head))],
+    );
+    let stack = |b: &mut Builder, rows: Vec<String>, name: &str| {
+        if rows.len() == 1 {
+            b.op("identity", name, vec![("x", var(&rows[0]))])
+        } else {
+            b.op(
+                "concat",
+                name,
+                vec![
+                    ("values", Arg::Vars(rows)),
+                    ("axis", Arg::Int(0)),
+                    ("interleave", Arg::Bool(false)),
+                ],
+            )
+        }
+    };
+    let ku = stack(&mut b, key_rows, contract::KEY_UPDATE);
+    let vu = stack(&mut b, value_rows, contract::VALUE_UPDATE);
+    if let Some(extra) = weights.keys().next() {
+        return Err(GraphError::Unsupported(format!(
+            "weight `{extra}` was provided but the architecture has no place for it"
+        )));
+    }
+    b.finish(vec![logits, ku, vu])
+}
+
+/// x / sqrt(mean(x²) + ε) · w, the way Hugging Face computes it (ε inside the root).
+fn rms_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+    let sq = b.op(
+        "mul",
+        &format!("{name}_sq"),
+        vec![("x", var(x)), ("y", var(x))],
+    );
+    let ms = b.op(
+        "reduce_mean",
+        &format!("{name}_mean"),
+        vec![
+            ("x", var(&sq)),
+            ("axes", ints(&[-1])),
+            ("keep_dims", Arg::Bool(true)),
+        ],
+    );
+    let r = b.op(
+        "rsqrt",
+        &format!("{name}_rsqrt"),
+        vec![("x", var(&ms)), ("epsilon", Arg::Float(eps))],
+    );
+    let n = b.op(
+        "mul",
+        &format!("{name}_normed"),
+        vec![("x", var(x)), ("y", var(&r))],
+    );
+    b.op("mul", name, vec![("x", var(&n)), ("y", var(w))])
+}
+
+/// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the last axis.
+fn apply_rope(b: &mut Builder, x: &str, cos: &str, sin: &str, name: &str) -> String {
+    let halves = b.op_multi(
+        "split",
+        &[&format!("{name}_lo"), &format!("{name}_hi")],
+        vec![
+            ("x", var(x)),
+            ("num_splits", Arg::Int(2)),
+            ("axis", Arg::Int(-1)),
+        ],
+    );
+    let neg_hi = b.op(
+        "mul",
+        &format!("{name}_neg_hi"),
+        vec![("x", var(&halves[1])), ("y", Arg::Float(-1.0))],
+    );
+    let rot = b.op(
+        "concat",
+        &format!("{name}_rotated"),
+        vec![
+            ("values", Arg::Vars(vec![neg_hi, halves[0].clone()])),
+            ("axis", Arg::Int(-1)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    );
+    let xc = b.op(
+        "mul",
+        &format!("{name}_cos"),
+        vec![("x", var(x)), ("y", var(cos))],
+    );
+    let rs = b.op(
+        "mul",
+        &format!("{name}_sin"),
+        vec![("x", var(&rot)), ("y", var(sin))],
+    );
+    b.op("add", name, vec![("x", var(&xc)), ("y", var(&rs))])
+}
+
+/// [1, Hkv, N, D] → [1, Hkv·g, N, D], query head i reading key/value head i / g.
+fn expand_kv(
+    b: &mut Builder,
+    x: &str,
+    hkv: usize,
+    groups: usize,
+    n: usize,
+    d: usize,
+    name: &str,
+) -> String {
+    if groups == 1 {
+        return x.to_string();
+    }
+    let r = b.op(
+        "reshape",
+        &format!("{name}_grouped"),
+        vec![
+            ("x", var(x)),
+            ("shape", ints(&[1, hkv as i64, 1, n as i64, d as i64])),
+        ],
+    );
+    let t = b.op(
+        "tile",
+        &format!("{name}_tiled"),
+        vec![("x", var(&r)), ("reps", ints(&[1, 1, groups as i64, 1, 1]))],
+    );
+    b.op(
+        "reshape",
+        &format!("{name}_expanded"),
+        vec![
+            ("x", var(&t)),
+            (
+                "shape",
+                ints(&[1, (hkv * groups) as i64, n as i64, d as i64]),
+            ),
+        ],
+    )
+}
+
+/// Checkpoint tensors as dense fp16 weights (the all-fp16 recipe).
+pub fn dense_weights(
+    ckpt: &crate::checkpoint::Checkpoint,
+) -> Result<BTreeMap<String, Weight>, crate::checkpoint::CheckpointError> {
+    let mut out = BTreeMap::new();
+    for slot in ckpt.slots() {
+        let t = ckpt.tensor(&slot.name)?;
+        out.insert(slot.name.clone(), Weight::Dense(t.to_f16()));
+    }
+    Ok(out)
+}

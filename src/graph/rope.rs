@@ -1,0 +1,123 @@
+//! Rotary position embedding tables, precomputed for positions [0, S).
+//!
+//! The graph gathers rows of these tables by position, so no trigonometry runs on device and
+//! rope scaling (linear, llama3) is applied exactly once, here, in f64.
+
+use crate::checkpoint::RopeScaling;
+
+/// Inverse frequencies for the first half of a head (`head_dim / 2` values), with the
+/// checkpoint's rope scaling applied (transformers' `_compute_*_parameters`).
+pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f64> {
+    let half = head_dim / 2;
+    let base: Vec<f64> = (0..half)
+        .map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64))
+        .collect();
+    match scaling {
+        RopeScaling::None => base,
+        RopeScaling::Linear { factor } => base.into_iter().map(|f| f / factor).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old = *original_max_position_embeddings as f64;
+            let low_freq_wavelen = old / low_freq_factor;
+            let high_freq_wavelen = old / high_freq_factor;
+            base.into_iter()
+                .map(|f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen < high_freq_wavelen {
+                        f
+                    } else if wavelen > low_freq_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+/// cos and sin tables, each `[positions, head_dim]` row-major, in the rotate-half layout
+/// (the half-width angles repeated twice per row), as Hugging Face Llama computes them.
+pub fn tables(positions: usize, head_dim: usize, inv_freq: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let half = inv_freq.len();
+    debug_assert_eq!(2 * half, head_dim);
+    let mut cos = Vec::with_capacity(positions * head_dim);
+    let mut sin = Vec::with_capacity(positions * head_dim);
+    for p in 0..positions {
+        for _ in 0..2 {
+            for f in inv_freq {
+                let a = p as f64 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+    }
+    (cos, sin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// f64 trigonometry against closed forms: only rounding differs.
+    const EXACT: f64 = 1e-12;
+
+    #[test]
+    fn default_frequencies() {
+        let f = inv_freq(8, 10_000.0, &RopeScaling::None);
+        assert_eq!(f.len(), 4);
+        assert!((f[0] - 1.0).abs() < EXACT);
+        assert!((f[1] - 0.1).abs() < EXACT);
+        assert!((f[2] - 0.01).abs() < EXACT);
+    }
+
+    #[test]
+    fn linear_scaling_divides() {
+        let a = inv_freq(8, 10_000.0, &RopeScaling::None);
+        let b = inv_freq(8, 10_000.0, &RopeScaling::Linear { factor: 4.0 });
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x / 4.0 - y).abs() < EXACT);
+        }
+    }
+
+    #[test]
+    fn llama3_keeps_high_and_scales_low_frequencies() {
+        let s = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let a = inv_freq(128, 500_000.0, &RopeScaling::None);
+        let b = inv_freq(128, 500_000.0, &s);
+        // wavelength 2π < 8192/4: untouched.
+        assert!((a[0] - b[0]).abs() < EXACT);
+        // the lowest frequency has a wavelength far beyond 8192: divided by the factor.
+        assert!((a[63] / 8.0 - b[63]).abs() < EXACT);
+        // in between: between the two.
+        let mid = (0..64)
+            .find(|&i| {
+                let w = 2.0 * std::f64::consts::PI / a[i];
+                w > 2048.0 && w < 8192.0
+            })
+            .unwrap();
+        assert!(b[mid] < a[mid] && b[mid] > a[mid] / 8.0);
+    }
+
+    #[test]
+    fn tables_repeat_halves() {
+        let f = inv_freq(4, 10_000.0, &RopeScaling::None);
+        let (cos, sin) = tables(3, 4, &f);
+        assert_eq!(cos.len(), 12);
+        assert_eq!(&cos[0..4], &[1.0, 1.0, 1.0, 1.0]);
+        assert!((sin[4] - 1f64.sin()).abs() < EXACT);
+        assert_eq!(cos[4], cos[6]);
+        assert_eq!(sin[9], sin[11]);
+    }
+}

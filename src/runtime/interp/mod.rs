@@ -1,0 +1,828 @@
+//! The MIL interpreter: runs the `main` function of a saved ML Program on the CPU.
+//!
+//! At load the program is compiled once: names become slots, `const` values and constexpr
+//! weights (`constexpr_lut_to_dense`) are decoded to f32 and shared, and the last use of every
+//! intermediate is recorded so it is freed as soon as possible. Each op's result is checked
+//! against the shape the program declares and rounded to the declared dtype (fp16 stays fp16
+//! and overflows to inf, as on device), unless [`Compute::F32`] is chosen.
+
+pub mod ops;
+pub mod tensor;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use half::f16;
+
+use crate::contract::{self, Contract};
+use crate::mlpackage::{self, proto, DType, MlPackage, PackageError, TensorTypeInfo, Values};
+use ops::Args;
+pub use tensor::{Data, Tensor};
+
+/// What can go wrong loading or running a program.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Package(#[from] PackageError),
+    #[error("unsupported op `{op_type}` (producing `{output}`)")]
+    UnsupportedOp { op_type: String, output: String },
+    #[error("op `{op_type}` producing `{output}`: {msg}")]
+    Op {
+        op_type: String,
+        output: String,
+        msg: String,
+    },
+    #[error("program: {0}")]
+    Program(String),
+    #[error("input `{name}`: {msg}")]
+    Input { name: String, msg: String },
+    #[error("{path}: contract: {msg}")]
+    Contract { path: String, msg: String },
+}
+
+/// How floats are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compute {
+    /// Every result rounded to the dtype the program declares (what the device does).
+    #[default]
+    Declared,
+    /// Every float kept in f32 (debugging: separates range problems from logic errors).
+    F32,
+}
+
+/// Interpreter options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    pub compute: Compute,
+}
+
+/// Range statistics of one op kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OpStat {
+    /// Largest finite |value| produced.
+    pub max_abs: f32,
+    /// inf or NaN values produced.
+    pub non_finite: u64,
+    /// Op executions seen.
+    pub count: u64,
+    /// Wall time spent in this op kind, in nanoseconds (for profiling the interpreter).
+    pub nanos: u64,
+}
+
+/// Per-op-kind statistics over one or more runs (pass the same collector to each run).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub ops: BTreeMap<String, OpStat>,
+}
+
+impl Stats {
+    fn record(&mut self, op_type: &str, t: &Tensor, nanos: u64) {
+        let s = self.ops.entry(op_type.to_string()).or_default();
+        s.count += 1;
+        s.nanos += nanos;
+        let (max_abs, non_finite) = match &t.data {
+            Data::F(v) => scan_f32(v),
+            Data::Half(v) => scan_f16(v),
+            _ => return,
+        };
+        s.max_abs = s.max_abs.max(max_abs);
+        s.non_finite += non_finite;
+    }
+
+    /// Whether any op produced inf or NaN.
+    pub fn any_non_finite(&self) -> bool {
+        self.ops.values().any(|s| s.non_finite > 0)
+    }
+}
+
+/// Largest finite |x| and the count of inf/NaN, in one pass the compiler can vectorize.
+fn scan_f32(v: &[f32]) -> (f32, u64) {
+    let mut m = 0f32;
+    let mut bad = 0u64;
+    for &x in v {
+        let a = x.abs();
+        let finite = a < f32::INFINITY;
+        m = if finite && a > m { a } else { m };
+        bad += (!finite) as u64;
+    }
+    (m, bad)
+}
+
+/// The same on fp16 bits: |x| orders like its bits with the sign cleared; 0x7c00 and above is
+/// inf or NaN.
+fn scan_f16(v: &[f16]) -> (f32, u64) {
+    let mut m = 0u16;
+    let mut bad = 0u64;
+    for x in v {
+        let a = x.to_bits() & 0x7fff;
+        let finite = a < 0x7c00;
+        m = if finite && a > m { a } else { m };
+        bad += (!finite) as u64;
+    }
+    (f16::from_bits(m).to_f32(), bad)
+}
+
+#[derive(Debug, Clone)]
+enum Arg {
+    Slot(usize),
+    Const(Arc<Tensor>),
+}
+
+#[derive(Debug)]
+struct Instr {
+    op_type: String,
+    inputs: Vec<(String, Vec<Arg>)>,
+    outputs: Vec<(usize, TensorTypeInfo)>,
+    out_names: Vec<String>,
+    /// Slots whose last use is this instruction.
+    frees: Vec<usize>,
+}
+
+/// A compiled `main` function.
+#[derive(Debug)]
+pub struct Program {
+    options: Options,
+    n_slots: usize,
+    consts: Vec<(usize, Arc<Tensor>)>,
+    inputs: Vec<(String, usize, TensorTypeInfo)>,
+    instrs: Vec<Instr>,
+    outputs: Vec<(String, usize)>,
+    opset: String,
+}
+
+/// Ops that only move elements: their results need no rounding when the dtype is unchanged.
+const LAYOUT_OPS: &[&str] = &[
+    "reshape",
+    "expand_dims",
+    "squeeze",
+    "identity",
+    "transpose",
+    "concat",
+    "split",
+    "slice_by_index",
+    "slice_by_size",
+    "tile",
+    "gather",
+];
+
+/// Ops whose value is computed once at load.
+const CONSTEXPR: &[&str] = &["const", "constexpr_lut_to_dense"];
+
+impl Program {
+    /// Compile the `main` function of `pkg`, decoding every constant and constexpr weight.
+    pub fn load(pkg: &MlPackage, options: Options) -> Result<Self, RuntimeError> {
+        let main = pkg.main_function()?;
+        let mut slots: HashMap<String, usize> = HashMap::new();
+        let new_slot = |name: &str, slots: &mut HashMap<String, usize>| -> usize {
+            let n = slots.len();
+            *slots.entry(name.to_string()).or_insert(n)
+        };
+        let mut inputs = Vec::new();
+        for i in main.inputs {
+            let ty = mlpackage::tensor_type(i.r#type.as_ref(), &format!("input `{}`", i.name))?;
+            let s = new_slot(&i.name, &mut slots);
+            inputs.push((i.name.clone(), s, ty));
+        }
+        let mut consts = Vec::new();
+        let mut instrs = Vec::new();
+        let mut const_cache: HashMap<(String, u64), Arc<Tensor>> = HashMap::new();
+        for op in &main.block.operations {
+            let first_out = op
+                .outputs
+                .first()
+                .map(|o| o.name.clone())
+                .unwrap_or_default();
+            let op_err = |msg: String| RuntimeError::Op {
+                op_type: op.r#type.clone(),
+                output: first_out.clone(),
+                msg,
+            };
+            let mut outs = Vec::new();
+            for o in &op.outputs {
+                let ty = mlpackage::tensor_type(o.r#type.as_ref(), &format!("`{}`", o.name))?;
+                outs.push((o.name.clone(), ty));
+            }
+            if CONSTEXPR.contains(&op.r#type.as_str()) {
+                let (name, ty) = outs.first().ok_or_else(|| op_err("no output".into()))?;
+                let t = constexpr(pkg, op, ty, &mut const_cache, options).map_err(|e| match e {
+                    RuntimeError::Program(msg) => op_err(msg),
+                    other => other,
+                })?;
+                let s = new_slot(name, &mut slots);
+                consts.push((s, Arc::new(t)));
+                continue;
+            }
+            if op.r#type.starts_with("constexpr_") {
+                return Err(RuntimeError::UnsupportedOp {
+                    op_type: op.r#type.clone(),
+                    output: first_out,
+                });
+            }
+            let mut args = Vec::new();
+            let mut keys: Vec<&String> = op.inputs.keys().collect();
+            keys.sort();
+            for key in keys {
+                let arg = &op.inputs[key];
+                let mut bound = Vec::new();
+                for b in &arg.arguments {
+                    match &b.binding {
+                        Some(proto::binding::Binding::Name(n)) => {
+                            let s = *slots.get(n).ok_or_else(|| {
+                                op_err(format!(
+                                    "argument `{key}` names `{n}`, which is not defined before it"
+                                ))
+                            })?;
+                            bound.push(Arg::Slot(s));
+                        }
+                        Some(proto::binding::Binding::Value(v)) => {
+                            let t = pkg.value(v, &format!("argument `{key}` of `{first_out}`"))?;
+                            bound.push(Arg::Const(Arc::new(conform_const(
+                                Tensor::from_const(t),
+                                options,
+                            ))));
+                        }
+                        None => {
+                            return Err(op_err(format!("argument `{key}` has an empty binding")))
+                        }
+                    }
+                }
+                args.push((key.clone(), bound));
+            }
+            let mut outputs = Vec::new();
+            let mut out_names = Vec::new();
+            for (name, ty) in outs {
+                let s = new_slot(&name, &mut slots);
+                outputs.push((s, ty));
+                out_names.push(name);
+            }
+            instrs.push(Instr {
+                op_type: op.r#type.clone(),
+                inputs: args,
+                outputs,
+                out_names,
+                frees: Vec::new(),
+            });
+        }
+        let mut outputs = Vec::new();
+        for name in &main.block.outputs {
+            let s = *slots.get(name).ok_or_else(|| {
+                RuntimeError::Program(format!("block output `{name}` is never defined"))
+            })?;
+            outputs.push((name.clone(), s));
+        }
+        // Free each computed value after its last reader; outputs and constants are kept.
+        let mut last: HashMap<usize, usize> = HashMap::new();
+        for (i, ins) in instrs.iter().enumerate() {
+            for (_, a) in &ins.inputs {
+                for b in a {
+                    if let Arg::Slot(s) = b {
+                        last.insert(*s, i);
+                    }
+                }
+            }
+        }
+        let keep: Vec<usize> = outputs
+            .iter()
+            .map(|(_, s)| *s)
+            .chain(consts.iter().map(|(s, _)| *s))
+            .collect();
+        for (s, i) in last {
+            if !keep.contains(&s) {
+                instrs[i].frees.push(s);
+            }
+        }
+        Ok(Program {
+            options,
+            n_slots: slots.len(),
+            consts,
+            inputs,
+            instrs,
+            outputs,
+            opset: main.opset.to_string(),
+        })
+    }
+
+    /// The function's opset (`CoreML7` for iOS17).
+    pub fn opset(&self) -> &str {
+        &self.opset
+    }
+
+    /// Declared inputs: name, dtype and shape.
+    pub fn inputs(&self) -> impl Iterator<Item = (&str, &TensorTypeInfo)> {
+        self.inputs.iter().map(|(n, _, t)| (n.as_str(), t))
+    }
+
+    /// Output names in order.
+    pub fn output_names(&self) -> impl Iterator<Item = &str> {
+        self.outputs.iter().map(|(n, _)| n.as_str())
+    }
+
+    /// Run once. `inputs` must hold every declared input with its declared shape; a float
+    /// input may be given as f32 or fp16 data. Returns the block outputs by name.
+    pub fn run(
+        &self,
+        inputs: Vec<(&str, Tensor)>,
+        mut stats: Option<&mut Stats>,
+    ) -> Result<HashMap<String, Tensor>, RuntimeError> {
+        let mut env: Vec<Option<Arc<Tensor>>> = vec![None; self.n_slots];
+        for (s, t) in &self.consts {
+            env[*s] = Some(t.clone());
+        }
+        let mut given: HashMap<&str, Tensor> = inputs.into_iter().collect();
+        for (name, s, ty) in &self.inputs {
+            let t = given
+                .remove(name.as_str())
+                .ok_or_else(|| RuntimeError::Input {
+                    name: name.clone(),
+                    msg: "not given".into(),
+                })?;
+            if t.shape != ty.shape {
+                return Err(RuntimeError::Input {
+                    name: name.clone(),
+                    msg: format!("shape {:?}, the program declares {:?}", t.shape, ty.shape),
+                });
+            }
+            if t.dtype.is_float() != ty.dtype.is_float() {
+                return Err(RuntimeError::Input {
+                    name: name.clone(),
+                    msg: format!("{} data for a {} input", t.data.kind(), ty.dtype.name()),
+                });
+            }
+            env[*s] = Some(Arc::new(self.conform(t, ty.dtype)));
+        }
+        if let Some(extra) = given.keys().next() {
+            return Err(RuntimeError::Input {
+                name: extra.to_string(),
+                msg: "the program has no such input".into(),
+            });
+        }
+        for ins in &self.instrs {
+            let started = stats.is_some().then(std::time::Instant::now);
+            let results = match self.reshape_in_place(ins, &mut env) {
+                Some(t) => vec![t],
+                None => self.exec(ins, &env)?,
+            };
+            for ((s, ty), (mut t, name)) in ins
+                .outputs
+                .iter()
+                .zip(results.into_iter().zip(&ins.out_names))
+            {
+                if t.shape != ty.shape {
+                    // Rank-0 and rank-1 single-element results describe the same value.
+                    if t.len() == 1 && ty.shape.iter().product::<usize>() == 1 {
+                        t.shape = ty.shape.clone();
+                    } else {
+                        return Err(RuntimeError::Op {
+                            op_type: ins.op_type.clone(),
+                            output: name.clone(),
+                            msg: format!(
+                                "computed shape {:?}, the program declares {:?}",
+                                t.shape, ty.shape
+                            ),
+                        });
+                    }
+                }
+                // Ops that only move values keep them representable in their dtype.
+                let t = if LAYOUT_OPS.contains(&ins.op_type.as_str())
+                    && t.dtype == effective_dtype(ty.dtype, self.options)
+                {
+                    t
+                } else {
+                    self.conform(t, ty.dtype)
+                };
+                if let Some(st) = stats.as_deref_mut() {
+                    let nanos = started.map_or(0, |s| s.elapsed().as_nanos() as u64);
+                    st.record(&ins.op_type, &t, nanos);
+                }
+                env[*s] = Some(Arc::new(t));
+            }
+            for &f in &ins.frees {
+                env[f] = None;
+            }
+        }
+        let mut out = HashMap::new();
+        for (name, s) in &self.outputs {
+            let t = env[*s].take().ok_or_else(|| {
+                RuntimeError::Program(format!("output `{name}` was not computed"))
+            })?;
+            out.insert(
+                name.clone(),
+                Arc::try_unwrap(t).unwrap_or_else(|a| (*a).clone()),
+            );
+        }
+        Ok(out)
+    }
+
+    /// A reshape-like op whose input dies here takes the input's storage instead of copying.
+    fn reshape_in_place(&self, ins: &Instr, env: &mut [Option<Arc<Tensor>>]) -> Option<Tensor> {
+        if !matches!(
+            ins.op_type.as_str(),
+            "reshape" | "expand_dims" | "squeeze" | "identity"
+        ) {
+            return None;
+        }
+        let (_, args) = ins.inputs.iter().find(|(k, _)| k == "x")?;
+        let Some(Arg::Slot(s)) = args.first() else {
+            return None;
+        };
+        let (_, ty) = ins.outputs.first()?;
+        if !ins.frees.contains(s) {
+            return None;
+        }
+        let arc = env[*s].take()?;
+        match Arc::try_unwrap(arc) {
+            Ok(mut t) if t.len() == ty.shape.iter().product::<usize>() => {
+                t.shape = ty.shape.clone();
+                Some(t)
+            }
+            Ok(t) => {
+                env[*s] = Some(Arc::new(t));
+                None
+            }
+            Err(arc) => {
+                env[*s] = Some(arc);
+                None
+            }
+        }
+    }
+
+    fn conform(&self, t: Tensor, dtype: DType) -> Tensor {
+        let dtype = effective_dtype(dtype, self.options);
+        let data = tensor::conform_data(t.data, dtype);
+        Tensor::new(dtype, t.shape, data)
+    }
+
+    fn exec(&self, ins: &Instr, env: &[Option<Arc<Tensor>>]) -> Result<Vec<Tensor>, RuntimeError> {
+        let output = ins.out_names.first().cloned().unwrap_or_default();
+        let mut map: HashMap<&str, Vec<&Tensor>> = HashMap::new();
+        for (k, a) in &ins.inputs {
+            let mut v = Vec::with_capacity(a.len());
+            for b in a {
+                v.push(match b {
+                    Arg::Const(t) => t.as_ref(),
+                    Arg::Slot(s) => env[*s].as_deref().ok_or_else(|| RuntimeError::Op {
+                        op_type: ins.op_type.clone(),
+                        output: output.clone(),
+                        msg: format!("argument `{k}` has no value (freed or never computed)"),
+                    })?,
+                });
+            }
+            map.insert(k.as_str(), v);
+        }
+        let types: Vec<TensorTypeInfo> = ins.outputs.iter().map(|(_, t)| t.clone()).collect();
+        let args = Args {
+            map,
+            outputs: &types,
+        };
+        let op = ins.op_type.as_str();
+        let one = |r: ops::OpResult<Tensor>| r.map(|t| vec![t]);
+        let res = match op {
+            "add" | "sub" | "mul" | "real_div" | "pow" | "maximum" | "minimum" | "floor_div"
+            | "mod" => one(args
+                .get("x")
+                .and_then(|x| ops::binary(op, x, args.get("y")?))),
+            "less" | "less_equal" | "greater" | "greater_equal" | "equal" | "not_equal" => {
+                one(args
+                    .get("x")
+                    .and_then(|x| ops::compare(op, x, args.get("y")?)))
+            }
+            "logical_and" | "logical_or" | "logical_xor" => one(args
+                .get("x")
+                .and_then(|x| ops::logical(op, x, args.get("y")?))),
+            "rsqrt" | "sqrt" | "inverse" | "exp" | "exp2" | "log" | "sin" | "cos" | "tanh"
+            | "sigmoid" | "silu" | "relu" | "abs" | "square" | "floor" | "ceil" | "round"
+            | "sign" | "erf" | "clip" | "logical_not" => one(ops::unary(op, &args)),
+            "reduce_mean" | "reduce_sum" | "reduce_max" | "reduce_min" | "reduce_prod"
+            | "reduce_sum_square" => one(ops::reduce(op, &args)),
+            "softmax" => one(ops::softmax(&args)),
+            "layer_norm" => one(ops::layer_norm(&args)),
+            "reshape" | "expand_dims" | "squeeze" | "identity" => one(args
+                .get("x")
+                .and_then(|x| ops::reshaped(x, &args.out(0)?.shape))),
+            "transpose" => one(ops::transpose(&args)),
+            "concat" => one(ops::concat(&args)),
+            "split" => ops::split(&args),
+            "slice_by_index" => one(ops::slice_by_index(&args)),
+            "slice_by_size" => one(ops::slice_by_size(&args)),
+            "tile" => one(ops::tile(&args)),
+            "gather" => one(ops::gather(&args)),
+            "select" => one(ops::select(&args)),
+            "fill" => one(ops::fill(&args)),
+            "band_part" => one(ops::band_part(&args)),
+            "range_1d" => one(ops::range_1d(&args)),
+            "matmul" => one(ops::matmul(&args)),
+            "linear" => one(ops::linear(&args)),
+            "cast" => one(ops::cast(&args)),
+            "shape" => one(args.get("x").map(|x| {
+                let s: Vec<i64> = x.shape.iter().map(|&d| d as i64).collect();
+                Tensor::new(DType::I32, vec![s.len()], Data::I(s))
+            })),
+            _ => {
+                return Err(RuntimeError::UnsupportedOp {
+                    op_type: ins.op_type.clone(),
+                    output,
+                })
+            }
+        };
+        let res = res.map_err(|msg| RuntimeError::Op {
+            op_type: ins.op_type.clone(),
+            output: output.clone(),
+            msg,
+        })?;
+        if res.len() != ins.outputs.len() {
+            return Err(RuntimeError::Op {
+                op_type: ins.op_type.clone(),
+                output,
+                msg: format!(
+                    "{} results for {} declared outputs",
+                    res.len(),
+                    ins.outputs.len()
+                ),
+            });
+        }
+        Ok(res)
+    }
+}
+
+fn effective_dtype(dtype: DType, options: Options) -> DType {
+    if options.compute == Compute::F32 && dtype.is_float() {
+        DType::F32
+    } else {
+        dtype
+    }
+}
+
+fn conform_const(t: Tensor, options: Options) -> Tensor {
+    let d = effective_dtype(t.dtype, options);
+    Tensor::new(d, t.shape, t.data)
+}
+
+/// Evaluate a `const` or constexpr op. Blob-backed values are decoded once per
+/// (file, offset), so a tied embedding shared by gather and lm_head costs one copy.
+fn constexpr(
+    pkg: &MlPackage,
+    op: &proto::Operation,
+    ty: &TensorTypeInfo,
+    cache: &mut HashMap<(String, u64), Arc<Tensor>>,
+    options: Options,
+) -> Result<Tensor, RuntimeError> {
+    // iOS16/17 constexpr ops carry their operands as attributes; iOS18 as const inputs.
+    let operand = |key: &str| -> Result<mlpackage::TensorData, RuntimeError> {
+        if let Some(v) = op.attributes.get(key) {
+            return Ok(pkg.value(v, &format!("`{key}` of {}", op.r#type))?);
+        }
+        Err(RuntimeError::Program(format!("missing attribute `{key}`")))
+    };
+    let t = match op.r#type.as_str() {
+        "const" => {
+            let v = op
+                .attributes
+                .get("val")
+                .ok_or_else(|| RuntimeError::Program("const without `val`".into()))?;
+            if let Some(proto::value::Value::BlobFileValue(b)) = &v.value {
+                let key = (b.file_name.clone(), b.offset);
+                if let Some(t) = cache.get(&key) {
+                    if t.shape == ty.shape {
+                        return Ok((**t).clone());
+                    }
+                }
+                let t = Tensor::from_const(pkg.value(v, "const `val`")?);
+                cache.insert(key, Arc::new(t.clone()));
+                t
+            } else {
+                Tensor::from_const(pkg.value(v, "const `val`")?)
+            }
+        }
+        "constexpr_lut_to_dense" => {
+            let indices = operand("indices")?;
+            let lut = operand("lut")?;
+            let shape = operand("shape")?;
+            lut_to_dense(indices, lut, shape, ty).map_err(RuntimeError::Program)?
+        }
+        other => {
+            return Err(RuntimeError::Program(format!(
+                "`{other}` is not a constexpr op"
+            )))
+        }
+    };
+    if t.shape != ty.shape && !(t.len() == 1 && ty.shape.iter().product::<usize>() == 1) {
+        return Err(RuntimeError::Program(format!(
+            "value of shape {:?}, declared {:?}",
+            t.shape, ty.shape
+        )));
+    }
+    let t = Tensor::new(t.dtype, ty.shape.clone(), t.data);
+    Ok(conform_const(t, options))
+}
+
+/// iOS16/17 `constexpr_lut_to_dense`: one LUT of 2^nbits entries, indices packed LSB-first
+/// into uint8.
+fn lut_to_dense(
+    indices: mlpackage::TensorData,
+    lut: mlpackage::TensorData,
+    shape: mlpackage::TensorData,
+    ty: &TensorTypeInfo,
+) -> Result<Tensor, String> {
+    let Values::Int(packed) = indices.values else {
+        return Err("indices must be uint8".into());
+    };
+    let Values::Int(dims) = shape.values else {
+        return Err("shape must be uint32".into());
+    };
+    let out_shape: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
+    if out_shape != ty.shape {
+        return Err(format!(
+            "shape {out_shape:?} does not match the declared {:?}",
+            ty.shape
+        ));
+    }
+    let n = mlpackage::element_count(&out_shape).ok_or("shape overflows")?;
+    let entries = lut.values.len();
+    let nbits = match entries {
+        2 => 1,
+        4 => 2,
+        8 => 3,
+        16 => 4,
+        64 => 6,
+        256 => 8,
+        _ => {
+            return Err(format!(
+                "a LUT of {entries} entries is not 2^nbits for nbits in 1,2,3,4,6,8"
+            ))
+        }
+    };
+    let bytes: Vec<u8> = packed.iter().map(|&b| b as u8).collect();
+    let idx = mlpackage::unpack_bits(&bytes, nbits, n)
+        .ok_or_else(|| format!("{} index bytes for {n} {nbits}-bit indices", bytes.len()))?;
+    let data = match lut.values {
+        Values::Float(l) => Data::F(idx.iter().map(|&i| l[i as usize]).collect()),
+        Values::Int(l) => Data::I(idx.iter().map(|&i| l[i as usize]).collect()),
+        _ => return Err("LUT must be float or integer".into()),
+    };
+    Ok(Tensor::new(lut.dtype, out_shape, data))
+}
+
+/// A saved package that follows the contract, ready to step (implements
+/// [`crate::runtime::StepModel`]).
+#[derive(Debug)]
+pub struct Package {
+    program: Program,
+    contract: Contract,
+    description: mlpackage::Description,
+}
+
+impl Package {
+    /// Open the package at `path`, read its contract from the user-defined metadata and
+    /// compile its program.
+    pub fn load(path: &Path, options: Options) -> Result<Self, RuntimeError> {
+        let pkg = MlPackage::open(path)?;
+        let description = pkg.description();
+        let json = description
+            .user_defined
+            .get(contract::METADATA_KEY)
+            .ok_or_else(|| RuntimeError::Contract {
+                path: path.display().to_string(),
+                msg: format!(
+                    "no `{}` metadata: not an hf2coreml package",
+                    contract::METADATA_KEY
+                ),
+            })?;
+        let contract: Contract =
+            serde_json::from_str(json).map_err(|e| RuntimeError::Contract {
+                path: path.display().to_string(),
+                msg: e.to_string(),
+            })?;
+        let program = Program::load(&pkg, options)?;
+        for name in [
+            contract::INPUT_IDS,
+            contract::POSITION,
+            contract::KEY_CACHE,
+            contract::VALUE_CACHE,
+        ] {
+            if !program.inputs.iter().any(|(n, _, _)| n == name) {
+                return Err(RuntimeError::Contract {
+                    path: path.display().to_string(),
+                    msg: format!("the program has no input `{name}`"),
+                });
+            }
+        }
+        Ok(Package {
+            program,
+            contract,
+            description,
+        })
+    }
+
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    pub fn description(&self) -> &mlpackage::Description {
+        &self.description
+    }
+
+    /// One step, optionally collecting range statistics.
+    pub fn step_with_stats(
+        &self,
+        input_ids: &[i32],
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+        stats: Option<&mut Stats>,
+    ) -> Result<super::StepOutput, RuntimeError> {
+        let c = &self.contract;
+        let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
+        let cache_len = cache_shape.iter().product::<usize>();
+        if input_ids.len() != c.query_len {
+            return Err(RuntimeError::Input {
+                name: contract::INPUT_IDS.into(),
+                msg: format!(
+                    "{} tokens, the package takes {}",
+                    input_ids.len(),
+                    c.query_len
+                ),
+            });
+        }
+        if position + c.query_len > c.max_seq_len {
+            return Err(RuntimeError::Input {
+                name: contract::POSITION.into(),
+                msg: format!(
+                    "position {position} + {} tokens passes max_seq_len {}",
+                    c.query_len, c.max_seq_len
+                ),
+            });
+        }
+        for (name, cache) in [
+            (contract::KEY_CACHE, key_cache),
+            (contract::VALUE_CACHE, value_cache),
+        ] {
+            if cache.len() != cache_len {
+                return Err(RuntimeError::Input {
+                    name: name.into(),
+                    msg: format!(
+                        "{} elements, expected {cache_len} ({cache_shape:?})",
+                        cache.len()
+                    ),
+                });
+            }
+        }
+        let pos = i32::try_from(position).map_err(|_| RuntimeError::Input {
+            name: contract::POSITION.into(),
+            msg: format!("{position} does not fit int32"),
+        })?;
+        let inputs = vec![
+            (
+                contract::INPUT_IDS,
+                Tensor::i32(vec![1, c.query_len], input_ids),
+            ),
+            (contract::POSITION, Tensor::i32(vec![1], &[pos])),
+            (
+                contract::KEY_CACHE,
+                Tensor::f16(cache_shape.clone(), key_cache.to_vec()),
+            ),
+            (
+                contract::VALUE_CACHE,
+                Tensor::f16(cache_shape, value_cache.to_vec()),
+            ),
+        ];
+        let mut out = self.program.run(inputs, stats)?;
+        let mut take = |name: &str| {
+            out.remove(name).ok_or_else(|| RuntimeError::Contract {
+                path: String::new(),
+                msg: format!("the program has no output `{name}`"),
+            })
+        };
+        let logits = take(contract::LOGITS)?;
+        let k = take(contract::KEY_UPDATE)?;
+        let v = take(contract::VALUE_UPDATE)?;
+        let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
+        if logits.len() != c.query_len * c.vocab_size || k.len() != upd || v.len() != upd {
+            return Err(RuntimeError::Contract {
+                path: String::new(),
+                msg: "output sizes do not match the contract's dimensions".into(),
+            });
+        }
+        Ok(super::StepOutput {
+            logits: logits.as_f32().into_owned(),
+            key_update: k.to_f16_vec(),
+            value_update: v.to_f16_vec(),
+        })
+    }
+}
+
+impl super::StepModel for Package {
+    fn contract(&self) -> &Contract {
+        &self.contract
+    }
+
+    fn step(
+        &mut self,
+        input_ids: &[i32],
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+    ) -> Result<super::StepOutput, RuntimeError> {
+        self.step_with_stats(input_ids, position, key_cache, value_cache, None)
+    }
+}

@@ -1,0 +1,1197 @@
+//! Op implementations. Each takes its named arguments and returns raw results; the caller
+//! ([`super::Program`]) checks shapes against the program's declared output types and rounds
+//! to the declared dtypes. Semantics follow coremltools' op definitions (iOS15..iOS17).
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use super::tensor::{strides, Data, Tensor};
+use crate::mlpackage::{DType, TensorTypeInfo};
+
+/// An op failure before it is tagged with the op's type and output name.
+pub type OpResult<T> = Result<T, String>;
+
+/// The arguments of one op invocation.
+pub struct Args<'a> {
+    pub map: HashMap<&'a str, Vec<&'a Tensor>>,
+    /// Declared output types, in order.
+    pub outputs: &'a [TensorTypeInfo],
+}
+
+impl<'a> Args<'a> {
+    pub fn get(&self, name: &str) -> OpResult<&'a Tensor> {
+        self.opt(name)
+            .ok_or_else(|| format!("missing argument `{name}`"))
+    }
+
+    pub fn opt(&self, name: &str) -> Option<&'a Tensor> {
+        self.map.get(name).and_then(|v| v.first().copied())
+    }
+
+    pub fn list(&self, name: &str) -> OpResult<&[&'a Tensor]> {
+        self.map
+            .get(name)
+            .map(|v| v.as_slice())
+            .ok_or_else(|| format!("missing argument `{name}`"))
+    }
+
+    pub fn ints(&self, name: &str) -> OpResult<Vec<i64>> {
+        Ok(self.get(name)?.as_i64().into_owned())
+    }
+
+    pub fn int(&self, name: &str) -> OpResult<i64> {
+        scalar_int(self.get(name)?, name)
+    }
+
+    pub fn int_or(&self, name: &str, default: i64) -> OpResult<i64> {
+        match self.opt(name) {
+            Some(t) => scalar_int(t, name),
+            None => Ok(default),
+        }
+    }
+
+    pub fn bool_or(&self, name: &str, default: bool) -> OpResult<bool> {
+        match self.opt(name) {
+            Some(t) => t
+                .as_bool()
+                .first()
+                .copied()
+                .ok_or_else(|| format!("`{name}` is empty")),
+            None => Ok(default),
+        }
+    }
+
+    pub fn float_or(&self, name: &str, default: f32) -> OpResult<f32> {
+        match self.opt(name) {
+            Some(t) => t
+                .as_f32()
+                .first()
+                .copied()
+                .ok_or_else(|| format!("`{name}` is empty")),
+            None => Ok(default),
+        }
+    }
+
+    pub fn out(&self, i: usize) -> OpResult<&'a TensorTypeInfo> {
+        self.outputs
+            .get(i)
+            .ok_or_else(|| format!("output {i} is not declared"))
+    }
+}
+
+fn scalar_int(t: &Tensor, name: &str) -> OpResult<i64> {
+    if t.len() != 1 {
+        return Err(format!(
+            "`{name}` must be a scalar, has shape {:?}",
+            t.shape
+        ));
+    }
+    Ok(t.as_i64()[0])
+}
+
+/// Normalize a possibly negative axis against `rank`.
+pub fn axis(a: i64, rank: usize) -> OpResult<usize> {
+    let r = rank as i64;
+    let n = if a < 0 { a + r } else { a };
+    if n < 0 || n >= r.max(1) {
+        return Err(format!("axis {a} out of range for rank {rank}"));
+    }
+    Ok(n as usize)
+}
+
+/// Apply `f` to the storage of any element type.
+macro_rules! map_data {
+    ($d:expr, |$v:ident| $body:expr) => {
+        match $d {
+            Data::F($v) => Data::F($body),
+            Data::Half($v) => Data::Half($body),
+            Data::I($v) => Data::I($body),
+            Data::B($v) => Data::B($body),
+        }
+    };
+}
+
+fn take<T: Copy>(src: &[T], idx: &[usize]) -> Vec<T> {
+    idx.iter().map(|&i| src[i]).collect()
+}
+
+/// Source index of every output element of a strided view: `out[i...] = x[start + step*i]`
+/// per dimension.
+fn strided_indices(
+    in_shape: &[usize],
+    start: &[i64],
+    step: &[i64],
+    out_shape: &[usize],
+) -> Vec<usize> {
+    let st = strides(in_shape);
+    let n: usize = out_shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let rank = out_shape.len();
+    let mut pos = vec![0usize; rank];
+    loop {
+        let mut off = 0i64;
+        for d in 0..rank {
+            off += (start[d] + step[d] * pos[d] as i64) * st[d] as i64;
+        }
+        out.push(off as usize);
+        let mut d = rank;
+        loop {
+            if d == 0 {
+                return out;
+            }
+            d -= 1;
+            pos[d] += 1;
+            if pos[d] < out_shape[d] {
+                break;
+            }
+            pos[d] = 0;
+        }
+    }
+}
+
+fn broadcast_shape(a: &[usize], b: &[usize]) -> OpResult<Vec<usize>> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return Err(format!("shapes {a:?} and {b:?} do not broadcast"));
+        };
+    }
+    Ok(out)
+}
+
+/// For each element of `out_shape`, the index into a tensor of `shape` broadcast to it.
+fn broadcast_indices(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+    let r = out_shape.len();
+    let mut full = vec![1usize; r];
+    full[r - shape.len()..].copy_from_slice(shape);
+    let st = strides(&full);
+    let bst: Vec<usize> = (0..r)
+        .map(|d| if full[d] == 1 { 0 } else { st[d] })
+        .collect();
+    walk(out_shape, &bst)
+}
+
+fn zip_broadcast<A: Copy, B: Copy, R>(
+    a: &[A],
+    ash: &[usize],
+    b: &[B],
+    bsh: &[usize],
+    f: impl Fn(A, B) -> R,
+) -> OpResult<(Vec<usize>, Vec<R>)> {
+    let out = broadcast_shape(ash, bsh)?;
+    if ash == bsh {
+        return Ok((out, a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()));
+    }
+    if b.len() == 1 && ash == out.as_slice() {
+        let y = b[0];
+        return Ok((out, a.iter().map(|&x| f(x, y)).collect()));
+    }
+    if a.len() == 1 && bsh == out.as_slice() {
+        let x = a[0];
+        return Ok((out, b.iter().map(|&y| f(x, y)).collect()));
+    }
+    // Trailing broadcast (e.g. [.., N] op [N]): `b` repeats along the leading dims.
+    if ash == out.as_slice()
+        && !b.is_empty()
+        && a.len() % b.len() == 0
+        && out.ends_with(trim_ones(bsh))
+    {
+        let n = b.len();
+        return Ok((
+            out,
+            a.iter().enumerate().map(|(i, &x)| f(x, b[i % n])).collect(),
+        ));
+    }
+    let ia = broadcast_indices(ash, &out);
+    let ib = broadcast_indices(bsh, &out);
+    Ok((
+        out,
+        ia.iter().zip(&ib).map(|(&i, &j)| f(a[i], b[j])).collect(),
+    ))
+}
+
+fn trim_ones(s: &[usize]) -> &[usize] {
+    let k = s.iter().take_while(|&&d| d == 1).count();
+    &s[k..]
+}
+
+fn both_int(a: &Tensor, b: &Tensor) -> bool {
+    matches!((&a.data, &b.data), (Data::I(_), Data::I(_)))
+}
+
+/// Elementwise binary arithmetic with numpy broadcasting.
+pub fn binary(op: &str, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    if both_int(a, b) && op != "real_div" && op != "pow" {
+        let (x, y) = (a.as_i64(), b.as_i64());
+        let f: fn(i64, i64) -> i64 = match op {
+            "add" => |x, y| x.wrapping_add(y),
+            "sub" => |x, y| x.wrapping_sub(y),
+            "mul" => |x, y| x.wrapping_mul(y),
+            "maximum" => |x, y| x.max(y),
+            "minimum" => |x, y| x.min(y),
+            "floor_div" => |x, y| if y == 0 { 0 } else { x.div_euclid(y) },
+            "mod" => |x, y| if y == 0 { 0 } else { x.rem_euclid(y) },
+            _ => return Err(format!("`{op}` on integers is not supported")),
+        };
+        let (shape, v) = zip_broadcast(&x, &a.shape, &y, &b.shape, f)?;
+        return Ok(Tensor::new(DType::I64, shape, Data::I(v)));
+    }
+    let (x, y) = (a.as_f32(), b.as_f32());
+    let f: fn(f32, f32) -> f32 = match op {
+        "add" => |x, y| x + y,
+        "sub" => |x, y| x - y,
+        "mul" => |x, y| x * y,
+        "real_div" => |x, y| x / y,
+        "pow" => |x, y| x.powf(y),
+        "maximum" => |x, y| x.max(y),
+        "minimum" => |x, y| x.min(y),
+        "floor_div" => |x, y| (x / y).floor(),
+        "mod" => |x, y| x - (x / y).floor() * y,
+        _ => return Err(format!("unknown binary op `{op}`")),
+    };
+    let (shape, v) = zip_broadcast(&x, &a.shape, &y, &b.shape, f)?;
+    Ok(Tensor::new(DType::F32, shape, Data::F(v)))
+}
+
+pub fn compare(op: &str, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    let (shape, v) = if both_int(a, b) {
+        let (x, y) = (a.as_i64(), b.as_i64());
+        let f: fn(i64, i64) -> bool = match op {
+            "less" => |x, y| x < y,
+            "less_equal" => |x, y| x <= y,
+            "greater" => |x, y| x > y,
+            "greater_equal" => |x, y| x >= y,
+            "equal" => |x, y| x == y,
+            "not_equal" => |x, y| x != y,
+            _ => return Err(format!("unknown comparison `{op}`")),
+        };
+        zip_broadcast(&x, &a.shape, &y, &b.shape, f)?
+    } else {
+        let (x, y) = (a.as_f32(), b.as_f32());
+        let f: fn(f32, f32) -> bool = match op {
+            "less" => |x, y| x < y,
+            "less_equal" => |x, y| x <= y,
+            "greater" => |x, y| x > y,
+            "greater_equal" => |x, y| x >= y,
+            "equal" => |x, y| x == y,
+            "not_equal" => |x, y| x != y,
+            _ => return Err(format!("unknown comparison `{op}`")),
+        };
+        zip_broadcast(&x, &a.shape, &y, &b.shape, f)?
+    };
+    Ok(Tensor::new(DType::Bool, shape, Data::B(v)))
+}
+
+pub fn logical(op: &str, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    let (x, y) = (a.as_bool(), b.as_bool());
+    let f: fn(bool, bool) -> bool = match op {
+        "logical_and" => |x, y| x && y,
+        "logical_or" => |x, y| x || y,
+        "logical_xor" => |x, y| x ^ y,
+        _ => return Err(format!("unknown logical op `{op}`")),
+    };
+    let (shape, v) = zip_broadcast(&x, &a.shape, &y, &b.shape, f)?;
+    Ok(Tensor::new(DType::Bool, shape, Data::B(v)))
+}
+
+pub fn unary(op: &str, args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    if op == "logical_not" {
+        let v = x.as_bool().iter().map(|&b| !b).collect();
+        return Ok(Tensor::new(DType::Bool, x.shape.clone(), Data::B(v)));
+    }
+    if op == "abs" || op == "square" || op == "relu" {
+        if let Data::I(v) = &x.data {
+            let f: fn(i64) -> i64 = match op {
+                "abs" => |v| v.abs(),
+                "square" => |v| v * v,
+                _ => |v| v.max(0),
+            };
+            return Ok(Tensor::new(
+                DType::I64,
+                x.shape.clone(),
+                Data::I(v.iter().map(|&v| f(v)).collect()),
+            ));
+        }
+    }
+    let eps = match op {
+        "rsqrt" => args.float_or("epsilon", 1e-12)?,
+        "inverse" => args.float_or("epsilon", 1e-4)?,
+        "log" => args.float_or("epsilon", 1e-45)?,
+        _ => 0.0,
+    };
+    let (alpha, beta) = match op {
+        "clip" => (args.float_or("alpha", 0.0)?, args.float_or("beta", 0.0)?),
+        _ => (0.0, 0.0),
+    };
+    let v = x.as_f32();
+    let apply = |f: &dyn Fn(f32) -> f32| -> Vec<f32> { v.iter().map(|&x| f(x)).collect() };
+    let out = match op {
+        "rsqrt" => apply(&|x| 1.0 / (x + eps).sqrt()),
+        "sqrt" => apply(&|x| x.sqrt()),
+        "inverse" => apply(&|x| 1.0 / (x + eps)),
+        "exp" => apply(&|x| x.exp()),
+        "exp2" => apply(&|x| x.exp2()),
+        "log" => apply(&|x| (x + eps).ln()),
+        "sin" => apply(&|x| x.sin()),
+        "cos" => apply(&|x| x.cos()),
+        "tanh" => apply(&|x| x.tanh()),
+        "sigmoid" => apply(&|x| 1.0 / (1.0 + (-x).exp())),
+        "silu" => apply(&|x| x / (1.0 + (-x).exp())),
+        "relu" => apply(&|x| x.max(0.0)),
+        "abs" => apply(&|x| x.abs()),
+        "square" => apply(&|x| x * x),
+        "floor" => apply(&|x| x.floor()),
+        "ceil" => apply(&|x| x.ceil()),
+        "round" => apply(&|x| x.round_ties_even()),
+        "sign" => apply(&|x| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        }),
+        "erf" => apply(&erf),
+        "clip" => apply(&|x| x.max(alpha).min(beta)),
+        _ => return Err(format!("unknown unary op `{op}`")),
+    };
+    Ok(Tensor::new(DType::F32, x.shape.clone(), Data::F(out)))
+}
+
+/// Abramowitz–Stegun 7.1.26 is too coarse for fp32; use the complementary-error-function
+/// continued form from Numerical Recipes (erfc, |error| < 1.2e-7).
+fn erf(x: f32) -> f32 {
+    let z = (x as f64).abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    let v = 1.0 - r;
+    (if x >= 0.0 { v } else { -v }) as f32
+}
+
+fn reduce_axes(args: &Args, rank: usize) -> OpResult<Vec<bool>> {
+    let mut red = vec![false; rank];
+    match args.opt("axes") {
+        None => red.iter_mut().for_each(|r| *r = true),
+        Some(t) => {
+            for a in t.as_i64().iter() {
+                red[axis(*a, rank)?] = true;
+            }
+        }
+    }
+    Ok(red)
+}
+
+pub fn reduce(op: &str, args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let keep = args.bool_or("keep_dims", false)?;
+    let rank = x.rank();
+    let red = reduce_axes(args, rank)?;
+    let kept: Vec<usize> = (0..rank)
+        .map(|d| if red[d] { 1 } else { x.shape[d] })
+        .collect();
+    let out_n: usize = kept.iter().product();
+    let ost = strides(&kept);
+    let xst = strides(&x.shape);
+    let count: usize = (0..rank).filter(|&d| red[d]).map(|d| x.shape[d]).product();
+    let v = x.as_f32();
+    let (init, comb): (f64, fn(f64, f64) -> f64) = match op {
+        "reduce_sum" | "reduce_mean" => (0.0, |a, b| a + b),
+        "reduce_max" => (f64::NEG_INFINITY, |a, b| a.max(b)),
+        "reduce_min" => (f64::INFINITY, |a, b| a.min(b)),
+        "reduce_prod" => (1.0, |a, b| a * b),
+        "reduce_sum_square" => (0.0, |a, b| a + b * b),
+        _ => return Err(format!("unknown reduction `{op}`")),
+    };
+    let mut acc = vec![init; out_n];
+    // Fast path: reducing only the last axis.
+    if rank > 0 && red[rank - 1] && red[..rank - 1].iter().all(|r| !r) {
+        let n = x.shape[rank - 1].max(1);
+        for (o, chunk) in v.chunks(n).enumerate() {
+            acc[o] = chunk.iter().fold(init, |a, &b| comb(a, b as f64));
+        }
+    } else {
+        for (i, &val) in v.iter().enumerate() {
+            let mut o = 0;
+            for d in 0..rank {
+                if !red[d] {
+                    o += (i / xst[d] % x.shape[d]) * ost[d];
+                }
+            }
+            acc[o] = comb(acc[o], val as f64);
+        }
+    }
+    if op == "reduce_mean" {
+        acc.iter_mut().for_each(|a| *a /= count.max(1) as f64);
+    }
+    let shape = if keep {
+        kept
+    } else {
+        (0..rank).filter(|&d| !red[d]).map(|d| x.shape[d]).collect()
+    };
+    let is_int = matches!(x.data, Data::I(_)) && op != "reduce_mean";
+    let data = if is_int {
+        Data::I(acc.iter().map(|&a| a as i64).collect())
+    } else {
+        Data::F(acc.iter().map(|&a| a as f32).collect())
+    };
+    Ok(Tensor::new(x.dtype, shape, data))
+}
+
+pub fn softmax(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let ax = axis(args.int_or("axis", -1)?, x.rank())?;
+    let n = x.shape.get(ax).copied().unwrap_or(1);
+    let inner: usize = x.shape[ax + 1..].iter().product();
+    let mut v = x.as_f32().into_owned();
+    let outer = v.len() / (n * inner).max(1);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| o * n * inner + k * inner + i;
+            let mut m = f32::NEG_INFINITY;
+            for k in 0..n {
+                m = m.max(v[at(k)]);
+            }
+            let mut s = 0.0f32;
+            for k in 0..n {
+                let e = (v[at(k)] - m).exp();
+                v[at(k)] = e;
+                s += e;
+            }
+            for k in 0..n {
+                v[at(k)] /= s;
+            }
+        }
+    }
+    Ok(Tensor::new(x.dtype, x.shape.clone(), Data::F(v)))
+}
+
+/// `x` with a new shape of the same element count (reshape, expand_dims, squeeze, identity).
+pub fn reshaped(x: &Tensor, shape: &[usize]) -> OpResult<Tensor> {
+    let n: usize = shape.iter().product();
+    if n != x.len() {
+        return Err(format!("cannot view shape {:?} as {:?}", x.shape, shape));
+    }
+    Ok(Tensor::new(x.dtype, shape.to_vec(), x.data.clone()))
+}
+
+pub fn transpose(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let perm = args.ints("perm")?;
+    if perm.len() != x.rank() {
+        return Err(format!("perm {perm:?} for rank {}", x.rank()));
+    }
+    let perm: Vec<usize> = perm
+        .iter()
+        .map(|&p| axis(p, x.rank()))
+        .collect::<OpResult<_>>()?;
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let st = strides(&x.shape);
+    let src_strides: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let idx = walk(&shape, &src_strides);
+    let data = map_data!(&x.data, |v| take(v, &idx));
+    Ok(Tensor::new(x.dtype, shape, data))
+}
+
+/// Offsets `sum(pos[d] * st[d])` for every position of `shape`, row-major.
+fn walk(shape: &[usize], st: &[usize]) -> Vec<usize> {
+    let n: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let r = shape.len();
+    let mut pos = vec![0usize; r];
+    loop {
+        out.push((0..r).map(|d| pos[d] * st[d]).sum());
+        let mut d = r;
+        loop {
+            if d == 0 {
+                return out;
+            }
+            d -= 1;
+            pos[d] += 1;
+            if pos[d] < shape[d] {
+                break;
+            }
+            pos[d] = 0;
+        }
+    }
+}
+
+pub fn concat(args: &Args) -> OpResult<Tensor> {
+    let values = args.list("values")?;
+    let first = values.first().ok_or("concat of nothing")?;
+    let ax = axis(args.int("axis")?, first.rank())?;
+    let interleave = args.bool_or("interleave", false)?;
+    let outer: usize = first.shape[..ax].iter().product();
+    let inner: usize = first.shape[ax + 1..].iter().product();
+    let mut shape = first.shape.clone();
+    shape[ax] = 0;
+    for v in values {
+        if v.rank() != first.rank()
+            || (0..v.rank()).any(|d| d != ax && v.shape[d] != first.shape[d])
+        {
+            return Err(format!(
+                "cannot concat {:?} with {:?}",
+                first.shape, v.shape
+            ));
+        }
+        shape[ax] += v.shape[ax];
+    }
+    // Mixed storage (fp16 cache slices with computed f32 rows): widen to f32.
+    let all_half = values.iter().all(|v| matches!(v.data, Data::Half(_)));
+    let same_kind = values.iter().all(|v| v.data.kind() == first.data.kind());
+    if !same_kind {
+        return Err("concat of mixed element kinds".into());
+    }
+    let widened: Vec<Tensor>;
+    let values: Vec<&Tensor> =
+        if !all_half && values.iter().any(|v| matches!(v.data, Data::Half(_))) {
+            widened = values
+                .iter()
+                .map(|v| Tensor::new(v.dtype, v.shape.clone(), Data::F(v.as_f32().into_owned())))
+                .collect();
+            widened.iter().collect()
+        } else {
+            values.to_vec()
+        };
+    macro_rules! cat {
+        ($variant:ident) => {{
+            let srcs: Vec<&Vec<_>> = values
+                .iter()
+                .map(|v| match &v.data {
+                    Data::$variant(d) => Ok(d),
+                    _ => Err("concat of mixed storage".to_string()),
+                })
+                .collect::<OpResult<_>>()?;
+            let mut out = Vec::with_capacity(shape.iter().product());
+            if interleave {
+                let n = values[0].shape[ax];
+                for o in 0..outer {
+                    for k in 0..n {
+                        for s in &srcs {
+                            let base = (o * n + k) * inner;
+                            out.extend_from_slice(&s[base..base + inner]);
+                        }
+                    }
+                }
+            } else {
+                for o in 0..outer {
+                    for (s, v) in srcs.iter().zip(&values) {
+                        let len = v.shape[ax] * inner;
+                        out.extend_from_slice(&s[o * len..(o + 1) * len]);
+                    }
+                }
+            }
+            Data::$variant(out)
+        }};
+    }
+    if interleave && values.iter().any(|v| v.shape[ax] != values[0].shape[ax]) {
+        return Err("interleaved concat needs equal sizes".into());
+    }
+    let data = match &values[0].data {
+        Data::F(_) => cat!(F),
+        Data::Half(_) => cat!(Half),
+        Data::I(_) => cat!(I),
+        Data::B(_) => cat!(B),
+    };
+    Ok(Tensor::new(first.dtype, shape, data))
+}
+
+/// split: the pieces' sizes come from the declared output shapes (fixed in a saved program).
+pub fn split(args: &Args) -> OpResult<Vec<Tensor>> {
+    let x = args.get("x")?;
+    let ax = axis(args.int("axis")?, x.rank())?;
+    let mut begin = 0i64;
+    let mut out = Vec::new();
+    for (i, o) in args.outputs.iter().enumerate() {
+        let size = *o
+            .shape
+            .get(ax)
+            .ok_or_else(|| format!("output {i} has no axis {ax}"))?;
+        let mut start = vec![0i64; x.rank()];
+        start[ax] = begin;
+        let mut shape = x.shape.clone();
+        shape[ax] = size;
+        out.push(strided(x, &start, &vec![1; x.rank()], shape)?);
+        begin += size as i64;
+    }
+    if begin as usize != x.shape[ax] {
+        return Err(format!(
+            "declared pieces cover {begin} of {} along axis {ax}",
+            x.shape[ax]
+        ));
+    }
+    Ok(out)
+}
+
+fn strided(x: &Tensor, start: &[i64], step: &[i64], shape: Vec<usize>) -> OpResult<Tensor> {
+    for d in 0..x.rank() {
+        if shape[d] == 0 {
+            continue;
+        }
+        let last = start[d] + step[d] * (shape[d] as i64 - 1);
+        if start[d] < 0 || last < 0 || start[d] >= x.shape[d] as i64 || last >= x.shape[d] as i64 {
+            return Err(format!(
+                "slice out of bounds on axis {d} of shape {:?}",
+                x.shape
+            ));
+        }
+    }
+    // Copy contiguous runs: trailing axes taken whole, plus one more axis with step 1 (a layer
+    // of the cache is a single run).
+    let r = x.rank();
+    let mut k = r;
+    let mut run = 1usize;
+    while k > 0 && step[k - 1] == 1 && start[k - 1] == 0 && shape[k - 1] == x.shape[k - 1] {
+        run *= shape[k - 1];
+        k -= 1;
+    }
+    if k > 0 && step[k - 1] == 1 {
+        run *= shape[k - 1];
+        k -= 1;
+    }
+    let mut outer_shape = shape.clone();
+    for d in outer_shape.iter_mut().skip(k) {
+        *d = 1;
+    }
+    let bases = strided_indices(&x.shape, start, step, &outer_shape);
+    let data = map_data!(&x.data, |v| {
+        let mut out = Vec::with_capacity(bases.len() * run);
+        for &b in &bases {
+            out.extend_from_slice(&v[b..b + run]);
+        }
+        out
+    });
+    Ok(Tensor::new(x.dtype, shape, data))
+}
+
+pub fn slice_by_index(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let r = x.rank();
+    let begin = args.ints("begin")?;
+    let end = args.ints("end")?;
+    let stride = match args.opt("stride") {
+        Some(t) => t.as_i64().into_owned(),
+        None => vec![1; r],
+    };
+    let mask = |name: &str| -> OpResult<Vec<bool>> {
+        Ok(match args.opt(name) {
+            Some(t) => t.as_bool().into_owned(),
+            None => vec![false; r],
+        })
+    };
+    let (bm, em, sm) = (
+        mask("begin_mask")?,
+        mask("end_mask")?,
+        mask("squeeze_mask")?,
+    );
+    if [
+        begin.len(),
+        end.len(),
+        stride.len(),
+        bm.len(),
+        em.len(),
+        sm.len(),
+    ]
+    .iter()
+    .any(|&l| l != r)
+    {
+        return Err(format!("slice parameters do not match rank {r}"));
+    }
+    let mut start = vec![0i64; r];
+    let mut shape = vec![0usize; r];
+    for d in 0..r {
+        let n = x.shape[d] as i64;
+        let s = stride[d];
+        if s == 0 {
+            return Err("stride 0".into());
+        }
+        let norm = |v: i64| if v < 0 { v + n } else { v };
+        let (b, e) = if s > 0 {
+            let b = if bm[d] { 0 } else { norm(begin[d]).clamp(0, n) };
+            let e = if em[d] { n } else { norm(end[d]).clamp(0, n) };
+            (b, e)
+        } else {
+            let b = if bm[d] {
+                n - 1
+            } else {
+                norm(begin[d]).clamp(-1, n - 1)
+            };
+            let e = if em[d] {
+                -1
+            } else {
+                norm(end[d]).clamp(-1, n - 1)
+            };
+            (b, e)
+        };
+        let len = if sm[d] {
+            1
+        } else if s > 0 {
+            ((e - b).max(0) + s - 1) / s
+        } else {
+            ((b - e).max(0) + (-s) - 1) / (-s)
+        };
+        start[d] = b;
+        shape[d] = len as usize;
+    }
+    let mut t = strided(x, &start, &stride, shape.clone())?;
+    t.shape = (0..r).filter(|&d| !sm[d]).map(|d| shape[d]).collect();
+    Ok(t)
+}
+
+pub fn slice_by_size(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let begin = args.ints("begin")?;
+    let size = args.ints("size")?;
+    if begin.len() != x.rank() || size.len() != x.rank() {
+        return Err("slice parameters do not match the rank".into());
+    }
+    let mut start = vec![0i64; x.rank()];
+    let mut shape = vec![0usize; x.rank()];
+    for d in 0..x.rank() {
+        let n = x.shape[d] as i64;
+        let b = if begin[d] < 0 { begin[d] + n } else { begin[d] };
+        let s = if size[d] < 0 { n - b } else { size[d] };
+        if b < 0 || s < 0 || b + s > n {
+            return Err(format!(
+                "slice [{b}, +{s}) outside axis {d} of {:?}",
+                x.shape
+            ));
+        }
+        start[d] = b;
+        shape[d] = s as usize;
+    }
+    strided(x, &start, &vec![1; x.rank()], shape)
+}
+
+pub fn tile(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let reps = args.ints("reps")?;
+    if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
+        return Err(format!("reps {reps:?} for shape {:?}", x.shape));
+    }
+    let reps: Vec<usize> = reps.iter().map(|&r| r as usize).collect();
+    let shape: Vec<usize> = x.shape.iter().zip(&reps).map(|(&d, &r)| d * r).collect();
+    let data = map_data!(&x.data, |v| tile_blocks(v, &x.shape, &reps));
+    Ok(Tensor::new(x.dtype, shape, data))
+}
+
+/// Tile by whole-block copies, innermost axis first (no per-element index arithmetic).
+fn tile_blocks<T: Copy>(src: &[T], shape: &[usize], reps: &[usize]) -> Vec<T> {
+    let mut cur = src.to_vec();
+    let mut cur_shape = shape.to_vec();
+    for d in (0..shape.len()).rev() {
+        let r = reps[d];
+        if r == 1 {
+            continue;
+        }
+        let outer: usize = cur_shape[..d].iter().product();
+        let block: usize = cur_shape[d..].iter().product();
+        let mut next = Vec::with_capacity(cur.len() * r);
+        for o in 0..outer {
+            let b = &cur[o * block..(o + 1) * block];
+            for _ in 0..r {
+                next.extend_from_slice(b);
+            }
+        }
+        cur = next;
+        cur_shape[d] *= r;
+    }
+    cur
+}
+
+pub fn gather(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let ind = args.get("indices")?;
+    if args.int_or("batch_dims", 0)? != 0 {
+        return Err("gather with batch_dims > 0 is not supported".into());
+    }
+    let ax = axis(args.int_or("axis", 0)?, x.rank())?;
+    let n = x.shape[ax];
+    let outer: usize = x.shape[..ax].iter().product();
+    let inner: usize = x.shape[ax + 1..].iter().product();
+    let idx: Vec<usize> = ind
+        .as_i64()
+        .iter()
+        .map(|&i| {
+            let j = if i < 0 { i + n as i64 } else { i };
+            if j < 0 || j >= n as i64 {
+                Err(format!("index {i} out of range for axis {ax} of size {n}"))
+            } else {
+                Ok(j as usize)
+            }
+        })
+        .collect::<OpResult<_>>()?;
+    let mut shape = x.shape[..ax].to_vec();
+    shape.extend_from_slice(&ind.shape);
+    shape.extend_from_slice(&x.shape[ax + 1..]);
+    macro_rules! g {
+        ($v:expr) => {{
+            let mut out = Vec::with_capacity(outer * idx.len() * inner);
+            for o in 0..outer {
+                for &j in &idx {
+                    let base = (o * n + j) * inner;
+                    out.extend_from_slice(&$v[base..base + inner]);
+                }
+            }
+            out
+        }};
+    }
+    let data = map_data!(&x.data, |v| g!(v));
+    Ok(Tensor::new(x.dtype, shape, data))
+}
+
+pub fn select(args: &Args) -> OpResult<Tensor> {
+    let c = args.get("cond")?;
+    let a = args.get("a")?;
+    let b = args.get("b")?;
+    let shape = broadcast_shape(&broadcast_shape(&c.shape, &a.shape)?, &b.shape)?;
+    let ic = broadcast_indices(&c.shape, &shape);
+    let ia = broadcast_indices(&a.shape, &shape);
+    let ib = broadcast_indices(&b.shape, &shape);
+    let cv = c.as_bool();
+    let data = if both_int(a, b) {
+        let (av, bv) = (a.as_i64(), b.as_i64());
+        Data::I(
+            (0..ic.len())
+                .map(|k| if cv[ic[k]] { av[ia[k]] } else { bv[ib[k]] })
+                .collect(),
+        )
+    } else if matches!((&a.data, &b.data), (Data::B(_), Data::B(_))) {
+        let (av, bv) = (a.as_bool(), b.as_bool());
+        Data::B(
+            (0..ic.len())
+                .map(|k| if cv[ic[k]] { av[ia[k]] } else { bv[ib[k]] })
+                .collect(),
+        )
+    } else {
+        let (av, bv) = (a.as_f32(), b.as_f32());
+        Data::F(
+            (0..ic.len())
+                .map(|k| if cv[ic[k]] { av[ia[k]] } else { bv[ib[k]] })
+                .collect(),
+        )
+    };
+    Ok(Tensor::new(a.dtype, shape, data))
+}
+
+pub fn fill(args: &Args) -> OpResult<Tensor> {
+    let o = args.out(0)?;
+    let n: usize = o.shape.iter().product();
+    let data = match args.opt("value") {
+        Some(v) => match &v.data {
+            Data::I(d) => Data::I(vec![*d.first().ok_or("empty value")?; n]),
+            Data::B(d) => Data::B(vec![*d.first().ok_or("empty value")?; n]),
+            _ => Data::F(vec![*v.as_f32().first().ok_or("empty value")?; n]),
+        },
+        None => Data::F(vec![0.0; n]),
+    };
+    Ok(Tensor::new(o.dtype, o.shape.clone(), data))
+}
+
+pub fn band_part(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let lower = args.int_or("lower", -1)?;
+    let upper = args.int_or("upper", -1)?;
+    let r = x.rank();
+    if r < 2 {
+        return Err("band_part needs rank >= 2".into());
+    }
+    let (m, n) = (x.shape[r - 2], x.shape[r - 1]);
+    let keep: Vec<bool> = (0..x.len())
+        .map(|k| {
+            let (i, j) = ((k / n % m) as i64, (k % n) as i64);
+            (lower < 0 || i - j <= lower) && (upper < 0 || j - i <= upper)
+        })
+        .collect();
+    let data = match &x.data {
+        Data::I(v) => Data::I(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0 })
+                .collect(),
+        ),
+        Data::B(v) => Data::B(v.iter().zip(&keep).map(|(&a, &k)| a && k).collect()),
+        _ => Data::F(
+            x.as_f32()
+                .iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0.0 })
+                .collect(),
+        ),
+    };
+    Ok(Tensor::new(x.dtype, x.shape.clone(), data))
+}
+
+pub fn range_1d(args: &Args) -> OpResult<Tensor> {
+    let (s, e, st) = (args.get("start")?, args.get("end")?, args.get("step")?);
+    if both_int(s, e) && matches!(st.data, Data::I(_)) {
+        let (s, e, st) = (args.int("start")?, args.int("end")?, args.int("step")?);
+        if st == 0 {
+            return Err("step 0".into());
+        }
+        let mut v = Vec::new();
+        let mut x = s;
+        while (st > 0 && x < e) || (st < 0 && x > e) {
+            v.push(x);
+            x += st;
+        }
+        let n = v.len();
+        return Ok(Tensor::new(DType::I32, vec![n], Data::I(v)));
+    }
+    let (s, e, st) = (
+        args.float_or("start", 0.0)?,
+        args.float_or("end", 0.0)?,
+        args.float_or("step", 1.0)?,
+    );
+    if st == 0.0 {
+        return Err("step 0".into());
+    }
+    let n = ((e - s) / st).ceil().max(0.0) as usize;
+    let v = (0..n).map(|i| s + st * i as f32).collect::<Vec<_>>();
+    Ok(Tensor::new(DType::F32, vec![n], Data::F(v)))
+}
+
+/// `x @ y` with optional transposes and numpy batch broadcasting.
+pub fn matmul(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let y = args.get("y")?;
+    let tx = args.bool_or("transpose_x", false)?;
+    let ty = args.bool_or("transpose_y", false)?;
+    let (mut xs, mut ys) = (x.shape.clone(), y.shape.clone());
+    let (x1, y1) = (xs.len() == 1, ys.len() == 1);
+    if x1 {
+        xs.insert(0, 1);
+    }
+    if y1 {
+        ys.push(1);
+    }
+    let (xr, yr) = (xs.len(), ys.len());
+    let (m, k) = if tx {
+        (xs[xr - 1], xs[xr - 2])
+    } else {
+        (xs[xr - 2], xs[xr - 1])
+    };
+    let (k2, n) = if ty {
+        (ys[yr - 1], ys[yr - 2])
+    } else {
+        (ys[yr - 2], ys[yr - 1])
+    };
+    if k != k2 {
+        return Err(format!(
+            "inner dimensions differ: {:?} @ {:?} (transpose_x={tx}, transpose_y={ty})",
+            x.shape, y.shape
+        ));
+    }
+    let batch = broadcast_shape(&xs[..xr - 2], &ys[..yr - 2])?;
+    let nb: usize = batch.iter().product();
+    let bx = broadcast_indices(&xs[..xr - 2], &batch);
+    let by = broadcast_indices(&ys[..yr - 2], &batch);
+    let xv = x.as_f32();
+    let yv = y.as_f32();
+    let mut out = vec![0f32; nb * m * n];
+    let work = |b: usize, ob: &mut [f32]| {
+        let xb = &xv[bx[b] * m * k..(bx[b] + 1) * m * k];
+        let yb = &yv[by[b] * k * n..(by[b] + 1) * k * n];
+        let xt;
+        let xb: &[f32] = if tx {
+            xt = transpose2(xb, k, m);
+            &xt
+        } else {
+            xb
+        };
+        if ty {
+            // y is [n, k]: every output is a dot of two contiguous rows.
+            for i in 0..m {
+                let xr = &xb[i * k..(i + 1) * k];
+                for j in 0..n {
+                    ob[i * n + j] = dot(xr, &yb[j * k..(j + 1) * k]);
+                }
+            }
+        } else {
+            for i in 0..m {
+                let orow = &mut ob[i * n..(i + 1) * n];
+                for kk in 0..k {
+                    let a = xb[i * k + kk];
+                    let yr = &yb[kk * n..(kk + 1) * n];
+                    for (o, &b) in orow.iter_mut().zip(yr) {
+                        *o += a * b;
+                    }
+                }
+            }
+        }
+    };
+    if nb > 1 && nb * m * n * k >= 1 << 15 {
+        out.par_chunks_mut((m * n).max(1))
+            .enumerate()
+            .for_each(|(b, ob)| work(b, ob));
+    } else {
+        for (b, ob) in out.chunks_mut((m * n).max(1)).enumerate() {
+            work(b, ob);
+        }
+    }
+    let mut shape = batch;
+    if !x1 {
+        shape.push(m);
+    }
+    if !y1 {
+        shape.push(n);
+    }
+    Ok(Tensor::new(DType::F32, shape, Data::F(out)))
+}
+
+fn transpose2(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; a.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = a[r * cols + c];
+        }
+    }
+    t
+}
+
+/// f32 dot product in 16 independent lanes, so the compiler vectorizes it.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let n = a.len().min(b.len());
+    let body = n / LANES * LANES;
+    let mut acc = [0f32; LANES];
+    for (ca, cb) in a[..body]
+        .chunks_exact(LANES)
+        .zip(b[..body].chunks_exact(LANES))
+    {
+        for l in 0..LANES {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut s = 0f32;
+    for v in acc {
+        s += v;
+    }
+    for i in body..n {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// `x @ weight.T + bias`: weight [OC, IC] row-major (pre-decoded at load), rows of x
+/// independent. Output features are split across threads; each thread reads its weight rows
+/// once for all rows of x.
+pub fn linear(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let w = args.get("weight")?;
+    if w.rank() != 2 {
+        return Err(format!("weight must be rank 2, has shape {:?}", w.shape));
+    }
+    let (oc, ic) = (w.shape[0], w.shape[1]);
+    if x.shape.last() != Some(&ic) {
+        return Err(format!(
+            "x {:?} does not match weight {:?}",
+            x.shape, w.shape
+        ));
+    }
+    let bias = args.opt("bias").map(|b| b.as_f32());
+    if let Some(b) = &bias {
+        if b.len() != oc {
+            return Err(format!("bias has {} elements for {oc} outputs", b.len()));
+        }
+    }
+    let xv = x.as_f32();
+    let wv = w.as_f32();
+    let rows = xv.len() / ic.max(1);
+    const BLOCK: usize = 32;
+    let mut t = vec![0f32; oc * rows];
+    t.par_chunks_mut(BLOCK * rows)
+        .enumerate()
+        .for_each(|(blk, chunk)| {
+            let o0 = blk * BLOCK;
+            for (ob, o) in (o0..(o0 + BLOCK).min(oc)).enumerate() {
+                let wr = &wv[o * ic..(o + 1) * ic];
+                let b = bias.as_ref().map_or(0.0, |b| b[o]);
+                for r in 0..rows {
+                    chunk[ob * rows + r] = dot(&xv[r * ic..(r + 1) * ic], wr) + b;
+                }
+            }
+        });
+    let out = if rows == 1 {
+        t
+    } else {
+        transpose2(&t, oc, rows)
+    };
+    let mut shape = x.shape.clone();
+    if let Some(l) = shape.last_mut() {
+        *l = oc;
+    }
+    Ok(Tensor::new(DType::F32, shape, Data::F(out)))
+}
+
+pub fn cast(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let o = args.out(0)?;
+    // The conversion itself happens when the result is conformed to the declared dtype.
+    Ok(Tensor::new(o.dtype, x.shape.clone(), x.data.clone()))
+}
+
+pub fn layer_norm(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let r = x.rank();
+    let red = reduce_axes(args, r)?;
+    let k = red.iter().rev().take_while(|&&b| b).count();
+    if red.iter().filter(|&&b| b).count() != k {
+        return Err("layer_norm over non-trailing axes is not supported".into());
+    }
+    let eps = args.float_or("epsilon", 1e-5)?;
+    let n: usize = x.shape[r - k..].iter().product();
+    let gamma = args.opt("gamma").map(|g| g.as_f32());
+    let beta = args.opt("beta").map(|b| b.as_f32());
+    let mut v = x.as_f32().into_owned();
+    for row in v.chunks_mut(n.max(1)) {
+        let mean = row.iter().map(|&a| a as f64).sum::<f64>() / n as f64;
+        let var = row.iter().map(|&a| (a as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        let inv = 1.0 / (var + eps as f64).sqrt();
+        for (i, a) in row.iter_mut().enumerate() {
+            let mut y = ((*a as f64 - mean) * inv) as f32;
+            if let Some(g) = &gamma {
+                y *= g[i % g.len().max(1)];
+            }
+            if let Some(b) = &beta {
+                y += b[i % b.len().max(1)];
+            }
+            *a = y;
+        }
+    }
+    Ok(Tensor::new(x.dtype, x.shape.clone(), Data::F(v)))
+}

@@ -1,0 +1,422 @@
+//! `hf2coreml convert` end to end on tiny generated checkpoints of each architecture; the
+//! packages are read back with coremltools' own loader (python/inspect_package.py).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use hf2coreml::arch::{expected_tensors, mil_name, Role};
+use hf2coreml::contract::{self, Contract};
+use hf2coreml::testing::TinyModel;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The venv with coremltools: what `make setup` exports, else the repo's .venv.
+fn python_env() -> PathBuf {
+    let p = std::env::var_os("HF2COREML_PYTHON_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(REPO).join(".venv"));
+    assert!(
+        p.join("bin/python").exists(),
+        "no Python environment at {} (run `make setup`)",
+        p.display()
+    );
+    p
+}
+
+fn hf2coreml(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .env_remove("VIRTUAL_ENV")
+        .output()
+        .expect("run hf2coreml")
+}
+
+fn convert(model: &TinyModel, out: &Path, extra: &[&str]) -> (tempfile::TempDir, Output) {
+    let dir = model.write_temp().expect("write fixture");
+    let mut args = vec![
+        "convert",
+        dir.path().to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--max-seq-len",
+        "32",
+    ];
+    args.extend_from_slice(extra);
+    let o = hf2coreml(&args);
+    (dir, o)
+}
+
+fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn inspect(pkg: &Path) -> Value {
+    let o = Command::new(python_env().join("bin/python"))
+        .arg(Path::new(REPO).join("python/inspect_package.py"))
+        .arg(pkg)
+        .output()
+        .expect("run inspect_package.py");
+    ok(&o);
+    serde_json::from_slice(&o.stdout).expect("inspect_package prints JSON")
+}
+
+fn feature(v: &Value, side: &str, name: &str) -> (String, Vec<u64>) {
+    let f = v[side]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap_or_else(|| panic!("{side} `{name}` missing"));
+    (
+        f["dtype"].as_str().unwrap().to_string(),
+        f["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect(),
+    )
+}
+
+/// Checks every package must pass, whatever the architecture.
+fn check_contract(model: &TinyModel, pkg: &Path, s: u64, q: u64, float: &str) -> Value {
+    let v = inspect(pkg);
+    let spec = model.spec();
+    assert_eq!(v["specification_version"], 8);
+    assert_eq!(v["opset"], "CoreML7");
+    let (l, hkv, d, vocab) = (
+        spec.num_hidden_layers as u64,
+        spec.num_key_value_heads as u64,
+        spec.head_dim as u64,
+        spec.vocab_size as u64,
+    );
+    let names = |side: &str| -> Vec<String> {
+        v[side]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names("inputs"),
+        [
+            contract::INPUT_IDS,
+            contract::POSITION,
+            contract::KEY_CACHE,
+            contract::VALUE_CACHE
+        ]
+    );
+    assert_eq!(
+        names("outputs"),
+        [
+            contract::LOGITS,
+            contract::KEY_UPDATE,
+            contract::VALUE_UPDATE
+        ]
+    );
+    assert_eq!(
+        feature(&v, "inputs", "input_ids"),
+        ("INT32".into(), vec![1, q])
+    );
+    assert_eq!(feature(&v, "inputs", "position"), ("INT32".into(), vec![1]));
+    for c in ["key_cache", "value_cache"] {
+        assert_eq!(feature(&v, "inputs", c), (float.into(), vec![l, hkv, s, d]));
+    }
+    assert_eq!(
+        feature(&v, "outputs", "logits"),
+        (float.into(), vec![1, q, vocab])
+    );
+    for c in ["key_update", "value_update"] {
+        assert_eq!(
+            feature(&v, "outputs", c),
+            (float.into(), vec![l, hkv, q, d])
+        );
+    }
+    let md = &v["metadata"];
+    assert!(md["author"].as_str().unwrap().starts_with("hf2coreml"));
+    assert!(!md["short_description"].as_str().unwrap().is_empty());
+    let c: Contract = serde_json::from_str(
+        md["user_defined"][contract::METADATA_KEY]
+            .as_str()
+            .expect("contract metadata"),
+    )
+    .expect("contract parses");
+    assert_eq!(c.version, contract::CONTRACT_VERSION);
+    assert_eq!(
+        (
+            c.max_seq_len,
+            c.query_len,
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+            c.vocab_size
+        ),
+        (
+            s as usize,
+            q as usize,
+            l as usize,
+            hkv as usize,
+            d as usize,
+            vocab as usize
+        )
+    );
+    assert_eq!(c.source.architecture, spec.architecture.hf_name());
+    assert!(c.source.files.contains_key("config.json"));
+    assert!(c.source.files.values().all(|h| h.len() == 64));
+    assert_eq!(c.compute_precision, float_name(float));
+    v
+}
+
+fn float_name(coreml: &str) -> &'static str {
+    if coreml == "FLOAT16" {
+        "fp16"
+    } else {
+        "fp32"
+    }
+}
+
+/// Every checkpoint tensor is a const (or constexpr) op named after it, stored as fp16.
+fn check_weight_names(model: &TinyModel, v: &Value) {
+    for slot in expected_tensors(&model.spec()) {
+        let name = mil_name(&slot.name);
+        let c = v["consts"].get(&name).or_else(|| v["luts"].get(&name));
+        // Tensors under 10 elements are immediate values and have no blob; the tiny models'
+        // smallest tensors are the norms (hidden = 64), so every weight has one.
+        let c = c.unwrap_or_else(|| panic!("no weight op named {name}"));
+        if let Some(dt) = c.get("dtype") {
+            assert_eq!(dt, 10, "{name} must be fp16 (DataType FLOAT16 = 10)");
+        }
+    }
+}
+
+#[test]
+fn llama_tied_gqa_fp16() {
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("tiny.mlpackage");
+    let model = TinyModel::llama();
+    let (_dir, o) = convert(&model, &pkg, &[]);
+    ok(&o);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    // coremltools' import noise never reaches the terminal.
+    for noise in ["Failed to load", "scikit-learn", "Running MIL"] {
+        assert!(
+            !stdout.contains(noise) && !stderr.contains(noise),
+            "{noise}"
+        );
+    }
+    assert!(stdout.contains("bits/weight"), "summary missing:\n{stdout}");
+    let v = check_contract(&model, &pkg, 32, 1, "FLOAT16");
+    check_weight_names(&model, &v);
+    assert_eq!(v["op_counts"].get("constexpr_lut_to_dense"), None);
+    // Tied: one embedding const serves the gather and the lm_head; no lm_head const.
+    assert!(v["consts"].get("lm_head_weight").is_none());
+    let spec = model.spec();
+    let embed_bytes = (spec.vocab_size * spec.hidden_size * 2) as u64;
+    let all_weights: u64 = expected_tensors(&spec)
+        .iter()
+        .map(|s| s.numel() as u64 * 2)
+        .sum();
+    let wb = v["weight_bin_bytes"].as_u64().unwrap();
+    assert!(
+        wb >= all_weights && wb < all_weights + embed_bytes,
+        "weight.bin {wb} B: weights {all_weights} B, a second embedding would add {embed_bytes} B"
+    );
+    // Sidecars: the report always; no tokenizer.json in the fixture, so none beside it.
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(root.path().join("tiny.report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["tensors"]["model.embed_tokens.weight"], "fp16");
+    assert!(!root.path().join("tiny.tokenizer.json").exists());
+    // Nothing else left beside the outputs (no partial directories).
+    let mut names: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["tiny.mlpackage", "tiny.report.json"]);
+}
+
+#[test]
+fn qwen2_biases_untied_sharded_with_tokenizer() {
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("q.mlpackage");
+    let model = TinyModel::qwen2();
+    let dir = model.write_temp().unwrap();
+    let tok = r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#;
+    std::fs::write(dir.path().join("tokenizer.json"), tok).unwrap();
+    let o = hf2coreml(&[
+        "convert",
+        dir.path().to_str().unwrap(),
+        "-o",
+        pkg.to_str().unwrap(),
+        "--max-seq-len",
+        "24",
+        "--query-len",
+        "4",
+    ]);
+    ok(&o);
+    let v = check_contract(&model, &pkg, 24, 4, "FLOAT16");
+    check_weight_names(&model, &v);
+    assert!(v["consts"].get("lm_head_weight").is_some());
+    assert!(v["consts"]
+        .get("model_layers_1_self_attn_k_proj_bias")
+        .is_some());
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("q.tokenizer.json")).unwrap(),
+        tok
+    );
+    let c: Contract = serde_json::from_str(
+        v["metadata"]["user_defined"][contract::METADATA_KEY]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(c.source.files.contains_key("tokenizer.json"));
+    assert!(c
+        .source
+        .files
+        .contains_key("model-00001-of-00002.safetensors"));
+}
+
+#[test]
+fn mistral_explicit_head_dim_fp32() {
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("m.mlpackage");
+    let model = TinyModel::mistral();
+    let (_dir, o) = convert(&model, &pkg, &["--compute-precision", "fp32"]);
+    ok(&o);
+    let v = check_contract(&model, &pkg, 32, 1, "FLOAT32");
+    assert_eq!(model.spec().head_dim, 24);
+    for slot in expected_tensors(&model.spec()) {
+        if slot.role == Role::Embedding || slot.role == Role::LmHead {
+            // fp32 program: the float constants are fp32 (DataType FLOAT32 = 11).
+            assert_eq!(v["consts"][mil_name(&slot.name)]["dtype"], 11);
+        }
+    }
+}
+
+#[test]
+fn same_inputs_give_identical_weight_bin() {
+    let root = tempfile::tempdir().unwrap();
+    let model = TinyModel::llama();
+    let dir = model.write_temp().unwrap();
+    let mut bins = Vec::new();
+    for name in ["a.mlpackage", "b.mlpackage"] {
+        let pkg = root.path().join(name);
+        ok(&hf2coreml(&[
+            "convert",
+            dir.path().to_str().unwrap(),
+            "-o",
+            pkg.to_str().unwrap(),
+            "--max-seq-len",
+            "16",
+        ]));
+        bins.push(std::fs::read(pkg.join("Data/com.apple.CoreML/weights/weight.bin")).unwrap());
+    }
+    assert!(bins[0] == bins[1], "weight.bin differs between two runs");
+}
+
+#[test]
+fn existing_output_needs_force() {
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("x.mlpackage");
+    std::fs::create_dir(&pkg).unwrap();
+    std::fs::write(pkg.join("keep"), b"old").unwrap();
+    let model = TinyModel::llama();
+    let (_dir, o) = convert(&model, &pkg, &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
+    assert!(pkg.join("keep").exists());
+    let (_dir, o) = convert(&model, &pkg, &["--force"]);
+    ok(&o);
+    assert!(!pkg.join("keep").exists());
+    assert!(pkg.join("Manifest.json").is_file());
+}
+
+#[test]
+fn missing_python_environment_exits_3_and_says_make_setup() {
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("x.mlpackage");
+    let dir = TinyModel::llama().write_temp().unwrap();
+    let o = Command::new(BIN)
+        .args([
+            "convert",
+            dir.path().to_str().unwrap(),
+            "-o",
+            pkg.to_str().unwrap(),
+        ])
+        .env("HF2COREML_PYTHON_ENV", root.path().join("no-such-venv"))
+        .env_remove("VIRTUAL_ENV")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("make setup"));
+    // A directory that exists but holds no coremltools.
+    let empty = root.path().join("empty-venv");
+    std::fs::create_dir_all(empty.join("lib")).unwrap();
+    let o = Command::new(BIN)
+        .args([
+            "convert",
+            dir.path().to_str().unwrap(),
+            "-o",
+            pkg.to_str().unwrap(),
+            "--python-env",
+            empty.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!pkg.exists());
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn over_budget_plan_is_refused_unless_allowed() {
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("x.mlpackage");
+    let dir = TinyModel::llama().write_temp().unwrap();
+    // 2 layers × 2 kv heads × 16 × 2 B × 2 caches = 256 B per cache row: 40M rows is 10 GB.
+    let args = |extra: &'static str| {
+        let mut a = vec![
+            "convert".to_string(),
+            dir.path().to_string_lossy().into_owned(),
+            "-o".into(),
+            pkg.to_string_lossy().into_owned(),
+            "--max-seq-len".into(),
+            "40000000".into(),
+            "--device".into(),
+            "iphone-15".into(),
+            "--dry-run".into(),
+        ];
+        if !extra.is_empty() {
+            a.push(extra.into());
+        }
+        a
+    };
+    let o = Command::new(BIN).args(args("")).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--allow-over-budget"));
+    let o = Command::new(BIN)
+        .args(args("--allow-over-budget"))
+        .output()
+        .unwrap();
+    ok(&o);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("over budget"));
+    assert!(!pkg.exists());
+}

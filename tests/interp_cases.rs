@@ -1,0 +1,336 @@
+//! Interpreter tests against programs built and saved by coremltools itself
+//! (python/testgen/mil_cases.py, DEFAULT pass pipeline) with numpy results computed in the same
+//! script: every op of a Llama decode step, fp16 rounding and overflow, the int16/uint16 gather
+//! path, and LUT weights for nbits 1, 2, 4, 6, 8.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use half::f16;
+use hf2coreml::mlpackage::{proto, DType, MlPackage};
+use hf2coreml::runtime::interp::{Compute, Data, Options, Program, RuntimeError, Stats, Tensor};
+use prost::Message;
+use serde_json::Value;
+
+/// The venv with coremltools: `make test` exports HF2COREML_PYTHON_ENV; the probe venv is the
+/// fallback on a development machine.
+fn python() -> Option<PathBuf> {
+    let env = std::env::var_os("HF2COREML_PYTHON_ENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hf2coreml/venv-probe"))
+        })?;
+    let py = env.join("bin/python");
+    py.exists().then_some(py)
+}
+
+/// All cases, generated once per test binary.
+fn cases_dir() -> Option<&'static Path> {
+    static DIR: OnceLock<Option<tempfile::TempDir>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let Some(py) = python() else {
+            eprintln!("SKIP: no Python venv with coremltools (run `make setup` or set HF2COREML_PYTHON_ENV)");
+            return None;
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/testgen/mil_cases.py");
+        let out = std::process::Command::new(py)
+            .arg(&script)
+            .arg(dir.path())
+            .output()
+            .expect("run python");
+        assert!(
+            out.status.success(),
+            "mil_cases.py failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(dir)
+    })
+    .as_ref()
+    .map(|d| d.path())
+}
+
+fn parse_f(v: &Value) -> f32 {
+    match v {
+        Value::String(s) if s == "inf" => f32::INFINITY,
+        Value::String(s) if s == "-inf" => f32::NEG_INFINITY,
+        Value::String(_) => f32::NAN,
+        Value::Bool(b) => *b as u8 as f32,
+        other => other.as_f64().expect("number") as f32,
+    }
+}
+
+fn tensor(j: &Value) -> Tensor {
+    let shape: Vec<usize> = j["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let data = j["data"].as_array().unwrap();
+    match j["dtype"].as_str().unwrap() {
+        "fp16" => Tensor::f16(
+            shape,
+            data.iter().map(|v| f16::from_f32(parse_f(v))).collect(),
+        ),
+        "fp32" => Tensor::f32(shape, data.iter().map(parse_f).collect()),
+        "int32" => Tensor::new(
+            DType::I32,
+            shape,
+            Data::I(data.iter().map(|v| v.as_i64().unwrap()).collect()),
+        ),
+        "bool" => Tensor::new(
+            DType::Bool,
+            shape,
+            Data::B(data.iter().map(|v| v.as_bool().unwrap()).collect()),
+        ),
+        other => panic!("dtype {other}"),
+    }
+}
+
+struct Case {
+    program: Program,
+    inputs: Vec<(String, Tensor)>,
+    outputs: Vec<(String, Tensor)>,
+    rtol: f32,
+    atol: f32,
+}
+
+fn load_case(name: &str, options: Options) -> Option<Case> {
+    let dir = cases_dir()?.join(name);
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();
+    let pkg = MlPackage::open(&dir.join("model.mlpackage")).unwrap();
+    let program = Program::load(&pkg, options).unwrap();
+    let obj = |k: &str| -> Vec<(String, Tensor)> {
+        doc[k]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(n, t)| (n.clone(), tensor(t)))
+            .collect()
+    };
+    Some(Case {
+        program,
+        inputs: obj("inputs"),
+        outputs: obj("outputs"),
+        rtol: doc["rtol"].as_f64().unwrap() as f32,
+        atol: doc["atol"].as_f64().unwrap() as f32,
+    })
+}
+
+fn run(case: &Case, stats: Option<&mut Stats>) -> HashMap<String, Tensor> {
+    let inputs = case
+        .inputs
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.clone()))
+        .collect();
+    case.program.run(inputs, stats).unwrap()
+}
+
+fn check(name: &str) {
+    let Some(case) = load_case(name, Options::default()) else {
+        return;
+    };
+    let got = run(&case, None);
+    for (oname, exp) in &case.outputs {
+        let g = got
+            .get(oname)
+            .unwrap_or_else(|| panic!("{name}: no output {oname}"));
+        assert_eq!(g.shape, exp.shape, "{name}/{oname} shape");
+        assert_eq!(
+            g.dtype.is_float(),
+            exp.dtype.is_float(),
+            "{name}/{oname} kind"
+        );
+        if exp.dtype.is_float() {
+            // The program's declared dtype is kept: fp16 in, fp16 out.
+            assert_eq!(g.dtype, exp.dtype, "{name}/{oname} dtype");
+            let (gv, ev) = (g.as_f32(), exp.as_f32());
+            for (i, (&a, &b)) in gv.iter().zip(ev.iter()).enumerate() {
+                let ok = if b.is_finite() {
+                    (a - b).abs() <= case.atol + case.rtol * b.abs()
+                } else {
+                    a == b || (a.is_nan() && b.is_nan())
+                };
+                assert!(ok, "{name}/{oname}[{i}]: got {a}, numpy {b}");
+            }
+        } else {
+            assert_eq!(g.as_i64(), exp.as_i64(), "{name}/{oname}");
+        }
+    }
+}
+
+#[test]
+fn elementwise() {
+    check("elementwise");
+}
+
+#[test]
+fn reductions() {
+    check("reductions");
+}
+
+#[test]
+fn shapes() {
+    check("shapes");
+}
+
+#[test]
+fn matmul_linear() {
+    check("matmul_linear");
+}
+
+#[test]
+fn compare_select() {
+    check("compare_select");
+}
+
+#[test]
+fn gather_fp32() {
+    check("gather_fp32");
+}
+
+#[test]
+fn fp16_rounding() {
+    check("fp16_rounding");
+}
+
+#[test]
+fn fp16_gather_int16() {
+    check("fp16_gather_int16");
+    // The saved program really takes the int16/uint16 path this test is about.
+    let Some(dir) = cases_dir() else { return };
+    let doc: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("fp16_gather_int16/case.json")).unwrap(),
+    )
+    .unwrap();
+    let ops: Vec<&str> = doc["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.as_str())
+        .collect();
+    for op in ["cast", "greater_equal", "select", "gather"] {
+        assert!(ops.contains(&op), "{op} missing from {ops:?}");
+    }
+}
+
+#[test]
+fn lut_weights_all_nbits() {
+    for n in [1, 2, 4, 6, 8] {
+        check(&format!("lut{n}"));
+    }
+}
+
+#[test]
+fn fp16_overflow_is_inf_and_recorded() {
+    check("fp16_overflow");
+    let Some(case) = load_case("fp16_overflow", Options::default()) else {
+        return;
+    };
+    let mut stats = Stats::default();
+    run(&case, Some(&mut stats));
+    assert!(stats.any_non_finite());
+    assert!(stats.ops["mul"].non_finite > 0, "{stats:?}");
+    // 300 * 0.5 is the largest finite value any mul produced.
+    assert_eq!(stats.ops["mul"].max_abs, 10000.0);
+}
+
+#[test]
+fn compute_f32_keeps_range() {
+    let Some(case) = load_case(
+        "fp16_overflow",
+        Options {
+            compute: Compute::F32,
+        },
+    ) else {
+        return;
+    };
+    let got = run(&case, None);
+    let sq = got["o_sq"].as_f32();
+    assert_eq!(sq[1], 90000.0);
+    assert_eq!(got["o_sq"].dtype, DType::F32);
+}
+
+#[test]
+fn unsupported_op_is_named() {
+    let Some(dir) = cases_dir() else { return };
+    let src = dir.join("elementwise/model.mlpackage");
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("m.mlpackage");
+    copy_dir(&src, &dst);
+    let model_path = dst.join("Data/com.apple.CoreML/model.mlmodel");
+    let mut model = proto::Model::decode(std::fs::read(&model_path).unwrap().as_slice()).unwrap();
+    let f = model
+        .ml_program
+        .as_mut()
+        .unwrap()
+        .functions
+        .get_mut("main")
+        .unwrap();
+    let block = f.block_specializations.values_mut().next().unwrap();
+    let op = block
+        .operations
+        .iter_mut()
+        .find(|o| o.r#type == "sin")
+        .unwrap();
+    op.r#type = "frobnicate".into();
+    let out_name = op.outputs[0].name.clone();
+    std::fs::write(&model_path, model.encode_to_vec()).unwrap();
+    let pkg = MlPackage::open(&dst).unwrap();
+    let program = Program::load(&pkg, Options::default()).unwrap();
+    let case = load_case("elementwise", Options::default()).unwrap();
+    let inputs = case
+        .inputs
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.clone()))
+        .collect();
+    match program.run(inputs, None) {
+        Err(RuntimeError::UnsupportedOp { op_type, output }) => {
+            assert_eq!(op_type, "frobnicate");
+            assert_eq!(output, out_name);
+        }
+        other => panic!("expected UnsupportedOp, got {other:?}"),
+    }
+}
+
+#[test]
+fn wrong_inputs_are_errors() {
+    let Some(case) = load_case("elementwise", Options::default()) else {
+        return;
+    };
+    let mut inputs: Vec<(&str, Tensor)> = case
+        .inputs
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.clone()))
+        .collect();
+    inputs[0].1.shape = vec![inputs[0].1.len()];
+    assert!(matches!(
+        case.program.run(inputs, None),
+        Err(RuntimeError::Input { .. })
+    ));
+    assert!(matches!(
+        case.program.run(vec![], None),
+        Err(RuntimeError::Input { .. })
+    ));
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+#[test]
+fn attention_fp16() {
+    check("attention_fp16");
+}

@@ -1,0 +1,145 @@
+//! The interpreter on packages written by `hf2coreml convert` (all-fp16 weights) for each tiny
+//! architecture, driven through [`StepModel`] with a host-side static cache and compared with
+//! the candle float32 reference forward of the same checkpoint.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use half::f16;
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::reference::Reference;
+use hf2coreml::runtime::interp::{Compute, Options, Package, Stats};
+use hf2coreml::runtime::StepModel;
+use hf2coreml::testing::TinyModel;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+
+/// fp16 compute vs the f32 reference: every intermediate carries fp16 rounding (~5e-4
+/// relative), accumulated over a few layers on logits of magnitude ~1.
+const FP16_LOGIT_TOL: f32 = 0.05;
+/// `--compute f32`: only the fp16 weights and cache rows remain, and the reference reads the
+/// same fp16-representable checkpoint values.
+const F32_LOGIT_TOL: f32 = 5e-3;
+
+fn python_env() -> Option<PathBuf> {
+    let env = std::env::var_os("HF2COREML_PYTHON_ENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hf2coreml/venv-probe"))
+        })?;
+    env.join("bin/python").exists().then_some(env)
+}
+
+/// Convert `model` (Q = `q`) and return (checkpoint dir, package dir).
+fn convert(model: &TinyModel, q: usize) -> Option<(tempfile::TempDir, tempfile::TempDir)> {
+    let Some(env) = python_env() else {
+        eprintln!("SKIP: no Python venv with coremltools (run `make setup`)");
+        return None;
+    };
+    let ckpt = model.write_temp().expect("fixture");
+    let out = tempfile::tempdir().expect("temp dir");
+    let pkg = out.path().join("m.mlpackage");
+    let o = Command::new(BIN)
+        .args([
+            "convert",
+            ckpt.path().to_str().unwrap(),
+            "-o",
+            pkg.to_str().unwrap(),
+        ])
+        .args(["--max-seq-len", "32", "--query-len", &q.to_string()])
+        .env("HF2COREML_PYTHON_ENV", env)
+        .env_remove("VIRTUAL_ENV")
+        .output()
+        .expect("run hf2coreml");
+    assert!(
+        o.status.success(),
+        "convert failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Some((ckpt, out))
+}
+
+fn drive(pkg: &mut Package, tokens: &[i32], mut stats: Option<&mut Stats>) -> Vec<Vec<f32>> {
+    let c = pkg.contract().clone();
+    let (l, hkv, s, d, q, v) = (
+        c.num_layers,
+        c.num_kv_heads,
+        c.max_seq_len,
+        c.head_dim,
+        c.query_len,
+        c.vocab_size,
+    );
+    let mut kc = vec![f16::ZERO; l * hkv * s * d];
+    let mut vc = kc.clone();
+    let mut rows = Vec::new();
+    for (i, chunk) in tokens.chunks(q).enumerate() {
+        let p = i * q;
+        let out = pkg
+            .step_with_stats(chunk, p, &kc, &vc, stats.as_deref_mut())
+            .unwrap();
+        for (cache, upd) in [(&mut kc, &out.key_update), (&mut vc, &out.value_update)] {
+            for li in 0..l {
+                for h in 0..hkv {
+                    for t in 0..q {
+                        let src = ((li * hkv + h) * q + t) * d;
+                        let dst = ((li * hkv + h) * s + p + t) * d;
+                        cache[dst..dst + d].copy_from_slice(&upd[src..src + d]);
+                    }
+                }
+            }
+        }
+        for t in 0..q {
+            rows.push(out.logits[t * v..(t + 1) * v].to_vec());
+        }
+    }
+    rows
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+fn check(model: TinyModel, q: usize, compute: Compute, tol: f32) {
+    let Some((ckpt, out)) = convert(&model, q) else {
+        return;
+    };
+    let mut pkg = Package::load(&out.path().join("m.mlpackage"), Options { compute }).unwrap();
+    let v = pkg.contract().vocab_size;
+    let tokens: Vec<i32> = (0..12).map(|i| ((i * 7 + 3) % v) as i32).collect();
+    let mut stats = Stats::default();
+    let got = drive(&mut pkg, &tokens, Some(&mut stats));
+    assert!(!stats.any_non_finite(), "{stats:?}");
+    let mut reference = Reference::load(&Checkpoint::open(ckpt.path()).unwrap()).unwrap();
+    let want = reference
+        .logits_all(&tokens.iter().map(|&t| t as u32).collect::<Vec<_>>())
+        .unwrap();
+    assert_eq!(got.len(), want.len());
+    for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
+        let max = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(max <= tol, "position {pos}: max |Δlogit| {max} > {tol}");
+        let mut sorted = w.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 2.0 * tol {
+            assert_eq!(argmax(g), argmax(w), "top-1 at position {pos}");
+        }
+    }
+}
+
+#[test]
+fn llama_fp16_token_by_token() {
+    check(TinyModel::llama(), 1, Compute::Declared, FP16_LOGIT_TOL);
+}
+
+#[test]
+fn qwen2_fp16_chunks() {
+    check(TinyModel::qwen2(), 4, Compute::Declared, FP16_LOGIT_TOL);
+}
+
+#[test]
+fn mistral_compute_f32() {
+    check(TinyModel::mistral(), 1, Compute::F32, F32_LOGIT_TOL);
+}
