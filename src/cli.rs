@@ -22,6 +22,8 @@ pub enum Command {
     Convert(commands::convert::Args),
     /// Palettize a checkpoint's weights under a recipe and report sizes and errors (writes no package).
     Palettize(commands::palettize::Args),
+    /// Run a package on the CPU (MIL interpreter): generate text, stream it, report tokens/s.
+    Run(commands::run::Args),
 }
 
 impl Command {
@@ -31,6 +33,7 @@ impl Command {
             Command::Budget(a) => commands::budget::run(a),
             Command::Convert(a) => commands::convert::run(a),
             Command::Palettize(a) => commands::palettize::run(a),
+            Command::Run(a) => commands::run::run(a),
         }
     }
 }

@@ -4,6 +4,7 @@ pub mod budget;
 pub mod convert;
 pub mod inspect;
 pub mod palettize;
+pub mod run;
 
 /// Print `value` as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
