@@ -24,6 +24,8 @@ pub enum Command {
     Palettize(commands::palettize::Args),
     /// Turn a llama.cpp GGUF file into a Hugging Face checkpoint directory.
     ImportGguf(commands::import_gguf::Args),
+    /// Run a package on the CPU (MIL interpreter): generate text, stream it, report tokens/s.
+    Run(commands::run::Args),
 }
 
 impl Command {
@@ -34,6 +36,7 @@ impl Command {
             Command::Convert(a) => commands::convert::run(a),
             Command::Palettize(a) => commands::palettize::run(a),
             Command::ImportGguf(a) => commands::import_gguf::run(a),
+            Command::Run(a) => commands::run::run(a),
         }
     }
 }

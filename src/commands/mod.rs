@@ -5,6 +5,7 @@ pub mod convert;
 pub mod import_gguf;
 pub mod inspect;
 pub mod palettize;
+pub mod run;
 
 /// Print `value` as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@
 
 use half::f16;
 use hf2coreml::contract::{Contract, Source, CONTRACT_VERSION};
-use hf2coreml::runtime::{StepModel, StepOutput};
+use hf2coreml::runtime::{RuntimeError, StepModel, StepOutput};
 
 /// Toy dynamics. Token t at position j with running sums (c, w) over earlier positions:
 /// key k_j = (t + c) mod KEY_MOD, value v_j = (3t + j) mod VALUE_MOD, and the predicted next
@@ -139,15 +139,6 @@ impl ToyModel {
     }
 }
 
-#[derive(Debug)]
-pub struct ToyFailure(pub String);
-impl std::fmt::Display for ToyFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for ToyFailure {}
-
 impl StepModel for ToyModel {
     fn contract(&self) -> &Contract {
         &self.contract
@@ -159,7 +150,7 @@ impl StepModel for ToyModel {
         position: usize,
         key_cache: &[f16],
         value_cache: &[f16],
-    ) -> Result<StepOutput, hf2coreml::runtime::RuntimeError> {
+    ) -> Result<StepOutput, RuntimeError> {
         let (l, hkv, d) = self.lhd();
         let (s, q, v) = (
             self.contract.max_seq_len,
@@ -169,9 +160,9 @@ impl StepModel for ToyModel {
         let call = self.calls.len();
         self.calls.push((position, input_ids.to_vec()));
         if self.fail_on_call == Some(call) {
-            return Err(hf2coreml::runtime::RuntimeError::Program(
-                ToyFailure(format!("planned failure on call {call}")).to_string(),
-            ));
+            return Err(RuntimeError::Program(format!(
+                "planned failure on call {call}"
+            )));
         }
         assert_eq!(
             input_ids.len(),

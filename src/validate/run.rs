@@ -1,0 +1,267 @@
+//! `validate PKG --against DIR`: read the saved package (never the graph we meant to build),
+//! check its contract, compare its weights with the checkpoint, run it on the CPU over a text
+//! and compare its logits with the float reference, apply the gates.
+
+use std::path::Path;
+
+use half::f16;
+
+use super::gates::{default_gates, Gate, RecipeKind};
+use super::metrics::{compare_logits, WeightError};
+use super::report::{ActivationRange, ContractItem, ValidationReport};
+use crate::checkpoint::Checkpoint;
+use crate::contract::{self, Contract};
+use crate::mlpackage::{MlPackage, Values};
+use crate::reference::Reference;
+use crate::runtime::generate::{GenerateOptions, Generator};
+use crate::runtime::interp::{Options, Package, Stats};
+use crate::runtime::{RuntimeError, StepModel, StepOutput};
+
+/// The evaluation passage shipped with the tool (distinct from the calibration text).
+pub const EVALUATION_TEXT: &str = include_str!("../../fixtures/evaluation.txt");
+
+/// iOS17 packages declare specificationVersion 8.
+const IOS17_SPEC_VERSION: i32 = 8;
+
+/// What to validate against.
+pub struct ValidateOptions<'a> {
+    pub text: &'a str,
+    pub text_name: &'a str,
+    /// Explicit gates; empty → the defaults for the package's recipe kind.
+    pub gates: Vec<Gate>,
+    pub interp: Options,
+    /// Evaluate at most this many tokens (also capped by the package's S).
+    pub max_tokens: Option<usize>,
+}
+
+/// A package step that also collects range statistics.
+struct Instrumented<'p> {
+    pkg: &'p Package,
+    stats: Stats,
+}
+
+impl StepModel for Instrumented<'_> {
+    fn contract(&self) -> &Contract {
+        self.pkg.contract()
+    }
+    fn step(
+        &mut self,
+        input_ids: &[i32],
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+    ) -> Result<StepOutput, RuntimeError> {
+        self.pkg
+            .step_with_stats(input_ids, position, key_cache, value_cache, Some(&mut self.stats))
+    }
+}
+
+/// Run every check; the report says what passed.
+pub fn validate(
+    pkg_path: &Path,
+    ckpt: &Checkpoint,
+    tokenizer: &tokenizers::Tokenizer,
+    opts: &ValidateOptions,
+) -> anyhow::Result<ValidationReport> {
+    let raw = MlPackage::open(pkg_path)?;
+    let package = Package::load(pkg_path, opts.interp)?;
+    let c = package.contract().clone();
+    let mut reference = Reference::load(ckpt)?;
+    let mut report = ValidationReport::new(
+        &pkg_path.display().to_string(),
+        &ckpt.dir().display().to_string(),
+        reference.backend().as_str(),
+        opts.text_name,
+    );
+    report.contract = check_contract(&raw, &c, ckpt);
+    let (weights, min_bits) = check_weights(&raw, ckpt)?;
+    report.weights = weights;
+
+    let encoding = tokenizer
+        .encode(opts.text, false)
+        .map_err(|e| anyhow::anyhow!("tokenizing the evaluation text: {e}"))?;
+    let mut tokens: Vec<u32> = encoding.get_ids().to_vec();
+    if let Some(bos) = c.bos_token_id {
+        tokens.insert(0, bos);
+    }
+    let cap = opts.max_tokens.unwrap_or(usize::MAX).min(c.max_seq_len);
+    tokens.truncate(cap);
+    if tokens.len() < 2 {
+        anyhow::bail!("the evaluation text has fewer than 2 tokens");
+    }
+
+    let expected = reference.logits_all(&tokens)?;
+    let mut gen = Generator::new(Instrumented {
+        pkg: &package,
+        stats: Stats::default(),
+    })?;
+    let out = gen.generate(
+        &tokens,
+        &GenerateOptions {
+            max_new_tokens: 0,
+            record_logits: true,
+            ..GenerateOptions::default()
+        },
+        &mut |_| Ok(()),
+    )?;
+    let rows = out
+        .logits
+        .ok_or_else(|| anyhow::anyhow!("the generator recorded no logits"))?;
+    let got: Vec<Vec<f32>> = (0..rows.rows())
+        .filter_map(|t| rows.row(t).map(|r| r.to_vec()))
+        .collect();
+    let comparison = compare_logits(&expected, &got, &tokens)?;
+    let stats = gen.into_model().stats;
+    report.activations = stats
+        .ops
+        .iter()
+        .map(|(kind, s)| ActivationRange {
+            op_kind: kind.clone(),
+            max_abs: s.max_abs as f64,
+            nonfinite: s.non_finite,
+            first_nonfinite_op: None,
+        })
+        .collect();
+    let gates = if opts.gates.is_empty() {
+        default_gates(RecipeKind::from_min_bits(min_bits))
+    } else {
+        opts.gates.clone()
+    };
+    report.set_behaviour(comparison, &gates);
+    Ok(report)
+}
+
+fn item(what: &str, expected: impl ToString, found: impl ToString) -> ContractItem {
+    let (expected, found) = (expected.to_string(), found.to_string());
+    ContractItem {
+        ok: expected == found,
+        what: what.to_string(),
+        expected,
+        found,
+    }
+}
+
+/// (a): spec version, contract dimensions against the checkpoint, I/O names, dtypes, shapes.
+fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<ContractItem> {
+    let spec = ckpt.spec();
+    let mut items = vec![
+        item("specificationVersion (iOS17)", IOS17_SPEC_VERSION, pkg.spec_version()),
+        item("contract version", contract::CONTRACT_VERSION, c.version),
+        item("layers", spec.num_hidden_layers, c.num_layers),
+        item("kv heads", spec.num_key_value_heads, c.num_kv_heads),
+        item("head_dim", spec.head_dim, c.head_dim),
+        item("vocab", spec.vocab_size, c.vocab_size),
+    ];
+    let float = if c.compute_precision == "fp32" { "fp32" } else { "fp16" };
+    let (inputs, outputs) = Contract::io(
+        c.max_seq_len,
+        c.query_len,
+        c.num_layers,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+        float,
+    );
+    let desc = pkg.description();
+    for (kind, want, have) in [("input", inputs, &desc.inputs), ("output", outputs, &desc.outputs)] {
+        for w in want {
+            let found = have.iter().find(|f| f.name == w.name);
+            let shape = |s: &[i64]| format!("{s:?}");
+            let want_shape: Vec<i64> = w.shape.iter().map(|&d| d as i64).collect();
+            items.push(match found {
+                Some(f) => item(
+                    &format!("{kind} `{}`", w.name),
+                    format!("{} {}", w.dtype, shape(&want_shape)),
+                    format!("{} {}", f.dtype, shape(&f.shape)),
+                ),
+                None => item(&format!("{kind} `{}`", w.name), "present", "missing"),
+            });
+        }
+        items.push(item(
+            &format!("{kind} count"),
+            4 - usize::from(kind == "output"),
+            have.len(),
+        ));
+    }
+    items.push(item(
+        "every shape fixed",
+        true,
+        desc.inputs
+            .iter()
+            .chain(&desc.outputs)
+            .all(|f| !f.shape.is_empty() && f.shape.iter().all(|&d| d > 0)),
+    ));
+    items
+}
+
+/// (b): every checkpoint tensor decoded from the package. Scalar scales folded in for fp16
+/// range safety are factored out (the best least-squares scale), so SNR measures rounding and
+/// palettization only. Returns the fewest bits any palettized weight has.
+fn check_weights(
+    pkg: &MlPackage,
+    ckpt: &Checkpoint,
+) -> anyhow::Result<(Vec<WeightError>, Option<u32>)> {
+    let main = pkg.main_function()?;
+    let mut out = Vec::new();
+    let mut min_bits: Option<u32> = None;
+    for slot in ckpt.slots() {
+        let name = crate::arch::mil_name(&slot.name);
+        let Some(op) = main
+            .block
+            .operations
+            .iter()
+            .find(|op| op.outputs.first().is_some_and(|o| o.name == name))
+        else {
+            continue;
+        };
+        let decoded: Vec<f32> = match op.r#type.as_str() {
+            "const" => match op.attributes.get("val") {
+                Some(v) => floats(pkg.value(v, &name)?.values),
+                None => continue,
+            },
+            "constexpr_lut_to_dense" => {
+                let (Some(lut), Some(idx)) =
+                    (op.attributes.get("lut"), op.attributes.get("indices"))
+                else {
+                    continue;
+                };
+                let lut = floats(pkg.value(lut, &name)?.values);
+                let idx = pkg.value(idx, &name)?;
+                let bytes: Vec<u8> = match idx.values {
+                    Values::Int(v) => v.iter().map(|&x| x as u8).collect(),
+                    _ => continue,
+                };
+                let nbits = lut.len().trailing_zeros();
+                min_bits = Some(min_bits.map_or(nbits, |m: u32| m.min(nbits)));
+                crate::quant::pack::unpack_indices(&bytes, nbits as u8, slot.numel())
+                    .into_iter()
+                    .map(|i| lut[i as usize])
+                    .collect()
+            }
+            _ => continue,
+        };
+        let original = ckpt.tensor(&slot.name)?.to_f32();
+        if decoded.len() != original.len() {
+            anyhow::bail!(
+                "package weight `{name}` has {} elements, checkpoint tensor `{}` has {}",
+                decoded.len(),
+                slot.name,
+                original.len()
+            );
+        }
+        let dot: f64 = decoded.iter().zip(&original).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let norm: f64 = decoded.iter().map(|a| (*a as f64).powi(2)).sum();
+        let scale = if norm > 0.0 { dot / norm } else { 1.0 };
+        let rescaled: Vec<f32> = decoded.iter().map(|a| (*a as f64 * scale) as f32).collect();
+        out.push(WeightError::measure(&slot.name, &original, &rescaled));
+    }
+    Ok((out, min_bits))
+}
+
+fn floats(v: Values) -> Vec<f32> {
+    match v {
+        Values::Float(f) => f,
+        Values::Int(i) => i.into_iter().map(|x| x as f32).collect(),
+        _ => Vec::new(),
+    }
+}
