@@ -26,6 +26,8 @@ pub enum Command {
     ImportGguf(commands::import_gguf::Args),
     /// Run a package on the CPU (MIL interpreter): generate text, stream it, report tokens/s.
     Run(commands::run::Args),
+    /// Check a saved package against its checkpoint: contract, weights, logits, fp16 ranges, gates.
+    Validate(commands::validate::Args),
 }
 
 impl Command {
@@ -37,6 +39,7 @@ impl Command {
             Command::Palettize(a) => commands::palettize::run(a),
             Command::ImportGguf(a) => commands::import_gguf::run(a),
             Command::Run(a) => commands::run::run(a),
+            Command::Validate(a) => commands::validate::run(a),
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod import_gguf;
 pub mod inspect;
 pub mod palettize;
 pub mod run;
+pub mod validate;
 
 /// Print `value` as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {

@@ -42,7 +42,8 @@ pub struct Args {
 }
 
 fn parse_gate(s: &str) -> Result<Gate, String> {
-    s.parse().map_err(|e: hf2coreml::validate::gates::GateError| e.to_string())
+    s.parse()
+        .map_err(|e: hf2coreml::validate::gates::GateError| e.to_string())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -59,7 +60,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
             p.display().to_string(),
         ),
-        None => (EVALUATION_TEXT.to_string(), "fixtures/evaluation.txt".to_string()),
+        None => (
+            EVALUATION_TEXT.to_string(),
+            "fixtures/evaluation.txt".to_string(),
+        ),
     };
     let opts = ValidateOptions {
         text: &text,

@@ -5,6 +5,7 @@
 pub mod gates;
 pub mod metrics;
 pub mod report;
+pub mod run;
 
 pub use gates::{default_gates, Cmp, Gate, GateError, GateResult, Metric, RecipeKind};
 pub use metrics::{

@@ -51,8 +51,13 @@ impl StepModel for Instrumented<'_> {
         key_cache: &[f16],
         value_cache: &[f16],
     ) -> Result<StepOutput, RuntimeError> {
-        self.pkg
-            .step_with_stats(input_ids, position, key_cache, value_cache, Some(&mut self.stats))
+        self.pkg.step_with_stats(
+            input_ids,
+            position,
+            key_cache,
+            value_cache,
+            Some(&mut self.stats),
+        )
     }
 }
 
@@ -145,14 +150,22 @@ fn item(what: &str, expected: impl ToString, found: impl ToString) -> ContractIt
 fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<ContractItem> {
     let spec = ckpt.spec();
     let mut items = vec![
-        item("specificationVersion (iOS17)", IOS17_SPEC_VERSION, pkg.spec_version()),
+        item(
+            "specificationVersion (iOS17)",
+            IOS17_SPEC_VERSION,
+            pkg.spec_version(),
+        ),
         item("contract version", contract::CONTRACT_VERSION, c.version),
         item("layers", spec.num_hidden_layers, c.num_layers),
         item("kv heads", spec.num_key_value_heads, c.num_kv_heads),
         item("head_dim", spec.head_dim, c.head_dim),
         item("vocab", spec.vocab_size, c.vocab_size),
     ];
-    let float = if c.compute_precision == "fp32" { "fp32" } else { "fp16" };
+    let float = if c.compute_precision == "fp32" {
+        "fp32"
+    } else {
+        "fp16"
+    };
     let (inputs, outputs) = Contract::io(
         c.max_seq_len,
         c.query_len,
@@ -163,7 +176,10 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
         float,
     );
     let desc = pkg.description();
-    for (kind, want, have) in [("input", inputs, &desc.inputs), ("output", outputs, &desc.outputs)] {
+    for (kind, want, have) in [
+        ("input", inputs, &desc.inputs),
+        ("output", outputs, &desc.outputs),
+    ] {
         for w in want {
             let found = have.iter().find(|f| f.name == w.name);
             let shape = |s: &[i64]| format!("{s:?}");
@@ -249,7 +265,11 @@ fn check_weights(
                 original.len()
             );
         }
-        let dot: f64 = decoded.iter().zip(&original).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let dot: f64 = decoded
+            .iter()
+            .zip(&original)
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum();
         let norm: f64 = decoded.iter().map(|a| (*a as f64).powi(2)).sum();
         let scale = if norm > 0.0 { dot / norm } else { 1.0 };
         let rescaled: Vec<f32> = decoded.iter().map(|a| (*a as f64 * scale) as f32).collect();
