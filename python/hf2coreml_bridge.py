@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import shutil
 import tempfile
 
 
@@ -174,6 +175,11 @@ def emit(desc_json, dense, luts, meta_json, precision, out_dir):
             for op in model._mil_program.functions["main"].operations:
                 counts[op.op_type] = counts.get(op.op_type, 0) + 1
             spec_version = model.get_spec().specificationVersion
+            # ct.convert leaves its package in a temp dir that coremltools only removes when
+            # the MLModel is garbage-collected at interpreter exit, which an embedded
+            # interpreter may never reach: remove it now that the package is saved.
+            if getattr(model, "is_temp_package", False) and os.path.isdir(model.package_path):
+                shutil.rmtree(model.package_path, ignore_errors=True)
             return {
                 "coremltools_version": ct.__version__,
                 "op_counts": counts,
