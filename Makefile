@@ -67,7 +67,11 @@ demo: build setup
 	@echo "== validate"
 	$(BIN) validate $(DEMO_OUT)/smollm2-135m.mlpackage --against $(MODEL_DIR) --max-tokens 256
 	@echo "== run"
-	$(BIN) run $(DEMO_OUT)/smollm2-135m.mlpackage --chat --prompt "What is the capital of France?" --max-new-tokens 40
+	# The ChatML prompt as the model was checked with (REAL_MODEL.md). `--chat` would render the
+	# checkpoint's template, which adds a default system prompt that sends this 135M model astray
+	# (the float reference answers the same way: validate agrees token for token).
+	$(BIN) run $(DEMO_OUT)/smollm2-135m.mlpackage --max-new-tokens 40 \
+	  --prompt $$'<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n'
 
 lint:
 	$(CARGO) fmt --check

@@ -120,11 +120,13 @@ pub struct StageTimes {
 pub struct Outputs {
     pub package: PathBuf,
     pub tokenizer: Option<PathBuf>,
+    /// The checkpoint's tokenizer_config.json (chat template, special tokens), for `run --chat`.
+    pub tokenizer_config: Option<PathBuf>,
     pub report: PathBuf,
 }
 
 impl Outputs {
-    /// `X.mlpackage` → `X.tokenizer.json`, `X.report.json`.
+    /// `X.mlpackage` → `X.tokenizer.json`, `X.tokenizer_config.json`, `X.report.json`.
     pub fn for_package(package: &Path) -> Result<Self, ConvertError> {
         let name = package
             .file_name()
@@ -137,6 +139,7 @@ impl Outputs {
         Ok(Outputs {
             package: package.to_path_buf(),
             tokenizer: Some(side("tokenizer.json")),
+            tokenizer_config: Some(side("tokenizer_config.json")),
             report: side("report.json"),
         })
     }
@@ -444,6 +447,14 @@ pub fn convert(
         atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
     } else {
         outputs.tokenizer = None;
+    }
+    let config_src = ckpt.dir().join("tokenizer_config.json");
+    match outputs.tokenizer_config.clone() {
+        Some(dest) if config_src.is_file() => {
+            let bytes = std::fs::read(&config_src).map_err(io_err(&config_src))?;
+            atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
+        }
+        _ => outputs.tokenizer_config = None,
     }
     let package_bytes = dir_bytes(&outputs.package).map_err(io_err(&outputs.package))?;
     let wb = weight_bin(&outputs.package);
