@@ -195,8 +195,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let t = Instant::now();
     let plan = hf2coreml::quant::Report::plan(&ckpt, &recipe)?;
+    let (tokens, _) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
     let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
-    let (weights, report) = pipeline::prepare_weights(&ckpt, &recipe, &|line| {
+    if recipe.calibration().is_some() {
+        pb.set_message("calibrating");
+    }
+    let (weights, report) = pipeline::prepare_weights(&ckpt, &recipe, &tokens, &|line| {
         pb.set_message(line.name.clone());
         pb.inc(1);
     })?;

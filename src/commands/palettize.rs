@@ -2,6 +2,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::emit::pipeline;
 use hf2coreml::quant::{self, Recipe};
 use hf2coreml::util::{atomic_write, progress_bar};
 
@@ -17,6 +18,19 @@ pub struct RecipeArgs {
     /// Keep tensors whose name matches GLOB in fp16 (repeatable; `*` keeps everything).
     #[arg(long = "keep-fp16", value_name = "GLOB")]
     pub keep_fp16: Vec<String>,
+    /// Calibration text (UTF-8) for calibrated palettization: the reference forward pass runs
+    /// over it once and the palettized projections are fitted to their real inputs. Turns
+    /// calibration on (with the recipe's [calibration] settings, or all methods) and defaults
+    /// to the shipped fixtures/calibration.txt when the recipe calibrates.
+    #[arg(long, value_name = "FILE", conflicts_with = "data_free")]
+    pub calibration: Option<PathBuf>,
+    /// Palettize from the weights alone, ignoring the recipe's [calibration] table.
+    #[arg(long)]
+    pub data_free: bool,
+    /// Mixed precision (calibrated): 4, 6 or 8 bits per projection, chosen from measured
+    /// sensitivity, averaging at most B bits per palettized weight (LUTs and scales counted).
+    #[arg(long, value_name = "B", conflicts_with = "data_free")]
+    pub target_bpw: Option<f64>,
 }
 
 impl RecipeArgs {
@@ -26,9 +40,60 @@ impl RecipeArgs {
             Some(p) => Recipe::from_file(p)?,
             None => Recipe::default(),
         };
+        let base = if self.data_free {
+            base.with_calibration(None)
+        } else if (self.calibration.is_some() || self.target_bpw.is_some())
+            && base.calibration().is_none()
+        {
+            base.with_calibration(Some(Default::default()))
+        } else {
+            base
+        };
+        let base = match (self.target_bpw, base.calibration().copied()) {
+            (Some(b), Some(mut c)) => {
+                if !(b.is_finite() && (4.0..=8.5).contains(&b)) {
+                    anyhow::bail!("--target-bpw {b}: choose a value between 4 and 8.5");
+                }
+                c.target_bpw = Some(b);
+                base.with_calibration(Some(c))
+            }
+            _ => base,
+        };
         Ok(base.with_overrides(self.nbits, &self.keep_fp16)?)
     }
+
+    /// Calibration token ids for `recipe` (empty when it does not calibrate): the
+    /// `--calibration` file or the shipped text, through the checkpoint's tokenizer.
+    pub fn calibration_tokens(
+        &self,
+        recipe: &Recipe,
+        ckpt: &Checkpoint,
+    ) -> anyhow::Result<(Vec<u32>, Option<String>)> {
+        if recipe.calibration().is_none() {
+            return Ok((Vec::new(), None));
+        }
+        let (ids, source) = match &self.calibration {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read calibration text {}", path.display()))?;
+                let label = path.display().to_string();
+                pipeline::text_tokens(ckpt, &text, &label)?
+            }
+            None => pipeline::calibration_tokens(ckpt)?,
+        };
+        if ids.len() < MIN_CALIBRATION_TOKENS {
+            anyhow::bail!(
+                "the calibration text has {} tokens; calibrated palettization needs at least \
+                 {MIN_CALIBRATION_TOKENS} (a few pages of varied text)",
+                ids.len()
+            );
+        }
+        Ok((ids, Some(source)))
+    }
 }
+
+/// Below this the input statistics of a 2k-wide projection are mostly noise.
+const MIN_CALIBRATION_TOKENS: usize = 256;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -46,8 +111,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.dir)
         .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
     let plan = quant::Report::plan(&ckpt, &recipe)?;
+    let (tokens, source) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
+    if let Some(source) = &source {
+        eprintln!("calibrating on {source}");
+    }
     let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
-    let out = quant::palettize_checkpoint(&ckpt, &recipe, &|line| {
+    let (_, report) = pipeline::prepare_weights(&ckpt, &recipe, &tokens, &|line| {
         pb.set_message(line.name.clone());
         pb.inc(1);
     })?;
@@ -57,9 +126,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ckpt.dir().display(),
         recipe.origin()
     );
-    print!("{}", out.report.to_text());
+    print!("{}", report.to_text());
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&out.report)?;
+        let text = serde_json::to_string_pretty(&report)?;
         atomic_write(path, text.as_bytes())
             .with_context(|| format!("cannot write {}", path.display()))?;
     }

@@ -6,6 +6,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use half::f16;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
@@ -13,10 +14,10 @@ use thiserror::Error;
 use super::{EmitError, EmitReport, Metadata, PythonEnv};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::contract::{self, Contract, Source};
-use crate::graph::llama::{self, StepOptions, Weight};
+use crate::graph::llama::{self, CalibratedWeight, StepOptions, Weight};
 use crate::graph::scaling::{ActivationRanges, Scaling};
 use crate::graph::{DType, GraphError, Palettized};
-use crate::quant::{self, Granularity, QuantError, Recipe};
+use crate::quant::{self, Decision, Granularity, QuantError, Recipe};
 use crate::reference::calibrate::{self, ActivationStats, CalibrationOptions};
 use crate::reference::ReferenceError;
 use crate::util::{atomic_write, progress_bar};
@@ -273,6 +274,15 @@ pub const CALIBRATION_TEXT: &str = include_str!("../../fixtures/calibration.txt"
 /// otherwise (test fixtures) its bytes modulo the vocabulary, which still drives every layer
 /// with varied tokens. The second value says which.
 pub fn calibration_tokens(ckpt: &Checkpoint) -> Result<(Vec<u32>, String), ConvertError> {
+    text_tokens(ckpt, CALIBRATION_TEXT, "calibration.txt")
+}
+
+/// Token ids of any text, as [`calibration_tokens`] does it; `label` names the text.
+pub fn text_tokens(
+    ckpt: &Checkpoint,
+    text: &str,
+    label: &str,
+) -> Result<(Vec<u32>, String), ConvertError> {
     let path = ckpt.dir().join("tokenizer.json");
     if path.is_file() {
         let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| ConvertError::Tokenizer {
@@ -280,22 +290,19 @@ pub fn calibration_tokens(ckpt: &Checkpoint) -> Result<(Vec<u32>, String), Conve
             message: e.to_string(),
         })?;
         let enc = tok
-            .encode(CALIBRATION_TEXT, false)
+            .encode(text, false)
             .map_err(|e| ConvertError::Tokenizer {
                 path: path.clone(),
                 message: e.to_string(),
             })?;
         let ids = enc.get_ids().to_vec();
         let n = ids.len();
-        return Ok((ids, format!("calibration.txt, {n} tokens (tokenizer.json)")));
+        return Ok((ids, format!("{label}, {n} tokens (tokenizer.json)")));
     }
     let v = ckpt.spec().vocab_size as u32;
-    let ids: Vec<u32> = CALIBRATION_TEXT.bytes().map(|b| b as u32 % v).collect();
+    let ids: Vec<u32> = text.bytes().map(|b| b as u32 % v).collect();
     let n = ids.len();
-    Ok((
-        ids,
-        format!("calibration.txt, {n} byte tokens (no tokenizer.json)"),
-    ))
+    Ok((ids, format!("{label}, {n} byte tokens (no tokenizer.json)")))
 }
 
 /// Per-site residual maxima from calibration statistics.
@@ -327,15 +334,77 @@ pub fn measure_ranges(ckpt: &Checkpoint) -> Result<ActivationRanges, ConvertErro
 }
 
 /// Palettize what `recipe` selects and read the rest as dense fp16. `progress` is called once
-/// per palettized tensor, from worker threads.
+/// per palettized tensor, from worker threads. A recipe with `[calibration]` fits its
+/// palettized projections on `calibration` tokens ([`quant::sequential`]); other palettized
+/// tensors (an embedding, say) are palettized data-free either way.
 pub fn prepare_weights(
     ckpt: &Checkpoint,
     recipe: &Recipe,
+    calibration: &[u32],
     progress: &(dyn Fn(&quant::TensorReport) + Sync),
 ) -> Result<(BTreeMap<String, Weight>, quant::Report), ConvertError> {
-    let out = quant::palettize_checkpoint(ckpt, recipe, progress)?;
+    let calibrated = match recipe.calibration() {
+        Some(cal) => {
+            let cal = *cal;
+            let method_for = |slot: &crate::arch::TensorSlot| match recipe.decide(slot) {
+                Decision::Palettize {
+                    nbits,
+                    granularity: Granularity::PerTensor,
+                } if slot.role.is_projection() => Some(cal.method(nbits)),
+                _ => None,
+            };
+            let options = quant::sequential::SequentialOptions {
+                awq: cal.awq,
+                target_bpw: cal.target_bpw,
+                ..Default::default()
+            };
+            let (w, _) = quant::sequential::quantize_checkpoint(
+                ckpt,
+                calibration,
+                &method_for,
+                &options,
+                &|_, _| {},
+            )?;
+            Some(w)
+        }
+        None => None,
+    };
+    let skip: std::collections::HashSet<String> = calibrated
+        .as_ref()
+        .map(|c| c.linears.keys().cloned().collect())
+        .unwrap_or_default();
+    let out = quant::palettize_checkpoint_skipping(ckpt, recipe, &skip, progress)?;
+    let mut report = out.report;
     let mut weights = BTreeMap::new();
+    let mut calibrated = calibrated;
     for t in out.tensors {
+        let name = t.slot.name.clone();
+        if let Some(q) = calibrated.as_mut().and_then(|c| c.linears.remove(&name)) {
+            if let Some(line) = report.tensors.iter_mut().find(|l| l.name == name) {
+                if let Decision::Palettize { granularity, .. } = line.decision {
+                    line.decision = Decision::Palettize {
+                        nbits: q.nbits,
+                        granularity,
+                    };
+                }
+                let numel = q.rows * q.cols;
+                line.bytes_after = crate::budget::Storage::Lut {
+                    nbits: q.nbits,
+                    luts: q.luts.len(),
+                }
+                .bytes(numel)
+                    + q.row_scale.as_ref().map_or(0, |s| 2 * s.len() as u64);
+                line.mse = Some(q.mse);
+                line.snr_db = Some(q.snr_db);
+                progress(line);
+            }
+            weights.insert(name, calibrated_weight(q));
+            continue;
+        }
+        if let Some(v) = calibrated.as_mut().and_then(|c| c.replaced.remove(&name)) {
+            weights.insert(name, Weight::Dense(v.iter().map(|&x| f16::from_f32(x)).collect()));
+            continue;
+        }
         let w = match t.palettized {
             Some(p) => {
                 if p.granularity != Granularity::PerTensor || p.luts.len() != 1 {
@@ -354,9 +423,47 @@ pub fn prepare_weights(
             }
             None => Weight::Dense(ckpt.tensor(&t.slot.name)?.to_f16()),
         };
-        weights.insert(t.slot.name, w);
+        weights.insert(name, w);
     }
-    Ok((weights, out.report))
+    report.recompute_totals();
+    Ok((weights, report))
+}
+
+/// A calibrated projection as the graph stores it. The row scales' geometric mean (a power of
+/// two, so nothing rounds) moves into the LUTs: the linear's output before the `mul` then has
+/// the magnitude of the float layer's output, which keeps it inside fp16's range.
+fn calibrated_weight(q: quant::calibrated::QuantizedLinear) -> Weight {
+    let shift = q.row_scale.as_ref().map_or(0, |s| {
+        let n = s.len().max(1) as f64;
+        let log2 = s
+            .iter()
+            .map(|v| (v.to_f64().max(1e-30)).log2())
+            .sum::<f64>()
+            / n;
+        log2.round() as i32
+    });
+    let c = 2f64.powi(shift);
+    let ranges = q.group_ranges();
+    let groups = q
+        .luts
+        .iter()
+        .zip(ranges)
+        .map(|(lut, rows)| {
+            let idx = &q.indices[rows.start * q.cols..rows.end * q.cols];
+            (
+                rows.len(),
+                Palettized {
+                    nbits: q.nbits,
+                    lut: lut.iter().map(|v| f16::from_f64(v.to_f64() * c)).collect(),
+                    packed: quant::pack_indices(idx, q.nbits),
+                },
+            )
+        })
+        .collect();
+    let row_scale = q
+        .row_scale
+        .map(|s| s.iter().map(|v| f16::from_f64(v.to_f64() / c)).collect());
+    Weight::Calibrated(CalibratedWeight { groups, row_scale })
 }
 
 /// Size of a directory tree in bytes.
@@ -402,6 +509,16 @@ pub fn convert(
             let s = match w {
                 Weight::Dense(_) => "fp16".to_string(),
                 Weight::Palettized(p) => format!("lut{}", p.nbits),
+                Weight::Calibrated(c) => {
+                    let nbits = c.groups.first().map_or(0, |(_, p)| p.nbits);
+                    let groups = if c.groups.len() > 1 {
+                        format!("x{}", c.groups.len())
+                    } else {
+                        String::new()
+                    };
+                    let scale = if c.row_scale.is_some() { "+row_scale" } else { "" };
+                    format!("lut{nbits}{groups}{scale}")
+                }
             };
             (k.clone(), s)
         })

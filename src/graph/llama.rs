@@ -25,6 +25,39 @@ pub const MASK_VALUE: f32 = -30_000.0;
 pub enum Weight {
     Dense(Vec<f16>),
     Palettized(Palettized),
+    /// A calibrated projection (issue 7): contiguous row groups each palettized with its own
+    /// LUT (one `constexpr_lut_to_dense` + `linear` per group, outputs concatenated), then an
+    /// optional fp16 per-row scale applied with one `mul` (before the bias, if any).
+    Calibrated(CalibratedWeight),
+}
+
+/// See [`Weight::Calibrated`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CalibratedWeight {
+    /// (rows, palettized rows) per group, in row order; rows sum to the tensor's rows.
+    pub groups: Vec<(usize, Palettized)>,
+    pub row_scale: Option<Vec<f16>>,
+}
+
+/// A projection weight as the graph references it.
+#[derive(Debug, Clone, PartialEq)]
+struct LinearWeight {
+    /// One constant per row group (one for dense and plain palettized weights).
+    parts: Vec<String>,
+    scale: Option<String>,
+}
+
+impl LinearWeight {
+    /// The single constant of a weight that must not be grouped or scaled (norms, biases,
+    /// embeddings).
+    fn single(self, name: &str) -> Result<String, GraphError> {
+        match (self.parts.len(), self.scale) {
+            (1, None) => Ok(self.parts.into_iter().next().unwrap_or_default()),
+            _ => Err(GraphError::Unsupported(format!(
+                "`{name}` is calibrated (row groups or scales), which only projections can be"
+            ))),
+        }
+    }
 }
 
 /// Fixed dimensions and numerics of one package.
@@ -82,39 +115,73 @@ pub fn build(
     let key_cache = b.input(contract::KEY_CACHE, fl, vec![l_count, hkv, s, d]);
     let value_cache = b.input(contract::VALUE_CACHE, fl, vec![l_count, hkv, s, d]);
 
-    let mut weight = |b: &mut Builder, name: &str, scale: f64| -> Result<String, GraphError> {
+    let mut weight = |b: &mut Builder, name: &str, scale: f64| -> Result<LinearWeight, GraphError> {
         let slot = slots
             .get(name)
             .ok_or_else(|| GraphError::Unsupported(format!("no tensor slot `{name}`")))?;
         let w = weights
             .remove(name)
             .ok_or_else(|| GraphError::Unsupported(format!("weight `{name}` was not provided")))?;
-        let data = match w {
+        // k-means is scale-equivariant: scaling a LUT equals palettizing the scaled tensor.
+        let scale_lut = |p: &mut Palettized| {
+            if scale != 1.0 {
+                for x in &mut p.lut {
+                    *x = f16::from_f64(x.to_f64() * scale);
+                }
+            }
+        };
+        let one = |b: &mut Builder, data: ConstData| LinearWeight {
+            parts: vec![b.constant(&mil_name(name), slot.shape.clone(), data, Some(name.to_string()))],
+            scale: None,
+        };
+        Ok(match w {
             Weight::Dense(mut vals) => {
                 if scale != 1.0 {
                     for x in &mut vals {
                         *x = f16::from_f64(x.to_f64() * scale);
                     }
                 }
-                ConstData::F16(vals)
+                one(b, ConstData::F16(vals))
             }
             Weight::Palettized(mut p) => {
-                // k-means is scale-equivariant: scaling the LUT equals palettizing the
-                // scaled tensor.
-                if scale != 1.0 {
-                    for x in &mut p.lut {
-                        *x = f16::from_f64(x.to_f64() * scale);
-                    }
-                }
-                ConstData::Lut(p)
+                scale_lut(&mut p);
+                one(b, ConstData::Lut(p))
             }
-        };
-        Ok(b.constant(
-            &mil_name(name),
-            slot.shape.clone(),
-            data,
-            Some(name.to_string()),
-        ))
+            Weight::Calibrated(c) => {
+                let rows: usize = c.groups.iter().map(|(r, _)| r).sum();
+                if slot.shape.len() != 2 || rows != slot.shape[0] {
+                    return Err(GraphError::Unsupported(format!(
+                        "`{name}`: row groups cover {rows} rows of {:?}",
+                        slot.shape
+                    )));
+                }
+                let n = c.groups.len();
+                let mut parts = Vec::with_capacity(n);
+                for (g, (r, mut p)) in c.groups.into_iter().enumerate() {
+                    scale_lut(&mut p);
+                    let cname = if n == 1 {
+                        mil_name(name)
+                    } else {
+                        format!("{}_g{g}", mil_name(name))
+                    };
+                    parts.push(b.constant(
+                        &cname,
+                        vec![r, slot.shape[1]],
+                        ConstData::Lut(p),
+                        Some(name.to_string()),
+                    ));
+                }
+                let scale = c.row_scale.map(|s| {
+                    b.constant(
+                        &format!("{}_row_scale", mil_name(name)),
+                        vec![rows],
+                        ConstData::F16(s),
+                        Some(name.to_string()),
+                    )
+                });
+                LinearWeight { parts, scale }
+            }
+        })
     };
 
     // Shared constants: RoPE tables, position offsets, mask pieces.
@@ -222,7 +289,7 @@ pub fn build(
 
     // Embedding. The table is not scaled in place: when tied it is also the lm_head.
     let embed_name = "model.embed_tokens.weight";
-    let embed = weight(&mut b, embed_name, 1.0)?;
+    let embed = weight(&mut b, embed_name, 1.0)?.single(embed_name)?;
     let mut x = b.op(
         "gather",
         "embed",
@@ -248,28 +315,75 @@ pub fn build(
     for l in 0..l_count {
         let p = format!("model.layers.{l}");
         let tag = format!("layers_{l}");
-        let nw = weight(&mut b, &format!("{p}.input_layernorm.weight"), 1.0)?;
+        let n_in = format!("{p}.input_layernorm.weight");
+        let nw = weight(&mut b, &n_in, 1.0)?.single(&n_in)?;
         let hn = rms_norm(&mut b, &x, &nw, eps, &format!("{tag}_input_norm"));
 
-        let proj =
-            |b: &mut Builder, wname: String, bias: Option<String>, input: &str, out: &str| {
-                let mut args = vec![("x", var(input)), ("weight", var(&wname))];
+        let proj = |b: &mut Builder,
+                    w: LinearWeight,
+                    bias: Option<String>,
+                    input: &str,
+                    out: &str|
+         -> String {
+            let linear = |b: &mut Builder, wname: &str, bias: Option<&String>, name: &str| {
+                let mut args = vec![("x", var(input)), ("weight", var(wname))];
                 if let Some(bn) = bias {
-                    args.push(("bias", var(&bn)));
+                    args.push(("bias", var(bn)));
                 }
-                b.op("linear", out, args)
+                b.op("linear", name, args)
             };
+            // The bias joins the linear only when nothing is applied after it.
+            let plain = w.parts.len() == 1 && w.scale.is_none();
+            let y_name = if plain {
+                out.to_string()
+            } else {
+                format!("{out}_unscaled")
+            };
+            let y = if w.parts.len() == 1 {
+                linear(b, &w.parts[0], bias.as_ref().filter(|_| plain), &y_name)
+            } else {
+                let outs: Vec<String> = w
+                    .parts
+                    .iter()
+                    .enumerate()
+                    .map(|(g, part)| linear(b, part, None, &format!("{out}_g{g}")))
+                    .collect();
+                b.op(
+                    "concat",
+                    &y_name,
+                    vec![
+                        ("values", Arg::Vars(outs)),
+                        ("axis", Arg::Int(-1)),
+                        ("interleave", Arg::Bool(false)),
+                    ],
+                )
+            };
+            if plain {
+                return y;
+            }
+            let scaled_name = if bias.is_some() {
+                format!("{out}_scaled")
+            } else {
+                out.to_string()
+            };
+            let y = match &w.scale {
+                Some(sc) => b.op("mul", &scaled_name, vec![("x", var(&y)), ("y", var(sc))]),
+                None if bias.is_some() => y,
+                None => b.op("identity", out, vec![("x", var(&y))]),
+            };
+            match bias {
+                Some(bn) => b.op("add", out, vec![("x", var(&y)), ("y", var(&bn))]),
+                None => y,
+            }
+        };
         let mut biases = [None, None, None];
         let wq = weight(&mut b, &format!("{p}.self_attn.q_proj.weight"), 1.0)?;
         let wk = weight(&mut b, &format!("{p}.self_attn.k_proj.weight"), 1.0)?;
         let wv = weight(&mut b, &format!("{p}.self_attn.v_proj.weight"), 1.0)?;
         if spec.attention_bias {
             for (i, n) in ["q", "k", "v"].iter().enumerate() {
-                biases[i] = Some(weight(
-                    &mut b,
-                    &format!("{p}.self_attn.{n}_proj.bias"),
-                    1.0,
-                )?);
+                let bn = format!("{p}.self_attn.{n}_proj.bias");
+                biases[i] = Some(weight(&mut b, &bn, 1.0)?.single(&bn)?);
             }
         }
         let [bq, bk, bv] = biases;
@@ -400,7 +514,8 @@ pub fn build(
             vec![("x", var(&x)), ("y", var(&attn))],
         );
 
-        let nw = weight(&mut b, &format!("{p}.post_attention_layernorm.weight"), 1.0)?;
+        let n_post = format!("{p}.post_attention_layernorm.weight");
+        let nw = weight(&mut b, &n_post, 1.0)?.single(&n_post)?;
         let hn = rms_norm(&mut b, &x, &nw, eps, &format!("{tag}_post_norm"));
         let wg = weight(&mut b, &format!("{p}.mlp.gate_proj.weight"), 1.0)?;
         let wu = weight(&mut b, &format!("{p}.mlp.up_proj.weight"), 1.0)?;
@@ -421,12 +536,12 @@ pub fn build(
         );
     }
 
-    let nw = weight(&mut b, "model.norm.weight", 1.0)?;
+    let nw = weight(&mut b, "model.norm.weight", 1.0)?.single("model.norm.weight")?;
     let hn = rms_norm(&mut b, &x, &nw, eps, "final_norm");
     let head = if spec.tie_word_embeddings {
         embed
     } else {
-        weight(&mut b, "lm_head.weight", 1.0)?
+        weight(&mut b, "lm_head.weight", 1.0)?.single("lm_head.weight")?
     };
     let logits = b.op(
         "linear",

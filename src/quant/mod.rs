@@ -4,10 +4,13 @@
 //! Nothing here does file I/O or calls Python; [`palettize_checkpoint`] reads tensors through
 //! the memory-mapped [`Checkpoint`] one at a time per worker.
 
+pub mod calibrated;
 pub mod kmeans;
+pub mod linalg;
 pub mod pack;
 pub mod recipe;
 pub mod report;
+pub mod sequential;
 
 use std::path::PathBuf;
 
@@ -55,6 +58,8 @@ pub enum QuantError {
         #[source]
         source: Box<QuantError>,
     },
+    #[error("calibration: {message}")]
+    Calibration { message: String },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
 }
@@ -280,10 +285,32 @@ pub fn palettize_checkpoint_with(
     importance: Importance<'_>,
     progress: &(dyn Fn(&TensorReport) + Sync),
 ) -> Result<PalettizeOutput, QuantError> {
+    palettize_inner(ckpt, recipe, importance, &Default::default(), progress)
+}
+
+/// [`palettize_checkpoint`] leaving the tensors named in `skip` unpalettized (`palettized:
+/// None`, decision as planned): the caller palettizes those itself (calibrated projections).
+pub fn palettize_checkpoint_skipping(
+    ckpt: &Checkpoint,
+    recipe: &Recipe,
+    skip: &std::collections::HashSet<String>,
+    progress: &(dyn Fn(&TensorReport) + Sync),
+) -> Result<PalettizeOutput, QuantError> {
+    palettize_inner(ckpt, recipe, &|_| None, skip, progress)
+}
+
+fn palettize_inner(
+    ckpt: &Checkpoint,
+    recipe: &Recipe,
+    importance: Importance<'_>,
+    skip: &std::collections::HashSet<String>,
+    progress: &(dyn Fn(&TensorReport) + Sync),
+) -> Result<PalettizeOutput, QuantError> {
     let plan = Report::plan(ckpt, recipe)?;
     let slots = ckpt.slots();
     let mut order: Vec<usize> = (0..slots.len())
         .filter(|&i| matches!(plan.tensors[i].decision, Decision::Palettize { .. }))
+        .filter(|&i| !skip.contains(&slots[i].name))
         .collect();
     order.sort_by_key(|&i| std::cmp::Reverse(slots[i].numel()));
     let done: Vec<(usize, PalettizedTensor)> = order

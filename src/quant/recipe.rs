@@ -106,6 +106,124 @@ pub struct Recipe {
     roles: BTreeMap<Role, Decision>,
     names: Vec<NameRule>,
     nbits_override: Option<u8>,
+    calibration: Option<Calibration>,
+}
+
+/// The `[calibration]` table: palettized projections are fitted to what they compute on
+/// calibration text (issue 7; see [`super::sequential`]). Absent = data-free palettization.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Calibration {
+    /// Per-output-row fp16 scale, one `mul` after the linear.
+    pub row_scale: bool,
+    /// k-means points weighted by E[x²] of their input channel.
+    pub weighted: bool,
+    /// GPTQ error feedback when choosing indices.
+    pub gptq: bool,
+    /// GPTQ columns in order of decreasing E[x²].
+    pub act_order: bool,
+    /// AWQ-style input-channel scales folded into the preceding norm/projection.
+    pub awq: bool,
+    /// Contiguous row groups per projection, each with its own LUT.
+    pub row_groups: usize,
+    /// GPTQ Hessian damping relative to its mean diagonal.
+    pub damp: f64,
+    /// Mixed precision: 4/6/8 bits per projection so they average at most this.
+    pub target_bpw: Option<f64>,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            row_scale: true,
+            weighted: true,
+            gptq: true,
+            act_order: true,
+            awq: true,
+            row_groups: 1,
+            damp: 0.01,
+            target_bpw: None,
+        }
+    }
+}
+
+impl Calibration {
+    /// The per-layer method for a projection palettized at `nbits`.
+    pub fn method(&self, nbits: u8) -> super::calibrated::LinearMethod {
+        super::calibrated::LinearMethod {
+            nbits,
+            row_scale: self.row_scale,
+            weighted: self.weighted,
+            gptq: self.gptq,
+            act_order: self.act_order,
+            damp: self.damp,
+            row_groups: self.row_groups,
+        }
+    }
+
+    fn parse(value: &toml::Value) -> Result<Self, String> {
+        let t = value
+            .as_table()
+            .ok_or("`calibration` must be a table ([calibration])")?;
+        let mut c = Calibration::default();
+        for (k, v) in t {
+            let flag = |v: &toml::Value| {
+                v.as_bool()
+                    .ok_or_else(|| format!("calibration.{k} must be true or false"))
+            };
+            match k.as_str() {
+                "row_scale" => c.row_scale = flag(v)?,
+                "weighted" => c.weighted = flag(v)?,
+                "gptq" => c.gptq = flag(v)?,
+                "act_order" => c.act_order = flag(v)?,
+                "awq" => c.awq = flag(v)?,
+                "row_groups" => {
+                    c.row_groups = v
+                        .as_integer()
+                        .filter(|&g| (1..=256).contains(&g))
+                        .ok_or("calibration.row_groups must be an integer in 1..=256")?
+                        as usize
+                }
+                "target_bpw" => {
+                    c.target_bpw = Some(
+                        v.as_float()
+                            .or_else(|| v.as_integer().map(|i| i as f64))
+                            .filter(|b| b.is_finite() && (4.0..=8.5).contains(b))
+                            .ok_or("calibration.target_bpw must be a number in 4..=8.5")?,
+                    )
+                }
+                "damp" => {
+                    c.damp = v
+                        .as_float()
+                        .filter(|d| d.is_finite() && *d > 0.0 && *d <= 1.0)
+                        .ok_or("calibration.damp must be a float in (0, 1]")?
+                }
+                other => {
+                    return Err(format!(
+                        "calibration: unknown key `{other}` (expected row_scale, weighted, \
+                         gptq, act_order, awq, row_groups, damp, target_bpw)"
+                    ))
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    fn to_toml(self) -> String {
+        let target = self
+            .target_bpw
+            .map_or(String::new(), |b| format!("target_bpw = {b}\n"));
+        format!(
+            "\n[calibration]\nrow_scale = {}\nweighted = {}\ngptq = {}\nact_order = {}\n\
+             awq = {}\nrow_groups = {}\ndamp = {}\n",
+            self.row_scale,
+            self.weighted,
+            self.gptq,
+            self.act_order,
+            self.awq,
+            self.row_groups,
+            self.damp
+        ) + &target
+    }
 }
 
 impl Default for Recipe {
@@ -142,6 +260,7 @@ impl Recipe {
             roles: BTreeMap::new(),
             names: Vec::new(),
             nbits_override: None,
+            calibration: None,
         };
         for (key, value) in &table {
             match key.as_str() {
@@ -202,9 +321,10 @@ impl Recipe {
                         );
                     }
                 }
+                "calibration" => recipe.calibration = Some(Calibration::parse(value).map_err(err)?),
                 other => {
                     return Err(err(format!(
-                        "unknown key `{other}` (expected default, roles, tensors)"
+                        "unknown key `{other}` (expected default, roles, tensors, calibration)"
                     )))
                 }
             }
@@ -244,6 +364,17 @@ impl Recipe {
             self = self.keep_fp16(g)?;
         }
         Ok(self)
+    }
+
+    /// The `[calibration]` table, if the recipe calibrates.
+    pub fn calibration(&self) -> Option<&Calibration> {
+        self.calibration.as_ref()
+    }
+
+    /// Calibrate (or not) regardless of the file.
+    pub fn with_calibration(mut self, calibration: Option<Calibration>) -> Self {
+        self.calibration = calibration;
+        self
     }
 
     /// Where the recipe came from (a path, or the built-in default).
@@ -292,6 +423,9 @@ impl Recipe {
                 toml::Value::String(r.glob.clone()),
                 fold(r.decision).to_toml()
             ));
+        }
+        if let Some(c) = self.calibration {
+            out.push_str(&c.to_toml());
         }
         out
     }

@@ -15,7 +15,7 @@
 //! either backend: a sequence longer than the window is refused rather than computed wrongly.
 
 pub mod calibrate;
-mod plain;
+pub mod plain;
 
 pub use calibrate::{
     calibrate, calibrate_model, ActivationStats, CalibrationOptions, Gram, GramSelection,

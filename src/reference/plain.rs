@@ -8,6 +8,7 @@
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 
+use crate::arch::Role;
 use crate::checkpoint::{Checkpoint, ModelSpec, RopeScaling};
 
 /// A point in the forward pass where the instrumented forward shows a tensor to an
@@ -337,6 +338,65 @@ impl PlainModel {
         let x = (x + down)?;
         obs.observe(lo, Point::ResidualAfterMlp, &x)?;
         Ok(x)
+    }
+
+    /// The embedding rows [T, H] of `tokens`.
+    pub(crate) fn embed(&self, tokens: &[u32]) -> candle_core::Result<Tensor> {
+        let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
+        self.embed.index_select(&ids, 0)
+    }
+
+    /// Decoder block `l` on x [T, H] as a fresh sequence (positions 0..T, no cache): the
+    /// layer-by-layer forward of calibration.
+    pub(crate) fn block(
+        &mut self,
+        l: usize,
+        x: &Tensor,
+        obs: &mut dyn Observer,
+    ) -> candle_core::Result<Tensor> {
+        let t = x.dim(0)?;
+        let (cos, sin) = self.rope_tables(0, t)?;
+        let mask = causal_mask(t, 0, &self.device)?;
+        self.layer(l, x, &cos, &sin, &mask, false, obs)
+    }
+
+    /// Logits [T, V] of a fresh sequence, without touching the cache.
+    pub fn logits_fresh(&mut self, tokens: &[u32]) -> candle_core::Result<Tensor> {
+        let mut x = self.embed(tokens)?;
+        for l in 0..self.layers.len() {
+            x = self.block(l, &x, &mut Blind)?;
+        }
+        let h = rms_norm(&x, &self.norm, self.spec.rms_norm_eps)?;
+        self.logits(&h)
+    }
+
+    /// The f32 weight of projection `role` ([out, in]) or RMSNorm (`Role::Norm`: `post`
+    /// selects post_attention_layernorm) of block `l`.
+    pub(crate) fn weight_mut(&mut self, l: usize, role: Role, post: bool) -> Option<&mut Tensor> {
+        let w = self.layers.get_mut(l)?;
+        Some(match role {
+            Role::Q => &mut w.q,
+            Role::K => &mut w.k,
+            Role::V => &mut w.v,
+            Role::O => &mut w.o,
+            Role::Gate => &mut w.gate,
+            Role::Up => &mut w.up,
+            Role::Down => &mut w.down,
+            Role::Norm if post => &mut w.post_norm,
+            Role::Norm => &mut w.input_norm,
+            _ => return None,
+        })
+    }
+
+    /// The bias of q/k/v in block `l` (Qwen2), if any.
+    pub(crate) fn bias_mut(&mut self, l: usize, role: Role) -> Option<&mut Tensor> {
+        let w = self.layers.get_mut(l)?;
+        match role {
+            Role::Q => w.q_bias.as_mut(),
+            Role::K => w.k_bias.as_mut(),
+            Role::V => w.v_bias.as_mut(),
+            _ => None,
+        }
     }
 
     /// Keys after rope at layer `l`, [Hkv, cached, D], if any are cached (for tests).

@@ -210,52 +210,87 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
     items
 }
 
-/// (b): every checkpoint tensor decoded from the package. Scalar scales folded in for fp16
-/// range safety are factored out (the best least-squares scale), so SNR measures rounding and
-/// palettization only. Returns the fewest bits any palettized weight has.
+/// (b): every checkpoint tensor decoded from the package. Scales folded in by the converter
+/// are factored out (the best least-squares scale: one per tensor for fp16 range safety, one
+/// per input column for calibrated projections, whose input-channel scales live in the
+/// preceding norm or projection), so SNR measures rounding and palettization only. A calibrated
+/// projection is stored as row groups `NAME_g0, NAME_g1, ..` (or `NAME`) times `NAME_row_scale`.
+/// Returns the fewest bits any palettized weight has.
 fn check_weights(
     pkg: &MlPackage,
     ckpt: &Checkpoint,
 ) -> anyhow::Result<(Vec<WeightError>, Option<u32>)> {
     let main = pkg.main_function()?;
+    let find = |name: &str| {
+        main.block
+            .operations
+            .iter()
+            .find(|op| op.outputs.first().is_some_and(|o| o.name == name))
+    };
     let mut out = Vec::new();
     let mut min_bits: Option<u32> = None;
     for slot in ckpt.slots() {
         let name = crate::arch::mil_name(&slot.name);
-        let Some(op) = main
-            .block
-            .operations
-            .iter()
-            .find(|op| op.outputs.first().is_some_and(|o| o.name == name))
-        else {
-            continue;
-        };
-        let decoded: Vec<f32> = match op.r#type.as_str() {
-            "const" => match op.attributes.get("val") {
-                Some(v) => floats(pkg.value(v, &name)?.values),
-                None => continue,
-            },
-            "constexpr_lut_to_dense" => {
-                let (Some(lut), Some(idx)) =
-                    (op.attributes.get("lut"), op.attributes.get("indices"))
-                else {
-                    continue;
-                };
-                let lut = floats(pkg.value(lut, &name)?.values);
-                let idx = pkg.value(idx, &name)?;
-                let bytes: Vec<u8> = match idx.values {
-                    Values::Int(v) => v.iter().map(|&x| x as u8).collect(),
-                    _ => continue,
-                };
-                let nbits = lut.len().trailing_zeros();
-                min_bits = Some(min_bits.map_or(nbits, |m: u32| m.min(nbits)));
-                crate::quant::pack::unpack_indices(&bytes, nbits as u8, slot.numel())
-                    .into_iter()
-                    .map(|i| lut[i as usize])
-                    .collect()
+        let cols = slot.shape.get(1).copied().unwrap_or(1).max(1);
+        let parts: Vec<(String, usize)> = if find(&name).is_some() {
+            vec![(name.clone(), slot.numel())]
+        } else {
+            let mut v = Vec::new();
+            while let Some(op) = find(&format!("{name}_g{}", v.len())) {
+                let n: usize = op
+                    .outputs
+                    .first()
+                    .and_then(|o| crate::mlpackage::tensor_type(o.r#type.as_ref(), &name).ok())
+                    .map_or(0, |t| t.shape.iter().product());
+                v.push((format!("{name}_g{}", v.len()), n));
             }
-            _ => continue,
+            v
         };
+        if parts.is_empty() {
+            continue;
+        }
+        let mut decoded: Vec<f32> = Vec::with_capacity(slot.numel());
+        for (part, numel) in &parts {
+            let Some(op) = find(part) else { continue };
+            match op.r#type.as_str() {
+                "const" => match op.attributes.get("val") {
+                    Some(v) => decoded.extend(floats(pkg.value(v, part)?.values)),
+                    None => continue,
+                },
+                "constexpr_lut_to_dense" => {
+                    let (Some(lut), Some(idx)) =
+                        (op.attributes.get("lut"), op.attributes.get("indices"))
+                    else {
+                        continue;
+                    };
+                    let lut = floats(pkg.value(lut, part)?.values);
+                    let idx = pkg.value(idx, part)?;
+                    let bytes: Vec<u8> = match idx.values {
+                        Values::Int(v) => v.iter().map(|&x| x as u8).collect(),
+                        _ => continue,
+                    };
+                    let nbits = lut.len().trailing_zeros();
+                    min_bits = Some(min_bits.map_or(nbits, |m: u32| m.min(nbits)));
+                    decoded.extend(
+                        crate::quant::pack::unpack_indices(&bytes, nbits as u8, *numel)
+                            .into_iter()
+                            .map(|i| lut.get(i as usize).copied().unwrap_or(f32::NAN)),
+                    );
+                }
+                _ => continue,
+            }
+        }
+        let scale_name = format!("{name}_row_scale");
+        let calibrated = parts.len() > 1 || find(&scale_name).is_some();
+        if let Some(op) = find(&scale_name) {
+            if let Some(v) = op.attributes.get("val") {
+                let s = floats(pkg.value(v, &scale_name)?.values);
+                for (r, row) in decoded.chunks_mut(cols).enumerate() {
+                    let f = s.get(r).copied().unwrap_or(f32::NAN);
+                    row.iter_mut().for_each(|x| *x *= f);
+                }
+            }
+        }
         let original = ckpt.tensor(&slot.name)?.to_f32();
         if decoded.len() != original.len() {
             anyhow::bail!(
@@ -265,17 +300,45 @@ fn check_weights(
                 original.len()
             );
         }
-        let dot: f64 = decoded
-            .iter()
-            .zip(&original)
-            .map(|(a, b)| *a as f64 * *b as f64)
-            .sum();
-        let norm: f64 = decoded.iter().map(|a| (*a as f64).powi(2)).sum();
-        let scale = if norm > 0.0 { dot / norm } else { 1.0 };
-        let rescaled: Vec<f32> = decoded.iter().map(|a| (*a as f64 * scale) as f32).collect();
+        let rescaled = if calibrated {
+            factor_column_scales(&decoded, &original, cols)
+        } else {
+            factor_scale(&decoded, &original)
+        };
         out.push(WeightError::measure(&slot.name, &original, &rescaled));
     }
     Ok((out, min_bits))
+}
+
+/// `decoded` times the least-squares scalar that best matches `original`.
+fn factor_scale(decoded: &[f32], original: &[f32]) -> Vec<f32> {
+    let dot: f64 = decoded
+        .iter()
+        .zip(original)
+        .map(|(a, b)| *a as f64 * *b as f64)
+        .sum();
+    let norm: f64 = decoded.iter().map(|a| (*a as f64).powi(2)).sum();
+    let scale = if norm > 0.0 { dot / norm } else { 1.0 };
+    decoded.iter().map(|a| (*a as f64 * scale) as f32).collect()
+}
+
+/// `decoded` [rows, cols] with each column times its least-squares scale against `original`.
+fn factor_column_scales(decoded: &[f32], original: &[f32], cols: usize) -> Vec<f32> {
+    let mut dot = vec![0.0f64; cols];
+    let mut norm = vec![0.0f64; cols];
+    for (i, (a, b)) in decoded.iter().zip(original).enumerate() {
+        dot[i % cols] += *a as f64 * *b as f64;
+        norm[i % cols] += (*a as f64).powi(2);
+    }
+    decoded
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let j = i % cols;
+            let s = if norm[j] > 0.0 { dot[j] / norm[j] } else { 1.0 };
+            (*a as f64 * s) as f32
+        })
+        .collect()
 }
 
 fn floats(v: Values) -> Vec<f32> {

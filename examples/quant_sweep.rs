@@ -1,0 +1,77 @@
+//! Method exploration for calibrated palettization (issue 7): quantize the checkpoint with
+//! several methods in the float model and compare each against the float reference on the
+//! evaluation text, without building packages.
+//!
+//! cargo run --example quant_sweep -- MODEL_DIR [METHOD...]
+//! METHOD: comma-separated flags: nbits=N, rs (row scale), w (E[x²] weights), gptq, ao (act
+//! order), g=G (row groups), awq. Example: `nbits=4,rs,w,gptq,ao,awq`.
+
+use std::path::Path;
+use std::time::Instant;
+
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::quant::calibrated::LinearMethod;
+use hf2coreml::quant::sequential::{quantize_checkpoint, SequentialOptions};
+use hf2coreml::reference::plain::PlainModel;
+use hf2coreml::validate::metrics::compare_logits;
+
+fn rows(t: &candle_core::Tensor) -> Vec<Vec<f32>> {
+    t.to_vec2().unwrap()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = Path::new(&args[0]);
+    let ckpt = Checkpoint::open(dir).unwrap();
+    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let enc = |t: &str| tok.encode(t, false).unwrap().get_ids().to_vec();
+    let mut calib = enc(include_str!("../fixtures/calibration.txt"));
+    if let Ok(n) = std::env::var("CALIB_TOKENS") {
+        calib.truncate(n.parse().unwrap());
+    }
+    let eval = enc(include_str!("../fixtures/evaluation.txt"));
+    eprintln!("calibration {} tokens, evaluation {} tokens", calib.len(), eval.len());
+    let mut reference = PlainModel::load(&ckpt).unwrap();
+    let ref_logits = rows(&reference.logits_fresh(&eval).unwrap());
+    drop(reference);
+    println!("| method | top1 | kl_mean | kl_max | ppl_ratio | secs |");
+    println!("|---|---|---|---|---|---|");
+    for spec in &args[1..] {
+        let mut m = LinearMethod::data_free(4);
+        let mut opts = SequentialOptions { awq: false, ..Default::default() };
+        for f in spec.split(',') {
+            match f {
+                "rs" => m.row_scale = true,
+                "w" => m.weighted = true,
+                "gptq" => m.gptq = true,
+                "ao" => m.act_order = true,
+                "awq" => opts.awq = true,
+                _ if f.starts_with("nbits=") => m.nbits = f[6..].parse().unwrap(),
+                _ if f.starts_with("g=") => m.row_groups = f[2..].parse().unwrap(),
+                _ if f.starts_with("damp=") => m.damp = f[5..].parse().unwrap(),
+                _ => panic!("unknown flag {f}"),
+            }
+        }
+        let t0 = Instant::now();
+        let (w, mut model) = quantize_checkpoint(
+            &ckpt,
+            &calib,
+            &|slot| slot.role.is_projection().then_some(m),
+            &opts,
+            &|l, n| eprint!("\r{spec}: block {l}/{n} {:.1}s", t0.elapsed().as_secs_f64()),
+        )
+        .unwrap();
+        let secs = t0.elapsed().as_secs_f64();
+        eprintln!();
+        let q = rows(&model.logits_fresh(&eval).unwrap());
+        let c = compare_logits(&ref_logits, &q, &eval).unwrap();
+        println!(
+            "| {spec} | {:.3} | {:.3} | {:.2} | {:.3} | {:.1} |",
+            c.top1, c.kl_mean, c.kl_max, c.ppl_ratio, secs
+        );
+        if opts.awq {
+            let a: Vec<String> = w.awq.iter().map(|a| format!("{}", a.exponent)).collect();
+            eprintln!("awq exponents: {}", a.join(" "));
+        }
+    }
+}

@@ -1,0 +1,593 @@
+//! Calibrated palettization of a whole checkpoint, block by block (issue 7).
+//!
+//! The calibration text runs through the float model one decoder block at a time. For block
+//! l, the inputs come from blocks 0..l *as already quantized*, so each block's LUTs and indices
+//! correct for the error upstream (GPTQ's sequential order). Per block:
+//! 1. one pass collects XᵀX of the four projection inputs (q/k/v, o, gate/up, down);
+//! 2. optionally, AWQ-style per-input-channel scales `s = E[x²]^(a/2)` are searched per input
+//!    site (the exponent a minimising the quantized output error) and folded into what precedes
+//!    the projection: the RMSNorm weight for q/k/v and gate/up, the rows of v_proj for o_proj
+//!    (shared across the query heads of one kv head), the rows of up_proj for down_proj. They
+//!    cost nothing at run time;
+//! 3. every selected projection is palettized with [`quantize_linear`];
+//! 4. the block runs again with its quantized weights to produce the next block's inputs.
+//!
+//! Memory: the hidden states of the calibration text ([tokens, hidden] f32) plus one block's
+//! four XᵀX matrices.
+
+use std::collections::BTreeMap;
+
+use candle_core::{Device, Tensor};
+use serde::Serialize;
+
+use super::calibrated::{quantize_linear, LinearMethod, QuantizedLinear};
+use super::QuantError;
+use crate::arch::{expected_tensors, Role, TensorSlot};
+use crate::checkpoint::Checkpoint;
+use crate::reference::calibrate::Gram;
+use crate::reference::plain::{Blind, Observer, PlainModel, Point};
+
+/// The four projection inputs of a block and the projections reading each.
+const SITES: [(Point, &[Role]); 4] = [
+    (Point::AttentionInput, &[Role::Q, Role::K, Role::V]),
+    (Point::OInput, &[Role::O]),
+    (Point::MlpInput, &[Role::Gate, Role::Up]),
+    (Point::SiluUp, &[Role::Down]),
+];
+
+/// Exponents tried by the AWQ search (0 = no scaling).
+const AWQ_GRID: [f64; 7] = [0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75];
+
+/// How the checkpoint is calibrated and palettized.
+#[derive(Debug, Clone)]
+pub struct SequentialOptions {
+    /// Tokens per independent calibration sequence.
+    pub segment_len: usize,
+    /// Search per-input-channel scales (folded into the preceding op).
+    pub awq: bool,
+    /// Mixed precision: choose 4, 6 or 8 bits per projection from measured sensitivity so the
+    /// palettized projections average at most this many bits per weight (LUTs and row scales
+    /// counted). `None`: every projection at the bits its method says.
+    pub target_bpw: Option<f64>,
+}
+
+impl Default for SequentialOptions {
+    fn default() -> Self {
+        SequentialOptions {
+            segment_len: 512,
+            awq: true,
+            target_bpw: None,
+        }
+    }
+}
+
+/// What one input site's AWQ search chose.
+#[derive(Debug, Clone, Serialize)]
+pub struct AwqChoice {
+    pub layer: usize,
+    pub roles: Vec<Role>,
+    pub exponent: f64,
+    /// Relative output error without scaling and with the chosen exponent.
+    pub error_unscaled: f64,
+    pub error_chosen: f64,
+}
+
+/// The calibrated checkpoint.
+#[derive(Debug, Clone)]
+pub struct CalibratedWeights {
+    /// Palettized projections by checkpoint tensor name.
+    pub linears: BTreeMap<String, QuantizedLinear>,
+    /// fp16 tensors whose values changed (AWQ scales folded into RMSNorm weights or biases),
+    /// by checkpoint tensor name, f32 row-major.
+    pub replaced: BTreeMap<String, Vec<f32>>,
+    pub awq: Vec<AwqChoice>,
+    /// With a target bpw: what was measured and chosen per projection.
+    pub allocation: Vec<BitChoice>,
+    pub tokens: usize,
+}
+
+/// Candidate bit widths of the mixed-precision allocation.
+pub const MIXED_NBITS: [u8; 3] = [4, 6, 8];
+
+/// One projection's sensitivity and the bit width the allocation gave it.
+#[derive(Debug, Clone, Serialize)]
+pub struct BitChoice {
+    pub tensor: String,
+    pub nbits: u8,
+    /// Relative output error on the calibration inputs at 4, 6 and 8 bits (no error
+    /// feedback), tr(ΔW·H·ΔWᵀ)/tr(W·H·Wᵀ).
+    pub error: [f64; 3],
+    /// Stored bits of the tensor at 4, 6 and 8 bits (indices, LUTs, row scales).
+    pub bits: [f64; 3],
+}
+
+fn calib_err(what: impl std::fmt::Display, e: candle_core::Error) -> QuantError {
+    QuantError::Calibration {
+        message: format!("{what}: {e}"),
+    }
+}
+
+/// Collects XᵀX at the four input sites of one block.
+struct Grams {
+    layer: usize,
+    grams: Vec<Gram>,
+}
+
+impl Observer for Grams {
+    fn observe(
+        &mut self,
+        layer: Option<usize>,
+        point: Point,
+        x: &Tensor,
+    ) -> candle_core::Result<()> {
+        if layer == Some(self.layer) {
+            if let Some(i) = SITES.iter().position(|(p, _)| *p == point) {
+                self.grams[i].accumulate(x)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn to_vec(t: &Tensor) -> Result<Vec<f32>, QuantError> {
+    t.flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| calib_err("reading a weight", e))
+}
+
+/// Calibrate on `tokens` and palettize every projection `method_for` selects (others stay
+/// float). Returns the palettized weights and the plain model carrying them (for evaluating
+/// the result without building a package).
+pub fn quantize_checkpoint(
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
+    options: &SequentialOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(CalibratedWeights, PlainModel), QuantError> {
+    let mut model = PlainModel::load(ckpt).map_err(|e| QuantError::Calibration {
+        message: e.to_string(),
+    })?;
+    let spec = ckpt.spec().clone();
+    if tokens.is_empty() {
+        return Err(QuantError::Calibration {
+            message: "no calibration tokens".into(),
+        });
+    }
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= spec.vocab_size) {
+        return Err(QuantError::Calibration {
+            message: format!("token {t} is outside the vocabulary ({})", spec.vocab_size),
+        });
+    }
+    let seg = options
+        .segment_len
+        .clamp(16, spec.max_position_embeddings.max(16));
+    let mut xs: Vec<Tensor> = tokens
+        .chunks(seg)
+        .map(|c| model.embed(c))
+        .collect::<Result<_, _>>()
+        .map_err(|e| calib_err("embedding the calibration text", e))?;
+    let slots = expected_tensors(&spec);
+    let dims = [
+        spec.hidden_size,
+        spec.q_dim(),
+        spec.hidden_size,
+        spec.intermediate_size,
+    ];
+    let mut out = CalibratedWeights {
+        linears: BTreeMap::new(),
+        replaced: BTreeMap::new(),
+        awq: Vec::new(),
+        allocation: Vec::new(),
+        tokens: tokens.len(),
+    };
+    let mut chosen: BTreeMap<String, u8> = BTreeMap::new();
+    if let Some(target) = options.target_bpw {
+        out.allocation = allocate_bits(&mut model, &xs, &slots, method_for, target)?;
+        chosen = out
+            .allocation
+            .iter()
+            .map(|c| (c.tensor.clone(), c.nbits))
+            .collect();
+    }
+    let method_for = |slot: &TensorSlot| {
+        method_for(slot).map(|m| LinearMethod {
+            nbits: chosen.get(&slot.name).copied().unwrap_or(m.nbits),
+            ..m
+        })
+    };
+    let n_layers = spec.num_hidden_layers;
+    for l in 0..n_layers {
+        let mut obs = Grams {
+            layer: l,
+            grams: dims.iter().map(|&d| Gram::new(d)).collect(),
+        };
+        for x in &xs {
+            model
+                .block(l, x, &mut obs)
+                .map_err(|e| calib_err(format!("block {l}"), e))?;
+        }
+        let slot_of = |role: Role| {
+            slots
+                .iter()
+                .find(|s| s.layer == Some(l) && s.role == role)
+                .cloned()
+        };
+        for (site, (_, roles)) in SITES.iter().enumerate() {
+            let gram = &obs.grams[site];
+            let cols = gram.dim;
+            let methods: Vec<(Role, TensorSlot, LinearMethod)> = roles
+                .iter()
+                .filter_map(|&r| {
+                    let slot = slot_of(r)?;
+                    method_for(&slot).map(|m| (r, slot, m))
+                })
+                .collect();
+            if methods.is_empty() {
+                continue;
+            }
+            let mut h = gram.sum.clone();
+            if options.awq {
+                let choice = awq_search(&mut model, l, site, &methods, &h, cols)?;
+                if choice.exponent > 0.0 {
+                    let s = awq_scales(&h, cols, choice.exponent);
+                    let s = site_scales(&spec, site, &s);
+                    apply_scales(&mut model, &spec, l, site, &s, &mut out.replaced, &slots)?;
+                    let s_full = expand_o_scales(&spec, site, &s);
+                    for i in 0..cols {
+                        for j in 0..cols {
+                            h[i * cols + j] /= s_full[i] * s_full[j];
+                        }
+                    }
+                }
+                out.awq.push(choice);
+            }
+            for (role, slot, method) in &methods {
+                let w = model
+                    .weight_mut(l, *role, false)
+                    .ok_or_else(|| QuantError::Calibration {
+                        message: format!("block {l} has no {role} projection"),
+                    })?;
+                let rows = slot.shape[0];
+                let values = to_vec(w)?;
+                let q = quantize_linear(&values, rows, cols, Some(&h), method)
+                    .map_err(|e| e.in_tensor(&slot.name))?;
+                *w = Tensor::from_vec(q.dequantize(), (rows, cols), &Device::Cpu)
+                    .map_err(|e| calib_err(&slot.name, e))?;
+                out.linears.insert(slot.name.clone(), q);
+            }
+        }
+        xs = xs
+            .iter()
+            .map(|x| model.block(l, x, &mut Blind))
+            .collect::<Result<_, _>>()
+            .map_err(|e| calib_err(format!("block {l}"), e))?;
+        progress(l + 1, n_layers);
+    }
+    Ok((out, model))
+}
+
+/// Stored bits of a [rows, cols] projection at `nbits` under `m`.
+fn stored_bits(rows: usize, cols: usize, nbits: u8, m: &LinearMethod) -> f64 {
+    let groups = m.row_groups.clamp(1, rows.max(1)) as f64;
+    let scale = if m.row_scale { 16.0 * rows as f64 } else { 0.0 };
+    (rows * cols) as f64 * nbits as f64 + groups * 16.0 * (1u64 << nbits) as f64 + scale
+}
+
+/// Measure every selected projection's output error at 4, 6 and 8 bits on the float model's
+/// calibration inputs, then spend bits greedily where they remove the most error per bit
+/// until the palettized projections average `target` bits per weight.
+fn allocate_bits(
+    model: &mut PlainModel,
+    xs: &[Tensor],
+    slots: &[TensorSlot],
+    method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
+    target: f64,
+) -> Result<Vec<BitChoice>, QuantError> {
+    let spec = model.spec().clone();
+    let dims = [
+        spec.hidden_size,
+        spec.q_dim(),
+        spec.hidden_size,
+        spec.intermediate_size,
+    ];
+    let mut xs: Vec<Tensor> = xs.to_vec();
+    let mut choices = Vec::new();
+    let mut numel = 0usize;
+    for l in 0..spec.num_hidden_layers {
+        let mut obs = Grams {
+            layer: l,
+            grams: dims.iter().map(|&d| Gram::new(d)).collect(),
+        };
+        for x in &xs {
+            model
+                .block(l, x, &mut obs)
+                .map_err(|e| calib_err(format!("block {l}"), e))?;
+        }
+        for (site, (_, roles)) in SITES.iter().enumerate() {
+            let gram = &obs.grams[site];
+            let cols = gram.dim;
+            let h32: Vec<f32> = gram.sum.iter().map(|&v| v as f32).collect();
+            let h = Tensor::from_vec(h32, (cols, cols), &Device::Cpu)
+                .map_err(|e| calib_err("H", e))?;
+            for &role in roles.iter() {
+                let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role)
+                else {
+                    continue;
+                };
+                let Some(m) = method_for(slot) else { continue };
+                let rows = slot.shape[0];
+                let w = to_vec(model.weight_mut(l, role, false).ok_or_else(|| {
+                    QuantError::Calibration {
+                        message: format!("block {l} has no {role} projection"),
+                    }
+                })?)?;
+                let mut error = [0.0; 3];
+                let mut bits = [0.0; 3];
+                for (i, &nbits) in MIXED_NBITS.iter().enumerate() {
+                    let probe = LinearMethod {
+                        nbits,
+                        gptq: false,
+                        ..m
+                    };
+                    let q = quantize_linear(&w, rows, cols, Some(&gram.sum), &probe)
+                        .map_err(|e| e.in_tensor(&slot.name))?;
+                    let (num, den) = output_error(&w, &q.dequantize(), rows, cols, &h)?;
+                    error[i] = if den > 0.0 { num / den } else { 0.0 };
+                    bits[i] = stored_bits(rows, cols, nbits, &m);
+                }
+                numel += rows * cols;
+                choices.push(BitChoice {
+                    tensor: slot.name.clone(),
+                    nbits: MIXED_NBITS[0],
+                    error,
+                    bits,
+                });
+            }
+        }
+        xs = xs
+            .iter()
+            .map(|x| model.block(l, x, &mut Blind))
+            .collect::<Result<_, _>>()
+            .map_err(|e| calib_err(format!("block {l}"), e))?;
+    }
+    let budget = target * numel as f64;
+    let mut level = vec![0usize; choices.len()];
+    let mut spent: f64 = choices.iter().map(|c| c.bits[0]).sum();
+    if spent > budget {
+        return Err(QuantError::Calibration {
+            message: format!(
+                "--target-bpw {target}: even 4 bits everywhere needs {:.3} bits per weight",
+                spent / numel.max(1) as f64
+            ),
+        });
+    }
+    loop {
+        // The upgrade removing the most error per extra bit that still fits.
+        let best = choices
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| level[*i] + 1 < MIXED_NBITS.len())
+            .filter_map(|(i, c)| {
+                let (a, b) = (level[i], level[i] + 1);
+                let cost = c.bits[b] - c.bits[a];
+                (spent + cost <= budget).then(|| (i, (c.error[a] - c.error[b]) / cost, cost))
+            })
+            .max_by(|x, y| x.1.total_cmp(&y.1));
+        let Some((i, gain, cost)) = best else { break };
+        if gain <= 0.0 {
+            break;
+        }
+        level[i] += 1;
+        spent += cost;
+    }
+    for (c, &lv) in choices.iter_mut().zip(&level) {
+        c.nbits = MIXED_NBITS[lv];
+    }
+    // The block inputs must be the float model's again: nothing above changed weights.
+    Ok(choices)
+}
+
+/// s_j = E[x_j²]^(a/2), normalised to geometric mean 1 (so the folded weights keep their
+/// overall magnitude).
+fn awq_scales(gram: &[f64], n: usize, exponent: f64) -> Vec<f64> {
+    let ms: Vec<f64> = (0..n).map(|j| gram[j * n + j].max(1e-12)).collect();
+    let raw: Vec<f64> = ms.iter().map(|m| m.powf(exponent / 2.0)).collect();
+    let log_mean = raw.iter().map(|v| v.ln()).sum::<f64>() / n.max(1) as f64;
+    let g = log_mean.exp();
+    raw.iter().map(|v| v / g).collect()
+}
+
+/// o_proj's input channels (query head h, dim d) are fed by v_proj row (h / groups, d): one
+/// scale per kv row, the geometric mean over the heads sharing it. Other sites pass through.
+fn site_scales(spec: &crate::checkpoint::ModelSpec, site: usize, s: &[f64]) -> Vec<f64> {
+    if site != 1 {
+        return s.to_vec();
+    }
+    let (hq, hkv, d) = (
+        spec.num_attention_heads,
+        spec.num_key_value_heads,
+        spec.head_dim,
+    );
+    let groups = hq / hkv.max(1);
+    (0..hkv * d)
+        .map(|kv_row| {
+            let (g, dd) = (kv_row / d, kv_row % d);
+            let logs: f64 = (0..groups)
+                .map(|k| s[(g * groups + k) * d + dd].ln())
+                .sum();
+            (logs / groups as f64).exp()
+        })
+        .collect()
+}
+
+/// Per-input-channel scales of the site's projections from [`site_scales`]' output.
+fn expand_o_scales(spec: &crate::checkpoint::ModelSpec, site: usize, s: &[f64]) -> Vec<f64> {
+    if site != 1 {
+        return s.to_vec();
+    }
+    let (hq, hkv, d) = (
+        spec.num_attention_heads,
+        spec.num_key_value_heads,
+        spec.head_dim,
+    );
+    let groups = hq / hkv.max(1);
+    (0..hq * d)
+        .map(|c| s[(c / d / groups) * d + c % d])
+        .collect()
+}
+
+fn scale_tensor(t: &mut Tensor, factor: &[f64], axis_cols: bool) -> Result<(), QuantError> {
+    let dims = t.dims().to_vec();
+    let mut v = to_vec(t)?;
+    let cols = *dims.last().unwrap_or(&1);
+    for (i, x) in v.iter_mut().enumerate() {
+        let k = if axis_cols { i % cols } else { i / cols };
+        *x = (*x as f64 * factor[k]) as f32;
+    }
+    *t = Tensor::from_vec(v, dims, &Device::Cpu).map_err(|e| calib_err("scaling", e))?;
+    Ok(())
+}
+
+/// Fold per-input-channel scales `s` of `site` into block l: the site's projections'
+/// columns × s, the producer (norm weight, v rows, up rows) × 1/s.
+fn apply_scales(
+    model: &mut PlainModel,
+    spec: &crate::checkpoint::ModelSpec,
+    l: usize,
+    site: usize,
+    s: &[f64],
+    replaced: &mut BTreeMap<String, Vec<f32>>,
+    slots: &[TensorSlot],
+) -> Result<(), QuantError> {
+    let inv: Vec<f64> = s.iter().map(|v| 1.0 / v).collect();
+    let cols_scale = expand_o_scales(spec, site, s);
+    let missing = || QuantError::Calibration {
+        message: format!("block {l} lacks a tensor AWQ folds into"),
+    };
+    for &role in SITES[site].1 {
+        let w = model.weight_mut(l, role, false).ok_or_else(missing)?;
+        scale_tensor(w, &cols_scale, true)?;
+    }
+    let name_of = |role: Role, suffix: &str| {
+        slots
+            .iter()
+            .find(|x| x.layer == Some(l) && x.role == role && x.name.ends_with(suffix))
+            .map(|x| x.name.clone())
+    };
+    match site {
+        0 | 2 => {
+            let post = site == 2;
+            let w = model.weight_mut(l, Role::Norm, post).ok_or_else(missing)?;
+            scale_tensor(w, &inv, true)?;
+            let suffix = if post {
+                "post_attention_layernorm.weight"
+            } else {
+                "input_layernorm.weight"
+            };
+            let name = name_of(Role::Norm, suffix).ok_or_else(missing)?;
+            replaced.insert(name, to_vec(w)?);
+        }
+        1 => {
+            let w = model.weight_mut(l, Role::V, false).ok_or_else(missing)?;
+            scale_tensor(w, &inv, false)?;
+            if let Some(b) = model.bias_mut(l, Role::V) {
+                scale_tensor(b, &inv, true)?;
+                let name = name_of(Role::Bias, "v_proj.bias").ok_or_else(missing)?;
+                replaced.insert(name, to_vec(b)?);
+            }
+        }
+        _ => {
+            let w = model.weight_mut(l, Role::Up, false).ok_or_else(missing)?;
+            scale_tensor(w, &inv, false)?;
+        }
+    }
+    Ok(())
+}
+
+/// Output error of the site's projections quantized (without error feedback, as the search
+/// is repeated per exponent) after scaling by `s`, relative to their float outputs.
+fn awq_search(
+    model: &mut PlainModel,
+    l: usize,
+    site: usize,
+    methods: &[(Role, TensorSlot, LinearMethod)],
+    gram: &[f64],
+    cols: usize,
+) -> Result<AwqChoice, QuantError> {
+    let spec = model.spec().clone();
+    let mut weights = Vec::new();
+    for (role, slot, m) in methods {
+        let w = model
+            .weight_mut(l, *role, false)
+            .ok_or_else(|| QuantError::Calibration {
+                message: format!("block {l} has no {role} projection"),
+            })?;
+        weights.push((to_vec(w)?, slot.shape[0], *m));
+    }
+    let h32: Vec<f32> = gram.iter().map(|&v| v as f32).collect();
+    let h = Tensor::from_vec(h32, (cols, cols), &Device::Cpu).map_err(|e| calib_err("H", e))?;
+    let mut best = (f64::INFINITY, 0.0);
+    let mut unscaled = 0.0;
+    for &a in &AWQ_GRID {
+        let s = expand_o_scales(&spec, site, &site_scales(&spec, site, &awq_scales(gram, cols, a)));
+        let mut hs = gram.to_vec();
+        for i in 0..cols {
+            for j in 0..cols {
+                hs[i * cols + j] /= s[i] * s[j];
+            }
+        }
+        let (mut num, mut den) = (0.0, 0.0);
+        for (w, rows, m) in &weights {
+            let scaled: Vec<f32> = w
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (v as f64 * s[i % cols]) as f32)
+                .collect();
+            let search = LinearMethod { gptq: false, ..*m };
+            let q = quantize_linear(&scaled, *rows, cols, Some(&hs), &search)?;
+            let back: Vec<f32> = q
+                .dequantize()
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (v as f64 / s[i % cols]) as f32)
+                .collect();
+            let (n, d) = output_error(w, &back, *rows, cols, &h)?;
+            num += n;
+            den += d;
+        }
+        let e = if den > 0.0 { num / den } else { 0.0 };
+        if a == 0.0 {
+            unscaled = e;
+        }
+        if e < best.0 {
+            best = (e, a);
+        }
+    }
+    Ok(AwqChoice {
+        layer: l,
+        roles: SITES[site].1.to_vec(),
+        exponent: best.1,
+        error_unscaled: unscaled,
+        error_chosen: best.0,
+    })
+}
+
+/// (tr(ΔW·H·ΔWᵀ), tr(W·H·Wᵀ)) through candle's matmul.
+fn output_error(
+    w: &[f32],
+    wq: &[f32],
+    rows: usize,
+    cols: usize,
+    h: &Tensor,
+) -> Result<(f64, f64), QuantError> {
+    let f = |e| calib_err("output error", e);
+    let wt = Tensor::from_slice(w, (rows, cols), &Device::Cpu).map_err(f)?;
+    let qt = Tensor::from_slice(wq, (rows, cols), &Device::Cpu).map_err(f)?;
+    let d = (&wt - &qt).map_err(f)?;
+    let quad = |x: &Tensor| -> candle_core::Result<f64> {
+        let xh = x.matmul(h)?;
+        Ok((xh * x)?.sum_all()?.to_scalar::<f32>()? as f64)
+    };
+    Ok((quad(&d).map_err(f)?, quad(&wt).map_err(f)?))
+}
