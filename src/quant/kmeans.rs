@@ -259,6 +259,11 @@ impl Prefix {
         Prefix { w, s1, s2 }
     }
 
+    /// Number of points.
+    fn len(&self) -> usize {
+        self.w.len() - 1
+    }
+
     /// Weighted squared error of points `i..j` around their weighted mean.
     #[inline(always)]
     fn cost(&self, i: usize, j: usize) -> f64 {
@@ -291,35 +296,19 @@ pub(crate) fn optimal_centers(points: &[(f64, f64)], k: usize) -> Vec<f64> {
     let total_w: f64 = points.iter().map(|p| p.1).sum();
     let shift = points.iter().map(|p| p.0 * p.1).sum::<f64>() / total_w;
     let pre = Prefix::new(points, shift);
+    let splits = optimal_splits(&pre, k);
 
-    // prev[j]: best cost of the first j points in c clusters. split[c][j]: start of the last
-    // cluster in that solution (n < 2^16, so u16 would do; u32 keeps the code obvious).
-    let mut prev: Vec<f64> = (0..=n).map(|j| pre.cost(0, j)).collect();
-    let mut splits: Vec<Vec<u32>> = Vec::with_capacity(k);
-    splits.push(vec![0; n + 1]);
-    let mut cur = vec![f64::INFINITY; n + 1];
-    for c in 2..=k {
-        let mut split = vec![0u32; n + 1];
-        if c == k {
-            // The last layer only needs the full prefix.
-            let lo = (c - 1).max(splits[c - 2][n] as usize);
-            let (best, arg) = best_split(&pre, &prev, n, lo, n - 1);
-            cur[n] = best;
-            split[n] = arg as u32;
-        } else {
-            // j points in c clusters needs j >= c; split i ranges over c-1 ..= j-1.
-            let lower = &splits[c - 2];
-            solve_layer(&pre, &prev, lower, &mut cur, &mut split, c, n, c - 1, n - 1);
-        }
-        splits.push(split);
-        std::mem::swap(&mut prev, &mut cur);
-    }
     // Backtrack the boundaries from the last layer.
+    let row = n + 1;
     let mut bounds = Vec::with_capacity(k + 1);
     let mut j = n;
     for c in (0..k).rev() {
         bounds.push(j);
-        j = if c == 0 { 0 } else { splits[c][j] as usize };
+        j = if c == 0 {
+            0
+        } else {
+            splits[c * row + j] as usize
+        };
     }
     bounds.push(0);
     bounds.reverse();
@@ -330,74 +319,152 @@ pub(crate) fn optimal_centers(points: &[(f64, f64)], k: usize) -> Vec<f64> {
         .collect()
 }
 
-/// argmin over i in lo..=hi of prev[i] + cost(i, j).
-#[inline(always)]
-fn best_split(pre: &Prefix, prev: &[f64], j: usize, lo: usize, hi: usize) -> (f64, usize) {
-    let (wj, s1j, s2j) = (pre.w[j], pre.s1[j], pre.s2[j]);
-    let hi = hi.min(j - 1);
-    let mut best = f64::INFINITY;
-    let mut arg = lo;
-    if lo > hi {
-        return (best, arg);
-    }
-    // Equal-length slices let the compiler drop bounds checks in the hot loop.
-    let r = lo..hi + 1;
-    let terms = pre.w[r.clone()]
-        .iter()
-        .zip(&pre.s1[r.clone()])
-        .zip(&pre.s2[r.clone()])
-        .zip(&prev[r]);
-    for (off, (((&w, &s1), &s2), &p)) in terms.enumerate() {
-        let w = wj - w;
-        let s1 = s1j - s1;
-        let cost = ((s2j - s2) - s1 * s1 / w).max(0.0);
-        let v = p + cost;
-        if v < best {
-            best = v;
-            arg = lo + off;
+/// The exact DP over `n = pre.len()` points into `k < n` clusters. Returns the split table,
+/// layer-major, `n + 1` entries per layer: entry `(c − 1)·(n + 1) + j` is where the last of `c`
+/// clusters over the first `j` points starts (layer 0, one cluster, is all zeros).
+///
+/// Layer `c` is `F_c(j) = min_i F_{c−1}(i) + cost(i, j)`; the leftmost optimal `i` is monotone
+/// in `j` (the cost is Monge), so rows are solved coarse to fine: at stride `s`, row `j` only
+/// searches between the splits already found at `j − s` and `j + s`. That is the classic
+/// divide-and-conquer, walked level by level instead of recursively: no stack, sequential
+/// memory at the fine levels where most rows are, and the neighbouring searches there are a few
+/// candidates wide (about 3 at the finest level on real weights), which [`row_min`] does
+/// without branches. The Knuth–Yao bound (the last cluster of the c-cluster solution starts no
+/// earlier than that of the (c−1)-cluster one) adds a second lower bound per row.
+fn optimal_splits(pre: &Prefix, k: usize) -> Vec<u32> {
+    let n = pre.len();
+    let row = n + 1;
+    let (w, s1, s2) = (&pre.w[..], &pre.s1[..], &pre.s2[..]);
+    // prev[i] = F_{c−1}(i). The search minimises a[i] − (s1[j] − s1[i])² / (w[j] − w[i]) with
+    // a[i] = prev[i] − s2[i], the cost's j-only term s2[j] added once per row.
+    let mut prev: Vec<f64> = (0..=n).map(|j| pre.cost(0, j)).collect();
+    let mut cur = vec![f64::INFINITY; row];
+    let mut a = vec![0.0f64; row];
+    let mut splits = vec![0u32; k * row];
+    for c in 2..=k {
+        for ((a, p), s2) in a.iter_mut().zip(&prev).zip(s2) {
+            *a = p - s2;
         }
+        let (done, rest) = splits.split_at_mut((c - 1) * row);
+        let lower = &done[(c - 2) * row..];
+        let split = &mut rest[..row];
+        let rows = Rows { w, s1, a: &a };
+        if c == k {
+            // The last layer only needs the full set of points.
+            let lo = (c - 1).max(lower[n] as usize);
+            let (best, arg) = rows.min(lo, n - 1, n);
+            cur[n] = best + s2[n];
+            split[n] = arg as u32;
+        } else {
+            // Rows j = c..=n (j points in c clusters needs j ≥ c) at positions p = j − c + 1;
+            // the candidate split i ranges over c−1 ..= j−1.
+            let r = n - c + 1;
+            let mut s = 1usize << (usize::BITS - 1 - r.leading_zeros());
+            loop {
+                for p in (s..=r).step_by(2 * s) {
+                    let j = p + c - 1;
+                    let left = if p > s { split[j - s] as usize } else { c - 1 };
+                    let right = if p + s <= r {
+                        split[j + s] as usize
+                    } else {
+                        n - 1
+                    };
+                    let hi = right.min(j - 1);
+                    let lo = left.max(lower[j] as usize).min(hi);
+                    let (best, arg) = rows.min(lo, hi, j);
+                    cur[j] = best + s2[j];
+                    split[j] = arg as u32;
+                }
+                if s == 1 {
+                    break;
+                }
+                s /= 2;
+            }
+        }
+        std::mem::swap(&mut prev, &mut cur);
     }
-    (best, arg)
+    splits
 }
 
-/// Fill cur[j] for j in c..=n: the optimal split of j is monotone in j, so solve the middle j
-/// over the whole candidate range and recurse on each half with the range cut at its argmin.
-/// It is also monotone in the number of clusters (the last cluster of a c-cluster solution
-/// starts no earlier than that of the (c−1)-cluster one, Knuth–Yao), so `lower[j]`, the previous
-/// layer's split, is a second lower bound that prunes the wide top-level ranges.
-#[allow(clippy::too_many_arguments)]
-fn solve_layer(
-    pre: &Prefix,
-    prev: &[f64],
-    lower: &[u32],
-    cur: &mut [f64],
-    split: &mut [u32],
-    jlo: usize,
-    jhi: usize,
-    optlo: usize,
-    opthi: usize,
-) {
-    // Explicit stack: (jlo, jhi, optlo, opthi) ranges still to solve.
-    let mut stack = vec![(jlo, jhi, optlo, opthi)];
-    while let Some((jlo, jhi, olo, ohi)) = stack.pop() {
-        if jlo > jhi {
-            continue;
+/// One DP layer's search data: prefix sums and `a[i] = F_{c−1}(i) − s2[i]`.
+struct Rows<'a> {
+    w: &'a [f64],
+    s1: &'a [f64],
+    a: &'a [f64],
+}
+
+/// Independent minima kept in [`Rows::min`]'s long scans: the divisions of neighbouring
+/// candidates overlap instead of queueing behind one running minimum.
+const LANES: usize = 4;
+
+impl Rows<'_> {
+    /// Leftmost argmin over `i` in `lo..=hi` (`lo ≤ hi < j`) of
+    /// `a[i] − (s1[j] − s1[i])² / (w[j] − w[i])`, with its value.
+    #[inline(always)]
+    fn min(&self, lo: usize, hi: usize, j: usize) -> (f64, usize) {
+        let (wj, s1j) = (self.w[j], self.s1[j]);
+        if hi - lo < LANES {
+            // Fixed four candidates, clamped to hi: repeats are harmless (same value, same
+            // index) and the loop-exit mispredictions of these tiny searches disappear.
+            let v = |i: usize| {
+                let d = s1j - self.s1[i];
+                self.a[i] - d * d / (wj - self.w[i])
+            };
+            let (i1, i2, i3) = ((lo + 1).min(hi), (lo + 2).min(hi), (lo + 3).min(hi));
+            let (v0, v1, v2, v3) = (v(lo), v(i1), v(i2), v(i3));
+            let (b01, a01) = if v1 < v0 { (v1, i1) } else { (v0, lo) };
+            let (b23, a23) = if v3 < v2 { (v3, i3) } else { (v2, i2) };
+            return if b23 < b01 { (b23, a23) } else { (b01, a01) };
         }
-        let mid = jlo + (jhi - jlo) / 2;
-        let lo = olo.max(lower[mid] as usize).min(ohi.min(mid - 1));
-        let (best, arg) = best_split(pre, prev, mid, lo, ohi);
-        cur[mid] = best;
-        split[mid] = arg as u32;
-        if mid > jlo {
-            stack.push((jlo, mid - 1, olo, arg));
+        let (w, s1, a) = (&self.w[lo..=hi], &self.s1[lo..=hi], &self.a[lo..=hi]);
+        let mut best = [f64::INFINITY; LANES];
+        // Indices as f64 (exact below 2^53) so the compiler keeps value and index in one
+        // vector type and selects both with the same mask.
+        let mut arg = [0.0f64; LANES];
+        let mut base = 0.0f64;
+        let chunks = w
+            .chunks_exact(LANES)
+            .zip(s1.chunks_exact(LANES))
+            .zip(a.chunks_exact(LANES));
+        for ((wc, sc), ac) in chunks {
+            for l in 0..LANES {
+                let d = s1j - sc[l];
+                let v = ac[l] - d * d / (wj - wc[l]);
+                let better = v < best[l];
+                best[l] = if better { v } else { best[l] };
+                arg[l] = if better { base + l as f64 } else { arg[l] };
+            }
+            base += LANES as f64;
         }
-        stack.push((mid + 1, jhi, arg, ohi));
+        let (mut bv, mut bi) = (f64::INFINITY, 0usize);
+        for l in 0..LANES {
+            let i = arg[l] as usize;
+            if best[l] < bv || (best[l] == bv && i < bi) {
+                bv = best[l];
+                bi = i;
+            }
+        }
+        // The tail after the last full chunk has larger indices: strict < keeps leftmost.
+        for i in (w.len() / LANES) * LANES..w.len() {
+            let d = s1j - s1[i];
+            let v = a[i] - d * d / (wj - w[i]);
+            if v < bv {
+                bv = v;
+                bi = i;
+            }
+        }
+        (bv, lo + bi)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The solvers sum the same f64 terms in different orders (and the fast one drops the
+    /// clamp at zero), so equal optima agree to rounding, far below this.
+    const DP_REL_TOL: f64 = 1e-9;
 
     /// Exhaustive optimum over every contiguous partition of sorted points into ≤ k clusters
     /// (optimal 1-D clusters are contiguous, so this is the optimum over all partitions).
@@ -489,6 +556,111 @@ mod tests {
             let best = quadratic_dp_cost(&points, k);
             // Same optimum, different summation order: f64 rounding only.
             assert!(ours <= best * (1.0 + 1e-9), "n={n} k={k}: {ours} vs {best}");
+        }
+    }
+
+    /// The previous solver, kept as a reference: recursive divide-and-conquer per layer with the
+    /// full segment cost (clamped at 0) and the same Knuth–Yao lower bound.
+    fn recursive_dc_cost(points: &[(f64, f64)], k: usize) -> f64 {
+        let n = points.len();
+        if n <= k {
+            return 0.0;
+        }
+        let pre = Prefix::new(points, 0.0);
+        let mut prev: Vec<f64> = (0..=n).map(|j| pre.cost(0, j)).collect();
+        let mut lower = vec![0usize; n + 1];
+        for c in 2..=k {
+            let mut cur = vec![f64::INFINITY; n + 1];
+            let mut split = vec![0usize; n + 1];
+            let jlo = if c == k { n } else { c };
+            let mut stack = vec![(jlo, n, c - 1, n - 1)];
+            while let Some((jlo, jhi, olo, ohi)) = stack.pop() {
+                if jlo > jhi {
+                    continue;
+                }
+                let mid = jlo + (jhi - jlo) / 2;
+                let hi = ohi.min(mid - 1);
+                let lo = olo.max(lower[mid]).min(hi);
+                let (mut best, mut arg) = (f64::INFINITY, lo);
+                for i in lo..=hi {
+                    let v = prev[i] + pre.cost(i, mid);
+                    if v < best {
+                        best = v;
+                        arg = i;
+                    }
+                }
+                cur[mid] = best;
+                split[mid] = arg;
+                if mid > jlo {
+                    stack.push((jlo, mid - 1, olo, arg));
+                }
+                stack.push((mid + 1, jhi, arg, ohi));
+            }
+            prev = cur;
+            lower = split;
+        }
+        prev[n]
+    }
+
+    /// Sorted distinct points with positive weights, shaped like real weights: a dense normal
+    /// core on an f16 grid (many near-equal costs) plus sparse tails.
+    fn weighted_points(seed: u64, n: usize) -> Vec<(f64, f64)> {
+        let mut rng = crate::testing::SplitMix64(seed);
+        let mut xs: Vec<f64> = (0..n)
+            .map(|_| {
+                let x = rng.normal() * 0.05;
+                let x = if rng.next_u64() % 16 == 0 { x * 6.0 } else { x };
+                f16::from_f32(x).to_f64()
+            })
+            .collect();
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        xs.iter()
+            .map(|&x| {
+                let w = if rng.next_u64() % 2 == 0 {
+                    1.0 + (rng.next_u64() % 400) as f64
+                } else {
+                    0.01 + rng.uniform() as f64
+                };
+                (x, w)
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The level-order solver reaches the recursive solver's optimum on random weighted
+        /// inputs, across the branch-free (< 4 candidates), vector and tail search paths.
+        #[test]
+        fn level_order_dp_matches_recursive_dp(
+            seed in any::<u64>(),
+            n in 1usize..3000,
+            nbits in prop::sample::select(vec![1u8, 2, 3, 4, 5, 6]),
+        ) {
+            let k = 1usize << nbits;
+            let points = weighted_points(seed, n);
+            let ours = cost_of(&points, &optimal_centers(&points, k));
+            let reference = recursive_dc_cost(&points, k);
+            // Same optimum, different summation order: f64 rounding only.
+            prop_assert!(
+                (ours - reference).abs() <= reference * DP_REL_TOL + 1e-15,
+                "n={} k={k}: ours {ours} vs reference {reference}", points.len()
+            );
+        }
+    }
+
+    #[test]
+    fn level_order_dp_matches_quadratic_dp_on_real_shaped_inputs() {
+        for (seed, n, k) in [(1, 2000, 16), (2, 700, 64), (3, 5000, 4), (4, 257, 256)] {
+            let points = weighted_points(seed, n);
+            let ours = cost_of(&points, &optimal_centers(&points, k));
+            let best = quadratic_dp_cost(&points, k);
+            assert!(
+                ours <= best * (1.0 + DP_REL_TOL) + 1e-15,
+                "n={} k={k}: {ours} vs {best}",
+                points.len()
+            );
         }
     }
 
