@@ -320,6 +320,12 @@ pub(crate) fn optimal_centers(points: &[(f64, f64)], k: usize) -> Vec<f64> {
     // total spread; 1e-9 of it is orders of magnitude above that and far below any real gap.
     let spread = pre.cost(0, n);
     let cutoff = lloyd_upper_bound(&pre, points, shift, k) + CUT_MARGIN * spread;
+    // Prefix sums that overflowed (absurd importance weights) give no usable bound: no cut.
+    let cutoff = if cutoff.is_finite() {
+        cutoff
+    } else {
+        f64::INFINITY
+    };
     // The optimal path always survives a valid bound; solving without the cut keeps this
     // exact even if rounding ever proved that wrong. Without a cut some j always meets.
     let Some((fwd, bwd, j)) = meet(&pre, &pre_rev, front, back, cutoff)
