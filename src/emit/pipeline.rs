@@ -387,6 +387,7 @@ pub fn prepare_weights(
                         granularity,
                     };
                 }
+                line.nbits = Some(q.nbits);
                 let numel = q.rows * q.cols;
                 line.bytes_after = crate::budget::Storage::Lut {
                     nbits: q.nbits,

@@ -55,7 +55,7 @@ impl Default for SequentialOptions {
     fn default() -> Self {
         SequentialOptions {
             segment_len: 512,
-            awq: true,
+            awq: false,
             target_bpw: None,
         }
     }
@@ -213,9 +213,9 @@ pub fn quantize_checkpoint(
                 .find(|s| s.layer == Some(l) && s.role == role)
                 .cloned()
         };
+        // Per site: the projections to palettize and the XᵀX they are fitted with.
+        let mut work: Vec<(usize, Vec<f64>, Vec<(Role, TensorSlot, LinearMethod)>)> = Vec::new();
         for (site, (_, roles)) in SITES.iter().enumerate() {
-            let gram = &obs.grams[site];
-            let cols = gram.dim;
             let methods: Vec<(Role, TensorSlot, LinearMethod)> = roles
                 .iter()
                 .filter_map(|&r| {
@@ -223,17 +223,21 @@ pub fn quantize_checkpoint(
                     method_for(&slot).map(|m| (r, slot, m))
                 })
                 .collect();
-            if methods.is_empty() {
-                continue;
+            if !methods.is_empty() {
+                work.push((site, obs.grams[site].sum.clone(), methods));
             }
-            let mut h = gram.sum.clone();
-            if options.awq {
-                let choice = awq_search(&mut model, l, site, &methods, &h, cols)?;
+        }
+        // AWQ folds first, all of them: the o and down scales fold into v_proj and up_proj
+        // rows, which must carry them before they are palettized.
+        if options.awq {
+            for (site, h, methods) in work.iter_mut() {
+                let cols = obs.grams[*site].dim;
+                let choice = awq_search(&mut model, l, *site, methods, h, cols)?;
                 if choice.exponent > 0.0 {
-                    let s = awq_scales(&h, cols, choice.exponent);
-                    let s = site_scales(&spec, site, &s);
-                    apply_scales(&mut model, &spec, l, site, &s, &mut out.replaced, &slots)?;
-                    let s_full = expand_o_scales(&spec, site, &s);
+                    let sc = awq_scales(h, cols, choice.exponent);
+                    let sc = site_scales(&spec, *site, &sc);
+                    apply_scales(&mut model, &spec, l, *site, &sc, &mut out.replaced, &slots)?;
+                    let s_full = expand_o_scales(&spec, *site, &sc);
                     for i in 0..cols {
                         for j in 0..cols {
                             h[i * cols + j] /= s_full[i] * s_full[j];
@@ -242,7 +246,10 @@ pub fn quantize_checkpoint(
                 }
                 out.awq.push(choice);
             }
-            for (role, slot, method) in &methods {
+        }
+        for (site, h, methods) in &work {
+            let cols = obs.grams[*site].dim;
+            for (role, slot, method) in methods {
                 let w = model
                     .weight_mut(l, *role, false)
                     .ok_or_else(|| QuantError::Calibration {
@@ -250,7 +257,7 @@ pub fn quantize_checkpoint(
                     })?;
                 let rows = slot.shape[0];
                 let values = to_vec(w)?;
-                let q = quantize_linear(&values, rows, cols, Some(&h), method)
+                let q = quantize_linear(&values, rows, cols, Some(h), method)
                     .map_err(|e| e.in_tensor(&slot.name))?;
                 *w = Tensor::from_vec(q.dequantize(), (rows, cols), &Device::Cpu)
                     .map_err(|e| calib_err(&slot.name, e))?;
