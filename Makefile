@@ -106,6 +106,12 @@ $(BENCH_VENV)/.complete: python/requirements.txt
 bench-palettize: model $(BENCH_VENV)/.complete
 	HF2COREML_BENCH_PYTHON=$(BENCH_VENV)/bin/python $(CARGO) bench --locked --bench palettize_vs_coremltools
 
+# The README's quality table: every recipe/method on the real model, converted and validated
+# (about 3 minutes per row on 2 cores). Writes out/quality/quality.md.
+.PHONY: quality
+quality: build setup model
+	BIN=$(BIN) benches/quality.sh $(MODEL_DIR) out/quality
+
 # End-to-end convert of the real model (4-bit, S=512): wall time and peak RSS (/usr/bin/time -v).
 .PHONY: bench-convert
 bench-convert: build setup model

@@ -30,7 +30,11 @@ fn main() {
         calib.truncate(n.parse().unwrap());
     }
     let eval = enc(include_str!("../fixtures/evaluation.txt"));
-    eprintln!("calibration {} tokens, evaluation {} tokens", calib.len(), eval.len());
+    eprintln!(
+        "calibration {} tokens, evaluation {} tokens",
+        calib.len(),
+        eval.len()
+    );
     let mut reference = PlainModel::load(&ckpt).unwrap();
     let ref_logits = rows(&reference.logits_fresh(&eval).unwrap());
     drop(reference);
@@ -38,7 +42,10 @@ fn main() {
     println!("|---|---|---|---|---|---|");
     for spec in &args[1..] {
         let mut m = LinearMethod::data_free(4);
-        let mut opts = SequentialOptions { awq: false, ..Default::default() };
+        let mut opts = SequentialOptions {
+            awq: false,
+            ..Default::default()
+        };
         for f in spec.split(',') {
             match f {
                 "rs" => m.row_scale = true,
@@ -49,6 +56,7 @@ fn main() {
                 _ if f.starts_with("nbits=") => m.nbits = f[6..].parse().unwrap(),
                 _ if f.starts_with("g=") => m.row_groups = f[2..].parse().unwrap(),
                 _ if f.starts_with("damp=") => m.damp = f[5..].parse().unwrap(),
+                _ if f.starts_with("bpw=") => opts.target_bpw = Some(f[4..].parse().unwrap()),
                 _ => panic!("unknown flag {f}"),
             }
         }
@@ -69,6 +77,16 @@ fn main() {
             "| {spec} | {:.3} | {:.3} | {:.2} | {:.3} | {:.1} |",
             c.top1, c.kl_mean, c.kl_max, c.ppl_ratio, secs
         );
+        if opts.target_bpw.is_some() {
+            let mut counts = std::collections::BTreeMap::new();
+            for c in &w.allocation {
+                *counts.entry(c.nbits).or_insert(0) += 1;
+            }
+            eprintln!("bit widths: {counts:?}");
+            for c in w.allocation.iter().filter(|c| c.nbits > 4) {
+                eprintln!("  {} -> {} bits (errors {:?})", c.tensor, c.nbits, c.error);
+            }
+        }
         if opts.awq {
             let a: Vec<String> = w.awq.iter().map(|a| format!("{}", a.exponent)).collect();
             eprintln!("awq exponents: {}", a.join(" "));

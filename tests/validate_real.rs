@@ -63,7 +63,15 @@ fn eight_bit_package_passes_and_a_corrupted_lut_fails() {
         .arg(&model)
         .arg("-o")
         .arg(&pkg)
-        .args(["--max-seq-len", MAX_SEQ_LEN, "--nbits", "8", "--python-env"])
+        .args([
+            "--max-seq-len",
+            MAX_SEQ_LEN,
+            "--recipe",
+            "data-free-4bit",
+            "--nbits",
+            "8",
+        ])
+        .arg("--python-env")
         .arg(python_env())
         .output()
         .unwrap();

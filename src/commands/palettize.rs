@@ -9,7 +9,8 @@ use hf2coreml::util::{atomic_write, progress_bar};
 /// The recipe flags shared by `palettize`, `budget` and `inspect`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RecipeArgs {
-    /// Recipe file (TOML) instead of the built-in default (see configs/recipes/).
+    /// Recipe file (TOML) or the name of a shipped one (default, calibrated-4bit,
+    /// data-free-4bit, quality, compact; see configs/recipes/).
     #[arg(long, value_name = "FILE")]
     pub recipe: Option<PathBuf>,
     /// Bit width of every palettized tensor (1, 2, 4, 6 or 8), overriding the recipe.
@@ -29,7 +30,7 @@ pub struct RecipeArgs {
     pub data_free: bool,
     /// Mixed precision (calibrated): 4, 6 or 8 bits per projection, chosen from measured
     /// sensitivity, averaging at most B bits per palettized weight (LUTs and scales counted).
-    #[arg(long, value_name = "B", conflicts_with = "data_free")]
+    #[arg(long, value_name = "B", conflicts_with_all = ["data_free", "nbits"])]
     pub target_bpw: Option<f64>,
 }
 
@@ -37,7 +38,7 @@ impl RecipeArgs {
     /// The recipe file (or the default) with the flags applied.
     pub fn load(&self) -> anyhow::Result<Recipe> {
         let base = match &self.recipe {
-            Some(p) => Recipe::from_file(p)?,
+            Some(p) => Recipe::from_file_or_name(p)?,
             None => Recipe::default(),
         };
         let base = if self.data_free {
@@ -48,6 +49,14 @@ impl RecipeArgs {
             base.with_calibration(Some(Default::default()))
         } else {
             base
+        };
+        // An explicit bit width wins over a recipe's mixed-precision target.
+        let base = match (self.nbits, base.calibration().copied()) {
+            (Some(_), Some(mut c)) if c.target_bpw.is_some() => {
+                c.target_bpw = None;
+                base.with_calibration(Some(c))
+            }
+            _ => base,
         };
         let base = match (self.target_bpw, base.calibration().copied()) {
             (Some(b), Some(mut c)) => {

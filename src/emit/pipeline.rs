@@ -403,7 +403,10 @@ pub fn prepare_weights(
             continue;
         }
         if let Some(v) = calibrated.as_mut().and_then(|c| c.replaced.remove(&name)) {
-            weights.insert(name, Weight::Dense(v.iter().map(|&x| f16::from_f32(x)).collect()));
+            weights.insert(
+                name,
+                Weight::Dense(v.iter().map(|&x| f16::from_f32(x)).collect()),
+            );
             continue;
         }
         let w = match t.palettized {
@@ -517,7 +520,11 @@ pub fn convert(
                     } else {
                         String::new()
                     };
-                    let scale = if c.row_scale.is_some() { "+row_scale" } else { "" };
+                    let scale = if c.row_scale.is_some() {
+                        "+row_scale"
+                    } else {
+                        ""
+                    };
                     format!("lut{nbits}{groups}{scale}")
                 }
             };

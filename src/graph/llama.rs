@@ -115,74 +115,80 @@ pub fn build(
     let key_cache = b.input(contract::KEY_CACHE, fl, vec![l_count, hkv, s, d]);
     let value_cache = b.input(contract::VALUE_CACHE, fl, vec![l_count, hkv, s, d]);
 
-    let mut weight = |b: &mut Builder, name: &str, scale: f64| -> Result<LinearWeight, GraphError> {
-        let slot = slots
-            .get(name)
-            .ok_or_else(|| GraphError::Unsupported(format!("no tensor slot `{name}`")))?;
-        let w = weights
-            .remove(name)
-            .ok_or_else(|| GraphError::Unsupported(format!("weight `{name}` was not provided")))?;
-        // k-means is scale-equivariant: scaling a LUT equals palettizing the scaled tensor.
-        let scale_lut = |p: &mut Palettized| {
-            if scale != 1.0 {
-                for x in &mut p.lut {
-                    *x = f16::from_f64(x.to_f64() * scale);
-                }
-            }
-        };
-        let one = |b: &mut Builder, data: ConstData| LinearWeight {
-            parts: vec![b.constant(&mil_name(name), slot.shape.clone(), data, Some(name.to_string()))],
-            scale: None,
-        };
-        Ok(match w {
-            Weight::Dense(mut vals) => {
+    let mut weight =
+        |b: &mut Builder, name: &str, scale: f64| -> Result<LinearWeight, GraphError> {
+            let slot = slots
+                .get(name)
+                .ok_or_else(|| GraphError::Unsupported(format!("no tensor slot `{name}`")))?;
+            let w = weights.remove(name).ok_or_else(|| {
+                GraphError::Unsupported(format!("weight `{name}` was not provided"))
+            })?;
+            // k-means is scale-equivariant: scaling a LUT equals palettizing the scaled tensor.
+            let scale_lut = |p: &mut Palettized| {
                 if scale != 1.0 {
-                    for x in &mut vals {
+                    for x in &mut p.lut {
                         *x = f16::from_f64(x.to_f64() * scale);
                     }
                 }
-                one(b, ConstData::F16(vals))
-            }
-            Weight::Palettized(mut p) => {
-                scale_lut(&mut p);
-                one(b, ConstData::Lut(p))
-            }
-            Weight::Calibrated(c) => {
-                let rows: usize = c.groups.iter().map(|(r, _)| r).sum();
-                if slot.shape.len() != 2 || rows != slot.shape[0] {
-                    return Err(GraphError::Unsupported(format!(
-                        "`{name}`: row groups cover {rows} rows of {:?}",
-                        slot.shape
-                    )));
+            };
+            let one = |b: &mut Builder, data: ConstData| LinearWeight {
+                parts: vec![b.constant(
+                    &mil_name(name),
+                    slot.shape.clone(),
+                    data,
+                    Some(name.to_string()),
+                )],
+                scale: None,
+            };
+            Ok(match w {
+                Weight::Dense(mut vals) => {
+                    if scale != 1.0 {
+                        for x in &mut vals {
+                            *x = f16::from_f64(x.to_f64() * scale);
+                        }
+                    }
+                    one(b, ConstData::F16(vals))
                 }
-                let n = c.groups.len();
-                let mut parts = Vec::with_capacity(n);
-                for (g, (r, mut p)) in c.groups.into_iter().enumerate() {
+                Weight::Palettized(mut p) => {
                     scale_lut(&mut p);
-                    let cname = if n == 1 {
-                        mil_name(name)
-                    } else {
-                        format!("{}_g{g}", mil_name(name))
-                    };
-                    parts.push(b.constant(
-                        &cname,
-                        vec![r, slot.shape[1]],
-                        ConstData::Lut(p),
-                        Some(name.to_string()),
-                    ));
+                    one(b, ConstData::Lut(p))
                 }
-                let scale = c.row_scale.map(|s| {
-                    b.constant(
-                        &format!("{}_row_scale", mil_name(name)),
-                        vec![rows],
-                        ConstData::F16(s),
-                        Some(name.to_string()),
-                    )
-                });
-                LinearWeight { parts, scale }
-            }
-        })
-    };
+                Weight::Calibrated(c) => {
+                    let rows: usize = c.groups.iter().map(|(r, _)| r).sum();
+                    if slot.shape.len() != 2 || rows != slot.shape[0] {
+                        return Err(GraphError::Unsupported(format!(
+                            "`{name}`: row groups cover {rows} rows of {:?}",
+                            slot.shape
+                        )));
+                    }
+                    let n = c.groups.len();
+                    let mut parts = Vec::with_capacity(n);
+                    for (g, (r, mut p)) in c.groups.into_iter().enumerate() {
+                        scale_lut(&mut p);
+                        let cname = if n == 1 {
+                            mil_name(name)
+                        } else {
+                            format!("{}_g{g}", mil_name(name))
+                        };
+                        parts.push(b.constant(
+                            &cname,
+                            vec![r, slot.shape[1]],
+                            ConstData::Lut(p),
+                            Some(name.to_string()),
+                        ));
+                    }
+                    let scale = c.row_scale.map(|s| {
+                        b.constant(
+                            &format!("{}_row_scale", mil_name(name)),
+                            vec![rows],
+                            ConstData::F16(s),
+                            Some(name.to_string()),
+                        )
+                    });
+                    LinearWeight { parts, scale }
+                }
+            })
+        };
 
     // Shared constants: RoPE tables, position offsets, mask pieces.
     let inv = rope::inv_freq(d, spec.rope_theta, &spec.rope_scaling);

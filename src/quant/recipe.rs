@@ -34,6 +34,27 @@ use crate::budget::Storage;
 pub const DEFAULT_RECIPE: &str = include_str!("../../configs/recipes/default.toml");
 const DEFAULT_ORIGIN: &str = "configs/recipes/default.toml (built in)";
 
+/// Recipes shipped in configs/recipes/, usable by name (`--recipe NAME`).
+pub const BUILTIN_RECIPES: [(&str, &str); 5] = [
+    ("default", DEFAULT_RECIPE),
+    (
+        "calibrated-4bit",
+        include_str!("../../configs/recipes/calibrated-4bit.toml"),
+    ),
+    (
+        "data-free-4bit",
+        include_str!("../../configs/recipes/data-free-4bit.toml"),
+    ),
+    (
+        "quality",
+        include_str!("../../configs/recipes/quality.toml"),
+    ),
+    (
+        "compact",
+        include_str!("../../configs/recipes/compact.toml"),
+    ),
+];
+
 /// What happens to one tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -239,6 +260,24 @@ impl Default for Recipe {
 }
 
 impl Recipe {
+    /// A recipe shipped with the tool, by name (see [`BUILTIN_RECIPES`]).
+    pub fn builtin(name: &str) -> Option<Result<Self, QuantError>> {
+        BUILTIN_RECIPES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(n, text)| Self::parse(text, &format!("configs/recipes/{n}.toml (built in)")))
+    }
+
+    /// A recipe file, or a built-in recipe's name when no such file exists.
+    pub fn from_file_or_name(arg: &Path) -> Result<Self, QuantError> {
+        if !arg.exists() {
+            if let Some(r) = arg.to_str().and_then(Self::builtin) {
+                return r;
+            }
+        }
+        Self::from_file(arg)
+    }
+
     /// Read a recipe file.
     pub fn from_file(path: &Path) -> Result<Self, QuantError> {
         let text = std::fs::read_to_string(path).map_err(|e| QuantError::Recipe {
@@ -547,6 +586,14 @@ mod tests {
         nbits: 4,
         granularity: Granularity::PerTensor,
     };
+
+    #[test]
+    fn builtin_recipes_parse() {
+        for (name, _) in BUILTIN_RECIPES {
+            Recipe::builtin(name).unwrap().unwrap();
+        }
+        assert!(Recipe::builtin("nope").is_none());
+    }
 
     #[test]
     fn default_recipe_palettizes_projections_only() {

@@ -1,0 +1,87 @@
+//! The default recipe on the real model (SmolLM2-135M-Instruct from `make model`): the package
+//! it makes passes `validate`'s default gates for its bit width and answers the France prompt
+//! with Paris through `run`. This is what `make demo` shows.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Evaluation tokens: enough that top-1 agreement is not decided by a handful of positions.
+const EVAL_TOKENS: &str = "160";
+const MAX_SEQ_LEN: &str = "192";
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("HF2COREML_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/hf2coreml/smollm2-135m-instruct")
+        })
+}
+
+fn python_env() -> PathBuf {
+    std::env::var_os("HF2COREML_PYTHON_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(REPO).join(".venv"))
+}
+
+#[test]
+fn default_recipe_passes_its_gates_and_answers_paris() {
+    let model = model_dir();
+    assert!(
+        model.join("config.json").is_file(),
+        "no real model at {} (run `make model`)",
+        model.display()
+    );
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("smol.mlpackage");
+    let out = Command::new(BIN)
+        .arg("convert")
+        .arg(&model)
+        .arg("-o")
+        .arg(&pkg)
+        .args(["--max-seq-len", MAX_SEQ_LEN, "--json", "--python-env"])
+        .arg(python_env())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "convert failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Every decoder projection is palettized; embedding and norms stay fp16.
+    let tensors = summary["tensors"].as_object().unwrap();
+    let lut = tensors
+        .iter()
+        .filter(|(_, v)| v.as_str().unwrap().starts_with("lut"))
+        .count();
+    assert_eq!(lut, 7 * 30, "{tensors:?}");
+
+    let v = Command::new(BIN)
+        .args(["validate", pkg.to_str().unwrap(), "--against"])
+        .arg(&model)
+        .args(["--max-tokens", EVAL_TOKENS, "--json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap_or_default();
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "{}\n{report:#}",
+        String::from_utf8_lossy(&v.stderr)
+    );
+
+    let r = Command::new(BIN)
+        .arg("run")
+        .arg(&pkg)
+        .args(["--max-new-tokens", "24", "--prompt"])
+        .arg("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(answer.contains("Paris"), "answer: {answer:?}");
+}
