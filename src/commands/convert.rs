@@ -3,6 +3,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use hf2coreml::budget::{self, Devices, Limit};
+use hf2coreml::checkpoint::gguf::{self, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::emit::pipeline::{self, ComputePrecision, ConvertOptions, Outputs, StageTimes};
 use hf2coreml::emit::PythonEnv;
@@ -13,7 +14,8 @@ use super::palettize::RecipeArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json + *.safetensors).
+    /// Checkpoint directory (config.json + *.safetensors), or a .gguf file (imported first, as
+    /// `import-gguf` does).
     pub dir: PathBuf,
     /// The package to write (must end in .mlpackage); X.tokenizer.json and X.report.json are
     /// written beside it.
@@ -80,7 +82,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.output.display()
         );
     }
-    let ckpt = Checkpoint::open(&args.dir)
+    // A GGUF file converts directly: imported into a temporary checkpoint first.
+    let imported = if args.dir.is_file() && gguf::is_gguf_file(&args.dir) {
+        let tmp = tempfile::Builder::new()
+            .prefix("hf2coreml-gguf-")
+            .tempdir()
+            .context("cannot create a temporary directory for the GGUF import")?;
+        let stem = args
+            .dir
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let dest = tmp.path().join(stem);
+        let pb = progress_bar(1, "import");
+        pb.set_message("GGUF → checkpoint");
+        gguf::import(&args.dir, &dest, &ImportOptions { force: false })
+            .with_context(|| format!("cannot import {}", args.dir.display()))?;
+        pb.finish_and_clear();
+        Some((tmp, dest))
+    } else {
+        None
+    };
+    let dir = imported.as_ref().map_or(&args.dir, |(_, d)| d);
+    let ckpt = Checkpoint::open(dir)
         .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
     let open_secs = start.elapsed().as_secs_f64();
     let spec = ckpt.spec().clone();
