@@ -39,8 +39,9 @@ impl AtomicDir {
         }
         let parent = parent_dir(dest);
         std::fs::create_dir_all(parent)?;
+        remove_stale_partials(parent, &file_name(dest));
         let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{}.", file_name(dest)))
+            .prefix(&format!(".{}.{}.", file_name(dest), std::process::id()))
             .suffix(".partial")
             .tempdir_in(parent)?;
         Ok(AtomicDir {
@@ -81,6 +82,35 @@ impl AtomicDir {
             std::fs::rename(&tmp_path, &self.dest)?;
         }
         Ok(self.dest.clone())
+    }
+}
+
+/// Remove `.NAME.PID.*.partial` directories that a killed run (SIGKILL, power loss: no chance
+/// to clean up) left beside `NAME`, when process PID no longer exists. Where process liveness
+/// cannot be checked (no /proc), nothing is removed. Best effort: errors are ignored.
+fn remove_stale_partials(parent: &Path, name: &str) {
+    let proc_root = Path::new("/proc");
+    if !proc_root.join("self").exists() {
+        return;
+    }
+    let prefix = format!(".{name}.");
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let fname = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = fname.strip_prefix(&prefix) else {
+            continue;
+        };
+        if !rest.ends_with(".partial") {
+            continue;
+        }
+        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !proc_root.join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
@@ -149,6 +179,25 @@ pub fn progress_bar(len: u64, label: &str) -> indicatif::ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_partials_of_dead_processes_are_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let dest = root.path().join("m.mlpackage");
+        // PIDs above the kernel's pid_max (4,194,304 at most) never exist.
+        let dead = root.path().join(".m.mlpackage.4999999.abc.partial");
+        let mine = root
+            .path()
+            .join(format!(".m.mlpackage.{}.abc.partial", std::process::id()));
+        let other = root.path().join(".n.mlpackage.4999999.abc.partial");
+        for d in [&dead, &mine, &other] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let a = AtomicDir::new(&dest, false).unwrap();
+        assert!(!dead.exists() || !Path::new("/proc/self").exists());
+        assert!(mine.exists() && other.exists());
+        assert!(a.path().exists());
+    }
 
     #[test]
     fn counts_and_bytes() {
