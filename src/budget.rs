@@ -436,7 +436,14 @@ mod tests {
         let slots = expected_tensors(&spec);
         let fp16 = weights_bytes(&slots, |_| Storage::Fp16);
         assert_eq!(fp16, 134_515_008 * 2);
-        let q4 = weights_bytes(&slots, default_storage);
-        assert!(q4 < fp16 / 2);
+        // The default recipe: projections 6-bit (one 64-entry fp16 LUT each), the rest fp16.
+        let q = weights_bytes(&slots, default_storage);
+        let proj: u64 = slots
+            .iter()
+            .filter(|s| s.role.is_projection())
+            .map(|s| s.numel() as u64)
+            .sum();
+        let luts = 7 * 30 * 64 * 2;
+        assert_eq!(q, proj * 6 / 8 + luts + (134_515_008 - proj) * 2);
     }
 }
