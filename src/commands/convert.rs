@@ -221,7 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let plan = hf2coreml::quant::Report::plan(&ckpt, &recipe)?;
     let (tokens, _) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
     let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
-    if recipe.calibration().is_some() {
+    if !tokens.is_empty() {
         pb.set_message("calibrating");
     }
     let (weights, report) = pipeline::prepare_weights(&ckpt, &recipe, &tokens, &|line| {

@@ -78,7 +78,7 @@ impl RecipeArgs {
         recipe: &Recipe,
         ckpt: &Checkpoint,
     ) -> anyhow::Result<(Vec<u32>, Option<String>)> {
-        if recipe.calibration().is_none() {
+        if !recipe.calibrates(&ckpt.slots()) {
             return Ok((Vec::new(), None));
         }
         let (ids, source) = match &self.calibration {

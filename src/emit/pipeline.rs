@@ -343,16 +343,21 @@ pub fn prepare_weights(
     calibration: &[u32],
     progress: &(dyn Fn(&quant::TensorReport) + Sync),
 ) -> Result<(BTreeMap<String, Weight>, quant::Report), ConvertError> {
-    let calibrated = match recipe.calibration() {
+    let method_for = |slot: &crate::arch::TensorSlot| {
+        let cal = recipe.calibration()?;
+        match recipe.decide(slot) {
+            Decision::Palettize {
+                nbits,
+                granularity: Granularity::PerTensor,
+            } if slot.role.is_projection() => Some(cal.method(nbits)),
+            _ => None,
+        }
+    };
+    // Nothing to fit (e.g. `--keep-fp16 '*'`): skip the calibration passes altogether.
+    let calibrates = recipe.calibrates(&ckpt.slots());
+    let calibrated = match recipe.calibration().filter(|_| calibrates) {
         Some(cal) => {
             let cal = *cal;
-            let method_for = |slot: &crate::arch::TensorSlot| match recipe.decide(slot) {
-                Decision::Palettize {
-                    nbits,
-                    granularity: Granularity::PerTensor,
-                } if slot.role.is_projection() => Some(cal.method(nbits)),
-                _ => None,
-            };
             let options = quant::sequential::SequentialOptions {
                 awq: cal.awq,
                 target_bpw: cal.target_bpw,

@@ -411,6 +411,22 @@ impl Recipe {
         self.calibration.as_ref()
     }
 
+    /// Whether this recipe fits any of `slots` on calibration data: it has `[calibration]` and
+    /// palettizes at least one projection per tensor.
+    pub fn calibrates(&self, slots: &[TensorSlot]) -> bool {
+        self.calibration.is_some()
+            && slots.iter().any(|s| {
+                s.role.is_projection()
+                    && matches!(
+                        self.decide(s),
+                        Decision::Palettize {
+                            granularity: Granularity::PerTensor,
+                            ..
+                        }
+                    )
+            })
+    }
+
     /// Calibrate (or not) regardless of the file.
     pub fn with_calibration(mut self, calibration: Option<Calibration>) -> Self {
         self.calibration = calibration;
