@@ -154,6 +154,57 @@ fn qwen2_calibrated_package_matches_its_weights() {
     emitted_matches_calibrated_weights(TinyModel::qwen2());
 }
 
+/// AWQ folds into v_proj and up_proj rows even when the recipe keeps those fp16: the package
+/// must carry the folded fp16 weights.
+#[test]
+fn awq_folds_reach_projections_kept_fp16() {
+    let model = TinyModel::llama();
+    let dir = model.write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let recipe = root.path().join("r.toml");
+    std::fs::write(
+        &recipe,
+        "default = \"fp16\"\n[roles]\nq = { palettize = { nbits = 4 } }\n\
+         o = { palettize = { nbits = 4 } }\ndown = { palettize = { nbits = 4 } }\n\
+         [calibration]\nawq = true\n",
+    )
+    .unwrap();
+    let pkg = root.path().join("m.mlpackage");
+    convert(dir.path(), &recipe, &pkg, &[]);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+    let palettized = |r: hf2coreml::arch::Role| {
+        use hf2coreml::arch::Role;
+        matches!(r, Role::Q | Role::O | Role::Down)
+    };
+    let (weights, mut simulated) = quantize_checkpoint(
+        &ckpt,
+        &calib,
+        &|slot| palettized(slot.role).then_some(LinearMethod::calibrated(4)),
+        &SequentialOptions {
+            awq: true,
+            ..Default::default()
+        },
+        &|_, _| {},
+    )
+    .unwrap();
+    assert!(
+        weights.awq.iter().any(|a| a.exponent > 0.0),
+        "{:?}",
+        weights.awq
+    );
+    let toks = tokens(model.vocab);
+    let want: Vec<Vec<f32>> = simulated.logits_fresh(&toks).unwrap().to_vec2().unwrap();
+    let got = package_logits(&pkg, &toks);
+    let worst = got
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < FP16_LOGIT_TOL, "max |Δlogit| {worst}");
+}
+
 #[test]
 fn calibration_beats_data_free_at_the_same_bits() {
     let model = TinyModel::llama();

@@ -80,8 +80,8 @@ pub struct AwqChoice {
 pub struct CalibratedWeights {
     /// Palettized projections by checkpoint tensor name.
     pub linears: BTreeMap<String, QuantizedLinear>,
-    /// fp16 tensors whose values changed (AWQ scales folded into RMSNorm weights or biases),
-    /// by checkpoint tensor name, f32 row-major.
+    /// Unpalettized tensors whose values changed (AWQ scales folded into RMSNorm weights,
+    /// biases, or projections the recipe keeps fp16), by checkpoint tensor name, f32 row-major.
     pub replaced: BTreeMap<String, Vec<f32>>,
     pub awq: Vec<AwqChoice>,
     /// With a target bpw: what was measured and chosen per projection.
@@ -268,6 +268,7 @@ pub fn quantize_checkpoint(
                     .map_err(|e| e.in_tensor(&slot.name))?;
                 *w = Tensor::from_vec(q.dequantize(), (rows, cols), &Device::Cpu)
                     .map_err(|e| calib_err(&slot.name, e))?;
+                out.replaced.remove(&slot.name);
                 out.linears.insert(slot.name.clone(), q);
             }
         }
@@ -478,16 +479,19 @@ fn apply_scales(
     let missing = || QuantError::Calibration {
         message: format!("block {l} lacks a tensor AWQ folds into"),
     };
-    for &role in SITES[site].1 {
-        let w = model.weight_mut(l, role, false).ok_or_else(missing)?;
-        scale_tensor(w, &cols_scale, true)?;
-    }
     let name_of = |role: Role, suffix: &str| {
         slots
             .iter()
             .find(|x| x.layer == Some(l) && x.role == role && x.name.ends_with(suffix))
             .map(|x| x.name.clone())
     };
+    for &role in SITES[site].1 {
+        let w = model.weight_mut(l, role, false).ok_or_else(missing)?;
+        scale_tensor(w, &cols_scale, true)?;
+        // Recorded in case the recipe keeps it fp16; dropped again once it is palettized.
+        let name = name_of(role, "_proj.weight").ok_or_else(missing)?;
+        replaced.insert(name, to_vec(w)?);
+    }
     match site {
         0 | 2 => {
             let post = site == 2;
@@ -502,8 +506,12 @@ fn apply_scales(
             replaced.insert(name, to_vec(w)?);
         }
         1 => {
+            // v_proj and up_proj are recorded too: when the recipe keeps them fp16 the package
+            // must still carry the fold (a palettized one is replaced by its LUT form).
             let w = model.weight_mut(l, Role::V, false).ok_or_else(missing)?;
             scale_tensor(w, &inv, false)?;
+            let name = name_of(Role::V, "v_proj.weight").ok_or_else(missing)?;
+            replaced.insert(name, to_vec(w)?);
             if let Some(b) = model.bias_mut(l, Role::V) {
                 scale_tensor(b, &inv, true)?;
                 let name = name_of(Role::Bias, "v_proj.bias").ok_or_else(missing)?;
@@ -513,6 +521,8 @@ fn apply_scales(
         _ => {
             let w = model.weight_mut(l, Role::Up, false).ok_or_else(missing)?;
             scale_tensor(w, &inv, false)?;
+            let name = name_of(Role::Up, "up_proj.weight").ok_or_else(missing)?;
+            replaced.insert(name, to_vec(w)?);
         }
     }
     Ok(())
