@@ -112,6 +112,7 @@ fn fixture_texts_have_their_intended_lengths() {
     let calibration = encode(&tok, include_str!("../fixtures/calibration.txt")).len();
     let evaluation = encode(&tok, include_str!("../fixtures/evaluation.txt")).len();
     eprintln!("calibration.txt {calibration} tokens, evaluation.txt {evaluation} tokens");
-    assert!((500..=800).contains(&calibration), "{calibration}");
+    // Calibrated palettization fits 2k-wide Hessians on it: thousands of tokens.
+    assert!((4000..=6000).contains(&calibration), "{calibration}");
     assert!((900..=1300).contains(&evaluation), "{evaluation}");
 }
