@@ -92,6 +92,19 @@ fn package_logits(pkg: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
     rows
 }
 
+/// The package's logits equal the simulated calibrated model's, to fp16 accuracy.
+fn assert_package_matches(pkg: &Path, simulated: &mut PlainModel, toks: &[u32]) {
+    let want: Vec<Vec<f32>> = simulated.logits_fresh(toks).unwrap().to_vec2().unwrap();
+    let got = package_logits(pkg, toks);
+    let worst = got
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < FP16_LOGIT_TOL, "max |Δlogit| {worst}");
+}
+
 fn tokens(vocab: usize) -> Vec<u32> {
     (0..12u32).map(|i| (i * 7 + 3) % vocab as u32).collect()
 }
@@ -126,15 +139,7 @@ fn emitted_matches_calibrated_weights(model: TinyModel) {
     assert!(weights.linears.values().all(|q| q.luts.len() == 2));
 
     let toks = tokens(model.vocab);
-    let want: Vec<Vec<f32>> = simulated.logits_fresh(&toks).unwrap().to_vec2().unwrap();
-    let got = package_logits(&pkg, &toks);
-    let worst = got
-        .iter()
-        .flatten()
-        .zip(want.iter().flatten())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
-    assert!(worst < FP16_LOGIT_TOL, "max |Δlogit| {worst}");
+    assert_package_matches(&pkg, &mut simulated, &toks);
 
     // The package's row groups and row scales are visible by name.
     let spec = std::fs::read(pkg.join("Data/com.apple.CoreML/model.mlmodel")).unwrap();
@@ -194,15 +199,7 @@ fn awq_folds_reach_projections_kept_fp16() {
         weights.awq
     );
     let toks = tokens(model.vocab);
-    let want: Vec<Vec<f32>> = simulated.logits_fresh(&toks).unwrap().to_vec2().unwrap();
-    let got = package_logits(&pkg, &toks);
-    let worst = got
-        .iter()
-        .flatten()
-        .zip(want.iter().flatten())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
-    assert!(worst < FP16_LOGIT_TOL, "max |Δlogit| {worst}");
+    assert_package_matches(&pkg, &mut simulated, &toks);
 }
 
 #[test]

@@ -414,18 +414,19 @@ fn awq_scales(gram: &[f64], n: usize, exponent: f64) -> Vec<f64> {
     raw.iter().map(|v| v / g).collect()
 }
 
+/// (kv heads, head dim, query heads per kv head).
+fn gqa(spec: &crate::checkpoint::ModelSpec) -> (usize, usize, usize) {
+    let hkv = spec.num_key_value_heads.max(1);
+    (hkv, spec.head_dim, spec.num_attention_heads / hkv)
+}
+
 /// o_proj's input channels (query head h, dim d) are fed by v_proj row (h / groups, d): one
 /// scale per kv row, the geometric mean over the heads sharing it. Other sites pass through.
 fn site_scales(spec: &crate::checkpoint::ModelSpec, site: usize, s: &[f64]) -> Vec<f64> {
     if site != 1 {
         return s.to_vec();
     }
-    let (hq, hkv, d) = (
-        spec.num_attention_heads,
-        spec.num_key_value_heads,
-        spec.head_dim,
-    );
-    let groups = hq / hkv.max(1);
+    let (hkv, d, groups) = gqa(spec);
     (0..hkv * d)
         .map(|kv_row| {
             let (g, dd) = (kv_row / d, kv_row % d);
@@ -440,13 +441,8 @@ fn expand_o_scales(spec: &crate::checkpoint::ModelSpec, site: usize, s: &[f64]) 
     if site != 1 {
         return s.to_vec();
     }
-    let (hq, hkv, d) = (
-        spec.num_attention_heads,
-        spec.num_key_value_heads,
-        spec.head_dim,
-    );
-    let groups = hq / hkv.max(1);
-    (0..hq * d)
+    let (hkv, d, groups) = gqa(spec);
+    (0..hkv * groups * d)
         .map(|c| s[(c / d / groups) * d + c % d])
         .collect()
 }
