@@ -110,9 +110,21 @@ def _build(desc, dense, luts):
                 return bool(value)
             raise ValueError(f"unknown argument kind {kind!r}")
 
+        # A linear without a bias is saved with an explicit zero bias; one shared constant per
+        # width keeps 200-odd copies of it out of weight.bin.
+        zero_bias = {}
+
+        def shared_zero_bias(weight):
+            n = weight.shape[0]
+            if n not in zero_bias:
+                zero_bias[n] = mb.const(val=np.zeros(n, dtype=float_np), name=f"zero_bias_{n}")
+            return zero_bias[n]
+
         for op in desc["ops"]:
             fn = getattr(mb, op["op"])
             kwargs = {k: arg(v) for k, v in op["args"].items()}
+            if op["op"] == "linear" and "bias" not in kwargs:
+                kwargs["bias"] = shared_zero_bias(kwargs["weight"])
             outs = op["outputs"]
             if len(outs) == 1:
                 env[outs[0]] = fn(name=outs[0], **kwargs)
@@ -142,7 +154,22 @@ def emit(desc_json, dense, luts, meta_json, precision, out_dir):
                 "input_descriptions": {...}, "output_descriptions": {...}}.
     precision: "fp16" or "fp32".
     Returns the coremltools version and the ops in the saved program, by type.
+    HF2COREML_BRIDGE_PROFILE=PATH writes a cProfile of the call to PATH (a developer aid).
     """
+    profile_path = os.environ.get("HF2COREML_BRIDGE_PROFILE")
+    if profile_path:
+        # Developer aid: cProfile of the whole call, for `python -m pstats PATH`.
+        import cProfile
+
+        prof = cProfile.Profile()
+        try:
+            return prof.runcall(_emit, desc_json, dense, luts, meta_json, precision, out_dir)
+        finally:
+            prof.dump_stats(profile_path)
+    return _emit(desc_json, dense, luts, meta_json, precision, out_dir)
+
+
+def _emit(desc_json, dense, luts, meta_json, precision, out_dir):
     desc = json.loads(desc_json)
     meta = json.loads(meta_json)
     with quiet() as captured:
@@ -158,6 +185,12 @@ def emit(desc_json, dense, luts, meta_json, precision, out_dir):
                     ct.precision.FLOAT16 if precision == "fp16" else ct.precision.FLOAT32
                 ),
                 skip_model_load=True,
+                # The graph arrives in its final form (linear, fused scales, fp16 throughout), so
+                # coremltools' DEFAULT optimisation passes find nothing to improve on it and cost
+                # ~16 s on SmolLM2 (most of it re-validating the program after each of ~100
+                # passes). Only the backend passes run: silu fusion, const folding and
+                # deduplication, name sanitizing.
+                pass_pipeline=ct.PassPipeline.EMPTY,
             )
             model.author = meta["author"]
             model.short_description = meta["short_description"]
