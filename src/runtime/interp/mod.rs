@@ -6,6 +6,7 @@
 //! against the shape the program declares and rounded to the declared dtype (fp16 stays fp16
 //! and overflows to inf, as on device), unless [`Compute::F32`] is chosen.
 
+mod kernels;
 pub mod ops;
 pub mod tensor;
 
@@ -96,32 +97,7 @@ impl Stats {
     }
 }
 
-/// Largest finite |x| and the count of inf/NaN, in one pass the compiler can vectorize.
-fn scan_f32(v: &[f32]) -> (f32, u64) {
-    let mut m = 0f32;
-    let mut bad = 0u64;
-    for &x in v {
-        let a = x.abs();
-        let finite = a < f32::INFINITY;
-        m = if finite && a > m { a } else { m };
-        bad += (!finite) as u64;
-    }
-    (m, bad)
-}
-
-/// The same on fp16 bits: |x| orders like its bits with the sign cleared; 0x7c00 and above is
-/// inf or NaN.
-fn scan_f16(v: &[f16]) -> (f32, u64) {
-    let mut m = 0u16;
-    let mut bad = 0u64;
-    for x in v {
-        let a = x.to_bits() & 0x7fff;
-        let finite = a < 0x7c00;
-        m = if finite && a > m { a } else { m };
-        bad += (!finite) as u64;
-    }
-    (f16::from_bits(m).to_f32(), bad)
-}
+use kernels::{scan_f16, scan_f32};
 
 #[derive(Debug, Clone)]
 enum Arg {
@@ -186,7 +162,7 @@ impl Program {
         }
         let mut consts = Vec::new();
         let mut instrs = Vec::new();
-        let mut const_cache: HashMap<(String, u64), Arc<Tensor>> = HashMap::new();
+        let mut const_cache: HashMap<(String, u64, Vec<usize>), Arc<Tensor>> = HashMap::new();
         for op in &main.block.operations {
             let first_out = op
                 .outputs
@@ -210,7 +186,7 @@ impl Program {
                     other => other,
                 })?;
                 let s = new_slot(name, &mut slots);
-                consts.push((s, Arc::new(t)));
+                consts.push((s, t));
                 continue;
             }
             if op.r#type.starts_with("constexpr_") {
@@ -282,6 +258,7 @@ impl Program {
                 }
             }
         }
+        store_linear_weights_half(&mut consts, &instrs);
         let keep: Vec<usize> = outputs
             .iter()
             .map(|(_, s)| *s)
@@ -564,9 +541,9 @@ fn constexpr(
     pkg: &MlPackage,
     op: &proto::Operation,
     ty: &TensorTypeInfo,
-    cache: &mut HashMap<(String, u64), Arc<Tensor>>,
+    cache: &mut HashMap<(String, u64, Vec<usize>), Arc<Tensor>>,
     options: Options,
-) -> Result<Tensor, RuntimeError> {
+) -> Result<Arc<Tensor>, RuntimeError> {
     // iOS16/17 constexpr ops carry their operands as attributes; iOS18 as const inputs.
     let operand = |key: &str| -> Result<mlpackage::TensorData, RuntimeError> {
         if let Some(v) = op.attributes.get(key) {
@@ -581,15 +558,14 @@ fn constexpr(
                 .get("val")
                 .ok_or_else(|| RuntimeError::Program("const without `val`".into()))?;
             if let Some(proto::value::Value::BlobFileValue(b)) = &v.value {
-                let key = (b.file_name.clone(), b.offset);
+                let key = (b.file_name.clone(), b.offset, ty.shape.clone());
                 if let Some(t) = cache.get(&key) {
-                    if t.shape == ty.shape {
-                        return Ok((**t).clone());
-                    }
+                    return Ok(t.clone());
                 }
                 let t = Tensor::from_const(pkg.value(v, "const `val`")?);
-                cache.insert(key, Arc::new(t.clone()));
-                t
+                let t = checked_const(t, ty, options)?;
+                cache.insert(key, t.clone());
+                return Ok(t);
             } else {
                 Tensor::from_const(pkg.value(v, "const `val`")?)
             }
@@ -606,6 +582,15 @@ fn constexpr(
             )))
         }
     };
+    checked_const(t, ty, options)
+}
+
+/// A constant's value with its declared shape and the dtype it computes in.
+fn checked_const(
+    t: Tensor,
+    ty: &TensorTypeInfo,
+    options: Options,
+) -> Result<Arc<Tensor>, RuntimeError> {
     if t.shape != ty.shape && !(t.len() == 1 && ty.shape.iter().product::<usize>() == 1) {
         return Err(RuntimeError::Program(format!(
             "value of shape {:?}, declared {:?}",
@@ -613,7 +598,7 @@ fn constexpr(
         )));
     }
     let t = Tensor::new(t.dtype, ty.shape.clone(), t.data);
-    Ok(conform_const(t, options))
+    Ok(Arc::new(conform_const(t, options)))
 }
 
 /// iOS16/17 `constexpr_lut_to_dense`: one LUT of 2^nbits entries, indices packed LSB-first
@@ -661,6 +646,45 @@ fn lut_to_dense(
         _ => return Err("LUT must be float or integer".into()),
     };
     Ok(Tensor::new(lut.dtype, out_shape, data))
+}
+
+/// fp16 `linear` weights stay fp16 in memory (they are exact there): a decode step is bound by
+/// reading the weights, and half the bytes is nearly half the time. Every op reads fp16 data;
+/// `linear` and `gather` (a tied embedding shares the lm_head's storage) read it without
+/// widening the whole tensor.
+fn store_linear_weights_half(consts: &mut [(usize, Arc<Tensor>)], instrs: &[Instr]) {
+    let weight_slots: std::collections::HashSet<usize> = instrs
+        .iter()
+        .filter(|ins| ins.op_type == "linear")
+        .flat_map(|ins| ins.inputs.iter().filter(|(k, _)| k == "weight"))
+        .flat_map(|(_, a)| a.iter())
+        .filter_map(|a| match a {
+            Arg::Slot(s) => Some(*s),
+            Arg::Const(_) => None,
+        })
+        .collect();
+    // Storage shared between slots (deduplicated blobs) is converted once and stays shared.
+    // The map holds the original too, so no address is freed and reused while it is a key.
+    let mut converted: HashMap<*const Tensor, (Arc<Tensor>, Arc<Tensor>)> = HashMap::new();
+    for (s, t) in consts.iter() {
+        if !weight_slots.contains(s) || t.dtype != DType::F16 {
+            continue;
+        }
+        let Data::F(v) = &t.data else { continue };
+        converted.entry(Arc::as_ptr(t)).or_insert_with(|| {
+            let half = Tensor::new(
+                DType::F16,
+                t.shape.clone(),
+                Data::Half(tensor::f32_to_half(v)),
+            );
+            (t.clone(), Arc::new(half))
+        });
+    }
+    for (_, t) in consts.iter_mut() {
+        if let Some((_, h)) = converted.get(&Arc::as_ptr(t)) {
+            *t = h.clone();
+        }
+    }
 }
 
 /// A saved package that follows the contract, ready to step (implements

@@ -1082,30 +1082,8 @@ fn transpose2(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-/// f32 dot product in 16 independent lanes, so the compiler vectorizes it.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let n = a.len().min(b.len());
-    let body = n / LANES * LANES;
-    let mut acc = [0f32; LANES];
-    for (ca, cb) in a[..body]
-        .chunks_exact(LANES)
-        .zip(b[..body].chunks_exact(LANES))
-    {
-        for l in 0..LANES {
-            acc[l] += ca[l] * cb[l];
-        }
-    }
-    let mut s = 0f32;
-    for v in acc {
-        s += v;
-    }
-    for i in body..n {
-        s += a[i] * b[i];
-    }
-    s
-}
+pub use super::kernels::dot;
+use super::kernels::dot_f16;
 
 /// `x @ weight.T + bias`: weight [OC, IC] row-major (pre-decoded at load), rows of x
 /// independent. Output features are split across threads; each thread reads its weight rows
@@ -1130,22 +1108,40 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
         }
     }
     let xv = x.as_f32();
-    let wv = w.as_f32();
     let rows = xv.len() / ic.max(1);
     const BLOCK: usize = 32;
     let mut t = vec![0f32; oc * rows];
-    t.par_chunks_mut(BLOCK * rows)
-        .enumerate()
-        .for_each(|(blk, chunk)| {
-            let o0 = blk * BLOCK;
-            for (ob, o) in (o0..(o0 + BLOCK).min(oc)).enumerate() {
-                let wr = &wv[o * ic..(o + 1) * ic];
-                let b = bias.as_ref().map_or(0.0, |b| b[o]);
-                for r in 0..rows {
-                    chunk[ob * rows + r] = dot(&xv[r * ic..(r + 1) * ic], wr) + b;
+    match &w.data {
+        // fp16 weights (see Program::load) are widened in registers.
+        Data::Half(wv) => t
+            .par_chunks_mut(BLOCK * rows)
+            .enumerate()
+            .for_each(|(blk, chunk)| {
+                let o0 = blk * BLOCK;
+                for (ob, o) in (o0..(o0 + BLOCK).min(oc)).enumerate() {
+                    let wr = &wv[o * ic..(o + 1) * ic];
+                    let b = bias.as_ref().map_or(0.0, |b| b[o]);
+                    for r in 0..rows {
+                        chunk[ob * rows + r] = dot_f16(&xv[r * ic..(r + 1) * ic], wr) + b;
+                    }
                 }
-            }
-        });
+            }),
+        _ => {
+            let wv = w.as_f32();
+            t.par_chunks_mut(BLOCK * rows)
+                .enumerate()
+                .for_each(|(blk, chunk)| {
+                    let o0 = blk * BLOCK;
+                    for (ob, o) in (o0..(o0 + BLOCK).min(oc)).enumerate() {
+                        let wr = &wv[o * ic..(o + 1) * ic];
+                        let b = bias.as_ref().map_or(0.0, |b| b[o]);
+                        for r in 0..rows {
+                            chunk[ob * rows + r] = dot(&xv[r * ic..(r + 1) * ic], wr) + b;
+                        }
+                    }
+                })
+        }
+    }
     let out = if rows == 1 {
         t
     } else {

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::mlpackage::{DType, TensorData, Values};
@@ -85,7 +86,7 @@ impl Tensor {
     pub fn as_f32(&self) -> Cow<'_, [f32]> {
         match &self.data {
             Data::F(v) => Cow::Borrowed(v),
-            Data::Half(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
+            Data::Half(v) => Cow::Owned(half_to_f32(v)),
             Data::I(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
             Data::B(v) => Cow::Owned(v.iter().map(|&x| x as u8 as f32).collect()),
         }
@@ -114,7 +115,7 @@ impl Tensor {
     pub fn to_f16_vec(&self) -> Vec<f16> {
         match &self.data {
             Data::Half(v) => v.clone(),
-            _ => self.as_f32().iter().map(|&x| f16::from_f32(x)).collect(),
+            _ => f32_to_half(&self.as_f32()),
         }
     }
 
@@ -138,9 +139,7 @@ pub fn conform_data(data: Data, dtype: DType) -> Data {
         DType::F16 => match data {
             Data::Half(v) => Data::Half(v),
             Data::F(mut v) => {
-                for x in v.iter_mut() {
-                    *x = f16::from_f32(*x).to_f32();
-                }
+                round_to_f16(&mut v);
                 Data::F(v)
             }
             other => Data::F(round_vec(&other, |x| f16::from_f32(x).to_f32())),
@@ -148,7 +147,7 @@ pub fn conform_data(data: Data, dtype: DType) -> Data {
         DType::BF16 => Data::F(round_vec(&data, |x| bf16::from_f32(x).to_f32())),
         DType::F32 | DType::F64 => match data {
             Data::F(v) => Data::F(v),
-            Data::Half(v) => Data::F(v.iter().map(|x| x.to_f32()).collect()),
+            Data::Half(v) => Data::F(half_to_f32(&v)),
             other => Data::F(round_vec(&other, |x| x)),
         },
         DType::Bool => match data {
@@ -182,6 +181,33 @@ pub fn conform_data(data: Data, dtype: DType) -> Data {
                     .collect(),
             )
         }
+    }
+}
+
+// Bulk conversions: `half` uses the CPU's F16C instructions for slices when it has them
+// (runtime detection), many times faster than converting element by element.
+
+/// fp16 values widened to f32.
+pub fn half_to_f32(v: &[f16]) -> Vec<f32> {
+    let mut out = vec![0f32; v.len()];
+    v.convert_to_f32_slice(&mut out);
+    out
+}
+
+/// f32 values rounded to fp16 (to nearest even; out of range becomes ±inf).
+pub fn f32_to_half(v: &[f32]) -> Vec<f16> {
+    let mut out = vec![f16::ZERO; v.len()];
+    out.convert_from_f32_slice(v);
+    out
+}
+
+/// Round f32 values to the nearest fp16 in place.
+pub fn round_to_f16(v: &mut [f32]) {
+    let mut buf = [f16::ZERO; 512];
+    for chunk in v.chunks_mut(buf.len()) {
+        let b = &mut buf[..chunk.len()];
+        b.convert_from_f32_slice(chunk);
+        b.convert_to_f32_slice(chunk);
     }
 }
 
