@@ -234,5 +234,6 @@ fn smollm_shaped() -> TinyModel {
         rope_theta: 100_000.0,
         seed: 42,
         scale: 0.05,
+        ..TinyModel::llama()
     }
 }

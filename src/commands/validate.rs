@@ -33,7 +33,8 @@ pub struct Args {
     pub max_tokens: Option<usize>,
     #[arg(long, value_enum, default_value = "fp16")]
     pub compute: ComputeArg,
-    /// Tokenizer (default: the checkpoint's tokenizer.json).
+    /// Tokenizer (default: the checkpoint's tokenizer.json; without one, the text's bytes
+    /// modulo the vocabulary, as `convert` calibrates).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Print the report as JSON.
@@ -49,12 +50,6 @@ fn parse_gate(s: &str) -> Result<Gate, String> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.against)
         .with_context(|| format!("cannot read checkpoint {}", args.against.display()))?;
-    let tok_path = args
-        .tokenizer
-        .clone()
-        .unwrap_or_else(|| args.against.join("tokenizer.json"));
-    let tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", tok_path.display()))?;
     let (text, name) = match &args.text {
         Some(p) => (
             std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
@@ -65,9 +60,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "fixtures/evaluation.txt".to_string(),
         ),
     };
+    // An explicit --tokenizer, else the checkpoint's tokenizer.json, else (a checkpoint that
+    // ships none, e.g. a test fixture) the text's bytes modulo the vocabulary, as `convert`
+    // calibrates such checkpoints.
+    let (tokens, label) = match &args.tokenizer {
+        Some(path) => {
+            let tokenizer = tokenizers::Tokenizer::from_file(path)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let enc = tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| anyhow::anyhow!("tokenizing {name} with {}: {e}", path.display()))?;
+            let ids = enc.get_ids().to_vec();
+            let label = format!("{name}, {} tokens ({})", ids.len(), path.display());
+            (ids, label)
+        }
+        None => hf2coreml::emit::pipeline::text_tokens(&ckpt, &text, &name)?,
+    };
     let opts = ValidateOptions {
-        text: &text,
-        text_name: &name,
+        tokens: &tokens,
+        text_name: &label,
         gates: args.gates.clone(),
         interp: Options {
             compute: match args.compute {
@@ -77,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         max_tokens: args.max_tokens,
     };
-    let report = validate(&args.package, &ckpt, &tokenizer, &opts)
+    let report = validate(&args.package, &ckpt, &opts)
         .with_context(|| format!("cannot validate {}", args.package.display()))?;
     if args.json {
         super::print_json(&report)?;

@@ -25,7 +25,9 @@ const IOS17_SPEC_VERSION: i32 = 8;
 
 /// What to validate against.
 pub struct ValidateOptions<'a> {
-    pub text: &'a str,
+    /// The evaluation text as token ids (without BOS: the contract's BOS is added here).
+    pub tokens: &'a [u32],
+    /// What the tokens are, for the report (file name and how it was tokenized).
     pub text_name: &'a str,
     /// Explicit gates; empty → the defaults for the package's recipe kind.
     pub gates: Vec<Gate>,
@@ -65,7 +67,6 @@ impl StepModel for Instrumented<'_> {
 pub fn validate(
     pkg_path: &Path,
     ckpt: &Checkpoint,
-    tokenizer: &tokenizers::Tokenizer,
     opts: &ValidateOptions,
 ) -> anyhow::Result<ValidationReport> {
     let raw = MlPackage::open(pkg_path)?;
@@ -82,10 +83,7 @@ pub fn validate(
     let (weights, min_bits) = check_weights(&raw, ckpt)?;
     report.weights = weights;
 
-    let encoding = tokenizer
-        .encode(opts.text, false)
-        .map_err(|e| anyhow::anyhow!("tokenizing the evaluation text: {e}"))?;
-    let mut tokens: Vec<u32> = encoding.get_ids().to_vec();
+    let mut tokens: Vec<u32> = opts.tokens.to_vec();
     if let Some(bos) = c.bos_token_id {
         tokens.insert(0, bos);
     }
