@@ -90,6 +90,12 @@ impl RecipeArgs {
             }
             None => pipeline::calibration_tokens(ckpt)?,
         };
+        let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
+            Some(cap) if ids.len() > cap => {
+                (ids[..cap].to_vec(), format!("{source}, first {cap} used"))
+            }
+            _ => (ids, source),
+        };
         if ids.len() < MIN_CALIBRATION_TOKENS {
             anyhow::bail!(
                 "the calibration text has {} tokens; calibrated palettization needs at least \

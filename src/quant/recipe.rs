@@ -150,6 +150,9 @@ pub struct Calibration {
     pub damp: f64,
     /// Mixed precision: 4/6/8 bits per projection so they average at most this.
     pub target_bpw: Option<f64>,
+    /// Calibrate on at most this many tokens of the text (the first ones): calibration time
+    /// grows linearly with them. `None`: all of it.
+    pub tokens: Option<usize>,
 }
 
 impl Default for Calibration {
@@ -164,6 +167,7 @@ impl Default for Calibration {
             row_groups: 1,
             damp: 0.01,
             target_bpw: None,
+            tokens: None,
         }
     }
 }
@@ -213,6 +217,14 @@ impl Calibration {
                             .ok_or("calibration.target_bpw must be a number in 4..=8.5")?,
                     )
                 }
+                "tokens" => {
+                    c.tokens = Some(
+                        v.as_integer()
+                            .filter(|&t| t >= 256)
+                            .ok_or("calibration.tokens must be an integer of at least 256")?
+                            as usize,
+                    )
+                }
                 "damp" => {
                     c.damp = v
                         .as_float()
@@ -222,7 +234,7 @@ impl Calibration {
                 other => {
                     return Err(format!(
                         "calibration: unknown key `{other}` (expected row_scale, weighted, \
-                         gptq, act_order, awq, row_groups, damp, target_bpw)"
+                         gptq, act_order, awq, row_groups, damp, target_bpw, tokens)"
                     ))
                 }
             }
@@ -233,7 +245,10 @@ impl Calibration {
     fn to_toml(self) -> String {
         let target = self
             .target_bpw
-            .map_or(String::new(), |b| format!("target_bpw = {b}\n"));
+            .map_or(String::new(), |b| format!("target_bpw = {b}\n"))
+            + &self
+                .tokens
+                .map_or(String::new(), |t| format!("tokens = {t}\n"));
         format!(
             "\n[calibration]\nrow_scale = {}\nweighted = {}\ngptq = {}\nact_order = {}\n\
              awq = {}\nrow_groups = {}\ndamp = {}\n",
