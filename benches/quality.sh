@@ -34,6 +34,7 @@ ROWS=(
   "4-bit, calibrated, 4 LUTs per projection|--recipe $OUT/groups4.toml"
   "mixed 4/6/8, --target-bpw 4.5|--recipe calibrated-4bit --target-bpw 4.5"
   "mixed 4/6/8, --target-bpw 5|--recipe calibrated-4bit --target-bpw 5"
+  "6-bit, calibrated on 2,048 tokens (the default recipe)|--recipe default"
 )
 
 TABLE="$OUT/quality.md"
