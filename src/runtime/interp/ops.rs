@@ -1109,39 +1109,12 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
     }
     let xv = x.as_f32();
     let rows = xv.len() / ic.max(1);
-    const BLOCK: usize = 32;
-    let mut t = vec![0f32; oc * rows];
-    match &w.data {
+    let bias = bias.as_deref();
+    let t = match &w.data {
         // fp16 weights (see Program::load) are widened in registers.
-        Data::Half(wv) => t
-            .par_chunks_mut(BLOCK * rows)
-            .enumerate()
-            .for_each(|(blk, chunk)| {
-                let o0 = blk * BLOCK;
-                for (ob, o) in (o0..(o0 + BLOCK).min(oc)).enumerate() {
-                    let wr = &wv[o * ic..(o + 1) * ic];
-                    let b = bias.as_ref().map_or(0.0, |b| b[o]);
-                    for r in 0..rows {
-                        chunk[ob * rows + r] = dot_f16(&xv[r * ic..(r + 1) * ic], wr) + b;
-                    }
-                }
-            }),
-        _ => {
-            let wv = w.as_f32();
-            t.par_chunks_mut(BLOCK * rows)
-                .enumerate()
-                .for_each(|(blk, chunk)| {
-                    let o0 = blk * BLOCK;
-                    for (ob, o) in (o0..(o0 + BLOCK).min(oc)).enumerate() {
-                        let wr = &wv[o * ic..(o + 1) * ic];
-                        let b = bias.as_ref().map_or(0.0, |b| b[o]);
-                        for r in 0..rows {
-                            chunk[ob * rows + r] = dot(&xv[r * ic..(r + 1) * ic], wr) + b;
-                        }
-                    }
-                })
-        }
-    }
+        Data::Half(wv) => gemv_rows(&xv, wv, bias, oc, ic, dot_f16),
+        _ => gemv_rows(&xv, &w.as_f32(), bias, oc, ic, dot),
+    };
     let out = if rows == 1 {
         t
     } else {
@@ -1152,6 +1125,34 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
         *l = oc;
     }
     Ok(Tensor::new(DType::F32, shape, Data::F(out)))
+}
+
+/// Output-major `x @ w.T + bias` for `rows` rows of x: output features are split across
+/// threads, and each thread reads its weight rows once for all rows of x.
+fn gemv_rows<W: Sync>(
+    xv: &[f32],
+    wv: &[W],
+    bias: Option<&[f32]>,
+    oc: usize,
+    ic: usize,
+    dot: impl Fn(&[f32], &[W]) -> f32 + Sync,
+) -> Vec<f32> {
+    const BLOCK: usize = 32;
+    let rows = xv.len() / ic.max(1);
+    let mut t = vec![0f32; oc * rows];
+    t.par_chunks_mut(BLOCK * rows)
+        .enumerate()
+        .for_each(|(blk, chunk)| {
+            let o0 = blk * BLOCK;
+            for (ob, o) in (o0..(o0 + BLOCK).min(oc)).enumerate() {
+                let wr = &wv[o * ic..(o + 1) * ic];
+                let b = bias.map_or(0.0, |b| b[o]);
+                for r in 0..rows {
+                    chunk[ob * rows + r] = dot(&xv[r * ic..(r + 1) * ic], wr) + b;
+                }
+            }
+        });
+    t
 }
 
 pub fn cast(args: &Args) -> OpResult<Tensor> {
