@@ -72,31 +72,28 @@ fn check(model: TinyModel) {
     let dir = model.write_temp().unwrap();
     let out = tempfile::tempdir().unwrap();
 
-    let fp16 = out.path().join("fp16.mlpackage");
-    convert(dir.path(), &fp16, &["--keep-fp16", "*"]);
-    let (code, report, err) = validate(&fp16, dir.path());
-    eprintln!(
-        "{:?} fp16: kl {} top1 {}",
-        model.architecture,
-        metric(&report, "kl_mean"),
-        metric(&report, "top1")
-    );
-    assert_eq!(code, Some(0), "fp16 package: {err}\n{report:#}");
+    // Convert with `flags`, validate, and require a pass (exit 0).
+    let passing = |name: &str, flags: &[&str]| {
+        let pkg = out.path().join(format!("{name}.mlpackage"));
+        convert(dir.path(), &pkg, flags);
+        let (code, report, err) = validate(&pkg, dir.path());
+        eprintln!(
+            "{:?} {name}: kl {} top1 {}",
+            model.architecture,
+            metric(&report, "kl_mean"),
+            metric(&report, "top1")
+        );
+        assert_eq!(code, Some(0), "{name} package: {err}\n{report:#}");
+        (pkg, report)
+    };
+
+    let (_, report) = passing("fp16", &["--keep-fp16", "*"]);
     assert!(metric(&report, "kl_mean") < 1e-3, "{report:#}");
     assert!(report["text"]
         .as_str()
         .is_some_and(|t| t.contains("byte tokens")));
 
-    let q4 = out.path().join("q4.mlpackage");
-    convert(dir.path(), &q4, &["--recipe", "calibrated-4bit"]);
-    let (code, report, err) = validate(&q4, dir.path());
-    eprintln!(
-        "{:?} 4-bit: kl {} top1 {}",
-        model.architecture,
-        metric(&report, "kl_mean"),
-        metric(&report, "top1")
-    );
-    assert_eq!(code, Some(0), "4-bit package: {err}\n{report:#}");
+    let (q4, report) = passing("q4", &["--recipe", "calibrated-4bit"]);
     let gates = report["gates"].as_array().unwrap();
     assert!(
         gates.len() == 3 && gates.iter().all(|g| g["passed"] == true),
