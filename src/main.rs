@@ -7,10 +7,14 @@ use hf2coreml::error::{exit_code_for, hint_for, ExitCode};
 
 fn main() {
     let cli = cli::Cli::parse();
+    hf2coreml::util::set_output_mode(cli.quiet, cli.verbose);
     let code = match cli.command.run() {
         Ok(()) => ExitCode::Success,
         Err(err) => {
-            let code = exit_code_for(&err);
+            let code = match err.downcast_ref::<commands::batch::BatchFailed>() {
+                Some(b) => b.0,
+                None => exit_code_for(&err),
+            };
             // A failed check already printed its report; say why in one line.
             eprintln!("error: {err}");
             for cause in err.chain().skip(1) {

@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
@@ -71,40 +71,50 @@ impl RecipeArgs {
         Ok(base.with_overrides(self.nbits, &self.keep_fp16)?)
     }
 
-    /// Calibration token ids for `recipe` (empty when it does not calibrate): the
-    /// `--calibration` file or the shipped text, through the checkpoint's tokenizer.
+    /// Calibration token ids for `recipe` (see [`calibration_tokens`]).
     pub fn calibration_tokens(
         &self,
         recipe: &Recipe,
         ckpt: &Checkpoint,
     ) -> anyhow::Result<(Vec<u32>, Option<String>)> {
-        if !recipe.calibrates(&ckpt.slots()) {
-            return Ok((Vec::new(), None));
-        }
-        let (ids, source) = match &self.calibration {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read calibration text {}", path.display()))?;
-                let label = path.display().to_string();
-                pipeline::text_tokens(ckpt, &text, &label)?
-            }
-            None => pipeline::calibration_tokens(ckpt)?,
-        };
-        let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
-            Some(cap) if ids.len() > cap => {
-                (ids[..cap].to_vec(), format!("{source}, first {cap} used"))
-            }
-            _ => (ids, source),
-        };
-        if ids.len() < MIN_CALIBRATION_TOKENS {
-            anyhow::bail!(
-                "the calibration text has {} tokens; calibrated palettization needs at least \
-                 {MIN_CALIBRATION_TOKENS} (a few pages of varied text)",
-                ids.len()
-            );
-        }
-        Ok((ids, Some(source)))
+        calibration_tokens(self.calibration.as_deref(), recipe, ckpt)
     }
+}
+
+/// Calibration token ids for `recipe` (empty when it does not calibrate): the `calibration`
+/// file or the shipped text, through the checkpoint's tokenizer, capped at the recipe's
+/// `[calibration] tokens`.
+pub fn calibration_tokens(
+    calibration: Option<&Path>,
+    recipe: &Recipe,
+    ckpt: &Checkpoint,
+) -> anyhow::Result<(Vec<u32>, Option<String>)> {
+    if !recipe.calibrates(&ckpt.slots()) {
+        return Ok((Vec::new(), None));
+    }
+    let (ids, source) = match calibration {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read calibration text {}", path.display()))?;
+            let label = path.display().to_string();
+            pipeline::text_tokens(ckpt, &text, &label)?
+        }
+        None => pipeline::calibration_tokens(ckpt)?,
+    };
+    let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
+        Some(cap) if ids.len() > cap => {
+            (ids[..cap].to_vec(), format!("{source}, first {cap} used"))
+        }
+        _ => (ids, source),
+    };
+    if ids.len() < MIN_CALIBRATION_TOKENS {
+        anyhow::bail!(
+            "the calibration text has {} tokens; calibrated palettization needs at least \
+             {MIN_CALIBRATION_TOKENS} (a few pages of varied text)",
+            ids.len()
+        );
+    }
+    Ok((ids, Some(source)))
 }
 
 /// Below this the input statistics of a 2k-wide projection are mostly noise.

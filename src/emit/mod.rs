@@ -212,6 +212,9 @@ fn load_bridge<'py>(py: Python<'py>, env: &PythonEnv) -> Result<Bound<'py, PyMod
 /// The coremltools version in `env`, or why it cannot be used.
 pub fn check_environment(env: &PythonEnv) -> Result<String, EmitError> {
     Python::initialize();
+    let _quiet = PYTHON_HOLDS_STDERR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     Python::attach(|py| {
         let m = load_bridge(py, env)?;
         m.call_method0("check_environment")
@@ -223,6 +226,19 @@ pub fn check_environment(env: &PythonEnv) -> Result<String, EmitError> {
 /// Serialize `graph` as an iOS17 package at `dest` (a `.mlpackage` path). The graph is
 /// consumed: its buffers move into numpy arrays. With `force`, an existing `dest` is replaced
 /// once the new package is complete; without it, an existing `dest` is refused up front.
+/// Held while the bridge runs: it points file descriptors 1 and 2 at a capture file, so
+/// anything another thread prints meanwhile would vanish into it.
+static PYTHON_HOLDS_STDERR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Run `f` (which prints) when no emit has stdout/stderr redirected; for callers that print
+/// from threads while another thread may be emitting.
+pub fn when_output_is_ours<R>(f: impl FnOnce() -> R) -> R {
+    let _guard = PYTHON_HOLDS_STDERR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    f()
+}
+
 pub fn emit(
     graph: Graph,
     meta: &Metadata,
@@ -241,6 +257,9 @@ pub fn emit(
     };
     let work = out.path().to_path_buf();
     Python::initialize();
+    let _quiet = PYTHON_HOLDS_STDERR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let result = Python::attach(
         |py| -> Result<(String, i64, BTreeMap<String, usize>), EmitError> {
             let bridge = load_bridge(py, env)?;
