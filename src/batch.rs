@@ -516,10 +516,9 @@ impl BatchFile {
             path: path.to_path_buf(),
             message: e.to_string().trim_end().to_string(),
         })?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        // A file in the working directory has the empty parent: its relative paths stay as
+        // written.
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let cx = Ctx {
             path,
             dir: &dir,

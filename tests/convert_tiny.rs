@@ -447,8 +447,9 @@ fn over_budget_plan_is_refused_unless_allowed() {
         }
         a
     };
+    // A plan that does not fit is a failed check (exit 1), not bad input.
     let o = Command::new(BIN).args(args("")).output().unwrap();
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--allow-over-budget"));
     let o = Command::new(BIN)
         .args(args("--allow-over-budget"))

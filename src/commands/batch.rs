@@ -519,9 +519,21 @@ fn run_all(exports: &[Export], jobs: usize, args: &Args) -> Vec<ExportReport> {
     if jobs <= 1 {
         worker();
     } else {
+        // The main thread's stack size: the embedded Python interpreter (coremltools' MIL
+        // builder, protobuf) recurses deeper than a spawned thread's default 2 MiB allows.
+        const STACK: usize = 64 << 20;
         std::thread::scope(|s| {
-            for _ in 0..jobs {
-                s.spawn(worker);
+            let handles: Vec<_> = (0..jobs)
+                .map(|_| {
+                    std::thread::Builder::new()
+                        .name("export".into())
+                        .stack_size(STACK)
+                        .spawn_scoped(s, &worker)
+                })
+                .collect();
+            // A worker that cannot start leaves its share to the others.
+            if handles.iter().all(Result::is_err) {
+                worker();
             }
         });
     }
