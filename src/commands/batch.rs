@@ -528,7 +528,7 @@ fn run_all(exports: &[Export], jobs: usize, args: &Args) -> Vec<ExportReport> {
                     std::thread::Builder::new()
                         .name("export".into())
                         .stack_size(STACK)
-                        .spawn_scoped(s, &worker)
+                        .spawn_scoped(s, worker)
                 })
                 .collect();
             // A worker that cannot start leaves its share to the others.
