@@ -126,8 +126,9 @@ pub struct Args {
     pub dir: PathBuf,
     #[command(flatten)]
     pub recipe: RecipeArgs,
-    /// Also write the report as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
+    /// The report as JSON: to FILE (the text still goes to stdout), or instead of the text to
+    /// stdout without FILE or with `-`.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
 }
 
@@ -138,7 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let plan = quant::Report::plan(&ckpt, &recipe)?;
     let (tokens, source) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
     if let Some(source) = &source {
-        eprintln!("calibrating on {source}");
+        hf2coreml::util::info(format_args!("calibrating on {source}"));
     }
     let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
     let (_, report) = pipeline::prepare_weights(&ckpt, &recipe, &tokens, &|line| {
@@ -146,6 +147,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pb.inc(1);
     })?;
     pb.finish_and_clear();
+    if args.json.as_deref() == Some(Path::new("-")) {
+        return super::print_json(&report);
+    }
     println!(
         "Palettizing {} with recipe {}",
         ckpt.dir().display(),

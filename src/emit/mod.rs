@@ -37,7 +37,7 @@ pub const SETUP_FIX: &str = "make setup";
 #[derive(Debug, Error)]
 pub enum EmitError {
     /// No usable Python environment; carries the marker that makes the binary exit 3.
-    #[error("Python environment unusable: {0}")]
+    #[error("Python environment unusable")]
     Environment(#[source] EnvironmentError),
     /// Python raised while building, converting or saving.
     #[error("coremltools failed while {stage}: {message}")]
