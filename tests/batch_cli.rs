@@ -514,3 +514,38 @@ fn output_formats_are_pinned() {
         &(serde_json::to_string_pretty(&r).unwrap() + "\n"),
     );
 }
+
+/// A .gguf model converts, validates against its own import, and is skipped by a rerun (its
+/// fingerprint hashes the .gguf itself).
+#[test]
+fn a_gguf_model_exports_and_is_skipped_when_up_to_date() {
+    use hf2coreml::checkpoint::gguf::fixture::TinyGguf;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    TinyGguf::llama()
+        .build()
+        .writer
+        .write(&dir.join("tiny.gguf"))
+        .unwrap();
+    std::fs::write(
+        dir.join("batch.toml"),
+        "[[export]]\nmodel = \"tiny.gguf\"\noutput = \"out/{model}.mlpackage\"\n\
+         max_seq_len = 16\nrecipe = { default = \"fp16\" }\nvalidate = { max_tokens = 12 }\n",
+    )
+    .unwrap();
+    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "-"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        statuses(&r),
+        [("tiny".to_string(), "converted".to_string())]
+    );
+    assert_eq!(r["exports"][0]["validation"]["passed"], true);
+    assert!(dir.join("out/tiny.tokenizer.json").is_file());
+    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "-"]);
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        statuses(&r),
+        [("tiny".to_string(), "up-to-date".to_string())]
+    );
+}
