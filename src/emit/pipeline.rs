@@ -669,7 +669,13 @@ pub fn convert(
         palettize,
         inputs: opts.inputs.clone(),
     };
-    let json = serde_json::to_vec_pretty(&summary)?;
+    // The file holds what the package is, not how long it took: the same inputs write the
+    // same bytes. Stage times are in the returned summary (`convert --json`).
+    let mut recorded = serde_json::to_value(&summary)?;
+    if let Some(map) = recorded.as_object_mut() {
+        map.remove("times");
+    }
+    let json = serde_json::to_vec_pretty(&recorded)?;
     atomic_write(&summary.outputs.report, &json).map_err(io_err(&summary.outputs.report))?;
     Ok(summary)
 }
