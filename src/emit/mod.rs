@@ -443,7 +443,15 @@ mod tests {
         let err =
             PythonEnv::discover_with(Some(Path::new("/nonexistent/env")), no_env, Path::new("."))
                 .unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/env"));
+        assert!(chain(&err).contains("/nonexistent/env"), "{}", chain(&err));
+    }
+
+    /// An error and its causes, as the binary prints them.
+    fn chain(e: &EmitError) -> String {
+        std::iter::successors(Some(e as &dyn std::error::Error), |c| c.source())
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(": ")
     }
 
     #[test]
@@ -454,6 +462,6 @@ mod tests {
             origin: EnvOrigin::Flag,
         };
         let err = env.site_packages(3, 99).unwrap_err();
-        assert!(err.to_string().contains("python3.99"), "{err}");
+        assert!(chain(&err).contains("python3.99"), "{}", chain(&err));
     }
 }
