@@ -192,6 +192,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    // NaN/Inf weights would poison every output; refuse them before any work.
+    ckpt.check_finite()
+        .with_context(|| format!("cannot convert {}", args.dir.display()))?;
     // Find Python before the expensive stages so a missing environment fails fast.
     let python_env = PythonEnv::discover(args.python_env.as_deref())?;
     hf2coreml::emit::check_environment(&python_env)?;
