@@ -16,6 +16,43 @@ pub fn atomic_write(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Check, without leaving anything behind, that `dest` could be created: its nearest existing
+/// ancestor is a directory we can create files in. Lets a command refuse an unwritable output
+/// before minutes of work instead of after.
+pub fn check_writable(dest: &Path) -> std::io::Result<()> {
+    let mut dir = parent_dir(dest);
+    while !dir.exists() {
+        dir = parent_dir(dir);
+        if dir == Path::new(".") && !dir.exists() {
+            break;
+        }
+    }
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            format!(
+                "cannot create {}: {} is not a directory",
+                dest.display(),
+                dir.display()
+            ),
+        ));
+    }
+    tempfile::Builder::new()
+        .prefix(&format!(".{}.probe", file_name(dest)))
+        .tempfile_in(dir)
+        .map(drop)
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot create {}: {} is not writable ({e})",
+                    dest.display(),
+                    dir.display()
+                ),
+            )
+        })
+}
+
 /// An output directory built under a temporary name beside its destination and renamed into
 /// place by [`AtomicDir::commit`]. Dropped without commit (error, panic), it is removed, so a
 /// failed run never leaves a partial output under the destination's name.

@@ -278,7 +278,13 @@ pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<Vec<HeaderEntry>, 
             bytes.len()
         )));
     }
-    let st = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| {
+        let header = &bytes[8..8 + header_len as usize];
+        bad(
+            diagnose_header(header, bytes.len() - 8 - header_len as usize)
+                .unwrap_or_else(|| e.to_string()),
+        )
+    })?;
     if st.len() > MAX_TENSORS {
         return Err(bad(format!(
             "{} tensors (at most {MAX_TENSORS} are accepted)",
@@ -318,6 +324,62 @@ pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<Vec<HeaderEntry>, 
         });
     }
     Ok(out)
+}
+
+/// Which tensor a header the safetensors crate refused is wrong about, when the crate's message
+/// does not say (a byte-count mismatch, a range past the data or overlapping another).
+fn diagnose_header(header: &[u8], data_len: usize) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(header).ok()?;
+    let mut ranges: Vec<(u64, u64, &str)> = Vec::new();
+    for (name, info) in v.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = info.get("dtype")?.as_str()?;
+        let shape: Vec<u64> = info
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(|d| d.as_u64())
+            .collect::<Option<_>>()?;
+        let offs = info.get("data_offsets")?.as_array()?;
+        let (start, end) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
+        let elem: u64 = match dtype {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
+            _ => return None,
+        };
+        let needed = shape
+            .iter()
+            .try_fold(elem, |acc, &d| acc.checked_mul(d))
+            .map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
+        if end < start || end - start != needed.parse::<u64>().unwrap_or(u64::MAX) {
+            return Some(format!(
+                "tensor `{name}`: {dtype} {shape:?} needs {needed} bytes but data_offsets \
+                 [{start}, {end}] span {}",
+                end.saturating_sub(start)
+            ));
+        }
+        if end > data_len as u64 {
+            return Some(format!(
+                "tensor `{name}`: data_offsets [{start}, {end}] run past the {data_len}-byte \
+                 data section"
+            ));
+        }
+        ranges.push((start, end, name));
+    }
+    ranges.sort();
+    for w in ranges.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Some(format!(
+                "tensors `{}` [{}, {}] and `{}` [{}, {}] overlap",
+                w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
+            ));
+        }
+    }
+    None
 }
 
 /// Read a small text file, refusing one larger than `limit` before reading it.

@@ -82,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.output.display()
         );
     }
+    hf2coreml::util::check_writable(&args.output)?;
     // A GGUF file converts directly: imported into a temporary checkpoint first.
     let imported = if args.dir.is_file() && gguf::is_gguf_file(&args.dir) {
         let tmp = tempfile::Builder::new()
