@@ -109,6 +109,74 @@ pub fn mlpackage(data: &[u8], scratch: &Path) {
     let _ = Program::load(&pkg, Options::default());
 }
 
+/// Write seed corpora for the three targets into `out/{checkpoint,gguf,mlpackage}/`, built from
+/// the in-code fixtures: small checkpoints of each architecture, GGUF files of each supported
+/// matrix type, the fixture program.
+pub fn write_seeds(out: &Path) -> std::io::Result<usize> {
+    use crate::checkpoint::gguf::fixture::{FixtureType, TinyGguf};
+    use crate::testing::TinyModel;
+    use prost::Message;
+
+    let mut n = 0;
+    let mut write = |target: &str, name: String, bytes: &[u8]| -> std::io::Result<()> {
+        let dir = out.join(target);
+        std::fs::create_dir_all(&dir)?;
+        n += 1;
+        std::fs::write(dir.join(name), bytes)
+    };
+    // One layer and a small vocabulary keep each seed a few kB.
+    for (i, m) in [TinyModel::llama(), TinyModel::qwen2(), TinyModel::mistral()]
+        .into_iter()
+        .enumerate()
+    {
+        let m = TinyModel {
+            layers: 1,
+            hidden: 16,
+            intermediate: 32,
+            heads: 2,
+            kv_heads: 1,
+            vocab: 8,
+            head_dim: m.head_dim.map(|_| 8),
+            shards: 1,
+            ..m
+        };
+        let dir = tempfile::tempdir()?;
+        m.write(dir.path())?;
+        let st = std::fs::read(dir.path().join("model.safetensors"))?;
+        let config = m.config_json().to_string();
+        write(
+            "checkpoint",
+            format!("seed-{i}"),
+            &checkpoint_input(&config, &st),
+        )?;
+    }
+    for (i, ty) in [
+        FixtureType::Q4_1,
+        FixtureType::Q4_0,
+        FixtureType::Q8_0,
+        FixtureType::F16,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let g = TinyGguf {
+            layers: 1,
+            hidden: 32,
+            intermediate: 64,
+            matrix_type: ty,
+            ..TinyGguf::llama()
+        };
+        write("gguf", format!("seed-{i}"), &g.build().writer.to_bytes())?;
+    }
+    let (model, weights) = fixture::tiny_program();
+    write(
+        "mlpackage",
+        "seed-0".into(),
+        &mlpackage_input(&model.encode_to_vec(), &weights),
+    )?;
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +205,26 @@ mod tests {
         );
         let pkg = MlPackage::open(&scratch.path().join("fuzz.mlpackage")).unwrap();
         assert!(Program::load(&pkg, Options::default()).is_ok());
+    }
+
+    #[test]
+    fn seeds_are_accepted_by_their_readers() {
+        let out = tempfile::tempdir().unwrap();
+        assert_eq!(write_seeds(out.path()).unwrap(), 8);
+        let scratch = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(out.path().join("checkpoint")).unwrap() {
+            let data = std::fs::read(e.unwrap().path()).unwrap();
+            let (config, weights) = split_prefixed(&data);
+            let spec = ModelSpec::from_config_str(std::str::from_utf8(config).unwrap());
+            assert!(spec.is_ok(), "{spec:?}");
+            assert!(parse_safetensors(Path::new("seed"), weights).is_ok());
+            checkpoint(&data, scratch.path());
+            assert!(Checkpoint::open(scratch.path()).is_ok());
+        }
+        for e in std::fs::read_dir(out.path().join("gguf")).unwrap() {
+            let data = std::fs::read(e.unwrap().path()).unwrap();
+            let g = GgufFile::from_bytes(Path::new("seed"), data).unwrap();
+            assert!(LlamaHParams::from_gguf(&g).is_ok());
+        }
     }
 }
