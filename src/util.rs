@@ -29,7 +29,7 @@ pub fn check_writable(dest: &Path) -> std::io::Result<()> {
     }
     if !dir.is_dir() {
         return Err(std::io::Error::new(
-            std::io::ErrorKind::NotADirectory,
+            std::io::ErrorKind::InvalidInput,
             format!(
                 "cannot create {}: {} is not a directory",
                 dest.display(),
