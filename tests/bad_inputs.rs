@@ -834,3 +834,41 @@ fn package_huge_declared_rank() {
     let pkg = write_pkg(&s, &m, &w);
     run(&s, &pkg, &["m.mlpackage", "rank 40 exceeds the limit"]);
 }
+
+// ---- command-line sizes ------------------------------------------------------------------
+
+#[test]
+fn absurd_max_seq_len_for_budget() {
+    let s = Scratch::new();
+    let ckpt = checkpoint(&s);
+    expect_bad(
+        &s,
+        &[
+            "budget".as_ref(),
+            ckpt.as_os_str(),
+            "--device".as_ref(),
+            "iphone-15".as_ref(),
+            "--max-seq-len".as_ref(),
+            "18446744073709551615".as_ref(),
+        ],
+        &["--max-seq-len 18446744073709551615", "exceeds the limit"],
+    );
+}
+
+#[test]
+fn absurd_max_seq_len_for_convert() {
+    let s = Scratch::new();
+    let ckpt = checkpoint(&s);
+    convert_with(
+        &s,
+        &ckpt,
+        &[
+            "--device".as_ref(),
+            "iphone-15".as_ref(),
+            "--max-seq-len".as_ref(),
+            "4611686018427387904".as_ref(),
+            "--dry-run".as_ref(),
+        ],
+        &["--max-seq-len 4611686018427387904", "exceeds the limit"],
+    );
+}
