@@ -96,6 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .prefix("hf2coreml-gguf-")
             .tempdir()
             .context("cannot create a temporary directory for the GGUF import")?;
+        hf2coreml::util::remove_on_interrupt(tmp.path());
         let stem = args
             .dir
             .file_stem()
