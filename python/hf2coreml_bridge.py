@@ -14,6 +14,7 @@ import os
 import sys
 import shutil
 import tempfile
+import uuid
 
 
 @contextlib.contextmanager
@@ -169,6 +170,43 @@ def emit(desc_json, dense, luts, meta_json, precision, out_dir):
     return _emit(desc_json, dense, luts, meta_json, precision, out_dir)
 
 
+# Any fixed namespace works: the identifiers only need to be unique within one package.
+_MANIFEST_NAMESPACE = uuid.UUID("6f1c6a52-3b0e-4c1e-9a55-68663263726d")
+
+
+def _make_deterministic(package):
+    """Rewrite what coremltools saves nondeterministically, without changing its meaning.
+
+    - model.mlmodel: protobuf map fields (metadata, op attributes) are written in hash order,
+      which changes with Python's per-process string hash seed; re-serialize with sorted keys.
+    - Manifest.json: item identifiers are random UUIDs; derive them from each item's path.
+    The same inputs then give a byte-identical package (CI caches and diffs them).
+    """
+    from coremltools.proto import Model_pb2
+
+    manifest_path = os.path.join(package, "Manifest.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    renamed = {
+        old: str(uuid.uuid5(_MANIFEST_NAMESPACE, info["path"])).upper()
+        for old, info in manifest["itemInfoEntries"].items()
+    }
+    manifest["itemInfoEntries"] = {
+        renamed[old]: info for old, info in sorted(manifest["itemInfoEntries"].items(), key=lambda kv: kv[1]["path"])
+    }
+    manifest["rootModelIdentifier"] = renamed[manifest["rootModelIdentifier"]]
+    root = manifest["itemInfoEntries"][manifest["rootModelIdentifier"]]["path"]
+    spec_path = os.path.join(package, "Data", root)
+    spec = Model_pb2.Model()
+    with open(spec_path, "rb") as f:
+        spec.ParseFromString(f.read())
+    with open(spec_path, "wb") as f:
+        f.write(spec.SerializeToString(deterministic=True))
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f, indent=4)
+        f.write("\n")
+
+
 def _emit(desc_json, dense, luts, meta_json, precision, out_dir):
     desc = json.loads(desc_json)
     meta = json.loads(meta_json)
@@ -204,6 +242,7 @@ def _emit(desc_json, dense, luts, meta_json, precision, out_dir):
                 model.output_description[k] = v
             path = os.path.join(out_dir, "model.mlpackage")
             model.save(path)
+            _make_deterministic(path)
             counts = {}
             for op in model._mil_program.functions["main"].operations:
                 counts[op.op_type] = counts.get(op.op_type, 0) + 1

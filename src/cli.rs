@@ -8,6 +8,12 @@ use crate::commands;
 #[derive(Debug, Parser)]
 #[command(name = "hf2coreml", version, about, long_about = None)]
 pub struct Cli {
+    /// Print only results (stdout) and errors: no progress bars or notes.
+    #[arg(long, short, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Print details on stderr: what was chosen and why, stage by stage.
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -28,6 +34,12 @@ pub enum Command {
     Run(commands::run::Args),
     /// Check a saved package against its checkpoint: contract, weights, logits, fp16 ranges, gates.
     Validate(commands::validate::Args),
+    /// Run the exports of a batch file (models × lengths × recipes × devices), for CI.
+    Batch(commands::batch::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(commands::completions::Args),
+    /// Print the man page (roff) to stdout, or write one page per command to a directory.
+    Man(commands::completions::ManArgs),
 }
 
 impl Command {
@@ -40,6 +52,9 @@ impl Command {
             Command::ImportGguf(a) => commands::import_gguf::run(a),
             Command::Run(a) => commands::run::run(a),
             Command::Validate(a) => commands::validate::run(a),
+            Command::Batch(a) => commands::batch::run(a),
+            Command::Completions(a) => commands::completions::run(a),
+            Command::Man(a) => commands::completions::man(a),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! checkpoint → arch → quant → graph → emit → mlpackage → runtime → reference → validate.
 
 pub mod arch;
+pub mod batch;
 pub mod budget;
 pub mod checkpoint;
 pub mod contract;

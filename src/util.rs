@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Write `bytes` to `dest` atomically: a temp file beside it, then a rename.
 pub fn atomic_write(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -295,9 +296,54 @@ pub fn fmt_count(n: u64) -> String {
     out
 }
 
-/// True when progress bars and colours make sense (stderr is a terminal, not CI).
+static QUIET: AtomicBool = AtomicBool::new(false);
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+static BARS_OFF: AtomicBool = AtomicBool::new(false);
+
+/// The process-wide output mode, set once from `--quiet` / `--verbose`.
+pub fn set_output_mode(quiet: bool, verbose: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+    VERBOSE.store(verbose && !quiet, Ordering::Relaxed);
+}
+
+/// Hide progress bars from here on (e.g. while several exports run at once and their bars
+/// would fight over the terminal).
+pub fn disable_progress_bars() {
+    BARS_OFF.store(true, Ordering::Relaxed);
+}
+
+/// `--quiet`: only results (stdout) and errors.
+pub fn is_quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// `--verbose`: details on stderr.
+pub fn is_verbose() -> bool {
+    VERBOSE.load(Ordering::Relaxed)
+}
+
+/// A progress note on stderr (suppressed by `--quiet`).
+pub fn info(message: impl std::fmt::Display) {
+    if !is_quiet() {
+        eprintln!("{message}");
+    }
+}
+
+/// A detail on stderr, shown with `--verbose` only.
+pub fn detail(message: impl std::fmt::Display) {
+    if is_verbose() {
+        eprintln!("{message}");
+    }
+}
+
+/// True when progress bars and colours make sense: stderr is a terminal, and neither `CI`,
+/// `NO_COLOR` nor `--quiet` asks for plain output.
 pub fn stderr_is_terminal() -> bool {
-    std::io::stderr().is_terminal() && std::env::var_os("CI").is_none()
+    !is_quiet()
+        && !BARS_OFF.load(Ordering::Relaxed)
+        && std::io::stderr().is_terminal()
+        && std::env::var_os("CI").is_none()
+        && std::env::var_os("NO_COLOR").is_none()
 }
 
 /// A progress bar on stderr, hidden when stderr is not a terminal.

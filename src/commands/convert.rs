@@ -1,14 +1,19 @@
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use hf2coreml::budget::{self, Devices, Limit};
+use hf2coreml::budget::{self, Budget, Devices, Limit};
 use hf2coreml::checkpoint::gguf::{self, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::emit::pipeline::{self, ComputePrecision, ConvertOptions, Outputs, StageTimes};
+use hf2coreml::emit::pipeline::{
+    self, ComputePrecision, ConvertOptions, ConvertSummary, Inputs, Outputs, StageTimes,
+};
 use hf2coreml::emit::PythonEnv;
+use hf2coreml::error::CheckFailed;
 use hf2coreml::graph::scaling::ActivationRanges;
-use hf2coreml::util::{fmt_bytes, fmt_count, progress_bar};
+use hf2coreml::quant::Recipe;
+use hf2coreml::util::{detail, fmt_bytes, fmt_count, progress_bar};
 
 use super::palettize::RecipeArgs;
 
@@ -64,207 +69,395 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let start = Instant::now();
-    if args.max_seq_len == 0 || args.query_len == 0 {
-        anyhow::bail!("--max-seq-len and --query-len must be at least 1");
-    }
-    if args.max_seq_len > budget::MAX_SEQ_CAP {
-        anyhow::bail!(
-            "--max-seq-len {} exceeds the limit of {}",
-            args.max_seq_len,
-            budget::MAX_SEQ_CAP
-        );
-    }
-    if args.query_len > args.max_seq_len {
-        anyhow::bail!(
-            "--query-len ({}) cannot exceed --max-seq-len ({})",
-            args.query_len,
-            args.max_seq_len
-        );
-    }
-    let outputs = Outputs::for_package(&args.output)?;
-    if args.output.exists() && !args.force {
-        anyhow::bail!(
-            "{} already exists (use --force to replace it)",
-            args.output.display()
-        );
-    }
-    hf2coreml::util::check_writable(&args.output)?;
-    // A GGUF file converts directly: imported into a temporary checkpoint first.
-    let imported = if args.dir.is_file() && gguf::is_gguf_file(&args.dir) {
-        let tmp = tempfile::Builder::new()
-            .prefix("hf2coreml-gguf-")
-            .tempdir()
-            .context("cannot create a temporary directory for the GGUF import")?;
-        hf2coreml::util::remove_on_interrupt(tmp.path());
-        let stem = args
-            .dir
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        let dest = tmp.path().join(stem);
-        let pb = progress_bar(1, "import");
-        pb.set_message("GGUF → checkpoint");
-        gguf::import(&args.dir, &dest, &ImportOptions { force: false })
-            .with_context(|| format!("cannot import {}", args.dir.display()))?;
-        pb.finish_and_clear();
-        Some((tmp, dest))
-    } else {
-        None
-    };
-    let dir = imported.as_ref().map_or(&args.dir, |(_, d)| d);
-    let ckpt = Checkpoint::open(dir)
-        .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
-    let open_secs = start.elapsed().as_secs_f64();
-    let spec = ckpt.spec().clone();
-    let slots = ckpt.slots();
-    let recipe = args.recipe.load()?;
-    let predicted = budget::weights_bytes(&slots, |s| recipe.storage(s));
-
-    let budget = match &args.device {
-        Some(id) => {
-            let devices = Devices::builtin();
-            let limit = Limit::for_device(devices.get(id)?, args.increased_memory_limit);
-            let b = budget::compute(&spec, predicted, args.max_seq_len, args.query_len, &limit);
-            if !b.fits && !args.allow_over_budget {
-                anyhow::bail!(
-                    "the plan needs {} on {id} but only {} is usable (largest max_seq_len that \
-                     fits: {}); use a smaller --max-seq-len, or --allow-over-budget",
-                    fmt_bytes(b.total_bytes),
-                    fmt_bytes(b.usable_bytes),
-                    fmt_count(b.max_seq_len_that_fits as u64)
-                );
-            }
-            Some(b)
-        }
-        None => None,
-    };
-    let ranges: Option<ActivationRanges> = match &args.activation_ranges {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read {}", p.display()))?;
-            Some(
-                serde_json::from_str(&text)
-                    .with_context(|| format!("{}: not an activation-ranges JSON", p.display()))?,
-            )
-        }
-        None => None,
-    };
-
-    if args.dry_run {
-        let plan = serde_json::json!({
-            "checkpoint": args.dir,
-            "architecture": spec.architecture.hf_name(),
-            "max_seq_len": args.max_seq_len,
-            "query_len": args.query_len,
-            "compute_precision": args.compute_precision.as_str(),
-            "recipe": recipe.origin(),
-            "range_scaling": match (&args.activation_ranges, args.no_range_scaling) {
-                (_, true) => "off".to_string(),
-                (Some(p), false) => format!("from {}", p.display()),
-                (None, false) => "measured on the calibration text".to_string(),
-            },
-            "predicted_weight_bytes": predicted,
-            "budget": budget,
-            "outputs": outputs,
-        });
-        if args.json {
-            return super::print_json(&plan);
-        }
-        println!(
-            "Plan: {} → {}",
-            args.dir.display(),
-            outputs.package.display()
-        );
-        println!(
-            "  {} layers, S={} Q={}, {} compute",
-            spec.num_hidden_layers,
-            args.max_seq_len,
-            args.query_len,
-            args.compute_precision.as_str()
-        );
-        println!(
-            "  weights       {} (recipe {})",
-            fmt_bytes(predicted),
-            recipe.origin()
-        );
-        if let Some(b) = &budget {
-            println!(
-                "  budget        {} of {} usable on {} ({})",
-                fmt_bytes(b.total_bytes),
-                fmt_bytes(b.usable_bytes),
-                b.device.as_deref().unwrap_or("?"),
-                if b.fits { "fits" } else { "over budget" }
-            );
-        }
-        println!("  (dry run: nothing written)");
-        return Ok(());
-    }
-
-    // NaN/Inf weights would poison every output; refuse them before any work.
-    ckpt.check_finite()
-        .with_context(|| format!("cannot convert {}", args.dir.display()))?;
-    // Find Python before the expensive stages so a missing environment fails fast.
-    let python_env = PythonEnv::discover(args.python_env.as_deref())?;
-    hf2coreml::emit::check_environment(&python_env)?;
-
-    let mut times = StageTimes {
-        read: open_secs,
-        ..StageTimes::default()
-    };
-    let measure = args.compute_precision == ComputePrecision::Fp16
-        && !args.no_range_scaling
-        && ranges.is_none();
-    let ranges = if measure {
-        let t = Instant::now();
-        let pb = progress_bar(1, "calibrate");
-        pb.set_message("reference forward pass on calibration text");
-        let r = pipeline::measure_ranges(&ckpt)?;
-        pb.finish_and_clear();
-        times.calibrate = t.elapsed().as_secs_f64();
-        Some(r)
-    } else if args.no_range_scaling {
-        None
-    } else {
-        ranges
-    };
-
-    let t = Instant::now();
-    let plan = hf2coreml::quant::Report::plan(&ckpt, &recipe)?;
-    let (tokens, _) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
-    let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
-    if !tokens.is_empty() {
-        pb.set_message("calibrating");
-    }
-    let (weights, report) = pipeline::prepare_weights(&ckpt, &recipe, &tokens, &|line| {
-        pb.set_message(line.name.clone());
-        pb.inc(1);
-    })?;
-    pb.finish_and_clear();
-    times.palettize = t.elapsed().as_secs_f64();
-    let applied = serde_json::json!({
-        "origin": recipe.origin(),
-        "toml": recipe.to_toml(),
-        "tensors": report
-            .tensors
-            .iter()
-            .map(|l| (l.name.clone(), l.decision.to_string()))
-            .collect::<std::collections::BTreeMap<_, _>>(),
-    });
-    let opts = ConvertOptions {
-        checkpoint: args.dir.clone(),
+    let job = Job {
+        source: args.dir.clone(),
         output: args.output.clone(),
         max_seq_len: args.max_seq_len,
         query_len: args.query_len,
-        precision: args.compute_precision,
-        ranges,
+        recipe: args.recipe.load()?,
+        calibration: args.recipe.calibration.clone(),
+        compute_precision: args.compute_precision,
+        activation_ranges: args.activation_ranges.clone(),
+        no_range_scaling: args.no_range_scaling,
+        device: args.device.clone(),
+        increased_memory_limit: args.increased_memory_limit,
+        allow_over_budget: args.allow_over_budget,
         force: args.force,
-        python_env,
+        python_env: args.python_env.clone(),
     };
-    let summary = pipeline::convert(&ckpt, &opts, weights, applied, Some(report), times)?;
+    job.check()?;
+    if args.dry_run {
+        let opened = job.open()?;
+        let plan = job.plan(&opened.ckpt)?;
+        let outputs = Outputs::for_package(&job.output)?;
+        return print_plan(&job, &opened.ckpt, &plan, &outputs, args.json);
+    }
+    let summary = job.run()?;
     if args.json {
         return super::print_json(&summary);
     }
+    print_summary(&summary);
+    Ok(())
+}
+
+/// One conversion, as `convert` and `batch` run it: the source, the output, the settings.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Checkpoint directory or .gguf file.
+    pub source: PathBuf,
+    pub output: PathBuf,
+    pub max_seq_len: usize,
+    pub query_len: usize,
+    /// The recipe with every flag applied.
+    pub recipe: Recipe,
+    /// Calibration text (default: the shipped one), used when the recipe calibrates.
+    pub calibration: Option<PathBuf>,
+    pub compute_precision: ComputePrecision,
+    pub activation_ranges: Option<PathBuf>,
+    pub no_range_scaling: bool,
+    pub device: Option<String>,
+    pub increased_memory_limit: bool,
+    pub allow_over_budget: bool,
+    pub force: bool,
+    pub python_env: Option<PathBuf>,
+}
+
+/// A job's checkpoint, opened; a GGUF source is imported into a temporary directory that
+/// lives as long as this.
+pub struct Opened {
+    pub ckpt: Checkpoint,
+    _imported: Option<tempfile::TempDir>,
+}
+
+/// What a job will produce and whether it fits its device.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub predicted_weight_bytes: u64,
+    pub budget: Option<Budget>,
+}
+
+impl Job {
+    /// Checks that need no input file: the shape, the output name, a writable output place.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.max_seq_len == 0 || self.query_len == 0 {
+            anyhow::bail!("--max-seq-len and --query-len must be at least 1");
+        }
+        if self.max_seq_len > budget::MAX_SEQ_CAP {
+            anyhow::bail!(
+                "--max-seq-len {} exceeds the limit of {}",
+                self.max_seq_len,
+                budget::MAX_SEQ_CAP
+            );
+        }
+        if self.query_len > self.max_seq_len {
+            anyhow::bail!(
+                "--query-len ({}) cannot exceed --max-seq-len ({})",
+                self.query_len,
+                self.max_seq_len
+            );
+        }
+        Outputs::for_package(&self.output)?;
+        // Refuse an output that cannot be written before minutes of work, not after.
+        hf2coreml::util::check_writable(&self.output)?;
+        Ok(())
+    }
+
+    fn is_gguf(&self) -> bool {
+        self.source.is_file() && gguf::is_gguf_file(&self.source)
+    }
+
+    /// Open the checkpoint (importing a GGUF file first).
+    pub fn open(&self) -> anyhow::Result<Opened> {
+        let imported = if self.is_gguf() {
+            let tmp = tempfile::Builder::new()
+                .prefix("hf2coreml-gguf-")
+                .tempdir()
+                .context("cannot create a temporary directory for the GGUF import")?;
+            hf2coreml::util::remove_on_interrupt(tmp.path());
+            let stem = self
+                .source
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into());
+            let dest = tmp.path().join(stem);
+            let pb = progress_bar(1, "import");
+            pb.set_message("GGUF → checkpoint");
+            gguf::import(&self.source, &dest, &ImportOptions { force: false })
+                .with_context(|| format!("cannot import {}", self.source.display()))?;
+            pb.finish_and_clear();
+            Some((tmp, dest))
+        } else {
+            None
+        };
+        let dir = imported.as_ref().map_or(&self.source, |(_, d)| d);
+        let ckpt = Checkpoint::open(dir)
+            .with_context(|| format!("cannot read checkpoint {}", self.source.display()))?;
+        Ok(Opened {
+            ckpt,
+            _imported: imported.map(|(t, _)| t),
+        })
+    }
+
+    /// Predicted weights and, with a device, the budget; refuses (exit 1) a plan that does not
+    /// fit unless over-budget plans are allowed.
+    pub fn plan(&self, ckpt: &Checkpoint) -> anyhow::Result<Plan> {
+        let spec = ckpt.spec();
+        let predicted = budget::weights_bytes(&ckpt.slots(), |s| self.recipe.storage(s));
+        let budget = match &self.device {
+            Some(id) => {
+                let devices = Devices::builtin();
+                let limit = Limit::for_device(devices.get(id)?, self.increased_memory_limit);
+                let b = budget::compute(spec, predicted, self.max_seq_len, self.query_len, &limit);
+                if !b.fits && !self.allow_over_budget {
+                    return Err(CheckFailed(format!(
+                        "the plan needs {} on {id} but only {} is usable (largest max_seq_len \
+                         that fits: {}); use a smaller --max-seq-len, or --allow-over-budget",
+                        fmt_bytes(b.total_bytes),
+                        fmt_bytes(b.usable_bytes),
+                        fmt_count(b.max_seq_len_that_fits as u64)
+                    ))
+                    .into());
+                }
+                Some(b)
+            }
+            None => None,
+        };
+        Ok(Plan {
+            predicted_weight_bytes: predicted,
+            budget,
+        })
+    }
+
+    /// What the package will be made from: hashes of the source files and of the calibration
+    /// text, the applied recipe and the settings.
+    pub fn inputs(&self) -> anyhow::Result<Inputs> {
+        let sources = if self.is_gguf() {
+            let name = self
+                .source
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            BTreeMap::from([(name, pipeline::sha256_file(&self.source)?)])
+        } else {
+            let ckpt = Checkpoint::open(&self.source)
+                .with_context(|| format!("cannot read checkpoint {}", self.source.display()))?;
+            pipeline::source_hashes(&ckpt)?
+        };
+        let calibration = match (&self.calibration, self.recipe.calibration()) {
+            (_, None) => None,
+            (Some(p), Some(_)) => Some(pipeline::sha256_file(p)?),
+            (None, Some(_)) => Some(pipeline::sha256_hex(pipeline::CALIBRATION_TEXT.as_bytes())),
+        };
+        let ranges = match (&self.activation_ranges, self.no_range_scaling) {
+            (_, true) => serde_json::json!("off"),
+            (Some(p), false) => serde_json::json!(pipeline::sha256_file(p)?),
+            (None, false) => serde_json::json!("measured"),
+        };
+        let settings = BTreeMap::from([
+            (
+                "max_seq_len".to_string(),
+                serde_json::json!(self.max_seq_len),
+            ),
+            ("query_len".to_string(), serde_json::json!(self.query_len)),
+            (
+                "compute_precision".to_string(),
+                serde_json::json!(self.compute_precision.as_str()),
+            ),
+            ("range_scaling".to_string(), ranges),
+            ("device".to_string(), serde_json::json!(self.device)),
+            (
+                "increased_memory_limit".to_string(),
+                serde_json::json!(self.increased_memory_limit),
+            ),
+            (
+                "allow_over_budget".to_string(),
+                serde_json::json!(self.allow_over_budget),
+            ),
+        ]);
+        Ok(Inputs::new(
+            sources,
+            self.recipe.to_toml(),
+            calibration,
+            settings,
+        ))
+    }
+
+    /// Open, plan and convert.
+    pub fn run(&self) -> anyhow::Result<ConvertSummary> {
+        let inputs = self.inputs()?;
+        let opened = self.open()?;
+        self.convert(&opened, inputs)
+    }
+
+    /// Convert an opened checkpoint (the plan is checked again first).
+    pub fn convert(&self, opened: &Opened, inputs: Inputs) -> anyhow::Result<ConvertSummary> {
+        let start = Instant::now();
+        self.check()?;
+        if self.output.exists() && !self.force {
+            anyhow::bail!(
+                "{} already exists (use --force to replace it)",
+                self.output.display()
+            );
+        }
+        let ckpt = &opened.ckpt;
+        self.plan(ckpt)?;
+        // NaN/Inf weights would poison every output; refuse them before any work.
+        ckpt.check_finite()
+            .with_context(|| format!("cannot convert {}", self.source.display()))?;
+        let ranges: Option<ActivationRanges> =
+            match &self.activation_ranges {
+                Some(p) => {
+                    let text = std::fs::read_to_string(p)
+                        .with_context(|| format!("cannot read {}", p.display()))?;
+                    Some(serde_json::from_str(&text).with_context(|| {
+                        format!("{}: not an activation-ranges JSON", p.display())
+                    })?)
+                }
+                None => None,
+            };
+        // Find Python before the expensive stages so a missing environment fails fast.
+        let python_env = PythonEnv::discover(self.python_env.as_deref())?;
+        hf2coreml::emit::check_environment(&python_env)?;
+        detail(format!("python environment: {}", python_env.root.display()));
+
+        let mut times = StageTimes {
+            read: start.elapsed().as_secs_f64(),
+            ..StageTimes::default()
+        };
+        let measure = self.compute_precision == ComputePrecision::Fp16
+            && !self.no_range_scaling
+            && ranges.is_none();
+        let ranges = if measure {
+            let t = Instant::now();
+            let pb = progress_bar(1, "calibrate");
+            pb.set_message("reference forward pass on calibration text");
+            let r = pipeline::measure_ranges(ckpt)?;
+            pb.finish_and_clear();
+            times.calibrate = t.elapsed().as_secs_f64();
+            detail(format!(
+                "activation ranges: residual max |x| {:.0} ({}), {:.1} s",
+                r.residual_max_abs.iter().fold(0.0f32, |a, &b| a.max(b)),
+                r.source,
+                times.calibrate
+            ));
+            Some(r)
+        } else if self.no_range_scaling {
+            None
+        } else {
+            ranges
+        };
+
+        let t = Instant::now();
+        let plan = hf2coreml::quant::Report::plan(ckpt, &self.recipe)?;
+        let (tokens, source) =
+            super::palettize::calibration_tokens(self.calibration.as_deref(), &self.recipe, ckpt)?;
+        if let Some(source) = &source {
+            detail(format!("calibrating on {source}"));
+        }
+        let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
+        if !tokens.is_empty() {
+            pb.set_message("calibrating");
+        }
+        let (weights, report) = pipeline::prepare_weights(ckpt, &self.recipe, &tokens, &|line| {
+            pb.set_message(line.name.clone());
+            pb.inc(1);
+        })?;
+        pb.finish_and_clear();
+        times.palettize = t.elapsed().as_secs_f64();
+        detail(format!(
+            "palettized {} tensors in {:.1} s",
+            plan.totals.palettized_tensors, times.palettize
+        ));
+        let applied = serde_json::json!({
+            "origin": self.recipe.origin(),
+            "toml": self.recipe.to_toml(),
+            "tensors": report
+                .tensors
+                .iter()
+                .map(|l| (l.name.clone(), l.decision.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        });
+        let opts = ConvertOptions {
+            checkpoint: self.source.clone(),
+            output: self.output.clone(),
+            max_seq_len: self.max_seq_len,
+            query_len: self.query_len,
+            precision: self.compute_precision,
+            ranges,
+            force: self.force,
+            python_env,
+            inputs: Some(inputs),
+        };
+        Ok(pipeline::convert(
+            ckpt,
+            &opts,
+            weights,
+            applied,
+            Some(report),
+            times,
+        )?)
+    }
+}
+
+fn print_plan(
+    job: &Job,
+    ckpt: &Checkpoint,
+    plan: &Plan,
+    outputs: &Outputs,
+    json: bool,
+) -> anyhow::Result<()> {
+    let spec = ckpt.spec();
+    let range_scaling = match (&job.activation_ranges, job.no_range_scaling) {
+        (_, true) => "off".to_string(),
+        (Some(p), false) => format!("from {}", p.display()),
+        (None, false) => "measured on the calibration text".to_string(),
+    };
+    if json {
+        return super::print_json(&serde_json::json!({
+            "checkpoint": job.source,
+            "architecture": spec.architecture.hf_name(),
+            "max_seq_len": job.max_seq_len,
+            "query_len": job.query_len,
+            "compute_precision": job.compute_precision.as_str(),
+            "recipe": job.recipe.origin(),
+            "range_scaling": range_scaling,
+            "predicted_weight_bytes": plan.predicted_weight_bytes,
+            "budget": plan.budget,
+            "outputs": outputs,
+        }));
+    }
+    println!(
+        "Plan: {} → {}",
+        job.source.display(),
+        outputs.package.display()
+    );
+    println!(
+        "  {} layers, S={} Q={}, {} compute",
+        spec.num_hidden_layers,
+        job.max_seq_len,
+        job.query_len,
+        job.compute_precision.as_str()
+    );
+    println!(
+        "  weights       {} (recipe {})",
+        fmt_bytes(plan.predicted_weight_bytes),
+        job.recipe.origin()
+    );
+    if let Some(b) = &plan.budget {
+        println!(
+            "  budget        {} of {} usable on {} ({})",
+            fmt_bytes(b.total_bytes),
+            fmt_bytes(b.usable_bytes),
+            b.device.as_deref().unwrap_or("?"),
+            if b.fits { "fits" } else { "over budget" }
+        );
+    }
+    println!("  range scaling {range_scaling}");
+    println!("  (dry run: nothing written)");
+    Ok(())
+}
+
+fn print_summary(summary: &ConvertSummary) {
     let o = &summary.outputs;
     println!("wrote {}", o.package.display());
     if let Some(t) = &o.tokenizer {
@@ -290,5 +483,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sc["residual_scale"],
         sc["source"].as_str().unwrap_or("")
     );
-    Ok(())
 }

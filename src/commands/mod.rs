@@ -1,6 +1,8 @@
 //! One module per verb: argument types, running, printing.
 
+pub mod batch;
 pub mod budget;
+pub mod completions;
 pub mod convert;
 pub mod import_gguf;
 pub mod inspect;

@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
@@ -71,40 +71,50 @@ impl RecipeArgs {
         Ok(base.with_overrides(self.nbits, &self.keep_fp16)?)
     }
 
-    /// Calibration token ids for `recipe` (empty when it does not calibrate): the
-    /// `--calibration` file or the shipped text, through the checkpoint's tokenizer.
+    /// Calibration token ids for `recipe` (see [`calibration_tokens`]).
     pub fn calibration_tokens(
         &self,
         recipe: &Recipe,
         ckpt: &Checkpoint,
     ) -> anyhow::Result<(Vec<u32>, Option<String>)> {
-        if !recipe.calibrates(&ckpt.slots()) {
-            return Ok((Vec::new(), None));
-        }
-        let (ids, source) = match &self.calibration {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read calibration text {}", path.display()))?;
-                let label = path.display().to_string();
-                pipeline::text_tokens(ckpt, &text, &label)?
-            }
-            None => pipeline::calibration_tokens(ckpt)?,
-        };
-        let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
-            Some(cap) if ids.len() > cap => {
-                (ids[..cap].to_vec(), format!("{source}, first {cap} used"))
-            }
-            _ => (ids, source),
-        };
-        if ids.len() < MIN_CALIBRATION_TOKENS {
-            anyhow::bail!(
-                "the calibration text has {} tokens; calibrated palettization needs at least \
-                 {MIN_CALIBRATION_TOKENS} (a few pages of varied text)",
-                ids.len()
-            );
-        }
-        Ok((ids, Some(source)))
+        calibration_tokens(self.calibration.as_deref(), recipe, ckpt)
     }
+}
+
+/// Calibration token ids for `recipe` (empty when it does not calibrate): the `calibration`
+/// file or the shipped text, through the checkpoint's tokenizer, capped at the recipe's
+/// `[calibration] tokens`.
+pub fn calibration_tokens(
+    calibration: Option<&Path>,
+    recipe: &Recipe,
+    ckpt: &Checkpoint,
+) -> anyhow::Result<(Vec<u32>, Option<String>)> {
+    if !recipe.calibrates(&ckpt.slots()) {
+        return Ok((Vec::new(), None));
+    }
+    let (ids, source) = match calibration {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read calibration text {}", path.display()))?;
+            let label = path.display().to_string();
+            pipeline::text_tokens(ckpt, &text, &label)?
+        }
+        None => pipeline::calibration_tokens(ckpt)?,
+    };
+    let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
+        Some(cap) if ids.len() > cap => {
+            (ids[..cap].to_vec(), format!("{source}, first {cap} used"))
+        }
+        _ => (ids, source),
+    };
+    if ids.len() < MIN_CALIBRATION_TOKENS {
+        anyhow::bail!(
+            "the calibration text has {} tokens; calibrated palettization needs at least \
+             {MIN_CALIBRATION_TOKENS} (a few pages of varied text)",
+            ids.len()
+        );
+    }
+    Ok((ids, Some(source)))
 }
 
 /// Below this the input statistics of a 2k-wide projection are mostly noise.
@@ -116,8 +126,9 @@ pub struct Args {
     pub dir: PathBuf,
     #[command(flatten)]
     pub recipe: RecipeArgs,
-    /// Also write the report as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
+    /// The report as JSON: to FILE (the text still goes to stdout), or instead of the text to
+    /// stdout without FILE or with `-`.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
 }
 
@@ -128,7 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let plan = quant::Report::plan(&ckpt, &recipe)?;
     let (tokens, source) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
     if let Some(source) = &source {
-        eprintln!("calibrating on {source}");
+        hf2coreml::util::info(format_args!("calibrating on {source}"));
     }
     let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
     let (_, report) = pipeline::prepare_weights(&ckpt, &recipe, &tokens, &|line| {
@@ -136,6 +147,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pb.inc(1);
     })?;
     pb.finish_and_clear();
+    if args.json.as_deref() == Some(Path::new("-")) {
+        return super::print_json(&report);
+    }
     println!(
         "Palettizing {} with recipe {}",
         ckpt.dir().display(),

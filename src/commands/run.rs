@@ -77,6 +77,10 @@ pub struct Args {
     /// Where to run the package.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
+    /// Print one JSON object at the end (prompt and generated ids, text, stop reason, timing)
+    /// instead of streaming the text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `X.tokenizer.json` → `X.tokenizer_config.json`, `tokenizer.json` → `tokenizer_config.json`.
@@ -158,9 +162,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let result = text::stream_to(&mut generator, &ids, &opts, tokenizer.as_ref(), &mut out);
-    out.flush().context("writing to stdout")?;
+    let mut streamed = Vec::new();
+    let result = if args.json {
+        text::stream_to(
+            &mut generator,
+            &ids,
+            &opts,
+            tokenizer.as_ref(),
+            &mut streamed,
+        )
+    } else {
+        let mut out = stdout.lock();
+        let r = text::stream_to(&mut generator, &ids, &opts, tokenizer.as_ref(), &mut out);
+        out.flush().context("writing to stdout")?;
+        r
+    };
     let (generation, error) = match result {
         Ok(g) => (g, None),
         Err(TextError::Generate(GenerateError::ContextFull {
@@ -179,15 +195,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     };
     report(&generation);
+    if args.json {
+        let text = String::from_utf8_lossy(&streamed);
+        let t = &generation.timing;
+        super::print_json(&serde_json::json!({
+            "schema": "hf2coreml.run/1",
+            "package": args.package,
+            "prompt_ids": generation.prompt,
+            "generated_ids": generation.tokens,
+            // Decoded text, or the ids space-separated without a tokenizer.
+            "text": text.strip_suffix('\n').unwrap_or(&text),
+            "stop": stop_reason(&generation),
+            "timing": {
+                "prompt_tokens": t.prompt_tokens,
+                "prompt_seconds": t.prompt_time.as_secs_f64(),
+                "decode_tokens": t.decode_tokens,
+                "decode_seconds": t.decode_time.as_secs_f64(),
+                "decode_tokens_per_second": t.decode_tokens_per_sec(),
+            },
+            "error": error.as_ref().map(|e| e.to_string()),
+        }))?;
+    }
     if let (Some(path), Some(rows)) = (&args.logits_out, &generation.logits) {
         hf2coreml::util::atomic_write(path, &rows.to_npy())
             .with_context(|| format!("cannot write {}", path.display()))?;
-        eprintln!(
+        hf2coreml::util::info(format_args!(
             "logits: [{}, {}] float32 → {}",
             rows.rows(),
             rows.vocab_size,
             path.display()
-        );
+        ));
     }
     match error {
         Some(e) => Err(e.into()),
@@ -195,14 +232,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn report(g: &Generation) {
-    let t = &g.timing;
-    let stop = match g.stop {
+fn stop_reason(g: &Generation) -> String {
+    match g.stop {
         StopReason::Eos(id) => format!("eos (id {id})"),
         StopReason::MaxNewTokens => "max new tokens".to_string(),
         StopReason::ContextFull => "context full".to_string(),
-    };
-    eprintln!(
+    }
+}
+
+fn report(g: &Generation) {
+    let t = &g.timing;
+    let stop = stop_reason(g);
+    hf2coreml::util::info(format_args!(
         "prompt: {} tokens in {:.2} s ({:.1} tok/s) · generated: {} tokens, decode {:.1} tok/s · \
          stop: {stop}",
         t.prompt_tokens,
@@ -210,5 +251,5 @@ fn report(g: &Generation) {
         t.prompt_tokens_per_sec(),
         g.tokens.len(),
         t.decode_tokens_per_sec(),
-    );
+    ));
 }

@@ -13,6 +13,7 @@ pub mod pipeline;
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Mutex};
 
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
@@ -36,7 +37,7 @@ pub const SETUP_FIX: &str = "make setup";
 #[derive(Debug, Error)]
 pub enum EmitError {
     /// No usable Python environment; carries the marker that makes the binary exit 3.
-    #[error("Python environment unusable: {0}")]
+    #[error("Python environment unusable")]
     Environment(#[source] EnvironmentError),
     /// Python raised while building, converting or saving.
     #[error("coremltools failed while {stage}: {message}")]
@@ -211,18 +212,82 @@ fn load_bridge<'py>(py: Python<'py>, env: &PythonEnv) -> Result<Bound<'py, PyMod
 
 /// The coremltools version in `env`, or why it cannot be used.
 pub fn check_environment(env: &PythonEnv) -> Result<String, EmitError> {
-    Python::initialize();
-    Python::attach(|py| {
-        let m = load_bridge(py, env)?;
-        m.call_method0("check_environment")
-            .and_then(|v| v.extract::<String>())
-            .map_err(|e| python_err(py, "importing coremltools", e))
+    let env = env.clone();
+    on_python_thread(move || {
+        Python::initialize();
+        let _quiet = PYTHON_HOLDS_STDERR
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Python::attach(|py| {
+            let m = load_bridge(py, &env)?;
+            m.call_method0("check_environment")
+                .and_then(|v| v.extract::<String>())
+                .map_err(|e| python_err(py, "importing coremltools", e))
+        })
     })
 }
 
 /// Serialize `graph` as an iOS17 package at `dest` (a `.mlpackage` path). The graph is
 /// consumed: its buffers move into numpy arrays. With `force`, an existing `dest` is replaced
 /// once the new package is complete; without it, an existing `dest` is refused up front.
+/// Run `f` on the one thread that ever enters the embedded interpreter. CPython itself
+/// supports calls from many threads, but coremltools' C++ extensions crash (seen in
+/// `_PyFrame_InitializeSpecials` under `libmilstoragepython`) when successive conversions
+/// enter from different threads, as `batch --jobs N` does. One long-lived thread (with a
+/// main-thread-sized stack: the MIL builder recurses deeply) sidesteps that.
+fn on_python_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    type Job = Box<dyn FnOnce() + Send>;
+    static QUEUE: std::sync::OnceLock<Mutex<Option<mpsc::Sender<Job>>>> =
+        std::sync::OnceLock::new();
+    let queue = QUEUE.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new()
+            .name("python".into())
+            .stack_size(64 << 20)
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            });
+        Mutex::new(spawned.ok().map(|_| tx))
+    });
+    let guard = queue
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // No thread could be started (resource limits): run here, as a single caller may.
+    let Some(tx) = guard.as_ref() else {
+        drop(guard);
+        return f();
+    };
+    let (done_tx, done_rx) = mpsc::sync_channel(1);
+    let job: Job = Box::new(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let _ = done_tx.send(r);
+    });
+    let sent = tx.send(job);
+    drop(guard);
+    // The thread catches every panic, so it outlives every job.
+    assert!(sent.is_ok(), "the Python thread has ended");
+    match done_rx.recv() {
+        Ok(Ok(r)) => r,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("the Python thread dropped a job"),
+    }
+}
+
+/// Held while the bridge runs: it points file descriptors 1 and 2 at a capture file, so
+/// anything another thread prints meanwhile would vanish into it.
+static PYTHON_HOLDS_STDERR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Run `f` (which prints) when no emit has stdout/stderr redirected; for callers that print
+/// from threads while another thread may be emitting.
+pub fn when_output_is_ours<R>(f: impl FnOnce() -> R) -> R {
+    let _guard = PYTHON_HOLDS_STDERR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    f()
+}
+
 pub fn emit(
     graph: Graph,
     meta: &Metadata,
@@ -240,69 +305,80 @@ pub fn emit(
         _ => "fp16",
     };
     let work = out.path().to_path_buf();
-    Python::initialize();
-    let result = Python::attach(
-        |py| -> Result<(String, i64, BTreeMap<String, usize>), EmitError> {
-            let bridge = load_bridge(py, env)?;
-            let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
-            let dense = PyDict::new(py);
-            let luts = PyDict::new(py);
-            for c in graph.consts {
-                match c.data {
-                    // fp16 crosses as its bits (the map reuses the allocation: same layout);
-                    // Python views them as float16 without a copy.
-                    ConstData::F16(v) => {
-                        let bits: Vec<u16> = v.into_iter().map(|x| x.to_bits()).collect();
-                        dense
-                            .set_item(&c.name, bits.into_pyarray(py))
+    let env_owned = env.clone();
+    let work_py = work.clone();
+    let result = on_python_thread(move || {
+        let env = &env_owned;
+        let work = work_py;
+        Python::initialize();
+        let _quiet = PYTHON_HOLDS_STDERR
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Python::attach(
+            |py| -> Result<(String, i64, BTreeMap<String, usize>), EmitError> {
+                let bridge = load_bridge(py, env)?;
+                let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
+                let dense = PyDict::new(py);
+                let luts = PyDict::new(py);
+                for c in graph.consts {
+                    match c.data {
+                        // fp16 crosses as its bits (the map reuses the allocation: same layout);
+                        // Python views them as float16 without a copy.
+                        ConstData::F16(v) => {
+                            let bits: Vec<u16> = v.into_iter().map(|x| x.to_bits()).collect();
+                            dense
+                                .set_item(&c.name, bits.into_pyarray(py))
+                                .map_err(to_py)?;
+                        }
+                        ConstData::I32(v) => {
+                            dense.set_item(&c.name, v.into_pyarray(py)).map_err(to_py)?;
+                        }
+                        ConstData::Lut(p) => {
+                            let lut: Vec<u16> = p.lut.into_iter().map(|x| x.to_bits()).collect();
+                            let pair = PyTuple::new(
+                                py,
+                                [
+                                    p.packed.into_pyarray(py).into_any(),
+                                    lut.into_pyarray(py).into_any(),
+                                ],
+                            )
                             .map_err(to_py)?;
-                    }
-                    ConstData::I32(v) => {
-                        dense.set_item(&c.name, v.into_pyarray(py)).map_err(to_py)?;
-                    }
-                    ConstData::Lut(p) => {
-                        let lut: Vec<u16> = p.lut.into_iter().map(|x| x.to_bits()).collect();
-                        let pair = PyTuple::new(
-                            py,
-                            [
-                                p.packed.into_pyarray(py).into_any(),
-                                lut.into_pyarray(py).into_any(),
-                            ],
-                        )
-                        .map_err(to_py)?;
-                        luts.set_item(&c.name, pair).map_err(to_py)?;
+                            luts.set_item(&c.name, pair).map_err(to_py)?;
+                        }
                     }
                 }
-            }
-            let res = bridge
-                .call_method1(
-                    "emit",
-                    (
-                        desc,
-                        dense,
-                        luts,
-                        meta_json,
-                        precision,
-                        work.to_string_lossy().into_owned(),
-                    ),
-                )
-                .map_err(|e| python_err(py, "building, converting and saving the program", e))?;
-            let get = |k: &str| {
-                res.get_item(k)
-                    .map_err(|e| EmitError::Protocol(format!("missing `{k}`: {e}")))
-            };
-            let version: String = get("coremltools_version")?
-                .extract()
-                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
-            let spec_version: i64 = get("specification_version")?
-                .extract()
-                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
-            let counts: BTreeMap<String, usize> = get("op_counts")?
-                .extract()
-                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
-            Ok((version, spec_version, counts))
-        },
-    )?;
+                let res = bridge
+                    .call_method1(
+                        "emit",
+                        (
+                            desc,
+                            dense,
+                            luts,
+                            meta_json,
+                            precision,
+                            work.to_string_lossy().into_owned(),
+                        ),
+                    )
+                    .map_err(|e| {
+                        python_err(py, "building, converting and saving the program", e)
+                    })?;
+                let get = |k: &str| {
+                    res.get_item(k)
+                        .map_err(|e| EmitError::Protocol(format!("missing `{k}`: {e}")))
+                };
+                let version: String = get("coremltools_version")?
+                    .extract()
+                    .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+                let spec_version: i64 = get("specification_version")?
+                    .extract()
+                    .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+                let counts: BTreeMap<String, usize> = get("op_counts")?
+                    .extract()
+                    .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+                Ok((version, spec_version, counts))
+            },
+        )
+    })?;
     // coremltools saves to a path ending in .mlpackage; lift its contents into the atomic dir
     // so the rename below is the only step that makes a package appear under `dest`.
     let saved = work.join("model.mlpackage");

@@ -62,6 +62,69 @@ pub struct ConvertOptions {
     pub ranges: Option<ActivationRanges>,
     pub force: bool,
     pub python_env: PythonEnv,
+    /// What the package is made from, recorded in `X.report.json` (see [`Inputs`]).
+    pub inputs: Option<Inputs>,
+}
+
+/// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
+/// package records the same fingerprint. The output path, `--force` and the Python
+/// environment are not inputs (they do not change the bytes written).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct Inputs {
+    /// sha256 over the other fields.
+    pub fingerprint: String,
+    pub tool_version: String,
+    /// sha256 of each source file (config, tokenizer, weights; or the .gguf), by file name.
+    pub sources: BTreeMap<String, String>,
+    /// The applied recipe, as TOML.
+    pub recipe: String,
+    /// sha256 of the calibration text, when the recipe calibrates.
+    pub calibration: Option<String>,
+    /// Shape, precision, range scaling and budget settings.
+    pub settings: BTreeMap<String, serde_json::Value>,
+}
+
+impl Inputs {
+    pub fn new(
+        sources: BTreeMap<String, String>,
+        recipe: String,
+        calibration: Option<String>,
+        settings: BTreeMap<String, serde_json::Value>,
+    ) -> Self {
+        let tool_version = crate::VERSION.to_string();
+        let canonical = serde_json::json!({
+            "tool_version": tool_version,
+            "sources": sources,
+            "recipe": recipe,
+            "calibration": calibration,
+            "settings": settings,
+        });
+        let fingerprint = sha256_hex(canonical.to_string().as_bytes());
+        Inputs {
+            fingerprint,
+            tool_version,
+            sources,
+            recipe,
+            calibration,
+            settings,
+        }
+    }
+
+    /// The inputs recorded in a package's `X.report.json`, if it has a readable one.
+    pub fn recorded(package: &Path) -> Option<Inputs> {
+        let report = Outputs::for_package(package).ok()?.report;
+        let text = std::fs::read_to_string(report).ok()?;
+        let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+        serde_json::from_value(value.get("inputs")?.clone()).ok()
+    }
+}
+
+/// sha256 of bytes, as lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Errors of the pipeline, each naming what it was working on.
@@ -166,6 +229,8 @@ pub struct ConvertSummary {
     pub tensors: BTreeMap<String, String>,
     /// The palettizer's per-tensor report (sizes, MSE, SNR).
     pub palettize: Option<quant::Report>,
+    /// What the package was made from (absent when the caller did not say).
+    pub inputs: Option<Inputs>,
 }
 
 /// The names of the files whose hashes identify the source checkpoint.
@@ -176,7 +241,7 @@ const HASHED_FILES: [&str; 4] = [
     "generation_config.json",
 ];
 
-fn sha256_file(path: &Path) -> Result<String, ConvertError> {
+pub fn sha256_file(path: &Path) -> Result<String, ConvertError> {
     let mut f = std::fs::File::open(path).map_err(io_err(path))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -602,8 +667,15 @@ pub fn convert(
         emit,
         tensors,
         palettize,
+        inputs: opts.inputs.clone(),
     };
-    let json = serde_json::to_vec_pretty(&summary)?;
+    // The file holds what the package is, not how long it took: the same inputs write the
+    // same bytes. Stage times are in the returned summary (`convert --json`).
+    let mut recorded = serde_json::to_value(&summary)?;
+    if let Some(map) = recorded.as_object_mut() {
+        map.remove("times");
+    }
+    let json = serde_json::to_vec_pretty(&recorded)?;
     atomic_write(&summary.outputs.report, &json).map_err(io_err(&summary.outputs.report))?;
     Ok(summary)
 }

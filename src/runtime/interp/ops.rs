@@ -1140,6 +1140,10 @@ fn gemv_rows<W: Sync>(
     const BLOCK: usize = 32;
     let rows = xv.len() / ic.max(1);
     let mut t = vec![0f32; oc * rows];
+    // An empty x (a zero-length axis) has an empty product; chunks of 0 would panic.
+    if t.is_empty() {
+        return t;
+    }
     t.par_chunks_mut(BLOCK * rows)
         .enumerate()
         .for_each(|(blk, chunk)| {

@@ -1,0 +1,62 @@
+//! Shell completions and man pages, generated from the clap definitions so they never drift
+//! from the real flags.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::CommandFactory;
+
+use crate::cli::Cli;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ManArgs {
+    /// Write hf2coreml.1 and one hf2coreml-VERB.1 per command into DIR instead of printing
+    /// the main page.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut cmd = Cli::command();
+    clap_complete::generate(args.shell, &mut cmd, "hf2coreml", &mut std::io::stdout());
+    Ok(())
+}
+
+pub fn man(args: ManArgs) -> anyhow::Result<()> {
+    let cmd = Cli::command();
+    let Some(dir) = args.out_dir else {
+        clap_mangen::Man::new(cmd)
+            .render(&mut std::io::stdout())
+            .context("writing the man page")?;
+        return Ok(());
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut pages = vec![("hf2coreml.1".to_string(), cmd.clone())];
+    for sub in cmd.get_subcommands() {
+        let name = format!("hf2coreml-{}", sub.get_name());
+        pages.push((
+            format!("{name}.1"),
+            sub.clone()
+                .name(name)
+                .bin_name(format!("hf2coreml {}", sub.get_name())),
+        ));
+    }
+    for (file, page) in pages {
+        let mut bytes = Vec::new();
+        clap_mangen::Man::new(page)
+            .render(&mut bytes)
+            .context("rendering a man page")?;
+        let path = dir.join(&file);
+        hf2coreml::util::atomic_write(&path, &bytes)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("{}", path.display());
+    }
+    Ok(())
+}
