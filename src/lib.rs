@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod contract;
 pub mod emit;
 pub mod error;
+pub mod fuzzing;
 pub mod graph;
 pub mod mlpackage;
 pub mod quant;

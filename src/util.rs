@@ -17,6 +17,43 @@ pub fn atomic_write(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Check, without leaving anything behind, that `dest` could be created: its nearest existing
+/// ancestor is a directory we can create files in. Lets a command refuse an unwritable output
+/// before minutes of work instead of after.
+pub fn check_writable(dest: &Path) -> std::io::Result<()> {
+    let mut dir = parent_dir(dest);
+    while !dir.exists() {
+        dir = parent_dir(dir);
+        if dir == Path::new(".") && !dir.exists() {
+            break;
+        }
+    }
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "cannot create {}: {} is not a directory",
+                dest.display(),
+                dir.display()
+            ),
+        ));
+    }
+    tempfile::Builder::new()
+        .prefix(&format!(".{}.probe", file_name(dest)))
+        .tempfile_in(dir)
+        .map(drop)
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot create {}: {} is not writable ({e})",
+                    dest.display(),
+                    dir.display()
+                ),
+            )
+        })
+}
+
 /// An output directory built under a temporary name beside its destination and renamed into
 /// place by [`AtomicDir::commit`]. Dropped without commit (error, panic), it is removed, so a
 /// failed run never leaves a partial output under the destination's name.
@@ -45,6 +82,7 @@ impl AtomicDir {
             .prefix(&format!(".{}.{}.", file_name(dest), std::process::id()))
             .suffix(".partial")
             .tempdir_in(parent)?;
+        remove_on_interrupt(tmp.path());
         Ok(AtomicDir {
             tmp: Some(tmp),
             dest: dest.to_path_buf(),
@@ -63,6 +101,7 @@ impl AtomicDir {
     /// Move the finished directory into place, replacing any existing `dest`.
     pub fn commit(mut self) -> std::io::Result<PathBuf> {
         let tmp = self.tmp.take().expect("commit once");
+        keep_on_interrupt(tmp.path());
         let tmp_path = tmp.keep();
         if self.dest.exists() {
             // Move the old output aside first so there is no moment without a complete one
@@ -83,6 +122,106 @@ impl AtomicDir {
             std::fs::rename(&tmp_path, &self.dest)?;
         }
         Ok(self.dest.clone())
+    }
+}
+
+impl Drop for AtomicDir {
+    fn drop(&mut self) {
+        // The TempDir field removes the directory right after this.
+        if let Some(t) = &self.tmp {
+            keep_on_interrupt(t.path());
+        }
+    }
+}
+
+/// Directories to delete if the process is interrupted (SIGINT, SIGTERM, SIGHUP).
+static ON_INTERRUPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Delete `dir` (recursively) if the process gets SIGINT, SIGTERM or SIGHUP before
+/// [`keep_on_interrupt`] is called for it; the process then exits with 128 + the signal.
+/// Without this, Ctrl-C kills the process on the spot (the embedded Python installs no
+/// handler) and leaves temp directories for the next run to clean. SIGKILL cannot be caught:
+/// [`AtomicDir::new`] removes what such runs leave.
+pub fn remove_on_interrupt(dir: &Path) {
+    #[cfg(unix)]
+    signals::install();
+    ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(dir.to_path_buf());
+}
+
+/// Stop deleting `dir` on interruption (it was committed or removed).
+pub fn keep_on_interrupt(dir: &Path) {
+    ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|d| d != dir);
+}
+
+#[cfg(unix)]
+mod signals {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::Once;
+
+    /// Write end of the self-pipe the handler signals through (-1: not installed).
+    static PIPE: AtomicI32 = AtomicI32::new(-1);
+    static INSTALL: Once = Once::new();
+
+    /// Only async-signal-safe work here: one write(2) of the signal number.
+    extern "C" fn on_signal(sig: libc::c_int) {
+        let fd = PIPE.load(Ordering::Relaxed);
+        if fd >= 0 {
+            let b = sig as u8;
+            // SAFETY: writing one byte from a live stack variable to a pipe we own.
+            unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+        }
+    }
+
+    /// A thread waits on the pipe; on a signal it removes the registered directories and
+    /// exits without unwinding (the main thread may be inside Python).
+    pub(super) fn install() {
+        INSTALL.call_once(|| {
+            let mut fds = [0 as libc::c_int; 2];
+            // SAFETY: pipe(2) fills the two-element array.
+            if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+                return;
+            }
+            let read_fd = fds[0];
+            PIPE.store(fds[1], Ordering::Relaxed);
+            let spawned = std::thread::Builder::new()
+                .name("interrupt-cleanup".into())
+                .spawn(move || {
+                    let mut b = 0u8;
+                    // SAFETY: reading one byte into a live stack variable from our pipe.
+                    let n = unsafe { libc::read(read_fd, (&mut b as *mut u8).cast(), 1) };
+                    if n != 1 {
+                        return;
+                    }
+                    let dirs = super::ON_INTERRUPT
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    for d in dirs {
+                        // The main thread may still be writing into it: retry a few times.
+                        for _ in 0..3 {
+                            if std::fs::remove_dir_all(&d).is_ok() || !d.exists() {
+                                break;
+                            }
+                        }
+                    }
+                    // SAFETY: _exit(2) ends the process without running destructors or
+                    // atexit handlers, which could block on locks the main thread holds.
+                    unsafe { libc::_exit(128 + b as libc::c_int) };
+                });
+            if spawned.is_err() {
+                return;
+            }
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                // SAFETY: on_signal only performs an async-signal-safe write(2).
+                unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+            }
+        });
     }
 }
 

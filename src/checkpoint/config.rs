@@ -145,6 +145,29 @@ struct RawConfig {
     use_sliding_window: Option<bool>,
 }
 
+// Limits on config sizes, far above any real model (Llama 3.1 405B: 126 layers, hidden 16384,
+// intermediate 53248, 128 heads; Gemma: vocabulary 256000), low enough that every product the
+// pipeline forms (vocab × hidden, layers × S × kv_dim, ...) stays far from u64 overflow and a
+// config cannot talk us into a giant allocation before the weights are checked against it.
+const MAX_LAYERS: usize = 1 << 12;
+const MAX_HIDDEN: usize = 1 << 18;
+const MAX_INTERMEDIATE: usize = 1 << 20;
+const MAX_HEADS: usize = 1 << 12;
+const MAX_HEAD_DIM: usize = 1 << 12;
+const MAX_VOCAB: usize = 1 << 23;
+const MAX_POSITIONS: usize = 1 << 24;
+
+fn max_for(key: &str) -> usize {
+    match key {
+        "num_hidden_layers" => MAX_LAYERS,
+        "hidden_size" => MAX_HIDDEN,
+        "intermediate_size" => MAX_INTERMEDIATE,
+        "num_attention_heads" | "num_key_value_heads" => MAX_HEADS,
+        "vocab_size" => MAX_VOCAB,
+        _ => usize::MAX,
+    }
+}
+
 fn token_ids(v: &Option<serde_json::Value>) -> Vec<u32> {
     match v {
         Some(serde_json::Value::Number(n)) => {
@@ -161,10 +184,7 @@ fn token_ids(v: &Option<serde_json::Value>) -> Vec<u32> {
 impl ModelSpec {
     /// Read and check `config.json`.
     pub fn from_config_file(path: &Path) -> Result<Self, CheckpointError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CheckpointError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = super::read_text_limited(path, super::MAX_CONFIG_BYTES, "config.json")?;
         Self::from_config_str(&text).map_err(|message| CheckpointError::Config {
             path: path.to_path_buf(),
             message,
@@ -191,8 +211,10 @@ impl ModelSpec {
             _ => return Err("neither `architectures` nor `model_type` is set".into()),
         };
         let need = |v: Option<usize>, key: &str| -> Result<usize, String> {
+            let max = max_for(key);
             match v {
                 Some(0) => Err(format!("`{key}` must be positive")),
+                Some(x) if x > max => Err(format!("`{key}` = {x} exceeds the limit of {max}")),
                 Some(x) => Ok(x),
                 None => Err(format!("missing `{key}`")),
             }
@@ -213,6 +235,11 @@ impl ModelSpec {
         }
         let head_dim = match raw.head_dim {
             Some(0) => return Err("`head_dim` must be positive".into()),
+            Some(d) if d > MAX_HEAD_DIM => {
+                return Err(format!(
+                    "`head_dim` = {d} exceeds the limit of {MAX_HEAD_DIM}"
+                ))
+            }
             Some(d) => d,
             None => {
                 if hidden_size % num_attention_heads != 0 {
@@ -250,6 +277,21 @@ impl ModelSpec {
             .or(rope_params);
         let rope_scaling = parse_rope_scaling(scaling_obj)?;
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
+        if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
+            return Err(format!(
+                "rms_norm_eps ({rms_norm_eps}) must be a non-negative number"
+            ));
+        }
+        let max_position_embeddings = match raw.max_position_embeddings {
+            Some(0) => return Err("`max_position_embeddings` must be positive".into()),
+            Some(n) if n > MAX_POSITIONS => {
+                return Err(format!(
+                    "`max_position_embeddings` = {n} exceeds the limit of {MAX_POSITIONS}"
+                ))
+            }
+            Some(n) => n,
+            None => 2048,
+        };
         let attention_bias = raw
             .attention_bias
             .unwrap_or(architecture == Architecture::Qwen2);
@@ -271,7 +313,7 @@ impl ModelSpec {
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             rope_theta,
             rope_scaling,
-            max_position_embeddings: raw.max_position_embeddings.unwrap_or(2048),
+            max_position_embeddings,
             attention_bias,
             dtype: raw.dtype.or(raw.torch_dtype),
             bos_token_id: token_ids(&raw.bos_token_id).first().copied(),
@@ -291,9 +333,16 @@ fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, St
         .and_then(|v| v.as_str())
         .unwrap_or("default");
     let num = |key: &str| -> Result<f64, String> {
-        obj.get(key)
+        let v = obj
+            .get(key)
             .and_then(|v| v.as_f64())
-            .ok_or_else(|| format!("rope scaling `{kind}` needs `{key}`"))
+            .ok_or_else(|| format!("rope scaling `{kind}` needs `{key}`"))?;
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!(
+                "rope scaling `{kind}`: `{key}` ({v}) must be a positive number"
+            ));
+        }
+        Ok(v)
     };
     match kind {
         "default" => Ok(RopeScaling::None),

@@ -62,6 +62,13 @@ pub enum CheckpointError {
         tensor: String,
         dtype: String,
     },
+    #[error("{path}: tensor `{tensor}` holds {value} at element {index}; weights must be finite")]
+    NonFinite {
+        path: PathBuf,
+        tensor: String,
+        index: usize,
+        value: f32,
+    },
 }
 
 impl CheckpointError {
@@ -142,6 +149,35 @@ impl TensorView<'_> {
         }
     }
 
+    /// The first NaN or infinite element and its value, found on the raw bits (no conversion).
+    pub fn first_non_finite(&self) -> Option<(usize, f32)> {
+        let t = self;
+        match t.dtype {
+            DType::BF16 => t
+                .data
+                .chunks_exact(2)
+                .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80)
+                .map(|i| {
+                    let b = &t.data[2 * i..2 * i + 2];
+                    (i, bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                }),
+            DType::F16 => t
+                .data
+                .chunks_exact(2)
+                .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00)
+                .map(|i| {
+                    let b = &t.data[2 * i..2 * i + 2];
+                    (i, f16::from_le_bytes([b[0], b[1]]).to_f32())
+                }),
+            DType::F32 => t
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .enumerate()
+                .find(|(_, v)| !v.is_finite()),
+        }
+    }
+
     /// Values as f16, the precision a package stores (bf16 and f32 round to nearest).
     pub fn to_f16(&self) -> Vec<f16> {
         match self.dtype {
@@ -190,6 +226,178 @@ impl std::fmt::Debug for Checkpoint {
 const INDEX_FILE: &str = "model.safetensors.index.json";
 const SINGLE_FILE: &str = "model.safetensors";
 
+/// Largest safetensors JSON header we parse. Real headers take ~100 bytes per tensor (a
+/// 400B-parameter checkpoint's largest shard header is well under 1 MiB); the safetensors
+/// crate's own cap (100 MB) would let a hostile file make us build a ~1 GB JSON tree.
+pub const MAX_HEADER_BYTES: u64 = 16 << 20;
+/// Largest shard index (model.safetensors.index.json) we read: one line per tensor.
+pub const MAX_INDEX_BYTES: u64 = 16 << 20;
+/// Largest config.json we read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Most tensors in one checkpoint (all shards); real ones have a few thousand.
+pub const MAX_TENSORS: usize = 1 << 20;
+/// Highest tensor rank we accept; the architectures we convert use 1 and 2.
+pub const MAX_RANK: usize = 8;
+
+/// One tensor of a safetensors file, as its header describes it (checked against the file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderEntry {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Absolute byte range of the data in the file.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// Parse and check the header of a safetensors file held in `bytes` (the whole file):
+/// header length within [`MAX_HEADER_BYTES`] and the file, valid JSON, every tensor's dtype
+/// supported, its shape's byte count equal to its data range, the ranges in bounds, not
+/// overlapping and covering the data section. `path` names the file in errors; nothing is read
+/// from it. Entries come in header order.
+pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<Vec<HeaderEntry>, CheckpointError> {
+    let bad = |message: String| CheckpointError::Safetensors {
+        path: path.to_path_buf(),
+        message,
+    };
+    let Some(len_bytes) = bytes.first_chunk::<8>() else {
+        return Err(bad(format!(
+            "{} bytes is shorter than the 8-byte header length",
+            bytes.len()
+        )));
+    };
+    let header_len = u64::from_le_bytes(*len_bytes);
+    if header_len > MAX_HEADER_BYTES {
+        return Err(bad(format!(
+            "header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit"
+        )));
+    }
+    if header_len > bytes.len() as u64 - 8 {
+        return Err(bad(format!(
+            "header length {header_len} runs past the end of the {}-byte file",
+            bytes.len()
+        )));
+    }
+    let st = SafeTensors::deserialize(bytes).map_err(|e| {
+        let header = &bytes[8..8 + header_len as usize];
+        bad(
+            diagnose_header(header, bytes.len() - 8 - header_len as usize)
+                .unwrap_or_else(|| e.to_string()),
+        )
+    })?;
+    if st.len() > MAX_TENSORS {
+        return Err(bad(format!(
+            "{} tensors (at most {MAX_TENSORS} are accepted)",
+            st.len()
+        )));
+    }
+    let base = bytes.as_ptr() as usize;
+    let mut out = Vec::with_capacity(st.len());
+    for (name, view) in st.iter() {
+        let dtype = match view.dtype() {
+            Dtype::BF16 => DType::BF16,
+            Dtype::F16 => DType::F16,
+            Dtype::F32 => DType::F32,
+            other => {
+                return Err(CheckpointError::UnsupportedDtype {
+                    path: path.to_path_buf(),
+                    tensor: name.to_string(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        if view.shape().len() > MAX_RANK {
+            return Err(bad(format!(
+                "tensor `{name}` has rank {} (at most {MAX_RANK})",
+                view.shape().len()
+            )));
+        }
+        // The crate checked that the shape's byte count equals the data range and that the
+        // range lies inside `bytes`; the range is recovered as offsets into it.
+        let start = view.data().as_ptr() as usize - base;
+        out.push(HeaderEntry {
+            name: name.to_string(),
+            dtype,
+            shape: view.shape().to_vec(),
+            start,
+            end: start + view.data().len(),
+        });
+    }
+    Ok(out)
+}
+
+/// Which tensor a header the safetensors crate refused is wrong about, when the crate's message
+/// does not say (a byte-count mismatch, a range past the data or overlapping another).
+fn diagnose_header(header: &[u8], data_len: usize) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(header).ok()?;
+    let mut ranges: Vec<(u64, u64, &str)> = Vec::new();
+    for (name, info) in v.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = info.get("dtype")?.as_str()?;
+        let shape: Vec<u64> = info
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(|d| d.as_u64())
+            .collect::<Option<_>>()?;
+        let offs = info.get("data_offsets")?.as_array()?;
+        let (start, end) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
+        let elem: u64 = match dtype {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
+            _ => return None,
+        };
+        let needed = shape
+            .iter()
+            .try_fold(elem, |acc, &d| acc.checked_mul(d))
+            .map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
+        if end < start || end - start != needed.parse::<u64>().unwrap_or(u64::MAX) {
+            return Some(format!(
+                "tensor `{name}`: {dtype} {shape:?} needs {needed} bytes but data_offsets \
+                 [{start}, {end}] span {}",
+                end.saturating_sub(start)
+            ));
+        }
+        if end > data_len as u64 {
+            return Some(format!(
+                "tensor `{name}`: data_offsets [{start}, {end}] run past the {data_len}-byte \
+                 data section"
+            ));
+        }
+        ranges.push((start, end, name));
+    }
+    ranges.sort();
+    for w in ranges.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Some(format!(
+                "tensors `{}` [{}, {}] and `{}` [{}, {}] overlap",
+                w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
+            ));
+        }
+    }
+    None
+}
+
+/// Read a small text file, refusing one larger than `limit` before reading it.
+fn read_text_limited(path: &Path, limit: u64, what: &str) -> Result<String, CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > limit {
+        return Err(CheckpointError::Config {
+            path: path.to_path_buf(),
+            message: format!("{len} bytes is too large for {what} (limit {limit})"),
+        });
+    }
+    std::fs::read_to_string(path).map_err(io)
+}
+
 impl Checkpoint {
     /// Open `dir`, parse config.json, map the weights and check every expected tensor's
     /// presence, shape and dtype.
@@ -237,36 +445,31 @@ impl Checkpoint {
                 path: path.clone(),
                 source,
             })?;
-            let st = SafeTensors::deserialize(&map).map_err(|e| CheckpointError::Safetensors {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-            let base = map.as_ptr() as usize;
-            for (name, view) in st.tensors() {
-                let dtype = match view.dtype() {
-                    Dtype::BF16 => DType::BF16,
-                    Dtype::F16 => DType::F16,
-                    Dtype::F32 => DType::F32,
-                    other => {
-                        return Err(CheckpointError::UnsupportedDtype {
-                            path: path.clone(),
-                            tensor: name,
-                            dtype: format!("{other:?}"),
-                        })
-                    }
+            for e in parse_safetensors(&path, &map)? {
+                if tensors.len() >= MAX_TENSORS {
+                    return Err(CheckpointError::Safetensors {
+                        path: path.clone(),
+                        message: format!(
+                            "the checkpoint holds more than {MAX_TENSORS} tensors in all"
+                        ),
+                    });
+                }
+                let entry = TensorEntry {
+                    file: file_idx,
+                    dtype: e.dtype,
+                    shape: e.shape,
+                    start: e.start,
+                    end: e.end,
                 };
-                let start = view.data().as_ptr() as usize - base;
-                let end = start + view.data().len();
-                tensors.insert(
-                    name,
-                    TensorEntry {
-                        file: file_idx,
-                        dtype,
-                        shape: view.shape().to_vec(),
-                        start,
-                        end,
-                    },
-                );
+                if let Some(prev) = tensors.insert(e.name.clone(), entry) {
+                    return Err(CheckpointError::Index {
+                        path: dir.join(INDEX_FILE),
+                        message: format!(
+                            "tensor `{}` is stored in both {} and {}",
+                            e.name, shard_names[prev.file], shard
+                        ),
+                    });
+                }
             }
             files.push(MappedFile { path, map });
         }
@@ -344,6 +547,23 @@ impl Checkpoint {
         })
     }
 
+    /// Check that every tensor the architecture uses holds only finite values (NaN or ±Inf
+    /// would poison every output of the converted model). Reads all weights once.
+    pub fn check_finite(&self) -> Result<(), CheckpointError> {
+        for slot in self.slots() {
+            let t = self.tensor(&slot.name)?;
+            if let Some((index, value)) = t.first_non_finite() {
+                return Err(CheckpointError::NonFinite {
+                    path: self.files[self.tensors[&slot.name].file].path.clone(),
+                    tensor: slot.name,
+                    index,
+                    value,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The dtype most weights are stored in (by element count).
     pub fn storage_dtype(&self) -> DType {
         let mut counts: HashMap<&'static str, (DType, usize)> = HashMap::new();
@@ -386,10 +606,7 @@ fn pickle_files(dir: &Path) -> Vec<String> {
 fn shard_list(dir: &Path) -> Result<Vec<String>, CheckpointError> {
     let index_path = dir.join(INDEX_FILE);
     if index_path.is_file() {
-        let text = std::fs::read_to_string(&index_path).map_err(|source| CheckpointError::Io {
-            path: index_path.clone(),
-            source,
-        })?;
+        let text = read_text_limited(&index_path, MAX_INDEX_BYTES, "a shard index")?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| CheckpointError::Index {
                 path: index_path.clone(),

@@ -72,6 +72,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.max_seq_len == 0 || args.query_len == 0 {
         anyhow::bail!("--max-seq-len and --query-len must be at least 1");
     }
+    if args.max_seq_len > budget::MAX_SEQ_CAP {
+        anyhow::bail!(
+            "--max-seq-len {} exceeds the limit of {}",
+            args.max_seq_len,
+            budget::MAX_SEQ_CAP
+        );
+    }
     if args.query_len > args.max_seq_len {
         anyhow::bail!(
             "--query-len ({}) cannot exceed --max-seq-len ({})",

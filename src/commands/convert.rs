@@ -137,10 +137,17 @@ pub struct Plan {
 }
 
 impl Job {
-    /// Checks that need no file: the shape and the output name.
+    /// Checks that need no input file: the shape, the output name, a writable output place.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.max_seq_len == 0 || self.query_len == 0 {
             anyhow::bail!("--max-seq-len and --query-len must be at least 1");
+        }
+        if self.max_seq_len > budget::MAX_SEQ_CAP {
+            anyhow::bail!(
+                "--max-seq-len {} exceeds the limit of {}",
+                self.max_seq_len,
+                budget::MAX_SEQ_CAP
+            );
         }
         if self.query_len > self.max_seq_len {
             anyhow::bail!(
@@ -150,6 +157,8 @@ impl Job {
             );
         }
         Outputs::for_package(&self.output)?;
+        // Refuse an output that cannot be written before minutes of work, not after.
+        hf2coreml::util::check_writable(&self.output)?;
         Ok(())
     }
 
@@ -164,6 +173,7 @@ impl Job {
                 .prefix("hf2coreml-gguf-")
                 .tempdir()
                 .context("cannot create a temporary directory for the GGUF import")?;
+            hf2coreml::util::remove_on_interrupt(tmp.path());
             let stem = self
                 .source
                 .file_stem()
@@ -291,6 +301,9 @@ impl Job {
         }
         let ckpt = &opened.ckpt;
         self.plan(ckpt)?;
+        // NaN/Inf weights would poison every output; refuse them before any work.
+        ckpt.check_finite()
+            .with_context(|| format!("cannot convert {}", self.source.display()))?;
         let ranges: Option<ActivationRanges> =
             match &self.activation_ranges {
                 Some(p) => {

@@ -4,6 +4,7 @@
 //! [`PackageError`] naming the file; nothing here panics on bad input.
 
 pub mod blob;
+pub mod fixture;
 pub mod proto;
 
 use std::collections::HashMap;
@@ -17,6 +18,14 @@ pub use blob::{BlobFile, BlobRecord, BlobWriter};
 
 /// The weight-file prefix meaning "the folder that holds model.mlmodel".
 pub const MODEL_PATH_PREFIX: &str = "@model_path/";
+
+/// Largest Manifest.json we read (coremltools writes a few hundred bytes).
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+/// Largest model.mlmodel we read into memory. The program text of a 70B model is a few MB;
+/// weights live in weight.bin, which is mapped, not read.
+pub const MAX_MODEL_BYTES: u64 = 256 << 20;
+/// Highest tensor rank a type may declare (Core ML allows 5; MIL has no higher use).
+pub const MAX_RANK: usize = 16;
 
 /// What can be wrong with a package.
 #[derive(Debug, thiserror::Error)]
@@ -43,8 +52,8 @@ pub enum PackageError {
         offset: u64,
         msg: String,
     },
-    #[error("weight file name {file_name:?} escapes the package (absolute or `..`)")]
-    EscapingFile { file_name: String },
+    #[error("{}: weight file name {file_name:?} escapes the package (absolute, `..` or a symlink out)", path.display())]
+    EscapingFile { path: PathBuf, file_name: String },
     #[error("{what}: {msg}")]
     Value { what: String, msg: String },
 }
@@ -292,6 +301,12 @@ pub fn tensor_type(
             _ => return Err(err("flexible (unknown) dimensions are not supported".into())),
         }
     }
+    if shape.len() > MAX_RANK {
+        return Err(err(format!(
+            "rank {} exceeds the limit of {MAX_RANK}",
+            shape.len()
+        )));
+    }
     if tt.rank >= 0 && tt.rank as usize != shape.len() {
         return Err(err(format!(
             "rank {} but {} dimensions",
@@ -532,14 +547,21 @@ impl MlPackage {
     /// Weight files are opened on first use.
     pub fn open(path: &Path) -> Result<Self, PackageError> {
         let manifest_path = path.join("Manifest.json");
-        let text = std::fs::read_to_string(&manifest_path).map_err(|source| PackageError::Io {
-            path: manifest_path.clone(),
-            source,
-        })?;
         let bad = |msg: String| PackageError::Manifest {
             path: manifest_path.clone(),
             msg,
         };
+        if !path.is_dir() {
+            return Err(PackageError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "not a .mlpackage directory",
+                ),
+            });
+        }
+        let text = read_limited(&manifest_path, MAX_MANIFEST_BYTES)?;
+        let text = String::from_utf8(text).map_err(|_| bad("not UTF-8 text".into()))?;
         let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let _ = &manifest.file_format_version;
         let item = manifest
@@ -558,10 +580,13 @@ impl MlPackage {
             ))
         })?;
         let model_path = path.join("Data").join(rel);
-        let bytes = std::fs::read(&model_path).map_err(|source| PackageError::Io {
-            path: model_path.clone(),
-            source,
-        })?;
+        if !resolves_inside(path, &model_path) {
+            return Err(bad(format!(
+                "root model path {:?} resolves (through a symlink) outside the package",
+                item.path
+            )));
+        }
+        let bytes = read_limited(&model_path, MAX_MODEL_BYTES)?;
         let model =
             proto::Model::decode(bytes.as_slice()).map_err(|source| PackageError::Protobuf {
                 path: model_path.clone(),
@@ -656,9 +681,17 @@ impl MlPackage {
             .strip_prefix(MODEL_PATH_PREFIX)
             .unwrap_or(file_name);
         let rel = safe_relative(rel).ok_or_else(|| PackageError::EscapingFile {
+            path: self.model_path.clone(),
             file_name: file_name.to_string(),
         })?;
-        Ok(self.model_dir().join(rel))
+        let path = self.model_dir().join(rel);
+        if !resolves_inside(&self.root, &path) {
+            return Err(PackageError::EscapingFile {
+                path: self.model_path.clone(),
+                file_name: file_name.to_string(),
+            });
+        }
+        Ok(path)
     }
 
     /// The weight file `file_name`, opened once and shared.
@@ -755,6 +788,38 @@ fn kind(v: &proto::tensor_value::Value) -> &'static str {
         V::Doubles(_) => "doubles",
         V::Bytes(_) => "bytes",
     }
+}
+
+/// False when `path` exists and, symlinks resolved, lies outside `root`. coremltools never
+/// writes symlinks; one pointing out of the package would make us read files it does not own.
+/// A missing file passes here and fails when opened, with its own message.
+fn resolves_inside(root: &Path, path: &Path) -> bool {
+    match (root.canonicalize(), path.canonicalize()) {
+        (Ok(r), Ok(p)) => p.starts_with(r),
+        _ => true,
+    }
+}
+
+/// The contents of a regular file no larger than `limit`, refused before reading otherwise.
+fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, PackageError> {
+    let io = |source| PackageError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    if meta.len() > limit {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} bytes exceeds the {limit}-byte limit", meta.len()),
+        )));
+    }
+    std::fs::read(path).map_err(io)
 }
 
 /// `rel` as a relative path with only normal components, or None if it is absolute or

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value;
@@ -36,6 +36,9 @@ const MAX_VALUE_DEPTH: usize = 4;
 /// it took on disk, so a file-size bound alone would let a 100 MB array of u8 cost 3 GB.
 /// Real vocabularies are well under a million entries (plus as many merges and types).
 const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
+/// Tensors allowed in one file; real models have a few thousand. Bounds the tensor table,
+/// which is allocated up front from the declared count.
+const MAX_TENSORS: u64 = 1 << 20;
 
 /// The supported types as a list for messages: `F32, F16, BF16, Q8_0, Q4_0, Q4_1`.
 pub fn supported_types_list() -> String {
@@ -152,11 +155,17 @@ impl GgufTensor {
     }
 }
 
+/// Where a GGUF file's bytes come from: the file itself, or memory (fuzzing, tests).
+trait Source: Read + Seek + Send + std::fmt::Debug {}
+impl<T: Read + Seek + Send + std::fmt::Debug> Source for T {}
+
+type SourceReader = BufReader<Box<dyn Source>>;
+
 /// A GGUF file whose header has been read and checked.
 #[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
-    reader: BufReader<File>,
+    reader: SourceReader,
     file_size: u64,
     version: u32,
     metadata: HashMap<String, Value>,
@@ -166,7 +175,7 @@ pub struct GgufFile {
 
 /// A bounds-checked little-endian reader over the header.
 struct Header<'a> {
-    r: &'a mut BufReader<File>,
+    r: &'a mut SourceReader,
     pos: u64,
     size: u64,
     /// Array elements still allowed (see [`MAX_ARRAY_ELEMENTS`]).
@@ -292,7 +301,22 @@ impl GgufFile {
         };
         let file = File::open(path).map_err(io_err)?;
         let file_size = file.metadata().map_err(io_err)?.len();
-        let mut reader = BufReader::new(file);
+        Self::from_source(path, Box::new(file), file_size)
+    }
+
+    /// Read a GGUF held in memory; `path` only names it in errors. The same checks as
+    /// [`GgufFile::open`] (this is the fuzzing entry point).
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Self, GgufError> {
+        let size = bytes.len() as u64;
+        Self::from_source(path, Box::new(Cursor::new(bytes)), size)
+    }
+
+    fn from_source(
+        path: &Path,
+        source: Box<dyn Source>,
+        file_size: u64,
+    ) -> Result<Self, GgufError> {
+        let mut reader = BufReader::new(source);
         let mut h = Header {
             r: &mut reader,
             pos: 0,
@@ -310,6 +334,11 @@ impl GgufFile {
         }
         let n_tensors = h.u64("the tensor count")?;
         let n_kv = h.u64("the metadata count")?;
+        if n_tensors > MAX_TENSORS {
+            return Err(h.malformed(format!(
+                "{n_tensors} tensors declared (at most {MAX_TENSORS} are accepted)"
+            )));
+        }
         // Each entry takes at least a length prefix and a type: refuse impossible counts early.
         h.need(
             n_kv.saturating_mul(13)

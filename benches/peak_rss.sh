@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Peak memory of `convert` on a synthetic bf16 Llama (random weights, written once into the
+# cache): peak RSS (/usr/bin/time -v), and the peak of anonymous memory alone (sampled from
+# /proc/PID/status every 50 ms), beside the package size and the largest fp16 tensor.
+# The difference between the two peaks is the memory-mapped checkpoint: file pages the kernel
+# can drop at any time, counted in RSS but not needed in RAM.
+#
+# usage: benches/peak_rss.sh [medium|large] [extra convert flags...]
+#   medium: 8 layers, hidden 1024, 123M parameters, 246 MB of bf16 (about 30 s)
+#   large:  16 layers, hidden 2048, 1.1G parameters, 2.2 GB of bf16 (minutes; ~5 GB free disk)
+# env: HF2COREML_PYTHON_ENV, BIN (default target/release/hf2coreml), GEN (the
+#      synthetic_checkpoint example, default target/release/examples/synthetic_checkpoint)
+set -euo pipefail
+SIZE=${1:-medium}
+shift || true
+BIN=${BIN:-target/release/hf2coreml}
+GEN=${GEN:-target/release/examples/synthetic_checkpoint}
+CACHE=${CACHE:-$HOME/.cache/hf2coreml}
+case "$SIZE" in
+  medium) DIMS="8 1024 2816 32000" ;;
+  large)  DIMS="16 2048 5632 32000" ;;
+  *) echo "size must be medium or large" >&2; exit 2 ;;
+esac
+[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 3; }
+[ -x "$GEN" ] || { echo "build first: cargo build --release --example synthetic_checkpoint" >&2; exit 3; }
+CKPT="$CACHE/synthetic-$SIZE"
+[ -f "$CKPT/config.json" ] || "$GEN" "$CKPT" $DIMS
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+/usr/bin/time -v "$BIN" convert "$CKPT" -o "$OUT/m.mlpackage" --recipe data-free-4bit \
+    --max-seq-len 512 "$@" >"$OUT/stdout" 2>"$OUT/time" &
+TPID=$!
+sleep 0.2
+PID=$(pgrep -P "$TPID" | head -1 || true)
+PEAK_ANON=0
+while kill -0 "$TPID" 2>/dev/null; do
+  A=$(awk '/RssAnon/ {print $2}' "/proc/$PID/status" 2>/dev/null || echo 0)
+  [ "${A:-0}" -gt "$PEAK_ANON" ] && PEAK_ANON=$A
+  sleep 0.05
+done
+wait "$TPID"
+cat "$OUT/stdout"
+PKG=$(du -sb "$OUT/m.mlpackage" | cut -f1)
+CKPT_BYTES=$(du -sbL "$CKPT" | cut -f1)
+RSS_KB=$(awk -F: '/Maximum resident set size/ {gsub(/ /,"",$2); print $2}' "$OUT/time")
+# The largest tensor is the (vocab x hidden) embedding in these models.
+read -r _ HIDDEN _ VOCAB <<<"$DIMS"
+LARGEST=$((VOCAB * HIDDEN * 2))
+echo "checkpoint        $((CKPT_BYTES / 1048576)) MiB"
+echo "package           $((PKG / 1048576)) MiB"
+echo "largest fp16      $((LARGEST / 1048576)) MiB"
+echo "1.5 x package + largest fp16 = $(( (PKG * 3 / 2 + LARGEST) / 1048576 )) MiB"
+echo "peak RSS          $((RSS_KB / 1024)) MiB"
+echo "peak anonymous    $((PEAK_ANON / 1024)) MiB"
+grep -E "Elapsed \(wall clock\)" "$OUT/time"
