@@ -4,6 +4,7 @@
 # checkpoint's float reference on the shipped evaluation text: package size, bits per weight
 # of the palettized projections, perplexity, mean KL(ref‖pkg), top-1 agreement, convert time.
 # Usage: BIN=target/release/hf2coreml benches/quality.sh MODEL_DIR [OUT_DIR]
+# ROWS_ONLY="7 10" runs only those rows (1-based, in the order below) and appends them to the table.
 set -euo pipefail
 BIN=${BIN:-target/release/hf2coreml}
 MODEL=${1:?usage: benches/quality.sh MODEL_DIR [OUT_DIR]}
@@ -38,13 +39,17 @@ ROWS=(
 )
 
 TABLE="$OUT/quality.md"
-{
-  echo "| recipe | package | bits/weight (projections) | perplexity | mean KL | top-1 | convert |"
-  echo "|---|---|---|---|---|---|---|"
-} > "$TABLE"
+ONLY=${ROWS_ONLY:-}
+if [ -z "$ONLY" ] || [ ! -f "$TABLE" ]; then
+  {
+    echo "| recipe | package | bits/weight (projections) | perplexity | mean KL | top-1 | convert |"
+    echo "|---|---|---|---|---|---|---|"
+  } > "$TABLE"
+fi
 i=0
 for row in "${ROWS[@]}"; do
   i=$((i + 1))
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $i "* ]]; then continue; fi
   name=${row%%|*}
   read -r -a flags <<< "${row#*|}"
   pkg="$OUT/q$i.mlpackage"

@@ -4,14 +4,14 @@
 //!
 //! cargo run --example quant_sweep -- MODEL_DIR [METHOD...]
 //! METHOD: comma-separated flags: nbits=N, rs (row scale), w (E[x²] weights), gptq, ao (act
-//! order), g=G (row groups), awq. Example: `nbits=4,rs,w,gptq,ao,awq`.
+//! order), g=G (row groups), awq, nots (fit to float block activations), damp=D, bpw=B (layersens: rank by the layer's own output error). Example: `nbits=4,rs,w,gptq,ao,awq`.
 
 use std::path::Path;
 use std::time::Instant;
 
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::quant::calibrated::LinearMethod;
-use hf2coreml::quant::sequential::{quantize_checkpoint, SequentialOptions};
+use hf2coreml::quant::sequential::{quantize_checkpoint, Sensitivity, SequentialOptions};
 use hf2coreml::reference::plain::PlainModel;
 use hf2coreml::validate::metrics::compare_logits;
 
@@ -53,6 +53,8 @@ fn main() {
                 "gptq" => m.gptq = true,
                 "ao" => m.act_order = true,
                 "awq" => opts.awq = true,
+                "nots" => opts.true_sequential = false,
+                "layersens" => opts.sensitivity = Sensitivity::LayerOutput,
                 _ if f.starts_with("nbits=") => m.nbits = f[6..].parse().unwrap(),
                 _ if f.starts_with("g=") => m.row_groups = f[2..].parse().unwrap(),
                 _ if f.starts_with("damp=") => m.damp = f[5..].parse().unwrap(),

@@ -48,10 +48,30 @@ pub struct SequentialOptions {
     pub segment_len: usize,
     /// Search per-input-channel scales (folded into the preceding op).
     pub awq: bool,
+    /// True-sequential within a block: q/k/v are palettized first and o_proj is fitted to the
+    /// attention output computed with them, gate/up before down_proj likewise, so each
+    /// projection sees (and corrects for) the errors of the ones before it; and the block runs
+    /// once instead of twice. Without it (and always with AWQ, whose o_proj/down_proj scales
+    /// fold into v_proj/up_proj before those are palettized) every projection is fitted to the
+    /// block's float activations.
+    pub true_sequential: bool,
     /// Mixed precision: choose 4, 6 or 8 bits per projection from measured sensitivity so the
     /// palettized projections average at most this many bits per weight (LUTs and row scales
     /// counted). `None`: every projection at the bits its method says.
     pub target_bpw: Option<f64>,
+    /// How the mixed-precision allocation measures a projection's sensitivity.
+    pub sensitivity: Sensitivity,
+}
+
+/// The error the mixed-precision allocation ranks projections by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sensitivity {
+    /// The projection's own output error relative to its output, tr(ΔW·H·ΔWᵀ)/tr(W·H·Wᵀ):
+    /// blind to how much that output matters downstream.
+    LayerOutput,
+    /// The block output's error (the residual stream) with only this projection quantized.
+    #[default]
+    BlockOutput,
 }
 
 impl Default for SequentialOptions {
@@ -59,7 +79,9 @@ impl Default for SequentialOptions {
         SequentialOptions {
             segment_len: 512,
             awq: false,
+            true_sequential: true,
             target_bpw: None,
+            sensitivity: Sensitivity::default(),
         }
     }
 }
@@ -100,8 +122,10 @@ pub const MIXED_NBITS: [u8; 3] = [4, 6, 8];
 pub struct BitChoice {
     pub tensor: String,
     pub nbits: u8,
-    /// Relative output error on the calibration inputs at 4, 6 and 8 bits (no error
-    /// feedback), tr(ΔW·H·ΔWᵀ)/tr(W·H·Wᵀ); 8 bits extrapolated from 6 (÷16).
+    /// Error at 4, 6 and 8 bits on the calibration inputs (no error feedback), as
+    /// [`Sensitivity`] measures it: the block output's Σ_t ‖Δy_t‖²/‖y_t‖² at 4 bits, scaled to 6
+    /// and 8 bits by the tensor's own relative output errors tr(ΔW·H·ΔWᵀ)/tr(W·H·Wᵀ) (8 bits
+    /// extrapolated from 6, ÷16); or those relative output errors alone.
     pub error: [f64; 3],
     /// Stored bits of the tensor at 4, 6 and 8 bits (indices, LUTs, row scales).
     pub bits: [f64; 3],
@@ -189,7 +213,14 @@ pub fn quantize_checkpoint(
     };
     let mut chosen: BTreeMap<String, u8> = BTreeMap::new();
     if let Some(target) = options.target_bpw {
-        out.allocation = allocate_bits(&mut model, &xs, &slots, method_for, target)?;
+        out.allocation = allocate_bits(
+            &mut model,
+            &xs,
+            &slots,
+            method_for,
+            target,
+            options.sensitivity,
+        )?;
         chosen = out
             .allocation
             .iter()
@@ -203,6 +234,13 @@ pub fn quantize_checkpoint(
         })
     };
     let n_layers = spec.num_hidden_layers;
+    if options.true_sequential && !options.awq {
+        for l in 0..n_layers {
+            xs = true_sequential_block(&mut model, l, &xs, &slots, &method_for, &dims, &mut out)?;
+            progress(l + 1, n_layers);
+        }
+        return Ok((out, model));
+    }
     for l in 0..n_layers {
         let mut obs = Grams {
             layer: l,
@@ -282,6 +320,83 @@ pub fn quantize_checkpoint(
     Ok((out, model))
 }
 
+/// One block of true-sequential calibration: each input site's XᵀX is accumulated from the
+/// activations computed with every earlier projection of the block already palettized, then
+/// the site's projections are palettized. Returns the block outputs (the next block's inputs).
+fn true_sequential_block(
+    model: &mut PlainModel,
+    l: usize,
+    xs: &[Tensor],
+    slots: &[TensorSlot],
+    method_for: &dyn Fn(&TensorSlot) -> Option<LinearMethod>,
+    dims: &[usize; 4],
+    out: &mut CalibratedWeights,
+) -> Result<Vec<Tensor>, QuantError> {
+    let err = |e| calib_err(format!("block {l}"), e);
+    let mut fit = |model: &mut PlainModel, site: usize, inputs: &[Tensor]| {
+        let mut gram = Gram::new(dims[site]);
+        for x in inputs {
+            gram.accumulate(x).map_err(err)?;
+        }
+        for &role in SITES[site].1 {
+            let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role) else {
+                continue;
+            };
+            let Some(method) = method_for(slot) else {
+                continue;
+            };
+            let w = model
+                .weight_mut(l, role, false)
+                .ok_or_else(|| QuantError::Calibration {
+                    message: format!("block {l} has no {role} projection"),
+                })?;
+            let rows = slot.shape[0];
+            let values = to_vec(w)?;
+            let q = quantize_linear(&values, rows, gram.dim, Some(&gram.sum), &method)
+                .map_err(|e| e.in_tensor(&slot.name))?;
+            *w = Tensor::from_vec(q.dequantize(), (rows, gram.dim), &Device::Cpu)
+                .map_err(|e| calib_err(&slot.name, e))?;
+            out.linears.insert(slot.name.clone(), q);
+        }
+        Ok::<(), QuantError>(())
+    };
+    let h: Vec<Tensor> = xs
+        .iter()
+        .map(|x| model.step_attention_input(l, x))
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    fit(model, 0, &h)?;
+    let attn: Vec<Tensor> = h
+        .iter()
+        .map(|h| model.step_attention(l, h))
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    drop(h);
+    fit(model, 1, &attn)?;
+    let (mid, h): (Vec<Tensor>, Vec<Tensor>) = xs
+        .iter()
+        .zip(&attn)
+        .map(|(x, a)| model.step_mlp_input(l, x, a))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?
+        .into_iter()
+        .unzip();
+    drop(attn);
+    fit(model, 2, &h)?;
+    let act: Vec<Tensor> = h
+        .iter()
+        .map(|h| model.step_mlp_act(l, h))
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    drop(h);
+    fit(model, 3, &act)?;
+    mid.iter()
+        .zip(&act)
+        .map(|(x, a)| model.step_output(l, x, a))
+        .collect::<Result<_, _>>()
+        .map_err(err)
+}
+
 /// Stored bits of a [rows, cols] projection at `nbits` under `m`.
 fn stored_bits(rows: usize, cols: usize, nbits: u8, m: &LinearMethod) -> f64 {
     let groups = m.row_groups.clamp(1, rows.max(1)) as f64;
@@ -298,6 +413,7 @@ fn allocate_bits(
     slots: &[TensorSlot],
     method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
     target: f64,
+    sensitivity: Sensitivity,
 ) -> Result<Vec<BitChoice>, QuantError> {
     let spec = model.spec().clone();
     let dims = [
@@ -315,11 +431,13 @@ fn allocate_bits(
             layer: l,
             grams: dims.iter().map(|&d| Gram::new(d)).collect(),
         };
-        for x in &xs {
-            model
-                .block(l, x, &mut obs)
-                .map_err(|e| calib_err(format!("block {l}"), e))?;
-        }
+        // The float block outputs: the reference of the block-output errors, then the next
+        // block's inputs (nothing here changes the model for good).
+        let ys: Vec<Tensor> = xs
+            .iter()
+            .map(|x| model.block(l, x, &mut obs))
+            .collect::<Result<_, _>>()
+            .map_err(|e| calib_err(format!("block {l}"), e))?;
         for (site, (_, roles)) in SITES.iter().enumerate() {
             let gram = &obs.grams[site];
             let cols = gram.dim;
@@ -339,6 +457,7 @@ fn allocate_bits(
                 })?)?;
                 let mut error = [0.0; 3];
                 let mut bits = [0.0; 3];
+                let mut block_error = 0.0;
                 for (i, &nbits) in MIXED_NBITS.iter().enumerate() {
                     bits[i] = stored_bits(rows, cols, nbits, &m);
                     if i == MIXED_NBITS.len() - 1 {
@@ -355,8 +474,20 @@ fn allocate_bits(
                     };
                     let q = quantize_linear(&w, rows, cols, Some(&gram.sum), &probe)
                         .map_err(|e| e.in_tensor(&slot.name))?;
-                    let (num, den) = output_error(&w, &q.dequantize(), rows, cols, &h)?;
+                    let wq = q.dequantize();
+                    let (num, den) = output_error(&w, &wq, rows, cols, &h)?;
                     error[i] = if den > 0.0 { num / den } else { 0.0 };
+                    if i == 0 && sensitivity == Sensitivity::BlockOutput {
+                        block_error = block_output_error(model, l, role, &w, wq, &xs, &ys)?;
+                    }
+                }
+                if sensitivity == Sensitivity::BlockOutput {
+                    // What the tensor's 4-bit error does to the residual stream; 6 and 8 bits
+                    // scale it by the tensor's own error ratios.
+                    let e4 = error[0];
+                    for e in error.iter_mut() {
+                        *e = if e4 > 0.0 { block_error * *e / e4 } else { 0.0 };
+                    }
                 }
                 numel += rows * cols;
                 choices.push(BitChoice {
@@ -367,11 +498,7 @@ fn allocate_bits(
                 });
             }
         }
-        xs = xs
-            .iter()
-            .map(|x| model.block(l, x, &mut Blind))
-            .collect::<Result<_, _>>()
-            .map_err(|e| calib_err(format!("block {l}"), e))?;
+        xs = ys;
     }
     let budget = target * numel as f64;
     let mut level = vec![0usize; choices.len()];
@@ -402,6 +529,47 @@ fn allocate_bits(
     }
     // The block inputs must be the float model's again: nothing above changed weights.
     Ok(choices)
+}
+
+/// Σ_t ‖Δy_t‖² / ‖y_t‖² over the block outputs y when projection `role` of block l computes
+/// with `wq` instead of `w` (restored afterwards): its quantization error as the residual
+/// stream sees it, per token relative because every later layer reads it through an RMSNorm.
+fn block_output_error(
+    model: &mut PlainModel,
+    l: usize,
+    role: Role,
+    w: &[f32],
+    wq: Vec<f32>,
+    xs: &[Tensor],
+    ys: &[Tensor],
+) -> Result<f64, QuantError> {
+    let f = |e| calib_err(format!("block {l} {role} sensitivity"), e);
+    let missing = || QuantError::Calibration {
+        message: format!("block {l} has no {role} projection"),
+    };
+    let shape = model
+        .weight_mut(l, role, false)
+        .ok_or_else(missing)?
+        .dims()
+        .to_vec();
+    *model.weight_mut(l, role, false).ok_or_else(missing)? =
+        Tensor::from_vec(wq, shape.clone(), &Device::Cpu).map_err(f)?;
+    let mut total = 0.0;
+    let mut run = || -> candle_core::Result<f64> {
+        let mut acc = 0.0;
+        for (x, y) in xs.iter().zip(ys) {
+            let yq = model.block(l, x, &mut Blind)?;
+            let num = (yq - y)?.sqr()?.sum(1)?;
+            let den = y.sqr()?.sum(1)?;
+            acc += (num / den)?.sum_all()?.to_scalar::<f32>()? as f64;
+        }
+        Ok(acc)
+    };
+    let result = run();
+    *model.weight_mut(l, role, false).ok_or_else(missing)? =
+        Tensor::from_slice(w, shape, &Device::Cpu).map_err(f)?;
+    total += result.map_err(f)?;
+    Ok(total)
 }
 
 /// s_j = E[x_j²]^(a/2), normalised to geometric mean 1 (so the folded weights keep their
@@ -613,4 +781,40 @@ fn output_error(
         Ok((xh * x)?.sum_all()?.to_scalar::<f32>()? as f64)
     };
     Ok((quad(&d).map_err(f)?, quad(&wt).map_err(f)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TinyModel;
+
+    /// The steps true-sequential calibration runs a block in compute what the block computes.
+    #[test]
+    fn block_steps_compose_to_the_block() {
+        for tiny in [TinyModel::llama(), TinyModel::qwen2()] {
+            let dir = tiny.write_temp().unwrap();
+            let ckpt = Checkpoint::open(dir.path()).unwrap();
+            let mut model = PlainModel::load(&ckpt).unwrap();
+            let tokens: Vec<u32> = (0..20).map(|i| (i * 7 % 50) as u32).collect();
+            let x = model.embed(&tokens).unwrap();
+            let want = model.block(0, &x, &mut Blind).unwrap();
+            let h = model.step_attention_input(0, &x).unwrap();
+            let attn = model.step_attention(0, &h).unwrap();
+            let (mid, h) = model.step_mlp_input(0, &x, &attn).unwrap();
+            let act = model.step_mlp_act(0, &h).unwrap();
+            let got = model.step_output(0, &mid, &act).unwrap();
+            let diff = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            // The same f32 operations in the same order: bit-identical.
+            assert_eq!(diff, 0.0);
+        }
+    }
 }

@@ -264,59 +264,13 @@ impl PlainModel {
             device,
             ..
         } = self;
-        let (t, _) = x.dims2()?;
-        let (hq, hkv, d) = (
-            spec.num_attention_heads,
-            spec.num_key_value_heads,
-            spec.head_dim,
-        );
         let w = &layers[l];
         let lo = Some(l);
         obs.observe(lo, Point::NormInput, x)?;
         let h = rms_norm(x, &w.input_norm, spec.rms_norm_eps)?;
         obs.observe(lo, Point::AttentionInput, &h)?;
-        let q = linear(&h, &w.q, w.q_bias.as_ref())?;
-        let k = linear(&h, &w.k, w.k_bias.as_ref())?;
-        let v = linear(&h, &w.v, w.v_bias.as_ref())?;
-        obs.observe(lo, Point::Q, &q)?;
-        obs.observe(lo, Point::K, &k)?;
-        obs.observe(lo, Point::V, &v)?;
-        // [T, heads·D] → [heads, T, D]
-        let heads = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
-            x.reshape((t, n, d))?.transpose(0, 1)?.contiguous()
-        };
-        let q = rope(&heads(q, hq)?, cos, sin)?;
-        let mut k = rope(&heads(k, hkv)?, cos, sin)?;
-        let mut v = heads(v, hkv)?;
-        if use_cache {
-            if let Some((ck, cv)) = &cache[l] {
-                k = Tensor::cat(&[ck, &k], 1)?;
-                v = Tensor::cat(&[cv, &v], 1)?;
-            }
-            cache[l] = Some((k.clone(), v.clone()));
-        }
-        let tk = k.dim(1)?;
-        // Query head h reads key/value head h / groups (HF's repeat_kv): group the query
-        // heads of one kv head into one batched matmul.
-        let groups = hq / hkv;
-        let qg = q.reshape((hkv, groups * t, d))?;
-        let scale = 1.0 / (d as f64).sqrt();
-        let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((hq, t, tk))?;
-        let visible = mask.broadcast_as((hq, t, tk))?;
-        obs.observe(
-            lo,
-            Point::Scores,
-            &visible.where_cond(&scores, &scores.zeros_like()?)?,
-        )?;
-        let neg_inf = Tensor::new(f32::NEG_INFINITY, &*device)?.broadcast_as((hq, t, tk))?;
-        let scores = visible.where_cond(&scores, &neg_inf)?;
-        let probs = softmax_last(&scores)?;
-        let attn = probs
-            .reshape((hkv, groups * t, tk))?
-            .matmul(&v)?
-            .reshape((hq, t, d))?
-            .transpose(0, 1)?
-            .reshape((t, hq * d))?;
+        let slot = if use_cache { Some(&mut cache[l]) } else { None };
+        let attn = attention(spec, w, &h, cos, sin, mask, slot, device, lo, obs)?;
         obs.observe(lo, Point::OInput, &attn)?;
         let o = linear(&attn, &w.o, None)?;
         obs.observe(lo, Point::O, &o)?;
@@ -358,6 +312,63 @@ impl PlainModel {
         let (cos, sin) = self.rope_tables(0, t)?;
         let mask = causal_mask(t, 0, &self.device)?;
         self.layer(l, x, &cos, &sin, &mask, false, obs)
+    }
+
+    /// Block `l` in the steps of true-sequential calibration, each reading the block's current
+    /// weights (a fresh sequence, positions 0..T): the q/k/v input of block input x.
+    pub(crate) fn step_attention_input(&self, l: usize, x: &Tensor) -> candle_core::Result<Tensor> {
+        rms_norm(x, &self.layers[l].input_norm, self.spec.rms_norm_eps)
+    }
+
+    /// The o_proj input from the q/k/v input h.
+    pub(crate) fn step_attention(&self, l: usize, h: &Tensor) -> candle_core::Result<Tensor> {
+        let t = h.dim(0)?;
+        let (cos, sin) = self.rope_tables(0, t)?;
+        let mask = causal_mask(t, 0, &self.device)?;
+        let w = &self.layers[l];
+        attention(
+            &self.spec,
+            w,
+            h,
+            &cos,
+            &sin,
+            &mask,
+            None,
+            &self.device,
+            Some(l),
+            &mut Blind,
+        )
+    }
+
+    /// (the residual after attention, the gate/up input) from block input x and o_proj input.
+    pub(crate) fn step_mlp_input(
+        &self,
+        l: usize,
+        x: &Tensor,
+        attn: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let w = &self.layers[l];
+        let x = (x + linear(attn, &w.o, None)?)?;
+        let h = rms_norm(&x, &w.post_norm, self.spec.rms_norm_eps)?;
+        Ok((x, h))
+    }
+
+    /// silu(gate)·up, the down_proj input, from the gate/up input h.
+    pub(crate) fn step_mlp_act(&self, l: usize, h: &Tensor) -> candle_core::Result<Tensor> {
+        let w = &self.layers[l];
+        let gate = linear(h, &w.gate, None)?;
+        let up = linear(h, &w.up, None)?;
+        (&gate / (gate.neg()?.exp()? + 1.0)?)? * up
+    }
+
+    /// The block output from the residual after attention and the down_proj input.
+    pub(crate) fn step_output(
+        &self,
+        l: usize,
+        x: &Tensor,
+        act: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        x + linear(act, &self.layers[l].down, None)?
     }
 
     /// Logits [T, V] of a fresh sequence, without touching the cache.
@@ -403,6 +414,72 @@ impl PlainModel {
     pub fn cached_keys(&self, l: usize) -> Option<&Tensor> {
         self.cache.get(l)?.as_ref().map(|(k, _)| k)
     }
+}
+
+/// Self-attention of block weights `w` on its normalised input h [T, H]: q/k/v, rope, the KV
+/// cache `slot` when given, causal softmax attention. Returns the o_proj input [T, Hq·D].
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    spec: &ModelSpec,
+    w: &Layer,
+    h: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    mask: &Tensor,
+    slot: Option<&mut Option<(Tensor, Tensor)>>,
+    device: &Device,
+    lo: Option<usize>,
+    obs: &mut dyn Observer,
+) -> candle_core::Result<Tensor> {
+    let (t, _) = h.dims2()?;
+    let (hq, hkv, d) = (
+        spec.num_attention_heads,
+        spec.num_key_value_heads,
+        spec.head_dim,
+    );
+    let q = linear(h, &w.q, w.q_bias.as_ref())?;
+    let k = linear(h, &w.k, w.k_bias.as_ref())?;
+    let v = linear(h, &w.v, w.v_bias.as_ref())?;
+    obs.observe(lo, Point::Q, &q)?;
+    obs.observe(lo, Point::K, &k)?;
+    obs.observe(lo, Point::V, &v)?;
+    // [T, heads·D] → [heads, T, D]
+    let heads = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
+        x.reshape((t, n, d))?.transpose(0, 1)?.contiguous()
+    };
+    let q = rope(&heads(q, hq)?, cos, sin)?;
+    let mut k = rope(&heads(k, hkv)?, cos, sin)?;
+    let mut v = heads(v, hkv)?;
+    if let Some(slot) = slot {
+        if let Some((ck, cv)) = slot.as_ref() {
+            k = Tensor::cat(&[ck, &k], 1)?;
+            v = Tensor::cat(&[cv, &v], 1)?;
+        }
+        *slot = Some((k.clone(), v.clone()));
+    }
+    let tk = k.dim(1)?;
+    // Query head h reads key/value head h / groups (HF's repeat_kv): group the query
+    // heads of one kv head into one batched matmul.
+    let groups = hq / hkv;
+    let qg = q.reshape((hkv, groups * t, d))?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((hq, t, tk))?;
+    let visible = mask.broadcast_as((hq, t, tk))?;
+    obs.observe(
+        lo,
+        Point::Scores,
+        &visible.where_cond(&scores, &scores.zeros_like()?)?,
+    )?;
+    let neg_inf = Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as((hq, t, tk))?;
+    let scores = visible.where_cond(&scores, &neg_inf)?;
+    let probs = softmax_last(&scores)?;
+    let attn = probs
+        .reshape((hkv, groups * t, tk))?
+        .matmul(&v)?
+        .reshape((hq, t, d))?
+        .transpose(0, 1)?
+        .reshape((t, hq * d))?;
+    Ok(attn)
 }
 
 /// x · W^T (+ b) for x [T, in], W [out, in].
