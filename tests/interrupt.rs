@@ -215,9 +215,12 @@ fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
             );
         }
     }
-    // The last point may come after the end of a run on a fast machine.
+    // On a quiet machine a tiny conversion's emit stage is shorter than the later points, so
+    // those runs may finish first (and are then checked as complete packages above). The
+    // first points land inside every run: 30 ms after the start, and the moment the partial
+    // directory appears.
     assert!(
-        killed >= 4,
+        killed >= 2,
         "only {killed} of 5 runs were killed before finishing"
     );
 
