@@ -14,7 +14,7 @@ use hf2coreml::error::{exit_code_for, ExitCode};
 use hf2coreml::runtime::interp::{Compute, Options};
 use hf2coreml::util::{self, atomic_write, fmt_bytes};
 use hf2coreml::validate::gates::{Gate, GateResult};
-use hf2coreml::validate::run::{validate, ValidateOptions, EVALUATION_TEXT};
+use hf2coreml::validate::run::{validate, ValidateOptions};
 use serde::{Deserialize, Serialize};
 
 use super::convert::Job;
@@ -691,16 +691,7 @@ fn validation(
     outputs: &Outputs,
     opened: Option<super::convert::Opened>,
 ) -> anyhow::Result<Validation> {
-    let (text, text_name) = match &spec.text {
-        Some(p) => (
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
-            p.display().to_string(),
-        ),
-        None => (
-            EVALUATION_TEXT.to_string(),
-            "fixtures/evaluation.txt".to_string(),
-        ),
-    };
+    let (text, text_name) = super::evaluation_text(spec.text.as_deref())?;
     let request = serde_json::json!({
         "gates": spec.gates,
         "max_tokens": spec.max_tokens,

@@ -69,23 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let dir = args.dir.as_ref().expect("clap requires dir");
-    if args.max_seq_len == 0 || args.query_len == 0 {
-        anyhow::bail!("--max-seq-len and --query-len must be at least 1");
-    }
-    if args.max_seq_len > budget::MAX_SEQ_CAP {
-        anyhow::bail!(
-            "--max-seq-len {} exceeds the limit of {}",
-            args.max_seq_len,
-            budget::MAX_SEQ_CAP
-        );
-    }
-    if args.query_len > args.max_seq_len {
-        anyhow::bail!(
-            "--query-len ({}) cannot exceed --max-seq-len ({})",
-            args.query_len,
-            args.max_seq_len
-        );
-    }
+    super::check_shape(args.max_seq_len, args.query_len)?;
     let limit = match (&args.device, args.memory_limit) {
         (Some(id), _) => Limit::for_device(devices.get(id)?, args.increased_memory_limit),
         (None, Some(bytes)) => Limit::explicit(bytes),

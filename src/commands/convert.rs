@@ -139,23 +139,7 @@ pub struct Plan {
 impl Job {
     /// Checks that need no input file: the shape, the output name, a writable output place.
     pub fn check(&self) -> anyhow::Result<()> {
-        if self.max_seq_len == 0 || self.query_len == 0 {
-            anyhow::bail!("--max-seq-len and --query-len must be at least 1");
-        }
-        if self.max_seq_len > budget::MAX_SEQ_CAP {
-            anyhow::bail!(
-                "--max-seq-len {} exceeds the limit of {}",
-                self.max_seq_len,
-                budget::MAX_SEQ_CAP
-            );
-        }
-        if self.query_len > self.max_seq_len {
-            anyhow::bail!(
-                "--query-len ({}) cannot exceed --max-seq-len ({})",
-                self.query_len,
-                self.max_seq_len
-            );
-        }
+        super::check_shape(self.max_seq_len, self.query_len)?;
         Outputs::for_package(&self.output)?;
         // Refuse an output that cannot be written before minutes of work, not after.
         hf2coreml::util::check_writable(&self.output)?;

@@ -5,7 +5,7 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::error::CheckFailed;
 use hf2coreml::runtime::interp::{Compute, Options};
 use hf2coreml::validate::gates::Gate;
-use hf2coreml::validate::run::{validate, ValidateOptions, EVALUATION_TEXT};
+use hf2coreml::validate::run::{validate, ValidateOptions};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum ComputeArg {
@@ -50,16 +50,7 @@ fn parse_gate(s: &str) -> Result<Gate, String> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.against)
         .with_context(|| format!("cannot read checkpoint {}", args.against.display()))?;
-    let (text, name) = match &args.text {
-        Some(p) => (
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
-            p.display().to_string(),
-        ),
-        None => (
-            EVALUATION_TEXT.to_string(),
-            "fixtures/evaluation.txt".to_string(),
-        ),
-    };
+    let (text, name) = super::evaluation_text(args.text.as_deref())?;
     // An explicit --tokenizer, else the checkpoint's tokenizer.json, else (a checkpoint that
     // ships none, e.g. a test fixture) the text's bytes modulo the vocabulary, as `convert`
     // calibrates such checkpoints.
