@@ -6,52 +6,15 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use half::{bf16, f16};
+use hf2coreml::mlpackage::fixture::{self, blob_value, const_op, value_type};
 use hf2coreml::mlpackage::{pack_bits, proto, BlobWriter, DType, MlPackage, PackageError, Values};
 use proptest::prelude::*;
 use prost::Message;
 
 const WEIGHTS: &str = "@model_path/weights/weight.bin";
 
-fn value_type(dtype: DType, shape: &[usize]) -> proto::ValueType {
-    proto::ValueType {
-        r#type: Some(proto::value_type::Type::TensorType(proto::TensorType {
-            data_type: dtype.mil_code(),
-            rank: shape.len() as i64,
-            dimensions: shape
-                .iter()
-                .map(|&d| proto::Dimension {
-                    dimension: Some(proto::dimension::Dimension::Constant(
-                        proto::ConstantDimension { size: d as u64 },
-                    )),
-                })
-                .collect(),
-        })),
-    }
-}
-
-fn blob_value(dtype: DType, shape: &[usize], file: &str, offset: u64) -> proto::Value {
-    proto::Value {
-        doc_string: String::new(),
-        r#type: Some(value_type(dtype, shape)),
-        value: Some(proto::value::Value::BlobFileValue(proto::BlobFileValue {
-            file_name: file.into(),
-            offset,
-        })),
-    }
-}
-
-fn const_op(name: &str, val: proto::Value) -> proto::Operation {
-    let ty = val.r#type.clone();
-    proto::Operation {
-        r#type: "const".into(),
-        inputs: HashMap::new(),
-        outputs: vec![proto::NamedValueType {
-            name: name.into(),
-            r#type: ty,
-        }],
-        blocks: vec![],
-        attributes: HashMap::from([("val".to_string(), val)]),
-    }
+fn write_package(dir: &Path, model_bytes: &[u8], weights: &[u8]) {
+    fixture::write_package(dir, fixture::MANIFEST, model_bytes, weights).unwrap();
 }
 
 fn model(ops: Vec<proto::Operation>, outputs: Vec<String>) -> proto::Model {
@@ -86,16 +49,6 @@ fn model(ops: Vec<proto::Operation>, outputs: Vec<String>) -> proto::Model {
             attributes: HashMap::new(),
         }),
     }
-}
-
-const MANIFEST: &str = r#"{"fileFormatVersion":"1.0.0","itemInfoEntries":{"A1":{"author":"com.apple.CoreML","description":"CoreML Model Specification","name":"model.mlmodel","path":"com.apple.CoreML/model.mlmodel"}},"rootModelIdentifier":"A1"}"#;
-
-fn write_package(dir: &Path, model_bytes: &[u8], weights: &[u8]) {
-    let data = dir.join("Data/com.apple.CoreML");
-    std::fs::create_dir_all(data.join("weights")).unwrap();
-    std::fs::write(dir.join("Manifest.json"), MANIFEST).unwrap();
-    std::fs::write(data.join("model.mlmodel"), model_bytes).unwrap();
-    std::fs::write(data.join("weights/weight.bin"), weights).unwrap();
 }
 
 /// Raw little-endian storage for `values` of `dtype` (sub-byte: LSB-first packing).
