@@ -3,7 +3,7 @@
 //! No weights live in git.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use safetensors::{serialize_to_file, Dtype, View};
@@ -284,4 +284,23 @@ impl SplitMix64 {
         let u2 = self.uniform();
         (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
     }
+}
+
+/// Every file under `dir` with its contents, by path relative to `dir`: for "byte-identical"
+/// and "untouched" comparisons of packages in tests.
+pub fn files_under(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, Vec<u8>>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap_or(&p).to_path_buf();
+                out.insert(rel, std::fs::read(&p)?);
+            }
+        }
+    }
+    Ok(out)
 }

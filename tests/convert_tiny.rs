@@ -315,26 +315,6 @@ fn mistral_explicit_head_dim_fp32() {
     }
 }
 
-/// Every file of a package, by path relative to it.
-fn package_files(pkg: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![pkg.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(
-                    p.strip_prefix(pkg).unwrap().to_path_buf(),
-                    std::fs::read(&p).unwrap(),
-                );
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn same_inputs_give_a_byte_identical_package() {
     let root = tempfile::tempdir().unwrap();
@@ -351,7 +331,7 @@ fn same_inputs_give_a_byte_identical_package() {
             "--max-seq-len",
             "16",
         ]));
-        packages.push(package_files(&pkg));
+        packages.push(hf2coreml::testing::files_under(&pkg).unwrap());
     }
     // The report records what the package is, not how long it took: only the paths differ.
     let report = |name: &str| -> Value {

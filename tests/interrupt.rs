@@ -48,24 +48,8 @@ fn convert_cmd(ckpt: &Path, dest: &Path) -> Command {
     c
 }
 
-/// Every file under `dir` with its contents, for "untouched" comparisons.
 fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(
-                    p.strip_prefix(dir).unwrap().to_path_buf(),
-                    std::fs::read(&p).unwrap(),
-                );
-            }
-        }
-    }
-    out
+    hf2coreml::testing::files_under(dir).unwrap()
 }
 
 /// The package opens and its program compiles (every weight decoded).
