@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Peak memory of `convert` on a synthetic bf16 Llama (random weights, written once into the
 # cache): peak RSS (/usr/bin/time -v), and the peak of anonymous memory alone (sampled from
-# /proc/PID/status every 50 ms), beside the package size and the largest fp16 tensor.
+# /proc/PID/status continuously), beside the package size and the largest fp16 tensor.
 # The difference between the two peaks is the memory-mapped checkpoint: file pages the kernel
 # can drop at any time, counted in RSS but not needed in RAM.
 #
 # usage: benches/peak_rss.sh [medium|large] [extra convert flags...]
-#   medium: 8 layers, hidden 1024, 123M parameters, 246 MB of bf16 (about 30 s)
-#   large:  16 layers, hidden 2048, 1.1G parameters, 2.2 GB of bf16 (minutes; ~5 GB free disk)
-# env: HF2COREML_PYTHON_ENV, BIN (default target/release/hf2coreml), GEN (the
-#      synthetic_checkpoint example, default target/release/examples/synthetic_checkpoint)
+#   medium: 8 layers, hidden 1024, 123M parameters, 246 MB of bf16 (about 10 s)
+#   large:  16 layers, hidden 2048, 787M parameters, 1.5 GB of bf16 (about a minute; ~3 GB
+#           free disk)
+# env: RECIPE (default data-free-4bit), HF2COREML_PYTHON_ENV, BIN (default
+#      target/release/hf2coreml), GEN (the synthetic_checkpoint example, default
+#      target/release/examples/synthetic_checkpoint)
 set -euo pipefail
 SIZE=${1:-medium}
 shift || true
@@ -27,16 +29,21 @@ CKPT="$CACHE/synthetic-$SIZE"
 [ -f "$CKPT/config.json" ] || "$GEN" "$CKPT" $DIMS
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-/usr/bin/time -v "$BIN" convert "$CKPT" -o "$OUT/m.mlpackage" --recipe data-free-4bit \
+/usr/bin/time -v "$BIN" convert "$CKPT" -o "$OUT/m.mlpackage" --recipe "${RECIPE:-data-free-4bit}" \
     --max-seq-len 512 "$@" >"$OUT/stdout" 2>"$OUT/time" &
 TPID=$!
 sleep 0.2
 PID=$(pgrep -P "$TPID" | head -1 || true)
 PEAK_ANON=0
+# Builtins only (no fork per sample): a sample every few hundred microseconds, so a transient
+# copy of even the largest tensor is seen.
 while kill -0 "$TPID" 2>/dev/null; do
-  A=$(awk '/RssAnon/ {print $2}' "/proc/$PID/status" 2>/dev/null || echo 0)
-  [ "${A:-0}" -gt "$PEAK_ANON" ] && PEAK_ANON=$A
-  sleep 0.05
+  { while read -r KEY VALUE _; do
+    if [ "$KEY" = "RssAnon:" ]; then
+      [ "$VALUE" -gt "$PEAK_ANON" ] && PEAK_ANON=$VALUE
+      break
+    fi
+  done <"/proc/$PID/status"; } 2>/dev/null || true
 done
 wait "$TPID"
 cat "$OUT/stdout"

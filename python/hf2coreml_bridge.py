@@ -207,6 +207,36 @@ def _make_deterministic(package):
         f.write("\n")
 
 
+def _write_without_copies():
+    """Make coremltools write fp16 and uint8 constants into weight.bin from a view.
+
+    coremltools 8 writes an fp16 constant as `np.frombuffer(val.flatten().tobytes())`: two
+    full copies of each tensor alive at once, 125 MiB for a 32000 x 1024 embedding, which made
+    that transient the peak of a whole conversion. A C-contiguous array reshaped to 1-D is a
+    view with the same bytes, so the blob writer gets identical data without the copies.
+    Anything else goes through coremltools' own function.
+    """
+    import numpy as np
+    from coremltools.converters.mil.backend.mil import helper
+    from coremltools.converters.mil.mil import types
+
+    original = getattr(helper, "_hf2coreml_original", None) or helper._get_offset_by_writing_data
+
+    def write(output_var, blob_writer):
+        val = output_var.val
+        # The MIL type decides the encoding (sub-byte types hold uint8 arrays): only plain
+        # fp16 and uint8 constants take the short path.
+        if isinstance(val, np.ndarray) and val.flags.c_contiguous:
+            if output_var.dtype == types.fp16 and val.dtype == np.float16:
+                return blob_writer.write_fp16_data(val.reshape(-1).view(np.uint16))
+            if output_var.dtype == types.uint8 and val.dtype == np.uint8:
+                return blob_writer.write_uint8_data(val.reshape(-1))
+        return original(output_var, blob_writer)
+
+    helper._hf2coreml_original = original
+    helper._get_offset_by_writing_data = write
+
+
 def _emit(desc_json, dense, luts, meta_json, precision, out_dir):
     desc = json.loads(desc_json)
     meta = json.loads(meta_json)
@@ -214,6 +244,7 @@ def _emit(desc_json, dense, luts, meta_json, precision, out_dir):
         try:
             import coremltools as ct
 
+            _write_without_copies()
             prog = _build(desc, dense, luts)
             model = ct.convert(
                 prog,

@@ -273,6 +273,41 @@ fn target_bpw_mixes_bit_widths_within_budget() {
     }
     assert!(bits / numel <= 5.5, "{} bits per weight", bits / numel);
     assert!(widths.len() > 1, "one bit width only: {widths:?}");
+    // The report says what the allocation chose and why: every projection with its measured
+    // errors, most sensitive first, and the widths and bits it adds up to.
+    let m = &r["mixed_precision"];
+    assert_eq!(m["target_bpw"].as_f64(), Some(5.5));
+    let achieved = m["achieved_bpw"].as_f64().unwrap();
+    assert!(
+        (achieved - bits / numel).abs() < 0.05 && achieved <= 5.5,
+        "achieved {achieved}, report lines {}",
+        bits / numel
+    );
+    let chosen = m["tensors"].as_array().unwrap();
+    let palettized: Vec<_> = lines.iter().filter(|l| l["nbits"].is_u64()).collect();
+    assert_eq!(chosen.len(), palettized.len());
+    let counted: u64 = m["count_by_nbits"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(counted as usize, chosen.len());
+    let errors: Vec<f64> = chosen
+        .iter()
+        .map(|c| c["error"][0].as_f64().unwrap())
+        .collect();
+    assert!(errors.windows(2).all(|w| w[0] >= w[1]), "{errors:?}");
+    for c in chosen {
+        let line = palettized
+            .iter()
+            .find(|l| l["name"] == c["tensor"])
+            .unwrap_or_else(|| panic!("{} is not in the report", c["tensor"]));
+        assert_eq!(line["nbits"], c["nbits"]);
+        let e = c["error"].as_array().unwrap();
+        assert!(e[0].as_f64() >= e[1].as_f64() && e[1].as_f64() >= e[2].as_f64());
+    }
+    assert!(String::from_utf8_lossy(&o.stdout).contains("mixed precision: target 5.50"));
     // Bad targets are refused with exit 2.
     let o = Command::new(BIN)
         .arg("palettize")

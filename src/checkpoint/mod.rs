@@ -123,9 +123,24 @@ pub struct TensorView<'a> {
     pub data: &'a [u8],
 }
 
-impl TensorView<'_> {
+impl<'a> TensorView<'a> {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// Row `i` of a tensor of rank ≥ 2 (its first axis), as a view of rank one less.
+    pub fn row(&self, i: usize) -> Option<TensorView<'a>> {
+        let (&rows, rest) = self.shape.split_first()?;
+        if i >= rows || rest.is_empty() {
+            return None;
+        }
+        let len = self.data.len() / rows;
+        Some(TensorView {
+            name: self.name,
+            dtype: self.dtype,
+            shape: rest,
+            data: self.data.get(i * len..(i + 1) * len)?,
+        })
     }
 
     /// Values as f32 (exact for every supported dtype).
@@ -186,7 +201,17 @@ impl TensorView<'_> {
                 .chunks_exact(2)
                 .map(|b| f16::from_le_bytes([b[0], b[1]]))
                 .collect(),
-            _ => self.to_f32().into_iter().map(f16::from_f32).collect(),
+            // Element by element: no f32 copy of the whole tensor on the way.
+            DType::BF16 => self
+                .data
+                .chunks_exact(2)
+                .map(|b| f16::from_f32(bf16::from_le_bytes([b[0], b[1]]).to_f32()))
+                .collect(),
+            DType::F32 => self
+                .data
+                .chunks_exact(4)
+                .map(|b| f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect(),
         }
     }
 }

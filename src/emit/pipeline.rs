@@ -395,6 +395,7 @@ pub fn measure_ranges(ckpt: &Checkpoint) -> Result<ActivationRanges, ConvertErro
     tokens.truncate(CALIBRATION_TOKENS);
     let source = format!("{source}, first {} used", tokens.len());
     let stats = calibrate::calibrate(ckpt, &tokens, &CalibrationOptions::default())?;
+    crate::util::release_free_memory();
     Ok(ranges_from_stats(&stats, source))
 }
 
@@ -428,13 +429,14 @@ pub fn prepare_weights(
                 target_bpw: cal.target_bpw,
                 ..Default::default()
             };
-            let (w, _) = quant::sequential::quantize_checkpoint(
+            let w = quant::sequential::quantize_streaming(
                 ckpt,
                 calibration,
                 &method_for,
                 &options,
                 &|_, _| {},
             )?;
+            crate::util::release_free_memory();
             Some(w)
         }
         None => None,
@@ -445,6 +447,14 @@ pub fn prepare_weights(
         .unwrap_or_default();
     let out = quant::palettize_checkpoint_skipping(ckpt, recipe, &skip, progress)?;
     let mut report = out.report;
+    if let (Some(c), Some(target)) = (
+        calibrated.as_ref(),
+        recipe.calibration().and_then(|c| c.target_bpw),
+    ) {
+        if !c.allocation.is_empty() {
+            report.mixed_precision = Some(quant::MixedPrecision::new(target, &c.allocation));
+        }
+    }
     let mut weights = BTreeMap::new();
     let mut calibrated = calibrated;
     for t in out.tensors {
@@ -500,6 +510,7 @@ pub fn prepare_weights(
         weights.insert(name, w);
     }
     report.recompute_totals();
+    crate::util::release_free_memory();
     Ok((weights, report))
 }
 

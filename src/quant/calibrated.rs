@@ -17,7 +17,7 @@ use half::f16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::linalg::inverse_upper_factor;
+use super::linalg::inverse_upper_factor_owned;
 use super::{kmeans, palettize_f16, QuantError};
 
 /// How one linear layer is palettized with calibration data.
@@ -205,7 +205,7 @@ pub fn quantize_linear(
         (Some(g), true) => {
             let (order, u) = gptq_factor(g, cols, method)?;
             let scales: Vec<f32> = (0..rows).map(scale).collect();
-            indices = gptq_indices(w, rows, cols, &order, &u, &luts_f32, group_rows, &scales)?;
+            indices = gptq_indices(w, rows, cols, &order, u, &luts_f32, group_rows, &scales)?;
         }
         _ => {
             indices
@@ -255,7 +255,7 @@ fn gptq_indices(
     rows: usize,
     cols: usize,
     order: &[usize],
-    u: &[f64],
+    u: Vec<f64>,
     luts: &[Vec<f32>],
     group_rows: usize,
     scales: &[f32],
@@ -270,6 +270,7 @@ fn gptq_indices(
         wp.extend(order.iter().map(|&j| w[r * cols + j]));
     }
     let u32s: Vec<f32> = u.iter().map(|&v| v as f32).collect();
+    drop(u);
     let mut idx_p = vec![0u8; rows * cols];
     let mut i1 = 0;
     while i1 < cols {
@@ -353,7 +354,7 @@ fn gptq_factor(
             }
             h[a * n + a] += damp * mean_diag;
         }
-        if let Some(u) = inverse_upper_factor(&h, n) {
+        if let Some(u) = inverse_upper_factor_owned(h, n) {
             return Ok((order, u));
         }
         damp *= 10.0;

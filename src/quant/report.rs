@@ -63,6 +63,72 @@ pub struct Report {
     pub recipe: String,
     pub tensors: Vec<TensorReport>,
     pub totals: Totals,
+    /// What `--target-bpw` chose and why (mixed precision only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mixed_precision: Option<MixedPrecision>,
+}
+
+/// The mixed-precision allocation behind `--target-bpw`: every palettized projection's
+/// measured sensitivity at each candidate width, and the width it got. Bits go greedily to
+/// the upgrade that removes the most error per extra stored bit until the budget is spent.
+#[derive(Debug, Clone, Serialize)]
+pub struct MixedPrecision {
+    pub target_bpw: f64,
+    /// Bits per weight spent over the allocated projections (LUTs and row scales counted).
+    pub achieved_bpw: f64,
+    /// Projections given each width.
+    pub count_by_nbits: std::collections::BTreeMap<u8, usize>,
+    /// Every allocated projection, the most sensitive (largest error at 4 bits) first.
+    pub tensors: Vec<super::sequential::BitChoice>,
+}
+
+impl MixedPrecision {
+    pub fn new(target_bpw: f64, choices: &[super::sequential::BitChoice]) -> Self {
+        let level = |c: &super::sequential::BitChoice| {
+            super::sequential::MIXED_NBITS
+                .iter()
+                .position(|&b| b == c.nbits)
+                .unwrap_or(0)
+        };
+        let (bits, numel) = choices.iter().fold((0.0, 0.0), |(b, n), c| {
+            (b + c.bits[level(c)], n + c.numel as f64)
+        });
+        let mut count_by_nbits = std::collections::BTreeMap::new();
+        for c in choices {
+            *count_by_nbits.entry(c.nbits).or_insert(0) += 1;
+        }
+        let mut tensors = choices.to_vec();
+        tensors.sort_by(|a, b| b.error[0].total_cmp(&a.error[0]));
+        MixedPrecision {
+            target_bpw,
+            achieved_bpw: if numel > 0.0 { bits / numel } else { 0.0 },
+            count_by_nbits,
+            tensors,
+        }
+    }
+
+    /// A few lines: widths chosen, bits spent, and the most sensitive projections.
+    pub fn to_text(&self) -> String {
+        let counts: Vec<String> = self
+            .count_by_nbits
+            .iter()
+            .map(|(b, n)| format!("{n} at {b} bits"))
+            .collect();
+        let mut s = format!(
+            "mixed precision: target {:.2} bits/weight, spent {:.2}: {}\n",
+            self.target_bpw,
+            self.achieved_bpw,
+            counts.join(", ")
+        );
+        s.push_str("  most sensitive (block-output error at 4 / 6 / 8 bits → bits given):\n");
+        for c in self.tensors.iter().take(8) {
+            s.push_str(&format!(
+                "    {:<44} {:.2e} / {:.2e} / {:.2e} → {}\n",
+                c.tensor, c.error[0], c.error[1], c.error[2], c.nbits
+            ));
+        }
+        s
+    }
 }
 
 impl Report {
@@ -78,6 +144,7 @@ impl Report {
             recipe: recipe.origin().to_string(),
             tensors,
             totals: Totals::default(),
+            mixed_precision: None,
         };
         r.recompute_totals();
         Ok(r)
@@ -98,6 +165,7 @@ impl Report {
             recipe: recipe.origin().to_string(),
             tensors,
             totals: Totals::default(),
+            mixed_precision: None,
         };
         r.recompute_totals();
         r
@@ -221,6 +289,9 @@ impl Report {
         }
         s.push_str(&self.format_totals());
         s.push('\n');
+        if let Some(m) = &self.mixed_precision {
+            s.push_str(&m.to_text());
+        }
         s
     }
 }

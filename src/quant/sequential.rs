@@ -25,7 +25,7 @@ use super::QuantError;
 use crate::arch::{expected_tensors, Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
 use crate::reference::calibrate::Gram;
-use crate::reference::plain::{Blind, Observer, PlainModel, Point};
+use crate::reference::plain::{embed_rows, Blind, Observer, PlainModel, Point};
 
 /// The four projection inputs of a block and the projections reading each.
 const SITES: [(Point, &[Role]); 4] = [
@@ -122,6 +122,8 @@ pub const MIXED_NBITS: [u8; 3] = [4, 6, 8];
 pub struct BitChoice {
     pub tensor: String,
     pub nbits: u8,
+    /// Weights in the tensor.
+    pub numel: usize,
     /// Error at 4, 6 and 8 bits on the calibration inputs (no error feedback), as
     /// [`Sensitivity`] measures it: the block output's Σ_t ‖Δy_t‖²/‖y_t‖² at 4 bits, scaled to 6
     /// and 8 bits by the tensor's own relative output errors tr(ΔW·H·ΔWᵀ)/tr(W·H·Wᵀ) (8 bits
@@ -167,7 +169,8 @@ fn to_vec(t: &Tensor) -> Result<Vec<f32>, QuantError> {
 
 /// Calibrate on `tokens` and palettize every projection `method_for` selects (others stay
 /// float). Returns the palettized weights and the plain model carrying them (for evaluating
-/// the result without building a package).
+/// the result without building a package). The whole model is in memory in f32: `convert`
+/// uses [`quantize_streaming`].
 pub fn quantize_checkpoint(
     ckpt: &Checkpoint,
     tokens: &[u32],
@@ -178,6 +181,42 @@ pub fn quantize_checkpoint(
     let mut model = PlainModel::load(ckpt).map_err(|e| QuantError::Calibration {
         message: e.to_string(),
     })?;
+    let weights = quantize_model(&mut model, ckpt, tokens, method_for, options, progress)?;
+    Ok((weights, model))
+}
+
+/// [`quantize_checkpoint`] on a [`PlainModel::streaming`] model: one block is in memory in
+/// f32 at a time (read, fitted, dropped), so memory does not grow with the model's depth.
+/// The weights are the same.
+pub fn quantize_streaming(
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
+    options: &SequentialOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<CalibratedWeights, QuantError> {
+    let mut model = PlainModel::streaming(ckpt).map_err(|e| QuantError::Calibration {
+        message: e.to_string(),
+    })?;
+    quantize_model(&mut model, ckpt, tokens, method_for, options, progress)
+}
+
+fn fetch(model: &mut PlainModel, ckpt: &Checkpoint, l: usize) -> Result<(), QuantError> {
+    model
+        .fetch_layer(ckpt, l)
+        .map_err(|e| QuantError::Calibration {
+            message: e.to_string(),
+        })
+}
+
+fn quantize_model(
+    model: &mut PlainModel,
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
+    options: &SequentialOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<CalibratedWeights, QuantError> {
     let spec = ckpt.spec().clone();
     if tokens.is_empty() {
         return Err(QuantError::Calibration {
@@ -194,9 +233,11 @@ pub fn quantize_checkpoint(
         .clamp(16, spec.max_position_embeddings.max(16));
     let mut xs: Vec<Tensor> = tokens
         .chunks(seg)
-        .map(|c| model.embed(c))
+        .map(|c| embed_rows(ckpt, c))
         .collect::<Result<_, _>>()
-        .map_err(|e| calib_err("embedding the calibration text", e))?;
+        .map_err(|e| QuantError::Calibration {
+            message: format!("embedding the calibration text: {e}"),
+        })?;
     let slots = expected_tensors(&spec);
     let dims = [
         spec.hidden_size,
@@ -214,7 +255,8 @@ pub fn quantize_checkpoint(
     let mut chosen: BTreeMap<String, u8> = BTreeMap::new();
     if let Some(target) = options.target_bpw {
         out.allocation = allocate_bits(
-            &mut model,
+            model,
+            ckpt,
             &xs,
             &slots,
             method_for,
@@ -236,12 +278,15 @@ pub fn quantize_checkpoint(
     let n_layers = spec.num_hidden_layers;
     if options.true_sequential && !options.awq {
         for l in 0..n_layers {
-            xs = true_sequential_block(&mut model, l, &xs, &slots, &method_for, &dims, &mut out)?;
+            fetch(model, ckpt, l)?;
+            xs = true_sequential_block(model, l, &xs, &slots, &method_for, &dims, &mut out)?;
+            model.release_layer(l);
             progress(l + 1, n_layers);
         }
-        return Ok((out, model));
+        return Ok(out);
     }
     for l in 0..n_layers {
+        fetch(model, ckpt, l)?;
         let mut obs = Grams {
             layer: l,
             grams: dims.iter().map(|&d| Gram::new(d)).collect(),
@@ -276,11 +321,11 @@ pub fn quantize_checkpoint(
         if options.awq {
             for (site, h, methods) in work.iter_mut() {
                 let cols = obs.grams[*site].dim;
-                let choice = awq_search(&mut model, l, *site, methods, h, cols)?;
+                let choice = awq_search(model, l, *site, methods, h, cols)?;
                 if choice.exponent > 0.0 {
                     let sc = awq_scales(h, cols, choice.exponent);
                     let sc = site_scales(&spec, *site, &sc);
-                    apply_scales(&mut model, &spec, l, *site, &sc, &mut out.replaced, &slots)?;
+                    apply_scales(model, &spec, l, *site, &sc, &mut out.replaced, &slots)?;
                     let s_full = expand_o_scales(&spec, *site, &sc);
                     for i in 0..cols {
                         for j in 0..cols {
@@ -315,9 +360,10 @@ pub fn quantize_checkpoint(
             .map(|x| model.block(l, x, &mut Blind))
             .collect::<Result<_, _>>()
             .map_err(|e| calib_err(format!("block {l}"), e))?;
+        model.release_layer(l);
         progress(l + 1, n_layers);
     }
-    Ok((out, model))
+    Ok(out)
 }
 
 /// One block of true-sequential calibration: each input site's XᵀX is accumulated from the
@@ -409,6 +455,7 @@ fn stored_bits(rows: usize, cols: usize, nbits: u8, m: &LinearMethod) -> f64 {
 /// until the palettized projections average `target` bits per weight.
 fn allocate_bits(
     model: &mut PlainModel,
+    ckpt: &Checkpoint,
     xs: &[Tensor],
     slots: &[TensorSlot],
     method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
@@ -427,6 +474,7 @@ fn allocate_bits(
     let mut choices = Vec::new();
     let mut numel = 0usize;
     for l in 0..spec.num_hidden_layers {
+        fetch(model, ckpt, l)?;
         let mut obs = Grams {
             layer: l,
             grams: dims.iter().map(|&d| Gram::new(d)).collect(),
@@ -493,11 +541,13 @@ fn allocate_bits(
                 choices.push(BitChoice {
                     tensor: slot.name.clone(),
                     nbits: MIXED_NBITS[0],
+                    numel: rows * cols,
                     error,
                     bits,
                 });
             }
         }
+        model.release_layer(l);
         xs = ys;
     }
     let budget = target * numel as f64;
@@ -797,6 +847,13 @@ mod tests {
             let mut model = PlainModel::load(&ckpt).unwrap();
             let tokens: Vec<u32> = (0..20).map(|i| (i * 7 % 50) as u32).collect();
             let x = model.embed(&tokens).unwrap();
+            assert_eq!(
+                embed_rows(&ckpt, &tokens)
+                    .unwrap()
+                    .to_vec2::<f32>()
+                    .unwrap(),
+                x.to_vec2::<f32>().unwrap()
+            );
             let want = model.block(0, &x, &mut Blind).unwrap();
             let h = model.step_attention_input(0, &x).unwrap();
             let attn = model.step_attention(0, &h).unwrap();
@@ -815,6 +872,51 @@ mod tests {
                 .unwrap();
             // The same f32 operations in the same order: bit-identical.
             assert_eq!(diff, 0.0);
+        }
+    }
+
+    /// A streaming model (one block in memory at a time) fits exactly the weights the fully
+    /// loaded model fits, on every path: true-sequential, AWQ, and mixed precision.
+    #[test]
+    fn streaming_fits_the_same_weights_as_the_loaded_model() {
+        let tiny = TinyModel {
+            layers: 3,
+            ..TinyModel::qwen2()
+        };
+        let dir = tiny.write_temp().unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let tokens: Vec<u32> = (0..96).map(|i| (i * 13 % 50) as u32).collect();
+        let method = |_: &TensorSlot| Some(LinearMethod::calibrated(4));
+        let cases = [
+            SequentialOptions {
+                segment_len: 32,
+                ..Default::default()
+            },
+            SequentialOptions {
+                segment_len: 32,
+                awq: true,
+                ..Default::default()
+            },
+            SequentialOptions {
+                segment_len: 32,
+                target_bpw: Some(5.0),
+                ..Default::default()
+            },
+        ];
+        for options in cases {
+            let (loaded, _) =
+                quantize_checkpoint(&ckpt, &tokens, &method, &options, &|_, _| {}).unwrap();
+            let streamed =
+                quantize_streaming(&ckpt, &tokens, &method, &options, &|_, _| {}).unwrap();
+            assert!(!loaded.linears.is_empty());
+            let dense = |w: &CalibratedWeights| -> BTreeMap<String, (u8, Vec<f32>)> {
+                w.linears
+                    .iter()
+                    .map(|(k, q)| (k.clone(), (q.nbits, q.dequantize())))
+                    .collect()
+            };
+            assert_eq!(dense(&loaded), dense(&streamed), "{options:?}");
+            assert_eq!(loaded.replaced, streamed.replaced, "{options:?}");
         }
     }
 }

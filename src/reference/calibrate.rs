@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use candle_core::{DType, Tensor, D};
 use serde::{Deserialize, Serialize};
 
-use super::plain::{max_abs, Observer, PlainModel, Point};
+use super::plain::{embed_rows, max_abs, Observer, PlainModel, Point};
 use super::ReferenceError;
 use crate::arch::Role;
 use crate::checkpoint::Checkpoint;
@@ -446,24 +446,18 @@ impl Observer for Collector {
 /// Run the instrumented forward pass over `tokens` (cut into independent segments of
 /// `options.segment_len`; a final piece shorter than a quarter segment joins the previous one
 /// so no statistic rests on a handful of tokens at the start of a sequence).
+///
+/// The pass runs layer by layer over all segments on a [`PlainModel::streaming`] model: one
+/// block is in memory in f32 at a time, plus the segments' activations.
 pub fn calibrate(
     ckpt: &Checkpoint,
-    tokens: &[u32],
-    options: &CalibrationOptions,
-) -> Result<ActivationStats, ReferenceError> {
-    let mut model = PlainModel::load(ckpt)?;
-    calibrate_model(&mut model, tokens, options)
-}
-
-/// [`calibrate`] with an already loaded plain model.
-pub fn calibrate_model(
-    model: &mut PlainModel,
     tokens: &[u32],
     options: &CalibrationOptions,
 ) -> Result<ActivationStats, ReferenceError> {
     if tokens.is_empty() {
         return Err(ReferenceError::Empty);
     }
+    let mut model = PlainModel::streaming(ckpt)?;
     let spec = model.spec().clone();
     if let Some((index, &token)) = tokens
         .iter()
@@ -503,13 +497,29 @@ pub fn calibrate_model(
             return Err(ReferenceError::SlidingWindow { len: e - s, window });
         }
     }
-    let mut collector = Collector::new(model, options.gram.clone());
+    let mut collector = Collector::new(&model, options.gram.clone());
+    let at = |s: usize, e: usize| format!("calibration tokens {s}..{e}");
+    let mut xs = Vec::with_capacity(bounds.len());
     for &(s, e) in &bounds {
-        model.clear_cache();
-        model
-            .hidden(&tokens[s..e], false, &mut collector)
-            .map_err(|err| ReferenceError::candle(format!("calibration tokens {s}..{e}"), err))?;
+        let x = embed_rows(ckpt, &tokens[s..e])?;
+        collector
+            .observe(None, Point::Embedding, &x)
+            .map_err(|err| ReferenceError::candle(at(s, e), err))?;
+        xs.push(x);
     }
-    model.clear_cache();
+    for l in 0..spec.num_hidden_layers {
+        model.fetch_layer(ckpt, l)?;
+        for (x, &(s, e)) in xs.iter_mut().zip(&bounds) {
+            *x = model
+                .block(l, x, &mut collector)
+                .map_err(|err| ReferenceError::candle(format!("{}, block {l}", at(s, e)), err))?;
+        }
+        model.release_layer(l);
+    }
+    for (x, &(s, e)) in xs.iter().zip(&bounds) {
+        collector
+            .observe(None, Point::NormInput, x)
+            .map_err(|err| ReferenceError::candle(at(s, e), err))?;
+    }
     Ok(collector.finish(bounds.len()))
 }

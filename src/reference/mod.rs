@@ -18,8 +18,8 @@ pub mod calibrate;
 pub mod plain;
 
 pub use calibrate::{
-    calibrate, calibrate_model, ActivationStats, CalibrationOptions, Gram, GramSelection,
-    InputSite, LayerStats, OpKind, F16_MAX,
+    calibrate, ActivationStats, CalibrationOptions, Gram, GramSelection, InputSite, LayerStats,
+    OpKind, F16_MAX,
 };
 pub use plain::PlainModel;
 

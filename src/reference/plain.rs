@@ -75,13 +75,23 @@ struct Layer {
 }
 
 /// The plain f32 model with its own growing KV cache.
+///
+/// [`PlainModel::load`] holds every weight; [`PlainModel::streaming`] holds only the final
+/// norm and lets a layer-by-layer caller bring one block in at a time
+/// ([`PlainModel::fetch_layer`], [`PlainModel::release_layer`]) and read embedding rows
+/// straight from the checkpoint ([`embed_rows`]): calibration of a model of any size then
+/// needs one f32 block in memory, not the whole model.
 pub struct PlainModel {
     spec: ModelSpec,
     device: Device,
-    embed: Tensor,
-    layers: Vec<Layer>,
+    /// `None` when streaming.
+    embed: Option<Tensor>,
+    /// `None`: not in memory (a streaming model between fetch and release).
+    layers: Vec<Option<Layer>>,
     norm: Tensor,
-    lm_head: Tensor,
+    /// `None` when streaming.
+    lm_head: Option<Tensor>,
+    streaming: bool,
     inv_freq: Vec<f32>,
     /// Per layer: keys (after rope) and values, [Hkv, cached, D].
     cache: Vec<Option<(Tensor, Tensor)>>,
@@ -92,6 +102,67 @@ fn load(ckpt: &Checkpoint, name: &str, device: &Device) -> Result<Tensor, super:
     let view = ckpt.tensor(name)?;
     Tensor::from_vec(view.to_f32(), view.shape, device)
         .map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))
+}
+
+/// Block `l`'s weights in f32.
+fn load_layer(
+    ckpt: &Checkpoint,
+    l: usize,
+    device: &Device,
+) -> Result<Layer, super::ReferenceError> {
+    let p = format!("model.layers.{l}");
+    let get = |suffix: &str| load(ckpt, &format!("{p}.{suffix}"), device);
+    let bias = |suffix: &str| -> Result<Option<Tensor>, super::ReferenceError> {
+        if ckpt.spec().attention_bias {
+            Ok(Some(get(suffix)?))
+        } else {
+            Ok(None)
+        }
+    };
+    Ok(Layer {
+        input_norm: get("input_layernorm.weight")?,
+        q: get("self_attn.q_proj.weight")?,
+        k: get("self_attn.k_proj.weight")?,
+        v: get("self_attn.v_proj.weight")?,
+        q_bias: bias("self_attn.q_proj.bias")?,
+        k_bias: bias("self_attn.k_proj.bias")?,
+        v_bias: bias("self_attn.v_proj.bias")?,
+        o: get("self_attn.o_proj.weight")?,
+        post_norm: get("post_attention_layernorm.weight")?,
+        gate: get("mlp.gate_proj.weight")?,
+        up: get("mlp.up_proj.weight")?,
+        down: get("mlp.down_proj.weight")?,
+    })
+}
+
+fn loaded(layers: &[Option<Layer>], l: usize) -> candle_core::Result<&Layer> {
+    layers
+        .get(l)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| candle_core::Error::Msg(format!("block {l} is not in memory")))
+}
+
+/// The embedding rows [T, H] of `tokens` in f32, read from the checkpoint (one row at a time,
+/// never the whole table).
+pub(crate) fn embed_rows(
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+) -> Result<Tensor, super::ReferenceError> {
+    let name = "model.embed_tokens.weight";
+    let table = ckpt.tensor(name)?;
+    let hidden = ckpt.spec().hidden_size;
+    let mut values = Vec::with_capacity(tokens.len() * hidden);
+    for &t in tokens {
+        let row = table.row(t as usize).ok_or_else(|| {
+            super::ReferenceError::candle(
+                format!("reading `{name}`"),
+                candle_core::Error::Msg(format!("token {t} has no embedding row")),
+            )
+        })?;
+        values.extend(row.to_f32());
+    }
+    Tensor::from_vec(values, (tokens.len(), hidden), &Device::Cpu)
+        .map_err(|e| super::ReferenceError::candle(format!("reading `{name}`"), e))
 }
 
 /// Rotary inverse frequencies, one per pair of head dimensions, with the config's scaling.
@@ -135,52 +206,78 @@ pub(crate) fn inverse_frequencies(spec: &ModelSpec) -> Vec<f32> {
 
 impl PlainModel {
     pub fn load(ckpt: &Checkpoint) -> Result<Self, super::ReferenceError> {
-        let spec = ckpt.spec().clone();
         let device = Device::Cpu;
+        let spec = ckpt.spec();
         let embed = load(ckpt, "model.embed_tokens.weight", &device)?;
-        let mut layers = Vec::with_capacity(spec.num_hidden_layers);
-        for l in 0..spec.num_hidden_layers {
-            let p = format!("model.layers.{l}");
-            let get = |suffix: &str| load(ckpt, &format!("{p}.{suffix}"), &device);
-            let bias = |suffix: &str| -> Result<Option<Tensor>, super::ReferenceError> {
-                if spec.attention_bias {
-                    Ok(Some(get(suffix)?))
-                } else {
-                    Ok(None)
-                }
-            };
-            layers.push(Layer {
-                input_norm: get("input_layernorm.weight")?,
-                q: get("self_attn.q_proj.weight")?,
-                k: get("self_attn.k_proj.weight")?,
-                v: get("self_attn.v_proj.weight")?,
-                q_bias: bias("self_attn.q_proj.bias")?,
-                k_bias: bias("self_attn.k_proj.bias")?,
-                v_bias: bias("self_attn.v_proj.bias")?,
-                o: get("self_attn.o_proj.weight")?,
-                post_norm: get("post_attention_layernorm.weight")?,
-                gate: get("mlp.gate_proj.weight")?,
-                up: get("mlp.up_proj.weight")?,
-                down: get("mlp.down_proj.weight")?,
-            });
-        }
-        let norm = load(ckpt, "model.norm.weight", &device)?;
+        let layers = (0..spec.num_hidden_layers)
+            .map(|l| load_layer(ckpt, l, &device).map(Some))
+            .collect::<Result<_, _>>()?;
         let lm_head = if spec.tie_word_embeddings {
             embed.clone()
         } else {
             load(ckpt, "lm_head.weight", &device)?
         };
+        Self::assemble(ckpt, Some(embed), layers, Some(lm_head), false)
+    }
+
+    /// A model with no block, embedding or lm_head in memory (see the type's documentation).
+    pub fn streaming(ckpt: &Checkpoint) -> Result<Self, super::ReferenceError> {
+        let layers = (0..ckpt.spec().num_hidden_layers).map(|_| None).collect();
+        Self::assemble(ckpt, None, layers, None, true)
+    }
+
+    fn assemble(
+        ckpt: &Checkpoint,
+        embed: Option<Tensor>,
+        layers: Vec<Option<Layer>>,
+        lm_head: Option<Tensor>,
+        streaming: bool,
+    ) -> Result<Self, super::ReferenceError> {
+        let spec = ckpt.spec().clone();
+        let device = Device::Cpu;
         Ok(PlainModel {
             inv_freq: inverse_frequencies(&spec),
             cache: vec![None; spec.num_hidden_layers],
             cached: 0,
+            norm: load(ckpt, "model.norm.weight", &device)?,
             spec,
             device,
             embed,
             layers,
-            norm,
             lm_head,
+            streaming,
         })
+    }
+
+    /// Bring block `l` into memory from `ckpt` (nothing to do if it is there).
+    pub(crate) fn fetch_layer(
+        &mut self,
+        ckpt: &Checkpoint,
+        l: usize,
+    ) -> Result<(), super::ReferenceError> {
+        if self.layers.get(l).is_some_and(|w| w.is_none()) {
+            self.layers[l] = Some(load_layer(ckpt, l, &self.device)?);
+        }
+        Ok(())
+    }
+
+    /// Drop block `l` of a streaming model (a loaded model keeps its blocks).
+    pub(crate) fn release_layer(&mut self, l: usize) {
+        if self.streaming {
+            if let Some(w) = self.layers.get_mut(l) {
+                *w = None;
+            }
+        }
+    }
+
+    /// Block `l`'s weights, or an error naming it when a streaming model has not fetched it.
+    fn weights(&self, l: usize) -> candle_core::Result<&Layer> {
+        loaded(&self.layers, l)
+    }
+
+    fn resident<'a>(t: &'a Option<Tensor>, what: &str) -> candle_core::Result<&'a Tensor> {
+        t.as_ref()
+            .ok_or_else(|| candle_core::Error::Msg(format!("a streaming model holds no {what}")))
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -208,7 +305,7 @@ impl PlainModel {
         let t = tokens.len();
         let position = if use_cache { self.cached } else { 0 };
         let ids = Tensor::from_slice(tokens, t, &self.device)?;
-        let mut x = self.embed.index_select(&ids, 0)?;
+        let mut x = Self::resident(&self.embed, "embedding")?.index_select(&ids, 0)?;
         obs.observe(None, Point::Embedding, &x)?;
         let (cos, sin) = self.rope_tables(position, t)?;
         let mask = causal_mask(t, position, &self.device)?;
@@ -224,7 +321,7 @@ impl PlainModel {
 
     /// Logits [T, V] from final hidden states [T, H].
     pub(crate) fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
-        hidden.matmul(&self.lm_head.t()?)
+        hidden.matmul(&Self::resident(&self.lm_head, "lm_head")?.t()?)
     }
 
     /// cos/sin [T, D/2] for positions `start .. start + t`.
@@ -264,7 +361,7 @@ impl PlainModel {
             device,
             ..
         } = self;
-        let w = &layers[l];
+        let w = loaded(layers, l)?;
         let lo = Some(l);
         obs.observe(lo, Point::NormInput, x)?;
         let h = rms_norm(x, &w.input_norm, spec.rms_norm_eps)?;
@@ -297,7 +394,7 @@ impl PlainModel {
     /// The embedding rows [T, H] of `tokens`.
     pub(crate) fn embed(&self, tokens: &[u32]) -> candle_core::Result<Tensor> {
         let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
-        self.embed.index_select(&ids, 0)
+        Self::resident(&self.embed, "embedding")?.index_select(&ids, 0)
     }
 
     /// Decoder block `l` on x [T, H] as a fresh sequence (positions 0..T, no cache): the
@@ -317,7 +414,7 @@ impl PlainModel {
     /// Block `l` in the steps of true-sequential calibration, each reading the block's current
     /// weights (a fresh sequence, positions 0..T): the q/k/v input of block input x.
     pub(crate) fn step_attention_input(&self, l: usize, x: &Tensor) -> candle_core::Result<Tensor> {
-        rms_norm(x, &self.layers[l].input_norm, self.spec.rms_norm_eps)
+        rms_norm(x, &self.weights(l)?.input_norm, self.spec.rms_norm_eps)
     }
 
     /// The o_proj input from the q/k/v input h.
@@ -325,7 +422,7 @@ impl PlainModel {
         let t = h.dim(0)?;
         let (cos, sin) = self.rope_tables(0, t)?;
         let mask = causal_mask(t, 0, &self.device)?;
-        let w = &self.layers[l];
+        let w = self.weights(l)?;
         attention(
             &self.spec,
             w,
@@ -347,7 +444,7 @@ impl PlainModel {
         x: &Tensor,
         attn: &Tensor,
     ) -> candle_core::Result<(Tensor, Tensor)> {
-        let w = &self.layers[l];
+        let w = self.weights(l)?;
         let x = (x + linear(attn, &w.o, None)?)?;
         let h = rms_norm(&x, &w.post_norm, self.spec.rms_norm_eps)?;
         Ok((x, h))
@@ -355,7 +452,7 @@ impl PlainModel {
 
     /// silu(gate)·up, the down_proj input, from the gate/up input h.
     pub(crate) fn step_mlp_act(&self, l: usize, h: &Tensor) -> candle_core::Result<Tensor> {
-        let w = &self.layers[l];
+        let w = self.weights(l)?;
         let gate = linear(h, &w.gate, None)?;
         let up = linear(h, &w.up, None)?;
         (&gate / (gate.neg()?.exp()? + 1.0)?)? * up
@@ -368,7 +465,7 @@ impl PlainModel {
         x: &Tensor,
         act: &Tensor,
     ) -> candle_core::Result<Tensor> {
-        x + linear(act, &self.layers[l].down, None)?
+        x + linear(act, &self.weights(l)?.down, None)?
     }
 
     /// Logits [T, V] of a fresh sequence, without touching the cache.
@@ -384,7 +481,7 @@ impl PlainModel {
     /// The f32 weight of projection `role` ([out, in]) or RMSNorm (`Role::Norm`: `post`
     /// selects post_attention_layernorm) of block `l`.
     pub(crate) fn weight_mut(&mut self, l: usize, role: Role, post: bool) -> Option<&mut Tensor> {
-        let w = self.layers.get_mut(l)?;
+        let w = self.layers.get_mut(l)?.as_mut()?;
         Some(match role {
             Role::Q => &mut w.q,
             Role::K => &mut w.k,
@@ -401,7 +498,7 @@ impl PlainModel {
 
     /// The bias of q/k/v in block `l` (Qwen2), if any.
     pub(crate) fn bias_mut(&mut self, l: usize, role: Role) -> Option<&mut Tensor> {
-        let w = self.layers.get_mut(l)?;
+        let w = self.layers.get_mut(l)?.as_mut()?;
         match role {
             Role::Q => w.q_bias.as_mut(),
             Role::K => w.k_bias.as_mut(),

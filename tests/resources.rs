@@ -1,0 +1,105 @@
+//! The memory bound of `convert` (issue 10, README "Safety"): converting a checkpoint needs at
+//! most 1.5 × the package size plus the largest fp16 tensor in memory.
+//!
+//! Memory here is the process's anonymous resident memory (RssAnon), sampled continuously
+//! from /proc while `convert` runs: the memory-mapped checkpoint is left out, as its pages are
+//! file cache the kernel can drop at any time. Everything else counts, the embedded Python
+//! interpreter with coremltools included.
+#![cfg(target_os = "linux")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use hf2coreml::testing::TinyModel;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+
+fn python_env() -> PathBuf {
+    std::env::var_os("HF2COREML_PYTHON_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"))
+}
+
+/// RssAnon of process `pid` in bytes, or None once it is gone.
+fn rss_anon(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn bytes_under(dir: &Path) -> u64 {
+    hf2coreml::testing::files_under(dir)
+        .unwrap()
+        .values()
+        .map(|b| b.len() as u64)
+        .sum()
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+#[test]
+fn convert_needs_at_most_one_and_a_half_packages_plus_the_largest_tensor() {
+    // 123M parameters, 246 MB of bf16: big enough that the weights, not the interpreter,
+    // decide the peak; the 32000 x 1024 embedding is the largest tensor.
+    let m = TinyModel {
+        layers: 8,
+        hidden: 1024,
+        intermediate: 2816,
+        heads: 16,
+        kv_heads: 4,
+        vocab: 32000,
+        scale: 0.02,
+        ..TinyModel::llama()
+    };
+    let ckpt = m.write_temp().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let package = out.path().join("m.mlpackage");
+    let mut child = Command::new(BIN)
+        .args(["-q", "convert"])
+        .arg(ckpt.path())
+        .arg("-o")
+        .arg(&package)
+        .args(["--recipe", "data-free-4bit", "--max-seq-len", "512"])
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut peak = 0u64;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if let Some(now) = rss_anon(pid) {
+            peak = peak.max(now);
+        }
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "convert failed: {stderr}");
+
+    let package_bytes = bytes_under(&package);
+    let largest_fp16 = (m.vocab * m.hidden * 2) as u64;
+    let bound = package_bytes * 3 / 2 + largest_fp16;
+    eprintln!(
+        "package {:.1} MiB, largest fp16 tensor {:.1} MiB, bound {:.1} MiB, peak anonymous {:.1} MiB",
+        package_bytes as f64 / MIB,
+        largest_fp16 as f64 / MIB,
+        bound as f64 / MIB,
+        peak as f64 / MIB
+    );
+    // The sampler must have seen the process at work: at least the palettized weights.
+    assert!(
+        peak > package_bytes / 2,
+        "sampling missed the run: peak {peak} B for a {package_bytes} B package"
+    );
+    assert!(
+        peak <= bound,
+        "convert peaked at {:.1} MiB of anonymous memory, over 1.5 x package + largest fp16 \
+         tensor = {:.1} MiB",
+        peak as f64 / MIB,
+        bound as f64 / MIB
+    );
+}
