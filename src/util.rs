@@ -229,29 +229,47 @@ mod signals {
 /// to clean up) left beside `NAME`, when process PID no longer exists. Where process liveness
 /// cannot be checked (no /proc), nothing is removed. Best effort: errors are ignored.
 fn remove_stale_partials(parent: &Path, name: &str) {
+    remove_stale(parent, &format!(".{name}."), '.', ".partial");
+}
+
+/// Remove the directories in `parent` named `{prefix}{PID}{sep}…{suffix}` whose process PID
+/// is gone (see [`remove_stale_partials`]).
+fn remove_stale(parent: &Path, prefix: &str, sep: char, suffix: &str) {
     let proc_root = Path::new("/proc");
     if !proc_root.join("self").exists() {
         return;
     }
-    let prefix = format!(".{name}.");
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
     for e in entries.flatten() {
         let fname = e.file_name().to_string_lossy().into_owned();
-        let Some(rest) = fname.strip_prefix(&prefix) else {
+        let Some(rest) = fname.strip_prefix(prefix) else {
             continue;
         };
-        if !rest.ends_with(".partial") {
+        if !rest.ends_with(suffix) {
             continue;
         }
-        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else {
+        let Some(pid) = rest.split(sep).next().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
         if pid != std::process::id() && !proc_root.join(pid.to_string()).exists() {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
+}
+
+/// A scratch directory in the system temp dir, `hf2coreml-KIND-PID-XXXXXX`, removed when
+/// dropped and on SIGINT/SIGTERM/SIGHUP. Scratch directories of the same kind that a killed
+/// process (SIGKILL) left behind are removed first: a GGUF import's is a whole checkpoint.
+pub fn scratch_dir(kind: &str) -> std::io::Result<tempfile::TempDir> {
+    let prefix = format!("hf2coreml-{kind}-");
+    remove_stale(&std::env::temp_dir(), &prefix, '-', "");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("{prefix}{}-", std::process::id()))
+        .tempdir()?;
+    remove_on_interrupt(dir.path());
+    Ok(dir)
 }
 
 fn parent_dir(p: &Path) -> &Path {
@@ -380,6 +398,36 @@ pub fn progress_bar(len: u64, label: &str) -> indicatif::ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scratch_dirs_of_dead_processes_are_removed() {
+        // A kind of its own, so parallel tests and other runs never meet this one's dirs.
+        let kind = format!("unittest{}", std::process::id());
+        let tmp = std::env::temp_dir();
+        // PIDs above the kernel's pid_max (4,194,304 at most) never exist; PID 1 always does.
+        let dead = tmp.join(format!("hf2coreml-{kind}-4999999-abc"));
+        let alive = tmp.join(format!("hf2coreml-{kind}-1-abc"));
+        std::fs::create_dir_all(dead.join("model")).unwrap();
+        std::fs::create_dir_all(&alive).unwrap();
+        let scratch = scratch_dir(&kind).unwrap();
+        let name = scratch
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(name.starts_with(&format!("hf2coreml-{kind}-{}-", std::process::id())));
+        assert!(!dead.exists(), "a dead process's scratch dir survived");
+        assert!(alive.exists(), "a live process's scratch dir was removed");
+        // Our own scratch dir is never taken for stale.
+        let again = scratch_dir(&kind).unwrap();
+        assert!(scratch.path().exists());
+        let (first, second) = (scratch.path().to_path_buf(), again.path().to_path_buf());
+        drop(scratch);
+        drop(again);
+        assert!(!first.exists() && !second.exists());
+        std::fs::remove_dir_all(&alive).unwrap();
+    }
 
     #[test]
     fn stale_partials_of_dead_processes_are_removed() {

@@ -153,11 +153,8 @@ impl Job {
     /// Open the checkpoint (importing a GGUF file first).
     pub fn open(&self) -> anyhow::Result<Opened> {
         let imported = if self.is_gguf() {
-            let tmp = tempfile::Builder::new()
-                .prefix("hf2coreml-gguf-")
-                .tempdir()
+            let tmp = hf2coreml::util::scratch_dir("gguf")
                 .context("cannot create a temporary directory for the GGUF import")?;
-            hf2coreml::util::remove_on_interrupt(tmp.path());
             let stem = self
                 .source
                 .file_stem()
