@@ -304,3 +304,18 @@ pub fn files_under(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, Vec<u8>>> {
     }
     Ok(out)
 }
+
+/// The Python environment with coremltools that tests converting packages use:
+/// `HF2COREML_PYTHON_ENV` (what `make test` sets), or `.venv` in the repository. Panics with
+/// the way to make one when it is missing.
+pub fn python_env() -> PathBuf {
+    let p = std::env::var_os("HF2COREML_PYTHON_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+    assert!(
+        p.join("bin/python").exists(),
+        "no Python environment at {} (run `make setup`, or set HF2COREML_PYTHON_ENV)",
+        p.display()
+    );
+    p
+}

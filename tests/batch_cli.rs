@@ -5,23 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
-fn python_env() -> PathBuf {
-    let p = std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"));
-    assert!(
-        p.join("bin/python").exists(),
-        "no Python environment at {} (run `make setup`)",
-        p.display()
-    );
-    p
-}
 
 /// Run the binary in `dir` as CI would: no terminal, CI set.
 fn hf2coreml(dir: &Path, args: &[&str]) -> Output {

@@ -15,21 +15,15 @@ use hf2coreml::reference::plain::PlainModel;
 use hf2coreml::reference::Reference;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
+use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 use hf2coreml::validate::metrics::compare_logits;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Logit difference allowed between an fp16 program and the same weights in f32 on the tiny
 /// models (as in convert_agreement.rs: O(1) logits, ~3 decimal digits, 2 layers).
 const FP16_LOGIT_TOL: f32 = 0.05;
-
-fn python_env() -> PathBuf {
-    std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"))
-}
 
 fn recipe(dir: &Path, calibration: &str) -> PathBuf {
     let path = dir.join("recipe.toml");

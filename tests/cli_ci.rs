@@ -1,21 +1,13 @@
 //! The command line as CI sees it: results on stdout, diagnostics on stderr, nothing on stderr
 //! under --quiet, JSON from every command that reports, completions and man pages.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
-fn python_env() -> PathBuf {
-    std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"))
-}
-
 fn run(args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)

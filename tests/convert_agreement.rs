@@ -2,7 +2,6 @@
 //! (all-fp16), interpreted step by step with host-side cache writes (runtime::interp, rounding
 //! every op to its declared fp16 dtype) and compared with the float reference forward pass.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use half::f16;
@@ -10,21 +9,14 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::reference::Reference;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
+use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
 /// Logit difference allowed between an fp16 program and the f32 reference on the tiny models:
 /// logits are O(1) there, fp16 carries ~3 decimal digits, and errors from ~20 rounded ops per
 /// layer accumulate over 2 layers.
 const FP16_LOGIT_TOL: f32 = 0.05;
-
-fn python_env() -> PathBuf {
-    std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"))
-}
 
 fn agree(model: TinyModel, query_len: usize) {
     let dir = model.write_temp().unwrap();

@@ -10,6 +10,7 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::reference::Reference;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
+use hf2coreml::testing::python_env;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
@@ -27,12 +28,6 @@ fn model_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_default();
     home.join(".cache/hf2coreml/smollm2-135m-instruct")
-}
-
-fn python_env() -> PathBuf {
-    std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"))
 }
 
 #[test]

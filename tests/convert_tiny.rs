@@ -1,31 +1,19 @@
 //! `hf2coreml convert` end to end on tiny generated checkpoints of each architecture; the
 //! packages are read back with coremltools' own loader (python/inspect_package.py).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use hf2coreml::arch::{expected_tensors, mil_name, Role};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::contract::{self, Contract};
 use hf2coreml::quant::{self, Recipe};
+use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
-/// The venv with coremltools: what `make setup` exports, else the repo's .venv.
-fn python_env() -> PathBuf {
-    let p = std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"));
-    assert!(
-        p.join("bin/python").exists(),
-        "no Python environment at {} (run `make setup`)",
-        p.display()
-    );
-    p
-}
 
 fn hf2coreml(args: &[&str]) -> Output {
     Command::new(BIN)

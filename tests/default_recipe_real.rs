@@ -2,11 +2,11 @@
 //! it makes passes `validate`'s default gates for its bit width and answers the France prompt
 //! with Paris through `run`. This is what `make demo` shows.
 
-use std::path::{Path, PathBuf};
+use hf2coreml::testing::python_env;
+use std::path::PathBuf;
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Evaluation tokens: enough that top-1 agreement is not decided by a handful of positions.
 const EVAL_TOKENS: &str = "160";
@@ -19,12 +19,6 @@ fn model_dir() -> PathBuf {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                 .join(".cache/hf2coreml/smollm2-135m-instruct")
         })
-}
-
-fn python_env() -> PathBuf {
-    std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"))
 }
 
 #[test]

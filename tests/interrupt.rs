@@ -11,21 +11,10 @@ use std::time::{Duration, Instant};
 
 use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::interp::{Options, Program};
+use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-
-fn python_env() -> PathBuf {
-    let p = std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    assert!(
-        p.join("bin/python").exists(),
-        "no Python environment at {} (run `make setup`)",
-        p.display()
-    );
-    p
-}
 
 fn convert_cmd(ckpt: &Path, dest: &Path) -> Command {
     let mut c = Command::new(BIN);

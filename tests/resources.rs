@@ -7,18 +7,13 @@
 //! interpreter with coremltools included.
 #![cfg(target_os = "linux")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
+use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-
-fn python_env() -> PathBuf {
-    std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"))
-}
 
 /// RssAnon of process `pid` in bytes, or None once it is gone.
 fn rss_anon(pid: u32) -> Option<u64> {

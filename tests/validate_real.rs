@@ -7,9 +7,9 @@ use std::process::Command;
 
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
 use hf2coreml::mlpackage::MlPackage;
+use hf2coreml::testing::python_env;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Tokens of the evaluation text interpreted per validation (the 30-layer graph runs per token).
 const EVAL_TOKENS: &str = "24";
@@ -23,12 +23,6 @@ fn model_dir() -> PathBuf {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                 .join(".cache/hf2coreml/smollm2-135m-instruct")
         })
-}
-
-fn python_env() -> PathBuf {
-    std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"))
 }
 
 fn validate(pkg: &Path, model: &Path) -> (Option<i32>, serde_json::Value, String) {

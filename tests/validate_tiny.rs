@@ -3,21 +3,15 @@
 //! passes the 4-bit defaults, and a package whose LUT entry was flipped fails (exit 1).
 //! The checkpoints ship no tokenizer, so the evaluation text goes in as bytes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
 use hf2coreml::mlpackage::MlPackage;
+use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
-fn python_env() -> PathBuf {
-    std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(REPO).join(".venv"))
-}
 
 /// Next-token distributions peaked like a trained model's: with the fixtures' near-uniform
 /// logits, top-1 agreement would measure ties, not the package.
