@@ -4,7 +4,7 @@
 //!
 //! cargo run --example quant_sweep -- MODEL_DIR [METHOD...]
 //! METHOD: comma-separated flags: nbits=N, rs (row scale), w (E[x²] weights), gptq, ao (act
-//! order), g=G (row groups), awq, nots (fit to float block activations), damp=D, bpw=B (layersens: rank by the layer's own output error). Example: `nbits=4,rs,w,gptq,ao,awq`.
+//! order), g=G (row groups), rot (block-Hadamard input rotation, simulated), awq, nots (fit to float block activations), damp=D, bpw=B (layersens: rank by the layer's own output error). Example: `nbits=4,rs,w,gptq,ao,awq`.
 
 use std::path::Path;
 use std::time::Instant;
@@ -52,6 +52,7 @@ fn main() {
                 "w" => m.weighted = true,
                 "gptq" => m.gptq = true,
                 "ao" => m.act_order = true,
+                "rot" => m.rotate = true,
                 "awq" => opts.awq = true,
                 "nots" => opts.true_sequential = false,
                 "layersens" => opts.sensitivity = Sensitivity::LayerOutput,

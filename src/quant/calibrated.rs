@@ -36,6 +36,10 @@ pub struct LinearMethod {
     pub damp: f64,
     /// Contiguous row groups, each with its own LUT (1 = one LUT per tensor).
     pub row_groups: usize,
+    /// Experimental, simulation only (`examples/quant_sweep`, flag `rot`): quantize W·Q for a
+    /// randomized block-Hadamard rotation Q of the input channels, as a graph rotating its
+    /// inputs by Q would compute. The graph cannot express it yet, so no recipe sets it.
+    pub rotate: bool,
 }
 
 impl LinearMethod {
@@ -49,6 +53,7 @@ impl LinearMethod {
             act_order: true,
             damp: 0.01,
             row_groups: 1,
+            rotate: false,
         }
     }
 
@@ -62,6 +67,7 @@ impl LinearMethod {
             act_order: false,
             damp: 0.01,
             row_groups: 1,
+            rotate: false,
         }
     }
 }

@@ -183,6 +183,7 @@ impl Calibration {
             act_order: self.act_order,
             damp: self.damp,
             row_groups: self.row_groups,
+            rotate: false,
         }
     }
 

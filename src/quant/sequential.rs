@@ -161,6 +161,161 @@ impl Observer for Grams {
     }
 }
 
+/// The randomized block-Hadamard rotation of `n` input channels behind
+/// [`LinearMethod::rotate`]: Q = D·(I_m ⊗ H_b/√b)·(M ⊗ I_b), D a fixed ±1 diagonal, b the
+/// largest power of two dividing n (up to 512), M a random orthogonal [m, m], m = n / b.
+struct Rotation {
+    signs: Vec<f32>,
+    block: usize,
+    /// An orthogonal [m, m] mixing the m = n / block blocks (row-major): position j of every
+    /// block goes through it, so the rotation mixes all n channels, not only within blocks.
+    mix: Vec<f32>,
+}
+
+impl Rotation {
+    fn new(n: usize) -> Self {
+        let mut block = 1;
+        while n % (block * 2) == 0 && block < 512 {
+            block *= 2;
+        }
+        let mut rng = crate::testing::SplitMix64(0x5eed ^ n as u64);
+        let signs = (0..n)
+            .map(|_| if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let m = n / block;
+        // A random orthogonal matrix: Gram-Schmidt on Gaussian rows.
+        let mut mix: Vec<f64> = (0..m * m).map(|_| rng.normal() as f64).collect();
+        for i in 0..m {
+            for k in 0..i {
+                let d: f64 = (0..m).map(|j| mix[i * m + j] * mix[k * m + j]).sum();
+                for j in 0..m {
+                    mix[i * m + j] -= d * mix[k * m + j];
+                }
+            }
+            let norm = (0..m).map(|j| mix[i * m + j].powi(2)).sum::<f64>().sqrt();
+            for j in 0..m {
+                mix[i * m + j] /= norm;
+            }
+        }
+        let mix = mix.into_iter().map(|v| v as f32).collect();
+        Rotation { signs, block, mix }
+    }
+
+    /// v ← v·(M ⊗ I_b) (or Mᵀ with `transpose`) on the m blocks of v.
+    fn mix_blocks(&self, v: &mut [f32], transpose: bool) {
+        let (b, m) = (self.block, v.len() / self.block);
+        if m < 2 {
+            return;
+        }
+        let mut col = vec![0.0f32; m];
+        for j in 0..b {
+            for (k, c) in col.iter_mut().enumerate() {
+                *c = v[k * b + j];
+            }
+            for out in 0..m {
+                // (row vector)·M: out = Σ_k col[k]·M[k][out]; with Mᵀ: M[out][k].
+                let s: f32 = (0..m)
+                    .map(|k| {
+                        let e = if transpose {
+                            self.mix[out * m + k]
+                        } else {
+                            self.mix[k * m + out]
+                        };
+                        col[k] * e
+                    })
+                    .sum();
+                v[out * b + j] = s;
+            }
+        }
+    }
+
+    /// In-place orthonormal Walsh-Hadamard transform of each block of `v`.
+    fn hadamard(&self, v: &mut [f32]) {
+        let b = self.block;
+        let norm = 1.0 / (b as f32).sqrt();
+        for chunk in v.chunks_mut(b) {
+            let mut h = 1;
+            while h < b {
+                for i in (0..b).step_by(2 * h) {
+                    for j in i..i + h {
+                        let (x, y) = (chunk[j], chunk[j + h]);
+                        chunk[j] = x + y;
+                        chunk[j + h] = x - y;
+                    }
+                }
+                h *= 2;
+            }
+            chunk.iter_mut().for_each(|x| *x *= norm);
+        }
+    }
+
+    /// w·Q for each row of w [rows, n].
+    fn rotate_rows(&self, w: &mut [f32]) {
+        let n = self.signs.len();
+        for row in w.chunks_mut(n) {
+            row.iter_mut().zip(&self.signs).for_each(|(x, s)| *x *= s);
+            self.hadamard(row);
+            self.mix_blocks(row, false);
+        }
+    }
+
+    /// w·Qᵀ for each row of w [rows, n] (the inverse of [`Rotation::rotate_rows`]).
+    fn unrotate_rows(&self, w: &mut [f32]) {
+        let n = self.signs.len();
+        for row in w.chunks_mut(n) {
+            self.mix_blocks(row, true);
+            self.hadamard(row);
+            row.iter_mut().zip(&self.signs).for_each(|(x, s)| *x *= s);
+        }
+    }
+
+    /// Qᵀ·G·Q for a symmetric G [n, n] (the Gram matrix of the rotated inputs x·Q).
+    fn rotate_gram(&self, g: &[f64]) -> Vec<f64> {
+        let n = self.signs.len();
+        let mut m: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+        // (G·Q) row by row, then Qᵀ·(G·Q) = ((G·Q)ᵀ·Q)ᵀ: G·Q is not symmetric, transpose.
+        self.rotate_rows(&mut m);
+        let mut t = vec![0.0f32; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                t[j * n + i] = m[i * n + j];
+            }
+        }
+        self.rotate_rows(&mut t);
+        let mut out = vec![0.0f64; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                out[i * n + j] = t[j * n + i] as f64;
+            }
+        }
+        out
+    }
+}
+
+/// Palettize a [rows, cols] projection; returns it and the f32 weights the float model
+/// should compute with from now on (its dequantized values, rotated back under
+/// [`LinearMethod::rotate`]).
+fn fit_linear(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    gram: &[f64],
+    method: &LinearMethod,
+) -> Result<(QuantizedLinear, Vec<f32>), QuantError> {
+    if !method.rotate {
+        let q = quantize_linear(w, rows, cols, Some(gram), method)?;
+        let d = q.dequantize();
+        return Ok((q, d));
+    }
+    let r = Rotation::new(cols);
+    let mut wr = w.to_vec();
+    r.rotate_rows(&mut wr);
+    let q = quantize_linear(&wr, rows, cols, Some(&r.rotate_gram(gram)), method)?;
+    let mut d = q.dequantize();
+    r.unrotate_rows(&mut d);
+    Ok((q, d))
+}
+
 fn to_vec(t: &Tensor) -> Result<Vec<f32>, QuantError> {
     t.flatten_all()
         .and_then(|t| t.to_vec1::<f32>())
@@ -347,9 +502,9 @@ fn quantize_model(
                         })?;
                 let rows = slot.shape[0];
                 let values = to_vec(w)?;
-                let q = quantize_linear(&values, rows, cols, Some(h), method)
+                let (q, effective) = fit_linear(&values, rows, cols, h, method)
                     .map_err(|e| e.in_tensor(&slot.name))?;
-                *w = Tensor::from_vec(q.dequantize(), (rows, cols), &Device::Cpu)
+                *w = Tensor::from_vec(effective, (rows, cols), &Device::Cpu)
                     .map_err(|e| calib_err(&slot.name, e))?;
                 out.replaced.remove(&slot.name);
                 out.linears.insert(slot.name.clone(), q);
@@ -398,9 +553,9 @@ fn true_sequential_block(
                 })?;
             let rows = slot.shape[0];
             let values = to_vec(w)?;
-            let q = quantize_linear(&values, rows, gram.dim, Some(&gram.sum), &method)
+            let (q, effective) = fit_linear(&values, rows, gram.dim, &gram.sum, &method)
                 .map_err(|e| e.in_tensor(&slot.name))?;
-            *w = Tensor::from_vec(q.dequantize(), (rows, gram.dim), &Device::Cpu)
+            *w = Tensor::from_vec(effective, (rows, gram.dim), &Device::Cpu)
                 .map_err(|e| calib_err(&slot.name, e))?;
             out.linears.insert(slot.name.clone(), q);
         }
@@ -520,9 +675,8 @@ fn allocate_bits(
                         gptq: false,
                         ..m
                     };
-                    let q = quantize_linear(&w, rows, cols, Some(&gram.sum), &probe)
+                    let (_, wq) = fit_linear(&w, rows, cols, &gram.sum, &probe)
                         .map_err(|e| e.in_tensor(&slot.name))?;
-                    let wq = q.dequantize();
                     let (num, den) = output_error(&w, &wq, rows, cols, &h)?;
                     error[i] = if den > 0.0 { num / den } else { 0.0 };
                     if i == 0 && sensitivity == Sensitivity::BlockOutput {
@@ -917,6 +1071,39 @@ mod tests {
             };
             assert_eq!(dense(&loaded), dense(&streamed), "{options:?}");
             assert_eq!(loaded.replaced, streamed.replaced, "{options:?}");
+        }
+    }
+
+    /// The rotation is orthogonal, its inverse undoes it, and the rotated Gram matrix is the
+    /// Gram matrix of the rotated inputs.
+    #[test]
+    fn rotation_is_orthogonal_and_rotates_the_gram_matrix() {
+        let mut rng = crate::testing::SplitMix64(3);
+        for n in [12, 64, 96] {
+            let r = Rotation::new(n);
+            let t = 7;
+            let x: Vec<f32> = (0..t * n).map(|_| rng.normal()).collect();
+            let mut xr = x.clone();
+            r.rotate_rows(&mut xr);
+            let norm = |v: &[f32]| v.iter().map(|a| (a * a) as f64).sum::<f64>();
+            assert!((norm(&x) - norm(&xr)).abs() < 1e-3 * norm(&x));
+            let mut back = xr.clone();
+            r.unrotate_rows(&mut back);
+            assert!(x.iter().zip(&back).all(|(a, b)| (a - b).abs() < 1e-5));
+            let gram = |v: &[f32]| -> Vec<f64> {
+                let mut g = vec![0.0f64; n * n];
+                for row in v.chunks(n) {
+                    for i in 0..n {
+                        for j in 0..n {
+                            g[i * n + j] += (row[i] * row[j]) as f64;
+                        }
+                    }
+                }
+                g
+            };
+            let want = gram(&xr);
+            let got = r.rotate_gram(&gram(&x));
+            assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() < 1e-3));
         }
     }
 }
