@@ -14,14 +14,17 @@ S=${S:-512}
 command -v jq >/dev/null || { echo "quality.sh needs jq (apt install jq)" >&2; exit 3; }
 mkdir -p "$OUT"
 
-# Variants of the calibrated recipe, one method switched at a time.
+# Variants of the calibrated recipe, one method switched at a time (the older rows without
+# the input rotation, as they were measured).
 variant() { # name, sed expression on calibrated-4bit.toml
   sed -e "$2" configs/recipes/calibrated-4bit.toml > "$OUT/$1.toml"
 }
-variant rs-only 's/^weighted = true/weighted = false/; s/^gptq = true/gptq = false/'
-variant rs-weighted 's/^gptq = true/gptq = false/'
-variant awq 's/^awq = false/awq = true/'
-variant groups4 's/^row_groups = 1/row_groups = 4/'
+NOROT='s/^rotate = true/rotate = false/'
+variant rs-only "$NOROT; s/^weighted = true/weighted = false/; s/^gptq = true/gptq = false/"
+variant rs-weighted "$NOROT; s/^gptq = true/gptq = false/"
+variant gptq "$NOROT"
+variant awq "$NOROT; s/^awq = false/awq = true/"
+variant groups4 "$NOROT; s/^row_groups = 1/row_groups = 4/"
 
 ROWS=(
   "fp16 (no palettization)|--keep-fp16 *"
@@ -30,11 +33,13 @@ ROWS=(
   "4-bit, data-free (textbook iOS17)|--recipe data-free-4bit"
   "4-bit, row scales|--recipe $OUT/rs-only.toml"
   "4-bit, row scales + E[x²]-weighted LUT|--recipe $OUT/rs-weighted.toml"
-  "4-bit, calibrated (+ GPTQ, act order)|--recipe calibrated-4bit"
+  "4-bit, calibrated (+ GPTQ, act order)|--recipe $OUT/gptq.toml"
   "4-bit, calibrated + AWQ scales|--recipe $OUT/awq.toml"
   "4-bit, calibrated, 4 LUTs per projection|--recipe $OUT/groups4.toml"
-  "mixed 4/6/8, --target-bpw 4.5|--recipe calibrated-4bit --target-bpw 4.5"
-  "mixed 4/6/8, --target-bpw 5|--recipe calibrated-4bit --target-bpw 5"
+  "mixed 4/6/8, --target-bpw 4.5|--recipe $OUT/gptq.toml --target-bpw 4.5"
+  "mixed 4/6/8, --target-bpw 5|--recipe $OUT/gptq.toml --target-bpw 5"
+  "4-bit, calibrated + rotated inputs (calibrated-4bit)|--recipe calibrated-4bit"
+  "mixed 4/6/8 + rotated inputs, --target-bpw 4.5|--recipe calibrated-4bit --target-bpw 4.5"
   "6-bit, calibrated on 2,048 tokens (the default recipe)|--recipe default"
 )
 

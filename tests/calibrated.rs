@@ -153,6 +153,58 @@ fn qwen2_calibrated_package_matches_its_weights() {
     emitted_matches_calibrated_weights(TinyModel::qwen2());
 }
 
+/// Rotated inputs (`rotate = true`): the package stores W·Q and feeds it x·Q through one
+/// shared constant per width; its logits equal the simulated rotated model's.
+#[test]
+fn rotated_package_matches_its_weights() {
+    for model in [TinyModel::llama(), TinyModel::qwen2()] {
+        let dir = model.write_temp().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let pkg = root.path().join("m.mlpackage");
+        convert(
+            dir.path(),
+            &recipe(root.path(), "[calibration]\nrotate = true\n"),
+            &pkg,
+            &[],
+        );
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+        let method = LinearMethod {
+            rotate: true,
+            ..LinearMethod::calibrated(4)
+        };
+        let (weights, mut simulated) = quantize_checkpoint(
+            &ckpt,
+            &calib,
+            &|slot| slot.role.is_projection().then_some(method),
+            &SequentialOptions::default(),
+            &|_, _| {},
+        )
+        .unwrap();
+        assert!(weights.linears.values().all(|q| q.rotated));
+        assert_package_matches(&pkg, &mut simulated, &tokens(model.vocab));
+        // One rotation constant per input width, shared by every projection.
+        let spec = std::fs::read(pkg.join("Data/com.apple.CoreML/model.mlmodel")).unwrap();
+        let text = String::from_utf8_lossy(&spec);
+        for width in [model.hidden, model.intermediate] {
+            assert!(text.contains(&format!("input_rotation_{width}")), "{width}");
+        }
+        // q/k/v rotate their shared input once, gate/up likewise: four rotations per block.
+        for (site, present) in [
+            ("q", true),
+            ("k", false),
+            ("v", false),
+            ("attn_out", true),
+            ("gate", true),
+            ("up", false),
+            ("mlp_out", true),
+        ] {
+            let name = format!("layers_0_{site}_input_rotated");
+            assert_eq!(text.contains(&name), present, "{name}");
+        }
+    }
+}
+
 /// AWQ folds into v_proj and up_proj rows even when the recipe keeps those fp16: the package
 /// must carry the folded fp16 weights.
 #[test]

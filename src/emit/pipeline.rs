@@ -548,7 +548,11 @@ fn calibrated_weight(q: quant::calibrated::QuantizedLinear) -> Weight {
     let row_scale = q
         .row_scale
         .map(|s| s.iter().map(|v| f16::from_f64(v.to_f64() / c)).collect());
-    Weight::Calibrated(CalibratedWeight { groups, row_scale })
+    Weight::Calibrated(CalibratedWeight {
+        groups,
+        row_scale,
+        rotated: q.rotated,
+    })
 }
 
 /// Size of a directory tree in bytes.

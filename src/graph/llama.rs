@@ -37,6 +37,10 @@ pub struct CalibratedWeight {
     /// (rows, palettized rows) per group, in row order; rows sum to the tensor's rows.
     pub groups: Vec<(usize, Palettized)>,
     pub row_scale: Option<Vec<f16>>,
+    /// The stored weight is W·Q for the input rotation Q of its width
+    /// ([`crate::quant::sequential::rotation_transpose`]): the input goes through a `linear`
+    /// by Qᵀ (x·Q) first. One constant per width, shared by every projection.
+    pub rotated: bool,
 }
 
 /// A projection weight as the graph references it.
@@ -45,13 +49,15 @@ struct LinearWeight {
     /// One constant per row group (one for dense and plain palettized weights).
     parts: Vec<String>,
     scale: Option<String>,
+    /// The input rotation's constant, if the input must be rotated first.
+    rotation: Option<String>,
 }
 
 impl LinearWeight {
     /// The single constant of a weight that must not be grouped or scaled (norms, biases,
     /// embeddings).
     fn single(self, name: &str) -> Result<String, GraphError> {
-        match (self.parts.len(), self.scale) {
+        match (self.parts.len(), self.scale.or(self.rotation)) {
             (1, None) => Ok(self.parts.into_iter().next().unwrap_or_default()),
             _ => Err(GraphError::Unsupported(format!(
                 "`{name}` is calibrated (row groups or scales), which only projections can be"
@@ -115,6 +121,7 @@ pub fn build(
     let key_cache = b.input(contract::KEY_CACHE, fl, vec![l_count, hkv, s, d]);
     let value_cache = b.input(contract::VALUE_CACHE, fl, vec![l_count, hkv, s, d]);
 
+    let mut rotations: BTreeMap<usize, String> = BTreeMap::new();
     let mut weight =
         |b: &mut Builder, name: &str, scale: f64| -> Result<LinearWeight, GraphError> {
             let slot = slots
@@ -139,6 +146,7 @@ pub fn build(
                     Some(name.to_string()),
                 )],
                 scale: None,
+                rotation: None,
             };
             Ok(match w {
                 Weight::Dense(mut vals) => {
@@ -185,7 +193,26 @@ pub fn build(
                             Some(name.to_string()),
                         )
                     });
-                    LinearWeight { parts, scale }
+                    let rotation = c.rotated.then(|| {
+                        let cols = slot.shape[1];
+                        rotations
+                            .entry(cols)
+                            .or_insert_with(|| {
+                                let qt = crate::quant::sequential::rotation_transpose(cols);
+                                b.constant(
+                                    &format!("input_rotation_{cols}"),
+                                    vec![cols, cols],
+                                    ConstData::F16(qt.into_iter().map(f16::from_f32).collect()),
+                                    None,
+                                )
+                            })
+                            .clone()
+                    });
+                    LinearWeight {
+                        parts,
+                        scale,
+                        rotation,
+                    }
                 }
             })
         };
@@ -325,12 +352,32 @@ pub fn build(
         let nw = weight(&mut b, &n_in, 1.0)?.single(&n_in)?;
         let hn = rms_norm(&mut b, &x, &nw, eps, &format!("{tag}_input_norm"));
 
-        let proj = |b: &mut Builder,
-                    w: LinearWeight,
-                    bias: Option<String>,
-                    input: &str,
-                    out: &str|
+        // x·Q once per (input, rotation): q/k/v and gate/up share their rotated input.
+        let mut rotated_inputs: BTreeMap<(String, String), String> = BTreeMap::new();
+        let mut proj = |b: &mut Builder,
+                        w: LinearWeight,
+                        bias: Option<String>,
+                        input: &str,
+                        out: &str|
          -> String {
+            // A rotated weight W·Q reads x·Q: one more linear, by the shared Qᵀ.
+            let rotated;
+            let input: &str = match &w.rotation {
+                Some(r) => {
+                    rotated = rotated_inputs
+                        .entry((input.to_string(), r.clone()))
+                        .or_insert_with(|| {
+                            b.op(
+                                "linear",
+                                &format!("{out}_input_rotated"),
+                                vec![("x", var(input)), ("weight", var(r))],
+                            )
+                        })
+                        .clone();
+                    &rotated
+                }
+                None => input,
+            };
             let linear = |b: &mut Builder, wname: &str, bias: Option<&String>, name: &str| {
                 let mut args = vec![("x", var(input)), ("weight", var(wname))];
                 if let Some(bn) = bias {

@@ -36,9 +36,10 @@ pub struct LinearMethod {
     pub damp: f64,
     /// Contiguous row groups, each with its own LUT (1 = one LUT per tensor).
     pub row_groups: usize,
-    /// Experimental, simulation only (`examples/quant_sweep`, flag `rot`): quantize W·Q for a
-    /// randomized block-Hadamard rotation Q of the input channels, as a graph rotating its
-    /// inputs by Q would compute. The graph cannot express it yet, so no recipe sets it.
+    /// Rotate the input channels by a fixed orthogonal Q (random signs, Walsh-Hadamard blocks,
+    /// a random orthogonal mix across blocks) and palettize W·Q against QᵀHQ; the graph feeds
+    /// the projection x·Q. Outlier channels, which one LUT per tensor serves badly, are spread
+    /// over all channels.
     pub rotate: bool,
 }
 
@@ -86,6 +87,9 @@ pub struct QuantizedLinear {
     pub indices: Vec<u8>,
     /// Per-row fp16 scale multiplied into the linear's output.
     pub row_scale: Option<Vec<f16>>,
+    /// The stored weight is W·Q for the input rotation Q of [`LinearMethod::rotate`]: the
+    /// graph must feed it x·Q ([`crate::quant::sequential::rotation_transpose`]).
+    pub rotated: bool,
     /// Per-element MSE and SNR of the stored weight against the input weight.
     pub mse: f64,
     pub snr_db: f64,
@@ -234,6 +238,7 @@ pub fn quantize_linear(
         luts,
         indices,
         row_scale,
+        rotated: false,
         mse: 0.0,
         snr_db: 0.0,
     };

@@ -146,6 +146,9 @@ pub struct Calibration {
     pub awq: bool,
     /// Contiguous row groups per projection, each with its own LUT.
     pub row_groups: usize,
+    /// Rotate each projection's input channels (see `LinearMethod::rotate`): one extra
+    /// n×n fp16 `linear` per projection input in the graph.
+    pub rotate: bool,
     /// GPTQ Hessian damping relative to its mean diagonal.
     pub damp: f64,
     /// Mixed precision: 4/6/8 bits per projection so they average at most this.
@@ -165,6 +168,7 @@ impl Default for Calibration {
             // Measured on SmolLM2: no gain once GPTQ and row scales are on (README table).
             awq: false,
             row_groups: 1,
+            rotate: false,
             damp: 0.01,
             target_bpw: None,
             tokens: None,
@@ -183,7 +187,7 @@ impl Calibration {
             act_order: self.act_order,
             damp: self.damp,
             row_groups: self.row_groups,
-            rotate: false,
+            rotate: self.rotate,
         }
     }
 
@@ -203,6 +207,7 @@ impl Calibration {
                 "gptq" => c.gptq = flag(v)?,
                 "act_order" => c.act_order = flag(v)?,
                 "awq" => c.awq = flag(v)?,
+                "rotate" => c.rotate = flag(v)?,
                 "row_groups" => {
                     c.row_groups = v
                         .as_integer()
@@ -235,7 +240,7 @@ impl Calibration {
                 other => {
                     return Err(format!(
                         "calibration: unknown key `{other}` (expected row_scale, weighted, \
-                         gptq, act_order, awq, row_groups, damp, target_bpw, tokens)"
+                         gptq, act_order, awq, rotate, row_groups, damp, target_bpw, tokens)"
                     ))
                 }
             }
@@ -249,7 +254,8 @@ impl Calibration {
             .map_or(String::new(), |b| format!("target_bpw = {b}\n"))
             + &self
                 .tokens
-                .map_or(String::new(), |t| format!("tokens = {t}\n"));
+                .map_or(String::new(), |t| format!("tokens = {t}\n"))
+            + if self.rotate { "rotate = true\n" } else { "" };
         format!(
             "\n[calibration]\nrow_scale = {}\nweighted = {}\ngptq = {}\nact_order = {}\n\
              awq = {}\nrow_groups = {}\ndamp = {}\n",

@@ -292,6 +292,24 @@ impl Rotation {
     }
 }
 
+/// Qᵀ of the input rotation of `n` channels, [n, n] row-major: the weight of a `linear` that
+/// maps x to x·Q.
+pub fn rotation_transpose(n: usize) -> Vec<f32> {
+    let r = Rotation::new(n);
+    let mut q = vec![0.0f32; n * n];
+    for i in 0..n {
+        q[i * n + i] = 1.0;
+    }
+    r.rotate_rows(&mut q);
+    let mut t = vec![0.0f32; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            t[j * n + i] = q[i * n + j];
+        }
+    }
+    t
+}
+
 /// Palettize a [rows, cols] projection; returns it and the f32 weights the float model
 /// should compute with from now on (its dequantized values, rotated back under
 /// [`LinearMethod::rotate`]).
@@ -310,7 +328,8 @@ fn fit_linear(
     let r = Rotation::new(cols);
     let mut wr = w.to_vec();
     r.rotate_rows(&mut wr);
-    let q = quantize_linear(&wr, rows, cols, Some(&r.rotate_gram(gram)), method)?;
+    let mut q = quantize_linear(&wr, rows, cols, Some(&r.rotate_gram(gram)), method)?;
+    q.rotated = true;
     let mut d = q.dequantize();
     r.unrotate_rows(&mut d);
     Ok((q, d))
