@@ -60,7 +60,8 @@ impl LinearWeight {
         match (self.parts.len(), self.scale.or(self.rotation)) {
             (1, None) => Ok(self.parts.into_iter().next().unwrap_or_default()),
             _ => Err(GraphError::Unsupported(format!(
-                "`{name}` is calibrated (row groups or scales), which only projections can be"
+                "`{name}` is calibrated (row groups, row scales or a rotated input), which \
+                 only projections can be"
             ))),
         }
     }
