@@ -261,30 +261,8 @@ impl View for Blob {
     }
 }
 
-/// A tiny deterministic generator so fixtures are identical everywhere.
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f32 {
-        let u1 = self.uniform().max(1e-7);
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-    }
-}
+/// The library's deterministic generator, re-exported for fixtures.
+pub use crate::util::SplitMix64;
 
 /// Every file under `dir` with its contents, by path relative to `dir`: for "byte-identical"
 /// and "untouched" comparisons of packages in tests.

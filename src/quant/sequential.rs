@@ -178,7 +178,7 @@ impl Rotation {
         while n % (block * 2) == 0 && block < 512 {
             block *= 2;
         }
-        let mut rng = crate::testing::SplitMix64(0x5eed ^ n as u64);
+        let mut rng = crate::util::SplitMix64(0x5eed ^ n as u64);
         let signs = (0..n)
             .map(|_| if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 })
             .collect();
