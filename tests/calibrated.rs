@@ -10,7 +10,7 @@ use half::f16;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::emit::pipeline;
 use hf2coreml::quant::calibrated::LinearMethod;
-use hf2coreml::quant::sequential::{quantize_checkpoint, SequentialOptions};
+use hf2coreml::quant::sequential::{quantize_checkpoint, CalibratedWeights, SequentialOptions};
 use hf2coreml::reference::plain::PlainModel;
 use hf2coreml::reference::Reference;
 use hf2coreml::runtime::interp::{Options, Package};
@@ -86,6 +86,23 @@ fn package_logits(pkg: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
     rows
 }
 
+/// The checkpoint calibrated in the float model with `method` on every projection.
+fn every_projection(
+    ckpt: &Checkpoint,
+    calib: &[u32],
+    method: LinearMethod,
+    options: &SequentialOptions,
+) -> (CalibratedWeights, PlainModel) {
+    quantize_checkpoint(
+        ckpt,
+        calib,
+        &|slot| slot.role.is_projection().then_some(method),
+        options,
+        &|_, _| {},
+    )
+    .unwrap()
+}
+
 /// The package's logits equal the simulated calibrated model's, to fp16 accuracy.
 fn assert_package_matches(pkg: &Path, simulated: &mut PlainModel, toks: &[u32]) {
     let want: Vec<Vec<f32>> = simulated.logits_fresh(toks).unwrap().to_vec2().unwrap();
@@ -118,17 +135,15 @@ fn emitted_matches_calibrated_weights(model: TinyModel) {
         row_groups: 2,
         ..LinearMethod::calibrated(4)
     };
-    let (weights, mut simulated) = quantize_checkpoint(
+    let (weights, mut simulated) = every_projection(
         &ckpt,
         &calib,
-        &|slot| slot.role.is_projection().then_some(method),
+        method,
         &SequentialOptions {
             awq: true,
             ..Default::default()
         },
-        &|_, _| {},
-    )
-    .unwrap();
+    );
     assert_eq!(weights.linears.len(), 7 * model.layers);
     assert!(weights.linears.values().all(|q| q.luts.len() == 2));
 
@@ -173,14 +188,8 @@ fn rotated_package_matches_its_weights() {
             rotate: true,
             ..LinearMethod::calibrated(4)
         };
-        let (weights, mut simulated) = quantize_checkpoint(
-            &ckpt,
-            &calib,
-            &|slot| slot.role.is_projection().then_some(method),
-            &SequentialOptions::default(),
-            &|_, _| {},
-        )
-        .unwrap();
+        let (weights, mut simulated) =
+            every_projection(&ckpt, &calib, method, &SequentialOptions::default());
         assert!(weights.linears.values().all(|q| q.rotated));
         assert_package_matches(&pkg, &mut simulated, &tokens(model.vocab));
         // One rotation constant per input width, shared by every projection.
@@ -257,14 +266,7 @@ fn calibration_beats_data_free_at_the_same_bits() {
     let reference = Reference::load(&ckpt).unwrap().logits_all(&toks).unwrap();
     let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
     let kl = |method: LinearMethod| {
-        let (_, mut m) = quantize_checkpoint(
-            &ckpt,
-            &calib,
-            &|slot| slot.role.is_projection().then_some(method),
-            &SequentialOptions::default(),
-            &|_, _| {},
-        )
-        .unwrap();
+        let (_, mut m) = every_projection(&ckpt, &calib, method, &SequentialOptions::default());
         let rows: Vec<Vec<f32>> = m.logits_fresh(&toks).unwrap().to_vec2().unwrap();
         compare_logits(&reference, &rows, &toks).unwrap().kl_mean
     };
