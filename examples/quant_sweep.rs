@@ -4,7 +4,10 @@
 //!
 //! cargo run --example quant_sweep -- MODEL_DIR [METHOD...]
 //! METHOD: comma-separated flags: nbits=N, rs (row scale), w (E[x²] weights), gptq, ao (act
-//! order), g=G (row groups), rot (block-Hadamard input rotation, simulated), awq, nots (fit to float block activations), damp=D, bpw=B (layersens: rank by the layer's own output error). Example: `nbits=4,rs,w,gptq,ao,awq`.
+//! order), g=G (row groups), rot (block-Hadamard input rotation, simulated), awq, nots (fit to float block activations), damp=D, bpw=B (layersens: rank by the layer's own output error),
+//! ROLE=N (e.g. down=6: that role at N bits), from=L:N (blocks L.. at N bits). Example:
+//! `nbits=4,rs,w,gptq,ao,awq`. CALIB_FILE=PATH calibrates on another text, CALIB_TOKENS=N on
+//! its first N tokens.
 
 use std::path::Path;
 use std::time::Instant;
@@ -25,7 +28,12 @@ fn main() {
     let ckpt = Checkpoint::open(dir).unwrap();
     let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     let enc = |t: &str| tok.encode(t, false).unwrap().get_ids().to_vec();
-    let mut calib = enc(include_str!("../fixtures/calibration.txt"));
+    // CALIB_FILE: calibrate on another text (a diagnostic: how much do the methods depend on
+    // the calibration data?).
+    let mut calib = match std::env::var("CALIB_FILE") {
+        Ok(f) => enc(&std::fs::read_to_string(f).unwrap()),
+        Err(_) => enc(include_str!("../fixtures/calibration.txt")),
+    };
     if let Ok(n) = std::env::var("CALIB_TOKENS") {
         calib.truncate(n.parse().unwrap());
     }
@@ -46,6 +54,9 @@ fn main() {
             awq: false,
             ..Default::default()
         };
+        // ROLE=N (e.g. down=6): that role at N bits; from=L:N: blocks L.. at N bits.
+        let mut role_bits: Vec<(String, u8)> = Vec::new();
+        let mut from_block: Option<(usize, u8)> = None;
         for f in spec.split(',') {
             match f {
                 "rs" => m.row_scale = true,
@@ -60,6 +71,14 @@ fn main() {
                 _ if f.starts_with("g=") => m.row_groups = f[2..].parse().unwrap(),
                 _ if f.starts_with("damp=") => m.damp = f[5..].parse().unwrap(),
                 _ if f.starts_with("bpw=") => opts.target_bpw = Some(f[4..].parse().unwrap()),
+                _ if f.starts_with("from=") => {
+                    let (l, n) = f[5..].split_once(':').unwrap();
+                    from_block = Some((l.parse().unwrap(), n.parse().unwrap()));
+                }
+                _ if f.contains('=') => {
+                    let (r, n) = f.split_once('=').unwrap();
+                    role_bits.push((r.to_string(), n.parse().unwrap()));
+                }
                 _ => panic!("unknown flag {f}"),
             }
         }
@@ -67,7 +86,18 @@ fn main() {
         let (w, mut model) = quantize_checkpoint(
             &ckpt,
             &calib,
-            &|slot| slot.role.is_projection().then_some(m),
+            &|slot| {
+                let mut m = slot.role.is_projection().then_some(m)?;
+                if let Some((_, n)) = role_bits.iter().find(|(r, _)| *r == slot.role.to_string()) {
+                    m.nbits = *n;
+                }
+                if let (Some((from, n)), Some(l)) = (from_block, slot.layer) {
+                    if l >= from {
+                        m.nbits = n;
+                    }
+                }
+                Some(m)
+            },
             &opts,
             &|l, n| eprint!("\r{spec}: block {l}/{n} {:.1}s", t0.elapsed().as_secs_f64()),
         )

@@ -168,11 +168,17 @@ fn qwen2_calibrated_package_matches_its_weights() {
     emitted_matches_calibrated_weights(TinyModel::qwen2());
 }
 
-/// Rotated inputs (`rotate = true`): the package stores W·Q and feeds it x·Q through one
-/// shared constant per width; its logits equal the simulated rotated model's.
+/// Rotated inputs (`rotate = true`): the package stores W·Q and feeds it x·Q through the
+/// factored rotation (signs, Hadamard blocks, a mix across blocks), its constants shared by
+/// every projection of a width; its logits equal the simulated rotated model's.
 #[test]
 fn rotated_package_matches_its_weights() {
-    for model in [TinyModel::llama(), TinyModel::qwen2()] {
+    // 96 = 3 blocks of 32: the mix across blocks runs too.
+    let qwen2 = TinyModel {
+        intermediate: 96,
+        ..TinyModel::qwen2()
+    };
+    for model in [TinyModel::llama(), qwen2] {
         let dir = model.write_temp().unwrap();
         let root = tempfile::tempdir().unwrap();
         let pkg = root.path().join("m.mlpackage");
@@ -192,12 +198,17 @@ fn rotated_package_matches_its_weights() {
             every_projection(&ckpt, &calib, method, &SequentialOptions::default());
         assert!(weights.linears.values().all(|q| q.rotated));
         assert_package_matches(&pkg, &mut simulated, &tokens(model.vocab));
-        // One rotation constant per input width, shared by every projection.
+        // One set of rotation constants per input width, shared by every projection.
         let spec = std::fs::read(pkg.join("Data/com.apple.CoreML/model.mlmodel")).unwrap();
         let text = String::from_utf8_lossy(&spec);
         for width in [model.hidden, model.intermediate] {
-            assert!(text.contains(&format!("input_rotation_{width}")), "{width}");
+            for part in ["signs", "hadamard"] {
+                let name = format!("input_rotation_{width}_{part}");
+                assert!(text.contains(&name), "{name}");
+            }
         }
+        let mixed = |w: usize| text.contains(&format!("input_rotation_{w}_mix"));
+        assert_eq!(mixed(model.intermediate), model.intermediate == 96);
         // q/k/v rotate their shared input once, gate/up likewise: four rotations per block.
         for (site, present) in [
             ("q", true),

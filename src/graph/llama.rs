@@ -49,22 +49,115 @@ struct LinearWeight {
     /// One constant per row group (one for dense and plain palettized weights).
     parts: Vec<String>,
     scale: Option<String>,
-    /// The input rotation's constant, if the input must be rotated first.
-    rotation: Option<String>,
+    /// The input rotation's constants, if the input must be rotated first.
+    rotation: Option<RotationConsts>,
 }
 
 impl LinearWeight {
     /// The single constant of a weight that must not be grouped or scaled (norms, biases,
     /// embeddings).
     fn single(self, name: &str) -> Result<String, GraphError> {
-        match (self.parts.len(), self.scale.or(self.rotation)) {
-            (1, None) => Ok(self.parts.into_iter().next().unwrap_or_default()),
+        match (
+            self.parts.len(),
+            self.scale.is_some() || self.rotation.is_some(),
+        ) {
+            (1, false) => Ok(self.parts.into_iter().next().unwrap_or_default()),
             _ => Err(GraphError::Unsupported(format!(
                 "`{name}` is calibrated (row groups, row scales or a rotated input), which \
                  only projections can be"
             ))),
         }
     }
+}
+
+/// The constants of one input width's rotation ([`crate::quant::sequential::Rotation`]),
+/// shared by every projection reading that width.
+#[derive(Debug, Clone, PartialEq)]
+struct RotationConsts {
+    n: usize,
+    block: usize,
+    /// D's ±1 diagonal, [n].
+    signs: String,
+    /// H_b/√b, [b, b].
+    hadamard: String,
+    /// Mᵀ, [m, m]; none when one block spans all n channels.
+    mix: Option<String>,
+}
+
+/// Add the constants of the input rotation of width `n`.
+fn rotation_constants(b: &mut Builder, n: usize) -> RotationConsts {
+    let r = crate::quant::sequential::Rotation::new(n);
+    let to16 = |v: Vec<f32>| ConstData::F16(v.into_iter().map(f16::from_f32).collect());
+    let block = r.block;
+    let m = n / block;
+    let signs = b.constant(
+        &format!("input_rotation_{n}_signs"),
+        vec![n],
+        to16(r.signs.clone()),
+        None,
+    );
+    let hadamard = b.constant(
+        &format!("input_rotation_{n}_hadamard"),
+        vec![block, block],
+        to16(r.hadamard_matrix()),
+        None,
+    );
+    let mix = (m > 1).then(|| {
+        b.constant(
+            &format!("input_rotation_{n}_mix"),
+            vec![m, m],
+            to16(r.mix_transpose()),
+            None,
+        )
+    });
+    RotationConsts {
+        n,
+        block,
+        signs,
+        hadamard,
+        mix,
+    }
+}
+
+/// x·Q for x [1, q, n], factored: a `mul` by the signs, a `linear` by H_b/√b on
+/// [1, q, m, b], a `matmul` by Mᵀ (mixing the m blocks), back to [1, q, n].
+fn rotate_input(b: &mut Builder, x: &str, r: &RotationConsts, q: usize, name: &str) -> String {
+    let (n, bs) = (r.n as i64, r.block as i64);
+    let signed = b.op(
+        "mul",
+        &format!("{name}_signed"),
+        vec![("x", var(x)), ("y", var(&r.signs))],
+    );
+    let blocks = b.op(
+        "reshape",
+        &format!("{name}_blocks"),
+        vec![
+            ("x", var(&signed)),
+            ("shape", ints(&[1, q as i64, n / bs, bs])),
+        ],
+    );
+    let mut z = b.op(
+        "linear",
+        &format!("{name}_hadamard"),
+        vec![("x", var(&blocks)), ("weight", var(&r.hadamard))],
+    );
+    if let Some(mix) = &r.mix {
+        z = b.op(
+            "matmul",
+            &format!("{name}_mixed"),
+            vec![
+                ("x", var(mix)),
+                ("y", var(&z)),
+                ("transpose_x", Arg::Bool(false)),
+                ("transpose_y", Arg::Bool(false)),
+            ],
+        );
+    }
+    b.op(
+        "reshape",
+        name,
+        vec![("x", var(&z)), ("shape", ints(&[1, q as i64, n]))],
+    )
 }
 
 /// Fixed dimensions and numerics of one package.
@@ -122,7 +215,7 @@ pub fn build(
     let key_cache = b.input(contract::KEY_CACHE, fl, vec![l_count, hkv, s, d]);
     let value_cache = b.input(contract::VALUE_CACHE, fl, vec![l_count, hkv, s, d]);
 
-    let mut rotations: BTreeMap<usize, String> = BTreeMap::new();
+    let mut rotations: BTreeMap<usize, RotationConsts> = BTreeMap::new();
     let mut weight =
         |b: &mut Builder, name: &str, scale: f64| -> Result<LinearWeight, GraphError> {
             let slot = slots
@@ -198,15 +291,7 @@ pub fn build(
                         let cols = slot.shape[1];
                         rotations
                             .entry(cols)
-                            .or_insert_with(|| {
-                                let qt = crate::quant::sequential::rotation_transpose(cols);
-                                b.constant(
-                                    &format!("input_rotation_{cols}"),
-                                    vec![cols, cols],
-                                    ConstData::F16(qt.into_iter().map(f16::from_f32).collect()),
-                                    None,
-                                )
-                            })
+                            .or_insert_with(|| rotation_constants(b, cols))
                             .clone()
                     });
                     LinearWeight {
@@ -353,26 +438,22 @@ pub fn build(
         let nw = weight(&mut b, &n_in, 1.0)?.single(&n_in)?;
         let hn = rms_norm(&mut b, &x, &nw, eps, &format!("{tag}_input_norm"));
 
-        // x·Q once per (input, rotation): q/k/v and gate/up share their rotated input.
-        let mut rotated_inputs: BTreeMap<(String, String), String> = BTreeMap::new();
+        // x·Q once per input: q/k/v and gate/up share their rotated input.
+        let mut rotated_inputs: BTreeMap<(String, usize), String> = BTreeMap::new();
         let mut proj = |b: &mut Builder,
                         w: LinearWeight,
                         bias: Option<String>,
                         input: &str,
                         out: &str|
          -> String {
-            // A rotated weight W·Q reads x·Q: one more linear, by the shared Qᵀ.
+            // A rotated weight W·Q reads x·Q.
             let rotated;
             let input: &str = match &w.rotation {
                 Some(r) => {
                     rotated = rotated_inputs
-                        .entry((input.to_string(), r.clone()))
+                        .entry((input.to_string(), r.n))
                         .or_insert_with(|| {
-                            b.op(
-                                "linear",
-                                &format!("{out}_input_rotated"),
-                                vec![("x", var(input)), ("weight", var(r))],
-                            )
+                            rotate_input(b, input, r, q, &format!("{out}_input_rotated"))
                         })
                         .clone();
                     &rotated

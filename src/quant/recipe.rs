@@ -146,8 +146,8 @@ pub struct Calibration {
     pub awq: bool,
     /// Contiguous row groups per projection, each with its own LUT.
     pub row_groups: usize,
-    /// Rotate each projection's input channels (see `LinearMethod::rotate`): one extra
-    /// n×n fp16 `linear` per projection input in the graph.
+    /// Rotate each projection's input channels (see `LinearMethod::rotate`): the graph
+    /// rotates each projection input once (signs, Hadamard blocks, a mix across blocks).
     pub rotate: bool,
     /// GPTQ Hessian damping relative to its mean diagonal.
     pub damp: f64,

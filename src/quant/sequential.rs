@@ -164,16 +164,24 @@ impl Observer for Grams {
 /// The randomized block-Hadamard rotation of `n` input channels behind
 /// [`LinearMethod::rotate`]: Q = D·(I_m ⊗ H_b/√b)·(M ⊗ I_b), D a fixed ±1 diagonal, b the
 /// largest power of two dividing n (up to 512), M a random orthogonal [m, m], m = n / b.
-struct Rotation {
-    signs: Vec<f32>,
-    block: usize,
+///
+/// The graph applies it in this factored form (a `mul` by the signs, a `linear` by H_b/√b on
+/// [.., m, b], a `matmul` by Mᵀ): n·(b + m) multiply-adds per token instead of n² for the
+/// dense Q, and two small constants instead of an n×n one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rotation {
+    /// D's diagonal, ±1.
+    pub signs: Vec<f32>,
+    /// b: the Walsh-Hadamard block size.
+    pub block: usize,
     /// An orthogonal [m, m] mixing the m = n / block blocks (row-major): position j of every
     /// block goes through it, so the rotation mixes all n channels, not only within blocks.
-    mix: Vec<f32>,
+    pub mix: Vec<f32>,
 }
 
 impl Rotation {
-    fn new(n: usize) -> Self {
+    /// The rotation of `n` channels (deterministic: seeded by n).
+    pub fn new(n: usize) -> Self {
         let mut block = 1;
         while n % (block * 2) == 0 && block < 512 {
             block *= 2;
@@ -197,7 +205,12 @@ impl Rotation {
                 mix[i * m + j] /= norm;
             }
         }
-        let mix = mix.into_iter().map(|v| v as f32).collect();
+        // One block: nothing to mix (M = [1], not a random ±1).
+        let mix = if m < 2 {
+            vec![1.0]
+        } else {
+            mix.into_iter().map(|v| v as f32).collect()
+        };
         Rotation { signs, block, mix }
     }
 
@@ -227,6 +240,32 @@ impl Rotation {
                 v[out * b + j] = s;
             }
         }
+    }
+
+    /// H_b/√b, [b, b] row-major (symmetric): the weight of the `linear` that rotates each
+    /// block.
+    pub fn hadamard_matrix(&self) -> Vec<f32> {
+        let b = self.block;
+        let mut h = vec![0.0f32; b * b];
+        for i in 0..b {
+            h[i * b + i] = 1.0;
+        }
+        for row in h.chunks_mut(b) {
+            self.hadamard(row);
+        }
+        h
+    }
+
+    /// Mᵀ, [m, m] row-major: `matmul(Mᵀ, z)` on z [.., m, b] computes z·(M ⊗ I_b).
+    pub fn mix_transpose(&self) -> Vec<f32> {
+        let m = self.signs.len() / self.block;
+        let mut t = vec![0.0f32; m * m];
+        for i in 0..m {
+            for j in 0..m {
+                t[j * m + i] = self.mix[i * m + j];
+            }
+        }
+        t
     }
 
     /// In-place orthonormal Walsh-Hadamard transform of each block of `v`.
@@ -293,7 +332,7 @@ impl Rotation {
 }
 
 /// Qᵀ of the input rotation of `n` channels, [n, n] row-major: the weight of a `linear` that
-/// maps x to x·Q.
+/// maps x to x·Q (the dense form of [`Rotation`]).
 pub fn rotation_transpose(n: usize) -> Vec<f32> {
     let r = Rotation::new(n);
     let mut q = vec![0.0f32; n * n];
@@ -1123,6 +1162,45 @@ mod tests {
             let want = gram(&xr);
             let got = r.rotate_gram(&gram(&x));
             assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() < 1e-3));
+        }
+    }
+
+    /// The graph's factored form — signs, H_b/√b on each block, Mᵀ·[m, b] — is x·Q, and the
+    /// dense Qᵀ agrees with it.
+    #[test]
+    fn factored_rotation_is_the_dense_one() {
+        let mut rng = crate::testing::SplitMix64(8);
+        for n in [64, 96, 576, 1536] {
+            let r = Rotation::new(n);
+            let (b, m) = (r.block, n / r.block);
+            let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+            let mut want = x.clone();
+            r.rotate_rows(&mut want);
+            // mul by the signs, linear by H (y = z·Hᵀ) on each block, matmul(Mᵀ, z).
+            let h = r.hadamard_matrix();
+            let z: Vec<f32> = (0..n)
+                .map(|o| {
+                    let (blk, j) = (o / b, o % b);
+                    (0..b)
+                        .map(|k| x[blk * b + k] * r.signs[blk * b + k] * h[j * b + k])
+                        .sum()
+                })
+                .collect();
+            let mt = r.mix_transpose();
+            let got: Vec<f32> = (0..n)
+                .map(|o| {
+                    let (row, j) = (o / b, o % b);
+                    (0..m).map(|k| mt[row * m + k] * z[k * b + j]).sum()
+                })
+                .collect();
+            let qt = rotation_transpose(n);
+            let dense: Vec<f32> = (0..n)
+                .map(|o| (0..n).map(|k| qt[o * n + k] * x[k]).sum())
+                .collect();
+            for ((a, g), d) in want.iter().zip(&got).zip(&dense) {
+                assert!((a - g).abs() < 1e-4, "n={n}: {a} vs {g}");
+                assert!((a - d).abs() < 1e-4, "n={n}: {a} vs {d}");
+            }
         }
     }
 }
