@@ -119,8 +119,9 @@ fn rotation_constants(b: &mut Builder, n: usize) -> RotationConsts {
     }
 }
 
-/// x·Q for x [1, q, n], factored: a `mul` by the signs, a `linear` by H_b/√b on
-/// [1, q, m, b], a `matmul` by Mᵀ (mixing the m blocks), back to [1, q, n].
+/// x·Q for x [1, q, n], factored: a `mul` by the signs, a `linear` by H_b/√b on [q, m, b]
+/// (MIL's `linear` takes inputs of rank 3 at most), a `matmul` by Mᵀ (mixing the m blocks),
+/// back to [1, q, n].
 fn rotate_input(b: &mut Builder, x: &str, r: &RotationConsts, q: usize, name: &str) -> String {
     let (n, bs) = (r.n as i64, r.block as i64);
     let signed = b.op(
@@ -133,7 +134,7 @@ fn rotate_input(b: &mut Builder, x: &str, r: &RotationConsts, q: usize, name: &s
         &format!("{name}_blocks"),
         vec![
             ("x", var(&signed)),
-            ("shape", ints(&[1, q as i64, n / bs, bs])),
+            ("shape", ints(&[q as i64, n / bs, bs])),
         ],
     );
     let mut z = b.op(
