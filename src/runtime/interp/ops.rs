@@ -1094,6 +1094,13 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
     if w.rank() != 2 {
         return Err(format!("weight must be rank 2, has shape {:?}", w.shape));
     }
+    // MIL's `linear` takes x of rank 1 to 3 (coremltools does not check it; Core ML may).
+    if !(1..=3).contains(&x.rank()) {
+        return Err(format!(
+            "x must be rank 1 to 3 (MIL linear), has shape {:?}",
+            x.shape
+        ));
+    }
     let (oc, ic) = (w.shape[0], w.shape[1]);
     if x.shape.last() != Some(&ic) {
         return Err(format!(
@@ -1195,4 +1202,31 @@ pub fn layer_norm(args: &Args) -> OpResult<Tensor> {
         }
     }
     Ok(Tensor::new(x.dtype, x.shape.clone(), Data::F(v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn linear_of(x: &Tensor, w: &Tensor) -> OpResult<Tensor> {
+        let args = Args {
+            map: HashMap::from([("x", vec![x]), ("weight", vec![w])]),
+            outputs: &[],
+        };
+        linear(&args)
+    }
+
+    /// `linear` computes x·Wᵀ over the last axis for x of rank 1 to 3 and refuses rank 4, as
+    /// MIL documents it (the graph must not rely on what only our interpreter accepts).
+    #[test]
+    fn linear_takes_rank_one_to_three() {
+        let w = Tensor::f32(vec![2, 3], vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let x = Tensor::f32(vec![1, 2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let y = linear_of(&x, &w).unwrap();
+        assert_eq!(y.shape, vec![1, 2, 2]);
+        assert_eq!(y.as_f32().into_owned(), vec![1.0, 6.0, 4.0, 15.0]);
+        let x4 = Tensor::f32(vec![1, 1, 2, 3], vec![0.0; 6]);
+        let err = linear_of(&x4, &w).unwrap_err();
+        assert!(err.contains("rank 1 to 3"), "{err}");
+    }
 }
