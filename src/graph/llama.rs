@@ -38,8 +38,8 @@ pub struct CalibratedWeight {
     pub groups: Vec<(usize, Palettized)>,
     pub row_scale: Option<Vec<f16>>,
     /// The stored weight is W·Q for the input rotation Q of its width
-    /// ([`crate::quant::sequential::rotation_transpose`]): the input goes through a `linear`
-    /// by Qᵀ (x·Q) first. One constant per width, shared by every projection.
+    /// ([`crate::quant::sequential::Rotation`]): the input is rotated (x·Q, factored: see
+    /// `rotate_input`) first, with constants shared by every projection of that width.
     pub rotated: bool,
 }
 

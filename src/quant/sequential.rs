@@ -167,7 +167,7 @@ impl Observer for Grams {
 ///
 /// The graph applies it in this factored form (a `mul` by the signs, a `linear` by H_b/√b on
 /// [.., m, b], a `matmul` by Mᵀ): n·(b + m) multiply-adds per token instead of n² for the
-/// dense Q, and two small constants instead of an n×n one.
+/// dense Q, and three small constants (n + b² + m² values) instead of an n×n one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rotation {
     /// D's diagonal, ±1.
