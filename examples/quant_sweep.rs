@@ -71,6 +71,7 @@ fn main() {
                 _ if f.starts_with("g=") => m.row_groups = f[2..].parse().unwrap(),
                 _ if f.starts_with("damp=") => m.damp = f[5..].parse().unwrap(),
                 _ if f.starts_with("bpw=") => opts.target_bpw = Some(f[4..].parse().unwrap()),
+                _ if f.starts_with("chunk=") => opts.chunk_rows = f[6..].parse().unwrap(),
                 _ if f.starts_with("from=") => {
                     let (l, n) = f[5..].split_once(':').unwrap();
                     from_block = Some((l.parse().unwrap(), n.parse().unwrap()));
@@ -111,13 +112,18 @@ fn main() {
             c.top1, c.kl_mean, c.kl_max, c.ppl_ratio, secs
         );
         if opts.target_bpw.is_some() {
-            let mut counts = std::collections::BTreeMap::new();
+            let mut rows = [0usize; 3];
             for c in &w.allocation {
-                *counts.entry(c.nbits).or_insert(0) += 1;
+                (0..3).for_each(|k| rows[k] += c.rows[k]);
             }
-            eprintln!("bit widths: {counts:?}");
+            let spent: f64 = w.allocation.iter().map(|c| c.spent).sum();
+            let numel: usize = w.allocation.iter().map(|c| c.numel).sum();
+            eprintln!(
+                "rows at 4/6/8 bits: {rows:?}, {:.3} bits/weight",
+                spent / numel as f64
+            );
             for c in w.allocation.iter().filter(|c| c.nbits > 4) {
-                eprintln!("  {} -> {} bits (errors {:?})", c.tensor, c.nbits, c.error);
+                eprintln!("  {} -> rows {:?} (errors {:?})", c.tensor, c.rows, c.error);
             }
         }
         if opts.awq {

@@ -145,7 +145,7 @@ fn emitted_matches_calibrated_weights(model: TinyModel) {
         },
     );
     assert_eq!(weights.linears.len(), 7 * model.layers);
-    assert!(weights.linears.values().all(|q| q.luts.len() == 2));
+    assert!(weights.linears.values().all(|q| q.groups.len() == 2));
 
     let toks = tokens(model.vocab);
     assert_package_matches(&pkg, &mut simulated, &toks);
@@ -166,6 +166,60 @@ fn llama_calibrated_package_matches_its_weights() {
 fn qwen2_calibrated_package_matches_its_weights() {
     // q/k/v biases: the bias is added after the row scale.
     emitted_matches_calibrated_weights(TinyModel::qwen2());
+}
+
+/// Mixed precision by rows (`target_bpw` with `allocation_rows`): a projection's rows at 4, 6
+/// and 8 bits are separate groups, not contiguous, put back in row order by a `gather`; the
+/// package computes what the calibrated weights say (Qwen2: the biases come after the gather
+/// and the row scale).
+#[test]
+fn mixed_rows_package_matches_its_weights() {
+    let model = TinyModel::qwen2();
+    let dir = model.write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let cal = "[calibration]\ntarget_bpw = 5\nallocation_rows = 8\n";
+    let pkg = root.path().join("m.mlpackage");
+    convert(dir.path(), &recipe(root.path(), cal), &pkg, &[]);
+
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+    let (weights, mut simulated) = every_projection(
+        &ckpt,
+        &calib,
+        LinearMethod::calibrated(4),
+        &SequentialOptions {
+            target_bpw: Some(5.0),
+            chunk_rows: 8,
+            ..Default::default()
+        },
+    );
+    // Some projection mixes widths over rows that are not one contiguous run per width.
+    let scattered = weights
+        .linears
+        .values()
+        .filter(|q| q.rows_by_nbits().len() > 1)
+        .filter(|q| {
+            let order: Vec<usize> = q.groups.iter().flat_map(|g| g.rows.clone()).collect();
+            order.iter().enumerate().any(|(i, &r)| i != r)
+        })
+        .count();
+    assert!(scattered > 0, "no projection mixes widths across its rows");
+    let (spent, numel) = weights
+        .allocation
+        .iter()
+        .fold((0.0, 0), |(b, n), c| (b + c.spent, n + c.numel));
+    assert!(spent / numel as f64 <= 5.0);
+    for c in &weights.allocation {
+        let q = &weights.linears[&c.tensor];
+        let rows: Vec<usize> = q.rows_by_nbits().iter().map(|&(_, n)| n).collect();
+        let want: Vec<usize> = c.rows.iter().copied().filter(|&n| n > 0).collect();
+        assert_eq!(rows, want, "{}", c.tensor);
+    }
+
+    let toks = tokens(model.vocab);
+    assert_package_matches(&pkg, &mut simulated, &toks);
+    let spec = std::fs::read(pkg.join("Data/com.apple.CoreML/model.mlmodel")).unwrap();
+    assert!(String::from_utf8_lossy(&spec).contains("_restore"));
 }
 
 /// Rotated inputs (`rotate = true`): the package stores W·Q and feeds it x·Q through the
@@ -331,7 +385,7 @@ fn target_bpw_mixes_bit_widths_within_budget() {
         numel += n as f64;
     }
     assert!(bits / numel <= 5.5, "{} bits per weight", bits / numel);
-    assert!(widths.len() > 1, "one bit width only: {widths:?}");
+    assert!(!widths.is_empty());
     // The report says what the allocation chose and why: every projection with its measured
     // errors, most sensitive first, and the widths and bits it adds up to.
     let m = &r["mixed_precision"];
@@ -352,6 +406,10 @@ fn target_bpw_mixes_bit_widths_within_budget() {
         .map(|v| v.as_u64().unwrap())
         .sum();
     assert_eq!(counted as usize, chosen.len());
+    // Rows of every width the budget allows: 4 and more.
+    let rows = m["rows_by_nbits"].as_object().unwrap();
+    let wide = rows.iter().filter(|(_, n)| n.as_u64().unwrap() > 0).count();
+    assert!(wide > 1, "one bit width only: {rows:?}");
     let errors: Vec<f64> = chosen
         .iter()
         .map(|c| c["error"][0].as_f64().unwrap())
@@ -363,6 +421,17 @@ fn target_bpw_mixes_bit_widths_within_budget() {
             .find(|l| l["name"] == c["tensor"])
             .unwrap_or_else(|| panic!("{} is not in the report", c["tensor"]));
         assert_eq!(line["nbits"], c["nbits"]);
+        let r: Vec<u64> = c["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let rows = line["shape"][0].as_u64().unwrap();
+        assert_eq!(r.iter().sum::<u64>(), rows, "{}", c["tensor"]);
+        // The line's width is its widest rows'.
+        let widest = [4, 6, 8][r.iter().rposition(|&n| n > 0).unwrap()];
+        assert_eq!(line["nbits"].as_u64(), Some(widest));
         let e = c["error"].as_array().unwrap();
         assert!(e[0].as_f64() >= e[1].as_f64() && e[1].as_f64() >= e[2].as_f64());
     }

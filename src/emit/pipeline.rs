@@ -427,6 +427,7 @@ pub fn prepare_weights(
             let options = quant::sequential::SequentialOptions {
                 awq: cal.awq,
                 target_bpw: cal.target_bpw,
+                chunk_rows: cal.allocation_rows,
                 ..Default::default()
             };
             let w = quant::sequential::quantize_streaming(
@@ -461,19 +462,23 @@ pub fn prepare_weights(
         let name = t.slot.name.clone();
         if let Some(q) = calibrated.as_mut().and_then(|c| c.linears.remove(&name)) {
             if let Some(line) = report.tensors.iter_mut().find(|l| l.name == name) {
+                // A mixed projection reports its widest rows' width.
+                let nbits = q.max_nbits();
                 if let Decision::Palettize { granularity, .. } = line.decision {
-                    line.decision = Decision::Palettize {
-                        nbits: q.nbits,
-                        granularity,
-                    };
+                    line.decision = Decision::Palettize { nbits, granularity };
                 }
-                line.nbits = Some(q.nbits);
-                let numel = q.rows * q.cols;
-                line.bytes_after = crate::budget::Storage::Lut {
-                    nbits: q.nbits,
-                    luts: q.luts.len(),
-                }
-                .bytes(numel)
+                line.nbits = Some(nbits);
+                line.bytes_after = q
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        crate::budget::Storage::Lut {
+                            nbits: g.nbits,
+                            luts: 1,
+                        }
+                        .bytes(g.rows.len() * q.cols)
+                    })
+                    .sum::<u64>()
                     + q.row_scale.as_ref().map_or(0, |s| 2 * s.len() as u64);
                 line.mse = Some(q.mse);
                 line.snr_db = Some(q.snr_db);
@@ -528,28 +533,47 @@ fn calibrated_weight(q: quant::calibrated::QuantizedLinear) -> Weight {
         log2.round() as i32
     });
     let c = 2f64.powi(shift);
-    let ranges = q.group_ranges();
     let groups = q
-        .luts
+        .groups
         .iter()
-        .zip(ranges)
-        .map(|(lut, rows)| {
-            let idx = &q.indices[rows.start * q.cols..rows.end * q.cols];
+        .map(|g| {
+            let mut idx = Vec::with_capacity(g.rows.len() * q.cols);
+            for &r in &g.rows {
+                idx.extend_from_slice(&q.indices[r * q.cols..(r + 1) * q.cols]);
+            }
             (
-                rows.len(),
+                g.rows.len(),
                 Palettized {
-                    nbits: q.nbits,
-                    lut: lut.iter().map(|v| f16::from_f64(v.to_f64() * c)).collect(),
-                    packed: quant::pack_indices(idx, q.nbits),
+                    nbits: g.nbits,
+                    lut: g
+                        .lut
+                        .iter()
+                        .map(|v| f16::from_f64(v.to_f64() * c))
+                        .collect(),
+                    packed: quant::pack_indices(&idx, g.nbits),
                 },
             )
         })
         .collect();
+    // Where each row lands when the groups' outputs are concatenated, if not in place.
+    let stored: Vec<usize> = q
+        .groups
+        .iter()
+        .flat_map(|g| g.rows.iter().copied())
+        .collect();
+    let restore = (stored.iter().enumerate().any(|(i, &r)| i != r)).then(|| {
+        let mut at = vec![0u32; q.rows];
+        for (i, &r) in stored.iter().enumerate() {
+            at[r] = i as u32;
+        }
+        at
+    });
     let row_scale = q
         .row_scale
         .map(|s| s.iter().map(|v| f16::from_f64(v.to_f64() / c)).collect());
     Weight::Calibrated(CalibratedWeight {
         groups,
+        restore,
         row_scale,
         rotated: q.rotated,
     })
@@ -599,8 +623,15 @@ pub fn convert(
                 Weight::Dense(_) => "fp16".to_string(),
                 Weight::Palettized(p) => format!("lut{}", p.nbits),
                 Weight::Calibrated(c) => {
-                    let nbits = c.groups.first().map_or(0, |(_, p)| p.nbits);
-                    let groups = if c.groups.len() > 1 {
+                    // lut4, lut4x2 (two LUTs), lut4/6 (rows at 4 and 6 bits).
+                    let mut widths: Vec<u8> = c.groups.iter().map(|(_, p)| p.nbits).collect();
+                    widths.dedup();
+                    let nbits = widths
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join("/");
+                    let groups = if c.groups.len() > widths.len() {
                         format!("x{}", c.groups.len())
                     } else {
                         String::new()

@@ -25,8 +25,9 @@ pub const MASK_VALUE: f32 = -30_000.0;
 pub enum Weight {
     Dense(Vec<f16>),
     Palettized(Palettized),
-    /// A calibrated projection (issue 7): contiguous row groups each palettized with its own
-    /// LUT (one `constexpr_lut_to_dense` + `linear` per group, outputs concatenated), then an
+    /// A calibrated projection (issue 7): row groups each palettized with its own LUT and bit
+    /// width (one `constexpr_lut_to_dense` + `linear` per group, outputs concatenated, then a
+    /// `gather` back to row order if the groups are not contiguous runs in order), then an
     /// optional fp16 per-row scale applied with one `mul` (before the bias, if any).
     Calibrated(CalibratedWeight),
 }
@@ -34,8 +35,11 @@ pub enum Weight {
 /// See [`Weight::Calibrated`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct CalibratedWeight {
-    /// (rows, palettized rows) per group, in row order; rows sum to the tensor's rows.
+    /// (rows, palettized rows) per group; rows sum to the tensor's rows.
     pub groups: Vec<(usize, Palettized)>,
+    /// With groups that are not contiguous runs in row order: for each row, its position in
+    /// the groups' concatenated outputs (a `gather` along the last axis restores row order).
+    pub restore: Option<Vec<u32>>,
     pub row_scale: Option<Vec<f16>>,
     /// The stored weight is W·Q for the input rotation Q of its width
     /// ([`crate::quant::sequential::Rotation`]): the input is rotated (x·Q, factored: see
@@ -48,6 +52,8 @@ pub struct CalibratedWeight {
 struct LinearWeight {
     /// One constant per row group (one for dense and plain palettized weights).
     parts: Vec<String>,
+    /// The int32 positions that put the parts' concatenated outputs back in row order.
+    restore: Option<String>,
     scale: Option<String>,
     /// The input rotation's constants, if the input must be rotated first.
     rotation: Option<RotationConsts>,
@@ -240,6 +246,7 @@ pub fn build(
                     data,
                     Some(name.to_string()),
                 )],
+                restore: None,
                 scale: None,
                 rotation: None,
             };
@@ -280,6 +287,36 @@ pub fn build(
                             Some(name.to_string()),
                         ));
                     }
+                    let restore = match c.restore {
+                        Some(at) => {
+                            let mut seen = vec![false; rows];
+                            for &i in &at {
+                                match seen.get_mut(i as usize) {
+                                    Some(s) if !*s => *s = true,
+                                    _ => {
+                                        return Err(GraphError::Unsupported(format!(
+                                            "`{name}`: the row order of its groups is not a \
+                                             permutation of its {rows} rows"
+                                        )))
+                                    }
+                                }
+                            }
+                            if at.len() != rows {
+                                return Err(GraphError::Unsupported(format!(
+                                    "`{name}`: the row order of its groups has {} rows, not \
+                                     {rows}",
+                                    at.len()
+                                )));
+                            }
+                            Some(b.constant(
+                                &format!("{}_restore", mil_name(name)),
+                                vec![rows],
+                                ConstData::I32(at.into_iter().map(|i| i as i32).collect()),
+                                Some(name.to_string()),
+                            ))
+                        }
+                        None => None,
+                    };
                     let scale = c.row_scale.map(|s| {
                         b.constant(
                             &format!("{}_row_scale", mil_name(name)),
@@ -297,6 +334,7 @@ pub fn build(
                     });
                     LinearWeight {
                         parts,
+                        restore,
                         scale,
                         rotation,
                     }
@@ -484,15 +522,31 @@ pub fn build(
                     .enumerate()
                     .map(|(g, part)| linear(b, part, None, &format!("{out}_g{g}")))
                     .collect();
-                b.op(
+                let cat_name = match &w.restore {
+                    Some(_) => format!("{out}_grouped"),
+                    None => y_name.clone(),
+                };
+                let cat = b.op(
                     "concat",
-                    &y_name,
+                    &cat_name,
                     vec![
                         ("values", Arg::Vars(outs)),
                         ("axis", Arg::Int(-1)),
                         ("interleave", Arg::Bool(false)),
                     ],
-                )
+                );
+                match &w.restore {
+                    Some(at) => b.op(
+                        "gather",
+                        &y_name,
+                        vec![
+                            ("x", var(&cat)),
+                            ("indices", var(at)),
+                            ("axis", Arg::Int(-1)),
+                        ],
+                    ),
+                    None => cat,
+                }
             };
             if plain {
                 return y;

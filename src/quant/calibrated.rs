@@ -73,16 +73,14 @@ impl LinearMethod {
     }
 }
 
-/// A palettized linear layer: `y = row_scale ⊙ (LUT[idx] · x)`.
+/// A palettized linear layer: `y = row_scale ⊙ (LUT[idx] · x)`, each row reading the LUT of
+/// its group.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizedLinear {
     pub rows: usize,
     pub cols: usize,
-    pub nbits: u8,
-    /// Rows per LUT group; group g covers rows `g·group_rows .. min((g+1)·group_rows, rows)`.
-    pub group_rows: usize,
-    /// One sorted LUT of `2^nbits` entries per group.
-    pub luts: Vec<Vec<f16>>,
+    /// The row groups, each with its own bit width and LUT; together they hold every row once.
+    pub groups: Vec<RowGroup>,
     /// One index per weight, row-major [rows, cols], unpacked.
     pub indices: Vec<u8>,
     /// Per-row fp16 scale multiplied into the linear's output.
@@ -95,13 +93,35 @@ pub struct QuantizedLinear {
     pub snr_db: f64,
 }
 
+/// Rows of a [`QuantizedLinear`] that share one LUT (one `constexpr_lut_to_dense` on device).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowGroup {
+    /// The rows, ascending.
+    pub rows: Vec<usize>,
+    pub nbits: u8,
+    /// Sorted, `2^nbits` entries.
+    pub lut: Vec<f16>,
+}
+
 impl QuantizedLinear {
+    /// The group of each row.
+    pub fn group_of_rows(&self) -> Vec<usize> {
+        let mut g = vec![0; self.rows];
+        for (i, group) in self.groups.iter().enumerate() {
+            for &r in &group.rows {
+                g[r] = i;
+            }
+        }
+        g
+    }
+
     /// The weight the layer computes with, [rows, cols] row-major, in f32 (LUT entry times row
     /// scale, as the device multiplies them: the product of two fp16 numbers).
     pub fn dequantize(&self) -> Vec<f32> {
+        let group_of = self.group_of_rows();
         let mut out = Vec::with_capacity(self.rows * self.cols);
-        for r in 0..self.rows {
-            let lut = &self.luts[r / self.group_rows.max(1)];
+        for (r, &g) in group_of.iter().enumerate() {
+            let lut = &self.groups[g].lut;
             let s = self.row_scale.as_ref().map_or(1.0, |s| s[r].to_f32());
             out.extend(
                 self.indices[r * self.cols..(r + 1) * self.cols]
@@ -112,13 +132,46 @@ impl QuantizedLinear {
         out
     }
 
-    /// Rows of each group, in order.
-    pub fn group_ranges(&self) -> Vec<std::ops::Range<usize>> {
-        let g = self.group_rows.max(1);
-        (0..self.rows.div_ceil(g))
-            .map(|i| i * g..((i + 1) * g).min(self.rows))
-            .collect()
+    /// The widest bit width of any group.
+    pub fn max_nbits(&self) -> u8 {
+        self.groups.iter().map(|g| g.nbits).max().unwrap_or(0)
     }
+
+    /// Stored bits per weight: indices and LUTs (row scales not counted).
+    pub fn bits_per_weight(&self) -> f64 {
+        let bits: usize = self
+            .groups
+            .iter()
+            .map(|g| g.rows.len() * self.cols * g.nbits as usize + 16 * g.lut.len())
+            .sum();
+        bits as f64 / (self.rows * self.cols).max(1) as f64
+    }
+
+    /// Rows at each bit width, ascending by width.
+    pub fn rows_by_nbits(&self) -> Vec<(u8, usize)> {
+        let mut m = std::collections::BTreeMap::new();
+        for g in &self.groups {
+            *m.entry(g.nbits).or_insert(0) += g.rows.len();
+        }
+        m.into_iter().collect()
+    }
+}
+
+/// The row groups: the rows of each bit width (ascending widths), each split into `row_groups`
+/// contiguous (within that width) runs.
+fn plan_groups(rows: usize, row_bits: &[u8], row_groups: usize) -> Vec<(u8, Vec<usize>)> {
+    let mut widths: Vec<u8> = row_bits.to_vec();
+    widths.sort_unstable();
+    widths.dedup();
+    let mut out = Vec::new();
+    for nbits in widths {
+        let members: Vec<usize> = (0..rows).filter(|&r| row_bits[r] == nbits).collect();
+        let per = members.len().div_ceil(row_groups.max(1)).max(1);
+        for chunk in members.chunks(per) {
+            out.push((nbits, chunk.to_vec()));
+        }
+    }
+    out
 }
 
 /// Nearest entry of a sorted LUT.
@@ -145,7 +198,39 @@ pub fn quantize_linear(
     gram: Option<&[f64]>,
     method: &LinearMethod,
 ) -> Result<QuantizedLinear, QuantError> {
+    quantize_linear_mixed(w, rows, cols, gram, method, None)
+}
+
+/// [`quantize_linear`] with a bit width per output row (`None`: `method.nbits` for all): the
+/// rows of each width get their own LUT(s).
+pub fn quantize_linear_mixed(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    gram: Option<&[f64]>,
+    method: &LinearMethod,
+    row_bits: Option<&[u8]>,
+) -> Result<QuantizedLinear, QuantError> {
     kmeans::check_nbits(method.nbits)?;
+    let uniform;
+    let row_bits = match row_bits {
+        Some(b) => {
+            if b.len() != rows {
+                return Err(QuantError::WeightsLength {
+                    values: rows,
+                    weights: b.len(),
+                });
+            }
+            for &n in b {
+                kmeans::check_nbits(n)?;
+            }
+            b
+        }
+        None => {
+            uniform = vec![method.nbits; rows];
+            &uniform
+        }
+    };
     if w.len() != rows * cols {
         return Err(QuantError::WeightsLength {
             values: rows * cols,
@@ -182,16 +267,13 @@ pub fn quantize_linear(
     let diag: Option<Vec<f64>> = gram.map(|g| (0..cols).map(|j| g[j * cols + j]).collect());
 
     // The LUT of each row group: weighted k-means over the normalised weights.
-    let group_rows = rows.div_ceil(method.row_groups.max(1)).max(1);
-    let groups: Vec<std::ops::Range<usize>> = (0..rows.div_ceil(group_rows))
-        .map(|i| i * group_rows..((i + 1) * group_rows).min(rows))
-        .collect();
-    let luts: Vec<Vec<f16>> = groups
+    let plan = plan_groups(rows, row_bits, method.row_groups);
+    let luts: Vec<Vec<f16>> = plan
         .par_iter()
-        .map(|range| {
-            let mut values = Vec::with_capacity(range.len() * cols);
-            let mut weights = Vec::with_capacity(range.len() * cols);
-            for r in range.clone() {
+        .map(|(nbits, members)| {
+            let mut values = Vec::with_capacity(members.len() * cols);
+            let mut weights = Vec::with_capacity(members.len() * cols);
+            for &r in members {
                 let s = scale(r);
                 for j in 0..cols {
                     values.push(f16::from_f32(w[r * cols + j] / s));
@@ -202,27 +284,34 @@ pub fn quantize_linear(
                     weights.push(s * s * h);
                 }
             }
-            palettize_f16(&values, method.nbits, Some(&weights)).map(|p| p.lut)
+            palettize_f16(&values, *nbits, Some(&weights)).map(|p| p.lut)
         })
         .collect::<Result<_, _>>()?;
+    let mut group_of = vec![0usize; rows];
+    for (g, (_, members)) in plan.iter().enumerate() {
+        for &r in members {
+            group_of[r] = g;
+        }
+    }
     let luts_f32: Vec<Vec<f32>> = luts
         .iter()
         .map(|l| l.iter().map(|v| v.to_f32()).collect())
         .collect();
+    let row_luts: Vec<&[f32]> = group_of.iter().map(|&g| luts_f32[g].as_slice()).collect();
 
     let mut indices = vec![0u8; rows * cols];
     match (gram, method.gptq) {
         (Some(g), true) => {
             let (order, u) = gptq_factor(g, cols, method)?;
             let scales: Vec<f32> = (0..rows).map(scale).collect();
-            indices = gptq_indices(w, rows, cols, &order, u, &luts_f32, group_rows, &scales)?;
+            indices = gptq_indices(w, rows, cols, &order, u, &row_luts, &scales)?;
         }
         _ => {
             indices
                 .par_chunks_mut(cols)
                 .enumerate()
                 .for_each(|(r, idx)| {
-                    let lut = &luts_f32[r / group_rows];
+                    let lut = row_luts[r];
                     let s = scale(r);
                     for (j, i) in idx.iter_mut().enumerate() {
                         *i = nearest(lut, w[r * cols + j] / s) as u8;
@@ -230,12 +319,15 @@ pub fn quantize_linear(
                 });
         }
     }
+    let groups = plan
+        .into_iter()
+        .zip(luts)
+        .map(|((nbits, rows), lut)| RowGroup { rows, nbits, lut })
+        .collect();
     let mut q = QuantizedLinear {
         rows,
         cols,
-        nbits: method.nbits,
-        group_rows,
-        luts,
+        groups,
         indices,
         row_scale,
         rotated: false,
@@ -267,8 +359,7 @@ fn gptq_indices(
     cols: usize,
     order: &[usize],
     u: Vec<f64>,
-    luts: &[Vec<f32>],
-    group_rows: usize,
+    luts: &[&[f32]],
     scales: &[f32],
 ) -> Result<Vec<u8>, QuantError> {
     use candle_core::{Device, Tensor};
@@ -293,7 +384,7 @@ fn gptq_indices(
             .zip(err.par_chunks_mut(b))
             .enumerate()
             .for_each(|(r, ((row, idx), e))| {
-                let lut = &luts[r / group_rows];
+                let lut = luts[r];
                 let s = scales[r];
                 for k in i1..i2 {
                     let v = row[k];
@@ -468,16 +559,68 @@ mod tests {
             ..LinearMethod::calibrated(2)
         };
         let q = quantize_linear(&w, rows, cols, Some(&g), &m).unwrap();
-        assert_eq!(q.luts.len(), 3);
-        assert_eq!(q.group_ranges(), vec![0..4, 4..8, 8..10]);
+        let ranges: Vec<Vec<usize>> = q.groups.iter().map(|g| g.rows.clone()).collect();
+        assert_eq!(ranges, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
         let d = q.dequantize();
         let s = q.row_scale.as_ref().unwrap();
         for r in 0..rows {
             for c in 0..cols {
-                let want = q.luts[r / 4][q.indices[r * cols + c] as usize].to_f32() * s[r].to_f32();
+                let lut = &q.groups[r / 4].lut;
+                let want = lut[q.indices[r * cols + c] as usize].to_f32() * s[r].to_f32();
                 assert_eq!(d[r * cols + c], want);
             }
         }
+    }
+
+    #[test]
+    fn rows_of_each_width_share_their_own_lut() {
+        let (rows, cols) = (12, 32);
+        let (w, g) = layer(rows, cols, 128, 4);
+        let bits: Vec<u8> = (0..rows).map(|r| [4, 6, 4, 8][r % 4]).collect();
+        let m = LinearMethod::calibrated(4);
+        let q = quantize_linear_mixed(&w, rows, cols, Some(&g), &m, Some(&bits)).unwrap();
+        let widths: Vec<(u8, Vec<usize>)> =
+            q.groups.iter().map(|g| (g.nbits, g.rows.clone())).collect();
+        assert_eq!(
+            widths,
+            vec![
+                (4, vec![0, 2, 4, 6, 8, 10]),
+                (6, vec![1, 5, 9]),
+                (8, vec![3, 7, 11])
+            ]
+        );
+        assert!(q.groups.iter().all(|g| g.lut.len() == 1 << g.nbits));
+        assert_eq!(q.rows_by_nbits(), vec![(4, 6), (6, 3), (8, 3)]);
+        let want_bits = (6 * 4 + 3 * 6 + 3 * 8) as f64 + 16.0 * (16 + 64 + 256) as f64 / 32.0;
+        assert!((q.bits_per_weight() * rows as f64 - want_bits).abs() < 1e-9);
+        // Every index fits its row's LUT, and wider rows come out closer to the weights.
+        let d = q.dequantize();
+        let mut err = [0.0f64; 3];
+        for r in 0..rows {
+            let lut = 1usize << bits[r];
+            assert!(q.indices[r * cols..(r + 1) * cols]
+                .iter()
+                .all(|&i| (i as usize) < lut));
+            let e: f64 = (0..cols)
+                .map(|c| ((d[r * cols + c] - w[r * cols + c]) as f64).powi(2))
+                .sum::<f64>()
+                / w[r * cols..(r + 1) * cols]
+                    .iter()
+                    .map(|&v| (v as f64).powi(2))
+                    .sum::<f64>();
+            err[(bits[r] as usize - 4) / 2] += e;
+        }
+        // Rows at 4 bits are twice as many: compare per-row means.
+        assert!(
+            err[0] / 6.0 > err[1] / 3.0 && err[1] / 3.0 > err[2] / 3.0,
+            "{err:?}"
+        );
+        // A uniform width is the plain quantizer; a wrong-length or unsupported one is refused.
+        let plain = quantize_linear(&w, rows, cols, Some(&g), &m).unwrap();
+        let same = quantize_linear_mixed(&w, rows, cols, Some(&g), &m, Some(&[4; 12])).unwrap();
+        assert_eq!(plain, same);
+        assert!(quantize_linear_mixed(&w, rows, cols, Some(&g), &m, Some(&[4; 11])).is_err());
+        assert!(quantize_linear_mixed(&w, rows, cols, Some(&g), &m, Some(&[5; 12])).is_err());
     }
 
     #[test]

@@ -69,33 +69,34 @@ pub struct Report {
 }
 
 /// The mixed-precision allocation behind `--target-bpw`: every palettized projection's
-/// measured sensitivity at each candidate width, and the width it got. Bits go greedily to
-/// the upgrade that removes the most error per extra stored bit until the budget is spent.
+/// measured sensitivity at each candidate width, and the widths its rows got. Bits go greedily
+/// to the upgrade (a chunk of a projection's rows, or a whole projection) that removes the
+/// most error per extra stored bit until the budget is spent.
 #[derive(Debug, Clone, Serialize)]
 pub struct MixedPrecision {
     pub target_bpw: f64,
     /// Bits per weight spent over the allocated projections (LUTs and row scales counted).
     pub achieved_bpw: f64,
-    /// Projections given each width.
+    /// Projections by the width of their widest rows.
     pub count_by_nbits: std::collections::BTreeMap<u8, usize>,
+    /// Rows of all allocated projections at each width.
+    pub rows_by_nbits: std::collections::BTreeMap<u8, usize>,
     /// Every allocated projection, the most sensitive (largest error at 4 bits) first.
     pub tensors: Vec<super::sequential::BitChoice>,
 }
 
 impl MixedPrecision {
     pub fn new(target_bpw: f64, choices: &[super::sequential::BitChoice]) -> Self {
-        let level = |c: &super::sequential::BitChoice| {
-            super::sequential::MIXED_NBITS
-                .iter()
-                .position(|&b| b == c.nbits)
-                .unwrap_or(0)
-        };
-        let (bits, numel) = choices.iter().fold((0.0, 0.0), |(b, n), c| {
-            (b + c.bits[level(c)], n + c.numel as f64)
-        });
+        let (bits, numel) = choices
+            .iter()
+            .fold((0.0, 0.0), |(b, n), c| (b + c.spent, n + c.numel as f64));
         let mut count_by_nbits = std::collections::BTreeMap::new();
+        let mut rows_by_nbits = std::collections::BTreeMap::new();
         for c in choices {
             *count_by_nbits.entry(c.nbits).or_insert(0) += 1;
+            for (&nbits, &rows) in super::sequential::MIXED_NBITS.iter().zip(&c.rows) {
+                *rows_by_nbits.entry(nbits).or_insert(0) += rows;
+            }
         }
         let mut tensors = choices.to_vec();
         tensors.sort_by(|a, b| b.error[0].total_cmp(&a.error[0]));
@@ -103,28 +104,35 @@ impl MixedPrecision {
             target_bpw,
             achieved_bpw: if numel > 0.0 { bits / numel } else { 0.0 },
             count_by_nbits,
+            rows_by_nbits,
             tensors,
         }
     }
 
     /// A few lines: widths chosen, bits spent, and the most sensitive projections.
     pub fn to_text(&self) -> String {
-        let counts: Vec<String> = self
-            .count_by_nbits
+        let rows: Vec<String> = self
+            .rows_by_nbits
             .iter()
             .map(|(b, n)| format!("{n} at {b} bits"))
             .collect();
+        let mixed = self.tensors.iter().filter(|c| c.nbits > 4).count();
         let mut s = format!(
-            "mixed precision: target {:.2} bits/weight, spent {:.2}: {}\n",
+            "mixed precision: target {:.2} bits/weight, spent {:.2}: rows {} ({} of {} \
+             projections have rows above 4 bits)\n",
             self.target_bpw,
             self.achieved_bpw,
-            counts.join(", ")
+            rows.join(", "),
+            mixed,
+            self.tensors.len()
         );
-        s.push_str("  most sensitive (block-output error at 4 / 6 / 8 bits → bits given):\n");
+        s.push_str(
+            "  most sensitive (block-output error at 4 / 6 / 8 bits → rows at 4 / 6 / 8 bits):\n",
+        );
         for c in self.tensors.iter().take(8) {
             s.push_str(&format!(
-                "    {:<44} {:.2e} / {:.2e} / {:.2e} → {}\n",
-                c.tensor, c.error[0], c.error[1], c.error[2], c.nbits
+                "    {:<44} {:.2e} / {:.2e} / {:.2e} → {} / {} / {}\n",
+                c.tensor, c.error[0], c.error[1], c.error[2], c.rows[0], c.rows[1], c.rows[2]
             ));
         }
         s

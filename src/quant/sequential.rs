@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use super::calibrated::{quantize_linear, LinearMethod, QuantizedLinear};
+use super::calibrated::{quantize_linear, quantize_linear_mixed, LinearMethod, QuantizedLinear};
 use super::QuantError;
 use crate::arch::{expected_tensors, Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
@@ -36,7 +36,11 @@ const SITES: [(Point, &[Role]); 4] = [
 ];
 
 /// A projection of an input site with the method it is palettized with.
-type SiteProjection = (Role, TensorSlot, LinearMethod);
+/// A projection's method and (mixed precision) its rows' bit widths.
+type SlotMethod = (LinearMethod, Option<Vec<u8>>);
+
+/// A projection of one input site, its method and (mixed precision) its rows' bit widths.
+type SiteProjection = (Role, TensorSlot, LinearMethod, Option<Vec<u8>>);
 
 /// Exponents tried by the AWQ search (0 = no scaling).
 const AWQ_GRID: [f64; 7] = [0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75];
@@ -61,6 +65,9 @@ pub struct SequentialOptions {
     pub target_bpw: Option<f64>,
     /// How the mixed-precision allocation measures a projection's sensitivity.
     pub sensitivity: Sensitivity,
+    /// Rows per unit of the mixed-precision allocation: each projection's rows, most
+    /// error-prone first, are upgraded in chunks of this many (0: whole projections).
+    pub chunk_rows: usize,
 }
 
 /// The error the mixed-precision allocation ranks projections by.
@@ -82,6 +89,7 @@ impl Default for SequentialOptions {
             true_sequential: true,
             target_bpw: None,
             sensitivity: Sensitivity::default(),
+            chunk_rows: 0,
         }
     }
 }
@@ -131,6 +139,18 @@ pub struct BitChoice {
     pub error: [f64; 3],
     /// Stored bits of the tensor at 4, 6 and 8 bits (indices, LUTs, row scales).
     pub bits: [f64; 3],
+    /// Rows given 4, 6 and 8 bits (the allocation hands out bits by chunks of rows).
+    pub rows: [usize; 3],
+    /// Stored bits of the tensor as allocated.
+    pub spent: f64,
+    /// Each row's bit width.
+    #[serde(skip)]
+    pub row_bits: Vec<u8>,
+    /// Each row's share of the 4-bit and 6-bit errors (internal to the allocation).
+    #[serde(skip)]
+    row_error: [Vec<f64>; 2],
+    #[serde(skip)]
+    cols: usize,
 }
 
 fn calib_err(what: impl std::fmt::Display, e: candle_core::Error) -> QuantError {
@@ -358,16 +378,24 @@ fn fit_linear(
     cols: usize,
     gram: &[f64],
     method: &LinearMethod,
+    row_bits: Option<&[u8]>,
 ) -> Result<(QuantizedLinear, Vec<f32>), QuantError> {
     if !method.rotate {
-        let q = quantize_linear(w, rows, cols, Some(gram), method)?;
+        let q = quantize_linear_mixed(w, rows, cols, Some(gram), method, row_bits)?;
         let d = q.dequantize();
         return Ok((q, d));
     }
     let r = Rotation::new(cols);
     let mut wr = w.to_vec();
     r.rotate_rows(&mut wr);
-    let mut q = quantize_linear(&wr, rows, cols, Some(&r.rotate_gram(gram)), method)?;
+    let mut q = quantize_linear_mixed(
+        &wr,
+        rows,
+        cols,
+        Some(&r.rotate_gram(gram)),
+        method,
+        row_bits,
+    )?;
     q.rotated = true;
     let mut d = q.dequantize();
     r.unrotate_rows(&mut d);
@@ -465,27 +493,25 @@ fn quantize_model(
         allocation: Vec::new(),
         tokens: tokens.len(),
     };
-    let mut chosen: BTreeMap<String, u8> = BTreeMap::new();
+    let mut chosen: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     if let Some(target) = options.target_bpw {
-        out.allocation = allocate_bits(
-            model,
-            ckpt,
-            &xs,
-            &slots,
-            method_for,
-            target,
-            options.sensitivity,
-        )?;
+        out.allocation = allocate_bits(model, ckpt, &xs, &slots, method_for, target, options)?;
         chosen = out
             .allocation
             .iter()
-            .map(|c| (c.tensor.clone(), c.nbits))
+            .map(|c| (c.tensor.clone(), c.row_bits.clone()))
             .collect();
     }
     let method_for = |slot: &TensorSlot| {
-        method_for(slot).map(|m| LinearMethod {
-            nbits: chosen.get(&slot.name).copied().unwrap_or(m.nbits),
-            ..m
+        method_for(slot).map(|m| {
+            let bits = chosen.get(&slot.name);
+            let m = LinearMethod {
+                nbits: bits
+                    .and_then(|b| b.iter().copied().min())
+                    .unwrap_or(m.nbits),
+                ..m
+            };
+            (m, bits.cloned())
         })
     };
     let n_layers = spec.num_hidden_layers;
@@ -522,7 +548,7 @@ fn quantize_model(
                 .iter()
                 .filter_map(|&r| {
                     let slot = slot_of(r)?;
-                    method_for(&slot).map(|m| (r, slot, m))
+                    method_for(&slot).map(|(m, bits)| (r, slot, m, bits))
                 })
                 .collect();
             if !methods.is_empty() {
@@ -551,7 +577,7 @@ fn quantize_model(
         }
         for (site, h, methods) in &work {
             let cols = obs.grams[*site].dim;
-            for (role, slot, method) in methods {
+            for (role, slot, method, row_bits) in methods {
                 let w =
                     model
                         .weight_mut(l, *role, false)
@@ -560,8 +586,9 @@ fn quantize_model(
                         })?;
                 let rows = slot.shape[0];
                 let values = to_vec(w)?;
-                let (q, effective) = fit_linear(&values, rows, cols, h, method)
-                    .map_err(|e| e.in_tensor(&slot.name))?;
+                let (q, effective) =
+                    fit_linear(&values, rows, cols, h, method, row_bits.as_deref())
+                        .map_err(|e| e.in_tensor(&slot.name))?;
                 *w = Tensor::from_vec(effective, (rows, cols), &Device::Cpu)
                     .map_err(|e| calib_err(&slot.name, e))?;
                 out.replaced.remove(&slot.name);
@@ -587,7 +614,7 @@ fn true_sequential_block(
     l: usize,
     xs: &[Tensor],
     slots: &[TensorSlot],
-    method_for: &dyn Fn(&TensorSlot) -> Option<LinearMethod>,
+    method_for: &dyn Fn(&TensorSlot) -> Option<SlotMethod>,
     dims: &[usize; 4],
     out: &mut CalibratedWeights,
 ) -> Result<Vec<Tensor>, QuantError> {
@@ -601,7 +628,7 @@ fn true_sequential_block(
             let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role) else {
                 continue;
             };
-            let Some(method) = method_for(slot) else {
+            let Some((method, row_bits)) = method_for(slot) else {
                 continue;
             };
             let w = model
@@ -611,8 +638,15 @@ fn true_sequential_block(
                 })?;
             let rows = slot.shape[0];
             let values = to_vec(w)?;
-            let (q, effective) = fit_linear(&values, rows, gram.dim, &gram.sum, &method)
-                .map_err(|e| e.in_tensor(&slot.name))?;
+            let (q, effective) = fit_linear(
+                &values,
+                rows,
+                gram.dim,
+                &gram.sum,
+                &method,
+                row_bits.as_deref(),
+            )
+            .map_err(|e| e.in_tensor(&slot.name))?;
             *w = Tensor::from_vec(effective, (rows, gram.dim), &Device::Cpu)
                 .map_err(|e| calib_err(&slot.name, e))?;
             out.linears.insert(slot.name.clone(), q);
@@ -656,16 +690,25 @@ fn true_sequential_block(
         .map_err(err)
 }
 
-/// Stored bits of a [rows, cols] projection at `nbits` under `m`.
-fn stored_bits(rows: usize, cols: usize, nbits: u8, m: &LinearMethod) -> f64 {
+/// Stored bits of a [rows, cols] projection whose rows are split `counts` over
+/// [`MIXED_NBITS`] under `m` (each width present has its own LUTs).
+fn mixed_bits(rows: usize, cols: usize, counts: [usize; 3], m: &LinearMethod) -> f64 {
     let groups = m.row_groups.clamp(1, rows.max(1)) as f64;
     let scale = if m.row_scale { 16.0 * rows as f64 } else { 0.0 };
-    (rows * cols) as f64 * nbits as f64 + groups * 16.0 * (1u64 << nbits) as f64 + scale
+    let mut bits = scale;
+    for (&n, &nb) in counts.iter().zip(&MIXED_NBITS) {
+        if n > 0 {
+            bits += (n * cols) as f64 * nb as f64 + groups * 16.0 * (1u64 << nb) as f64;
+        }
+    }
+    bits
 }
 
 /// Measure every selected projection's output error at 4, 6 and 8 bits on the float model's
 /// calibration inputs, then spend bits greedily where they remove the most error per bit
-/// until the palettized projections average `target` bits per weight.
+/// until the palettized projections average `target` bits per weight. Bits go to chunks of
+/// `options.chunk_rows` rows (each projection's rows ranked by how much error 6 bits would
+/// remove from them), or to whole projections.
 fn allocate_bits(
     model: &mut PlainModel,
     ckpt: &Checkpoint,
@@ -673,7 +716,7 @@ fn allocate_bits(
     slots: &[TensorSlot],
     method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
     target: f64,
-    sensitivity: Sensitivity,
+    options: &SequentialOptions,
 ) -> Result<Vec<BitChoice>, QuantError> {
     let spec = model.spec().clone();
     let dims = [
@@ -685,7 +728,7 @@ fn allocate_bits(
     // Sensitivities rank tensors; they need far fewer tokens than the fit itself.
     let mut xs: Vec<Tensor> = xs.iter().take(ALLOCATION_SEGMENTS).cloned().collect();
     let mut choices = Vec::new();
-    let mut numel = 0usize;
+    let mut methods = Vec::new();
     for l in 0..spec.num_hidden_layers {
         fetch(model, ckpt, l)?;
         let mut obs = Grams {
@@ -718,9 +761,12 @@ fn allocate_bits(
                 })?)?;
                 let mut error = [0.0; 3];
                 let mut bits = [0.0; 3];
+                let mut row_error = [Vec::new(), Vec::new()];
                 let mut block_error = 0.0;
                 for (i, &nbits) in MIXED_NBITS.iter().enumerate() {
-                    bits[i] = stored_bits(rows, cols, nbits, &m);
+                    let mut counts = [0; 3];
+                    counts[i] = rows;
+                    bits[i] = mixed_bits(rows, cols, counts, &m);
                     if i == MIXED_NBITS.len() - 1 {
                         // Two more bits quarter the error twice (measured on SmolLM2: 6→8
                         // bits divides it by 17-20); probing 8 bits would cost more than
@@ -733,15 +779,21 @@ fn allocate_bits(
                         gptq: false,
                         ..m
                     };
-                    let (_, wq) = fit_linear(&w, rows, cols, &gram.sum, &probe)
+                    let (_, wq) = fit_linear(&w, rows, cols, &gram.sum, &probe, None)
                         .map_err(|e| e.in_tensor(&slot.name))?;
-                    let (num, den) = output_error(&w, &wq, rows, cols, &h)?;
+                    let (per_row, den) = output_error(&w, &wq, rows, cols, &h)?;
+                    let num: f64 = per_row.iter().sum();
                     error[i] = if den > 0.0 { num / den } else { 0.0 };
-                    if i == 0 && sensitivity == Sensitivity::BlockOutput {
+                    // Each row's share of the tensor's error.
+                    row_error[i] = per_row
+                        .iter()
+                        .map(|&e| if num > 0.0 { e / num } else { 0.0 })
+                        .collect();
+                    if i == 0 && options.sensitivity == Sensitivity::BlockOutput {
                         block_error = block_output_error(model, l, role, &w, wq, &xs, &ys)?;
                     }
                 }
-                if sensitivity == Sensitivity::BlockOutput {
+                if options.sensitivity == Sensitivity::BlockOutput {
                     // What the tensor's 4-bit error does to the residual stream; 6 and 8 bits
                     // scale it by the tensor's own error ratios.
                     let e4 = error[0];
@@ -749,48 +801,137 @@ fn allocate_bits(
                         *e = if e4 > 0.0 { block_error * *e / e4 } else { 0.0 };
                     }
                 }
-                numel += rows * cols;
+                for (k, r) in row_error.iter_mut().enumerate() {
+                    r.iter_mut().for_each(|e| *e *= error[k]);
+                }
                 choices.push(BitChoice {
                     tensor: slot.name.clone(),
                     nbits: MIXED_NBITS[0],
                     numel: rows * cols,
                     error,
                     bits,
+                    rows: [rows, 0, 0],
+                    spent: bits[0],
+                    row_bits: vec![MIXED_NBITS[0]; rows],
+                    row_error,
+                    cols,
                 });
+                methods.push(m);
             }
         }
         model.release_layer(l);
         xs = ys;
     }
-    let budget = target * numel as f64;
-    let mut level = vec![0usize; choices.len()];
-    let mut spent: f64 = choices.iter().map(|c| c.bits[0]).sum();
+    spend_bits(&mut choices, &methods, target, options.chunk_rows);
+    // The block inputs must be the float model's again: nothing above changed weights.
+    Ok(choices)
+}
+
+/// The greedy allocation over measured choices: starting from 4 bits everywhere, repeatedly
+/// take the upgrade (the next chunk of a projection's rows to 6 bits, or of its 6-bit rows to
+/// 8) that removes the most error per extra stored bit and still fits the budget.
+fn spend_bits(choices: &mut [BitChoice], methods: &[LinearMethod], target: f64, chunk_rows: usize) {
+    struct State {
+        /// Rows by decreasing error removed at 6 bits.
+        order: Vec<usize>,
+        /// Prefix sums over `order` of the error 4→6 and 6→8 bits remove.
+        gain6: Vec<f64>,
+        gain8: Vec<f64>,
+        /// The first k6 rows of `order` have at least 6 bits, the first k8 have 8.
+        k6: usize,
+        k8: usize,
+        chunk: usize,
+    }
+    let mut states: Vec<State> = choices
+        .iter()
+        .map(|c| {
+            let rows = c.row_bits.len();
+            let [e4, e6] = &c.row_error;
+            let d6 = |r: usize| e4[r] - e6[r];
+            let mut order: Vec<usize> = (0..rows).collect();
+            order.sort_by(|&a, &b| d6(b).total_cmp(&d6(a)));
+            let prefix = |f: &dyn Fn(usize) -> f64| {
+                let mut p = vec![0.0; rows + 1];
+                for (i, &r) in order.iter().enumerate() {
+                    p[i + 1] = p[i] + f(r);
+                }
+                p
+            };
+            let gain6 = prefix(&d6);
+            let gain8 = prefix(&|r| e6[r] * (1.0 - 1.0 / 16.0));
+            State {
+                order,
+                gain6,
+                gain8,
+                k6: 0,
+                k8: 0,
+                chunk: if chunk_rows == 0 {
+                    rows
+                } else {
+                    chunk_rows.min(rows).max(1)
+                },
+            }
+        })
+        .collect();
+    let numel: f64 = choices.iter().map(|c| c.numel as f64).sum();
+    let budget = target * numel;
+    let bits_of = |c: &BitChoice, m: &LinearMethod, k6: usize, k8: usize| {
+        let rows = c.row_bits.len();
+        mixed_bits(rows, c.cols, [rows - k6, k6 - k8, k8], m)
+    };
+    let mut spent: f64 = choices
+        .iter()
+        .zip(methods)
+        .map(|(c, m)| bits_of(c, m, 0, 0))
+        .sum();
     // When even 4 bits everywhere exceeds the target (tiny tensors, where LUTs and row scales
     // weigh more), everything stays at 4 bits: the report shows the bits actually spent.
     loop {
-        // The upgrade removing the most error per extra bit that still fits.
-        let best = choices
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| level[*i] + 1 < MIXED_NBITS.len())
-            .filter_map(|(i, c)| {
-                let (a, b) = (level[i], level[i] + 1);
-                let cost = c.bits[b] - c.bits[a];
-                (spent + cost <= budget).then(|| (i, (c.error[a] - c.error[b]) / cost, cost))
-            })
-            .max_by(|x, y| x.1.total_cmp(&y.1));
-        let Some((i, gain, cost)) = best else { break };
-        if gain <= 0.0 {
-            break;
+        let mut best: Option<(usize, usize, usize, f64, f64)> = None;
+        for (i, (st, (c, m))) in states.iter().zip(choices.iter().zip(methods)).enumerate() {
+            let rows = c.row_bits.len();
+            let now = bits_of(c, m, st.k6, st.k8);
+            let mut consider = |k6: usize, k8: usize, gain: f64| {
+                let cost = bits_of(c, m, k6, k8) - now;
+                if cost <= 0.0 || spent + cost > budget || gain <= 0.0 {
+                    return;
+                }
+                let rate = gain / cost;
+                if best.map_or(true, |b| rate > b.3) {
+                    best = Some((i, k6, k8, rate, cost));
+                }
+            };
+            if st.k6 < rows {
+                let k6 = (st.k6 + st.chunk).min(rows);
+                consider(k6, st.k8, st.gain6[k6] - st.gain6[st.k6]);
+            }
+            if st.k8 < st.k6 {
+                let k8 = (st.k8 + st.chunk).min(st.k6);
+                consider(st.k6, k8, st.gain8[k8] - st.gain8[st.k8]);
+            }
         }
-        level[i] += 1;
+        let Some((i, k6, k8, _, cost)) = best else {
+            break;
+        };
+        states[i].k6 = k6;
+        states[i].k8 = k8;
         spent += cost;
     }
-    for (c, &lv) in choices.iter_mut().zip(&level) {
-        c.nbits = MIXED_NBITS[lv];
+    for ((c, st), m) in choices.iter_mut().zip(&states).zip(methods) {
+        let rows = c.row_bits.len();
+        for (i, &r) in st.order.iter().enumerate() {
+            c.row_bits[r] = if i < st.k8 {
+                MIXED_NBITS[2]
+            } else if i < st.k6 {
+                MIXED_NBITS[1]
+            } else {
+                MIXED_NBITS[0]
+            };
+        }
+        c.rows = [rows - st.k6, st.k6 - st.k8, st.k8];
+        c.nbits = c.row_bits.iter().copied().max().unwrap_or(MIXED_NBITS[0]);
+        c.spent = bits_of(c, m, st.k6, st.k8);
     }
-    // The block inputs must be the float model's again: nothing above changed weights.
-    Ok(choices)
 }
 
 /// Σ_t ‖Δy_t‖² / ‖y_t‖² over the block outputs y when projection `role` of block l computes
@@ -966,7 +1107,7 @@ fn awq_search(
 ) -> Result<AwqChoice, QuantError> {
     let spec = model.spec().clone();
     let mut weights = Vec::new();
-    for (role, slot, m) in methods {
+    for (role, slot, m, _) in methods {
         let w = model
             .weight_mut(l, *role, false)
             .ok_or_else(|| QuantError::Calibration {
@@ -1006,7 +1147,7 @@ fn awq_search(
                 .map(|(i, &v)| (v as f64 / s[i % cols]) as f32)
                 .collect();
             let (n, d) = output_error(w, &back, *rows, cols, &h)?;
-            num += n;
+            num += n.iter().sum::<f64>();
             den += d;
         }
         let e = if den > 0.0 { num / den } else { 0.0 };
@@ -1026,23 +1167,26 @@ fn awq_search(
     })
 }
 
-/// (tr(ΔW·H·ΔWᵀ), tr(W·H·Wᵀ)) through candle's matmul.
+/// (diag(ΔW·H·ΔWᵀ) per row, tr(W·H·Wᵀ)) through candle's matmul.
 fn output_error(
     w: &[f32],
     wq: &[f32],
     rows: usize,
     cols: usize,
     h: &Tensor,
-) -> Result<(f64, f64), QuantError> {
+) -> Result<(Vec<f64>, f64), QuantError> {
     let f = |e| calib_err("output error", e);
     let wt = Tensor::from_slice(w, (rows, cols), &Device::Cpu).map_err(f)?;
     let qt = Tensor::from_slice(wq, (rows, cols), &Device::Cpu).map_err(f)?;
     let d = (&wt - &qt).map_err(f)?;
-    let quad = |x: &Tensor| -> candle_core::Result<f64> {
+    let per_row = |x: &Tensor| -> candle_core::Result<Vec<f64>> {
         let xh = x.matmul(h)?;
-        Ok((xh * x)?.sum_all()?.to_scalar::<f32>()? as f64)
+        let v: Vec<f32> = (xh * x)?.sum(1)?.to_vec1()?;
+        Ok(v.into_iter().map(f64::from).collect())
     };
-    Ok((quad(&d).map_err(f)?, quad(&wt).map_err(f)?))
+    let num = per_row(&d).map_err(f)?;
+    let den = per_row(&wt).map_err(f)?.iter().sum();
+    Ok((num, den))
 }
 
 #[cfg(test)]
@@ -1124,7 +1268,7 @@ mod tests {
             let dense = |w: &CalibratedWeights| -> BTreeMap<String, (u8, Vec<f32>)> {
                 w.linears
                     .iter()
-                    .map(|(k, q)| (k.clone(), (q.nbits, q.dequantize())))
+                    .map(|(k, q)| (k.clone(), (q.max_nbits(), q.dequantize())))
                     .collect()
             };
             assert_eq!(dense(&loaded), dense(&streamed), "{options:?}");
@@ -1134,6 +1278,69 @@ mod tests {
 
     /// The rotation is orthogonal, its inverse undoes it, and the rotated Gram matrix is the
     /// Gram matrix of the rotated inputs.
+    /// A projection whose rows' 4-bit errors are `e4` (6 bits: ÷16).
+    fn choice(name: &str, cols: usize, e4: &[f64]) -> BitChoice {
+        let rows = e4.len();
+        let e6: Vec<f64> = e4.iter().map(|e| e / 16.0).collect();
+        let total = |v: &[f64]| v.iter().sum::<f64>();
+        BitChoice {
+            tensor: name.into(),
+            nbits: 4,
+            numel: rows * cols,
+            error: [total(e4), total(&e6), total(&e6) / 16.0],
+            bits: [0.0; 3],
+            rows: [rows, 0, 0],
+            spent: 0.0,
+            row_bits: vec![4; rows],
+            row_error: [e4.to_vec(), e6],
+            cols,
+        }
+    }
+
+    #[test]
+    fn bits_go_to_the_rows_that_need_them_within_budget() {
+        let m = LinearMethod::calibrated(4);
+        // Projection a: 4 loud rows of 64; b: uniform and quieter.
+        let mut a_err = vec![1.0; 64];
+        for r in [3, 17, 40, 41] {
+            a_err[r] = 100.0;
+        }
+        let b_err = vec![2.0; 64];
+        let fresh = || vec![choice("a", 256, &a_err), choice("b", 256, &b_err)];
+        let methods = [m, m];
+        let numel = 2.0 * 64.0 * 256.0;
+        let four: f64 = fresh()
+            .iter()
+            .map(|c| mixed_bits(64, 256, [64, 0, 0], &m) / c.numel as f64)
+            .sum::<f64>()
+            / 2.0;
+        // A budget for 4 rows at 6 bits: 2 more bits per weight and a 64-entry LUT.
+        let target = four + (4.0 * 256.0 * 2.0 + 64.0 * 16.0) / numel + 0.001;
+        let mut rows = fresh();
+        spend_bits(&mut rows, &methods, target, 4);
+        let a = &rows[0];
+        for r in 0..64 {
+            let want = if [3, 17, 40, 41].contains(&r) { 6 } else { 4 };
+            assert_eq!(a.row_bits[r], want, "row {r}");
+        }
+        assert_eq!(a.rows, [60, 4, 0]);
+        assert_eq!(a.nbits, 6);
+        assert_eq!(rows[1].rows, [64, 0, 0]);
+        let spent: f64 = rows.iter().map(|c| c.spent).sum();
+        assert!(spent <= target * numel, "{spent} > {}", target * numel);
+        // Whole projections: the same budget cannot buy one, so nothing moves.
+        let mut whole = fresh();
+        spend_bits(&mut whole, &methods, target, 0);
+        assert!(whole.iter().all(|c| c.rows == [64, 0, 0] && c.nbits == 4));
+        // Enough for all of a at 8 bits (8 bits after 6: the loud rows first).
+        let mut rich = fresh();
+        spend_bits(&mut rich, &methods, 7.9, 16);
+        let spent: f64 = rich.iter().map(|c| c.spent).sum();
+        assert!(spent <= 7.9 * numel);
+        assert!(rich[0].row_bits.iter().all(|&b| b >= 6));
+        assert_eq!(rich[0].row_bits[40], 8);
+    }
+
     #[test]
     fn rotation_is_orthogonal_and_rotates_the_gram_matrix() {
         let mut rng = crate::testing::SplitMix64(3);
