@@ -25,6 +25,7 @@ variant rs-weighted "$NOROT; s/^gptq = true/gptq = false/"
 variant gptq "$NOROT"
 variant awq "$NOROT; s/^awq = false/awq = true/"
 variant groups4 "$NOROT; s/^row_groups = 1/row_groups = 4/"
+variant rows32 's/^row_groups = 1 .*/row_groups = 1\nallocation_rows = 32/'
 
 ROWS=(
   "fp16 (no palettization)|--keep-fp16 *"
@@ -41,6 +42,7 @@ ROWS=(
   "4-bit, calibrated + rotated inputs (calibrated-4bit)|--recipe calibrated-4bit"
   "mixed 4/6/8 + rotated inputs, --target-bpw 4.5|--recipe calibrated-4bit --target-bpw 4.5"
   "6-bit, calibrated on 2,048 tokens (the default recipe)|--recipe default"
+  "mixed 4/6/8 by 32-row chunks + rotated inputs, --target-bpw 4.5|--recipe $OUT/rows32.toml --target-bpw 4.5"
 )
 
 TABLE="$OUT/quality.md"
