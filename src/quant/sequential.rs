@@ -35,7 +35,6 @@ const SITES: [(Point, &[Role]); 4] = [
     (Point::SiluUp, &[Role::Down]),
 ];
 
-/// A projection of an input site with the method it is palettized with.
 /// A projection's method and (mixed precision) its rows' bit widths.
 type SlotMethod = (LinearMethod, Option<Vec<u8>>);
 
@@ -146,7 +145,8 @@ pub struct BitChoice {
     /// Each row's bit width.
     #[serde(skip)]
     pub row_bits: Vec<u8>,
-    /// Each row's share of the 4-bit and 6-bit errors (internal to the allocation).
+    /// Each row's part of `error` at 4 and 6 bits: the tensor's error split over its rows in
+    /// proportion to their own output errors ΔwᵢHΔwᵢᵀ (internal to the allocation).
     #[serde(skip)]
     row_error: [Vec<f64>; 2],
     #[serde(skip)]
