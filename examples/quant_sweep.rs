@@ -7,7 +7,8 @@
 //! order), g=G (row groups), rot (block-Hadamard input rotation, simulated), awq, nots (fit to float block activations), damp=D, bpw=B (layersens: rank by the layer's own output error),
 //! ROLE=N (e.g. down=6: that role at N bits), from=L:N (blocks L.. at N bits). Example:
 //! `nbits=4,rs,w,gptq,ao,awq`. CALIB_FILE=PATH calibrates on another text, CALIB_TOKENS=N on
-//! its first N tokens.
+//! its first N tokens. MARGINS=1 prints how close to a tie the reference was where the top-1
+//! choices differ.
 
 use std::path::Path;
 use std::time::Instant;
@@ -111,6 +112,39 @@ fn main() {
             "| {spec} | {:.3} | {:.3} | {:.2} | {:.3} | {:.1} |",
             c.top1, c.kl_mean, c.kl_max, c.ppl_ratio, secs
         );
+        if std::env::var("MARGINS").is_ok() {
+            // How close to a tie the reference was where the top-1 choices differ: its
+            // log-probability gap between its own top-1 and the quantized model's top-1.
+            let argmax = |r: &[f32]| {
+                r.iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map_or(0, |(i, _)| i)
+            };
+            let mut gaps = Vec::new();
+            let mut all = Vec::new();
+            for (r, qr) in ref_logits.iter().zip(&q) {
+                let (a, b) = (argmax(r), argmax(qr));
+                let mut sorted = r.clone();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                all.push(sorted[0] - sorted[1]);
+                if a != b {
+                    gaps.push(r[a] - r[b]);
+                }
+            }
+            let frac = |v: &[f32], t: f32| {
+                v.iter().filter(|&&g| g < t).count() as f64 / v.len().max(1) as f64
+            };
+            for t in [0.25f32, 0.5, 1.0, 2.0] {
+                eprintln!(
+                    "reference gap < {t}: {:.2} of the {} disagreements, {:.2} of all {} positions",
+                    frac(&gaps, t),
+                    gaps.len(),
+                    frac(&all, t),
+                    all.len()
+                );
+            }
+        }
         if opts.target_bpw.is_some() {
             let mut rows = [0usize; 3];
             for c in &w.allocation {
