@@ -137,16 +137,6 @@ impl QuantizedLinear {
         self.groups.iter().map(|g| g.nbits).max().unwrap_or(0)
     }
 
-    /// Stored bits per weight: indices and LUTs (row scales not counted).
-    pub fn bits_per_weight(&self) -> f64 {
-        let bits: usize = self
-            .groups
-            .iter()
-            .map(|g| g.rows.len() * self.cols * g.nbits as usize + 16 * g.lut.len())
-            .sum();
-        bits as f64 / (self.rows * self.cols).max(1) as f64
-    }
-
     /// Rows at each bit width, ascending by width.
     pub fn rows_by_nbits(&self) -> Vec<(u8, usize)> {
         let mut m = std::collections::BTreeMap::new();
@@ -591,8 +581,6 @@ mod tests {
         );
         assert!(q.groups.iter().all(|g| g.lut.len() == 1 << g.nbits));
         assert_eq!(q.rows_by_nbits(), vec![(4, 6), (6, 3), (8, 3)]);
-        let want_bits = (6 * 4 + 3 * 6 + 3 * 8) as f64 + 16.0 * (16 + 64 + 256) as f64 / 32.0;
-        assert!((q.bits_per_weight() * rows as f64 - want_bits).abs() < 1e-9);
         // Every index fits its row's LUT, and wider rows come out closer to the weights.
         let d = q.dequantize();
         let mut err = [0.0f64; 3];
