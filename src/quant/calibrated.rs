@@ -277,17 +277,17 @@ pub fn quantize_linear_mixed(
             palettize_f16(&values, *nbits, Some(&weights)).map(|p| p.lut)
         })
         .collect::<Result<_, _>>()?;
-    let mut group_of = vec![0usize; rows];
-    for (g, (_, members)) in plan.iter().enumerate() {
-        for &r in members {
-            group_of[r] = g;
-        }
-    }
     let luts_f32: Vec<Vec<f32>> = luts
         .iter()
         .map(|l| l.iter().map(|v| v.to_f32()).collect())
         .collect();
-    let row_luts: Vec<&[f32]> = group_of.iter().map(|&g| luts_f32[g].as_slice()).collect();
+    // Each row's LUT (every row is in exactly one planned group).
+    let mut row_luts: Vec<&[f32]> = vec![&[]; rows];
+    for ((_, members), lut) in plan.iter().zip(&luts_f32) {
+        for &r in members {
+            row_luts[r] = lut;
+        }
+    }
 
     let mut indices = vec![0u8; rows * cols];
     match (gram, method.gptq) {
