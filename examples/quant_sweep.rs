@@ -4,11 +4,14 @@
 //!
 //! cargo run --example quant_sweep -- MODEL_DIR [METHOD...]
 //! METHOD: comma-separated flags: nbits=N, rs (row scale), w (E[x²] weights), gptq, ao (act
-//! order), g=G (row groups), rot (block-Hadamard input rotation, simulated), awq, nots (fit to float block activations), damp=D, bpw=B (layersens: rank by the layer's own output error),
-//! ROLE=N (e.g. down=6: that role at N bits), from=L:N (blocks L.. at N bits). Example:
-//! `nbits=4,rs,w,gptq,ao,awq`. CALIB_FILE=PATH calibrates on another text, CALIB_TOKENS=N on
-//! its first N tokens. MARGINS=1 prints how close to a tie the reference was where the top-1
-//! choices differ.
+//! order), g=G (row groups), rot (input rotation), awq, nots (fit to float block
+//! activations), damp=D, bpw=B (layersens: rank by the layer's own output error), chunk=R
+//! (allocate by R rows), seg=N (calibration segment length), ROLE=N (e.g. down=6: that role at
+//! N bits), from=L:N (blocks L.. at N bits). Example: `nbits=4,rs,w,gptq,ao,rot,bpw=4.5`.
+//! CALIB_FILE=PATH calibrates on another text, CALIB_TOKENS=N on its first N tokens;
+//! EVAL_FILE=PATH evaluates on another text (its first 1,024 tokens; the calibration text
+//! itself shows how much a method overfits). MARGINS=1 prints how close to a tie the reference
+//! was where the top-1 choices differ; HALVES=1 prints positions < 512 and ≥ 512 apart.
 
 use std::path::Path;
 use std::time::Instant;
@@ -38,7 +41,12 @@ fn main() {
     if let Ok(n) = std::env::var("CALIB_TOKENS") {
         calib.truncate(n.parse().unwrap());
     }
-    let eval = enc(include_str!("../fixtures/evaluation.txt"));
+    // EVAL_FILE: evaluate on another text (e.g. the calibration text: does a method overfit?).
+    let mut eval = match std::env::var("EVAL_FILE") {
+        Ok(f) => enc(&std::fs::read_to_string(f).unwrap()),
+        Err(_) => enc(include_str!("../fixtures/evaluation.txt")),
+    };
+    eval.truncate(1024);
     eprintln!(
         "calibration {} tokens, evaluation {} tokens",
         calib.len(),
@@ -73,6 +81,7 @@ fn main() {
                 _ if f.starts_with("damp=") => m.damp = f[5..].parse().unwrap(),
                 _ if f.starts_with("bpw=") => opts.target_bpw = Some(f[4..].parse().unwrap()),
                 _ if f.starts_with("chunk=") => opts.chunk_rows = f[6..].parse().unwrap(),
+                _ if f.starts_with("seg=") => opts.segment_len = f[4..].parse().unwrap(),
                 _ if f.starts_with("from=") => {
                     let (l, n) = f[5..].split_once(':').unwrap();
                     from_block = Some((l.parse().unwrap(), n.parse().unwrap()));
@@ -112,6 +121,16 @@ fn main() {
             "| {spec} | {:.3} | {:.3} | {:.2} | {:.3} | {:.1} |",
             c.top1, c.kl_mean, c.kl_max, c.ppl_ratio, secs
         );
+        if std::env::var("HALVES").is_ok() {
+            // Early and late positions apart (calibration segments are 512 tokens long).
+            let h = q.len().min(512);
+            for (name, a, b) in [("< 512", 0, h), (">= 512", h, q.len())] {
+                if b > a + 1 {
+                    let c = compare_logits(&ref_logits[a..b], &q[a..b], &eval[a..b]).unwrap();
+                    eprintln!("positions {name}: top-1 {:.3}, KL {:.3}", c.top1, c.kl_mean);
+                }
+            }
+        }
         if std::env::var("MARGINS").is_ok() {
             // How close to a tie the reference was where the top-1 choices differ: its
             // log-probability gap between its own top-1 and the quantized model's top-1.
