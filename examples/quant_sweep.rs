@@ -5,7 +5,7 @@
 //! cargo run --example quant_sweep -- MODEL_DIR [METHOD...]
 //! METHOD: comma-separated flags: nbits=N, rs (row scale), w (E[x²] weights), gptq, ao (act
 //! order), g=G (row groups), rot (input rotation), awq, nots (fit to float block
-//! activations), damp=D, bpw=B (layersens: rank by the layer's own output error), chunk=R
+//! activations), damp=D, bpw=B (layersens: rank by the layer's own output error; klsens: by the model's KL), chunk=R
 //! (allocate by R rows), seg=N (calibration segment length), ROLE=N (e.g. down=6: that role at
 //! N bits), from=L:N (blocks L.. at N bits). Example: `nbits=4,rs,w,gptq,ao,rot,bpw=4.5`.
 //! CALIB_FILE=PATH calibrates on another text, CALIB_TOKENS=N on its first N tokens;
@@ -76,6 +76,7 @@ fn main() {
                 "awq" => opts.awq = true,
                 "nots" => opts.true_sequential = false,
                 "layersens" => opts.sensitivity = Sensitivity::LayerOutput,
+                "klsens" => opts.sensitivity = Sensitivity::ModelKl,
                 _ if f.starts_with("nbits=") => m.nbits = f[6..].parse().unwrap(),
                 _ if f.starts_with("g=") => m.row_groups = f[2..].parse().unwrap(),
                 _ if f.starts_with("damp=") => m.damp = f[5..].parse().unwrap(),

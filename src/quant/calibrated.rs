@@ -201,6 +201,21 @@ pub fn quantize_linear_mixed(
     method: &LinearMethod,
     row_bits: Option<&[u8]>,
 ) -> Result<QuantizedLinear, QuantError> {
+    quantize_linear_factored(w, rows, cols, gram, method, row_bits, None)
+}
+
+/// [`quantize_linear_mixed`] with GPTQ's factor of `gram` already computed
+/// ([`gptq_factor`] under the same act order and damping): the projections that read one
+/// input share it.
+pub(crate) fn quantize_linear_factored(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    gram: Option<&[f64]>,
+    method: &LinearMethod,
+    row_bits: Option<&[u8]>,
+    factor: Option<&GptqFactor>,
+) -> Result<QuantizedLinear, QuantError> {
     kmeans::check_nbits(method.nbits)?;
     let uniform;
     let row_bits = match row_bits {
@@ -292,7 +307,10 @@ pub fn quantize_linear_mixed(
     let mut indices = vec![0u8; rows * cols];
     match (gram, method.gptq) {
         (Some(g), true) => {
-            let (order, u) = gptq_factor(g, cols, method)?;
+            let (order, u) = match factor {
+                Some((order, u)) => (order.clone(), u.clone()),
+                None => gptq_factor(g, cols, method)?,
+            };
             let scales: Vec<f32> = (0..rows).map(scale).collect();
             indices = gptq_indices(w, rows, cols, &order, u, &row_luts, &scales)?;
         }
@@ -420,12 +438,15 @@ fn gptq_indices(
     Ok(indices)
 }
 
-/// The column order and the upper factor U of the damped, permuted inverse Hessian.
-fn gptq_factor(
+/// GPTQ's column order and the upper factor U of the damped, permuted inverse Hessian.
+pub(crate) type GptqFactor = (Vec<usize>, Vec<f64>);
+
+/// The [`GptqFactor`] of Gram matrix `g` [n, n] under `method`'s act order and damping.
+pub(crate) fn gptq_factor(
     g: &[f64],
     n: usize,
     method: &LinearMethod,
-) -> Result<(Vec<usize>, Vec<f64>), QuantError> {
+) -> Result<GptqFactor, QuantError> {
     let mut order: Vec<usize> = (0..n).collect();
     if method.act_order {
         order.sort_by(|&a, &b| g[b * n + b].total_cmp(&g[a * n + a]));

@@ -18,9 +18,13 @@
 use std::collections::BTreeMap;
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 use serde::Serialize;
 
-use super::calibrated::{quantize_linear, quantize_linear_mixed, LinearMethod, QuantizedLinear};
+use super::calibrated::{
+    gptq_factor, quantize_linear, quantize_linear_factored, GptqFactor, LinearMethod,
+    QuantizedLinear,
+};
 use super::QuantError;
 use crate::arch::{expected_tensors, Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
@@ -78,6 +82,10 @@ pub enum Sensitivity {
     /// The block output's error (the residual stream) with only this projection quantized.
     #[default]
     BlockOutput,
+    /// The model's next-token KL(float ‖ quantized) on the calibration segments with only this
+    /// projection quantized: what the allocation is for, at one forward pass from the
+    /// projection's block to the logits per probe (every block is brought into memory).
+    ModelKl,
 }
 
 impl Default for SequentialOptions {
@@ -179,6 +187,10 @@ impl Observer for Grams {
         }
         Ok(())
     }
+
+    fn wants(&self, point: Point) -> bool {
+        SITES.iter().any(|(p, _)| *p == point)
+    }
 }
 
 /// The randomized block-Hadamard rotation of `n` input channels behind
@@ -240,24 +252,17 @@ impl Rotation {
         if m < 2 {
             return;
         }
-        let mut col = vec![0.0f32; m];
-        for j in 0..b {
-            for (k, c) in col.iter_mut().enumerate() {
-                *c = v[k * b + j];
-            }
-            for out in 0..m {
-                // (row vector)·M: out = Σ_k col[k]·M[k][out]; with Mᵀ: M[out][k].
-                let s: f32 = (0..m)
-                    .map(|k| {
-                        let e = if transpose {
-                            self.mix[out * m + k]
-                        } else {
-                            self.mix[k * m + out]
-                        };
-                        col[k] * e
-                    })
-                    .sum();
-                v[out * b + j] = s;
+        // Output block `out` = Σ_k v_k·M[k][out] (Mᵀ: M[out][k]), a whole block at a time.
+        let src = v.to_vec();
+        for (out, dst) in v.chunks_exact_mut(b).enumerate() {
+            dst.fill(0.0);
+            for (k, block) in src.chunks_exact(b).enumerate() {
+                let e = if transpose {
+                    self.mix[out * m + k]
+                } else {
+                    self.mix[k * m + out]
+                };
+                dst.iter_mut().zip(block).for_each(|(d, &x)| *d += e * x);
             }
         }
     }
@@ -295,11 +300,10 @@ impl Rotation {
         for chunk in v.chunks_mut(b) {
             let mut h = 1;
             while h < b {
-                for i in (0..b).step_by(2 * h) {
-                    for j in i..i + h {
-                        let (x, y) = (chunk[j], chunk[j + h]);
-                        chunk[j] = x + y;
-                        chunk[j + h] = x - y;
+                for pair in chunk.chunks_exact_mut(2 * h) {
+                    let (lo, hi) = pair.split_at_mut(h);
+                    for (x, y) in lo.iter_mut().zip(hi.iter_mut()) {
+                        (*x, *y) = (*x + *y, *x - *y);
                     }
                 }
                 h *= 2;
@@ -311,21 +315,21 @@ impl Rotation {
     /// w·Q for each row of w [rows, n].
     fn rotate_rows(&self, w: &mut [f32]) {
         let n = self.signs.len();
-        for row in w.chunks_mut(n) {
+        w.par_chunks_mut(n).for_each(|row| {
             row.iter_mut().zip(&self.signs).for_each(|(x, s)| *x *= s);
             self.hadamard(row);
             self.mix_blocks(row, false);
-        }
+        });
     }
 
     /// w·Qᵀ for each row of w [rows, n] (the inverse of [`Rotation::rotate_rows`]).
     fn unrotate_rows(&self, w: &mut [f32]) {
         let n = self.signs.len();
-        for row in w.chunks_mut(n) {
+        w.par_chunks_mut(n).for_each(|row| {
             self.mix_blocks(row, true);
             self.hadamard(row);
             row.iter_mut().zip(&self.signs).for_each(|(x, s)| *x *= s);
-        }
+        });
     }
 
     /// Qᵀ·G·Q for a symmetric G [n, n] (the Gram matrix of the rotated inputs x·Q).
@@ -369,37 +373,73 @@ pub fn rotation_transpose(n: usize) -> Vec<f32> {
     t
 }
 
-/// Palettize a [rows, cols] projection; returns it and the f32 weights the float model
-/// should compute with from now on (its dequantized values, rotated back under
-/// [`LinearMethod::rotate`]).
-fn fit_linear(
-    w: &[f32],
-    rows: usize,
+/// One input site's Gram matrix and what the projections reading it (q/k/v, gate/up) share:
+/// the matrix rotated once under [`LinearMethod::rotate`], and GPTQ's factor once per
+/// (rotation, act order, damping).
+struct SiteFit<'a> {
+    gram: &'a [f64],
     cols: usize,
-    gram: &[f64],
-    method: &LinearMethod,
-    row_bits: Option<&[u8]>,
-) -> Result<(QuantizedLinear, Vec<f32>), QuantError> {
-    if !method.rotate {
-        let q = quantize_linear_mixed(w, rows, cols, Some(gram), method, row_bits)?;
-        let d = q.dequantize();
-        return Ok((q, d));
+    rotated: Option<(Rotation, Vec<f64>)>,
+    factors: Vec<((bool, bool, u64), GptqFactor)>,
+}
+
+impl<'a> SiteFit<'a> {
+    fn new(gram: &'a [f64], cols: usize) -> Self {
+        SiteFit {
+            gram,
+            cols,
+            rotated: None,
+            factors: Vec::new(),
+        }
     }
-    let r = Rotation::new(cols);
-    let mut wr = w.to_vec();
-    r.rotate_rows(&mut wr);
-    let mut q = quantize_linear_mixed(
-        &wr,
-        rows,
-        cols,
-        Some(&r.rotate_gram(gram)),
-        method,
-        row_bits,
-    )?;
-    q.rotated = true;
-    let mut d = q.dequantize();
-    r.unrotate_rows(&mut d);
-    Ok((q, d))
+
+    /// Palettize a [rows, cols] projection reading this site; returns it and the f32 weights
+    /// the float model should compute with from now on (its dequantized values, rotated back
+    /// under [`LinearMethod::rotate`]).
+    fn fit(
+        &mut self,
+        w: &[f32],
+        rows: usize,
+        method: &LinearMethod,
+        row_bits: Option<&[u8]>,
+    ) -> Result<(QuantizedLinear, Vec<f32>), QuantError> {
+        let cols = self.cols;
+        if method.rotate && self.rotated.is_none() {
+            let r = Rotation::new(cols);
+            let g = r.rotate_gram(self.gram);
+            self.rotated = Some((r, g));
+        }
+        let (rotation, gram) = match &self.rotated {
+            Some((r, g)) if method.rotate => (Some(r), g.as_slice()),
+            _ => (None, self.gram),
+        };
+        let factor = if method.gptq {
+            let key = (method.rotate, method.act_order, method.damp.to_bits());
+            let at = match self.factors.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    self.factors.push((key, gptq_factor(gram, cols, method)?));
+                    self.factors.len() - 1
+                }
+            };
+            Some(&self.factors[at].1)
+        } else {
+            None
+        };
+        let Some(r) = rotation else {
+            let q = quantize_linear_factored(w, rows, cols, Some(gram), method, row_bits, factor)?;
+            let d = q.dequantize();
+            return Ok((q, d));
+        };
+        let mut wr = w.to_vec();
+        r.rotate_rows(&mut wr);
+        let mut q =
+            quantize_linear_factored(&wr, rows, cols, Some(gram), method, row_bits, factor)?;
+        q.rotated = true;
+        let mut d = q.dequantize();
+        r.unrotate_rows(&mut d);
+        Ok((q, d))
+    }
 }
 
 fn to_vec(t: &Tensor) -> Result<Vec<f32>, QuantError> {
@@ -577,6 +617,7 @@ fn quantize_model(
         }
         for (site, h, methods) in &work {
             let cols = obs.grams[*site].dim;
+            let mut site_fit = SiteFit::new(h, cols);
             for (role, slot, method, row_bits) in methods {
                 let w =
                     model
@@ -586,9 +627,9 @@ fn quantize_model(
                         })?;
                 let rows = slot.shape[0];
                 let values = to_vec(w)?;
-                let (q, effective) =
-                    fit_linear(&values, rows, cols, h, method, row_bits.as_deref())
-                        .map_err(|e| e.in_tensor(&slot.name))?;
+                let (q, effective) = site_fit
+                    .fit(&values, rows, method, row_bits.as_deref())
+                    .map_err(|e| e.in_tensor(&slot.name))?;
                 *w = Tensor::from_vec(effective, (rows, cols), &Device::Cpu)
                     .map_err(|e| calib_err(&slot.name, e))?;
                 out.replaced.remove(&slot.name);
@@ -624,6 +665,7 @@ fn true_sequential_block(
         for x in inputs {
             gram.accumulate(x).map_err(err)?;
         }
+        let mut site_fit = SiteFit::new(&gram.sum, gram.dim);
         for &role in SITES[site].1 {
             let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role) else {
                 continue;
@@ -638,15 +680,9 @@ fn true_sequential_block(
                 })?;
             let rows = slot.shape[0];
             let values = to_vec(w)?;
-            let (q, effective) = fit_linear(
-                &values,
-                rows,
-                gram.dim,
-                &gram.sum,
-                &method,
-                row_bits.as_deref(),
-            )
-            .map_err(|e| e.in_tensor(&slot.name))?;
+            let (q, effective) = site_fit
+                .fit(&values, rows, &method, row_bits.as_deref())
+                .map_err(|e| e.in_tensor(&slot.name))?;
             *w = Tensor::from_vec(effective, (rows, gram.dim), &Device::Cpu)
                 .map_err(|e| calib_err(&slot.name, e))?;
             out.linears.insert(slot.name.clone(), q);
@@ -729,6 +765,19 @@ fn allocate_bits(
     let mut xs: Vec<Tensor> = xs.iter().take(ALLOCATION_SEGMENTS).cloned().collect();
     let mut choices = Vec::new();
     let mut methods = Vec::new();
+    let kl_ref = if options.sensitivity == Sensitivity::ModelKl {
+        for l in 0..spec.num_hidden_layers {
+            fetch(model, ckpt, l)?;
+        }
+        model
+            .fetch_head(ckpt)
+            .map_err(|e| QuantError::Calibration {
+                message: e.to_string(),
+            })?;
+        Some(KlReference::new(model, &xs)?)
+    } else {
+        None
+    };
     for l in 0..spec.num_hidden_layers {
         fetch(model, ckpt, l)?;
         let mut obs = Grams {
@@ -748,6 +797,7 @@ fn allocate_bits(
             let h32: Vec<f32> = gram.sum.iter().map(|&v| v as f32).collect();
             let h =
                 Tensor::from_vec(h32, (cols, cols), &Device::Cpu).map_err(|e| calib_err("H", e))?;
+            let mut site_fit = SiteFit::new(&gram.sum, cols);
             for &role in roles.iter() {
                 let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role) else {
                     continue;
@@ -779,7 +829,8 @@ fn allocate_bits(
                         gptq: false,
                         ..m
                     };
-                    let (_, wq) = fit_linear(&w, rows, cols, &gram.sum, &probe, None)
+                    let (_, wq) = site_fit
+                        .fit(&w, rows, &probe, None)
                         .map_err(|e| e.in_tensor(&slot.name))?;
                     let (per_row, den) = output_error(&w, &wq, rows, cols, &h)?;
                     let num: f64 = per_row.iter().sum();
@@ -789,11 +840,19 @@ fn allocate_bits(
                         .iter()
                         .map(|&e| if num > 0.0 { e / num } else { 0.0 })
                         .collect();
-                    if i == 0 && options.sensitivity == Sensitivity::BlockOutput {
-                        block_error = block_output_error(model, l, role, &w, wq, &xs, &ys)?;
+                    if i == 0 {
+                        match (options.sensitivity, &kl_ref) {
+                            (Sensitivity::BlockOutput, _) => {
+                                block_error = block_output_error(model, l, role, &w, wq, &xs, &ys)?
+                            }
+                            (Sensitivity::ModelKl, Some(r)) => {
+                                block_error = r.model_kl(model, l, role, &w, wq, &xs)?
+                            }
+                            _ => {}
+                        }
                     }
                 }
-                if options.sensitivity == Sensitivity::BlockOutput {
+                if options.sensitivity != Sensitivity::LayerOutput {
                     // What the tensor's 4-bit error does to the residual stream; 6 and 8 bits
                     // scale it by the tensor's own error ratios.
                     let e4 = error[0];
@@ -819,8 +878,14 @@ fn allocate_bits(
                 methods.push(m);
             }
         }
-        model.release_layer(l);
+        if kl_ref.is_none() {
+            model.release_layer(l);
+        }
         xs = ys;
+    }
+    if kl_ref.is_some() {
+        (0..spec.num_hidden_layers).for_each(|l| model.release_layer(l));
+        model.release_head();
     }
     spend_bits(&mut choices, &methods, target, options.chunk_rows);
     // The block inputs must be the float model's again: nothing above changed weights.
@@ -973,6 +1038,81 @@ fn block_output_error(
         Tensor::from_slice(w, shape, &Device::Cpu).map_err(f)?;
     total += result.map_err(f)?;
     Ok(total)
+}
+
+/// The float model's next-token distributions on the allocation's calibration segments, for
+/// [`Sensitivity::ModelKl`]: per segment p [T, V] and Σ_v p log p per token.
+struct KlReference {
+    p: Vec<Tensor>,
+    neg_entropy: Vec<Tensor>,
+}
+
+fn log_sum_exp(logits: &Tensor) -> candle_core::Result<Tensor> {
+    let max = logits.max_keepdim(1)?;
+    let sum = logits.broadcast_sub(&max)?.exp()?.sum_keepdim(1)?;
+    (sum.log()? + max)?.squeeze(1)
+}
+
+impl KlReference {
+    fn new(model: &mut PlainModel, xs: &[Tensor]) -> Result<Self, QuantError> {
+        let f = |e| calib_err("the float model's logits", e);
+        let mut p = Vec::new();
+        let mut neg_entropy = Vec::new();
+        for x in xs {
+            let mut h = x.clone();
+            for l in 0..model.spec().num_hidden_layers {
+                h = model.block(l, &h, &mut Blind).map_err(f)?;
+            }
+            let logits = model.head(&h).map_err(f)?;
+            let lse = log_sum_exp(&logits).map_err(f)?;
+            let logp = logits
+                .broadcast_sub(&lse.unsqueeze(1).map_err(f)?)
+                .map_err(f)?;
+            let prob = logp.exp().map_err(f)?;
+            neg_entropy.push((&prob * &logp).and_then(|t| t.sum(1)).map_err(f)?);
+            p.push(prob);
+        }
+        Ok(KlReference { p, neg_entropy })
+    }
+
+    /// Σ_t KL(p_t ‖ q_t) over the segments when projection `role` of block l computes with
+    /// `wq` instead of `w` (restored afterwards); `xs` are block l's float inputs.
+    fn model_kl(
+        &self,
+        model: &mut PlainModel,
+        l: usize,
+        role: Role,
+        w: &[f32],
+        wq: Vec<f32>,
+        xs: &[Tensor],
+    ) -> Result<f64, QuantError> {
+        let f = |e| calib_err(format!("block {l} {role} sensitivity"), e);
+        let missing = || QuantError::Calibration {
+            message: format!("block {l} has no {role} projection"),
+        };
+        let weight = model.weight_mut(l, role, false).ok_or_else(missing)?;
+        let shape = weight.dims().to_vec();
+        *weight = Tensor::from_vec(wq, shape.clone(), &Device::Cpu).map_err(f)?;
+        let run = |model: &mut PlainModel| -> candle_core::Result<f64> {
+            let mut acc = 0.0;
+            for ((x, p), ne) in xs.iter().zip(&self.p).zip(&self.neg_entropy) {
+                let mut h = x.clone();
+                for b in l..model.spec().num_hidden_layers {
+                    h = model.block(b, &h, &mut Blind)?;
+                }
+                let q = model.head(&h)?;
+                // KL = Σ p log p − Σ p·q + logsumexp(q), per token.
+                let cross = (p * &q)?.sum(1)?;
+                let kl = ((ne - cross)? + log_sum_exp(&q)?)?;
+                acc += kl.sum_all()?.to_scalar::<f32>()? as f64;
+            }
+            Ok(acc)
+        };
+        let result = run(model);
+        *model.weight_mut(l, role, false).ok_or_else(missing)? =
+            Tensor::from_slice(w, shape, &Device::Cpu).map_err(f)?;
+        result.map_err(f)
+    }
 }
 
 /// s_j = E[x_j²]^(a/2), normalised to geometric mean 1 (so the folded weights keep their
@@ -1258,6 +1398,12 @@ mod tests {
                 target_bpw: Some(5.0),
                 ..Default::default()
             },
+            SequentialOptions {
+                segment_len: 32,
+                target_bpw: Some(5.0),
+                sensitivity: Sensitivity::ModelKl,
+                ..Default::default()
+            },
         ];
         for options in cases {
             let (loaded, _) =
@@ -1276,8 +1422,53 @@ mod tests {
         }
     }
 
-    /// The rotation is orthogonal, its inverse undoes it, and the rotated Gram matrix is the
-    /// Gram matrix of the rotated inputs.
+    /// The model-KL probe: zero for the float weights themselves, positive for perturbed ones,
+    /// larger for a larger perturbation, and the block's weight is restored afterwards.
+    #[test]
+    fn model_kl_probe_measures_the_logits_and_restores_the_weight() {
+        let tiny = TinyModel {
+            layers: 3,
+            ..TinyModel::qwen2()
+        };
+        let dir = tiny.write_temp().unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let mut model = PlainModel::load(&ckpt).unwrap();
+        let tokens: Vec<u32> = (0..64).map(|i| (i * 7 % 50) as u32).collect();
+        let xs: Vec<Tensor> = tokens
+            .chunks(32)
+            .map(|c| embed_rows(&ckpt, c).unwrap())
+            .collect();
+        let reference = KlReference::new(&mut model, &xs).unwrap();
+        // Block 1's inputs: the float outputs of block 0.
+        let x1: Vec<Tensor> = xs
+            .iter()
+            .map(|x| model.block(0, x, &mut Blind).unwrap())
+            .collect();
+        let w = to_vec(model.weight_mut(1, Role::Down, false).unwrap()).unwrap();
+        let kl = |model: &mut PlainModel, f: f32| {
+            let wq: Vec<f32> = w
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| v + f * if i % 3 == 0 { v.abs() } else { -v.abs() })
+                .collect();
+            reference
+                .model_kl(model, 1, Role::Down, &w, wq, &x1)
+                .unwrap()
+        };
+        let same = kl(&mut model, 0.0);
+        let small = kl(&mut model, 0.1);
+        let large = kl(&mut model, 0.5);
+        assert!(same.abs() < 1e-3, "{same}");
+        assert!(
+            small > 10.0 * same.abs() && large > small,
+            "{same} {small} {large}"
+        );
+        assert_eq!(
+            to_vec(model.weight_mut(1, Role::Down, false).unwrap()).unwrap(),
+            w
+        );
+    }
+
     /// A projection whose rows' 4-bit errors are `e4` (6 bits: ÷16).
     fn choice(name: &str, cols: usize, e4: &[f64]) -> BitChoice {
         let rows = e4.len();
@@ -1341,6 +1532,8 @@ mod tests {
         assert_eq!(rich[0].row_bits[40], 8);
     }
 
+    /// The rotation is orthogonal, its inverse undoes it, and the rotated Gram matrix is the
+    /// Gram matrix of the rotated inputs.
     #[test]
     fn rotation_is_orthogonal_and_rotates_the_gram_matrix() {
         let mut rng = crate::testing::SplitMix64(3);

@@ -7,6 +7,7 @@
 //! candle-transformers (so tests can hold the two references against each other).
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
+use rayon::prelude::*;
 
 use crate::arch::Role;
 use crate::checkpoint::{Checkpoint, ModelSpec, RopeScaling};
@@ -48,6 +49,12 @@ pub(crate) trait Observer {
         point: Point,
         x: &Tensor,
     ) -> candle_core::Result<()>;
+
+    /// Whether `observe` looks at `point` at all (intermediates only an observer needs, such
+    /// as the masked attention scores, are computed only when it does).
+    fn wants(&self, _point: Point) -> bool {
+        true
+    }
 }
 
 /// The observer that looks at nothing.
@@ -56,6 +63,10 @@ pub(crate) struct Blind;
 impl Observer for Blind {
     fn observe(&mut self, _: Option<usize>, _: Point, _: &Tensor) -> candle_core::Result<()> {
         Ok(())
+    }
+
+    fn wants(&self, _: Point) -> bool {
+        false
     }
 }
 
@@ -261,6 +272,27 @@ impl PlainModel {
         Ok(())
     }
 
+    /// Bring the lm_head (the embedding when tied) into memory: what [`PlainModel::head`]
+    /// multiplies by (nothing to do if it is there).
+    pub(crate) fn fetch_head(&mut self, ckpt: &Checkpoint) -> Result<(), super::ReferenceError> {
+        if self.lm_head.is_none() {
+            let name = if self.spec.tie_word_embeddings {
+                "model.embed_tokens.weight"
+            } else {
+                "lm_head.weight"
+            };
+            self.lm_head = Some(load(ckpt, name, &self.device)?);
+        }
+        Ok(())
+    }
+
+    /// Drop the lm_head of a streaming model (a loaded model keeps it).
+    pub(crate) fn release_head(&mut self) {
+        if self.streaming {
+            self.lm_head = None;
+        }
+    }
+
     /// Drop block `l` of a streaming model (a loaded model keeps its blocks).
     pub(crate) fn release_layer(&mut self, l: usize) {
         if self.streaming {
@@ -308,15 +340,19 @@ impl PlainModel {
         let mut x = Self::resident(&self.embed, "embedding")?.index_select(&ids, 0)?;
         obs.observe(None, Point::Embedding, &x)?;
         let (cos, sin) = self.rope_tables(position, t)?;
-        let mask = causal_mask(t, position, &self.device)?;
         for l in 0..self.layers.len() {
-            x = self.layer(l, &x, &cos, &sin, &mask, use_cache, obs)?;
+            x = self.layer(l, &x, &cos, &sin, use_cache, obs)?;
         }
         obs.observe(None, Point::NormInput, &x)?;
         if use_cache {
             self.cached += t;
         }
         rms_norm(&x, &self.norm, self.spec.rms_norm_eps)
+    }
+
+    /// Logits [T, V] from the last block's output [T, H] (the final RMSNorm, then lm_head).
+    pub(crate) fn head(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.logits(&rms_norm(x, &self.norm, self.spec.rms_norm_eps)?)
     }
 
     /// Logits [T, V] from final hidden states [T, H].
@@ -350,7 +386,6 @@ impl PlainModel {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        mask: &Tensor,
         use_cache: bool,
         obs: &mut dyn Observer,
     ) -> candle_core::Result<Tensor> {
@@ -367,7 +402,7 @@ impl PlainModel {
         let h = rms_norm(x, &w.input_norm, spec.rms_norm_eps)?;
         obs.observe(lo, Point::AttentionInput, &h)?;
         let slot = if use_cache { Some(&mut cache[l]) } else { None };
-        let attn = attention(spec, w, &h, cos, sin, mask, slot, device, lo, obs)?;
+        let attn = attention(spec, w, &h, cos, sin, slot, device, lo, obs)?;
         obs.observe(lo, Point::OInput, &attn)?;
         let o = linear(&attn, &w.o, None)?;
         obs.observe(lo, Point::O, &o)?;
@@ -407,8 +442,7 @@ impl PlainModel {
     ) -> candle_core::Result<Tensor> {
         let t = x.dim(0)?;
         let (cos, sin) = self.rope_tables(0, t)?;
-        let mask = causal_mask(t, 0, &self.device)?;
-        self.layer(l, x, &cos, &sin, &mask, false, obs)
+        self.layer(l, x, &cos, &sin, false, obs)
     }
 
     /// Block `l` in the steps of true-sequential calibration, each reading the block's current
@@ -421,7 +455,6 @@ impl PlainModel {
     pub(crate) fn step_attention(&self, l: usize, h: &Tensor) -> candle_core::Result<Tensor> {
         let t = h.dim(0)?;
         let (cos, sin) = self.rope_tables(0, t)?;
-        let mask = causal_mask(t, 0, &self.device)?;
         let w = self.weights(l)?;
         attention(
             &self.spec,
@@ -429,7 +462,6 @@ impl PlainModel {
             h,
             &cos,
             &sin,
-            &mask,
             None,
             &self.device,
             Some(l),
@@ -522,7 +554,6 @@ fn attention(
     h: &Tensor,
     cos: &Tensor,
     sin: &Tensor,
-    mask: &Tensor,
     slot: Option<&mut Option<(Tensor, Tensor)>>,
     device: &Device,
     lo: Option<usize>,
@@ -560,16 +591,19 @@ fn attention(
     let groups = hq / hkv;
     let qg = q.reshape((hkv, groups * t, d))?;
     let scale = 1.0 / (d as f64).sqrt();
-    let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((hq, t, tk))?;
-    let visible = mask.broadcast_as((hq, t, tk))?;
-    obs.observe(
-        lo,
-        Point::Scores,
-        &visible.where_cond(&scores, &scores.zeros_like()?)?,
-    )?;
-    let neg_inf = Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as((hq, t, tk))?;
-    let scores = visible.where_cond(&scores, &neg_inf)?;
-    let probs = softmax_last(&scores)?;
+    let scores = qg.matmul(&k.t()?)?.reshape((hq, t, tk))?;
+    // The new tokens are the last t of the tk positions: token i sees keys 0..=tk - t + i.
+    let position = tk - t;
+    if obs.wants(Point::Scores) {
+        let visible = causal_mask(t, position, device)?.broadcast_as((hq, t, tk))?;
+        let scaled = (&scores * scale)?;
+        obs.observe(
+            lo,
+            Point::Scores,
+            &visible.where_cond(&scaled, &scaled.zeros_like()?)?,
+        )?;
+    }
+    let probs = causal_softmax(&scores, scale as f32, position)?;
     let attn = probs
         .reshape((hkv, groups * t, tk))?
         .matmul(&v)?
@@ -605,12 +639,27 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
     Tensor::cat(&[a, b], D::Minus1)
 }
 
-/// Numerically stable softmax over the last dimension.
-fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
-    let m = x.max_keepdim(D::Minus1)?;
-    let e = x.broadcast_sub(&m)?.exp()?;
-    let s = e.sum_keepdim(D::Minus1)?;
-    e.broadcast_div(&s)
+/// softmax(scale · x) over the last dimension of x [H, T, Tk] under the causal mask (query i
+/// sees keys 0..=position + i; the others get probability 0), in one pass per row: the
+/// candle-op chain it replaces (scale, mask, max, subtract, exp, sum, divide) made seven
+/// passes over [H, T, Tk] and was the larger part of the reference's attention time.
+fn causal_softmax(x: &Tensor, scale: f32, position: usize) -> candle_core::Result<Tensor> {
+    let (h, t, tk) = x.dims3()?;
+    let mut v: Vec<f32> = x.flatten_all()?.to_vec1()?;
+    v.par_chunks_mut(tk).enumerate().for_each(|(r, row)| {
+        let seen = (position + r % t + 1).min(tk);
+        let (live, hidden) = row.split_at_mut(seen);
+        let max = live.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let mut sum = 0.0f32;
+        for s in live.iter_mut() {
+            *s = ((*s - max) * scale).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        live.iter_mut().for_each(|s| *s *= inv);
+        hidden.fill(0.0);
+    });
+    Tensor::from_vec(v, (h, t, tk), x.device())
 }
 
 /// u8 [T, position + T]: 1 where new token i may see cache/new position j (j <= position + i).
