@@ -5,9 +5,10 @@
 //! cargo run --example quant_sweep -- MODEL_DIR [METHOD...]
 //! METHOD: comma-separated flags: nbits=N, rs (row scale), w (E[x²] weights), gptq, ao (act
 //! order), g=G (row groups), rot (input rotation), awq, nots (fit to float block
-//! activations), damp=D, bpw=B (layersens: rank by the layer's own output error; klsens: by the model's KL), chunk=R
-//! (allocate by R rows), seg=N (calibration segment length), ROLE=N (e.g. down=6: that role at
-//! N bits), from=L:N (blocks L.. at N bits). Example: `nbits=4,rs,w,gptq,ao,rot,bpw=4.5`.
+//! activations), damp=D, bpw=B (layersens: rank by the layer's own output error; klsens: by
+//! the model's KL), chunk=R (allocate by R rows), seg=N (calibration segment length), ROLE=N
+//! (e.g. down=6: that role at N bits), from=L:N (blocks L.. at N bits). Example:
+//! `nbits=4,rs,w,gptq,ao,rot,bpw=4.5`.
 //! CALIB_FILE=PATH calibrates on another text, CALIB_TOKENS=N on its first N tokens;
 //! EVAL_FILE=PATH evaluates on another text (its first 1,024 tokens; the calibration text
 //! itself shows how much a method overfits). MARGINS=1 prints how close to a tie the reference
