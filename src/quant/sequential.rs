@@ -1011,19 +1011,7 @@ fn block_output_error(
     xs: &[Tensor],
     ys: &[Tensor],
 ) -> Result<f64, QuantError> {
-    let f = |e| calib_err(format!("block {l} {role} sensitivity"), e);
-    let missing = || QuantError::Calibration {
-        message: format!("block {l} has no {role} projection"),
-    };
-    let shape = model
-        .weight_mut(l, role, false)
-        .ok_or_else(missing)?
-        .dims()
-        .to_vec();
-    *model.weight_mut(l, role, false).ok_or_else(missing)? =
-        Tensor::from_vec(wq, shape.clone(), &Device::Cpu).map_err(f)?;
-    let mut total = 0.0;
-    let mut run = || -> candle_core::Result<f64> {
+    with_weight(model, l, role, w, wq, |model| {
         let mut acc = 0.0;
         for (x, y) in xs.iter().zip(ys) {
             let yq = model.block(l, x, &mut Blind)?;
@@ -1032,12 +1020,30 @@ fn block_output_error(
             acc += (num / den)?.sum_all()?.to_scalar::<f32>()? as f64;
         }
         Ok(acc)
+    })
+}
+
+/// `run` on the model with projection `role` of block l computing with `wq` instead of its
+/// weight `w`, which is put back afterwards whatever `run` returns.
+fn with_weight(
+    model: &mut PlainModel,
+    l: usize,
+    role: Role,
+    w: &[f32],
+    wq: Vec<f32>,
+    run: impl FnOnce(&mut PlainModel) -> candle_core::Result<f64>,
+) -> Result<f64, QuantError> {
+    let f = |e| calib_err(format!("block {l} {role} sensitivity"), e);
+    let missing = || QuantError::Calibration {
+        message: format!("block {l} has no {role} projection"),
     };
-    let result = run();
+    let weight = model.weight_mut(l, role, false).ok_or_else(missing)?;
+    let shape = weight.dims().to_vec();
+    *weight = Tensor::from_vec(wq, shape.clone(), &Device::Cpu).map_err(f)?;
+    let result = run(model);
     *model.weight_mut(l, role, false).ok_or_else(missing)? =
         Tensor::from_slice(w, shape, &Device::Cpu).map_err(f)?;
-    total += result.map_err(f)?;
-    Ok(total)
+    result.map_err(f)
 }
 
 /// The float model's next-token distributions on the allocation's calibration segments, for
@@ -1086,14 +1092,7 @@ impl KlReference {
         wq: Vec<f32>,
         xs: &[Tensor],
     ) -> Result<f64, QuantError> {
-        let f = |e| calib_err(format!("block {l} {role} sensitivity"), e);
-        let missing = || QuantError::Calibration {
-            message: format!("block {l} has no {role} projection"),
-        };
-        let weight = model.weight_mut(l, role, false).ok_or_else(missing)?;
-        let shape = weight.dims().to_vec();
-        *weight = Tensor::from_vec(wq, shape.clone(), &Device::Cpu).map_err(f)?;
-        let run = |model: &mut PlainModel| -> candle_core::Result<f64> {
+        with_weight(model, l, role, w, wq, |model| {
             let mut acc = 0.0;
             for ((x, p), ne) in xs.iter().zip(&self.p).zip(&self.neg_entropy) {
                 let mut h = x.clone();
@@ -1107,11 +1106,7 @@ impl KlReference {
                 acc += kl.sum_all()?.to_scalar::<f32>()? as f64;
             }
             Ok(acc)
-        };
-        let result = run(model);
-        *model.weight_mut(l, role, false).ok_or_else(missing)? =
-            Tensor::from_slice(w, shape, &Device::Cpu).map_err(f)?;
-        result.map_err(f)
+        })
     }
 }
 
@@ -1371,16 +1366,22 @@ mod tests {
         }
     }
 
-    /// A streaming model (one block in memory at a time) fits exactly the weights the fully
-    /// loaded model fits, on every path: true-sequential, AWQ, and mixed precision.
-    #[test]
-    fn streaming_fits_the_same_weights_as_the_loaded_model() {
+    /// A 3-block random Qwen2 checkpoint in a temporary directory (kept while the guard lives).
+    fn tiny_qwen2() -> (tempfile::TempDir, Checkpoint) {
         let tiny = TinyModel {
             layers: 3,
             ..TinyModel::qwen2()
         };
         let dir = tiny.write_temp().unwrap();
         let ckpt = Checkpoint::open(dir.path()).unwrap();
+        (dir, ckpt)
+    }
+
+    /// A streaming model (one block in memory at a time) fits exactly the weights the fully
+    /// loaded model fits, on every path: true-sequential, AWQ, and mixed precision.
+    #[test]
+    fn streaming_fits_the_same_weights_as_the_loaded_model() {
+        let (_dir, ckpt) = tiny_qwen2();
         let tokens: Vec<u32> = (0..96).map(|i| (i * 13 % 50) as u32).collect();
         let method = |_: &TensorSlot| Some(LinearMethod::calibrated(4));
         let cases = [
@@ -1426,12 +1427,7 @@ mod tests {
     /// larger for a larger perturbation, and the block's weight is restored afterwards.
     #[test]
     fn model_kl_probe_measures_the_logits_and_restores_the_weight() {
-        let tiny = TinyModel {
-            layers: 3,
-            ..TinyModel::qwen2()
-        };
-        let dir = tiny.write_temp().unwrap();
-        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let (_dir, ckpt) = tiny_qwen2();
         let mut model = PlainModel::load(&ckpt).unwrap();
         let tokens: Vec<u32> = (0..64).map(|i| (i * 7 % 50) as u32).collect();
         let xs: Vec<Tensor> = tokens
