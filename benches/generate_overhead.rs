@@ -7,7 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use half::f16;
-use hf2coreml::contract::{Contract, Source, CONTRACT_VERSION};
+use hf2coreml::mil::contract::{Contract, Source, CONTRACT_VERSION};
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::sampling::{Sampler, SamplingParams};
 use hf2coreml::runtime::{StepModel, StepOutput};

@@ -123,7 +123,7 @@ fn bench_real(c: &mut Criterion) {
     }
     let mut pkg = Package::load(&pkg_path, Options::default()).expect("load package");
     let ckpt = hf2coreml::checkpoint::Checkpoint::open(&model_dir).expect("checkpoint");
-    let mut reference = hf2coreml::reference::Reference::load(&ckpt).expect("reference");
+    let mut reference = hf2coreml::model::Reference::load(&ckpt).expect("reference");
     let ct = pkg.contract().clone();
     let (l, hkv, s, d) = (ct.num_layers, ct.num_kv_heads, ct.max_seq_len, ct.head_dim);
     let tokens: Vec<u32> = (0..TOKENS as u32).map(|i| 100 + 37 * i).collect();

@@ -14,8 +14,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use half::f16;
+use hf2coreml::arch::Architecture;
 use hf2coreml::arch::TensorSlot;
-use hf2coreml::checkpoint::{Architecture, Checkpoint, DType};
+use hf2coreml::checkpoint::{Checkpoint, DType};
 use hf2coreml::quant::{self, Decision, Recipe};
 use hf2coreml::testing::TinyModel;
 use rayon::prelude::*;

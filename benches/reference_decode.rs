@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::reference::{BackendChoice, Reference};
+use hf2coreml::model::{BackendChoice, Reference};
 
 fn model_dir() -> PathBuf {
     std::env::var_os("HF2COREML_MODEL_DIR")

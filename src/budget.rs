@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::arch::ModelSpec;
 use crate::arch::TensorSlot;
-use crate::checkpoint::ModelSpec;
+use crate::quant::Storage;
 
 /// The embedded device table (configs/devices.toml).
 pub const DEFAULT_DEVICES: &str = include_str!("../configs/devices.toml");
@@ -170,30 +171,6 @@ impl Devices {
                     .collect::<Vec<_>>()
                     .join(", "),
             })
-    }
-}
-
-/// How one tensor is stored in the package, for sizing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Storage {
-    Fp16,
-    /// A palettized tensor: `nbits` indices plus `luts` fp16 tables of 2^nbits entries.
-    Lut {
-        nbits: u8,
-        luts: usize,
-    },
-}
-
-impl Storage {
-    /// Bytes this tensor takes in weight.bin.
-    pub fn bytes(self, numel: usize) -> u64 {
-        match self {
-            Storage::Fp16 => numel as u64 * FP16_BYTES,
-            Storage::Lut { nbits, luts } => {
-                (numel as u64 * nbits as u64).div_ceil(8)
-                    + luts as u64 * (1u64 << nbits) * FP16_BYTES
-            }
-        }
     }
 }
 

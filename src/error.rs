@@ -1,4 +1,5 @@
-//! Exit codes and the error classes the binary maps onto them (DESIGN.md, "Errors and exit codes").
+//! Exit codes and the error classes the binary maps onto them (docs/design.md, "Errors and
+//! exit codes").
 //!
 //! Library modules keep their own thiserror enums. Two marker types here let any layer say
 //! "this is not bad input": [`CheckFailed`] (exit 1) and [`EnvironmentError`] (exit 3). Everything
@@ -42,31 +43,3 @@ impl fmt::Display for EnvironmentError {
     }
 }
 impl std::error::Error for EnvironmentError {}
-
-/// Classify an error chain into an exit code.
-pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
-    for cause in err.chain() {
-        if cause.downcast_ref::<EnvironmentError>().is_some() {
-            return ExitCode::Environment;
-        }
-        if cause.downcast_ref::<CheckFailed>().is_some() {
-            return ExitCode::CheckFailed;
-        }
-    }
-    ExitCode::BadInput
-}
-
-/// A hint printed under the error, when the chain holds an error that has one.
-pub fn hint_for(err: &anyhow::Error) -> Option<String> {
-    for cause in err.chain() {
-        if let Some(e) = cause.downcast_ref::<EnvironmentError>() {
-            return Some(format!("run `{}`", e.fix));
-        }
-        if let Some(e) = cause.downcast_ref::<crate::checkpoint::CheckpointError>() {
-            if let Some(h) = e.hint() {
-                return Some(h.to_string());
-            }
-        }
-    }
-    None
-}

@@ -2,8 +2,11 @@ use clap::Parser;
 
 mod cli;
 mod commands;
+mod printer;
 
-use hf2coreml::error::{exit_code_for, hint_for, ExitCode};
+use hf2coreml::checkpoint::CheckpointError;
+use hf2coreml::error::{CheckFailed, EnvironmentError, ExitCode};
+use hf2coreml::validate::run::ValidateError;
 
 fn main() {
     // Die quietly when stdout's reader goes away (`hf2coreml ... | head`), as Unix tools do,
@@ -14,7 +17,7 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = cli::Cli::parse();
-    hf2coreml::util::set_output_mode(cli.quiet, cli.verbose);
+    crate::printer::set_output_mode(cli.quiet, cli.verbose);
     let code = match cli.command.run() {
         Ok(()) => ExitCode::Success,
         Err(err) => {
@@ -34,4 +37,34 @@ fn main() {
         }
     };
     std::process::exit(code as i32);
+}
+
+/// Classify an error chain into an exit code.
+pub(crate) fn exit_code_for(err: &anyhow::Error) -> ExitCode {
+    for cause in err.chain() {
+        if cause.downcast_ref::<EnvironmentError>().is_some() {
+            return ExitCode::Environment;
+        }
+        if cause.downcast_ref::<CheckFailed>().is_some() {
+            return ExitCode::CheckFailed;
+        }
+    }
+    ExitCode::BadInput
+}
+
+/// A hint printed under the error, when the chain holds an error that has one.
+fn hint_for(err: &anyhow::Error) -> Option<String> {
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<EnvironmentError>() {
+            return Some(format!("run `{}`", e.fix));
+        }
+        let checkpoint = match cause.downcast_ref::<ValidateError>() {
+            Some(ValidateError::Checkpoint(e)) => Some(e),
+            _ => cause.downcast_ref::<CheckpointError>(),
+        };
+        if let Some(h) = checkpoint.and_then(|e| e.hint()) {
+            return Some(h.to_string());
+        }
+    }
+    None
 }

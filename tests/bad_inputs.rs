@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use half::bf16;
-use hf2coreml::checkpoint::gguf::fixture::{Meta, TinyGguf};
-use hf2coreml::contract;
+use hf2coreml::mil::contract;
 use hf2coreml::mlpackage::blob::{BLOB_SENTINEL, RECORD_SIZE};
-use hf2coreml::mlpackage::{fixture, proto, BlobWriter, DType};
+use hf2coreml::mlpackage::{proto, BlobWriter, DType};
+use hf2coreml::testing::gguf::{Meta, TinyGguf};
+use hf2coreml::testing::mlpackage as fixture;
 use hf2coreml::testing::TinyModel;
 
 /// A scratch root: inputs are created in it, outputs are aimed at `root/out/...`, and afterwards

@@ -508,7 +508,7 @@ fn output_formats_are_pinned() {
 /// fingerprint hashes the .gguf itself).
 #[test]
 fn a_gguf_model_exports_and_is_skipped_when_up_to_date() {
-    use hf2coreml::checkpoint::gguf::fixture::TinyGguf;
+    use hf2coreml::testing::gguf::TinyGguf;
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
     TinyGguf::llama()

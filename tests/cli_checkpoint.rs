@@ -4,7 +4,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use hf2coreml::checkpoint::{Architecture, DType};
+use hf2coreml::arch::Architecture;
+use hf2coreml::checkpoint::DType;
 use hf2coreml::testing::TinyModel;
 
 fn hf2coreml(args: &[&str]) -> Output {

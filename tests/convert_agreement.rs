@@ -6,7 +6,7 @@ use std::process::Command;
 
 use half::f16;
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::reference::Reference;
+use hf2coreml::model::Reference;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
 use hf2coreml::testing::python_env;

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use hf2coreml::arch::{expected_tensors, mil_name, Role};
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::contract::{self, Contract};
+use hf2coreml::mil::contract::{self, Contract};
 use hf2coreml::quant::{self, Recipe};
 use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;

@@ -1,19 +1,19 @@
 //! Every input that ever crashed a fuzz target (tests/fuzz/TARGET/*, copied from
 //! fuzz/artifacts/ by whoever fixed the crash), replayed through the same function the target
-//! runs (hf2coreml::fuzzing), plus the seed corpora. Returning is the property: a panic here is
+//! runs (hf2coreml::testing::fuzz), plus the seed corpora. Returning is the property: a panic here is
 //! a reader bug that came back.
 
 use std::path::{Path, PathBuf};
 
-use hf2coreml::fuzzing;
+use hf2coreml::testing::fuzz;
 
 const TARGETS: [&str; 3] = ["checkpoint", "gguf", "mlpackage"];
 
 fn replay(target: &str, data: &[u8], scratch: &Path) {
     match target {
-        "checkpoint" => fuzzing::checkpoint(data, scratch),
-        "gguf" => fuzzing::gguf(data),
-        "mlpackage" => fuzzing::mlpackage(data, scratch),
+        "checkpoint" => fuzz::checkpoint(data, scratch),
+        "gguf" => fuzz::gguf(data),
+        "mlpackage" => fuzz::mlpackage(data, scratch),
         other => panic!("unknown fuzz target {other}"),
     }
 }
@@ -29,7 +29,7 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn crash_inputs_and_seeds_are_handled() {
     let seeds = tempfile::tempdir().unwrap();
-    fuzzing::write_seeds(seeds.path()).unwrap();
+    fuzz::write_seeds(seeds.path()).unwrap();
     let regressions = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
     let mut replayed = 0;
     for target in TARGETS {

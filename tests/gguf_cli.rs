@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use hf2coreml::checkpoint::gguf::fixture::{Meta, TinyGguf};
+use hf2coreml::testing::gguf::{Meta, TinyGguf};
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hf2coreml"))

@@ -5,11 +5,12 @@
 use std::path::Path;
 
 use half::f16;
-use hf2coreml::checkpoint::gguf::fixture::{
-    self, FixtureType, GgufWriter, Meta, RawTensor, TinyGguf,
-};
+use hf2coreml::arch::Architecture;
 use hf2coreml::checkpoint::gguf::{import, is_gguf_file, GgufError, GgufFile, ImportOptions};
-use hf2coreml::checkpoint::{Architecture, Checkpoint};
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::testing::gguf::{
+    self as fixture, FixtureType, GgufWriter, Meta, RawTensor, TinyGguf,
+};
 use proptest::prelude::*;
 
 fn import_fixture(
@@ -20,7 +21,13 @@ fn import_fixture(
     let src = root.path().join("model.gguf");
     w.write(&src).unwrap();
     let dest = root.path().join("out");
-    let r = import(&src, &dest, &ImportOptions { force }).map(|r| r.output);
+    let r = import(
+        &src,
+        &dest,
+        &ImportOptions { force },
+        &hf2coreml::progress::Silent,
+    )
+    .map(|r| r.output);
     (root, r)
 }
 
@@ -255,7 +262,13 @@ fn truncated_files_are_typed_errors() {
         let root = tempfile::tempdir().unwrap();
         let src = root.path().join("model.gguf");
         std::fs::write(&src, &bytes[..cut]).unwrap();
-        let err = import(&src, &root.path().join("out"), &ImportOptions::default()).unwrap_err();
+        let err = import(
+            &src,
+            &root.path().join("out"),
+            &ImportOptions::default(),
+            &hf2coreml::progress::Silent,
+        )
+        .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -269,7 +282,13 @@ fn truncated_files_are_typed_errors() {
     let root = tempfile::tempdir().unwrap();
     let src = root.path().join("model.gguf");
     std::fs::write(&src, &bytes[..bytes.len() - 40]).unwrap();
-    let err = import(&src, &root.path().join("out"), &ImportOptions::default()).unwrap_err();
+    let err = import(
+        &src,
+        &root.path().join("out"),
+        &ImportOptions::default(),
+        &hf2coreml::progress::Silent,
+    )
+    .unwrap_err();
     assert!(
         matches!(&err, GgufError::Truncated { tensor, .. } if tensor == "output_norm.weight"),
         "{err}"
@@ -489,13 +508,25 @@ fn existing_output_needs_force() {
     let dest = root.path().join("out");
     std::fs::create_dir(&dest).unwrap();
     std::fs::write(dest.join("keep.txt"), b"mine").unwrap();
-    let err = import(&src, &dest, &ImportOptions { force: false }).unwrap_err();
+    let err = import(
+        &src,
+        &dest,
+        &ImportOptions { force: false },
+        &hf2coreml::progress::Silent,
+    )
+    .unwrap_err();
     assert!(matches!(err, GgufError::OutputExists { .. }), "{err}");
     assert!(
         dest.join("keep.txt").is_file(),
         "refused import must not touch the output"
     );
-    import(&src, &dest, &ImportOptions { force: true }).unwrap();
+    import(
+        &src,
+        &dest,
+        &ImportOptions { force: true },
+        &hf2coreml::progress::Silent,
+    )
+    .unwrap();
     assert!(!dest.join("keep.txt").exists());
     Checkpoint::open(&dest).unwrap();
     assert_eq!(
@@ -521,7 +552,7 @@ proptest! {
         let src = root.path().join("model.gguf");
         std::fs::write(&src, &bytes).unwrap();
         let dest = root.path().join("out");
-        match import(&src, &dest, &ImportOptions::default()) {
+        match import(&src, &dest, &ImportOptions::default(), &hf2coreml::progress::Silent) {
             Ok(_) => prop_assert!(dest.join("config.json").is_file()),
             Err(_) => {
                 let left = std::fs::read_dir(root.path()).unwrap().count();

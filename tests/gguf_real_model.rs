@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use hf2coreml::checkpoint::gguf::fixture::byte_to_char;
 use hf2coreml::checkpoint::gguf::{import, GgufFile, ImportOptions};
-use hf2coreml::checkpoint::{summary, Checkpoint};
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::pipeline::inspect as summary;
+use hf2coreml::testing::gguf::byte_to_char;
 
 fn gguf_path() -> Option<PathBuf> {
     let p = std::env::var_os("HF2COREML_GGUF")
@@ -42,7 +43,13 @@ fn imported() -> Option<&'static Imported> {
         let gguf = gguf_path()?;
         let root = tempfile::tempdir().expect("temp dir");
         let dir = root.path().join("smollm2");
-        import(&gguf, &dir, &ImportOptions::default()).expect("the real model imports");
+        import(
+            &gguf,
+            &dir,
+            &ImportOptions::default(),
+            &hf2coreml::progress::Silent,
+        )
+        .expect("the real model imports");
         Some(Imported {
             _root: root,
             dir,

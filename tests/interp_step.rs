@@ -207,7 +207,8 @@ fn package_without_contract_is_refused() {
     )
     .unwrap();
     if let Some(md) = model.description.as_mut().and_then(|d| d.metadata.as_mut()) {
-        md.user_defined.remove(hf2coreml::contract::METADATA_KEY);
+        md.user_defined
+            .remove(hf2coreml::mil::contract::METADATA_KEY);
     }
     std::fs::write(&path, prost::Message::encode_to_vec(&model)).unwrap();
     let err = Package::load(&dst, Options::default()).unwrap_err();

@@ -284,7 +284,7 @@ fn budget_and_inspect_size_weights_with_the_recipe() {
     let slots = hf2coreml::arch::expected_tensors(&spec);
     assert_eq!(
         fp16,
-        budget::weights_bytes(&slots, |_| budget::Storage::Fp16)
+        budget::weights_bytes(&slots, |_| hf2coreml::quant::Storage::Fp16)
     );
     assert_eq!(
         default,

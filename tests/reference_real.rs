@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::reference::{
+use hf2coreml::model::{
     calibrate, BackendChoice, BackendKind, CalibrationOptions, OpKind, Reference,
 };
 

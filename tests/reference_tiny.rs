@@ -2,8 +2,9 @@
 //! written here with plain loops (slow, obviously correct, shares no code with the crate).
 
 use hf2coreml::arch::Role;
-use hf2coreml::checkpoint::{Checkpoint, ModelSpec, RopeScaling};
-use hf2coreml::reference::{
+use hf2coreml::arch::{ModelSpec, RopeScaling};
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::model::{
     argmax, calibrate, ActivationStats, BackendChoice, BackendKind, CalibrationOptions,
     GramSelection, Reference, ReferenceError,
 };

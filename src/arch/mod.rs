@@ -5,7 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::ModelSpec;
+mod spec;
+
+pub use spec::{Architecture, ModelSpec, RopeScaling};
 
 /// What a tensor does in the model; recipes match on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -7,9 +7,6 @@
 
 mod config;
 pub mod gguf;
-pub mod summary;
-
-pub use config::{Architecture, ModelSpec, RopeScaling};
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -20,6 +17,7 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use thiserror::Error;
 
+use crate::arch::ModelSpec;
 use crate::arch::{self, TensorSlot};
 
 /// Everything that can be wrong with a checkpoint directory. Every variant names the file.

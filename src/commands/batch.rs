@@ -6,13 +6,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::exit_code_for;
+use crate::printer;
 use anyhow::Context;
-use hf2coreml::batch::{BatchFile, Export, Shard, ValidateSpec};
-use hf2coreml::emit::pipeline::{self, Inputs, Outputs};
 use hf2coreml::emit::when_output_is_ours;
-use hf2coreml::error::{exit_code_for, ExitCode};
+use hf2coreml::error::ExitCode;
+use hf2coreml::fsutil::atomic_write;
+use hf2coreml::pipeline::batch::{BatchFile, Export, Shard, ValidateSpec};
+use hf2coreml::pipeline::convert::{self, Inputs, Outputs};
 use hf2coreml::runtime::interp::{Compute, Options};
-use hf2coreml::util::{self, atomic_write, fmt_bytes};
+use hf2coreml::util::fmt_bytes;
 use hf2coreml::validate::gates::{Gate, GateResult};
 use hf2coreml::validate::run::{validate, ValidateOptions};
 use serde::{Deserialize, Serialize};
@@ -190,10 +193,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let jobs = bounded_jobs(args.jobs, &selected);
     if jobs > 1 {
-        util::disable_progress_bars();
+        printer::disable_progress_bars();
     }
     let shard = args.shard.map(|s| s.to_string());
-    util::info(format!(
+    printer::info(format!(
         "{} export{} from {}{}{}",
         selected.len(),
         if selected.len() == 1 { "" } else { "s" },
@@ -341,11 +344,11 @@ pub fn render_list(file: &BatchFile, selected: &[Export]) -> String {
 
 fn short_recipe(e: &Export) -> String {
     match &e.recipe {
-        hf2coreml::batch::RecipeSource::File(p) => p
+        hf2coreml::pipeline::batch::RecipeSource::File(p) => p
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        hf2coreml::batch::RecipeSource::Inline { .. } => "inline".into(),
+        hf2coreml::pipeline::batch::RecipeSource::Inline { .. } => "inline".into(),
         r => r.describe(),
     }
 }
@@ -446,7 +449,7 @@ fn bounded_jobs(requested: usize, exports: &[Export]) -> usize {
     };
     let fit = (available / per_export.max(1)).max(1) as usize;
     if fit < want {
-        util::info(format!(
+        printer::info(format!(
             "--jobs {requested}: running {fit} at a time (each export may need ~{}, {} available)",
             fmt_bytes(per_export),
             fmt_bytes(available)
@@ -505,7 +508,7 @@ fn run_all(exports: &[Export], jobs: usize, args: &Args) -> Vec<ExportReport> {
         }
         let n = done.fetch_add(1, Ordering::SeqCst) + 1;
         when_output_is_ours(|| {
-            util::info(format!(
+            printer::info(format!(
                 "[{n}/{total}] {} {} ({:.1} s)",
                 export.name,
                 report.status.as_str(),
@@ -695,7 +698,7 @@ fn validation(
     let request = serde_json::json!({
         "gates": spec.gates,
         "max_tokens": spec.max_tokens,
-        "text": pipeline::sha256_hex(text.as_bytes()),
+        "text": convert::sha256_hex(text.as_bytes()),
     });
     let record_path = validation_path(&outputs.package);
     if let Some(previous) = std::fs::read_to_string(&record_path)
@@ -717,7 +720,7 @@ fn validation(
         .iter()
         .map(|g| g.parse::<Gate>())
         .collect::<Result<Vec<_>, _>>()?;
-    let (tokens, label) = pipeline::text_tokens(&opened.ckpt, &text, &text_name)?;
+    let (tokens, label) = convert::text_tokens(&opened.ckpt, &text, &text_name)?;
     let opts = ValidateOptions {
         tokens: &tokens,
         text_name: &label,

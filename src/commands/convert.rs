@@ -2,18 +2,19 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::printer::{detail, progress_bar};
 use anyhow::Context;
 use hf2coreml::budget::{self, Budget, Devices, Limit};
 use hf2coreml::checkpoint::gguf::{self, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::emit::pipeline::{
-    self, ComputePrecision, ConvertOptions, ConvertSummary, Inputs, Outputs, StageTimes,
-};
 use hf2coreml::emit::PythonEnv;
 use hf2coreml::error::CheckFailed;
 use hf2coreml::graph::scaling::ActivationRanges;
+use hf2coreml::pipeline::convert::{
+    self, ComputePrecision, ConvertOptions, ConvertSummary, Inputs, Outputs, StageTimes,
+};
 use hf2coreml::quant::Recipe;
-use hf2coreml::util::{detail, fmt_bytes, fmt_count, progress_bar};
+use hf2coreml::util::{fmt_bytes, fmt_count};
 
 use super::palettize::RecipeArgs;
 
@@ -35,8 +36,8 @@ pub struct Args {
     #[command(flatten)]
     pub recipe: RecipeArgs,
     /// Precision the program computes in: fp16 (all compute units) or fp32 (CPU/GPU only).
-    #[arg(long, value_enum, default_value_t = ComputePrecision::Fp16)]
-    pub compute_precision: ComputePrecision,
+    #[arg(long, value_enum, default_value_t = Precision::Fp16)]
+    pub compute_precision: Precision,
     /// Activation ranges (JSON: {"residual_max_abs": [...], "source": "..."}) to choose the
     /// fp16 residual scale from, instead of measuring them on the shipped calibration text.
     #[arg(long, conflicts_with = "no_range_scaling")]
@@ -76,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         query_len: args.query_len,
         recipe: args.recipe.load()?,
         calibration: args.recipe.calibration.clone(),
-        compute_precision: args.compute_precision,
+        compute_precision: args.compute_precision.into(),
         activation_ranges: args.activation_ranges.clone(),
         no_range_scaling: args.no_range_scaling,
         device: args.device.clone(),
@@ -98,6 +99,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     print_summary(&summary);
     Ok(())
+}
+
+/// `--compute-precision`'s values ([`ComputePrecision`] without clap in the library).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Precision {
+    /// fp16 everywhere (Neural Engine, GPU and CPU).
+    Fp16,
+    /// fp32 program (CPU/GPU only on device): for diagnosis and models that cannot be kept in
+    /// fp16 range.
+    Fp32,
+}
+
+impl From<Precision> for ComputePrecision {
+    fn from(p: Precision) -> Self {
+        match p {
+            Precision::Fp16 => ComputePrecision::Fp16,
+            Precision::Fp32 => ComputePrecision::Fp32,
+        }
+    }
 }
 
 /// One conversion, as `convert` and `batch` run it: the source, the output, the settings.
@@ -142,7 +162,7 @@ impl Job {
         super::check_shape(self.max_seq_len, self.query_len)?;
         Outputs::for_package(&self.output)?;
         // Refuse an output that cannot be written before minutes of work, not after.
-        hf2coreml::util::check_writable(&self.output)?;
+        hf2coreml::fsutil::check_writable(&self.output)?;
         Ok(())
     }
 
@@ -153,7 +173,7 @@ impl Job {
     /// Open the checkpoint (importing a GGUF file first).
     pub fn open(&self) -> anyhow::Result<Opened> {
         let imported = if self.is_gguf() {
-            let tmp = hf2coreml::util::scratch_dir("gguf")
+            let tmp = hf2coreml::fsutil::scratch_dir("gguf")
                 .context("cannot create a temporary directory for the GGUF import")?;
             let stem = self
                 .source
@@ -163,8 +183,13 @@ impl Job {
             let dest = tmp.path().join(stem);
             let pb = progress_bar(1, "import");
             pb.set_message("GGUF → checkpoint");
-            gguf::import(&self.source, &dest, &ImportOptions { force: false })
-                .with_context(|| format!("cannot import {}", self.source.display()))?;
+            gguf::import(
+                &self.source,
+                &dest,
+                &ImportOptions { force: false },
+                &crate::printer::Bars::default(),
+            )
+            .with_context(|| format!("cannot import {}", self.source.display()))?;
             pb.finish_and_clear();
             Some((tmp, dest))
         } else {
@@ -218,20 +243,20 @@ impl Job {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            BTreeMap::from([(name, pipeline::sha256_file(&self.source)?)])
+            BTreeMap::from([(name, convert::sha256_file(&self.source)?)])
         } else {
             let ckpt = Checkpoint::open(&self.source)
                 .with_context(|| format!("cannot read checkpoint {}", self.source.display()))?;
-            pipeline::source_hashes(&ckpt)?
+            convert::source_hashes(&ckpt)?
         };
         let calibration = match (&self.calibration, self.recipe.calibration()) {
             (_, None) => None,
-            (Some(p), Some(_)) => Some(pipeline::sha256_file(p)?),
-            (None, Some(_)) => Some(pipeline::sha256_hex(pipeline::CALIBRATION_TEXT.as_bytes())),
+            (Some(p), Some(_)) => Some(convert::sha256_file(p)?),
+            (None, Some(_)) => Some(convert::sha256_hex(convert::CALIBRATION_TEXT.as_bytes())),
         };
         let ranges = match (&self.activation_ranges, self.no_range_scaling) {
             (_, true) => serde_json::json!("off"),
-            (Some(p), false) => serde_json::json!(pipeline::sha256_file(p)?),
+            (Some(p), false) => serde_json::json!(convert::sha256_file(p)?),
             (None, false) => serde_json::json!("measured"),
         };
         let settings = BTreeMap::from([
@@ -312,7 +337,7 @@ impl Job {
             let t = Instant::now();
             let pb = progress_bar(1, "calibrate");
             pb.set_message("reference forward pass on calibration text");
-            let r = pipeline::measure_ranges(ckpt)?;
+            let r = convert::measure_ranges(ckpt)?;
             pb.finish_and_clear();
             times.calibrate = t.elapsed().as_secs_f64();
             detail(format!(
@@ -339,10 +364,11 @@ impl Job {
         if !tokens.is_empty() {
             pb.set_message("calibrating");
         }
-        let (weights, report) = pipeline::prepare_weights(ckpt, &self.recipe, &tokens, &|line| {
-            pb.set_message(line.name.clone());
-            pb.inc(1);
-        })?;
+        let (weights, report) =
+            hf2coreml::pipeline::weights::prepare_weights(ckpt, &self.recipe, &tokens, &|line| {
+                pb.set_message(line.name.clone());
+                pb.inc(1);
+            })?;
         pb.finish_and_clear();
         times.palettize = t.elapsed().as_secs_f64();
         detail(format!(
@@ -369,13 +395,14 @@ impl Job {
             python_env,
             inputs: Some(inputs),
         };
-        Ok(pipeline::convert(
+        Ok(convert::convert(
             ckpt,
             &opts,
             weights,
             applied,
             Some(report),
             times,
+            &crate::printer::Bars::default(),
         )?)
     }
 }

@@ -21,8 +21,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = ImportOptions { force: args.force };
-    let r = gguf::import(&args.file, &args.output, &opts)
-        .with_context(|| format!("cannot import {}", args.file.display()))?;
+    let r = gguf::import(
+        &args.file,
+        &args.output,
+        &opts,
+        &crate::printer::Bars::default(),
+    )
+    .with_context(|| format!("cannot import {}", args.file.display()))?;
     if args.json {
         return super::print_json(&r);
     }

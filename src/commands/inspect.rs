@@ -1,7 +1,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use hf2coreml::checkpoint::{summary, Checkpoint};
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::pipeline::inspect as summary;
+
 use hf2coreml::util::{fmt_bytes, fmt_count};
 
 #[derive(Debug, clap::Args)]
@@ -46,10 +48,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.context_length,
         s.rope_theta,
         match &s.rope_scaling {
-            hf2coreml::checkpoint::RopeScaling::None => "none".to_string(),
-            hf2coreml::checkpoint::RopeScaling::Linear { factor } => format!("linear ×{factor}"),
-            hf2coreml::checkpoint::RopeScaling::Llama3 { factor, .. } =>
-                format!("llama3 ×{factor}"),
+            hf2coreml::arch::RopeScaling::None => "none".to_string(),
+            hf2coreml::arch::RopeScaling::Linear { factor } => format!("linear ×{factor}"),
+            hf2coreml::arch::RopeScaling::Llama3 { factor, .. } => format!("llama3 ×{factor}"),
         }
     );
     println!(

@@ -2,7 +2,6 @@
 
 pub mod batch;
 pub mod budget;
-pub mod completions;
 pub mod convert;
 pub mod import_gguf;
 pub mod inspect;

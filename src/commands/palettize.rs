@@ -1,10 +1,11 @@
 use std::path::{Path, PathBuf};
 
+use crate::printer::progress_bar;
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::emit::pipeline;
+use hf2coreml::fsutil::atomic_write;
+use hf2coreml::pipeline::convert;
 use hf2coreml::quant::{self, Recipe};
-use hf2coreml::util::{atomic_write, progress_bar};
 
 /// The recipe flags shared by `palettize`, `budget` and `inspect`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -97,9 +98,9 @@ pub fn calibration_tokens(
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read calibration text {}", path.display()))?;
             let label = path.display().to_string();
-            pipeline::text_tokens(ckpt, &text, &label)?
+            convert::text_tokens(ckpt, &text, &label)?
         }
-        None => pipeline::calibration_tokens(ckpt)?,
+        None => convert::calibration_tokens(ckpt)?,
     };
     let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
         Some(cap) if ids.len() > cap => {
@@ -139,13 +140,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let plan = quant::Report::plan(&ckpt, &recipe)?;
     let (tokens, source) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
     if let Some(source) = &source {
-        hf2coreml::util::info(format_args!("calibrating on {source}"));
+        crate::printer::info(format_args!("calibrating on {source}"));
     }
     let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
-    let (_, report) = pipeline::prepare_weights(&ckpt, &recipe, &tokens, &|line| {
-        pb.set_message(line.name.clone());
-        pb.inc(1);
-    })?;
+    let (_, report) =
+        hf2coreml::pipeline::weights::prepare_weights(&ckpt, &recipe, &tokens, &|line| {
+            pb.set_message(line.name.clone());
+            pb.inc(1);
+        })?;
     pb.finish_and_clear();
     if args.json.as_deref() == Some(Path::new("-")) {
         return super::print_json(&report);

@@ -217,9 +217,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }))?;
     }
     if let (Some(path), Some(rows)) = (&args.logits_out, &generation.logits) {
-        hf2coreml::util::atomic_write(path, &rows.to_npy())
+        hf2coreml::fsutil::atomic_write(path, &rows.to_npy())
             .with_context(|| format!("cannot write {}", path.display()))?;
-        hf2coreml::util::info(format_args!(
+        crate::printer::info(format_args!(
             "logits: [{}, {}] float32 → {}",
             rows.rows(),
             rows.vocab_size,
@@ -243,7 +243,7 @@ fn stop_reason(g: &Generation) -> String {
 fn report(g: &Generation) {
     let t = &g.timing;
     let stop = stop_reason(g);
-    hf2coreml::util::info(format_args!(
+    crate::printer::info(format_args!(
         "prompt: {} tokens in {:.2} s ({:.1} tok/s) · generated: {} tokens, decode {:.1} tok/s · \
          stop: {stop}",
         t.prompt_tokens,

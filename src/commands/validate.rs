@@ -65,7 +65,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let label = format!("{name}, {} tokens ({})", ids.len(), path.display());
             (ids, label)
         }
-        None => hf2coreml::emit::pipeline::text_tokens(&ckpt, &text, &name)?,
+        None => hf2coreml::pipeline::convert::text_tokens(&ckpt, &text, &name)?,
     };
     let opts = ValidateOptions {
         tokens: &tokens,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::contract::{self, Contract};
+use crate::mil::contract::{self, Contract};
 
 /// What the bridge writes into the model description.
 #[derive(Debug, Clone, PartialEq, Serialize)]

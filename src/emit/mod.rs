@@ -8,7 +8,6 @@
 //! destination and renamed into place only when complete.
 
 pub mod metadata;
-pub mod pipeline;
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -21,8 +20,8 @@ use pyo3::types::{PyDict, PyModule, PyTuple};
 use thiserror::Error;
 
 use crate::error::EnvironmentError;
+use crate::fsutil::AtomicDir;
 use crate::graph::{ConstData, DType, Graph};
-use crate::util::AtomicDir;
 
 pub use metadata::Metadata;
 

@@ -12,9 +12,9 @@ use half::f16;
 
 use super::scaling::Scaling;
 use super::{ints, rope, var, Arg, Builder, ConstData, DType, Graph, GraphError, Palettized};
+use crate::arch::ModelSpec;
 use crate::arch::{self, mil_name, TensorSlot};
-use crate::checkpoint::ModelSpec;
-use crate::contract;
+use crate::mil::contract;
 
 /// Masked attention scores: large and finite, because -inf turns a fully masked row into NaN
 /// and fp16 has no room for anything below -65,504 anyway.

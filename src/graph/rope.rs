@@ -3,7 +3,7 @@
 //! The graph gathers rows of these tables by position, so no trigonometry runs on device and
 //! rope scaling (linear, llama3) is applied exactly once, here, in f64.
 
-use crate::checkpoint::RopeScaling;
+use crate::arch::RopeScaling;
 
 /// Inverse frequencies for the first half of a head (`head_dim / 2` values), with the
 /// checkpoint's rope scaling applied (transformers' `_compute_*_parameters`).

@@ -4,7 +4,6 @@
 //! [`PackageError`] naming the file; nothing here panics on bad input.
 
 pub mod blob;
-pub mod fixture;
 pub mod proto;
 
 use std::collections::HashMap;

@@ -24,7 +24,7 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 
 pub use kmeans::{palettize_f16, Palettized, SUPPORTED_NBITS};
 pub use pack::{pack_indices, packed_len, try_unpack_indices, unpack_indices};
-pub use recipe::{Decision, Recipe};
+pub use recipe::{Decision, Recipe, Storage};
 pub use report::{MixedPrecision, Report, TensorReport, Totals};
 
 #[derive(Debug, Error)]

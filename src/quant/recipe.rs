@@ -28,7 +28,29 @@ use serde::Serialize;
 use super::kmeans::check_nbits;
 use super::{Granularity, QuantError};
 use crate::arch::{Role, TensorSlot};
-use crate::budget::Storage;
+
+/// How one tensor is stored in the package, for sizing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    Fp16,
+    /// A palettized tensor: `nbits` indices plus `luts` fp16 tables of 2^nbits entries.
+    Lut {
+        nbits: u8,
+        luts: usize,
+    },
+}
+
+impl Storage {
+    /// Bytes this tensor takes in weight.bin.
+    pub fn bytes(self, numel: usize) -> u64 {
+        match self {
+            Storage::Fp16 => numel as u64 * 2,
+            Storage::Lut { nbits, luts } => {
+                (numel as u64 * nbits as u64).div_ceil(8) + luts as u64 * (1u64 << nbits) * 2
+            }
+        }
+    }
+}
 
 /// The embedded default recipe.
 pub const DEFAULT_RECIPE: &str = include_str!("../../configs/recipes/default.toml");

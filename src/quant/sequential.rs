@@ -28,8 +28,8 @@ use super::calibrated::{
 use super::QuantError;
 use crate::arch::{expected_tensors, Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
-use crate::reference::calibrate::Gram;
-use crate::reference::plain::{embed_rows, Blind, Observer, PlainModel, Point};
+use crate::model::calibrate::Gram;
+use crate::model::plain::{embed_rows, Blind, Observer, PlainModel, Point};
 
 /// The four projection inputs of a block and the projections reading each.
 const SITES: [(Point, &[Role]); 4] = [
@@ -1121,14 +1121,14 @@ fn awq_scales(gram: &[f64], n: usize, exponent: f64) -> Vec<f64> {
 }
 
 /// (kv heads, head dim, query heads per kv head).
-fn gqa(spec: &crate::checkpoint::ModelSpec) -> (usize, usize, usize) {
+fn gqa(spec: &crate::arch::ModelSpec) -> (usize, usize, usize) {
     let hkv = spec.num_key_value_heads.max(1);
     (hkv, spec.head_dim, spec.num_attention_heads / hkv)
 }
 
 /// o_proj's input channels (query head h, dim d) are fed by v_proj row (h / groups, d): one
 /// scale per kv row, the geometric mean over the heads sharing it. Other sites pass through.
-fn site_scales(spec: &crate::checkpoint::ModelSpec, site: usize, s: &[f64]) -> Vec<f64> {
+fn site_scales(spec: &crate::arch::ModelSpec, site: usize, s: &[f64]) -> Vec<f64> {
     if site != 1 {
         return s.to_vec();
     }
@@ -1143,7 +1143,7 @@ fn site_scales(spec: &crate::checkpoint::ModelSpec, site: usize, s: &[f64]) -> V
 }
 
 /// Per-input-channel scales of the site's projections from [`site_scales`]' output.
-fn expand_o_scales(spec: &crate::checkpoint::ModelSpec, site: usize, s: &[f64]) -> Vec<f64> {
+fn expand_o_scales(spec: &crate::arch::ModelSpec, site: usize, s: &[f64]) -> Vec<f64> {
     if site != 1 {
         return s.to_vec();
     }
@@ -1169,7 +1169,7 @@ fn scale_tensor(t: &mut Tensor, factor: &[f64], axis_cols: bool) -> Result<(), Q
 /// columns × s, the producer (norm weight, v rows, up rows) × 1/s.
 fn apply_scales(
     model: &mut PlainModel,
-    spec: &crate::checkpoint::ModelSpec,
+    spec: &crate::arch::ModelSpec,
     l: usize,
     site: usize,
     s: &[f64],

@@ -12,7 +12,7 @@ pub use interp::RuntimeError;
 /// Core ML backend on macOS).
 pub trait StepModel {
     /// The dimensions and token ids the model was built with.
-    fn contract(&self) -> &crate::contract::Contract;
+    fn contract(&self) -> &crate::mil::contract::Contract;
 
     /// Run tokens `input_ids` (exactly Q of them) at absolute positions `position ..
     /// position + Q`, reading cache rows `[0, position)` of `key_cache`/`value_cache`

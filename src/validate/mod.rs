@@ -1,6 +1,6 @@
 //! Validation: how closely a package follows its checkpoint. The metrics and gates here are
 //! pure functions over logits and weights; the `validate` command feeds them the package run
-//! by the interpreter and the [`crate::reference`] forward pass.
+//! by the interpreter and the [`crate::model`] forward pass.
 
 pub mod gates;
 pub mod metrics;

@@ -7,15 +7,49 @@ use std::path::Path;
 use half::f16;
 
 use super::gates::{default_gates, Gate, RecipeKind};
+use super::metrics::MetricError;
 use super::metrics::{compare_logits, WeightError};
 use super::report::{ActivationRange, ContractItem, ValidationReport};
 use crate::checkpoint::Checkpoint;
-use crate::contract::{self, Contract};
+use crate::checkpoint::CheckpointError;
+use crate::mil::contract::{self, Contract};
+use crate::mlpackage::PackageError;
 use crate::mlpackage::{MlPackage, Values};
-use crate::reference::Reference;
+use crate::model::Reference;
+use crate::model::ReferenceError;
+use crate::runtime::generate::GenerateError;
 use crate::runtime::generate::{GenerateOptions, Generator};
 use crate::runtime::interp::{Options, Package, Stats};
 use crate::runtime::{RuntimeError, StepModel, StepOutput};
+
+/// Why validation could not run to a verdict (a failed gate is not an error: it is in the
+/// report).
+#[derive(Debug, thiserror::Error)]
+pub enum ValidateError {
+    #[error(transparent)]
+    Package(#[from] PackageError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Metric(#[from] MetricError),
+    #[error("the evaluation text has fewer than 2 tokens")]
+    TextTooShort,
+    #[error("the generator recorded no logits")]
+    NoLogits,
+    #[error("package weight `{package}` has {got} elements, checkpoint tensor `{tensor}` has {expected}")]
+    WeightSize {
+        package: String,
+        tensor: String,
+        got: usize,
+        expected: usize,
+    },
+}
 
 /// The evaluation passage shipped with the tool (distinct from the calibration text).
 pub const EVALUATION_TEXT: &str = include_str!("../../fixtures/evaluation.txt");
@@ -68,7 +102,7 @@ pub fn validate(
     pkg_path: &Path,
     ckpt: &Checkpoint,
     opts: &ValidateOptions,
-) -> anyhow::Result<ValidationReport> {
+) -> Result<ValidationReport, ValidateError> {
     let raw = MlPackage::open(pkg_path)?;
     let package = Package::load(pkg_path, opts.interp)?;
     let c = package.contract().clone();
@@ -90,7 +124,7 @@ pub fn validate(
     let cap = opts.max_tokens.unwrap_or(usize::MAX).min(c.max_seq_len);
     tokens.truncate(cap);
     if tokens.len() < 2 {
-        anyhow::bail!("the evaluation text has fewer than 2 tokens");
+        return Err(ValidateError::TextTooShort);
     }
 
     let expected = reference.logits_all(&tokens)?;
@@ -107,9 +141,7 @@ pub fn validate(
         },
         &mut |_| Ok(()),
     )?;
-    let rows = out
-        .logits
-        .ok_or_else(|| anyhow::anyhow!("the generator recorded no logits"))?;
+    let rows = out.logits.ok_or(ValidateError::NoLogits)?;
     let got: Vec<Vec<f32>> = (0..rows.rows())
         .filter_map(|t| rows.row(t).map(|r| r.to_vec()))
         .collect();
@@ -217,7 +249,7 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
 fn check_weights(
     pkg: &MlPackage,
     ckpt: &Checkpoint,
-) -> anyhow::Result<(Vec<WeightError>, Option<u32>)> {
+) -> Result<(Vec<WeightError>, Option<u32>), ValidateError> {
     let main = pkg.main_function()?;
     let find = |name: &str| {
         main.block
@@ -291,12 +323,12 @@ fn check_weights(
         }
         let original = ckpt.tensor(&slot.name)?.to_f32();
         if decoded.len() != original.len() {
-            anyhow::bail!(
-                "package weight `{name}` has {} elements, checkpoint tensor `{}` has {}",
-                decoded.len(),
-                slot.name,
-                original.len()
-            );
+            return Err(ValidateError::WeightSize {
+                package: name.to_string(),
+                tensor: slot.name.clone(),
+                got: decoded.len(),
+                expected: original.len(),
+            });
         }
         let rescaled = if calibrated {
             factor_column_scales(&decoded, &original, cols)

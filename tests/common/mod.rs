@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use half::f16;
-use hf2coreml::contract::{Contract, Source, CONTRACT_VERSION};
+use hf2coreml::mil::contract::{Contract, Source, CONTRACT_VERSION};
 use hf2coreml::runtime::{RuntimeError, StepModel, StepOutput};
 
 /// Toy dynamics. Token t at position j with running sums (c, w) over earlier positions:

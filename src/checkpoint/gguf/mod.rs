@@ -6,7 +6,6 @@
 //! vocabulary. Everything about the input is checked before the output directory is created,
 //! and the output appears under its name only when complete ([`AtomicDir`]).
 
-pub mod fixture;
 pub mod reader;
 pub mod tokenizer;
 pub mod weights;
@@ -22,7 +21,8 @@ pub use reader::{supported_types_list, type_name, GgufFile, GgufTensor, SUPPORTE
 pub use tokenizer::{GgufTokenizer, SUPPORTED_PRE};
 pub use weights::{hf_tensor_name, permute_rows, unpermute_rows, TensorPlan};
 
-use crate::util::{progress_bar, AtomicDir};
+use crate::fsutil::AtomicDir;
+use crate::progress::Progress;
 
 /// Architectures (`general.architecture`) the importer understands.
 pub const SUPPORTED_ARCHITECTURES: [&str; 1] = ["llama"];
@@ -429,7 +429,12 @@ pub struct ImportReport {
 }
 
 /// Import the GGUF at `src` as a Hugging Face checkpoint directory `dest`.
-pub fn import(src: &Path, dest: &Path, opts: &ImportOptions) -> Result<ImportReport, GgufError> {
+pub fn import(
+    src: &Path,
+    dest: &Path,
+    opts: &ImportOptions,
+    progress: &dyn Progress,
+) -> Result<ImportReport, GgufError> {
     let mut g = GgufFile::open(src)?;
     let arch = g
         .get_str("general.architecture")?
@@ -471,8 +476,13 @@ pub fn import(src: &Path, dest: &Path, opts: &ImportOptions) -> Result<ImportRep
     })?;
     let dir = out.path().to_path_buf();
     let st_path = dir.join("model.safetensors");
-    let (parameters, tensor_types, safetensors_bytes) =
-        write_weights(&mut g, &plan, &st_path, &dest.join("model.safetensors"))?;
+    let (parameters, tensor_types, safetensors_bytes) = write_weights(
+        &mut g,
+        &plan,
+        &st_path,
+        &dest.join("model.safetensors"),
+        progress,
+    )?;
 
     let json = |v: &serde_json::Value| {
         let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
@@ -535,6 +545,7 @@ fn write_weights(
     plan: &[TensorPlan],
     path: &Path,
     shown_as: &Path,
+    progress: &dyn Progress,
 ) -> Result<(u64, BTreeMap<String, usize>, u64), GgufError> {
     let io_err = |source| GgufError::Io {
         path: shown_as.to_path_buf(),
@@ -551,7 +562,7 @@ fn write_weights(
     let mut written = header.len() as u64;
     let mut parameters = 0u64;
     let mut types = BTreeMap::new();
-    let pb = progress_bar(plan.len() as u64, "importing");
+    progress.begin("importing", plan.len() as u64);
     for p in plan {
         let t = g
             .tensor(&p.gguf_name)
@@ -561,7 +572,7 @@ fn write_weights(
                 tensor: p.gguf_name.clone(),
                 message: "missing".into(),
             })?;
-        pb.set_message(p.gguf_name.clone());
+        progress.working_on(&p.gguf_name);
         *types.entry(t.type_name()).or_insert(0) += 1;
         let mut values = g.read_f32(&t)?;
         if let Some(heads) = p.unpermute_heads {
@@ -578,9 +589,9 @@ fn write_weights(
         w.write_all(&bytes).map_err(io_err)?;
         written += bytes.len() as u64;
         parameters += values.len() as u64;
-        pb.inc(1);
+        progress.advance(1);
     }
-    pb.finish_and_clear();
+    progress.end();
     let file = w.into_inner().map_err(|e| io_err(e.into_error()))?;
     file.sync_all().map_err(io_err)?;
     Ok((parameters, types, written))

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use half::f16;
 
-use crate::contract::{self, Contract};
+use crate::mil::contract::{self, Contract};
 use crate::mlpackage::{self, proto, DType, MlPackage, PackageError, TensorTypeInfo, Values};
 use ops::Args;
 pub use tensor::{Data, Tensor};

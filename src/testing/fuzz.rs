@@ -6,10 +6,12 @@
 
 use std::path::Path;
 
+use crate::arch::ModelSpec;
 use crate::checkpoint::gguf::{self, GgufFile, LlamaHParams};
-use crate::checkpoint::{parse_safetensors, Checkpoint, ModelSpec};
-use crate::mlpackage::{fixture, MlPackage};
+use crate::checkpoint::{parse_safetensors, Checkpoint};
+use crate::mlpackage::MlPackage;
 use crate::runtime::interp::{Options, Program};
+use crate::testing::mlpackage as fixture;
 
 /// Tensors larger than this are not dequantized by the GGUF target (the reader's bounds are
 /// what is under test, not candle's dequantization speed).
@@ -113,7 +115,7 @@ pub fn mlpackage(data: &[u8], scratch: &Path) {
 /// the in-code fixtures: small checkpoints of each architecture, GGUF files of each supported
 /// matrix type, the fixture program.
 pub fn write_seeds(out: &Path) -> std::io::Result<usize> {
-    use crate::checkpoint::gguf::fixture::{FixtureType, TinyGguf};
+    use crate::testing::gguf::{FixtureType, TinyGguf};
     use crate::testing::TinyModel;
     use prost::Message;
 
@@ -180,7 +182,7 @@ pub fn write_seeds(out: &Path) -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::gguf::fixture::TinyGguf;
+    use crate::testing::gguf::TinyGguf;
     use crate::testing::TinyModel;
     use prost::Message;
 

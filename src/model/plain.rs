@@ -9,7 +9,8 @@
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 
 use crate::arch::Role;
-use crate::checkpoint::{Checkpoint, ModelSpec, RopeScaling};
+use crate::arch::{ModelSpec, RopeScaling};
+use crate::checkpoint::Checkpoint;
 
 /// A point in the forward pass where the instrumented forward shows a tensor to an
 /// [`Observer`]. Shapes are given with T = tokens of the call.

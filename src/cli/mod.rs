@@ -4,6 +4,8 @@ use clap::{Parser, Subcommand};
 
 use crate::commands;
 
+pub mod completions;
+
 /// Turn Hugging Face causal language models into iOS17 Core ML packages, and prove them right.
 #[derive(Debug, Parser)]
 #[command(name = "hf2coreml", version, about, long_about = None)]
@@ -37,9 +39,9 @@ pub enum Command {
     /// Run the exports of a batch file (models × lengths × recipes × devices), for CI.
     Batch(commands::batch::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
-    Completions(commands::completions::Args),
+    Completions(completions::Args),
     /// Print the man page (roff) to stdout, or write one page per command to a directory.
-    Man(commands::completions::ManArgs),
+    Man(completions::ManArgs),
 }
 
 impl Command {
@@ -53,8 +55,8 @@ impl Command {
             Command::Run(a) => commands::run::run(a),
             Command::Validate(a) => commands::validate::run(a),
             Command::Batch(a) => commands::batch::run(a),
-            Command::Completions(a) => commands::completions::run(a),
-            Command::Man(a) => commands::completions::man(a),
+            Command::Completions(a) => completions::run(a),
+            Command::Man(a) => completions::man(a),
         }
     }
 }

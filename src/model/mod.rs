@@ -29,7 +29,8 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::{llama, mistral, qwen2};
 use thiserror::Error;
 
-use crate::checkpoint::{Architecture, Checkpoint, CheckpointError, ModelSpec, RopeScaling};
+use crate::arch::{Architecture, ModelSpec, RopeScaling};
+use crate::checkpoint::{Checkpoint, CheckpointError};
 
 /// What can go wrong in the reference forward pass.
 #[derive(Debug, Error)]

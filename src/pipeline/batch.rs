@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use toml::Spanned;
 
-use crate::emit::pipeline::ComputePrecision;
+use crate::pipeline::convert::ComputePrecision;
 use crate::quant::Recipe;
 use crate::validate::gates::Gate;
 

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
-use super::weights::permute_rows;
+use crate::checkpoint::gguf::weights::permute_rows;
 use crate::testing::SplitMix64;
 
 /// GGUF tensor type ids (ggml.h) used by the fixtures.
@@ -428,10 +428,12 @@ impl TinyGguf {
             };
             let (data, decoded) = encode(&stored, ty);
             let decoded_hf = match permute {
-                Some(heads) => super::weights::unpermute_rows(&decoded, shape[0], shape[1], heads),
+                Some(heads) => crate::checkpoint::gguf::weights::unpermute_rows(
+                    &decoded, shape[0], shape[1], heads,
+                ),
                 None => decoded,
             };
-            let hf = super::weights::hf_tensor_name(&gguf).unwrap_or_default();
+            let hf = crate::checkpoint::gguf::weights::hf_tensor_name(&gguf).unwrap_or_default();
             expected.insert(hf, (shape.clone(), decoded_hf));
             w.tensor(RawTensor {
                 name: gguf,

@@ -2,6 +2,10 @@
 //! directories. Used by unit tests, integration tests, benches and `make demo`'s tiny model.
 //! No weights live in git.
 
+pub mod fuzz;
+pub mod gguf;
+pub mod mlpackage;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -9,7 +13,8 @@ use half::{bf16, f16};
 use safetensors::{serialize_to_file, Dtype, View};
 
 use crate::arch;
-use crate::checkpoint::{Architecture, DType, ModelSpec};
+use crate::arch::{Architecture, ModelSpec};
+use crate::checkpoint::DType;
 
 /// The shape of a fixture model.
 #[derive(Debug, Clone)]

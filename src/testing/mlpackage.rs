@@ -8,7 +8,7 @@ use std::path::Path;
 use half::f16;
 use prost::Message;
 
-use super::{pack_bits, proto, BlobWriter, DType};
+use crate::mlpackage::{pack_bits, proto, BlobWriter, DType};
 
 /// The blob file name coremltools writes.
 pub const WEIGHTS: &str = "@model_path/weights/weight.bin";

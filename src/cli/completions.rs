@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use crate::cli::Cli;
+use super::Cli;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -54,7 +54,7 @@ pub fn man(args: ManArgs) -> anyhow::Result<()> {
             .render(&mut bytes)
             .context("rendering a man page")?;
         let path = dir.join(&file);
-        hf2coreml::util::atomic_write(&path, &bytes)
+        hf2coreml::fsutil::atomic_write(&path, &bytes)
             .with_context(|| format!("cannot write {}", path.display()))?;
         println!("{}", path.display());
     }

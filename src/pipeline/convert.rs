@@ -6,24 +6,24 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use half::f16;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::{EmitError, EmitReport, Metadata, PythonEnv};
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::contract::{self, Contract, Source};
-use crate::graph::llama::{self, CalibratedWeight, StepOptions, Weight};
+use crate::emit::{EmitError, EmitReport, Metadata, PythonEnv};
+use crate::fsutil::atomic_write;
+use crate::graph::llama::{self, StepOptions, Weight};
 use crate::graph::scaling::{ActivationRanges, Scaling};
-use crate::graph::{DType, GraphError, Palettized};
-use crate::quant::{self, Decision, Granularity, QuantError, Recipe};
-use crate::reference::calibrate::{self, ActivationStats, CalibrationOptions};
-use crate::reference::ReferenceError;
-use crate::util::{atomic_write, progress_bar};
+use crate::graph::{DType, GraphError};
+use crate::mil::contract::{self, Contract, Source};
+use crate::model::calibrate::{self, ActivationStats, CalibrationOptions};
+use crate::model::ReferenceError;
+use crate::progress::Progress;
+use crate::quant::{self, QuantError};
 
 /// Precision the program computes in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ComputePrecision {
     /// fp16 everywhere (Neural Engine, GPU and CPU).
@@ -395,188 +395,8 @@ pub fn measure_ranges(ckpt: &Checkpoint) -> Result<ActivationRanges, ConvertErro
     tokens.truncate(CALIBRATION_TOKENS);
     let source = format!("{source}, first {} used", tokens.len());
     let stats = calibrate::calibrate(ckpt, &tokens, &CalibrationOptions::default())?;
-    crate::util::release_free_memory();
+    crate::fsutil::release_free_memory();
     Ok(ranges_from_stats(&stats, source))
-}
-
-/// Palettize what `recipe` selects and read the rest as dense fp16. `progress` is called once
-/// per palettized tensor, from worker threads. A recipe with `[calibration]` fits its
-/// palettized projections on `calibration` tokens ([`quant::sequential`]); other palettized
-/// tensors (an embedding, say) are palettized data-free either way.
-pub fn prepare_weights(
-    ckpt: &Checkpoint,
-    recipe: &Recipe,
-    calibration: &[u32],
-    progress: &(dyn Fn(&quant::TensorReport) + Sync),
-) -> Result<(BTreeMap<String, Weight>, quant::Report), ConvertError> {
-    let method_for = |slot: &crate::arch::TensorSlot| {
-        let cal = recipe.calibration()?;
-        match recipe.decide(slot) {
-            Decision::Palettize {
-                nbits,
-                granularity: Granularity::PerTensor,
-            } if slot.role.is_projection() => Some(cal.method(nbits)),
-            _ => None,
-        }
-    };
-    // Nothing to fit (e.g. `--keep-fp16 '*'`): skip the calibration passes altogether.
-    let calibrates = recipe.calibrates(&ckpt.slots());
-    let calibrated = match recipe.calibration().filter(|_| calibrates) {
-        Some(cal) => {
-            let cal = *cal;
-            let options = quant::sequential::SequentialOptions {
-                awq: cal.awq,
-                target_bpw: cal.target_bpw,
-                chunk_rows: cal.allocation_rows,
-                ..Default::default()
-            };
-            let w = quant::sequential::quantize_streaming(
-                ckpt,
-                calibration,
-                &method_for,
-                &options,
-                &|_, _| {},
-            )?;
-            crate::util::release_free_memory();
-            Some(w)
-        }
-        None => None,
-    };
-    let skip: std::collections::HashSet<String> = calibrated
-        .as_ref()
-        .map(|c| c.linears.keys().cloned().collect())
-        .unwrap_or_default();
-    let out = quant::palettize_checkpoint_skipping(ckpt, recipe, &skip, progress)?;
-    let mut report = out.report;
-    if let (Some(c), Some(target)) = (
-        calibrated.as_ref(),
-        recipe.calibration().and_then(|c| c.target_bpw),
-    ) {
-        if !c.allocation.is_empty() {
-            report.mixed_precision = Some(quant::MixedPrecision::new(target, &c.allocation));
-        }
-    }
-    let mut weights = BTreeMap::new();
-    let mut calibrated = calibrated;
-    for t in out.tensors {
-        let name = t.slot.name.clone();
-        if let Some(q) = calibrated.as_mut().and_then(|c| c.linears.remove(&name)) {
-            if let Some(line) = report.tensors.iter_mut().find(|l| l.name == name) {
-                // A mixed projection reports its widest rows' width.
-                let nbits = q.max_nbits();
-                if let Decision::Palettize { granularity, .. } = line.decision {
-                    line.decision = Decision::Palettize { nbits, granularity };
-                }
-                line.nbits = Some(nbits);
-                line.bytes_after = q
-                    .groups
-                    .iter()
-                    .map(|g| {
-                        crate::budget::Storage::Lut {
-                            nbits: g.nbits,
-                            luts: 1,
-                        }
-                        .bytes(g.rows.len() * q.cols)
-                    })
-                    .sum::<u64>()
-                    + q.row_scale.as_ref().map_or(0, |s| 2 * s.len() as u64);
-                line.mse = Some(q.mse);
-                line.snr_db = Some(q.snr_db);
-                progress(line);
-            }
-            weights.insert(name, calibrated_weight(q));
-            continue;
-        }
-        if let Some(v) = calibrated.as_mut().and_then(|c| c.replaced.remove(&name)) {
-            weights.insert(
-                name,
-                Weight::Dense(v.iter().map(|&x| f16::from_f32(x)).collect()),
-            );
-            continue;
-        }
-        let w = match t.palettized {
-            Some(p) => {
-                if p.granularity != Granularity::PerTensor || p.luts.len() != 1 {
-                    return Err(ConvertError::Granularity {
-                        tensor: t.slot.name.clone(),
-                        granularity: p.granularity.to_string(),
-                    });
-                }
-                let nbits = p.nbits;
-                let lut = p.luts.into_iter().next().unwrap_or_default();
-                Weight::Palettized(Palettized {
-                    nbits,
-                    lut,
-                    packed: p.packed_indices,
-                })
-            }
-            None => Weight::Dense(ckpt.tensor(&t.slot.name)?.to_f16()),
-        };
-        weights.insert(name, w);
-    }
-    report.recompute_totals();
-    crate::util::release_free_memory();
-    Ok((weights, report))
-}
-
-/// A calibrated projection as the graph stores it. The row scales' geometric mean (a power of
-/// two, so nothing rounds) moves into the LUTs: the linear's output before the `mul` then has
-/// the magnitude of the float layer's output, which keeps it inside fp16's range.
-fn calibrated_weight(q: quant::calibrated::QuantizedLinear) -> Weight {
-    let shift = q.row_scale.as_ref().map_or(0, |s| {
-        let n = s.len().max(1) as f64;
-        let log2 = s
-            .iter()
-            .map(|v| (v.to_f64().max(1e-30)).log2())
-            .sum::<f64>()
-            / n;
-        log2.round() as i32
-    });
-    let c = 2f64.powi(shift);
-    let groups = q
-        .groups
-        .iter()
-        .map(|g| {
-            let mut idx = Vec::with_capacity(g.rows.len() * q.cols);
-            for &r in &g.rows {
-                idx.extend_from_slice(&q.indices[r * q.cols..(r + 1) * q.cols]);
-            }
-            (
-                g.rows.len(),
-                Palettized {
-                    nbits: g.nbits,
-                    lut: g
-                        .lut
-                        .iter()
-                        .map(|v| f16::from_f64(v.to_f64() * c))
-                        .collect(),
-                    packed: quant::pack_indices(&idx, g.nbits),
-                },
-            )
-        })
-        .collect();
-    // Where each row lands when the groups' outputs are concatenated, if not in place.
-    let stored: Vec<usize> = q
-        .groups
-        .iter()
-        .flat_map(|g| g.rows.iter().copied())
-        .collect();
-    let restore = (stored.iter().enumerate().any(|(i, &r)| i != r)).then(|| {
-        let mut at = vec![0u32; q.rows];
-        for (i, &r) in stored.iter().enumerate() {
-            at[r] = i as u32;
-        }
-        at
-    });
-    let row_scale = q
-        .row_scale
-        .map(|s| s.iter().map(|v| f16::from_f64(v.to_f64() / c)).collect());
-    Weight::Calibrated(CalibratedWeight {
-        groups,
-        restore,
-        row_scale,
-        rotated: q.rotated,
-    })
 }
 
 /// Size of a directory tree in bytes.
@@ -609,6 +429,7 @@ pub fn convert(
     recipe: serde_json::Value,
     palettize: Option<quant::Report>,
     mut times: StageTimes,
+    progress: &dyn Progress,
 ) -> Result<ConvertSummary, ConvertError> {
     let start = Instant::now();
     let outputs = Outputs::for_package(&opts.output)?;
@@ -673,10 +494,11 @@ pub fn convert(
     times.build = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let pb = progress_bar(1, "serialize");
-    pb.set_message("coremltools");
-    let emit = super::emit(graph, &meta, &opts.python_env, &opts.output, opts.force)?;
-    pb.finish_and_clear();
+    progress.begin("serialize", 1);
+    progress.working_on("coremltools");
+    let emit = crate::emit::emit(graph, &meta, &opts.python_env, &opts.output, opts.force);
+    progress.end();
+    let emit = emit?;
     times.serialize = t.elapsed().as_secs_f64();
 
     // Sidecars: written after the package, each atomically.

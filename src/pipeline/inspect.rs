@@ -2,10 +2,11 @@
 
 use serde::Serialize;
 
-use super::Checkpoint;
 use crate::arch::RoleGroup;
-use crate::budget::{self, Storage};
+use crate::budget;
+use crate::checkpoint::Checkpoint;
 use crate::quant::Recipe;
+use crate::quant::Storage;
 
 /// Tensors, parameters and bytes of one role group.
 #[derive(Debug, Clone, Serialize)]
@@ -35,7 +36,7 @@ pub struct Summary {
     pub tie_word_embeddings: bool,
     pub attention_bias: bool,
     pub rope_theta: f64,
-    pub rope_scaling: super::RopeScaling,
+    pub rope_scaling: crate::arch::RopeScaling,
     pub rms_norm_eps: f64,
     /// The dtype most weights are stored in.
     pub dtype: &'static str,

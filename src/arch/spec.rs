@@ -1,0 +1,113 @@
+//! What a model is: its family, shapes and numerics ([`ModelSpec`]), read from config.json by
+//! `checkpoint` and from GGUF metadata by `checkpoint::gguf`.
+
+use serde::{Deserialize, Serialize};
+
+/// The model families we convert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Architecture {
+    #[serde(rename = "LlamaForCausalLM")]
+    Llama,
+    #[serde(rename = "MistralForCausalLM")]
+    Mistral,
+    #[serde(rename = "Qwen2ForCausalLM")]
+    Qwen2,
+}
+
+impl Architecture {
+    pub const ALL: [Architecture; 3] = [Self::Llama, Self::Mistral, Self::Qwen2];
+
+    /// The name transformers uses in `architectures`.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+        }
+    }
+
+    /// The `model_type` transformers uses.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Mistral => "mistral",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+
+    pub(crate) fn from_hf_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.hf_name() == name)
+    }
+
+    pub(crate) fn from_model_type(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.model_type() == name)
+    }
+}
+
+impl std::fmt::Display for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.hf_name())
+    }
+}
+
+/// Rotary embedding frequency scaling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    None,
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3.1's wavelength-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Everything the pipeline needs to know about a checkpoint's shape and numerics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    pub architecture: Architecture,
+    pub num_hidden_layers: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    /// The model's trained context (`max_position_embeddings`).
+    pub max_position_embeddings: usize,
+    /// q/k/v projections carry biases (Qwen2).
+    pub attention_bias: bool,
+    /// The dtype the config declares (`torch_dtype` or `dtype`), if any.
+    pub dtype: Option<String>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// Mistral's sliding window, if any (recorded; a package's S below it makes it moot).
+    pub sliding_window: Option<usize>,
+}
+
+impl ModelSpec {
+    /// Query projection width (heads × head_dim); may differ from hidden_size.
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    /// Key/value projection width (kv heads × head_dim).
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Query heads per key/value head.
+    pub fn gqa_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+}

@@ -1,0 +1,378 @@
+//! Files and the process: atomic outputs, temp directories beside a destination, scratch
+//! directories, their removal on SIGINT/SIGTERM/SIGHUP, and handing freed memory back.
+
+use std::path::{Path, PathBuf};
+
+/// Write `bytes` to `dest` atomically: a temp file beside it, then a rename.
+pub fn atomic_write(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let parent = parent_dir(dest);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", file_name(dest)))
+        .suffix(".tmp")
+        .tempfile_in(parent)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(dest).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Check, without leaving anything behind, that `dest` could be created: its nearest existing
+/// ancestor is a directory we can create files in. Lets a command refuse an unwritable output
+/// before minutes of work instead of after.
+pub fn check_writable(dest: &Path) -> std::io::Result<()> {
+    let mut dir = parent_dir(dest);
+    while !dir.exists() {
+        dir = parent_dir(dir);
+        if dir == Path::new(".") && !dir.exists() {
+            break;
+        }
+    }
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "cannot create {}: {} is not a directory",
+                dest.display(),
+                dir.display()
+            ),
+        ));
+    }
+    tempfile::Builder::new()
+        .prefix(&format!(".{}.probe", file_name(dest)))
+        .tempfile_in(dir)
+        .map(drop)
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot create {}: {} is not writable ({e})",
+                    dest.display(),
+                    dir.display()
+                ),
+            )
+        })
+}
+
+/// An output directory built under a temporary name beside its destination and renamed into
+/// place by [`AtomicDir::commit`]. Dropped without commit (error, panic), it is removed, so a
+/// failed run never leaves a partial output under the destination's name.
+#[derive(Debug)]
+pub struct AtomicDir {
+    tmp: Option<tempfile::TempDir>,
+    dest: PathBuf,
+}
+
+impl AtomicDir {
+    /// Start building `dest`. Fails if `dest` exists and `force` is false.
+    pub fn new(dest: &Path, force: bool) -> std::io::Result<Self> {
+        if dest.exists() && !force {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} already exists (use --force to replace it)",
+                    dest.display()
+                ),
+            ));
+        }
+        let parent = parent_dir(dest);
+        std::fs::create_dir_all(parent)?;
+        remove_stale_partials(parent, &file_name(dest));
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{}.{}.", file_name(dest), std::process::id()))
+            .suffix(".partial")
+            .tempdir_in(parent)?;
+        remove_on_interrupt(tmp.path());
+        Ok(AtomicDir {
+            tmp: Some(tmp),
+            dest: dest.to_path_buf(),
+        })
+    }
+
+    /// Where to write the contents.
+    pub fn path(&self) -> &Path {
+        self.tmp.as_ref().expect("not committed").path()
+    }
+
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    /// Move the finished directory into place, replacing any existing `dest`.
+    pub fn commit(mut self) -> std::io::Result<PathBuf> {
+        let tmp = self.tmp.take().expect("commit once");
+        keep_on_interrupt(tmp.path());
+        let tmp_path = tmp.keep();
+        if self.dest.exists() {
+            // Move the old output aside first so there is no moment without a complete one
+            // under the destination's name for longer than two renames.
+            let trash = parent_dir(&self.dest).join(format!(
+                ".{}.old-{}",
+                file_name(&self.dest),
+                std::process::id()
+            ));
+            std::fs::rename(&self.dest, &trash)?;
+            std::fs::rename(&tmp_path, &self.dest)?;
+            if trash.is_dir() {
+                std::fs::remove_dir_all(&trash)?;
+            } else {
+                std::fs::remove_file(&trash)?;
+            }
+        } else {
+            std::fs::rename(&tmp_path, &self.dest)?;
+        }
+        Ok(self.dest.clone())
+    }
+}
+
+impl Drop for AtomicDir {
+    fn drop(&mut self) {
+        // The TempDir field removes the directory right after this.
+        if let Some(t) = &self.tmp {
+            keep_on_interrupt(t.path());
+        }
+    }
+}
+
+/// Directories to delete if the process is interrupted (SIGINT, SIGTERM, SIGHUP).
+static ON_INTERRUPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Delete `dir` (recursively) if the process gets SIGINT, SIGTERM or SIGHUP before
+/// [`keep_on_interrupt`] is called for it; the process then exits with 128 + the signal.
+/// Without this, Ctrl-C kills the process on the spot (the embedded Python installs no
+/// handler) and leaves temp directories for the next run to clean. SIGKILL cannot be caught:
+/// [`AtomicDir::new`] removes what such runs leave.
+pub fn remove_on_interrupt(dir: &Path) {
+    #[cfg(unix)]
+    signals::install();
+    ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(dir.to_path_buf());
+}
+
+/// Stop deleting `dir` on interruption (it was committed or removed).
+pub fn keep_on_interrupt(dir: &Path) {
+    ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|d| d != dir);
+}
+
+#[cfg(unix)]
+mod signals {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::Once;
+
+    /// Write end of the self-pipe the handler signals through (-1: not installed).
+    static PIPE: AtomicI32 = AtomicI32::new(-1);
+    static INSTALL: Once = Once::new();
+
+    /// Only async-signal-safe work here: one write(2) of the signal number.
+    extern "C" fn on_signal(sig: libc::c_int) {
+        let fd = PIPE.load(Ordering::Relaxed);
+        if fd >= 0 {
+            let b = sig as u8;
+            // SAFETY: writing one byte from a live stack variable to a pipe we own.
+            unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+        }
+    }
+
+    /// A thread waits on the pipe; on a signal it removes the registered directories and
+    /// exits without unwinding (the main thread may be inside Python).
+    pub(super) fn install() {
+        INSTALL.call_once(|| {
+            let mut fds = [0 as libc::c_int; 2];
+            // SAFETY: pipe(2) fills the two-element array.
+            if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+                return;
+            }
+            let read_fd = fds[0];
+            PIPE.store(fds[1], Ordering::Relaxed);
+            let spawned = std::thread::Builder::new()
+                .name("interrupt-cleanup".into())
+                .spawn(move || {
+                    let mut b = 0u8;
+                    // SAFETY: reading one byte into a live stack variable from our pipe.
+                    let n = unsafe { libc::read(read_fd, (&mut b as *mut u8).cast(), 1) };
+                    if n != 1 {
+                        return;
+                    }
+                    let dirs = super::ON_INTERRUPT
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    for d in dirs {
+                        // The main thread may still be writing into it: retry a few times.
+                        for _ in 0..3 {
+                            if std::fs::remove_dir_all(&d).is_ok() || !d.exists() {
+                                break;
+                            }
+                        }
+                    }
+                    // SAFETY: _exit(2) ends the process without running destructors or
+                    // atexit handlers, which could block on locks the main thread holds.
+                    unsafe { libc::_exit(128 + b as libc::c_int) };
+                });
+            if spawned.is_err() {
+                return;
+            }
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                // SAFETY: on_signal only performs an async-signal-safe write(2).
+                unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+            }
+        });
+    }
+}
+
+/// Remove `.NAME.PID.*.partial` directories that a killed run (SIGKILL, power loss: no chance
+/// to clean up) left beside `NAME`, when process PID no longer exists. Where process liveness
+/// cannot be checked (no /proc), nothing is removed. Best effort: errors are ignored.
+fn remove_stale_partials(parent: &Path, name: &str) {
+    remove_stale(parent, &format!(".{name}."), '.', ".partial");
+}
+
+/// Remove the directories in `parent` named `{prefix}{PID}{sep}…{suffix}` whose process PID
+/// is gone (see [`remove_stale_partials`]).
+fn remove_stale(parent: &Path, prefix: &str, sep: char, suffix: &str) {
+    let proc_root = Path::new("/proc");
+    if !proc_root.join("self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let fname = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = fname.strip_prefix(prefix) else {
+            continue;
+        };
+        if !rest.ends_with(suffix) {
+            continue;
+        }
+        let Some(pid) = rest.split(sep).next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !proc_root.join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// A scratch directory in the system temp dir, `hf2coreml-KIND-PID-XXXXXX`, removed when
+/// dropped and on SIGINT/SIGTERM/SIGHUP. Scratch directories of the same kind that a killed
+/// process (SIGKILL) left behind are removed first: a GGUF import's is a whole checkpoint.
+pub fn scratch_dir(kind: &str) -> std::io::Result<tempfile::TempDir> {
+    let prefix = format!("hf2coreml-{kind}-");
+    remove_stale(&std::env::temp_dir(), &prefix, '-', "");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("{prefix}{}-", std::process::id()))
+        .tempdir()?;
+    remove_on_interrupt(dir.path());
+    Ok(dir)
+}
+
+fn parent_dir(p: &Path) -> &Path {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into())
+}
+
+/// Give the memory the allocator holds but no longer uses back to the system.
+///
+/// glibc keeps freed blocks below its (self-raising) mmap threshold in its heaps, one heap per
+/// thread that allocated, and returns only the top of each. A stage that churns through
+/// tensors of a few MiB (a forward pass over calibration text) leaves tens of MiB there that
+/// the next stage, holding every palettized weight, would otherwise add to. Called between
+/// stages; elsewhere it does nothing.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own heaps; it is thread-safe and has no
+    // preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_dirs_of_dead_processes_are_removed() {
+        // A kind of its own, so parallel tests and other runs never meet this one's dirs.
+        let kind = format!("unittest{}", std::process::id());
+        let tmp = std::env::temp_dir();
+        // PIDs above the kernel's pid_max (4,194,304 at most) never exist; PID 1 always does.
+        let dead = tmp.join(format!("hf2coreml-{kind}-4999999-abc"));
+        let alive = tmp.join(format!("hf2coreml-{kind}-1-abc"));
+        std::fs::create_dir_all(dead.join("model")).unwrap();
+        std::fs::create_dir_all(&alive).unwrap();
+        let scratch = scratch_dir(&kind).unwrap();
+        let name = scratch
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(name.starts_with(&format!("hf2coreml-{kind}-{}-", std::process::id())));
+        assert!(!dead.exists(), "a dead process's scratch dir survived");
+        assert!(alive.exists(), "a live process's scratch dir was removed");
+        // Our own scratch dir is never taken for stale.
+        let again = scratch_dir(&kind).unwrap();
+        assert!(scratch.path().exists());
+        let (first, second) = (scratch.path().to_path_buf(), again.path().to_path_buf());
+        drop(scratch);
+        drop(again);
+        assert!(!first.exists() && !second.exists());
+        std::fs::remove_dir_all(&alive).unwrap();
+    }
+
+    #[test]
+    fn stale_partials_of_dead_processes_are_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let dest = root.path().join("m.mlpackage");
+        // PIDs above the kernel's pid_max (4,194,304 at most) never exist.
+        let dead = root.path().join(".m.mlpackage.4999999.abc.partial");
+        let mine = root
+            .path()
+            .join(format!(".m.mlpackage.{}.abc.partial", std::process::id()));
+        let other = root.path().join(".n.mlpackage.4999999.abc.partial");
+        for d in [&dead, &mine, &other] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let a = AtomicDir::new(&dest, false).unwrap();
+        assert!(!dead.exists() || !Path::new("/proc/self").exists());
+        assert!(mine.exists() && other.exists());
+        assert!(a.path().exists());
+    }
+
+    #[test]
+    fn atomic_dir_commits_or_vanishes() {
+        let root = tempfile::tempdir().unwrap();
+        let dest = root.path().join("out.mlpackage");
+        {
+            let d = AtomicDir::new(&dest, false).unwrap();
+            std::fs::write(d.path().join("x"), b"1").unwrap();
+            // dropped without commit
+        }
+        assert!(!dest.exists());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+        let d = AtomicDir::new(&dest, false).unwrap();
+        std::fs::write(d.path().join("x"), b"1").unwrap();
+        d.commit().unwrap();
+        assert!(dest.join("x").is_file());
+        assert!(AtomicDir::new(&dest, false).is_err());
+        let d = AtomicDir::new(&dest, true).unwrap();
+        std::fs::write(d.path().join("y"), b"2").unwrap();
+        d.commit().unwrap();
+        assert!(dest.join("y").is_file() && !dest.join("x").exists());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+    }
+}
