@@ -1,7 +1,9 @@
 //! What the graph builder, the coremltools bridge and the package reader share: the MIL
-//! operations ([`ops::Op`]) and the package contract (inputs, outputs, metadata).
+//! element types ([`DType`]) and operations ([`Op`]) and the package contract (inputs, outputs, metadata).
 
 pub mod contract;
+pub mod dtype;
 pub mod ops;
 
+pub use dtype::DType;
 pub use ops::Op;
