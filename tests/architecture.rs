@@ -83,7 +83,8 @@ fn crate_refs(code: &str) -> BTreeSet<String> {
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect();
-        if !name.is_empty() {
+        // `crate::VERSION` and other items of the crate root are not modules.
+        if name.starts_with(|c: char| c.is_ascii_lowercase()) {
             out.insert(name);
         }
     }
@@ -152,7 +153,7 @@ fn the_table_forbids_what_it_should() {
     assert!(allowed["error"].is_empty());
     assert!(!allowed["commands"].contains("cli"));
     assert_eq!(allowed.len(), 21, "{:?}", allowed.keys());
-    let refs = crate_refs("use crate::graph::Graph; x = hf2coreml_crate::y; crate::quant::f()");
+    let refs = crate_refs("use crate::graph::Graph; x = hf2coreml_crate::y; crate::quant::f(crate::VERSION)");
     assert_eq!(refs, BTreeSet::from(["graph".into(), "quant".into()]));
 }
 
@@ -217,6 +218,6 @@ fn no_function_is_longer_than_150_lines() {
 fn long_functions_are_found() {
     let body = "    let x = 1;\n".repeat(5);
     let text = format!("fn short() {{\n{body}}}\n\nimpl A {{\n    pub fn long(\n        a: u8,\n    ) -> u8 {{\n    {body}    }}\n}}\n");
-    assert_eq!(long_functions(&text, 10), vec![("long".to_string(), 10, 9)]);
+    assert_eq!(long_functions(&text, 8), vec![("long".to_string(), 10, 9)]);
     assert!(long_functions(&text, 20).is_empty());
 }
