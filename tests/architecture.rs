@@ -65,7 +65,12 @@ fn code(path: &Path) -> String {
 /// Top-level module of a file under src/ (`graph/llama/mod.rs` → `graph`).
 fn module_of(src: &Path, path: &Path) -> String {
     let rel = path.strip_prefix(src).unwrap();
-    let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
     first.trim_end_matches(".rs").to_string()
 }
 
@@ -153,7 +158,9 @@ fn the_table_forbids_what_it_should() {
     assert!(allowed["error"].is_empty());
     assert!(!allowed["commands"].contains("cli"));
     assert_eq!(allowed.len(), 21, "{:?}", allowed.keys());
-    let refs = crate_refs("use crate::graph::Graph; x = hf2coreml_crate::y; crate::quant::f(crate::VERSION)");
+    let refs = crate_refs(
+        "use crate::graph::Graph; x = hf2coreml_crate::y; crate::quant::f(crate::VERSION)",
+    );
     assert_eq!(refs, BTreeSet::from(["graph".into(), "quant".into()]));
 }
 
@@ -167,9 +174,15 @@ fn long_functions(text: &str, max: usize) -> Vec<(String, usize, usize)> {
         let line = lines[i];
         let trimmed = line.trim_start();
         let indent = &line[..line.len() - trimmed.len()];
-        let sig = ["pub fn ", "fn ", "pub(crate) fn ", "pub(super) fn ", "const fn "]
-            .iter()
-            .find_map(|p| trimmed.strip_prefix(p));
+        let sig = [
+            "pub fn ",
+            "fn ",
+            "pub(crate) fn ",
+            "pub(super) fn ",
+            "const fn ",
+        ]
+        .iter()
+        .find_map(|p| trimmed.strip_prefix(p));
         if let Some(sig) = sig {
             let name: String = sig
                 .chars()
@@ -208,7 +221,10 @@ fn no_function_is_longer_than_150_lines() {
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap();
         for (name, line, len) in long_functions(&text, MAX_FN_LINES) {
-            problems.push(format!("{}:{line}: fn {name} is {len} lines", path.display()));
+            problems.push(format!(
+                "{}:{line}: fn {name} is {len} lines",
+                path.display()
+            ));
         }
     }
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
