@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use half::{bf16, f16};
 use prost::Message;
 
-pub use crate::mil::DType;
+use crate::mil::DType;
 pub use blob::{BlobFile, BlobRecord, BlobWriter};
 
 /// The weight-file prefix meaning "the folder that holds model.mlmodel".
