@@ -8,6 +8,8 @@
 mod config;
 pub mod gguf;
 
+pub use config::ConfigError;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
