@@ -15,8 +15,9 @@ use std::process::{Command, Output};
 
 use half::bf16;
 use hf2coreml::mil::contract;
+use hf2coreml::mil::DType;
 use hf2coreml::mlpackage::blob::{BLOB_SENTINEL, RECORD_SIZE};
-use hf2coreml::mlpackage::{proto, BlobWriter, DType};
+use hf2coreml::mlpackage::{proto, BlobWriter};
 use hf2coreml::testing::gguf::{Meta, TinyGguf};
 use hf2coreml::testing::mlpackage as fixture;
 use hf2coreml::testing::TinyModel;

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use hf2coreml::arch::Architecture;
-use hf2coreml::checkpoint::DType;
+use hf2coreml::mil::DType;
 use hf2coreml::testing::TinyModel;
 
 fn hf2coreml(args: &[&str]) -> Output {

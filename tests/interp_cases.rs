@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use half::f16;
-use hf2coreml::mlpackage::{proto, DType, MlPackage};
+use hf2coreml::mil::DType;
+use hf2coreml::mlpackage::{proto, MlPackage};
 use hf2coreml::runtime::interp::{Compute, Data, Options, Program, RuntimeError, Stats, Tensor};
 use prost::Message;
 use serde_json::Value;

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use half::{bf16, f16};
-use hf2coreml::mlpackage::{pack_bits, proto, BlobWriter, DType, MlPackage, PackageError, Values};
+use hf2coreml::mil::DType;
+use hf2coreml::mlpackage::{pack_bits, proto, BlobWriter, MlPackage, PackageError, Values};
 use hf2coreml::testing::mlpackage::{self as fixture, blob_value, const_op, value_type};
 use proptest::prelude::*;
 use prost::Message;

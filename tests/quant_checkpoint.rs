@@ -6,7 +6,8 @@ use std::process::Command;
 use half::f16;
 use hf2coreml::arch::Role;
 use hf2coreml::budget;
-use hf2coreml::checkpoint::{Checkpoint, DType};
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::mil::DType;
 use hf2coreml::quant::{self, Decision, QuantError, Recipe};
 use hf2coreml::testing::{Blob, TinyModel};
 

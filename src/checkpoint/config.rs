@@ -11,6 +11,41 @@ use serde::Deserialize;
 use super::CheckpointError;
 use crate::arch::{Architecture, ModelSpec, RopeScaling};
 
+/// What is wrong with config.json text; the message names no file ([`CheckpointError::Config`]
+/// adds the path).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("not valid config JSON: {0}")]
+    Json(String),
+    #[error("neither `architectures` nor `model_type` is set")]
+    NoArchitecture,
+    #[error("unsupported architecture `{name}` (supported: {supported})")]
+    UnsupportedArchitecture { name: String, supported: String },
+    #[error("unsupported model_type `{0}` (supported: llama, mistral, qwen2)")]
+    UnsupportedModelType(String),
+    #[error("unsupported rope scaling `{0}` (supported: none, linear, llama3)")]
+    UnsupportedRopeScaling(String),
+    #[error("missing `{0}`")]
+    Missing(String),
+    #[error("`{0}` must be positive")]
+    NotPositive(String),
+    #[error("`{key}` = {value} exceeds the limit of {max}")]
+    ExceedsLimit {
+        key: String,
+        value: usize,
+        max: usize,
+    },
+    /// A value out of range, or values inconsistent with each other.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<String> for ConfigError {
+    fn from(msg: String) -> Self {
+        ConfigError::Invalid(msg)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct RawConfig {
     architectures: Option<Vec<String>>,
@@ -77,38 +112,41 @@ impl ModelSpec {
     /// Read and check `config.json`.
     pub fn from_config_file(path: &Path) -> Result<Self, CheckpointError> {
         let text = super::read_text_limited(path, super::MAX_CONFIG_BYTES, "config.json")?;
-        Self::from_config_str(&text).map_err(|message| CheckpointError::Config {
+        Self::from_config_str(&text).map_err(|e| CheckpointError::Config {
             path: path.to_path_buf(),
-            message,
+            message: e.to_string(),
         })
     }
 
     /// Parse and check config.json text; the error is a message without the path.
-    pub fn from_config_str(text: &str) -> Result<Self, String> {
+    pub fn from_config_str(text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig =
-            serde_json::from_str(text).map_err(|e| format!("not valid config JSON: {e}"))?;
+            serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(list), _) if !list.is_empty() => {
                 let name = &list[0];
                 Architecture::from_hf_name(name).ok_or_else(|| {
-                    format!(
-                        "unsupported architecture `{name}` (supported: {})",
-                        Architecture::ALL.map(|a| a.hf_name()).join(", ")
-                    )
+                    ConfigError::UnsupportedArchitecture {
+                        name: name.clone(),
+                        supported: Architecture::ALL.map(|a| a.hf_name()).join(", "),
+                    }
                 })?
             }
-            (_, Some(mt)) => Architecture::from_model_type(mt).ok_or_else(|| {
-                format!("unsupported model_type `{mt}` (supported: llama, mistral, qwen2)")
-            })?,
-            _ => return Err("neither `architectures` nor `model_type` is set".into()),
+            (_, Some(mt)) => Architecture::from_model_type(mt)
+                .ok_or_else(|| ConfigError::UnsupportedModelType(mt.clone()))?,
+            _ => return Err(ConfigError::NoArchitecture),
         };
-        let need = |v: Option<usize>, key: &str| -> Result<usize, String> {
+        let need = |v: Option<usize>, key: &str| -> Result<usize, ConfigError> {
             let max = max_for(key);
             match v {
-                Some(0) => Err(format!("`{key}` must be positive")),
-                Some(x) if x > max => Err(format!("`{key}` = {x} exceeds the limit of {max}")),
+                Some(0) => Err(ConfigError::NotPositive(key.to_string())),
+                Some(x) if x > max => Err(ConfigError::ExceedsLimit {
+                    key: key.to_string(),
+                    value: x,
+                    max,
+                }),
                 Some(x) => Ok(x),
-                None => Err(format!("missing `{key}`")),
+                None => Err(ConfigError::Missing(key.to_string())),
             }
         };
         let num_hidden_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
@@ -123,29 +161,29 @@ impl ModelSpec {
         if num_attention_heads % num_key_value_heads != 0 {
             return Err(format!(
                 "num_key_value_heads ({num_key_value_heads}) does not divide num_attention_heads ({num_attention_heads})"
-            ));
+            ).into());
         }
         let head_dim = match raw.head_dim {
-            Some(0) => return Err("`head_dim` must be positive".into()),
+            Some(0) => return Err(ConfigError::NotPositive("head_dim".into())),
             Some(d) if d > MAX_HEAD_DIM => {
-                return Err(format!(
-                    "`head_dim` = {d} exceeds the limit of {MAX_HEAD_DIM}"
-                ))
+                return Err(ConfigError::ExceedsLimit {
+                    key: "head_dim".into(),
+                    value: d,
+                    max: MAX_HEAD_DIM,
+                })
             }
             Some(d) => d,
             None => {
                 if hidden_size % num_attention_heads != 0 {
                     return Err(format!(
                         "num_attention_heads ({num_attention_heads}) does not divide hidden_size ({hidden_size}) and no head_dim is given"
-                    ));
+                    ).into());
                 }
                 hidden_size / num_attention_heads
             }
         };
         if head_dim % 2 != 0 {
-            return Err(format!(
-                "head_dim ({head_dim}) must be even for rotary embeddings"
-            ));
+            return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings").into());
         }
         // transformers 5 nests rope settings in `rope_parameters`; v4 has top-level keys.
         let rope_params = raw.rope_parameters.as_ref().filter(|v| v.is_object());
@@ -158,9 +196,7 @@ impl ModelSpec {
             })
             .unwrap_or(10_000.0);
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
-            return Err(format!(
-                "rope_theta ({rope_theta}) must be a positive number"
-            ));
+            return Err(format!("rope_theta ({rope_theta}) must be a positive number").into());
         }
         let scaling_obj = raw
             .rope_scaling
@@ -170,16 +206,18 @@ impl ModelSpec {
         let rope_scaling = parse_rope_scaling(scaling_obj)?;
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
-            return Err(format!(
-                "rms_norm_eps ({rms_norm_eps}) must be a non-negative number"
-            ));
+            return Err(
+                format!("rms_norm_eps ({rms_norm_eps}) must be a non-negative number").into(),
+            );
         }
         let max_position_embeddings = match raw.max_position_embeddings {
-            Some(0) => return Err("`max_position_embeddings` must be positive".into()),
+            Some(0) => return Err(ConfigError::NotPositive("max_position_embeddings".into())),
             Some(n) if n > MAX_POSITIONS => {
-                return Err(format!(
-                    "`max_position_embeddings` = {n} exceeds the limit of {MAX_POSITIONS}"
-                ))
+                return Err(ConfigError::ExceedsLimit {
+                    key: "max_position_embeddings".into(),
+                    value: n,
+                    max: MAX_POSITIONS,
+                })
             }
             Some(n) => n,
             None => 2048,
@@ -215,7 +253,7 @@ impl ModelSpec {
     }
 }
 
-fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, String> {
+fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, ConfigError> {
     let Some(obj) = obj else {
         return Ok(RopeScaling::None);
     };
@@ -224,15 +262,15 @@ fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, St
         .or_else(|| obj.get("type"))
         .and_then(|v| v.as_str())
         .unwrap_or("default");
-    let num = |key: &str| -> Result<f64, String> {
+    let num = |key: &str| -> Result<f64, ConfigError> {
         let v = obj
             .get(key)
             .and_then(|v| v.as_f64())
-            .ok_or_else(|| format!("rope scaling `{kind}` needs `{key}`"))?;
+            .ok_or_else(|| ConfigError::from(format!("rope scaling `{kind}` needs `{key}`")))?;
         if !(v.is_finite() && v > 0.0) {
-            return Err(format!(
-                "rope scaling `{kind}`: `{key}` ({v}) must be a positive number"
-            ));
+            return Err(
+                format!("rope scaling `{kind}`: `{key}` ({v}) must be a positive number").into(),
+            );
         }
         Ok(v)
     };
@@ -247,9 +285,7 @@ fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, St
             high_freq_factor: num("high_freq_factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
         }),
-        other => Err(format!(
-            "unsupported rope scaling `{other}` (supported: none, linear, llama3)"
-        )),
+        other => Err(ConfigError::UnsupportedRopeScaling(other.to_string())),
     }
 }
 
@@ -306,16 +342,19 @@ mod tests {
         let bad_kv = V4.replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":4");
         assert!(ModelSpec::from_config_str(&bad_kv)
             .unwrap_err()
+            .to_string()
             .contains("does not divide"));
         let bad_heads = V4
             .replace("\"num_attention_heads\":9", "\"num_attention_heads\":7")
             .replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":7");
         assert!(ModelSpec::from_config_str(&bad_heads)
             .unwrap_err()
+            .to_string()
             .contains("hidden_size"));
         let unknown = V4.replace("LlamaForCausalLM", "GPT2LMHeadModel");
         assert!(ModelSpec::from_config_str(&unknown)
             .unwrap_err()
+            .to_string()
             .contains("GPT2LMHeadModel"));
         let rope = V4.replace(
             "\"rope_scaling\":null",
@@ -323,6 +362,7 @@ mod tests {
         );
         assert!(ModelSpec::from_config_str(&rope)
             .unwrap_err()
+            .to_string()
             .contains("yarn"));
     }
 }

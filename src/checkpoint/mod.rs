@@ -8,6 +8,8 @@
 mod config;
 pub mod gguf;
 
+pub use config::ConfigError;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -86,30 +88,17 @@ impl CheckpointError {
     }
 }
 
-/// Element type of a stored tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DType {
-    BF16,
-    F16,
-    F32,
-}
+/// Element type of a stored tensor: [`DType::BF16`], [`DType::F16`] or [`DType::F32`] (the
+/// only ones [`parse_safetensors`] accepts). The path `checkpoint::DType` is kept for callers
+/// that still name it here.
+pub use crate::mil::DType;
 
-impl DType {
-    pub fn size(self) -> usize {
-        match self {
-            DType::BF16 | DType::F16 => 2,
-            DType::F32 => 4,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DType::BF16 => "bf16",
-            DType::F16 => "f16",
-            DType::F32 => "f32",
-        }
-    }
+/// The message for a view whose dtype no safetensors checkpoint of ours holds.
+fn not_a_checkpoint_dtype(dtype: DType) -> ! {
+    panic!(
+        "a checkpoint tensor is bf16, f16 or f32, not {}",
+        dtype.short_name()
+    )
 }
 
 /// A tensor borrowed from a memory-mapped file.
@@ -142,6 +131,9 @@ impl<'a> TensorView<'a> {
     }
 
     /// Values as f32 (exact for every supported dtype).
+    ///
+    /// # Panics
+    /// If the view's dtype is not bf16, f16 or f32 (no checkpoint yields such a view).
     pub fn to_f32(&self) -> Vec<f32> {
         match self.dtype {
             DType::F32 => self
@@ -159,10 +151,14 @@ impl<'a> TensorView<'a> {
                 .chunks_exact(2)
                 .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
+            other => not_a_checkpoint_dtype(other),
         }
     }
 
     /// The first NaN or infinite element and its value, found on the raw bits (no conversion).
+    ///
+    /// # Panics
+    /// If the view's dtype is not bf16, f16 or f32 (no checkpoint yields such a view).
     pub fn first_non_finite(&self) -> Option<(usize, f32)> {
         let t = self;
         match t.dtype {
@@ -188,10 +184,14 @@ impl<'a> TensorView<'a> {
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .enumerate()
                 .find(|(_, v)| !v.is_finite()),
+            other => not_a_checkpoint_dtype(other),
         }
     }
 
     /// Values as f16, the precision a package stores (bf16 and f32 round to nearest).
+    ///
+    /// # Panics
+    /// If the view's dtype is not bf16, f16 or f32 (no checkpoint yields such a view).
     pub fn to_f16(&self) -> Vec<f16> {
         match self.dtype {
             DType::F16 => self
@@ -210,6 +210,7 @@ impl<'a> TensorView<'a> {
                 .chunks_exact(4)
                 .map(|b| f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
                 .collect(),
+            other => not_a_checkpoint_dtype(other),
         }
     }
 }
@@ -592,7 +593,7 @@ impl Checkpoint {
         let mut counts: HashMap<&'static str, (DType, usize)> = HashMap::new();
         for e in self.tensors.values() {
             let n: usize = e.shape.iter().product();
-            counts.entry(e.dtype.as_str()).or_insert((e.dtype, 0)).1 += n;
+            counts.entry(e.dtype.short_name()).or_insert((e.dtype, 0)).1 += n;
         }
         counts
             .into_values()

@@ -1,7 +1,8 @@
 //! Element types of MIL tensors (MIL.proto's DataType), shared by the graph builder, the
 //! checkpoint reader, the package reader and the interpreter.
 
-/// Element types of MIL tensors (MIL DataType) and of blobs.
+/// Element types of MIL tensors (MIL DataType), of blobs and of checkpoint tensors (a
+/// safetensors checkpoint holds [`DType::BF16`], [`DType::F16`] or [`DType::F32`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     Bool,
@@ -109,6 +110,51 @@ impl DType {
         }
     }
 
+    /// The short spelling of safetensors and of hf2coreml's inspect and import output
+    /// (`bf16`, `f16`, `f32`, `i32`, `u8`), where [`DType::name`] gives MIL's (`fp16`, `int32`).
+    pub fn short_name(self) -> &'static str {
+        use DType::*;
+        match self {
+            Bool => "bool",
+            Str => "string",
+            F16 => "f16",
+            F32 => "f32",
+            F64 => "f64",
+            BF16 => "bf16",
+            I4 => "i4",
+            I8 => "i8",
+            I16 => "i16",
+            I32 => "i32",
+            I64 => "i64",
+            U1 => "u1",
+            U2 => "u2",
+            U3 => "u3",
+            U4 => "u4",
+            U6 => "u6",
+            U8 => "u8",
+            U16 => "u16",
+            U32 => "u32",
+            U64 => "u64",
+        }
+    }
+
+    /// The same as [`DType::short_name`]; the name the checkpoint-era callers use
+    /// (pipeline/inspect.rs), kept until they switch.
+    pub fn as_str(self) -> &'static str {
+        self.short_name()
+    }
+
+    /// Bytes per element in storage: sub-byte types round up to one, strings have none.
+    pub fn size_bytes(self) -> usize {
+        (self.bits() as usize).div_ceil(8)
+    }
+
+    /// The same as [`DType::size_bytes`]; the name the checkpoint-era callers use
+    /// (quant/report.rs), kept until they switch.
+    pub fn size(self) -> usize {
+        self.size_bytes()
+    }
+
     pub fn from_name(name: &str) -> Option<Self> {
         use DType::*;
         [
@@ -170,5 +216,23 @@ impl DType {
             U64 => (0, i64::MAX),
             _ => return None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_spellings_and_sizes() {
+        assert_eq!(DType::BF16.short_name(), "bf16");
+        assert_eq!(DType::F16.short_name(), "f16");
+        assert_eq!(DType::F32.short_name(), "f32");
+        assert_eq!(DType::F16.name(), "fp16");
+        assert_eq!(DType::BF16.size_bytes(), 2);
+        assert_eq!(DType::F16.size_bytes(), 2);
+        assert_eq!(DType::F32.size_bytes(), 4);
+        assert_eq!(DType::U4.size_bytes(), 1);
+        assert_eq!(DType::Str.size_bytes(), 0);
     }
 }

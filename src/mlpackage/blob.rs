@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{DType, PackageError};
+use super::PackageError;
+use crate::mil::DType;
 
 /// Blob storage format version this reader understands.
 pub const BLOB_VERSION: u32 = 2;

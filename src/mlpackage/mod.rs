@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use half::{bf16, f16};
 use prost::Message;
 
-pub use crate::mil::DType;
+use crate::mil::DType;
 pub use blob::{BlobFile, BlobRecord, BlobWriter};
 
 /// The weight-file prefix meaning "the folder that holds model.mlmodel".
@@ -56,6 +56,29 @@ pub enum PackageError {
     EscapingFile { path: PathBuf, file_name: String },
     #[error("{what}: {msg}")]
     Value { what: String, msg: String },
+}
+
+/// Why stored bytes or an immediate value do not decode as the tensor they are declared to be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("strings cannot be stored in raw bytes")]
+    StringsInRawBytes,
+    #[error("element count overflows")]
+    CountOverflow,
+    #[error("{len} bytes of data for {count} {} elements (need {needed})", .dtype.name())]
+    WrongLength {
+        len: usize,
+        count: usize,
+        dtype: DType,
+        needed: usize,
+    },
+    /// Too few bytes for the sub-byte elements (`int4`, `sub-byte`).
+    #[error("truncated {0} data")]
+    Truncated(&'static str),
+    #[error("empty tensor value")]
+    EmptyTensorValue,
+    #[error("{storage} storage does not fit dtype {}", .dtype.name())]
+    StorageMismatch { storage: &'static str, dtype: DType },
 }
 
 /// Element values of a decoded constant. Floats of every width are widened to f32 (f16 and
@@ -197,21 +220,22 @@ pub fn pack_bits(values: &[u32], nbits: u32) -> Vec<u8> {
 }
 
 /// Decode raw little-endian storage of `count` elements of `dtype`.
-pub fn decode_raw(dtype: DType, data: &[u8], count: usize) -> Result<Values, String> {
+pub fn decode_raw(dtype: DType, data: &[u8], count: usize) -> Result<Values, DecodeError> {
     let bits = dtype.bits();
     if bits == 0 {
-        return Err("strings cannot be stored in raw bytes".into());
+        return Err(DecodeError::StringsInRawBytes);
     }
     let needed = count
         .checked_mul(bits as usize)
         .map(|b| b.div_ceil(8))
-        .ok_or("element count overflows")?;
+        .ok_or(DecodeError::CountOverflow)?;
     if bits >= 8 && data.len() != needed || bits < 8 && data.len() < needed {
-        return Err(format!(
-            "{} bytes of data for {count} {} elements (need {needed})",
-            data.len(),
-            dtype.name()
-        ));
+        return Err(DecodeError::WrongLength {
+            len: data.len(),
+            count,
+            dtype,
+            needed,
+        });
     }
     let chunks = |n: usize| data[..needed].chunks_exact(n);
     Ok(match dtype {
@@ -272,12 +296,12 @@ pub fn decode_raw(dtype: DType, data: &[u8], count: usize) -> Result<Values, Str
                 .collect(),
         ),
         DType::I4 => {
-            let raw = unpack_bits(data, 4, count).ok_or("truncated int4 data")?;
+            let raw = unpack_bits(data, 4, count).ok_or(DecodeError::Truncated("int4"))?;
             // Sign-extend the nibble.
             Values::Int(raw.into_iter().map(|v| ((v as i64) << 60) >> 60).collect())
         }
         DType::U1 | DType::U2 | DType::U3 | DType::U4 | DType::U6 => {
-            let raw = unpack_bits(data, bits, count).ok_or("truncated sub-byte data")?;
+            let raw = unpack_bits(data, bits, count).ok_or(DecodeError::Truncated("sub-byte"))?;
             Values::Int(raw.into_iter().map(|v| v as i64).collect())
         }
         DType::Str => unreachable!("bits() == 0 returned above"),
@@ -565,7 +589,7 @@ impl MlPackage {
             }
             Some(proto::value::Value::ImmediateValue(iv)) => match &iv.value {
                 Some(proto::immediate_value::Value::Tensor(t)) => {
-                    immediate_tensor(t, ty.dtype, count).map_err(err)?
+                    immediate_tensor(t, ty.dtype, count).map_err(|e| err(e.to_string()))?
                 }
                 Some(_) => return Err(err("tuple/list/dictionary values are not tensors".into())),
                 None => return Err(err("empty immediate value".into())),
@@ -587,10 +611,17 @@ impl MlPackage {
     }
 }
 
-fn immediate_tensor(t: &proto::TensorValue, dtype: DType, count: usize) -> Result<Values, String> {
+fn immediate_tensor(
+    t: &proto::TensorValue,
+    dtype: DType,
+    count: usize,
+) -> Result<Values, DecodeError> {
     use proto::tensor_value::Value as V;
-    let v = t.value.as_ref().ok_or("empty tensor value")?;
-    let mismatch = || format!("{} storage does not fit dtype {}", kind(v), dtype.name());
+    let v = t.value.as_ref().ok_or(DecodeError::EmptyTensorValue)?;
+    let mismatch = || DecodeError::StorageMismatch {
+        storage: kind(v),
+        dtype,
+    };
     Ok(match v {
         V::Floats(f) if dtype.is_float() => Values::Float(f.values.clone()),
         V::Doubles(f) if dtype.is_float() => {

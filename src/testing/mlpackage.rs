@@ -8,7 +8,8 @@ use std::path::Path;
 use half::f16;
 use prost::Message;
 
-use crate::mlpackage::{pack_bits, proto, BlobWriter, DType};
+use crate::mil::DType;
+use crate::mlpackage::{pack_bits, proto, BlobWriter};
 
 /// The blob file name coremltools writes.
 pub const WEIGHTS: &str = "@model_path/weights/weight.bin";

@@ -14,7 +14,7 @@ use safetensors::{serialize_to_file, Dtype, View};
 
 use crate::arch;
 use crate::arch::{Architecture, ModelSpec};
-use crate::checkpoint::DType;
+use crate::mil::DType;
 
 /// The shape of a fixture model.
 #[derive(Debug, Clone)]
@@ -120,6 +120,7 @@ impl TinyModel {
             DType::BF16 => "bfloat16",
             DType::F16 => "float16",
             DType::F32 => "float32",
+            other => panic!("fixtures are bf16, f16 or f32, not {}", other.short_name()),
         };
         if self.transformers5 {
             obj.insert("dtype".into(), dtype_name.into());
@@ -238,6 +239,7 @@ impl Blob {
                 .iter()
                 .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
                 .collect(),
+            other => panic!("blobs are bf16, f16 or f32, not {}", other.short_name()),
         };
         Blob {
             dtype,
@@ -253,6 +255,7 @@ impl View for Blob {
             DType::F32 => Dtype::F32,
             DType::F16 => Dtype::F16,
             DType::BF16 => Dtype::BF16,
+            other => unreachable!("Blob::new refuses {}", other.short_name()),
         }
     }
     fn shape(&self) -> &[usize] {

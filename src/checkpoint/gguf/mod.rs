@@ -104,56 +104,74 @@ pub struct LlamaHParams {
     pub tied: bool,
 }
 
-impl LlamaHParams {
-    /// Read `llama.*` metadata; `vocab` and `tied` come from the tensors.
-    pub fn from_gguf(g: &GgufFile) -> Result<Self, GgufError> {
-        let meta_err = |key: &str, message: String| GgufError::Metadata {
-            path: g.path().to_path_buf(),
-            key: key.to_string(),
-            message,
-        };
-        let need = |key: &str| -> Result<usize, GgufError> {
-            match g.get_uint(key)? {
-                None => Err(meta_err(key, "missing".into())),
-                Some(0) => Err(meta_err(key, "must be positive".into())),
-                Some(v) => {
-                    usize::try_from(v).map_err(|_| meta_err(key, format!("{v} is too large")))
-                }
-            }
-        };
-        let optional = |key: &str| -> Result<Option<usize>, GgufError> {
-            match g.get_uint(key)? {
-                None => Ok(None),
-                Some(0) => Err(meta_err(key, "must be positive".into())),
-                Some(v) => usize::try_from(v)
-                    .map(Some)
-                    .map_err(|_| meta_err(key, format!("{v} is too large"))),
-            }
-        };
-        let layers = need("llama.block_count")?;
-        let hidden = need("llama.embedding_length")?;
-        let intermediate = need("llama.feed_forward_length")?;
-        let heads = need("llama.attention.head_count")?;
-        let kv_heads = optional("llama.attention.head_count_kv")?.unwrap_or(heads);
+/// An error about metadata `key` of `g`.
+fn meta_err(g: &GgufFile, key: &str, message: String) -> GgufError {
+    GgufError::Metadata {
+        path: g.path().to_path_buf(),
+        key: key.to_string(),
+        message,
+    }
+}
+
+/// A positive integer `key` that may be absent.
+fn optional_dim(g: &GgufFile, key: &str) -> Result<Option<usize>, GgufError> {
+    match g.get_uint(key)? {
+        None => Ok(None),
+        Some(0) => Err(meta_err(g, key, "must be positive".into())),
+        Some(v) => usize::try_from(v)
+            .map(Some)
+            .map_err(|_| meta_err(g, key, format!("{v} is too large"))),
+    }
+}
+
+/// A positive integer `key` that must be present.
+fn required_dim(g: &GgufFile, key: &str) -> Result<usize, GgufError> {
+    match g.get_uint(key)? {
+        None => Err(meta_err(g, key, "missing".into())),
+        Some(0) => Err(meta_err(g, key, "must be positive".into())),
+        Some(v) => usize::try_from(v).map_err(|_| meta_err(g, key, format!("{v} is too large"))),
+    }
+}
+
+/// The block and attention dimensions of a llama GGUF, checked against each other.
+struct Dims {
+    layers: usize,
+    hidden: usize,
+    intermediate: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Dims {
+    fn from_gguf(g: &GgufFile) -> Result<Self, GgufError> {
+        let layers = required_dim(g, "llama.block_count")?;
+        let hidden = required_dim(g, "llama.embedding_length")?;
+        let intermediate = required_dim(g, "llama.feed_forward_length")?;
+        let heads = required_dim(g, "llama.attention.head_count")?;
+        let kv_heads = optional_dim(g, "llama.attention.head_count_kv")?.unwrap_or(heads);
         if heads % kv_heads != 0 {
             return Err(meta_err(
+                g,
                 "llama.attention.head_count_kv",
                 format!("{kv_heads} does not divide the {heads} query heads"),
             ));
         }
-        let head_dim = match optional("llama.attention.key_length")? {
+        let head_dim = match optional_dim(g, "llama.attention.key_length")? {
             Some(d) => d,
             None if hidden % heads == 0 => hidden / heads,
             None => {
                 return Err(meta_err(
+                    g,
                     "llama.attention.head_count",
                     format!("{heads} heads do not divide embedding_length {hidden}"),
                 ))
             }
         };
-        if let Some(v) = optional("llama.attention.value_length")? {
+        if let Some(v) = optional_dim(g, "llama.attention.value_length")? {
             if v != head_dim {
                 return Err(meta_err(
+                    g,
                     "llama.attention.value_length",
                     format!("{v} differs from the key length {head_dim}; transformers' llama needs them equal"),
                 ));
@@ -163,6 +181,7 @@ impl LlamaHParams {
         let n_tensors = g.tensors().len();
         if layers > n_tensors / 9 {
             return Err(meta_err(
+                g,
                 "llama.block_count",
                 format!(
                     "{layers} blocks need at least {} tensors; the file has {n_tensors}",
@@ -172,19 +191,22 @@ impl LlamaHParams {
         }
         if heads.checked_mul(head_dim).is_none() {
             return Err(meta_err(
+                g,
                 "llama.attention.head_count",
                 format!("{heads} heads of {head_dim} overflow"),
             ));
         }
         if head_dim % 2 != 0 {
             return Err(meta_err(
+                g,
                 "llama.attention.key_length",
                 format!("head dimension {head_dim} must be even for rotary embeddings"),
             ));
         }
-        if let Some(rot) = optional("llama.rope.dimension_count")? {
+        if let Some(rot) = optional_dim(g, "llama.rope.dimension_count")? {
             if rot != head_dim {
                 return Err(meta_err(
+                    g,
                     "llama.rope.dimension_count",
                     format!(
                         "partial rotary embeddings ({rot} of {head_dim} dims) are not supported"
@@ -192,73 +214,119 @@ impl LlamaHParams {
                 ));
             }
         }
-        let context = need("llama.context_length")?;
-        let rope_theta = g.get_float("llama.rope.freq_base")?.unwrap_or(10_000.0);
-        if !(rope_theta.is_finite() && rope_theta > 0.0) {
-            return Err(meta_err(
-                "llama.rope.freq_base",
-                format!("{rope_theta} must be positive"),
-            ));
-        }
-        let rms_norm_eps = g
-            .get_float("llama.attention.layer_norm_rms_epsilon")?
-            .ok_or_else(|| meta_err("llama.attention.layer_norm_rms_epsilon", "missing".into()))?;
-        if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
-            return Err(meta_err(
+        Ok(Dims {
+            layers,
+            hidden,
+            intermediate,
+            heads,
+            kv_heads,
+            head_dim,
+        })
+    }
+}
+
+/// Rope base, RMSNorm epsilon and the linear rope scaling factor (if any), checked.
+fn rope_and_norm(g: &GgufFile) -> Result<(f64, f64, Option<f64>), GgufError> {
+    let rope_theta = g.get_float("llama.rope.freq_base")?.unwrap_or(10_000.0);
+    if !(rope_theta.is_finite() && rope_theta > 0.0) {
+        return Err(meta_err(
+            g,
+            "llama.rope.freq_base",
+            format!("{rope_theta} must be positive"),
+        ));
+    }
+    let rms_norm_eps = g
+        .get_float("llama.attention.layer_norm_rms_epsilon")?
+        .ok_or_else(|| {
+            meta_err(
+                g,
                 "llama.attention.layer_norm_rms_epsilon",
-                format!("{rms_norm_eps} must be positive"),
-            ));
-        }
-        let rope_linear_factor = match g.get_str("llama.rope.scaling.type")? {
-            None | Some("none") => None,
-            Some("linear") => {
-                let f = g.get_float("llama.rope.scaling.factor")?.ok_or_else(|| {
-                    meta_err(
-                        "llama.rope.scaling.factor",
-                        "missing for linear scaling".into(),
-                    )
-                })?;
-                if !(f.is_finite() && f > 0.0) {
-                    return Err(meta_err(
-                        "llama.rope.scaling.factor",
-                        format!("{f} must be positive"),
-                    ));
-                }
-                // llama.cpp writes factor 1 for "no scaling" in some converters.
-                (f != 1.0).then_some(f)
-            }
-            Some(other) => {
-                return Err(meta_err(
-                    "llama.rope.scaling.type",
-                    format!("rope scaling `{other}` is not supported (supported: none, linear)"),
-                ))
-            }
-        };
-        let embd = g
-            .tensor("token_embd.weight")
-            .ok_or_else(|| GgufError::Tensor {
-                path: g.path().to_path_buf(),
-                tensor: "token_embd.weight".into(),
-                message: "missing".into(),
+                "missing".into(),
+            )
+        })?;
+    if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
+        return Err(meta_err(
+            g,
+            "llama.attention.layer_norm_rms_epsilon",
+            format!("{rms_norm_eps} must be positive"),
+        ));
+    }
+    let rope_linear_factor = match g.get_str("llama.rope.scaling.type")? {
+        None | Some("none") => None,
+        Some("linear") => {
+            let f = g.get_float("llama.rope.scaling.factor")?.ok_or_else(|| {
+                meta_err(
+                    g,
+                    "llama.rope.scaling.factor",
+                    "missing for linear scaling".into(),
+                )
             })?;
-        let vocab = match embd.shape.as_slice() {
-            [v, h] if *h == hidden => *v,
-            other => {
-                return Err(GgufError::Tensor {
-                    path: g.path().to_path_buf(),
-                    tensor: embd.name.clone(),
-                    message: format!("shape {other:?}, expected [vocab, {hidden}]"),
-                })
-            }
-        };
-        if let Some(v) = optional("llama.vocab_size")? {
-            if v != vocab {
+            if !(f.is_finite() && f > 0.0) {
                 return Err(meta_err(
-                    "llama.vocab_size",
-                    format!("{v} differs from token_embd.weight's {vocab} rows"),
+                    g,
+                    "llama.rope.scaling.factor",
+                    format!("{f} must be positive"),
                 ));
             }
+            // llama.cpp writes factor 1 for "no scaling" in some converters.
+            (f != 1.0).then_some(f)
         }
+        Some(other) => {
+            return Err(meta_err(
+                g,
+                "llama.rope.scaling.type",
+                format!("rope scaling `{other}` is not supported (supported: none, linear)"),
+            ))
+        }
+    };
+    Ok((rope_theta, rms_norm_eps, rope_linear_factor))
+}
+
+/// The vocabulary size: token_embd.weight's rows, agreeing with `llama.vocab_size` if given.
+fn vocab_size(g: &GgufFile, hidden: usize) -> Result<usize, GgufError> {
+    let embd = g
+        .tensor("token_embd.weight")
+        .ok_or_else(|| GgufError::Tensor {
+            path: g.path().to_path_buf(),
+            tensor: "token_embd.weight".into(),
+            message: "missing".into(),
+        })?;
+    let vocab = match embd.shape.as_slice() {
+        [v, h] if *h == hidden => *v,
+        other => {
+            return Err(GgufError::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: embd.name.clone(),
+                message: format!("shape {other:?}, expected [vocab, {hidden}]"),
+            })
+        }
+    };
+    if let Some(v) = optional_dim(g, "llama.vocab_size")? {
+        if v != vocab {
+            return Err(meta_err(
+                g,
+                "llama.vocab_size",
+                format!("{v} differs from token_embd.weight's {vocab} rows"),
+            ));
+        }
+    }
+    Ok(vocab)
+}
+
+impl LlamaHParams {
+    /// Read `llama.*` metadata; `vocab` and `tied` come from the tensors.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self, GgufError> {
+        let Dims {
+            layers,
+            hidden,
+            intermediate,
+            heads,
+            kv_heads,
+            head_dim,
+        } = Dims::from_gguf(g)?;
+        let context = required_dim(g, "llama.context_length")?;
+        let (rope_theta, rms_norm_eps, rope_linear_factor) = rope_and_norm(g)?;
+        let vocab = vocab_size(g, hidden)?;
         let tied = g.tensor("output.weight").is_none();
         Ok(LlamaHParams {
             layers,

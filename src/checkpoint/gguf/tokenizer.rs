@@ -54,8 +54,58 @@ fn tok_err(g: &GgufFile, message: impl Into<String>) -> GgufError {
     }
 }
 
+/// A special token: its id and its text.
+type Special = Option<(u32, String)>;
+
 /// Rebuild the tokenizer stored in `g`'s metadata.
 pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
+    let (pre, pre_tokenizer) = pre_tokenizer(g)?;
+    let tokens = tokens(g)?;
+    let (vocab, merges) = vocab_and_merges(g, &tokens)?;
+    let types = token_types(g, tokens.len())?;
+    let specials = Specials::read(g, &tokens)?;
+
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges);
+    if let Some((_, t)) = &specials.unk {
+        builder = builder.unk_token(t.clone());
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| tok_err(g, format!("BPE model: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    tokenizer.with_post_processor(Some(post_processor(g, &specials)?));
+    let added = added_tokens(types.as_deref(), &tokens, &specials);
+    add_tokens(g, &mut tokenizer, &added)?;
+
+    let chat_template = g.get_str("tokenizer.chat_template")?.map(str::to_string);
+    let Specials {
+        bos,
+        eos,
+        pad,
+        unk,
+        add_bos,
+        add_eos,
+    } = specials;
+    Ok(GgufTokenizer {
+        tokenizer,
+        pre,
+        vocab_size: tokens.len(),
+        bos,
+        eos,
+        pad,
+        unk,
+        add_bos,
+        add_eos,
+        added,
+        chat_template,
+    })
+}
+
+/// Check the tokenizer model is byte-level BPE and build the pre-tokenizer `tokenizer.ggml.pre`
+/// names; returns that name and the pre-tokenizer.
+fn pre_tokenizer(g: &GgufFile) -> Result<(String, PreTokenizerWrapper), GgufError> {
     let model = g.get_str("tokenizer.ggml.model")?.ok_or_else(|| {
         tok_err(
             g,
@@ -79,13 +129,12 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
             supported: SUPPORTED_PRE.join(", "),
         })?
         .to_string();
-    let pre_tokenizer = pre_tokenizer_for(&pre).ok_or_else(|| GgufError::UnsupportedTokenizer {
-        path: g.path().to_path_buf(),
-        what: format!("pre-tokenizer `{pre}`"),
-        supported: SUPPORTED_PRE.join(", "),
-    })?;
-    let pre_tokenizer = pre_tokenizer.map_err(|e| tok_err(g, e))?;
+    let pre_tokenizer = pre_tokenizer_for(g, &pre)?;
+    Ok((pre, pre_tokenizer))
+}
 
+/// `tokenizer.ggml.tokens`: present, not empty, with ids that fit u32.
+fn tokens(g: &GgufFile) -> Result<Vec<&str>, GgufError> {
     let tokens = g
         .get_str_array("tokenizer.ggml.tokens")?
         .ok_or_else(|| tok_err(g, "no `tokenizer.ggml.tokens`"))?;
@@ -95,6 +144,14 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
     if u32::try_from(tokens.len()).is_err() {
         return Err(tok_err(g, format!("{} tokens is too many", tokens.len())));
     }
+    Ok(tokens)
+}
+
+/// The BPE vocabulary (every token once) and `tokenizer.ggml.merges` as pairs.
+fn vocab_and_merges(
+    g: &GgufFile,
+    tokens: &[&str],
+) -> Result<(Vocab, Vec<(String, String)>), GgufError> {
     let mut vocab = Vocab::default();
     for (id, t) in tokens.iter().enumerate() {
         if vocab.insert(t.to_string(), id as u32).is_some() {
@@ -120,94 +177,131 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
         })?;
         merges.push((a.to_string(), b.to_string()));
     }
+    Ok((vocab, merges))
+}
+
+/// `tokenizer.ggml.token_type`, when present: one entry per token.
+fn token_types(g: &GgufFile, n_tokens: usize) -> Result<Option<Vec<u64>>, GgufError> {
     let types = g.get_uint_array("tokenizer.ggml.token_type")?;
     if let Some(types) = &types {
-        if types.len() != tokens.len() {
+        if types.len() != n_tokens {
             return Err(tok_err(
                 g,
                 format!(
                     "`tokenizer.ggml.token_type` has {} entries for {} tokens",
                     types.len(),
-                    tokens.len()
+                    n_tokens
                 ),
             ));
         }
     }
+    Ok(types)
+}
 
-    let special_id = |key: &str| -> Result<Option<(u32, String)>, GgufError> {
-        match g.get_uint(key)? {
-            None => Ok(None),
-            Some(id) => match tokens.get(id as usize) {
-                Some(t) if id <= u32::MAX as u64 => Ok(Some((id as u32, t.to_string()))),
-                _ => Err(GgufError::Metadata {
-                    path: g.path().to_path_buf(),
-                    key: key.to_string(),
-                    message: format!(
-                        "token id {id} is outside the vocabulary of {}",
-                        tokens.len()
-                    ),
-                }),
-            },
+/// The special tokens and whether BOS/EOS are added to every sequence.
+struct Specials {
+    bos: Special,
+    eos: Special,
+    pad: Special,
+    unk: Special,
+    add_bos: bool,
+    add_eos: bool,
+}
+
+impl Specials {
+    fn read(g: &GgufFile, tokens: &[&str]) -> Result<Self, GgufError> {
+        let special_id = |key: &str| -> Result<Special, GgufError> {
+            match g.get_uint(key)? {
+                None => Ok(None),
+                Some(id) => match tokens.get(id as usize) {
+                    Some(t) if id <= u32::MAX as u64 => Ok(Some((id as u32, t.to_string()))),
+                    _ => Err(GgufError::Metadata {
+                        path: g.path().to_path_buf(),
+                        key: key.to_string(),
+                        message: format!(
+                            "token id {id} is outside the vocabulary of {}",
+                            tokens.len()
+                        ),
+                    }),
+                },
+            }
+        };
+        let specials = Specials {
+            bos: special_id("tokenizer.ggml.bos_token_id")?,
+            eos: special_id("tokenizer.ggml.eos_token_id")?,
+            pad: special_id("tokenizer.ggml.padding_token_id")?,
+            unk: special_id("tokenizer.ggml.unknown_token_id")?,
+            add_bos: g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
+            add_eos: g.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+        };
+        let flag_err = |key: &str, what: &str| GgufError::Metadata {
+            path: g.path().to_path_buf(),
+            key: key.to_string(),
+            message: format!("is true but there is no {what} token id"),
+        };
+        if specials.add_bos && specials.bos.is_none() {
+            return Err(flag_err("tokenizer.ggml.add_bos_token", "BOS"));
         }
-    };
-    let bos = special_id("tokenizer.ggml.bos_token_id")?;
-    let eos = special_id("tokenizer.ggml.eos_token_id")?;
-    let pad = special_id("tokenizer.ggml.padding_token_id")?;
-    let unk = special_id("tokenizer.ggml.unknown_token_id")?;
-    let add_bos = g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-    let add_eos = g.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
-    let flag_err = |key: &str, what: &str| GgufError::Metadata {
-        path: g.path().to_path_buf(),
-        key: key.to_string(),
-        message: format!("is true but there is no {what} token id"),
-    };
-    let bos_added = match (add_bos, &bos) {
-        (true, None) => return Err(flag_err("tokenizer.ggml.add_bos_token", "BOS")),
-        (true, Some(t)) => Some(t.clone()),
-        (false, _) => None,
-    };
-    let eos_added = match (add_eos, &eos) {
-        (true, None) => return Err(flag_err("tokenizer.ggml.add_eos_token", "EOS")),
-        (true, Some(t)) => Some(t.clone()),
-        (false, _) => None,
-    };
-
-    let mut builder = BPE::builder().vocab_and_merges(vocab, merges);
-    if let Some((_, t)) = &unk {
-        builder = builder.unk_token(t.clone());
+        if specials.add_eos && specials.eos.is_none() {
+            return Err(flag_err("tokenizer.ggml.add_eos_token", "EOS"));
+        }
+        Ok(specials)
     }
-    let bpe = builder
-        .build()
-        .map_err(|e| tok_err(g, format!("BPE model: {e}")))?;
-    let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
-    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
-    // Byte-level offsets as transformers writes them, then BOS/EOS when the GGUF asks for them.
-    let byte_level_pp: PostProcessorWrapper = ByteLevel::new(true, false, true).into();
-    let post: PostProcessorWrapper = if bos_added.is_none() && eos_added.is_none() {
-        byte_level_pp
-    } else {
-        let template = special_template(bos_added.as_ref(), eos_added.as_ref())
-            .map_err(|e| tok_err(g, format!("BOS/EOS template: {e}")))?;
-        ProcessorSequence::new(vec![byte_level_pp, template.into()]).into()
-    };
-    tokenizer.with_post_processor(Some(post));
 
+    /// BOS when it is added to every sequence.
+    fn bos_added(&self) -> Option<&(u32, String)> {
+        self.bos.as_ref().filter(|_| self.add_bos)
+    }
+
+    /// EOS when it is added to every sequence.
+    fn eos_added(&self) -> Option<&(u32, String)> {
+        self.eos.as_ref().filter(|_| self.add_eos)
+    }
+}
+
+/// Byte-level offsets as transformers writes them, then BOS/EOS when the GGUF asks for them.
+fn post_processor(g: &GgufFile, specials: &Specials) -> Result<PostProcessorWrapper, GgufError> {
+    let byte_level_pp: PostProcessorWrapper = ByteLevel::new(true, false, true).into();
+    let (bos, eos) = (specials.bos_added(), specials.eos_added());
+    if bos.is_none() && eos.is_none() {
+        return Ok(byte_level_pp);
+    }
+    let template =
+        special_template(bos, eos).map_err(|e| tok_err(g, format!("BOS/EOS template: {e}")))?;
+    Ok(ProcessorSequence::new(vec![byte_level_pp, template.into()]).into())
+}
+
+/// Control and user-defined tokens as (id, content, special), sorted by id; bos/eos/pad/unk are
+/// special even when a converter forgot to mark them as control.
+fn added_tokens(
+    types: Option<&[u64]>,
+    tokens: &[&str],
+    specials: &Specials,
+) -> Vec<(u32, String, bool)> {
     let mut added = Vec::new();
-    if let Some(types) = &types {
+    if let Some(types) = types {
         for (id, (&ty, t)) in types.iter().zip(tokens.iter()).enumerate() {
             if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED {
                 added.push((id as u32, t.to_string(), ty == TOKEN_TYPE_CONTROL));
             }
         }
     }
-    // bos/eos/pad/unk are special even when a converter forgot to mark them as control.
-    for (id, t) in [&bos, &eos, &pad, &unk].into_iter().flatten() {
+    let named = [&specials.bos, &specials.eos, &specials.pad, &specials.unk];
+    for (id, t) in named.into_iter().flatten() {
         if !added.iter().any(|(a, _, _)| a == id) {
             added.push((*id, t.clone(), true));
         }
     }
     added.sort_by_key(|(id, _, _)| *id);
+    added
+}
+
+/// Register the added tokens with the tokenizer, special ones first.
+fn add_tokens(
+    g: &GgufFile,
+    tokenizer: &mut Tokenizer,
+    added: &[(u32, String, bool)],
+) -> Result<(), GgufError> {
     let specials: Vec<AddedToken> = added
         .iter()
         .filter(|(_, _, s)| *s)
@@ -222,21 +316,7 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
         .add_special_tokens(specials)
         .and_then(|_| tokenizer.add_tokens(users))
         .map_err(|e| tok_err(g, format!("added tokens: {e}")))?;
-
-    let chat_template = g.get_str("tokenizer.chat_template")?.map(str::to_string);
-    Ok(GgufTokenizer {
-        tokenizer,
-        pre,
-        vocab_size: tokens.len(),
-        bos,
-        eos,
-        pad,
-        unk,
-        add_bos,
-        add_eos,
-        added,
-        chat_template,
-    })
+    Ok(())
 }
 
 /// `[BOS] $A [EOS]` for single sequences and the same per segment for pairs (transformers'
@@ -244,7 +324,7 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
 fn special_template(
     bos: Option<&(u32, String)>,
     eos: Option<&(u32, String)>,
-) -> Result<TemplateProcessing, String> {
+) -> tokenizers::Result<TemplateProcessing> {
     let mut single = Vec::new();
     let mut pair = Vec::new();
     let mut specials = Vec::new();
@@ -268,38 +348,40 @@ fn special_template(
             specials.push((t.clone(), *id));
         }
     }
-    TemplateProcessing::builder()
+    Ok(TemplateProcessing::builder()
         .try_single(single)
         .and_then(|b| b.try_pair(pair))?
         .special_tokens(specials)
-        .build()
-        .map_err(|e| e.to_string())
+        .build()?)
 }
 
-/// The pre-tokenizer transformers uses for the family llama.cpp calls `pre`; `None` when we
-/// do not know it.
-fn pre_tokenizer_for(pre: &str) -> Option<Result<PreTokenizerWrapper, String>> {
+/// The pre-tokenizer transformers uses for the family llama.cpp calls `pre`.
+fn pre_tokenizer_for(g: &GgufFile, pre: &str) -> Result<PreTokenizerWrapper, GgufError> {
     // GPT-2's own regex, no prefix space: what llama.cpp applies for these types.
     let gpt2 = || ByteLevel::new(false, true, true);
-    Some(match pre {
+    match pre {
         "gpt2" => Ok(gpt2().into()),
         // SmolLM: every digit on its own, then GPT-2 byte-level splitting.
         "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), gpt2().into()]).into()),
-        "llama-bpe" | "llama3" => Split::new(
-            SplitPattern::Regex(LLAMA3_PATTERN.into()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map(|split| {
-            Sequence::new(vec![
+        "llama-bpe" | "llama3" => {
+            let split = Split::new(
+                SplitPattern::Regex(LLAMA3_PATTERN.into()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| tok_err(g, format!("llama-bpe split pattern: {e}")))?;
+            Ok(Sequence::new(vec![
                 split.into(),
                 ByteLevel::new(false, true, false).into(),
             ])
-            .into()
-        })
-        .map_err(|e| format!("llama-bpe split pattern: {e}")),
-        _ => return None,
-    })
+            .into())
+        }
+        _ => Err(GgufError::UnsupportedTokenizer {
+            path: g.path().to_path_buf(),
+            what: format!("pre-tokenizer `{pre}`"),
+            supported: SUPPORTED_PRE.join(", "),
+        }),
+    }
 }
 
 impl GgufTokenizer {

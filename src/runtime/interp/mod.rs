@@ -17,8 +17,9 @@ use std::sync::Arc;
 use half::f16;
 
 use crate::mil::contract::{self, Contract};
-use crate::mlpackage::{self, proto, DType, MlPackage, PackageError, TensorTypeInfo, Values};
-use ops::Args;
+use crate::mil::{DType, Op};
+use crate::mlpackage::{self, proto, MlPackage, PackageError, TensorTypeInfo, Values};
+use ops::{Args, OpError};
 pub use tensor::{Data, Tensor};
 
 /// What can go wrong loading or running a program.
@@ -79,7 +80,12 @@ pub struct Stats {
 
 impl Stats {
     fn record(&mut self, op_type: &str, t: &Tensor, nanos: u64) {
-        let s = self.ops.entry(op_type.to_string()).or_default();
+        if !self.ops.contains_key(op_type) {
+            self.ops.insert(op_type.to_string(), OpStat::default());
+        }
+        let Some(s) = self.ops.get_mut(op_type) else {
+            return;
+        };
         s.count += 1;
         s.nanos += nanos;
         let (max_abs, non_finite) = match &t.data {
@@ -105,9 +111,36 @@ enum Arg {
     Const(Arc<Tensor>),
 }
 
+/// An instruction's operation, resolved once when the program loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum OpKind {
+    Known(Op),
+    /// A name the interpreter does not implement: the program loads, running it fails with
+    /// [`RuntimeError::UnsupportedOp`].
+    Unknown(String),
+}
+
+impl OpKind {
+    fn parse(name: &str) -> Self {
+        Op::from_name(name).map_or_else(|| OpKind::Unknown(name.to_string()), OpKind::Known)
+    }
+
+    /// The MIL name, for errors and statistics.
+    fn name(&self) -> &str {
+        match self {
+            OpKind::Known(op) => op.as_str(),
+            OpKind::Unknown(name) => name,
+        }
+    }
+
+    fn is(&self, ops: &[Op]) -> bool {
+        matches!(self, OpKind::Known(op) if ops.contains(op))
+    }
+}
+
 #[derive(Debug)]
 struct Instr {
-    op_type: String,
+    op: OpKind,
     inputs: Vec<(String, Vec<Arg>)>,
     outputs: Vec<(usize, TensorTypeInfo)>,
     out_names: Vec<String>,
@@ -128,22 +161,25 @@ pub struct Program {
 }
 
 /// Ops that only move elements: their results need no rounding when the dtype is unchanged.
-const LAYOUT_OPS: &[&str] = &[
-    "reshape",
-    "expand_dims",
-    "squeeze",
-    "identity",
-    "transpose",
-    "concat",
-    "split",
-    "slice_by_index",
-    "slice_by_size",
-    "tile",
-    "gather",
+const LAYOUT_OPS: &[Op] = &[
+    Op::Reshape,
+    Op::ExpandDims,
+    Op::Squeeze,
+    Op::Identity,
+    Op::Transpose,
+    Op::Concat,
+    Op::Split,
+    Op::SliceByIndex,
+    Op::SliceBySize,
+    Op::Tile,
+    Op::Gather,
 ];
 
+/// Ops that give their input a new shape without touching its elements.
+const RESHAPE_OPS: &[Op] = &[Op::Reshape, Op::ExpandDims, Op::Squeeze, Op::Identity];
+
 /// Ops whose value is computed once at load.
-const CONSTEXPR: &[&str] = &["const", "constexpr_lut_to_dense"];
+const CONSTEXPR: &[Op] = &[Op::Const, Op::ConstexprLutToDense];
 
 impl Program {
     /// Compile the `main` function of `pkg`, decoding every constant and constexpr weight.
@@ -179,12 +215,15 @@ impl Program {
                 let ty = mlpackage::tensor_type(o.r#type.as_ref(), &format!("`{}`", o.name))?;
                 outs.push((o.name.clone(), ty));
             }
-            if CONSTEXPR.contains(&op.r#type.as_str()) {
+            let kind = OpKind::parse(&op.r#type);
+            if let OpKind::Known(constant @ (Op::Const | Op::ConstexprLutToDense)) = kind {
                 let (name, ty) = outs.first().ok_or_else(|| op_err("no output".into()))?;
-                let t = constexpr(pkg, op, ty, &mut const_cache, options).map_err(|e| match e {
-                    RuntimeError::Program(msg) => op_err(msg),
-                    other => other,
-                })?;
+                let t = constexpr(pkg, op, constant, ty, &mut const_cache, options).map_err(
+                    |e| match e {
+                        RuntimeError::Program(msg) => op_err(msg),
+                        other => other,
+                    },
+                )?;
                 let s = new_slot(name, &mut slots);
                 consts.push((s, t));
                 continue;
@@ -233,7 +272,7 @@ impl Program {
                 out_names.push(name);
             }
             instrs.push(Instr {
-                op_type: op.r#type.clone(),
+                op: kind,
                 inputs: args,
                 outputs,
                 out_names,
@@ -351,7 +390,7 @@ impl Program {
                         t.shape = ty.shape.clone();
                     } else {
                         return Err(RuntimeError::Op {
-                            op_type: ins.op_type.clone(),
+                            op_type: ins.op.name().to_string(),
                             output: name.clone(),
                             msg: format!(
                                 "computed shape {:?}, the program declares {:?}",
@@ -361,7 +400,7 @@ impl Program {
                     }
                 }
                 // Ops that only move values keep them representable in their dtype.
-                let t = if LAYOUT_OPS.contains(&ins.op_type.as_str())
+                let t = if ins.op.is(LAYOUT_OPS)
                     && t.dtype == effective_dtype(ty.dtype, self.options)
                 {
                     t
@@ -370,7 +409,7 @@ impl Program {
                 };
                 if let Some(st) = stats.as_deref_mut() {
                     let nanos = started.map_or(0, |s| s.elapsed().as_nanos() as u64);
-                    st.record(&ins.op_type, &t, nanos);
+                    st.record(ins.op.name(), &t, nanos);
                 }
                 env[*s] = Some(Arc::new(t));
             }
@@ -393,10 +432,7 @@ impl Program {
 
     /// A reshape-like op whose input dies here takes the input's storage instead of copying.
     fn reshape_in_place(&self, ins: &Instr, env: &mut [Option<Arc<Tensor>>]) -> Option<Tensor> {
-        if !matches!(
-            ins.op_type.as_str(),
-            "reshape" | "expand_dims" | "squeeze" | "identity"
-        ) {
+        if !ins.op.is(RESHAPE_OPS) {
             return None;
         }
         let (_, args) = ins.inputs.iter().find(|(k, _)| k == "x")?;
@@ -439,7 +475,7 @@ impl Program {
                 v.push(match b {
                     Arg::Const(t) => t.as_ref(),
                     Arg::Slot(s) => env[*s].as_deref().ok_or_else(|| RuntimeError::Op {
-                        op_type: ins.op_type.clone(),
+                        op_type: ins.op.name().to_string(),
                         output: output.clone(),
                         msg: format!("argument `{k}` has no value (freed or never computed)"),
                     })?,
@@ -452,64 +488,23 @@ impl Program {
             map,
             outputs: &types,
         };
-        let op = ins.op_type.as_str();
-        let one = |r: ops::OpResult<Tensor>| r.map(|t| vec![t]);
-        let res = match op {
-            "add" | "sub" | "mul" | "real_div" | "pow" | "maximum" | "minimum" | "floor_div"
-            | "mod" => one(args
-                .get("x")
-                .and_then(|x| ops::binary(op, x, args.get("y")?))),
-            "less" | "less_equal" | "greater" | "greater_equal" | "equal" | "not_equal" => {
-                one(args
-                    .get("x")
-                    .and_then(|x| ops::compare(op, x, args.get("y")?)))
-            }
-            "logical_and" | "logical_or" | "logical_xor" => one(args
-                .get("x")
-                .and_then(|x| ops::logical(op, x, args.get("y")?))),
-            "rsqrt" | "sqrt" | "inverse" | "exp" | "exp2" | "log" | "sin" | "cos" | "tanh"
-            | "sigmoid" | "silu" | "relu" | "abs" | "square" | "floor" | "ceil" | "round"
-            | "sign" | "erf" | "clip" | "logical_not" => one(ops::unary(op, &args)),
-            "reduce_mean" | "reduce_sum" | "reduce_max" | "reduce_min" | "reduce_prod"
-            | "reduce_sum_square" => one(ops::reduce(op, &args)),
-            "softmax" => one(ops::softmax(&args)),
-            "layer_norm" => one(ops::layer_norm(&args)),
-            "reshape" | "expand_dims" | "squeeze" | "identity" => one(args
-                .get("x")
-                .and_then(|x| ops::reshaped(x, &args.out(0)?.shape))),
-            "transpose" => one(ops::transpose(&args)),
-            "concat" => one(ops::concat(&args)),
-            "split" => ops::split(&args),
-            "slice_by_index" => one(ops::slice_by_index(&args)),
-            "slice_by_size" => one(ops::slice_by_size(&args)),
-            "tile" => one(ops::tile(&args)),
-            "gather" => one(ops::gather(&args)),
-            "select" => one(ops::select(&args)),
-            "fill" => one(ops::fill(&args)),
-            "band_part" => one(ops::band_part(&args)),
-            "range_1d" => one(ops::range_1d(&args)),
-            "matmul" => one(ops::matmul(&args)),
-            "linear" => one(ops::linear(&args)),
-            "cast" => one(ops::cast(&args)),
-            "shape" => one(args.get("x").map(|x| {
-                let s: Vec<i64> = x.shape.iter().map(|&d| d as i64).collect();
-                Tensor::new(DType::I32, vec![s.len()], Data::I(s))
-            })),
-            _ => {
+        let op = match &ins.op {
+            OpKind::Known(op) if !CONSTEXPR.contains(op) => *op,
+            other => {
                 return Err(RuntimeError::UnsupportedOp {
-                    op_type: ins.op_type.clone(),
+                    op_type: other.name().to_string(),
                     output,
                 })
             }
         };
-        let res = res.map_err(|msg| RuntimeError::Op {
-            op_type: ins.op_type.clone(),
+        let res = run_op(op, &args).map_err(|e| RuntimeError::Op {
+            op_type: op.as_str().to_string(),
             output: output.clone(),
-            msg,
+            msg: e.to_string(),
         })?;
         if res.len() != ins.outputs.len() {
             return Err(RuntimeError::Op {
-                op_type: ins.op_type.clone(),
+                op_type: op.as_str().to_string(),
                 output,
                 msg: format!(
                     "{} results for {} declared outputs",
@@ -519,6 +514,56 @@ impl Program {
             });
         }
         Ok(res)
+    }
+}
+
+/// Run the kernel of one op that is computed per step.
+fn run_op(op: Op, args: &Args) -> ops::OpResult<Vec<Tensor>> {
+    use Op::*;
+    let one = |r: ops::OpResult<Tensor>| r.map(|t| vec![t]);
+    let x = || args.get("x");
+    let y = || args.get("y");
+    match op {
+        Add | Sub | Mul | RealDiv | Pow | Maximum | Minimum | FloorDiv | Mod => {
+            one(x().and_then(|x| ops::binary(op, x, y()?)))
+        }
+        Less | LessEqual | Greater | GreaterEqual | Equal | NotEqual => {
+            one(x().and_then(|x| ops::compare(op, x, y()?)))
+        }
+        LogicalAnd | LogicalOr | LogicalXor => one(x().and_then(|x| ops::logical(op, x, y()?))),
+        Rsqrt | Sqrt | Inverse | Exp | Exp2 | Log | Sin | Cos | Tanh | Sigmoid | Silu | Relu
+        | Abs | Square | Floor | Ceil | Round | Sign | Erf | Clip | LogicalNot => {
+            one(ops::unary(op, args))
+        }
+        ReduceMean | ReduceSum | ReduceMax | ReduceMin | ReduceProd | ReduceSumSquare => {
+            one(ops::reduce(op, args))
+        }
+        Softmax => one(ops::softmax(args)),
+        LayerNorm => one(ops::layer_norm(args)),
+        Reshape | ExpandDims | Squeeze | Identity => {
+            one(x().and_then(|x| ops::reshaped(x, &args.out(0)?.shape)))
+        }
+        Transpose => one(ops::transpose(args)),
+        Concat => one(ops::concat(args)),
+        Split => ops::split(args),
+        SliceByIndex => one(ops::slice_by_index(args)),
+        SliceBySize => one(ops::slice_by_size(args)),
+        Tile => one(ops::tile(args)),
+        Gather => one(ops::gather(args)),
+        Select => one(ops::select(args)),
+        Fill => one(ops::fill(args)),
+        BandPart => one(ops::band_part(args)),
+        Range1d => one(ops::range_1d(args)),
+        Matmul => one(ops::matmul(args)),
+        Linear => one(ops::linear(args)),
+        Cast => one(ops::cast(args)),
+        Shape => one(x().map(|x| {
+            let s: Vec<i64> = x.shape.iter().map(|&d| d as i64).collect();
+            Tensor::new(DType::I32, vec![s.len()], Data::I(s))
+        })),
+        Const | ConstexprLutToDense => {
+            Err(format!("`{op}` is computed when the program loads").into())
+        }
     }
 }
 
@@ -540,6 +585,7 @@ fn conform_const(t: Tensor, options: Options) -> Tensor {
 fn constexpr(
     pkg: &MlPackage,
     op: &proto::Operation,
+    kind: Op,
     ty: &TensorTypeInfo,
     cache: &mut HashMap<(String, u64, Vec<usize>), Arc<Tensor>>,
     options: Options,
@@ -551,8 +597,8 @@ fn constexpr(
         }
         Err(RuntimeError::Program(format!("missing attribute `{key}`")))
     };
-    let t = match op.r#type.as_str() {
-        "const" => {
+    let t = match kind {
+        Op::Const => {
             let v = op
                 .attributes
                 .get("val")
@@ -570,11 +616,12 @@ fn constexpr(
                 Tensor::from_const(pkg.value(v, "const `val`")?)
             }
         }
-        "constexpr_lut_to_dense" => {
+        Op::ConstexprLutToDense => {
             let indices = operand("indices")?;
             let lut = operand("lut")?;
             let shape = operand("shape")?;
-            lut_to_dense(indices, lut, shape, ty).map_err(RuntimeError::Program)?
+            lut_to_dense(indices, lut, shape, ty)
+                .map_err(|e| RuntimeError::Program(e.to_string()))?
         }
         other => {
             return Err(RuntimeError::Program(format!(
@@ -608,7 +655,7 @@ fn lut_to_dense(
     lut: mlpackage::TensorData,
     shape: mlpackage::TensorData,
     ty: &TensorTypeInfo,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, OpError> {
     let Values::Int(packed) = indices.values else {
         return Err("indices must be uint8".into());
     };
@@ -620,7 +667,8 @@ fn lut_to_dense(
         return Err(format!(
             "shape {out_shape:?} does not match the declared {:?}",
             ty.shape
-        ));
+        )
+        .into());
     }
     let n = mlpackage::element_count(&out_shape).ok_or("shape overflows")?;
     let entries = lut.values.len();
@@ -634,7 +682,8 @@ fn lut_to_dense(
         _ => {
             return Err(format!(
                 "a LUT of {entries} entries is not 2^nbits for nbits in 1,2,3,4,6,8"
-            ))
+            )
+            .into())
         }
     };
     let bytes: Vec<u8> = packed.iter().map(|&b| b as u8).collect();
@@ -655,7 +704,7 @@ fn lut_to_dense(
 fn store_linear_weights_half(consts: &mut [(usize, Arc<Tensor>)], instrs: &[Instr]) {
     let weight_slots: std::collections::HashSet<usize> = instrs
         .iter()
-        .filter(|ins| ins.op_type == "linear")
+        .filter(|ins| ins.op == OpKind::Known(Op::Linear))
         .flat_map(|ins| ins.inputs.iter().filter(|(k, _)| k == "weight"))
         .flat_map(|(_, a)| a.iter())
         .filter_map(|a| match a {

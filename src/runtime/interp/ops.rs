@@ -7,10 +7,40 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use super::tensor::{strides, Data, Tensor};
-use crate::mlpackage::{DType, TensorTypeInfo};
+use crate::mil::{DType, Op};
+use crate::mlpackage::TensorTypeInfo;
 
-/// An op failure before it is tagged with the op's type and output name.
-pub type OpResult<T> = Result<T, String>;
+/// An op failure before it is tagged with the op's type and output name
+/// ([`super::RuntimeError::Op`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    #[error("missing argument `{0}`")]
+    MissingArgument(String),
+    #[error("output {0} is not declared")]
+    UndeclaredOutput(usize),
+    #[error("axis {axis} out of range for rank {rank}")]
+    Axis { axis: i64, rank: usize },
+    #[error("shapes {a:?} and {b:?} do not broadcast")]
+    Broadcast { a: Vec<usize>, b: Vec<usize> },
+    /// Arguments the op cannot take (bad shapes, values or combinations).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<String> for OpError {
+    fn from(msg: String) -> Self {
+        OpError::Invalid(msg)
+    }
+}
+
+impl From<&str> for OpError {
+    fn from(msg: &str) -> Self {
+        OpError::Invalid(msg.to_string())
+    }
+}
+
+/// The result of an op kernel.
+pub type OpResult<T> = Result<T, OpError>;
 
 /// The arguments of one op invocation.
 pub struct Args<'a> {
@@ -22,7 +52,7 @@ pub struct Args<'a> {
 impl<'a> Args<'a> {
     pub fn get(&self, name: &str) -> OpResult<&'a Tensor> {
         self.opt(name)
-            .ok_or_else(|| format!("missing argument `{name}`"))
+            .ok_or_else(|| OpError::MissingArgument(name.to_string()))
     }
 
     pub fn opt(&self, name: &str) -> Option<&'a Tensor> {
@@ -33,7 +63,7 @@ impl<'a> Args<'a> {
         self.map
             .get(name)
             .map(|v| v.as_slice())
-            .ok_or_else(|| format!("missing argument `{name}`"))
+            .ok_or_else(|| OpError::MissingArgument(name.to_string()))
     }
 
     pub fn ints(&self, name: &str) -> OpResult<Vec<i64>> {
@@ -57,7 +87,7 @@ impl<'a> Args<'a> {
                 .as_bool()
                 .first()
                 .copied()
-                .ok_or_else(|| format!("`{name}` is empty")),
+                .ok_or_else(|| format!("`{name}` is empty").into()),
             None => Ok(default),
         }
     }
@@ -68,24 +98,19 @@ impl<'a> Args<'a> {
                 .as_f32()
                 .first()
                 .copied()
-                .ok_or_else(|| format!("`{name}` is empty")),
+                .ok_or_else(|| format!("`{name}` is empty").into()),
             None => Ok(default),
         }
     }
 
     pub fn out(&self, i: usize) -> OpResult<&'a TensorTypeInfo> {
-        self.outputs
-            .get(i)
-            .ok_or_else(|| format!("output {i} is not declared"))
+        self.outputs.get(i).ok_or(OpError::UndeclaredOutput(i))
     }
 }
 
 fn scalar_int(t: &Tensor, name: &str) -> OpResult<i64> {
     if t.len() != 1 {
-        return Err(format!(
-            "`{name}` must be a scalar, has shape {:?}",
-            t.shape
-        ));
+        return Err(format!("`{name}` must be a scalar, has shape {:?}", t.shape).into());
     }
     Ok(t.as_i64()[0])
 }
@@ -95,7 +120,7 @@ pub fn axis(a: i64, rank: usize) -> OpResult<usize> {
     let r = rank as i64;
     let n = if a < 0 { a + r } else { a };
     if n < 0 || n >= r.max(1) {
-        return Err(format!("axis {a} out of range for rank {rank}"));
+        return Err(OpError::Axis { axis: a, rank });
     }
     Ok(n as usize)
 }
@@ -172,7 +197,10 @@ fn broadcast_shape(a: &[usize], b: &[usize]) -> OpResult<Vec<usize>> {
         } else if da == 1 {
             db
         } else {
-            return Err(format!("shapes {a:?} and {b:?} do not broadcast"));
+            return Err(OpError::Broadcast {
+                a: a.to_vec(),
+                b: b.to_vec(),
+            });
         };
     }
     Ok(out)
@@ -239,91 +267,91 @@ fn both_int(a: &Tensor, b: &Tensor) -> bool {
 }
 
 /// Elementwise binary arithmetic with numpy broadcasting.
-pub fn binary(op: &str, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
-    if both_int(a, b) && op != "real_div" && op != "pow" {
+pub fn binary(op: Op, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    if both_int(a, b) && op != Op::RealDiv && op != Op::Pow {
         let (x, y) = (a.as_i64(), b.as_i64());
         let f: fn(i64, i64) -> i64 = match op {
-            "add" => |x, y| x.wrapping_add(y),
-            "sub" => |x, y| x.wrapping_sub(y),
-            "mul" => |x, y| x.wrapping_mul(y),
-            "maximum" => |x, y| x.max(y),
-            "minimum" => |x, y| x.min(y),
-            "floor_div" => |x, y| if y == 0 { 0 } else { x.div_euclid(y) },
-            "mod" => |x, y| if y == 0 { 0 } else { x.rem_euclid(y) },
-            _ => return Err(format!("`{op}` on integers is not supported")),
+            Op::Add => |x, y| x.wrapping_add(y),
+            Op::Sub => |x, y| x.wrapping_sub(y),
+            Op::Mul => |x, y| x.wrapping_mul(y),
+            Op::Maximum => |x, y| x.max(y),
+            Op::Minimum => |x, y| x.min(y),
+            Op::FloorDiv => |x, y| if y == 0 { 0 } else { x.div_euclid(y) },
+            Op::Mod => |x, y| if y == 0 { 0 } else { x.rem_euclid(y) },
+            _ => return Err(format!("`{op}` on integers is not supported").into()),
         };
         let (shape, v) = zip_broadcast(&x, &a.shape, &y, &b.shape, f)?;
         return Ok(Tensor::new(DType::I64, shape, Data::I(v)));
     }
     let (x, y) = (a.as_f32(), b.as_f32());
     let f: fn(f32, f32) -> f32 = match op {
-        "add" => |x, y| x + y,
-        "sub" => |x, y| x - y,
-        "mul" => |x, y| x * y,
-        "real_div" => |x, y| x / y,
-        "pow" => |x, y| x.powf(y),
-        "maximum" => |x, y| x.max(y),
-        "minimum" => |x, y| x.min(y),
-        "floor_div" => |x, y| (x / y).floor(),
-        "mod" => |x, y| x - (x / y).floor() * y,
-        _ => return Err(format!("unknown binary op `{op}`")),
+        Op::Add => |x, y| x + y,
+        Op::Sub => |x, y| x - y,
+        Op::Mul => |x, y| x * y,
+        Op::RealDiv => |x, y| x / y,
+        Op::Pow => |x, y| x.powf(y),
+        Op::Maximum => |x, y| x.max(y),
+        Op::Minimum => |x, y| x.min(y),
+        Op::FloorDiv => |x, y| (x / y).floor(),
+        Op::Mod => |x, y| x - (x / y).floor() * y,
+        _ => return Err(format!("unknown binary op `{op}`").into()),
     };
     let (shape, v) = zip_broadcast(&x, &a.shape, &y, &b.shape, f)?;
     Ok(Tensor::new(DType::F32, shape, Data::F(v)))
 }
 
-pub fn compare(op: &str, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+pub fn compare(op: Op, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     let (shape, v) = if both_int(a, b) {
         let (x, y) = (a.as_i64(), b.as_i64());
         let f: fn(i64, i64) -> bool = match op {
-            "less" => |x, y| x < y,
-            "less_equal" => |x, y| x <= y,
-            "greater" => |x, y| x > y,
-            "greater_equal" => |x, y| x >= y,
-            "equal" => |x, y| x == y,
-            "not_equal" => |x, y| x != y,
-            _ => return Err(format!("unknown comparison `{op}`")),
+            Op::Less => |x, y| x < y,
+            Op::LessEqual => |x, y| x <= y,
+            Op::Greater => |x, y| x > y,
+            Op::GreaterEqual => |x, y| x >= y,
+            Op::Equal => |x, y| x == y,
+            Op::NotEqual => |x, y| x != y,
+            _ => return Err(format!("unknown comparison `{op}`").into()),
         };
         zip_broadcast(&x, &a.shape, &y, &b.shape, f)?
     } else {
         let (x, y) = (a.as_f32(), b.as_f32());
         let f: fn(f32, f32) -> bool = match op {
-            "less" => |x, y| x < y,
-            "less_equal" => |x, y| x <= y,
-            "greater" => |x, y| x > y,
-            "greater_equal" => |x, y| x >= y,
-            "equal" => |x, y| x == y,
-            "not_equal" => |x, y| x != y,
-            _ => return Err(format!("unknown comparison `{op}`")),
+            Op::Less => |x, y| x < y,
+            Op::LessEqual => |x, y| x <= y,
+            Op::Greater => |x, y| x > y,
+            Op::GreaterEqual => |x, y| x >= y,
+            Op::Equal => |x, y| x == y,
+            Op::NotEqual => |x, y| x != y,
+            _ => return Err(format!("unknown comparison `{op}`").into()),
         };
         zip_broadcast(&x, &a.shape, &y, &b.shape, f)?
     };
     Ok(Tensor::new(DType::Bool, shape, Data::B(v)))
 }
 
-pub fn logical(op: &str, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+pub fn logical(op: Op, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     let (x, y) = (a.as_bool(), b.as_bool());
     let f: fn(bool, bool) -> bool = match op {
-        "logical_and" => |x, y| x && y,
-        "logical_or" => |x, y| x || y,
-        "logical_xor" => |x, y| x ^ y,
-        _ => return Err(format!("unknown logical op `{op}`")),
+        Op::LogicalAnd => |x, y| x && y,
+        Op::LogicalOr => |x, y| x || y,
+        Op::LogicalXor => |x, y| x ^ y,
+        _ => return Err(format!("unknown logical op `{op}`").into()),
     };
     let (shape, v) = zip_broadcast(&x, &a.shape, &y, &b.shape, f)?;
     Ok(Tensor::new(DType::Bool, shape, Data::B(v)))
 }
 
-pub fn unary(op: &str, args: &Args) -> OpResult<Tensor> {
+pub fn unary(op: Op, args: &Args) -> OpResult<Tensor> {
     let x = args.get("x")?;
-    if op == "logical_not" {
+    if op == Op::LogicalNot {
         let v = x.as_bool().iter().map(|&b| !b).collect();
         return Ok(Tensor::new(DType::Bool, x.shape.clone(), Data::B(v)));
     }
-    if op == "abs" || op == "square" || op == "relu" {
+    if op == Op::Abs || op == Op::Square || op == Op::Relu {
         if let Data::I(v) = &x.data {
             let f: fn(i64) -> i64 = match op {
-                "abs" => |v| v.abs(),
-                "square" => |v| v * v,
+                Op::Abs => |v| v.abs(),
+                Op::Square => |v| v * v,
                 _ => |v| v.max(0),
             };
             return Ok(Tensor::new(
@@ -334,36 +362,36 @@ pub fn unary(op: &str, args: &Args) -> OpResult<Tensor> {
         }
     }
     let eps = match op {
-        "rsqrt" => args.float_or("epsilon", 1e-12)?,
-        "inverse" => args.float_or("epsilon", 1e-4)?,
-        "log" => args.float_or("epsilon", 1e-45)?,
+        Op::Rsqrt => args.float_or("epsilon", 1e-12)?,
+        Op::Inverse => args.float_or("epsilon", 1e-4)?,
+        Op::Log => args.float_or("epsilon", 1e-45)?,
         _ => 0.0,
     };
     let (alpha, beta) = match op {
-        "clip" => (args.float_or("alpha", 0.0)?, args.float_or("beta", 0.0)?),
+        Op::Clip => (args.float_or("alpha", 0.0)?, args.float_or("beta", 0.0)?),
         _ => (0.0, 0.0),
     };
     let v = x.as_f32();
     let apply = |f: &dyn Fn(f32) -> f32| -> Vec<f32> { v.iter().map(|&x| f(x)).collect() };
     let out = match op {
-        "rsqrt" => apply(&|x| 1.0 / (x + eps).sqrt()),
-        "sqrt" => apply(&|x| x.sqrt()),
-        "inverse" => apply(&|x| 1.0 / (x + eps)),
-        "exp" => apply(&|x| x.exp()),
-        "exp2" => apply(&|x| x.exp2()),
-        "log" => apply(&|x| (x + eps).ln()),
-        "sin" => apply(&|x| x.sin()),
-        "cos" => apply(&|x| x.cos()),
-        "tanh" => apply(&|x| x.tanh()),
-        "sigmoid" => apply(&|x| 1.0 / (1.0 + (-x).exp())),
-        "silu" => apply(&|x| x / (1.0 + (-x).exp())),
-        "relu" => apply(&|x| x.max(0.0)),
-        "abs" => apply(&|x| x.abs()),
-        "square" => apply(&|x| x * x),
-        "floor" => apply(&|x| x.floor()),
-        "ceil" => apply(&|x| x.ceil()),
-        "round" => apply(&|x| x.round_ties_even()),
-        "sign" => apply(&|x| {
+        Op::Rsqrt => apply(&|x| 1.0 / (x + eps).sqrt()),
+        Op::Sqrt => apply(&|x| x.sqrt()),
+        Op::Inverse => apply(&|x| 1.0 / (x + eps)),
+        Op::Exp => apply(&|x| x.exp()),
+        Op::Exp2 => apply(&|x| x.exp2()),
+        Op::Log => apply(&|x| (x + eps).ln()),
+        Op::Sin => apply(&|x| x.sin()),
+        Op::Cos => apply(&|x| x.cos()),
+        Op::Tanh => apply(&|x| x.tanh()),
+        Op::Sigmoid => apply(&|x| 1.0 / (1.0 + (-x).exp())),
+        Op::Silu => apply(&|x| x / (1.0 + (-x).exp())),
+        Op::Relu => apply(&|x| x.max(0.0)),
+        Op::Abs => apply(&|x| x.abs()),
+        Op::Square => apply(&|x| x * x),
+        Op::Floor => apply(&|x| x.floor()),
+        Op::Ceil => apply(&|x| x.ceil()),
+        Op::Round => apply(&|x| x.round_ties_even()),
+        Op::Sign => apply(&|x| {
             if x > 0.0 {
                 1.0
             } else if x < 0.0 {
@@ -372,9 +400,9 @@ pub fn unary(op: &str, args: &Args) -> OpResult<Tensor> {
                 0.0
             }
         }),
-        "erf" => apply(&erf),
-        "clip" => apply(&|x| x.max(alpha).min(beta)),
-        _ => return Err(format!("unknown unary op `{op}`")),
+        Op::Erf => apply(&erf),
+        Op::Clip => apply(&|x| x.max(alpha).min(beta)),
+        _ => return Err(format!("unknown unary op `{op}`").into()),
     };
     Ok(Tensor::new(DType::F32, x.shape.clone(), Data::F(out)))
 }
@@ -412,7 +440,7 @@ fn reduce_axes(args: &Args, rank: usize) -> OpResult<Vec<bool>> {
     Ok(red)
 }
 
-pub fn reduce(op: &str, args: &Args) -> OpResult<Tensor> {
+pub fn reduce(op: Op, args: &Args) -> OpResult<Tensor> {
     let x = args.get("x")?;
     let keep = args.bool_or("keep_dims", false)?;
     let rank = x.rank();
@@ -426,12 +454,12 @@ pub fn reduce(op: &str, args: &Args) -> OpResult<Tensor> {
     let count: usize = (0..rank).filter(|&d| red[d]).map(|d| x.shape[d]).product();
     let v = x.as_f32();
     let (init, comb): (f64, fn(f64, f64) -> f64) = match op {
-        "reduce_sum" | "reduce_mean" => (0.0, |a, b| a + b),
-        "reduce_max" => (f64::NEG_INFINITY, |a, b| a.max(b)),
-        "reduce_min" => (f64::INFINITY, |a, b| a.min(b)),
-        "reduce_prod" => (1.0, |a, b| a * b),
-        "reduce_sum_square" => (0.0, |a, b| a + b * b),
-        _ => return Err(format!("unknown reduction `{op}`")),
+        Op::ReduceSum | Op::ReduceMean => (0.0, |a, b| a + b),
+        Op::ReduceMax => (f64::NEG_INFINITY, |a, b| a.max(b)),
+        Op::ReduceMin => (f64::INFINITY, |a, b| a.min(b)),
+        Op::ReduceProd => (1.0, |a, b| a * b),
+        Op::ReduceSumSquare => (0.0, |a, b| a + b * b),
+        _ => return Err(format!("unknown reduction `{op}`").into()),
     };
     let mut acc = vec![init; out_n];
     // Fast path: reducing only the last axis.
@@ -451,7 +479,7 @@ pub fn reduce(op: &str, args: &Args) -> OpResult<Tensor> {
             acc[o] = comb(acc[o], val as f64);
         }
     }
-    if op == "reduce_mean" {
+    if op == Op::ReduceMean {
         acc.iter_mut().for_each(|a| *a /= count.max(1) as f64);
     }
     let shape = if keep {
@@ -459,7 +487,7 @@ pub fn reduce(op: &str, args: &Args) -> OpResult<Tensor> {
     } else {
         (0..rank).filter(|&d| !red[d]).map(|d| x.shape[d]).collect()
     };
-    let is_int = matches!(x.data, Data::I(_)) && op != "reduce_mean";
+    let is_int = matches!(x.data, Data::I(_)) && op != Op::ReduceMean;
     let data = if is_int {
         Data::I(acc.iter().map(|&a| a as i64).collect())
     } else {
@@ -500,7 +528,7 @@ pub fn softmax(args: &Args) -> OpResult<Tensor> {
 pub fn reshaped(x: &Tensor, shape: &[usize]) -> OpResult<Tensor> {
     let n: usize = shape.iter().product();
     if n != x.len() {
-        return Err(format!("cannot view shape {:?} as {:?}", x.shape, shape));
+        return Err(format!("cannot view shape {:?} as {:?}", x.shape, shape).into());
     }
     Ok(Tensor::new(x.dtype, shape.to_vec(), x.data.clone()))
 }
@@ -509,7 +537,7 @@ pub fn transpose(args: &Args) -> OpResult<Tensor> {
     let x = args.get("x")?;
     let perm = args.ints("perm")?;
     if perm.len() != x.rank() {
-        return Err(format!("perm {perm:?} for rank {}", x.rank()));
+        return Err(format!("perm {perm:?} for rank {}", x.rank()).into());
     }
     let perm: Vec<usize> = perm
         .iter()
@@ -562,10 +590,7 @@ pub fn concat(args: &Args) -> OpResult<Tensor> {
         if v.rank() != first.rank()
             || (0..v.rank()).any(|d| d != ax && v.shape[d] != first.shape[d])
         {
-            return Err(format!(
-                "cannot concat {:?} with {:?}",
-                first.shape, v.shape
-            ));
+            return Err(format!("cannot concat {:?} with {:?}", first.shape, v.shape).into());
         }
         shape[ax] += v.shape[ax];
     }
@@ -592,7 +617,7 @@ pub fn concat(args: &Args) -> OpResult<Tensor> {
                 .iter()
                 .map(|v| match &v.data {
                     Data::$variant(d) => Ok(d),
-                    _ => Err("concat of mixed storage".to_string()),
+                    _ => Err(OpError::from("concat of mixed storage")),
                 })
                 .collect::<OpResult<_>>()?;
             let mut out = Vec::with_capacity(shape.iter().product());
@@ -651,7 +676,8 @@ pub fn split(args: &Args) -> OpResult<Vec<Tensor>> {
         return Err(format!(
             "declared pieces cover {begin} of {} along axis {ax}",
             x.shape[ax]
-        ));
+        )
+        .into());
     }
     Ok(out)
 }
@@ -663,10 +689,7 @@ fn strided(x: &Tensor, start: &[i64], step: &[i64], shape: Vec<usize>) -> OpResu
         }
         let last = start[d] + step[d] * (shape[d] as i64 - 1);
         if start[d] < 0 || last < 0 || start[d] >= x.shape[d] as i64 || last >= x.shape[d] as i64 {
-            return Err(format!(
-                "slice out of bounds on axis {d} of shape {:?}",
-                x.shape
-            ));
+            return Err(format!("slice out of bounds on axis {d} of shape {:?}", x.shape).into());
         }
     }
     // Copy contiguous runs: trailing axes taken whole, plus one more axis with step 1 (a layer
@@ -728,7 +751,7 @@ pub fn slice_by_index(args: &Args) -> OpResult<Tensor> {
     .iter()
     .any(|&l| l != r)
     {
-        return Err(format!("slice parameters do not match rank {r}"));
+        return Err(format!("slice parameters do not match rank {r}").into());
     }
     let mut start = vec![0i64; r];
     let mut shape = vec![0usize; r];
@@ -785,10 +808,7 @@ pub fn slice_by_size(args: &Args) -> OpResult<Tensor> {
         let b = if begin[d] < 0 { begin[d] + n } else { begin[d] };
         let s = if size[d] < 0 { n - b } else { size[d] };
         if b < 0 || s < 0 || b + s > n {
-            return Err(format!(
-                "slice [{b}, +{s}) outside axis {d} of {:?}",
-                x.shape
-            ));
+            return Err(format!("slice [{b}, +{s}) outside axis {d} of {:?}", x.shape).into());
         }
         start[d] = b;
         shape[d] = s as usize;
@@ -800,7 +820,7 @@ pub fn tile(args: &Args) -> OpResult<Tensor> {
     let x = args.get("x")?;
     let reps = args.ints("reps")?;
     if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
-        return Err(format!("reps {reps:?} for shape {:?}", x.shape));
+        return Err(format!("reps {reps:?} for shape {:?}", x.shape).into());
     }
     let reps: Vec<usize> = reps.iter().map(|&r| r as usize).collect();
     let shape: Vec<usize> = x.shape.iter().zip(&reps).map(|(&d, &r)| d * r).collect();
@@ -848,7 +868,7 @@ pub fn gather(args: &Args) -> OpResult<Tensor> {
         .map(|&i| {
             let j = if i < 0 { i + n as i64 } else { i };
             if j < 0 || j >= n as i64 {
-                Err(format!("index {i} out of range for axis {ax} of size {n}"))
+                Err(format!("index {i} out of range for axis {ax} of size {n}").into())
             } else {
                 Ok(j as usize)
             }
@@ -1013,7 +1033,8 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         return Err(format!(
             "inner dimensions differ: {:?} @ {:?} (transpose_x={tx}, transpose_y={ty})",
             x.shape, y.shape
-        ));
+        )
+        .into());
     }
     let batch = broadcast_shape(&xs[..xr - 2], &ys[..yr - 2])?;
     let nb: usize = batch.iter().product();
@@ -1092,26 +1113,24 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
     let x = args.get("x")?;
     let w = args.get("weight")?;
     if w.rank() != 2 {
-        return Err(format!("weight must be rank 2, has shape {:?}", w.shape));
+        return Err(format!("weight must be rank 2, has shape {:?}", w.shape).into());
     }
     // MIL's `linear` takes x of rank 1 to 3 (coremltools does not check it; Core ML may).
     if !(1..=3).contains(&x.rank()) {
         return Err(format!(
             "x must be rank 1 to 3 (MIL linear), has shape {:?}",
             x.shape
-        ));
+        )
+        .into());
     }
     let (oc, ic) = (w.shape[0], w.shape[1]);
     if x.shape.last() != Some(&ic) {
-        return Err(format!(
-            "x {:?} does not match weight {:?}",
-            x.shape, w.shape
-        ));
+        return Err(format!("x {:?} does not match weight {:?}", x.shape, w.shape).into());
     }
     let bias = args.opt("bias").map(|b| b.as_f32());
     if let Some(b) = &bias {
         if b.len() != oc {
-            return Err(format!("bias has {} elements for {oc} outputs", b.len()));
+            return Err(format!("bias has {} elements for {oc} outputs", b.len()).into());
         }
     }
     let xv = x.as_f32();
@@ -1226,7 +1245,7 @@ mod tests {
         assert_eq!(y.shape, vec![1, 2, 2]);
         assert_eq!(y.as_f32().into_owned(), vec![1.0, 6.0, 4.0, 15.0]);
         let x4 = Tensor::f32(vec![1, 1, 2, 3], vec![0.0; 6]);
-        let err = linear_of(&x4, &w).unwrap_err();
+        let err = linear_of(&x4, &w).unwrap_err().to_string();
         assert!(err.contains("rank 1 to 3"), "{err}");
     }
 }

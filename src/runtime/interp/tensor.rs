@@ -5,7 +5,8 @@ use std::borrow::Cow;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use crate::mlpackage::{DType, TensorData, Values};
+use crate::mil::DType;
+use crate::mlpackage::{TensorData, Values};
 
 /// Flat element storage. Floats compute in f32 and are rounded to their declared dtype after
 /// every op (an fp16 value is an f32 that is exactly representable in fp16); `Half` holds fp16
