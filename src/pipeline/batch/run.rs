@@ -46,7 +46,7 @@ pub enum ExportError {
         source: QuantError,
     },
     #[error(transparent)]
-    Job(#[from] JobError),
+    Job(Box<JobError>),
     #[error(transparent)]
     Convert(#[from] ConvertError),
     #[error("{}: no such checkpoint directory or file", .0.display())]
@@ -63,7 +63,7 @@ pub enum ExportError {
     Validate {
         path: PathBuf,
         #[source]
-        source: ValidateError,
+        source: Box<ValidateError>,
     },
     #[error("validate compared no logits")]
     NoLogits,
@@ -78,6 +78,12 @@ pub enum ExportError {
     /// A bug, caught so that it fails one export instead of the batch.
     #[error("internal error (a bug; please report it): {0}")]
     Panic(String),
+}
+
+impl From<JobError> for ExportError {
+    fn from(e: JobError) -> Self {
+        ExportError::Job(Box::new(e))
+    }
 }
 
 impl ExportError {
@@ -414,7 +420,7 @@ fn validation(
     let r = validate(&outputs.package, &opened.ckpt, &opts).map_err(|source| {
         ExportError::Validate {
             path: outputs.package.clone(),
-            source,
+            source: Box::new(source),
         }
     })?;
     let b = r.behaviour.as_ref().ok_or(ExportError::NoLogits)?;
@@ -490,9 +496,9 @@ mod tests {
     #[test]
     fn errors_keep_their_exit_class_through_wrappers() {
         use crate::error::{CheckFailed, EnvironmentError};
-        let over = ExportError::Job(JobError::OverBudget(CheckFailed("over".into())));
+        let over = ExportError::from(JobError::OverBudget(CheckFailed("over".into())));
         assert_eq!(over.exit_code(), ExitCode::CheckFailed);
-        let env = ExportError::Job(JobError::Emit(crate::emit::EmitError::Environment(
+        let env = ExportError::from(JobError::Emit(crate::emit::EmitError::Environment(
             EnvironmentError {
                 message: "no python".into(),
                 fix: "make venv".into(),
