@@ -44,7 +44,7 @@ impl fmt::Display for EnvironmentError {
 }
 impl std::error::Error for EnvironmentError {}
 
-/// An error and its causes, outermost first (what `anyhow`'s `chain` walks).
+/// An error and its causes, outermost first (the chain `main` prints).
 pub fn causes<'a>(
     err: &'a (dyn std::error::Error + 'static),
 ) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {

@@ -511,3 +511,85 @@ impl Job {
         Ok(prepared)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::EnvironmentError;
+    use crate::progress::Silent;
+
+    fn tiny_job(dir: &Path) -> Job {
+        let source = dir.join("tiny");
+        std::fs::create_dir_all(&source).unwrap();
+        crate::testing::TinyModel::llama().write(&source).unwrap();
+        Job {
+            source,
+            output: dir.join("out/tiny.mlpackage"),
+            max_seq_len: 16,
+            query_len: 1,
+            recipe: Recipe::default(),
+            calibration: None,
+            compute_precision: ComputePrecision::Fp16,
+            activation_ranges: None,
+            no_range_scaling: false,
+            device: None,
+            increased_memory_limit: false,
+            allow_over_budget: false,
+            force: false,
+            python_env: None,
+        }
+    }
+
+    #[test]
+    fn a_job_plans_and_fingerprints_its_inputs_without_python() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = tiny_job(dir.path());
+        job.check().unwrap();
+        let opened = job.open(&Silent).unwrap();
+        let plan = job.plan(&opened.ckpt).unwrap();
+        assert!(plan.predicted_weight_bytes > 0 && plan.budget.is_none());
+        let on_device = Job {
+            device: Some("iphone-15".into()),
+            ..job.clone()
+        };
+        assert!(on_device.plan(&opened.ckpt).unwrap().budget.is_some());
+        let inputs = job.inputs().unwrap();
+        assert_eq!(inputs, job.inputs().unwrap());
+        let longer = Job {
+            max_seq_len: 32,
+            ..job.clone()
+        };
+        assert_ne!(inputs.fingerprint, longer.inputs().unwrap().fingerprint);
+        let bad = Job {
+            query_len: 17,
+            ..job
+        };
+        let err = bad.check().unwrap_err();
+        assert!(matches!(
+            err,
+            JobError::Shape(ShapeError::QueryTooLong { .. })
+        ));
+        assert_eq!(
+            err.to_string(),
+            "--query-len (17) cannot exceed --max-seq-len (16)"
+        );
+        assert_eq!(err.exit_code(), ExitCode::BadInput);
+    }
+
+    #[test]
+    fn exit_codes_follow_the_markers() {
+        let over = JobError::OverBudget(CheckFailed("over".into()));
+        assert_eq!(over.exit_code(), ExitCode::CheckFailed);
+        let env = JobError::Emit(EmitError::Environment(EnvironmentError {
+            message: "no python".into(),
+            fix: "make setup".into(),
+        }));
+        assert_eq!(env.exit_code(), ExitCode::Environment);
+        assert_eq!(env.to_string(), "Python environment unusable");
+        let missing = JobError::Read {
+            path: "x.json".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(missing.exit_code(), ExitCode::BadInput);
+    }
+}
