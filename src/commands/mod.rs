@@ -15,8 +15,3 @@ pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
-
-/// The evaluation text `validate` reads (the shipped passage by default) and its name.
-pub fn evaluation_text(path: Option<&std::path::Path>) -> anyhow::Result<(String, String)> {
-    Ok(hf2coreml::pipeline::job::evaluation_text(path)?)
-}
