@@ -43,3 +43,26 @@ impl fmt::Display for EnvironmentError {
     }
 }
 impl std::error::Error for EnvironmentError {}
+
+/// An error and its causes, outermost first (the chain `main` prints).
+pub fn causes<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(err), |e| e.source())
+}
+
+/// The exit code the markers among an error's causes call for: the first [`EnvironmentError`]
+/// (exit 3) or [`CheckFailed`] (exit 1) found, else bad input (exit 2). An error type that
+/// hides a marker behind its own text (a transparent wrapper) says so with an `exit_code`
+/// method of its own.
+pub fn exit_code_of(err: &(dyn std::error::Error + 'static)) -> ExitCode {
+    for cause in causes(err) {
+        if cause.is::<EnvironmentError>() {
+            return ExitCode::Environment;
+        }
+        if cause.is::<CheckFailed>() {
+            return ExitCode::CheckFailed;
+        }
+    }
+    ExitCode::BadInput
+}

@@ -6,6 +6,8 @@ mod printer;
 
 use hf2coreml::checkpoint::CheckpointError;
 use hf2coreml::error::{CheckFailed, EnvironmentError, ExitCode};
+use hf2coreml::pipeline::batch::ExportError;
+use hf2coreml::pipeline::job::JobError;
 use hf2coreml::validate::run::ValidateError;
 
 fn main() {
@@ -39,9 +41,16 @@ fn main() {
     std::process::exit(code as i32);
 }
 
-/// Classify an error chain into an exit code.
-pub(crate) fn exit_code_for(err: &anyhow::Error) -> ExitCode {
+/// Classify an error chain into an exit code: the first cause that says (a library error that
+/// knows its class, or one of the markers) decides; everything else is bad input.
+fn exit_code_for(err: &anyhow::Error) -> ExitCode {
     for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<JobError>() {
+            return e.exit_code();
+        }
+        if let Some(e) = cause.downcast_ref::<ExportError>() {
+            return e.exit_code();
+        }
         if cause.downcast_ref::<EnvironmentError>().is_some() {
             return ExitCode::Environment;
         }

@@ -70,7 +70,8 @@ pub fn progress_bar(len: u64, label: &str) -> indicatif::ProgressBar {
 }
 
 /// Draws a library operation's [`Progress`](hf2coreml::progress::Progress) as one bar at a
-/// time on stderr (hidden where [`progress_bar`] hides bars).
+/// time on stderr (hidden where [`progress_bar`] hides bars), and prints its notes and
+/// details as [`info`] and [`detail`] do.
 #[derive(Default)]
 pub struct Bars {
     bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
@@ -115,5 +116,13 @@ impl hf2coreml::progress::Progress for Bars {
                 b.finish_and_clear();
             }
         });
+    }
+
+    fn note(&self, message: &str) {
+        info(message);
+    }
+
+    fn detail(&self, message: &str) {
+        detail(message);
     }
 }

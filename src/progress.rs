@@ -1,5 +1,6 @@
-//! How long library work reports its progress. The library calls a [`Progress`]; the binary's
-//! printer draws it (bars on a terminal, nothing elsewhere) and tests pass [`Silent`].
+//! How long library work reports its progress, and what it has to say on the way. The library
+//! calls a [`Progress`]; the binary's printer draws it (bars on a terminal, nothing elsewhere;
+//! notes and details as `--quiet` / `--verbose` say) and tests pass [`Silent`].
 
 /// Receives the stages of a long operation. Every method has a default that does nothing, so
 /// an implementation takes only what it shows.
@@ -12,6 +13,11 @@ pub trait Progress: Sync {
     fn advance(&self, _steps: u64) {}
     /// The current stage is over.
     fn end(&self) {}
+    /// A note worth showing by default (what was chosen, what is happening); a quiet
+    /// implementation drops it.
+    fn note(&self, _message: &str) {}
+    /// A detail worth showing only to who asked for details (`--verbose`).
+    fn detail(&self, _message: &str) {}
 }
 
 /// Shows nothing.

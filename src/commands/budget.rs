@@ -1,3 +1,6 @@
+//! `hf2coreml budget`: a plan's memory against a device's app limit (exit 1 when it does not
+//! fit), or the device table.
+
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -49,27 +52,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Devices::builtin(),
     };
     if args.list_devices {
-        if args.json {
-            return super::print_json(&devices.devices);
-        }
-        println!(
-            "{:<20} {:<44} {:>9} {:>11} {:>11}",
-            "device", "name", "RAM", "app limit", "increased"
-        );
-        for d in &devices.devices {
-            println!(
-                "{:<20} {:<44} {:>9} {:>11} {:>11}",
-                d.id,
-                d.name,
-                fmt_bytes(d.ram_bytes),
-                fmt_bytes(d.app_limit_bytes),
-                fmt_bytes(d.app_limit_increased_bytes)
-            );
-        }
-        return Ok(());
+        return list_devices(&devices, args.json);
     }
     let dir = args.dir.as_ref().expect("clap requires dir");
-    super::check_shape(args.max_seq_len, args.query_len)?;
+    hf2coreml::pipeline::job::check_shape(args.max_seq_len, args.query_len)?;
     let limit = match (&args.device, args.memory_limit) {
         (Some(id), _) => Limit::for_device(devices.get(id)?, args.increased_memory_limit),
         (None, Some(bytes)) => Limit::explicit(bytes),
@@ -152,6 +138,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             fmt_bytes(b.usable_bytes)
         ))
         .into());
+    }
+    Ok(())
+}
+
+/// `--list-devices`: the device table.
+fn list_devices(devices: &Devices, json: bool) -> anyhow::Result<()> {
+    if json {
+        return super::print_json(&devices.devices);
+    }
+    println!(
+        "{:<20} {:<44} {:>9} {:>11} {:>11}",
+        "device", "name", "RAM", "app limit", "increased"
+    );
+    for d in &devices.devices {
+        println!(
+            "{:<20} {:<44} {:>9} {:>11} {:>11}",
+            d.id,
+            d.name,
+            fmt_bytes(d.ram_bytes),
+            fmt_bytes(d.app_limit_bytes),
+            fmt_bytes(d.app_limit_increased_bytes)
+        );
     }
     Ok(())
 }

@@ -1,10 +1,13 @@
+//! `hf2coreml palettize`: a recipe's weights, palettized and reported (no package); and the
+//! recipe flags `inspect`, `budget` and `convert` share.
+
 use std::path::{Path, PathBuf};
 
 use crate::printer::progress_bar;
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::fsutil::atomic_write;
-use hf2coreml::pipeline::convert;
+use hf2coreml::pipeline::job;
 use hf2coreml::quant::{self, Recipe};
 
 /// The recipe flags shared by `palettize`, `budget` and `inspect`.
@@ -72,54 +75,19 @@ impl RecipeArgs {
         Ok(base.with_overrides(self.nbits, &self.keep_fp16)?)
     }
 
-    /// Calibration token ids for `recipe` (see [`calibration_tokens`]).
+    /// Calibration token ids for `recipe` (see [`job::calibration_tokens`]).
     pub fn calibration_tokens(
         &self,
         recipe: &Recipe,
         ckpt: &Checkpoint,
     ) -> anyhow::Result<(Vec<u32>, Option<String>)> {
-        calibration_tokens(self.calibration.as_deref(), recipe, ckpt)
+        Ok(job::calibration_tokens(
+            self.calibration.as_deref(),
+            recipe,
+            ckpt,
+        )?)
     }
 }
-
-/// Calibration token ids for `recipe` (empty when it does not calibrate): the `calibration`
-/// file or the shipped text, through the checkpoint's tokenizer, capped at the recipe's
-/// `[calibration] tokens`.
-pub fn calibration_tokens(
-    calibration: Option<&Path>,
-    recipe: &Recipe,
-    ckpt: &Checkpoint,
-) -> anyhow::Result<(Vec<u32>, Option<String>)> {
-    if !recipe.calibrates(&ckpt.slots()) {
-        return Ok((Vec::new(), None));
-    }
-    let (ids, source) = match calibration {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read calibration text {}", path.display()))?;
-            let label = path.display().to_string();
-            convert::text_tokens(ckpt, &text, &label)?
-        }
-        None => convert::calibration_tokens(ckpt)?,
-    };
-    let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
-        Some(cap) if ids.len() > cap => {
-            (ids[..cap].to_vec(), format!("{source}, first {cap} used"))
-        }
-        _ => (ids, source),
-    };
-    if ids.len() < MIN_CALIBRATION_TOKENS {
-        anyhow::bail!(
-            "the calibration text has {} tokens; calibrated palettization needs at least \
-             {MIN_CALIBRATION_TOKENS} (a few pages of varied text)",
-            ids.len()
-        );
-    }
-    Ok((ids, Some(source)))
-}
-
-/// Below this the input statistics of a 2k-wide projection are mostly noise.
-const MIN_CALIBRATION_TOKENS: usize = 256;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

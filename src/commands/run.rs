@@ -1,3 +1,5 @@
+//! `hf2coreml run`: a package generating on the CPU interpreter, streamed to stdout.
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -10,6 +12,7 @@ use hf2coreml::runtime::generate::{
 use hf2coreml::runtime::interp::{Compute, Options, Package};
 use hf2coreml::runtime::sampling::SamplingParams;
 use hf2coreml::runtime::text::{self, Prompt, TextError};
+use tokenizers::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
@@ -90,29 +93,9 @@ fn config_beside(tokenizer: &Path) -> Option<PathBuf> {
     Some(tokenizer.with_file_name(format!("{stem}tokenizer_config.json")))
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.backend == Backend::Coreml {
-        let message = if cfg!(target_os = "macos") {
-            "--backend coreml is not available in this build yet; the CPU interpreter runs \
-             the same package"
-        } else {
-            "Core ML needs macOS: --backend coreml runs the package through Core ML itself, \
-             which only exists on Apple platforms"
-        };
-        return Err(EnvironmentError {
-            message: message.into(),
-            fix: format!("hf2coreml run {} --backend cpu ...", args.package.display()),
-        }
-        .into());
-    }
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
-    sampling.validate()?;
-
+/// The prompt's token ids, and the tokenizer (none for `--prompt-ids` without one), through
+/// the chat template with `--chat`.
+fn prompt(args: &Args) -> anyhow::Result<(Vec<u32>, Option<Tokenizer>)> {
     let prompt = match (&args.prompt, &args.prompt_ids) {
         (Some(text), _) if args.chat => Prompt::Chat(text.clone()),
         (Some(text), _) => Prompt::Text(text.clone()),
@@ -144,6 +127,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None
     };
     let ids = text::prompt_ids(&prompt, tokenizer.as_ref(), template.as_ref())?;
+    Ok((ids, tokenizer))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.backend == Backend::Coreml {
+        let message = if cfg!(target_os = "macos") {
+            "--backend coreml is not available in this build yet; the CPU interpreter runs \
+             the same package"
+        } else {
+            "Core ML needs macOS: --backend coreml runs the package through Core ML itself, \
+             which only exists on Apple platforms"
+        };
+        return Err(EnvironmentError {
+            message: message.into(),
+            fix: format!("hf2coreml run {} --backend cpu ...", args.package.display()),
+        }
+        .into());
+    }
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    sampling.validate()?;
+
+    let (ids, tokenizer) = prompt(&args)?;
 
     let options = Options {
         compute: match args.compute {

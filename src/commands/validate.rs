@@ -50,7 +50,7 @@ fn parse_gate(s: &str) -> Result<Gate, String> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.against)
         .with_context(|| format!("cannot read checkpoint {}", args.against.display()))?;
-    let (text, name) = super::evaluation_text(args.text.as_deref())?;
+    let (text, name) = hf2coreml::pipeline::job::evaluation_text(args.text.as_deref())?;
     // An explicit --tokenizer, else the checkpoint's tokenizer.json, else (a checkpoint that
     // ships none, e.g. a test fixture) the text's bytes modulo the vocabulary, as `convert`
     // calibrates such checkpoints.

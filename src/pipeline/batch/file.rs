@@ -1,6 +1,6 @@
 //! Batch files: a `[defaults]` table and `[[export]]` entries, expanded into one export per
 //! combination of their list-valued keys (models × recipes × devices × lengths). Parsing and
-//! expansion only; `hf2coreml batch` runs the exports.
+//! expansion only; [`super::run`] runs the exports.
 //!
 //! ```toml
 //! [defaults]
@@ -462,25 +462,45 @@ impl Ctx<'_> {
 /// Longest max_seq_len / query_len a batch file may ask for.
 const MAX_LENGTH: usize = 1 << 20;
 
+/// A template (`output`, `name`) that cannot be filled.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FillError {
+    #[error("`{{` without `}}` in `{template}`")]
+    Unclosed { template: String },
+    #[error(
+        "unknown placeholder `{{{key}}}` in `{template}` (known: {})",
+        braced(known)
+    )]
+    Unknown {
+        key: String,
+        template: String,
+        known: Vec<String>,
+    },
+}
+
+/// `{a}, {b}`: placeholders as written in a template.
+fn braced(keys: &[String]) -> String {
+    keys.iter()
+        .map(|k| format!("{{{k}}}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The output template's placeholders and their values for one combination.
-fn fill(template: &str, vars: &BTreeMap<&str, String>) -> Result<String, String> {
+fn fill(template: &str, vars: &BTreeMap<&str, String>) -> Result<String, FillError> {
     let mut out = String::new();
     let mut rest = template;
     while let Some(start) = rest.find('{') {
         out.push_str(&rest[..start]);
         let after = &rest[start + 1..];
-        let end = after
-            .find('}')
-            .ok_or_else(|| format!("`{{` without `}}` in `{template}`"))?;
+        let end = after.find('}').ok_or_else(|| FillError::Unclosed {
+            template: template.to_string(),
+        })?;
         let key = &after[..end];
-        let value = vars.get(key).ok_or_else(|| {
-            format!(
-                "unknown placeholder `{{{key}}}` in `{template}` (known: {})",
-                vars.keys()
-                    .map(|k| format!("{{{k}}}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+        let value = vars.get(key).ok_or_else(|| FillError::Unknown {
+            key: key.to_string(),
+            template: template.to_string(),
+            known: vars.keys().map(|k| k.to_string()).collect(),
         })?;
         out.push_str(value);
         rest = &after[end + 1..];
@@ -498,6 +518,178 @@ fn stem(p: &Path) -> String {
     };
     name.map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into())
+}
+
+/// One entry's keys, checked: the lists it expands over and the values every export shares.
+struct Axes<'e> {
+    models: Vec<PathBuf>,
+    output: &'e Spanned<String>,
+    lengths: Vec<usize>,
+    queries: Vec<usize>,
+    recipes: Vec<(String, RecipeSource)>,
+    devices: Vec<Option<String>>,
+    precision: ComputePrecision,
+    calibration: Option<PathBuf>,
+    validate: Option<ValidateSpec>,
+}
+
+impl Axes<'_> {
+    fn combinations(&self) -> usize {
+        self.models.len()
+            * self.recipes.len()
+            * self.devices.len()
+            * self.lengths.len()
+            * self.queries.len()
+    }
+}
+
+impl Ctx<'_> {
+    /// Check an entry's keys (with its defaults applied), in the order they are reported.
+    fn axes<'e>(
+        &self,
+        e: &'e RawEntry,
+        span: std::ops::Range<usize>,
+        line: usize,
+    ) -> Result<Axes<'e>, BatchError> {
+        let models = match &e.model {
+            Some(v) => self
+                .list(v, "model", "a path", |v| v.as_str().map(str::to_string))?
+                .into_iter()
+                .map(|m| self.path(&m, v.span(), "model"))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => return self.err(span, "`model` is missing (in the entry or [defaults])"),
+        };
+        let Some(output) = &e.output else {
+            return self.err(span, "`output` is missing (in the entry or [defaults])");
+        };
+        let lengths = match &e.max_seq_len {
+            Some(v) => self.sizes(v, "max_seq_len")?,
+            None => vec![512],
+        };
+        let queries = match &e.query_len {
+            Some(v) => self.sizes(v, "query_len")?,
+            None => vec![1],
+        };
+        let recipes = match &e.recipe {
+            Some(v) => self.recipes(v, line)?,
+            None => vec![("default".to_string(), RecipeSource::Default)],
+        };
+        let devices: Vec<Option<String>> = match &e.device {
+            Some(v) => self
+                .list(v, "device", "a device name", |v| {
+                    v.as_str().map(str::to_string)
+                })?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None],
+        };
+        let precision = match &e.compute_precision {
+            None => ComputePrecision::Fp16,
+            Some(p) => match p.get_ref().as_str() {
+                "fp16" => ComputePrecision::Fp16,
+                "fp32" => ComputePrecision::Fp32,
+                other => {
+                    return self.err(
+                        p.span(),
+                        format!("compute_precision: `{other}` (expected fp16 or fp32)"),
+                    )
+                }
+            },
+        };
+        let calibration = match &e.calibration {
+            Some(c) => Some(self.path(c.get_ref(), c.span(), "calibration")?),
+            None => None,
+        };
+        let validate = match &e.validate {
+            Some(v) => self.validate(v)?,
+            None => None,
+        };
+        Ok(Axes {
+            models,
+            output,
+            lengths,
+            queries,
+            recipes,
+            devices,
+            precision,
+            calibration,
+            validate,
+        })
+    }
+
+    /// Append one export per combination of an entry's lists, in file order.
+    fn expand(
+        &self,
+        e: &RawEntry,
+        axes: &Axes<'_>,
+        line: usize,
+        exports: &mut Vec<Export>,
+    ) -> Result<(), BatchError> {
+        let flag = |b: &Option<Spanned<bool>>| b.as_ref().is_some_and(|b| *b.get_ref());
+        for model in &axes.models {
+            for (recipe_label, recipe) in &axes.recipes {
+                for device in &axes.devices {
+                    for &max_seq_len in &axes.lengths {
+                        for &query_len in &axes.queries {
+                            let vars = BTreeMap::from([
+                                ("model", stem(model)),
+                                ("recipe", recipe_label.clone()),
+                                ("device", device.clone().unwrap_or_else(|| "any".into())),
+                                ("max_seq_len", max_seq_len.to_string()),
+                                ("query_len", query_len.to_string()),
+                                ("compute_precision", axes.precision.as_str().to_string()),
+                            ]);
+                            let (name, output) = self.names(e, axes.output, &vars)?;
+                            exports.push(Export {
+                                name,
+                                index: exports.len(),
+                                line,
+                                model: model.clone(),
+                                output,
+                                max_seq_len,
+                                query_len,
+                                recipe: recipe.clone(),
+                                device: device.clone(),
+                                compute_precision: axes.precision,
+                                calibration: axes.calibration.clone(),
+                                increased_memory_limit: flag(&e.increased_memory_limit),
+                                allow_over_budget: flag(&e.allow_over_budget),
+                                validate: axes.validate.clone(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An export's name and output path: the templates filled; without a `name` template,
+    /// the output's stem.
+    fn names(
+        &self,
+        e: &RawEntry,
+        output: &Spanned<String>,
+        vars: &BTreeMap<&str, String>,
+    ) -> Result<(String, PathBuf), BatchError> {
+        let out = fill(output.get_ref(), vars)
+            .or_else(|m| self.err(output.span(), format!("output: {m}")))?;
+        let output_path = self.path(&out, output.span(), "output")?;
+        let name = match &e.name {
+            Some(n) => {
+                fill(n.get_ref(), vars).or_else(|m| self.err(n.span(), format!("name: {m}")))?
+            }
+            None => {
+                let file = output_path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                file.strip_suffix(".mlpackage").unwrap_or(&file).to_string()
+            }
+        };
+        Ok((name, output_path))
+    }
 }
 
 impl BatchFile {
@@ -536,119 +728,11 @@ impl BatchFile {
             let line = cx.line(entry.span().start);
             let span = entry.span();
             let e = entry.into_inner().over(&defaults);
-            let models = match &e.model {
-                Some(v) => cx
-                    .list(v, "model", "a path", |v| v.as_str().map(str::to_string))?
-                    .into_iter()
-                    .map(|m| cx.path(&m, v.span(), "model"))
-                    .collect::<Result<Vec<_>, _>>()?,
-                None => return cx.err(span, "`model` is missing (in the entry or [defaults])"),
-            };
-            let Some(output) = &e.output else {
-                return cx.err(span, "`output` is missing (in the entry or [defaults])");
-            };
-            let lengths = match &e.max_seq_len {
-                Some(v) => cx.sizes(v, "max_seq_len")?,
-                None => vec![512],
-            };
-            let queries = match &e.query_len {
-                Some(v) => cx.sizes(v, "query_len")?,
-                None => vec![1],
-            };
-            let recipes = match &e.recipe {
-                Some(v) => cx.recipes(v, line)?,
-                None => vec![("default".to_string(), RecipeSource::Default)],
-            };
-            let devices: Vec<Option<String>> = match &e.device {
-                Some(v) => cx
-                    .list(v, "device", "a device name", |v| {
-                        v.as_str().map(str::to_string)
-                    })?
-                    .into_iter()
-                    .map(Some)
-                    .collect(),
-                None => vec![None],
-            };
-            let precision = match &e.compute_precision {
-                None => ComputePrecision::Fp16,
-                Some(p) => match p.get_ref().as_str() {
-                    "fp16" => ComputePrecision::Fp16,
-                    "fp32" => ComputePrecision::Fp32,
-                    other => {
-                        return cx.err(
-                            p.span(),
-                            format!("compute_precision: `{other}` (expected fp16 or fp32)"),
-                        )
-                    }
-                },
-            };
-            let calibration = match &e.calibration {
-                Some(c) => Some(cx.path(c.get_ref(), c.span(), "calibration")?),
-                None => None,
-            };
-            let validate = match &e.validate {
-                Some(v) => cx.validate(v)?,
-                None => None,
-            };
-            let combinations =
-                models.len() * recipes.len() * devices.len() * lengths.len() * queries.len();
-            if exports.len() + combinations > MAX_EXPORTS {
+            let axes = cx.axes(&e, span.clone(), line)?;
+            if exports.len() + axes.combinations() > MAX_EXPORTS {
                 return cx.err(span, format!("more than {MAX_EXPORTS} exports"));
             }
-            for model in &models {
-                for (recipe_label, recipe) in &recipes {
-                    for device in &devices {
-                        for &max_seq_len in &lengths {
-                            for &query_len in &queries {
-                                let vars = BTreeMap::from([
-                                    ("model", stem(model)),
-                                    ("recipe", recipe_label.clone()),
-                                    ("device", device.clone().unwrap_or_else(|| "any".into())),
-                                    ("max_seq_len", max_seq_len.to_string()),
-                                    ("query_len", query_len.to_string()),
-                                    ("compute_precision", precision.as_str().to_string()),
-                                ]);
-                                let out = fill(output.get_ref(), &vars)
-                                    .or_else(|m| cx.err(output.span(), format!("output: {m}")))?;
-                                let output_path = cx.path(&out, output.span(), "output")?;
-                                let name = match &e.name {
-                                    Some(n) => fill(n.get_ref(), &vars)
-                                        .or_else(|m| cx.err(n.span(), format!("name: {m}")))?,
-                                    None => {
-                                        let file = output_path
-                                            .file_name()
-                                            .map(|n| n.to_string_lossy().into_owned())
-                                            .unwrap_or_default();
-                                        file.strip_suffix(".mlpackage").unwrap_or(&file).to_string()
-                                    }
-                                };
-                                exports.push(Export {
-                                    name,
-                                    index: exports.len(),
-                                    line,
-                                    model: model.clone(),
-                                    output: output_path,
-                                    max_seq_len,
-                                    query_len,
-                                    recipe: recipe.clone(),
-                                    device: device.clone(),
-                                    compute_precision: precision,
-                                    calibration: calibration.clone(),
-                                    increased_memory_limit: e
-                                        .increased_memory_limit
-                                        .as_ref()
-                                        .is_some_and(|b| *b.get_ref()),
-                                    allow_over_budget: e
-                                        .allow_over_budget
-                                        .as_ref()
-                                        .is_some_and(|b| *b.get_ref()),
-                                    validate: validate.clone(),
-                                });
-                            }
-                        }
-                    }
-                }
-            }
+            cx.expand(&e, &axes, line, &mut exports)?;
         }
         check_unique(path, &exports)?;
         Ok(BatchFile {

@@ -1,0 +1,595 @@
+//! One conversion as `convert` and `batch` run it: check the settings, open the checkpoint
+//! (importing a GGUF file first), plan it against a device, prepare the weights and convert.
+//! Typed settings in, a [`ConvertSummary`] out; notes and details go to a [`Progress`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use thiserror::Error;
+
+use super::convert::{
+    self, ComputePrecision, ConvertError, ConvertOptions, ConvertSummary, Inputs, Outputs,
+    StageTimes,
+};
+use crate::budget::{self, Budget, BudgetError, Devices, Limit};
+use crate::checkpoint::gguf::{self, GgufError, ImportOptions};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::emit::{EmitError, PythonEnv};
+use crate::error::{CheckFailed, ExitCode};
+use crate::graph::llama::Weight;
+use crate::graph::scaling::ActivationRanges;
+use crate::progress::Progress;
+use crate::quant::{self, QuantError, Recipe};
+use crate::util::{fmt_bytes, fmt_count};
+
+/// A plan's shape that no package can have.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ShapeError {
+    #[error("--max-seq-len and --query-len must be at least 1")]
+    Zero,
+    #[error(
+        "--max-seq-len {max_seq_len} exceeds the limit of {}",
+        budget::MAX_SEQ_CAP
+    )]
+    TooLong { max_seq_len: usize },
+    #[error("--query-len ({query_len}) cannot exceed --max-seq-len ({max_seq_len})")]
+    QueryTooLong {
+        query_len: usize,
+        max_seq_len: usize,
+    },
+}
+
+/// The fixed shape of a plan: S and Q at least 1, S within the budget's cap, Q at most S.
+pub fn check_shape(max_seq_len: usize, query_len: usize) -> Result<(), ShapeError> {
+    if max_seq_len == 0 || query_len == 0 {
+        return Err(ShapeError::Zero);
+    }
+    if max_seq_len > budget::MAX_SEQ_CAP {
+        return Err(ShapeError::TooLong { max_seq_len });
+    }
+    if query_len > max_seq_len {
+        return Err(ShapeError::QueryTooLong {
+            query_len,
+            max_seq_len,
+        });
+    }
+    Ok(())
+}
+
+/// Why a job stopped. The texts are the ones the command prints; [`JobError::exit_code`] says
+/// which exit code the error calls for.
+#[derive(Debug, Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    /// The output's place cannot be written.
+    #[error(transparent)]
+    Unwritable(std::io::Error),
+    #[error("cannot create a temporary directory for the GGUF import")]
+    Scratch(#[source] std::io::Error),
+    #[error("cannot import {}", path.display())]
+    Import {
+        path: PathBuf,
+        #[source]
+        source: GgufError,
+    },
+    #[error("cannot read checkpoint {}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: CheckpointError,
+    },
+    /// NaN or Inf weights.
+    #[error("cannot convert {}", path.display())]
+    NotFinite {
+        path: PathBuf,
+        #[source]
+        source: CheckpointError,
+    },
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
+    /// The plan does not fit its device (exit 1).
+    #[error(transparent)]
+    OverBudget(CheckFailed),
+    #[error("cannot read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not an activation-ranges JSON", path.display())]
+    Ranges {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Emit(#[from] EmitError),
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error("cannot read calibration text {}", path.display())]
+    CalibrationText {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the calibration text has {tokens} tokens; calibrated palettization needs at least \
+         {} (a few pages of varied text)",
+        MIN_CALIBRATION_TOKENS
+    )]
+    TooFewTokens { tokens: usize },
+}
+
+impl JobError {
+    /// The exit code this error calls for: 1 for a plan over budget, else what the markers in
+    /// its causes say ([`crate::error::exit_code_of`]).
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            JobError::OverBudget(_) => ExitCode::CheckFailed,
+            other => crate::error::exit_code_of(other),
+        }
+    }
+}
+
+/// Below this the input statistics of a 2k-wide projection are mostly noise.
+pub const MIN_CALIBRATION_TOKENS: usize = 256;
+
+/// Calibration token ids for `recipe` (empty when it does not calibrate): the `calibration`
+/// file or the shipped text, through the checkpoint's tokenizer, capped at the recipe's
+/// `[calibration] tokens`. The second value names the text, when there is one.
+pub fn calibration_tokens(
+    calibration: Option<&Path>,
+    recipe: &Recipe,
+    ckpt: &Checkpoint,
+) -> Result<(Vec<u32>, Option<String>), JobError> {
+    if !recipe.calibrates(&ckpt.slots()) {
+        return Ok((Vec::new(), None));
+    }
+    let (ids, source) = match calibration {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| JobError::CalibrationText {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            let label = path.display().to_string();
+            convert::text_tokens(ckpt, &text, &label)?
+        }
+        None => convert::calibration_tokens(ckpt)?,
+    };
+    let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
+        Some(cap) if ids.len() > cap => {
+            (ids[..cap].to_vec(), format!("{source}, first {cap} used"))
+        }
+        _ => (ids, source),
+    };
+    if ids.len() < MIN_CALIBRATION_TOKENS {
+        return Err(JobError::TooFewTokens { tokens: ids.len() });
+    }
+    Ok((ids, Some(source)))
+}
+
+/// The evaluation text `validate` reads (the shipped passage by default) and its name.
+pub fn evaluation_text(path: Option<&Path>) -> Result<(String, String), JobError> {
+    Ok(match path {
+        Some(p) => (
+            std::fs::read_to_string(p).map_err(|source| JobError::Read {
+                path: p.to_path_buf(),
+                source,
+            })?,
+            p.display().to_string(),
+        ),
+        None => (
+            crate::validate::run::EVALUATION_TEXT.to_string(),
+            "fixtures/evaluation.txt".to_string(),
+        ),
+    })
+}
+
+/// One conversion, as `convert` and `batch` run it: the source, the output, the settings.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Checkpoint directory or .gguf file.
+    pub source: PathBuf,
+    pub output: PathBuf,
+    pub max_seq_len: usize,
+    pub query_len: usize,
+    /// The recipe with every flag applied.
+    pub recipe: Recipe,
+    /// Calibration text (default: the shipped one), used when the recipe calibrates.
+    pub calibration: Option<PathBuf>,
+    pub compute_precision: ComputePrecision,
+    pub activation_ranges: Option<PathBuf>,
+    pub no_range_scaling: bool,
+    pub device: Option<String>,
+    pub increased_memory_limit: bool,
+    pub allow_over_budget: bool,
+    pub force: bool,
+    pub python_env: Option<PathBuf>,
+}
+
+/// A job's checkpoint, opened; a GGUF source is imported into a temporary directory that
+/// lives as long as this.
+pub struct Opened {
+    pub ckpt: Checkpoint,
+    _imported: Option<tempfile::TempDir>,
+}
+
+/// What a job will produce and whether it fits its device.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub predicted_weight_bytes: u64,
+    pub budget: Option<Budget>,
+}
+
+fn open_checkpoint(dir: &Path, named: &Path) -> Result<Checkpoint, JobError> {
+    Checkpoint::open(dir).map_err(|source| JobError::Open {
+        path: named.to_path_buf(),
+        source,
+    })
+}
+
+impl Job {
+    /// Checks that need no input file: the shape, the output name, a writable output place.
+    pub fn check(&self) -> Result<(), JobError> {
+        check_shape(self.max_seq_len, self.query_len)?;
+        Outputs::for_package(&self.output)?;
+        // Refuse an output that cannot be written before minutes of work, not after.
+        crate::fsutil::check_writable(&self.output).map_err(JobError::Unwritable)?;
+        Ok(())
+    }
+
+    fn is_gguf(&self) -> bool {
+        self.source.is_file() && gguf::is_gguf_file(&self.source)
+    }
+
+    /// Open the checkpoint (importing a GGUF file first).
+    pub fn open(&self, progress: &dyn Progress) -> Result<Opened, JobError> {
+        let imported = if self.is_gguf() {
+            let tmp = crate::fsutil::scratch_dir("gguf").map_err(JobError::Scratch)?;
+            let stem = self
+                .source
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into());
+            let dest = tmp.path().join(stem);
+            progress.begin("import", 1);
+            progress.working_on("GGUF → checkpoint");
+            let done = gguf::import(
+                &self.source,
+                &dest,
+                &ImportOptions { force: false },
+                progress,
+            );
+            progress.end();
+            done.map_err(|source| JobError::Import {
+                path: self.source.clone(),
+                source,
+            })?;
+            Some((tmp, dest))
+        } else {
+            None
+        };
+        let dir = imported.as_ref().map_or(&self.source, |(_, d)| d);
+        let ckpt = open_checkpoint(dir, &self.source)?;
+        Ok(Opened {
+            ckpt,
+            _imported: imported.map(|(t, _)| t),
+        })
+    }
+
+    /// Predicted weights and, with a device, the budget; refuses (exit 1) a plan that does not
+    /// fit unless over-budget plans are allowed.
+    pub fn plan(&self, ckpt: &Checkpoint) -> Result<Plan, JobError> {
+        let spec = ckpt.spec();
+        let predicted = budget::weights_bytes(&ckpt.slots(), |s| self.recipe.storage(s));
+        let budget = match &self.device {
+            Some(id) => {
+                let devices = Devices::builtin();
+                let limit = Limit::for_device(devices.get(id)?, self.increased_memory_limit);
+                let b = budget::compute(spec, predicted, self.max_seq_len, self.query_len, &limit);
+                if !b.fits && !self.allow_over_budget {
+                    return Err(JobError::OverBudget(CheckFailed(format!(
+                        "the plan needs {} on {id} but only {} is usable (largest max_seq_len \
+                         that fits: {}); use a smaller --max-seq-len, or --allow-over-budget",
+                        fmt_bytes(b.total_bytes),
+                        fmt_bytes(b.usable_bytes),
+                        fmt_count(b.max_seq_len_that_fits as u64)
+                    ))));
+                }
+                Some(b)
+            }
+            None => None,
+        };
+        Ok(Plan {
+            predicted_weight_bytes: predicted,
+            budget,
+        })
+    }
+
+    /// What the package will be made from: hashes of the source files and of the calibration
+    /// text, the applied recipe and the settings.
+    pub fn inputs(&self) -> Result<Inputs, JobError> {
+        let sources = if self.is_gguf() {
+            let name = self
+                .source
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            BTreeMap::from([(name, convert::sha256_file(&self.source)?)])
+        } else {
+            let ckpt = open_checkpoint(&self.source, &self.source)?;
+            convert::source_hashes(&ckpt)?
+        };
+        let calibration = match (&self.calibration, self.recipe.calibration()) {
+            (_, None) => None,
+            (Some(p), Some(_)) => Some(convert::sha256_file(p)?),
+            (None, Some(_)) => Some(convert::sha256_hex(convert::CALIBRATION_TEXT.as_bytes())),
+        };
+        let ranges = match (&self.activation_ranges, self.no_range_scaling) {
+            (_, true) => serde_json::json!("off"),
+            (Some(p), false) => serde_json::json!(convert::sha256_file(p)?),
+            (None, false) => serde_json::json!("measured"),
+        };
+        let settings = BTreeMap::from([
+            ("max_seq_len".into(), serde_json::json!(self.max_seq_len)),
+            ("query_len".into(), serde_json::json!(self.query_len)),
+            (
+                "compute_precision".into(),
+                serde_json::json!(self.compute_precision.as_str()),
+            ),
+            ("range_scaling".into(), ranges),
+            ("device".into(), serde_json::json!(self.device)),
+            (
+                "increased_memory_limit".into(),
+                serde_json::json!(self.increased_memory_limit),
+            ),
+            (
+                "allow_over_budget".into(),
+                serde_json::json!(self.allow_over_budget),
+            ),
+        ]);
+        Ok(Inputs::new(
+            sources,
+            self.recipe.to_toml(),
+            calibration,
+            settings,
+        ))
+    }
+
+    /// Open, plan and convert.
+    pub fn run(&self, progress: &dyn Progress) -> Result<ConvertSummary, JobError> {
+        let inputs = self.inputs()?;
+        let opened = self.open(progress)?;
+        self.convert(&opened, inputs, progress)
+    }
+
+    /// Convert an opened checkpoint (the plan is checked again first).
+    pub fn convert(
+        &self,
+        opened: &Opened,
+        inputs: Inputs,
+        progress: &dyn Progress,
+    ) -> Result<ConvertSummary, JobError> {
+        let start = Instant::now();
+        self.check()?;
+        if self.output.exists() && !self.force {
+            return Err(ConvertError::Exists(self.output.clone()).into());
+        }
+        let ckpt = &opened.ckpt;
+        self.plan(ckpt)?;
+        // NaN/Inf weights would poison every output; refuse them before any work.
+        ckpt.check_finite().map_err(|source| JobError::NotFinite {
+            path: self.source.clone(),
+            source,
+        })?;
+        let given = self.given_ranges()?;
+        // Find Python before the expensive stages so a missing environment fails fast.
+        let python_env = PythonEnv::discover(self.python_env.as_deref())?;
+        crate::emit::check_environment(&python_env)?;
+        progress.detail(&format!(
+            "python environment: {}",
+            python_env.root.display()
+        ));
+
+        let mut times = StageTimes {
+            read: start.elapsed().as_secs_f64(),
+            ..StageTimes::default()
+        };
+        let ranges = self.ranges(ckpt, given, &mut times, progress)?;
+        let (weights, report) = self.weights(ckpt, &mut times, progress)?;
+        let applied = serde_json::json!({
+            "origin": self.recipe.origin(),
+            "toml": self.recipe.to_toml(),
+            "tensors": report
+                .tensors
+                .iter()
+                .map(|l| (l.name.clone(), l.decision.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        });
+        let opts = ConvertOptions {
+            checkpoint: self.source.clone(),
+            output: self.output.clone(),
+            max_seq_len: self.max_seq_len,
+            query_len: self.query_len,
+            precision: self.compute_precision,
+            ranges,
+            force: self.force,
+            python_env,
+            inputs: Some(inputs),
+        };
+        Ok(convert::convert(
+            ckpt,
+            &opts,
+            weights,
+            applied,
+            Some(report),
+            times,
+            progress,
+        )?)
+    }
+
+    /// The activation ranges of `--activation-ranges`, read.
+    fn given_ranges(&self) -> Result<Option<ActivationRanges>, JobError> {
+        let Some(p) = &self.activation_ranges else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(p).map_err(|source| JobError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        let ranges = serde_json::from_str(&text).map_err(|source| JobError::Ranges {
+            path: p.clone(),
+            source,
+        })?;
+        Ok(Some(ranges))
+    }
+
+    /// The ranges the residual scale is chosen from: measured on the calibration text for an
+    /// fp16 program without given ones, none without range scaling.
+    fn ranges(
+        &self,
+        ckpt: &Checkpoint,
+        given: Option<ActivationRanges>,
+        times: &mut StageTimes,
+        progress: &dyn Progress,
+    ) -> Result<Option<ActivationRanges>, JobError> {
+        let measure = self.compute_precision == ComputePrecision::Fp16
+            && !self.no_range_scaling
+            && given.is_none();
+        if !measure {
+            return Ok(if self.no_range_scaling { None } else { given });
+        }
+        let t = Instant::now();
+        progress.begin("calibrate", 1);
+        progress.working_on("reference forward pass on calibration text");
+        let r = convert::measure_ranges(ckpt);
+        progress.end();
+        let r = r?;
+        times.calibrate = t.elapsed().as_secs_f64();
+        progress.detail(&format!(
+            "activation ranges: residual max |x| {:.0} ({}), {:.1} s",
+            r.residual_max_abs.iter().fold(0.0f32, |a, &b| a.max(b)),
+            r.source,
+            times.calibrate
+        ));
+        Ok(Some(r))
+    }
+
+    /// Palettize (calibrated when the recipe says so) and read the rest as fp16.
+    fn weights(
+        &self,
+        ckpt: &Checkpoint,
+        times: &mut StageTimes,
+        progress: &dyn Progress,
+    ) -> Result<(BTreeMap<String, Weight>, quant::Report), JobError> {
+        let t = Instant::now();
+        let plan = quant::Report::plan(ckpt, &self.recipe)?;
+        let (tokens, source) = calibration_tokens(self.calibration.as_deref(), &self.recipe, ckpt)?;
+        if let Some(source) = &source {
+            progress.detail(&format!("calibrating on {source}"));
+        }
+        progress.begin("palettize", plan.totals.palettized_tensors as u64);
+        if !tokens.is_empty() {
+            progress.working_on("calibrating");
+        }
+        let prepared = super::weights::prepare_weights(ckpt, &self.recipe, &tokens, &|line| {
+            progress.working_on(&line.name);
+            progress.advance(1);
+        });
+        progress.end();
+        let prepared = prepared?;
+        times.palettize = t.elapsed().as_secs_f64();
+        progress.detail(&format!(
+            "palettized {} tensors in {:.1} s",
+            plan.totals.palettized_tensors, times.palettize
+        ));
+        Ok(prepared)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::EnvironmentError;
+    use crate::progress::Silent;
+
+    fn tiny_job(dir: &Path) -> Job {
+        let source = dir.join("tiny");
+        std::fs::create_dir_all(&source).unwrap();
+        crate::testing::TinyModel::llama().write(&source).unwrap();
+        Job {
+            source,
+            output: dir.join("out/tiny.mlpackage"),
+            max_seq_len: 16,
+            query_len: 1,
+            recipe: Recipe::default(),
+            calibration: None,
+            compute_precision: ComputePrecision::Fp16,
+            activation_ranges: None,
+            no_range_scaling: false,
+            device: None,
+            increased_memory_limit: false,
+            allow_over_budget: false,
+            force: false,
+            python_env: None,
+        }
+    }
+
+    #[test]
+    fn a_job_plans_and_fingerprints_its_inputs_without_python() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = tiny_job(dir.path());
+        job.check().unwrap();
+        let opened = job.open(&Silent).unwrap();
+        let plan = job.plan(&opened.ckpt).unwrap();
+        assert!(plan.predicted_weight_bytes > 0 && plan.budget.is_none());
+        let on_device = Job {
+            device: Some("iphone-15".into()),
+            ..job.clone()
+        };
+        assert!(on_device.plan(&opened.ckpt).unwrap().budget.is_some());
+        let inputs = job.inputs().unwrap();
+        assert_eq!(inputs, job.inputs().unwrap());
+        let longer = Job {
+            max_seq_len: 32,
+            ..job.clone()
+        };
+        assert_ne!(inputs.fingerprint, longer.inputs().unwrap().fingerprint);
+        let bad = Job {
+            query_len: 17,
+            ..job
+        };
+        let err = bad.check().unwrap_err();
+        assert!(matches!(
+            err,
+            JobError::Shape(ShapeError::QueryTooLong { .. })
+        ));
+        assert_eq!(
+            err.to_string(),
+            "--query-len (17) cannot exceed --max-seq-len (16)"
+        );
+        assert_eq!(err.exit_code(), ExitCode::BadInput);
+    }
+
+    #[test]
+    fn exit_codes_follow_the_markers() {
+        let over = JobError::OverBudget(CheckFailed("over".into()));
+        assert_eq!(over.exit_code(), ExitCode::CheckFailed);
+        let env = JobError::Emit(EmitError::Environment(EnvironmentError {
+            message: "no python".into(),
+            fix: "make setup".into(),
+        }));
+        assert_eq!(env.exit_code(), ExitCode::Environment);
+        assert_eq!(env.to_string(), "Python environment unusable");
+        let missing = JobError::Read {
+            path: "x.json".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(missing.exit_code(), ExitCode::BadInput);
+    }
+}
