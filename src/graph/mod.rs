@@ -157,11 +157,7 @@ pub enum GraphError {
     #[error("value `{0}` is defined twice")]
     Duplicate(String),
     #[error("op {index} (`{op}`) reads `{name}`, which is not defined before it")]
-    Undefined {
-        index: usize,
-        op: String,
-        name: String,
-    },
+    Undefined { index: usize, op: Op, name: String },
     #[error("output `{0}` is never produced")]
     MissingOutput(String),
     #[error("constant `{name}` holds {found} values, its shape {shape:?} needs {expected}")]
@@ -204,7 +200,7 @@ impl Graph {
                     if !defined.contains(n.as_str()) {
                         return Err(GraphError::Undefined {
                             index,
-                            op: op.op.to_string(),
+                            op: op.op,
                             name: n.clone(),
                         });
                     }

@@ -8,7 +8,7 @@ use half::f16;
 use super::convert::ConvertError;
 use crate::checkpoint::Checkpoint;
 use crate::graph::Weight;
-use crate::quant::{self, Decision, Granularity, PackedLut, QuantizedWeight, Recipe};
+use crate::quant::{self, Decision, Granularity, Recipe};
 
 /// Palettize what `recipe` selects and read the rest as dense fp16. `progress` is called once
 /// per palettized tensor, from worker threads. A recipe with `[calibration]` fits its
@@ -107,19 +107,12 @@ pub fn prepare_weights(
         }
         let w = match t.palettized {
             Some(p) => {
-                if p.granularity != Granularity::PerTensor || p.luts.len() != 1 {
-                    return Err(ConvertError::Granularity {
-                        tensor: t.slot.name.clone(),
-                        granularity: p.granularity.to_string(),
-                    });
-                }
-                let rows = p.shape.first().copied().unwrap_or(1);
-                let lut = PackedLut {
-                    nbits: p.nbits,
-                    lut: p.luts.into_iter().next().unwrap_or_default(),
-                    packed: p.packed_indices,
-                };
-                Weight::Quantized(QuantizedWeight::per_tensor(rows, lut))
+                let granularity = p.granularity.to_string();
+                let q = p.into_weight().ok_or_else(|| ConvertError::Granularity {
+                    tensor: t.slot.name.clone(),
+                    granularity,
+                })?;
+                Weight::Quantized(q)
             }
             None => Weight::Dense(ckpt.tensor(&t.slot.name)?.to_f16()),
         };

@@ -140,6 +140,21 @@ impl PalettizedTensor {
         self.luts.first().map_or(&[], |l| l.as_slice())
     }
 
+    /// The stored form of a per-tensor palettization; `None` for a grouped one (iOS18, which
+    /// packages do not emit).
+    pub fn into_weight(self) -> Option<QuantizedWeight> {
+        if self.granularity != Granularity::PerTensor || self.luts.len() != 1 {
+            return None;
+        }
+        let rows = self.shape.first().copied().unwrap_or(1);
+        let lut = PackedLut {
+            nbits: self.nbits,
+            lut: self.luts.into_iter().next().unwrap_or_default(),
+            packed: self.packed_indices,
+        };
+        Some(QuantizedWeight::per_tensor(rows, lut))
+    }
+
     /// Unpacked indices, one per element.
     pub fn indices(&self) -> Vec<u8> {
         unpack_indices(&self.packed_indices, self.nbits, self.numel())
