@@ -2,11 +2,13 @@
 //!
 //! A [`Graph`] is what the emitter hands to coremltools: typed inputs, constants (dense or
 //! palettized), a list of operations in program order, and the names of the outputs. Op types
-//! and argument names are the iOS17 MIL ones (FORMAT.md, reference/op_specs.txt), so the bridge
-//! can call the MIL builder without translating anything.
+//! ([`crate::mil::Op`]), element types ([`crate::mil::DType`]) and argument names are the iOS17
+//! MIL ones (FORMAT.md, reference/op_specs.txt), so the bridge can call the MIL builder without
+//! translating anything; the JSON it reads spells them by their MIL names.
 //!
 //! Builders live in submodules: [`llama`] (Llama, Mistral, Qwen2), with [`rope`] tables and
-//! [`scaling`] (fp16 range safety) as inputs.
+//! [`scaling`] (fp16 range safety) as inputs. They take [`Weight`]s: dense fp16, or the
+//! [`QuantizedWeight`] the quantizer produced.
 
 pub mod llama;
 pub mod rope;
