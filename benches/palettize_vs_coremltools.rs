@@ -80,7 +80,7 @@ fn main() -> anyhow::Result<()> {
     );
 
     // Ours: the same work coremltools' function does (LUT + indices), across tensors.
-    let run = |ts: &[Tensor]| -> anyhow::Result<Vec<quant::Palettized>> {
+    let run = |ts: &[Tensor]| -> anyhow::Result<Vec<quant::LutFit>> {
         Ok(ts
             .par_iter()
             .map(|t| quant::palettize_f16(&t.values, 4, None))
@@ -134,7 +134,7 @@ fn main() -> anyhow::Result<()> {
 fn report(
     mode: &str,
     tensors: &[Tensor],
-    ours: &[quant::Palettized],
+    ours: &[quant::LutFit],
     best_par: f64,
     best_single: f64,
     theirs: &serde_json::Value,

@@ -136,113 +136,204 @@ impl TensorSlot {
     }
 }
 
+/// A tensor of one decoder block, in the order a block holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LayerTensor {
+    InputNorm,
+    Q,
+    K,
+    V,
+    QBias,
+    KBias,
+    VBias,
+    O,
+    PostNorm,
+    Gate,
+    Up,
+    Down,
+}
+
+impl LayerTensor {
+    /// Every block tensor, in model order (the biases exist only with `attention_bias`).
+    pub const ALL: [LayerTensor; 12] = [
+        LayerTensor::InputNorm,
+        LayerTensor::Q,
+        LayerTensor::K,
+        LayerTensor::V,
+        LayerTensor::QBias,
+        LayerTensor::KBias,
+        LayerTensor::VBias,
+        LayerTensor::O,
+        LayerTensor::PostNorm,
+        LayerTensor::Gate,
+        LayerTensor::Up,
+        LayerTensor::Down,
+    ];
+
+    /// The name inside the block, after `model.layers.{l}.`.
+    fn suffix(self) -> &'static str {
+        match self {
+            LayerTensor::InputNorm => "input_layernorm.weight",
+            LayerTensor::Q => "self_attn.q_proj.weight",
+            LayerTensor::K => "self_attn.k_proj.weight",
+            LayerTensor::V => "self_attn.v_proj.weight",
+            LayerTensor::QBias => "self_attn.q_proj.bias",
+            LayerTensor::KBias => "self_attn.k_proj.bias",
+            LayerTensor::VBias => "self_attn.v_proj.bias",
+            LayerTensor::O => "self_attn.o_proj.weight",
+            LayerTensor::PostNorm => "post_attention_layernorm.weight",
+            LayerTensor::Gate => "mlp.gate_proj.weight",
+            LayerTensor::Up => "mlp.up_proj.weight",
+            LayerTensor::Down => "mlp.down_proj.weight",
+        }
+    }
+
+    pub fn role(self) -> Role {
+        match self {
+            LayerTensor::InputNorm | LayerTensor::PostNorm => Role::Norm,
+            LayerTensor::Q => Role::Q,
+            LayerTensor::K => Role::K,
+            LayerTensor::V => Role::V,
+            LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias => Role::Bias,
+            LayerTensor::O => Role::O,
+            LayerTensor::Gate => Role::Gate,
+            LayerTensor::Up => Role::Up,
+            LayerTensor::Down => Role::Down,
+        }
+    }
+
+    /// The projection weight of a projection role.
+    pub fn projection(role: Role) -> Option<LayerTensor> {
+        Some(match role {
+            Role::Q => LayerTensor::Q,
+            Role::K => LayerTensor::K,
+            Role::V => LayerTensor::V,
+            Role::O => LayerTensor::O,
+            Role::Gate => LayerTensor::Gate,
+            Role::Up => LayerTensor::Up,
+            Role::Down => LayerTensor::Down,
+            _ => return None,
+        })
+    }
+
+    fn is_bias(self) -> bool {
+        self.role() == Role::Bias
+    }
+
+    /// [rows, cols] (or [n] for norms and biases).
+    fn shape(self, spec: &ModelSpec) -> Vec<usize> {
+        let (h, q, kv, i) = (
+            spec.hidden_size,
+            spec.q_dim(),
+            spec.kv_dim(),
+            spec.intermediate_size,
+        );
+        match self {
+            LayerTensor::InputNorm | LayerTensor::PostNorm => vec![h],
+            LayerTensor::Q => vec![q, h],
+            LayerTensor::K | LayerTensor::V => vec![kv, h],
+            LayerTensor::QBias => vec![q],
+            LayerTensor::KBias | LayerTensor::VBias => vec![kv],
+            LayerTensor::O => vec![h, q],
+            LayerTensor::Gate | LayerTensor::Up => vec![i, h],
+            LayerTensor::Down => vec![h, i],
+        }
+    }
+}
+
+/// A tensor of the model, by its place: what the graph builder, the float model and the
+/// calibration look weights up by. [`TensorId::hf_name`] is the one place Hugging Face names
+/// are spelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TensorId {
+    Embedding,
+    Layer(usize, LayerTensor),
+    FinalNorm,
+    LmHead,
+}
+
+impl TensorId {
+    /// The Hugging Face tensor name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+    pub fn hf_name(self) -> String {
+        match self {
+            TensorId::Embedding => "model.embed_tokens.weight".into(),
+            TensorId::Layer(l, t) => format!("model.layers.{l}.{}", t.suffix()),
+            TensorId::FinalNorm => "model.norm.weight".into(),
+            TensorId::LmHead => "lm_head.weight".into(),
+        }
+    }
+
+    /// The tensor the lm_head multiplies by: the embedding when tied.
+    pub fn head(spec: &ModelSpec) -> TensorId {
+        if spec.tie_word_embeddings {
+            TensorId::Embedding
+        } else {
+            TensorId::LmHead
+        }
+    }
+
+    pub fn role(self) -> Role {
+        match self {
+            TensorId::Embedding => Role::Embedding,
+            TensorId::Layer(_, t) => t.role(),
+            TensorId::FinalNorm => Role::Norm,
+            TensorId::LmHead => Role::LmHead,
+        }
+    }
+
+    pub fn layer(self) -> Option<usize> {
+        match self {
+            TensorId::Layer(l, _) => Some(l),
+            _ => None,
+        }
+    }
+
+    pub fn shape(self, spec: &ModelSpec) -> Vec<usize> {
+        match self {
+            TensorId::Embedding | TensorId::LmHead => vec![spec.vocab_size, spec.hidden_size],
+            TensorId::Layer(_, t) => t.shape(spec),
+            TensorId::FinalNorm => vec![spec.hidden_size],
+        }
+    }
+
+    pub fn slot(self, spec: &ModelSpec) -> TensorSlot {
+        TensorSlot {
+            name: self.hf_name(),
+            shape: self.shape(spec),
+            role: self.role(),
+            layer: self.layer(),
+        }
+    }
+}
+
+/// The Hugging Face name of tensor `t` of block `layer`.
+pub fn tensor_name(layer: usize, t: LayerTensor) -> String {
+    TensorId::Layer(layer, t).hf_name()
+}
+
 /// Every tensor the checkpoint must hold, in model order. With tied embeddings there is no
 /// `lm_head.weight` slot: the embedding serves both roles.
-pub fn expected_tensors(spec: &ModelSpec) -> Vec<TensorSlot> {
-    let h = spec.hidden_size;
-    let q = spec.q_dim();
-    let kv = spec.kv_dim();
-    let i = spec.intermediate_size;
+pub fn tensor_ids(spec: &ModelSpec) -> Vec<TensorId> {
     let mut out = Vec::with_capacity(spec.num_hidden_layers * 12 + 3);
-    let slot = |name: String, shape: Vec<usize>, role: Role, layer: Option<usize>| TensorSlot {
-        name,
-        shape,
-        role,
-        layer,
-    };
-    out.push(slot(
-        "model.embed_tokens.weight".into(),
-        vec![spec.vocab_size, h],
-        Role::Embedding,
-        None,
-    ));
+    out.push(TensorId::Embedding);
     for l in 0..spec.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        out.push(slot(
-            format!("{p}.input_layernorm.weight"),
-            vec![h],
-            Role::Norm,
-            Some(l),
-        ));
-        out.push(slot(
-            format!("{p}.self_attn.q_proj.weight"),
-            vec![q, h],
-            Role::Q,
-            Some(l),
-        ));
-        out.push(slot(
-            format!("{p}.self_attn.k_proj.weight"),
-            vec![kv, h],
-            Role::K,
-            Some(l),
-        ));
-        out.push(slot(
-            format!("{p}.self_attn.v_proj.weight"),
-            vec![kv, h],
-            Role::V,
-            Some(l),
-        ));
-        if spec.attention_bias {
-            out.push(slot(
-                format!("{p}.self_attn.q_proj.bias"),
-                vec![q],
-                Role::Bias,
-                Some(l),
-            ));
-            out.push(slot(
-                format!("{p}.self_attn.k_proj.bias"),
-                vec![kv],
-                Role::Bias,
-                Some(l),
-            ));
-            out.push(slot(
-                format!("{p}.self_attn.v_proj.bias"),
-                vec![kv],
-                Role::Bias,
-                Some(l),
-            ));
-        }
-        out.push(slot(
-            format!("{p}.self_attn.o_proj.weight"),
-            vec![h, q],
-            Role::O,
-            Some(l),
-        ));
-        out.push(slot(
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![h],
-            Role::Norm,
-            Some(l),
-        ));
-        out.push(slot(
-            format!("{p}.mlp.gate_proj.weight"),
-            vec![i, h],
-            Role::Gate,
-            Some(l),
-        ));
-        out.push(slot(
-            format!("{p}.mlp.up_proj.weight"),
-            vec![i, h],
-            Role::Up,
-            Some(l),
-        ));
-        out.push(slot(
-            format!("{p}.mlp.down_proj.weight"),
-            vec![h, i],
-            Role::Down,
-            Some(l),
-        ));
+        out.extend(
+            LayerTensor::ALL
+                .into_iter()
+                .filter(|t| spec.attention_bias || !t.is_bias())
+                .map(|t| TensorId::Layer(l, t)),
+        );
     }
-    out.push(slot("model.norm.weight".into(), vec![h], Role::Norm, None));
+    out.push(TensorId::FinalNorm);
     if !spec.tie_word_embeddings {
-        out.push(slot(
-            "lm_head.weight".into(),
-            vec![spec.vocab_size, h],
-            Role::LmHead,
-            None,
-        ));
+        out.push(TensorId::LmHead);
     }
     out
+}
+
+/// Every tensor the checkpoint must hold, in model order (see [`tensor_ids`]).
+pub fn expected_tensors(spec: &ModelSpec) -> Vec<TensorSlot> {
+    tensor_ids(spec).into_iter().map(|t| t.slot(spec)).collect()
 }
 
 /// The MIL-safe name of a checkpoint tensor: `model.layers.0.self_attn.q_proj.weight` →
@@ -289,6 +380,37 @@ mod tests {
         assert_eq!(k.shape, vec![32, 64]);
         assert_eq!(k.role, Role::K);
         assert_eq!(k.layer, Some(1));
+    }
+
+    #[test]
+    fn hugging_face_names() {
+        let names: Vec<String> = expected_tensors(&spec(false, true))
+            .into_iter()
+            .filter(|s| s.layer != Some(1))
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "model.embed_tokens.weight",
+                "model.layers.0.input_layernorm.weight",
+                "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.0.self_attn.k_proj.weight",
+                "model.layers.0.self_attn.v_proj.weight",
+                "model.layers.0.self_attn.q_proj.bias",
+                "model.layers.0.self_attn.k_proj.bias",
+                "model.layers.0.self_attn.v_proj.bias",
+                "model.layers.0.self_attn.o_proj.weight",
+                "model.layers.0.post_attention_layernorm.weight",
+                "model.layers.0.mlp.gate_proj.weight",
+                "model.layers.0.mlp.up_proj.weight",
+                "model.layers.0.mlp.down_proj.weight",
+                "model.norm.weight",
+                "lm_head.weight",
+            ]
+        );
+        let head = TensorId::head(&spec(true, false));
+        assert_eq!(head.hf_name(), "model.embed_tokens.weight");
     }
 
     #[test]

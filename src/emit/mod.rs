@@ -21,7 +21,8 @@ use thiserror::Error;
 
 use crate::error::EnvironmentError;
 use crate::fsutil::AtomicDir;
-use crate::graph::{ConstData, DType, Graph};
+use crate::graph::{ConstData, Graph};
+use crate::mil::DType;
 
 pub use metadata::Metadata;
 
@@ -300,7 +301,7 @@ pub fn emit(
         .map_err(|e| EmitError::Protocol(e.to_string()))?;
     let meta_json = serde_json::to_string(meta).map_err(|e| EmitError::Protocol(e.to_string()))?;
     let precision = match graph.float {
-        DType::Fp32 => "fp32",
+        DType::F32 => "fp32",
         _ => "fp16",
     };
     let work = out.path().to_path_buf();

@@ -2,11 +2,13 @@
 //!
 //! A [`Graph`] is what the emitter hands to coremltools: typed inputs, constants (dense or
 //! palettized), a list of operations in program order, and the names of the outputs. Op types
-//! and argument names are the iOS17 MIL ones (FORMAT.md, reference/op_specs.txt), so the bridge
-//! can call the MIL builder without translating anything.
+//! ([`crate::mil::Op`]), element types ([`crate::mil::DType`]) and argument names are the iOS17
+//! MIL ones (FORMAT.md, reference/op_specs.txt), so the bridge can call the MIL builder without
+//! translating anything; the JSON it reads spells them by their MIL names.
 //!
 //! Builders live in submodules: [`llama`] (Llama, Mistral, Qwen2), with [`rope`] tables and
-//! [`scaling`] (fp16 range safety) as inputs.
+//! [`scaling`] (fp16 range safety) as inputs. They take [`Weight`]s: dense fp16, or the
+//! [`QuantizedWeight`] the quantizer produced.
 
 pub mod llama;
 pub mod rope;
@@ -18,44 +20,43 @@ use half::f16;
 use serde::Serialize;
 use thiserror::Error;
 
-/// Element types the graph uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DType {
-    Fp16,
-    Fp32,
-    Int32,
-    Bool,
+use crate::mil::{DType, Op};
+use crate::quant::{PackedLut, QuantizedWeight};
+
+/// Serialize a [`DType`] by its MIL name (`fp16`, `int32`, `bool`), as the bridge reads it.
+fn dtype_name<S: serde::Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(d.name())
 }
 
-impl DType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DType::Fp16 => "fp16",
-            DType::Fp32 => "fp32",
-            DType::Int32 => "int32",
-            DType::Bool => "bool",
-        }
-    }
+/// Serialize an [`Op`] by its MIL name, which the bridge calls as `mb.<name>`.
+fn op_name<S: serde::Serializer>(op: &Op, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(op.as_str())
 }
 
 /// A graph input.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Input {
     pub name: String,
+    #[serde(serialize_with = "dtype_name")]
     pub dtype: DType,
     pub shape: Vec<usize>,
 }
 
-/// A palettized weight: `out = lut[indices].reshape(shape)` (iOS17 `constexpr_lut_to_dense`,
-/// one LUT per tensor).
+/// A weight as a builder takes it: dense fp16 values, or quantized as a package stores it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Palettized {
-    pub nbits: u8,
-    /// 2^nbits entries.
-    pub lut: Vec<f16>,
-    /// Indices packed LSB-first, ceil(nbits × numel / 8) bytes (FORMAT.md, "weight.bin").
-    pub packed: Vec<u8>,
+pub enum Weight {
+    Dense(Vec<f16>),
+    Quantized(QuantizedWeight),
+}
+
+impl Weight {
+    /// How the report names this storage: `fp16`, or see [`QuantizedWeight::label`].
+    pub fn label(&self) -> String {
+        match self {
+            Weight::Dense(_) => "fp16".to_string(),
+            Weight::Quantized(q) => q.label(),
+        }
+    }
 }
 
 /// The values of a constant. Float constants are stored in fp16 (the precision a package
@@ -64,7 +65,9 @@ pub struct Palettized {
 pub enum ConstData {
     F16(Vec<f16>),
     I32(Vec<i32>),
-    Lut(Palettized),
+    /// A palettized weight: `out = lut[indices].reshape(shape)` (iOS17
+    /// `constexpr_lut_to_dense`, one LUT per constant).
+    Lut(PackedLut),
 }
 
 impl ConstData {
@@ -110,9 +113,10 @@ pub enum Arg {
 
 /// One MIL operation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Op {
-    /// The MIL op type, e.g. `linear`.
-    pub op: String,
+pub struct Operation {
+    /// The MIL op type, e.g. [`Op::Linear`].
+    #[serde(serialize_with = "op_name")]
+    pub op: Op,
     /// Output names; most ops have one, `split` has several.
     pub outputs: Vec<String>,
     pub args: BTreeMap<String, Arg>,
@@ -123,7 +127,7 @@ pub struct Op {
 pub struct Graph {
     pub inputs: Vec<Input>,
     pub consts: Vec<Const>,
-    pub ops: Vec<Op>,
+    pub ops: Vec<Operation>,
     pub outputs: Vec<String>,
     /// The float type every float value computes in.
     pub float: DType,
@@ -135,8 +139,9 @@ pub struct GraphDescription<'a> {
     pub inputs: &'a [Input],
     /// Constant names in creation order, with their kind (`f16`, `i32`, `lut`) and shape.
     pub consts: Vec<ConstDescription<'a>>,
-    pub ops: &'a [Op],
+    pub ops: &'a [Operation],
     pub outputs: &'a [String],
+    #[serde(serialize_with = "dtype_name")]
     pub float: DType,
 }
 
@@ -154,11 +159,7 @@ pub enum GraphError {
     #[error("value `{0}` is defined twice")]
     Duplicate(String),
     #[error("op {index} (`{op}`) reads `{name}`, which is not defined before it")]
-    Undefined {
-        index: usize,
-        op: String,
-        name: String,
-    },
+    Undefined { index: usize, op: Op, name: String },
     #[error("output `{0}` is never produced")]
     MissingOutput(String),
     #[error("constant `{name}` holds {found} values, its shape {shape:?} needs {expected}")]
@@ -201,7 +202,7 @@ impl Graph {
                     if !defined.contains(n.as_str()) {
                         return Err(GraphError::Undefined {
                             index,
-                            op: op.op.clone(),
+                            op: op.op,
                             name: n.clone(),
                         });
                     }
@@ -245,7 +246,7 @@ impl Graph {
     }
 
     /// Number of ops of one type.
-    pub fn count_ops(&self, op: &str) -> usize {
+    pub fn count_ops(&self, op: Op) -> usize {
         self.ops.iter().filter(|o| o.op == op).count()
     }
 
@@ -256,7 +257,7 @@ impl Graph {
             .map(|c| match &c.data {
                 ConstData::F16(v) => 2 * v.len() as u64,
                 ConstData::I32(v) => 4 * v.len() as u64,
-                ConstData::Lut(p) => p.packed.len() as u64 + 2 * p.lut.len() as u64,
+                ConstData::Lut(p) => p.bytes(),
             })
             .sum()
     }
@@ -273,38 +274,10 @@ fn check_const(c: &Const) -> Result<(), GraphError> {
     match &c.data {
         ConstData::F16(v) if v.len() != expected => Err(size_err(v.len())),
         ConstData::I32(v) if v.len() != expected => Err(size_err(v.len())),
-        ConstData::Lut(p) => {
-            if !matches!(p.nbits, 1 | 2 | 4 | 6 | 8) {
-                return Err(GraphError::BadLut {
-                    name: c.name.clone(),
-                    message: format!("iOS17 supports 1, 2, 4, 6 or 8 bits, not {}", p.nbits),
-                });
-            }
-            if p.lut.len() != 1usize << p.nbits {
-                return Err(GraphError::BadLut {
-                    name: c.name.clone(),
-                    message: format!(
-                        "LUT has {} entries, {} bits need {}",
-                        p.lut.len(),
-                        p.nbits,
-                        1usize << p.nbits
-                    ),
-                });
-            }
-            let bytes = (expected * p.nbits as usize).div_ceil(8);
-            if p.packed.len() != bytes {
-                return Err(GraphError::BadLut {
-                    name: c.name.clone(),
-                    message: format!(
-                        "{} packed index bytes, {} elements at {} bits need {bytes}",
-                        p.packed.len(),
-                        expected,
-                        p.nbits
-                    ),
-                });
-            }
-            Ok(())
-        }
+        ConstData::Lut(p) => p.check(expected).map_err(|message| GraphError::BadLut {
+            name: c.name.clone(),
+            message,
+        }),
         _ => Ok(()),
     }
 }
@@ -376,10 +349,10 @@ impl Builder {
     }
 
     /// Append `op` with one output named `name` (made unique); returns the output name.
-    pub fn op(&mut self, op: &str, name: &str, args: Vec<(&str, Arg)>) -> String {
+    pub fn op(&mut self, op: Op, name: &str, args: Vec<(&str, Arg)>) -> String {
         let out = self.claim(name);
-        self.graph.ops.push(Op {
-            op: op.to_string(),
+        self.graph.ops.push(Operation {
+            op,
             outputs: vec![out.clone()],
             args: args.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         });
@@ -387,10 +360,10 @@ impl Builder {
     }
 
     /// Append an op with several outputs (`split`).
-    pub fn op_multi(&mut self, op: &str, names: &[&str], args: Vec<(&str, Arg)>) -> Vec<String> {
+    pub fn op_multi(&mut self, op: Op, names: &[&str], args: Vec<(&str, Arg)>) -> Vec<String> {
         let outs: Vec<String> = names.iter().map(|n| self.claim(n)).collect();
-        self.graph.ops.push(Op {
-            op: op.to_string(),
+        self.graph.ops.push(Operation {
+            op,
             outputs: outs.clone(),
             args: args.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         });
@@ -419,8 +392,8 @@ mod tests {
     use super::*;
 
     fn tiny() -> Builder {
-        let mut b = Builder::new(DType::Fp16);
-        b.input("x", DType::Fp16, vec![1, 4]);
+        let mut b = Builder::new(DType::F16);
+        b.input("x", DType::F16, vec![1, 4]);
         b.constant(
             "w",
             vec![4, 4],
@@ -433,18 +406,18 @@ mod tests {
     #[test]
     fn names_resolve_in_order() {
         let mut b = tiny();
-        let y = b.op("linear", "y", vec![("x", var("x")), ("weight", var("w"))]);
-        let y2 = b.op("linear", "y", vec![("x", var(&y)), ("weight", var("w"))]);
+        let y = b.op(Op::Linear, "y", vec![("x", var("x")), ("weight", var("w"))]);
+        let y2 = b.op(Op::Linear, "y", vec![("x", var(&y)), ("weight", var("w"))]);
         assert_eq!(y2, "y_1");
         let g = b.finish(vec![y2]).unwrap();
-        assert_eq!(g.count_ops("linear"), 2);
+        assert_eq!(g.count_ops(Op::Linear), 2);
         assert_eq!(g.const_bytes(), 32);
     }
 
     #[test]
     fn use_before_definition_is_caught() {
         let mut b = tiny();
-        b.op("add", "y", vec![("x", var("x")), ("y", var("later"))]);
+        b.op(Op::Add, "y", vec![("x", var("x")), ("y", var("later"))]);
         let err = b.finish(vec!["y".into()]).unwrap_err();
         assert!(matches!(err, GraphError::Undefined { ref name, .. } if name == "later"));
     }
@@ -460,11 +433,11 @@ mod tests {
 
     #[test]
     fn lut_sizes_are_checked() {
-        let mut b = Builder::new(DType::Fp16);
+        let mut b = Builder::new(DType::F16);
         b.constant(
             "p",
             vec![3, 3],
-            ConstData::Lut(Palettized {
+            ConstData::Lut(PackedLut {
                 nbits: 4,
                 lut: vec![f16::ZERO; 16],
                 packed: vec![0; 4],
@@ -476,11 +449,11 @@ mod tests {
             b.finish(vec!["p".into()]).unwrap_err(),
             GraphError::BadLut { .. }
         ));
-        let mut b = Builder::new(DType::Fp16);
+        let mut b = Builder::new(DType::F16);
         b.constant(
             "p",
             vec![3, 3],
-            ConstData::Lut(Palettized {
+            ConstData::Lut(PackedLut {
                 nbits: 3,
                 lut: vec![f16::ZERO; 8],
                 packed: vec![0; 4],
@@ -492,7 +465,7 @@ mod tests {
 
     #[test]
     fn dense_sizes_are_checked() {
-        let mut b = Builder::new(DType::Fp16);
+        let mut b = Builder::new(DType::F16);
         b.constant("c", vec![2, 3], ConstData::I32(vec![0; 5]), None);
         assert!(matches!(
             b.finish(vec!["c".into()]).unwrap_err(),

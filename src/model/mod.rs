@@ -561,14 +561,9 @@ fn load_candle(
                 hidden_act: candle_nn::Activation::Silu,
             };
             let model = ctx(qwen2::Model::new(&config, vb.clone()), "loading qwen2")?;
-            let head_name = if spec.tie_word_embeddings {
-                "model.embed_tokens"
-            } else {
-                "lm_head"
-            };
+            let head_name = crate::arch::TensorId::head(spec).hf_name();
             let w = ctx(
-                vb.pp(head_name)
-                    .get((spec.vocab_size, spec.hidden_size), "weight"),
+                vb.get((spec.vocab_size, spec.hidden_size), &head_name),
                 "loading lm_head",
             )?;
             Ok((

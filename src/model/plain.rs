@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 
-use crate::arch::Role;
+use crate::arch::{self, LayerTensor, Role, TensorId};
 use crate::arch::{ModelSpec, RopeScaling};
 use crate::checkpoint::Checkpoint;
 
@@ -121,28 +121,27 @@ fn load_layer(
     l: usize,
     device: &Device,
 ) -> Result<Layer, super::ReferenceError> {
-    let p = format!("model.layers.{l}");
-    let get = |suffix: &str| load(ckpt, &format!("{p}.{suffix}"), device);
-    let bias = |suffix: &str| -> Result<Option<Tensor>, super::ReferenceError> {
+    let get = |t: LayerTensor| load(ckpt, &arch::tensor_name(l, t), device);
+    let bias = |t: LayerTensor| -> Result<Option<Tensor>, super::ReferenceError> {
         if ckpt.spec().attention_bias {
-            Ok(Some(get(suffix)?))
+            Ok(Some(get(t)?))
         } else {
             Ok(None)
         }
     };
     Ok(Layer {
-        input_norm: get("input_layernorm.weight")?,
-        q: get("self_attn.q_proj.weight")?,
-        k: get("self_attn.k_proj.weight")?,
-        v: get("self_attn.v_proj.weight")?,
-        q_bias: bias("self_attn.q_proj.bias")?,
-        k_bias: bias("self_attn.k_proj.bias")?,
-        v_bias: bias("self_attn.v_proj.bias")?,
-        o: get("self_attn.o_proj.weight")?,
-        post_norm: get("post_attention_layernorm.weight")?,
-        gate: get("mlp.gate_proj.weight")?,
-        up: get("mlp.up_proj.weight")?,
-        down: get("mlp.down_proj.weight")?,
+        input_norm: get(LayerTensor::InputNorm)?,
+        q: get(LayerTensor::Q)?,
+        k: get(LayerTensor::K)?,
+        v: get(LayerTensor::V)?,
+        q_bias: bias(LayerTensor::QBias)?,
+        k_bias: bias(LayerTensor::KBias)?,
+        v_bias: bias(LayerTensor::VBias)?,
+        o: get(LayerTensor::O)?,
+        post_norm: get(LayerTensor::PostNorm)?,
+        gate: get(LayerTensor::Gate)?,
+        up: get(LayerTensor::Up)?,
+        down: get(LayerTensor::Down)?,
     })
 }
 
@@ -159,8 +158,8 @@ pub(crate) fn embed_rows(
     ckpt: &Checkpoint,
     tokens: &[u32],
 ) -> Result<Tensor, super::ReferenceError> {
-    let name = "model.embed_tokens.weight";
-    let table = ckpt.tensor(name)?;
+    let name = TensorId::Embedding.hf_name();
+    let table = ckpt.tensor(&name)?;
     let hidden = ckpt.spec().hidden_size;
     let mut values = Vec::with_capacity(tokens.len() * hidden);
     for &t in tokens {
@@ -219,14 +218,14 @@ impl PlainModel {
     pub fn load(ckpt: &Checkpoint) -> Result<Self, super::ReferenceError> {
         let device = Device::Cpu;
         let spec = ckpt.spec();
-        let embed = load(ckpt, "model.embed_tokens.weight", &device)?;
+        let embed = load(ckpt, &TensorId::Embedding.hf_name(), &device)?;
         let layers = (0..spec.num_hidden_layers)
             .map(|l| load_layer(ckpt, l, &device).map(Some))
             .collect::<Result<_, _>>()?;
         let lm_head = if spec.tie_word_embeddings {
             embed.clone()
         } else {
-            load(ckpt, "lm_head.weight", &device)?
+            load(ckpt, &TensorId::LmHead.hf_name(), &device)?
         };
         Self::assemble(ckpt, Some(embed), layers, Some(lm_head), false)
     }
@@ -250,7 +249,7 @@ impl PlainModel {
             inv_freq: inverse_frequencies(&spec),
             cache: vec![None; spec.num_hidden_layers],
             cached: 0,
-            norm: load(ckpt, "model.norm.weight", &device)?,
+            norm: load(ckpt, &TensorId::FinalNorm.hf_name(), &device)?,
             spec,
             device,
             embed,
@@ -276,12 +275,8 @@ impl PlainModel {
     /// multiplies by (nothing to do if it is there).
     pub(crate) fn fetch_head(&mut self, ckpt: &Checkpoint) -> Result<(), super::ReferenceError> {
         if self.lm_head.is_none() {
-            let name = if self.spec.tie_word_embeddings {
-                "model.embed_tokens.weight"
-            } else {
-                "lm_head.weight"
-            };
-            self.lm_head = Some(load(ckpt, name, &self.device)?);
+            let name = TensorId::head(&self.spec).hf_name();
+            self.lm_head = Some(load(ckpt, &name, &self.device)?);
         }
         Ok(())
     }

@@ -13,10 +13,12 @@ use thiserror::Error;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, EmitReport, Metadata, PythonEnv};
 use crate::fsutil::atomic_write;
-use crate::graph::llama::{self, StepOptions, Weight};
+use crate::graph::llama::{self, StepOptions};
 use crate::graph::scaling::{ActivationRanges, Scaling};
-use crate::graph::{DType, GraphError};
+use crate::graph::GraphError;
+use crate::graph::Weight;
 use crate::mil::contract::{self, Contract, Source};
+use crate::mil::DType;
 use crate::model::calibrate::{self, ActivationStats, CalibrationOptions};
 use crate::model::ReferenceError;
 use crate::progress::Progress;
@@ -43,8 +45,8 @@ impl ComputePrecision {
 
     fn dtype(self) -> DType {
         match self {
-            ComputePrecision::Fp16 => DType::Fp16,
-            ComputePrecision::Fp32 => DType::Fp32,
+            ComputePrecision::Fp16 => DType::F16,
+            ComputePrecision::Fp32 => DType::F32,
         }
     }
 }
@@ -439,34 +441,7 @@ pub fn convert(
     let spec = ckpt.spec().clone();
     let tensors: BTreeMap<String, String> = weights
         .iter()
-        .map(|(k, w)| {
-            let s = match w {
-                Weight::Dense(_) => "fp16".to_string(),
-                Weight::Palettized(p) => format!("lut{}", p.nbits),
-                Weight::Calibrated(c) => {
-                    // lut4, lut4x2 (two LUTs), lut4/6 (rows at 4 and 6 bits).
-                    let mut widths: Vec<u8> = c.groups.iter().map(|(_, p)| p.nbits).collect();
-                    widths.dedup();
-                    let nbits = widths
-                        .iter()
-                        .map(|n| n.to_string())
-                        .collect::<Vec<_>>()
-                        .join("/");
-                    let groups = if c.groups.len() > widths.len() {
-                        format!("x{}", c.groups.len())
-                    } else {
-                        String::new()
-                    };
-                    let scale = if c.row_scale.is_some() {
-                        "+row_scale"
-                    } else {
-                        ""
-                    };
-                    format!("lut{nbits}{groups}{scale}")
-                }
-            };
-            (k.clone(), s)
-        })
+        .map(|(k, w)| (k.clone(), w.label()))
         .collect();
     let parameters: u64 = ckpt.slots().iter().map(|s| s.numel() as u64).sum();
 

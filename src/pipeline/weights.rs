@@ -7,8 +7,7 @@ use half::f16;
 
 use super::convert::ConvertError;
 use crate::checkpoint::Checkpoint;
-use crate::graph::llama::{CalibratedWeight, Weight};
-use crate::graph::Palettized;
+use crate::graph::Weight;
 use crate::quant::{self, Decision, Granularity, Recipe};
 
 /// Palettize what `recipe` selects and read the rest as dense fp16. `progress` is called once
@@ -96,7 +95,7 @@ pub fn prepare_weights(
                 line.snr_db = Some(q.snr_db);
                 progress(line);
             }
-            weights.insert(name, calibrated_weight(q));
+            weights.insert(name, Weight::Quantized(q.into()));
             continue;
         }
         if let Some(v) = calibrated.as_mut().and_then(|c| c.replaced.remove(&name)) {
@@ -108,19 +107,12 @@ pub fn prepare_weights(
         }
         let w = match t.palettized {
             Some(p) => {
-                if p.granularity != Granularity::PerTensor || p.luts.len() != 1 {
-                    return Err(ConvertError::Granularity {
-                        tensor: t.slot.name.clone(),
-                        granularity: p.granularity.to_string(),
-                    });
-                }
-                let nbits = p.nbits;
-                let lut = p.luts.into_iter().next().unwrap_or_default();
-                Weight::Palettized(Palettized {
-                    nbits,
-                    lut,
-                    packed: p.packed_indices,
-                })
+                let granularity = p.granularity.to_string();
+                let q = p.into_weight().ok_or_else(|| ConvertError::Granularity {
+                    tensor: t.slot.name.clone(),
+                    granularity,
+                })?;
+                Weight::Quantized(q)
             }
             None => Weight::Dense(ckpt.tensor(&t.slot.name)?.to_f16()),
         };
@@ -129,64 +121,4 @@ pub fn prepare_weights(
     report.recompute_totals();
     crate::fsutil::release_free_memory();
     Ok((weights, report))
-}
-
-/// A calibrated projection as the graph stores it. The row scales' geometric mean (a power of
-/// two, so nothing rounds) moves into the LUTs: the linear's output before the `mul` then has
-/// the magnitude of the float layer's output, which keeps it inside fp16's range.
-fn calibrated_weight(q: quant::calibrated::QuantizedLinear) -> Weight {
-    let shift = q.row_scale.as_ref().map_or(0, |s| {
-        let n = s.len().max(1) as f64;
-        let log2 = s
-            .iter()
-            .map(|v| (v.to_f64().max(1e-30)).log2())
-            .sum::<f64>()
-            / n;
-        log2.round() as i32
-    });
-    let c = 2f64.powi(shift);
-    let groups = q
-        .groups
-        .iter()
-        .map(|g| {
-            let mut idx = Vec::with_capacity(g.rows.len() * q.cols);
-            for &r in &g.rows {
-                idx.extend_from_slice(&q.indices[r * q.cols..(r + 1) * q.cols]);
-            }
-            (
-                g.rows.len(),
-                Palettized {
-                    nbits: g.nbits,
-                    lut: g
-                        .lut
-                        .iter()
-                        .map(|v| f16::from_f64(v.to_f64() * c))
-                        .collect(),
-                    packed: quant::pack_indices(&idx, g.nbits),
-                },
-            )
-        })
-        .collect();
-    // Where each row lands when the groups' outputs are concatenated, if not in place.
-    let stored: Vec<usize> = q
-        .groups
-        .iter()
-        .flat_map(|g| g.rows.iter().copied())
-        .collect();
-    let restore = (stored.iter().enumerate().any(|(i, &r)| i != r)).then(|| {
-        let mut at = vec![0u32; q.rows];
-        for (i, &r) in stored.iter().enumerate() {
-            at[r] = i as u32;
-        }
-        at
-    });
-    let row_scale = q
-        .row_scale
-        .map(|s| s.iter().map(|v| f16::from_f64(v.to_f64() / c)).collect());
-    Weight::Calibrated(CalibratedWeight {
-        groups,
-        restore,
-        row_scale,
-        rotated: q.rotated,
-    })
 }

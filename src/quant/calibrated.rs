@@ -74,7 +74,8 @@ impl LinearMethod {
 }
 
 /// A palettized linear layer: `y = row_scale ⊙ (LUT[idx] · x)`, each row reading the LUT of
-/// its group.
+/// its group. Indices stay unpacked for the error feedback and evaluation; a package stores it
+/// as a [`super::QuantizedWeight`] (`From`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizedLinear {
     pub rows: usize,

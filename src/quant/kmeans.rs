@@ -20,9 +20,10 @@ pub const SUPPORTED_NBITS: [u8; 5] = [1, 2, 4, 6, 8];
 /// Number of 16-bit patterns, the size of the histogram and of the assignment table.
 const PATTERNS: usize = 1 << 16;
 
-/// One tensor (or one channel group) palettized with a single LUT.
+/// A k-means fit: one tensor (or one channel group) palettized with a single LUT, indices
+/// unpacked, with its error (the stored form is [`super::QuantizedWeight`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Palettized {
+pub struct LutFit {
     pub nbits: u8,
     /// Sorted (non-decreasing), exactly `2^nbits` entries. When the input has fewer distinct
     /// values than entries, the unused tail repeats the largest used entry; no index points at it.
@@ -36,7 +37,7 @@ pub struct Palettized {
     pub snr_db: f64,
 }
 
-impl Palettized {
+impl LutFit {
     /// The stored tensor: `lut[indices]`.
     pub fn dequantize(&self) -> Vec<f16> {
         self.indices.iter().map(|&i| self.lut[i as usize]).collect()
@@ -63,7 +64,7 @@ pub fn palettize_f16(
     values: &[f16],
     nbits: u8,
     weights: Option<&[f32]>,
-) -> Result<Palettized, QuantError> {
+) -> Result<LutFit, QuantError> {
     check_nbits(nbits)?;
     if let Some(w) = weights {
         if w.len() != values.len() {
@@ -121,7 +122,7 @@ pub fn palettize_f16(
     }
     let indices: Vec<u8> = values.iter().map(|v| table[v.to_bits() as usize]).collect();
     let n = values.len().max(1) as f64;
-    Ok(Palettized {
+    Ok(LutFit {
         nbits,
         lut,
         indices,

@@ -11,6 +11,7 @@ pub mod pack;
 pub mod recipe;
 pub mod report;
 pub mod sequential;
+pub mod weight;
 
 use std::path::PathBuf;
 
@@ -22,14 +23,15 @@ use thiserror::Error;
 use crate::arch::TensorSlot;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 
-pub use kmeans::{palettize_f16, Palettized, SUPPORTED_NBITS};
+pub use kmeans::{palettize_f16, LutFit, SUPPORTED_NBITS};
 pub use pack::{pack_indices, packed_len, try_unpack_indices, unpack_indices};
-pub use recipe::{Decision, Recipe, Storage};
+pub use recipe::{Decision, Recipe, RecipeError, Storage};
 pub use report::{MixedPrecision, Report, TensorReport, Totals};
+pub use weight::{nbits_list, LutRows, PackedLut, QuantizedWeight};
 
 #[derive(Debug, Error)]
 pub enum QuantError {
-    #[error("nbits {nbits} is not supported (use 1, 2, 4, 6 or 8)")]
+    #[error("nbits {nbits} is not supported (use {list})", list = nbits_list())]
     UnsupportedNbits { nbits: u8 },
     #[error("element {index} is {value}: NaN/Inf (or beyond the f16 range) cannot be palettized")]
     NonFinite { index: usize, value: f32 },
@@ -50,8 +52,11 @@ pub enum QuantError {
         shape: Vec<usize>,
         message: String,
     },
-    #[error("{path}: {message}")]
-    Recipe { path: PathBuf, message: String },
+    #[error("{path}: {error}")]
+    Recipe {
+        path: PathBuf,
+        error: recipe::RecipeError,
+    },
     #[error("tensor `{tensor}`: {source}")]
     Tensor {
         tensor: String,
@@ -133,6 +138,21 @@ impl PalettizedTensor {
     /// The single LUT of a per-tensor palettization (the first group's otherwise).
     pub fn lut(&self) -> &[f16] {
         self.luts.first().map_or(&[], |l| l.as_slice())
+    }
+
+    /// The stored form of a per-tensor palettization; `None` for a grouped one (iOS18, which
+    /// packages do not emit).
+    pub fn into_weight(self) -> Option<QuantizedWeight> {
+        if self.granularity != Granularity::PerTensor || self.luts.len() != 1 {
+            return None;
+        }
+        let rows = self.shape.first().copied().unwrap_or(1);
+        let lut = PackedLut {
+            nbits: self.nbits,
+            lut: self.luts.into_iter().next().unwrap_or_default(),
+            packed: self.packed_indices,
+        };
+        Some(QuantizedWeight::per_tensor(rows, lut))
     }
 
     /// Unpacked indices, one per element.
@@ -217,7 +237,7 @@ pub fn palettize_tensor(
             for e in 0..numel {
                 members[group_of(e)].push(e);
             }
-            let fitted: Vec<Palettized> = members
+            let fitted: Vec<LutFit> = members
                 .par_iter()
                 .map(|m| {
                     let v: Vec<f16> = m.iter().map(|&e| values[e]).collect();

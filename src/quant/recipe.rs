@@ -26,8 +26,44 @@ use globset::{Glob, GlobMatcher};
 use serde::Serialize;
 
 use super::kmeans::check_nbits;
-use super::{Granularity, QuantError};
+use super::{Granularity, QuantError, SUPPORTED_NBITS};
 use crate::arch::{Role, TensorSlot};
+
+/// What is wrong with a recipe: the message after `{origin}: ` in [`QuantError::Recipe`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RecipeError {
+    /// The file could not be read.
+    #[error("{0}")]
+    Read(String),
+    /// The text is not TOML.
+    #[error("{0}")]
+    Syntax(String),
+    /// A palettize decision asks for a bit width iOS17 has no LUT for.
+    #[error("{at}.nbits = {nbits}: supported are {list}", list = SUPPORTED_NBITS.map(|n| n.to_string()).join(", "))]
+    UnsupportedNbits { at: String, nbits: i64 },
+    /// A tensor-name pattern that is not a glob.
+    #[error("{}invalid glob `{glob}`: {message}", .at.as_ref().map_or(String::new(), |a| format!("{a}: ")))]
+    Glob {
+        at: Option<String>,
+        glob: String,
+        message: String,
+    },
+    /// Any other key or value the format does not allow.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<String> for RecipeError {
+    fn from(message: String) -> Self {
+        RecipeError::Invalid(message)
+    }
+}
+
+impl From<&str> for RecipeError {
+    fn from(message: &str) -> Self {
+        RecipeError::Invalid(message.to_string())
+    }
+}
 
 /// How one tensor is stored in the package, for sizing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,7 +258,7 @@ impl Calibration {
         }
     }
 
-    fn parse(value: &toml::Value) -> Result<Self, String> {
+    fn parse(value: &toml::Value) -> Result<Self, RecipeError> {
         let t = value
             .as_table()
             .ok_or("`calibration` must be a table ([calibration])")?;
@@ -276,11 +312,11 @@ impl Calibration {
                         .ok_or("calibration.damp must be a float in (0, 1]")?
                 }
                 other => {
-                    return Err(format!(
+                    return Err(RecipeError::Invalid(format!(
                         "calibration: unknown key `{other}` (expected row_scale, weighted, \
                          gptq, act_order, awq, rotate, row_groups, damp, target_bpw, \
                          allocation_rows, tokens)"
-                    ))
+                    )))
                 }
             }
         }
@@ -348,18 +384,19 @@ impl Recipe {
     pub fn from_file(path: &Path) -> Result<Self, QuantError> {
         let text = std::fs::read_to_string(path).map_err(|e| QuantError::Recipe {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            error: RecipeError::Read(e.to_string()),
         })?;
         Self::parse(&text, &path.display().to_string())
     }
 
     /// Parse recipe text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, QuantError> {
-        let err = |message: String| QuantError::Recipe {
+        let err = |error: RecipeError| QuantError::Recipe {
             path: PathBuf::from(origin),
-            message,
+            error,
         };
-        let table: toml::Table = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| err(RecipeError::Syntax(e.to_string())))?;
         let mut recipe = Recipe {
             origin: origin.to_string(),
             default: Decision::Fp16,
@@ -377,10 +414,10 @@ impl Recipe {
                         .ok_or_else(|| err("`roles` must be a table".into()))?;
                     for (name, v) in roles {
                         let role = Role::parse(name).ok_or_else(|| {
-                            err(format!(
+                            err(RecipeError::Invalid(format!(
                                 "roles.{name}: unknown role (known: {})",
                                 Role::ALL.map(|r| r.as_str()).join(", ")
-                            ))
+                            )))
                         })?;
                         let d = parse_decision(v, &format!("roles.{name}")).map_err(err)?;
                         recipe.roles.insert(role, d);
@@ -392,9 +429,9 @@ impl Recipe {
                     })?;
                     for (i, rule) in rules.iter().enumerate() {
                         let at = format!("tensors[{i}]");
-                        let t = rule
-                            .as_table()
-                            .ok_or_else(|| err(format!("{at} must be a table")))?;
+                        let t = rule.as_table().ok_or_else(|| {
+                            err(RecipeError::Invalid(format!("{at} must be a table")))
+                        })?;
                         let mut glob = None;
                         let mut decision = None;
                         for (k, v) in t {
@@ -402,7 +439,9 @@ impl Recipe {
                                 "glob" => {
                                     glob =
                                         Some(v.as_str().map(str::to_string).ok_or_else(|| {
-                                            err(format!("{at}.glob must be a string"))
+                                            err(RecipeError::Invalid(format!(
+                                                "{at}.glob must be a string"
+                                            )))
                                         })?)
                                 }
                                 "decision" => {
@@ -412,26 +451,28 @@ impl Recipe {
                                     )
                                 }
                                 other => {
-                                    return Err(err(format!(
+                                    return Err(err(RecipeError::Invalid(format!(
                                         "{at}: unknown key `{other}` (expected glob, decision)"
-                                    )))
+                                    ))))
                                 }
                             }
                         }
-                        let glob = glob.ok_or_else(|| err(format!("{at}: missing `glob`")))?;
-                        let decision =
-                            decision.ok_or_else(|| err(format!("{at}: missing `decision`")))?;
-                        recipe.names.push(
-                            NameRule::new(&glob, decision)
-                                .map_err(|m| err(format!("{at}: {m}")))?,
-                        );
+                        let glob = glob.ok_or_else(|| {
+                            err(RecipeError::Invalid(format!("{at}: missing `glob`")))
+                        })?;
+                        let decision = decision.ok_or_else(|| {
+                            err(RecipeError::Invalid(format!("{at}: missing `decision`")))
+                        })?;
+                        recipe
+                            .names
+                            .push(NameRule::new(&glob, decision, Some(&at)).map_err(err)?);
                     }
                 }
                 "calibration" => recipe.calibration = Some(Calibration::parse(value).map_err(err)?),
                 other => {
-                    return Err(err(format!(
+                    return Err(err(RecipeError::Invalid(format!(
                         "unknown key `{other}` (expected default, roles, tensors, calibration)"
-                    )))
+                    ))))
                 }
             }
         }
@@ -447,10 +488,11 @@ impl Recipe {
 
     /// `--keep-fp16 GLOB`: tensors matching `glob` stay fp16, whatever the file says.
     pub fn keep_fp16(mut self, glob: &str) -> Result<Self, QuantError> {
-        let rule = NameRule::new(glob, Decision::Fp16).map_err(|message| QuantError::Recipe {
-            path: PathBuf::from("--keep-fp16"),
-            message,
-        })?;
+        let rule =
+            NameRule::new(glob, Decision::Fp16, None).map_err(|error| QuantError::Recipe {
+                path: PathBuf::from("--keep-fp16"),
+                error,
+            })?;
         // Command-line rules sit before the file's rules; their relative order is irrelevant
         // because they all say fp16.
         self.names.insert(0, rule);
@@ -554,9 +596,14 @@ impl Recipe {
 }
 
 impl NameRule {
-    fn new(glob: &str, decision: Decision) -> Result<Self, String> {
+    /// `at` places the rule in the file, if it comes from one.
+    fn new(glob: &str, decision: Decision, at: Option<&str>) -> Result<Self, RecipeError> {
         let matcher = Glob::new(glob)
-            .map_err(|e| format!("invalid glob `{glob}`: {e}"))?
+            .map_err(|e| RecipeError::Glob {
+                at: at.map(str::to_string),
+                glob: glob.to_string(),
+                message: e.to_string(),
+            })?
             .compile_matcher();
         Ok(NameRule {
             glob: glob.to_string(),
@@ -566,29 +613,33 @@ impl NameRule {
     }
 }
 
-fn parse_decision(v: &toml::Value, at: &str) -> Result<Decision, String> {
+fn parse_decision(v: &toml::Value, at: &str) -> Result<Decision, RecipeError> {
     let expected = "expected \"fp16\" or { palettize = { nbits = N } }";
     match v {
         toml::Value::String(s) if s == "fp16" => Ok(Decision::Fp16),
-        toml::Value::String(s) => Err(format!("{at}: unknown decision `{s}` ({expected})")),
+        toml::Value::String(s) => Err(RecipeError::Invalid(format!(
+            "{at}: unknown decision `{s}` ({expected})"
+        ))),
         toml::Value::Table(t) => {
             let mut it = t.iter();
             let (Some((k, p)), None) = (it.next(), it.next()) else {
-                return Err(format!("{at}: {expected}"));
+                return Err(RecipeError::Invalid(format!("{at}: {expected}")));
             };
             if k != "palettize" {
-                return Err(format!("{at}: unknown key `{k}` ({expected})"));
+                return Err(RecipeError::Invalid(format!(
+                    "{at}: unknown key `{k}` ({expected})"
+                )));
             }
             let p = p
                 .as_table()
                 .ok_or_else(|| format!("{at}.palettize must be a table"))?;
             parse_palettize(p, &format!("{at}.palettize"))
         }
-        _ => Err(format!("{at}: {expected}")),
+        _ => Err(RecipeError::Invalid(format!("{at}: {expected}"))),
     }
 }
 
-fn parse_palettize(t: &toml::Table, at: &str) -> Result<Decision, String> {
+fn parse_palettize(t: &toml::Table, at: &str) -> Result<Decision, RecipeError> {
     let int = |k: &str, v: &toml::Value| -> Result<i64, String> {
         v.as_integer()
             .ok_or_else(|| format!("{at}.{k} must be an integer"))
@@ -609,9 +660,9 @@ fn parse_palettize(t: &toml::Table, at: &str) -> Result<Decision, String> {
             "group_size" => group_size = Some(int(k, v)?),
             "axis" => axis = Some(int(k, v)?),
             other => {
-                return Err(format!(
+                return Err(RecipeError::Invalid(format!(
                     "{at}: unknown key `{other}` (expected nbits, granularity, group_size, axis)"
-                ))
+                )))
             }
         }
     }
@@ -619,13 +670,16 @@ fn parse_palettize(t: &toml::Table, at: &str) -> Result<Decision, String> {
     let nbits = u8::try_from(nbits)
         .ok()
         .filter(|n| check_nbits(*n).is_ok())
-        .ok_or_else(|| format!("{at}.nbits = {nbits}: supported are 1, 2, 4, 6, 8"))?;
+        .ok_or_else(|| RecipeError::UnsupportedNbits {
+            at: at.to_string(),
+            nbits,
+        })?;
     let granularity = match gran.as_str() {
         "per_tensor" => {
             if group_size.is_some() || axis.is_some() {
-                return Err(format!(
+                return Err(RecipeError::Invalid(format!(
                     "{at}: group_size and axis only apply to granularity = \"per_grouped_channel\""
-                ));
+                )));
             }
             Granularity::PerTensor
         }
@@ -643,9 +697,9 @@ fn parse_palettize(t: &toml::Table, at: &str) -> Result<Decision, String> {
             Granularity::PerGroupedChannel { group_size, axis }
         }
         other => {
-            return Err(format!(
+            return Err(RecipeError::Invalid(format!(
                 "{at}.granularity: unknown `{other}` (expected per_tensor, per_grouped_channel)"
-            ))
+            )))
         }
     };
     Ok(Decision::Palettize { nbits, granularity })
@@ -774,6 +828,47 @@ mod tests {
             assert!(e.starts_with("recipe.toml"), "{e}");
             assert!(e.contains(needle), "`{needle}` not in: {e}");
         }
+    }
+
+    #[test]
+    fn errors_are_typed_where_a_caller_may_react() {
+        let recipe_error = |text: &str| match Recipe::parse(text, "r.toml") {
+            Err(QuantError::Recipe { error, .. }) => error,
+            other => panic!("{other:?}"),
+        };
+        let e = recipe_error("default = { palettize = { nbits = 3 } }");
+        assert_eq!(
+            e,
+            RecipeError::UnsupportedNbits {
+                at: "default.palettize".into(),
+                nbits: 3
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "default.palettize.nbits = 3: supported are 1, 2, 4, 6, 8"
+        );
+        let e = recipe_error("[[tensors]]\nglob = \"a[\"\ndecision = \"fp16\"");
+        assert!(
+            matches!(&e, RecipeError::Glob { glob, .. } if glob == "a["),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with("tensors[0]: invalid glob `a[`: "),
+            "{e}"
+        );
+        let Err(QuantError::Recipe { error, path }) = Recipe::default().keep_fp16("a[") else {
+            panic!("`a[` is not a glob")
+        };
+        assert_eq!(path, PathBuf::from("--keep-fp16"));
+        assert!(
+            error.to_string().starts_with("invalid glob `a[`: "),
+            "{error}"
+        );
+        assert!(matches!(
+            recipe_error("default = ["),
+            RecipeError::Syntax(_)
+        ));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use super::calibrated::{
     QuantizedLinear,
 };
 use super::QuantError;
-use crate::arch::{expected_tensors, Role, TensorSlot};
+use crate::arch::{expected_tensors, LayerTensor, Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
 use crate::model::calibrate::Gram;
 use crate::model::plain::{embed_rows, Blind, Observer, PlainModel, Point};
@@ -520,12 +520,7 @@ fn quantize_model(
             message: format!("embedding the calibration text: {e}"),
         })?;
     let slots = expected_tensors(&spec);
-    let dims = [
-        spec.hidden_size,
-        spec.q_dim(),
-        spec.hidden_size,
-        spec.intermediate_size,
-    ];
+    let dims = block_dims(&spec);
     let mut out = CalibratedWeights {
         linears: BTreeMap::new(),
         replaced: BTreeMap::new(),
@@ -566,85 +561,110 @@ fn quantize_model(
     }
     for l in 0..n_layers {
         fetch(model, ckpt, l)?;
-        let mut obs = Grams {
-            layer: l,
-            grams: dims.iter().map(|&d| Gram::new(d)).collect(),
-        };
-        for x in &xs {
-            model
-                .block(l, x, &mut obs)
-                .map_err(|e| calib_err(format!("block {l}"), e))?;
-        }
-        let slot_of = |role: Role| {
-            slots
-                .iter()
-                .find(|s| s.layer == Some(l) && s.role == role)
-                .cloned()
-        };
-        // Per site: the projections to palettize and the XᵀX they are fitted with.
-        let mut work: Vec<(usize, Vec<f64>, Vec<SiteProjection>)> = Vec::new();
-        for (site, (_, roles)) in SITES.iter().enumerate() {
-            let methods: Vec<SiteProjection> = roles
-                .iter()
-                .filter_map(|&r| {
-                    let slot = slot_of(r)?;
-                    method_for(&slot).map(|(m, bits)| (r, slot, m, bits))
-                })
-                .collect();
-            if !methods.is_empty() {
-                work.push((site, obs.grams[site].sum.clone(), methods));
-            }
-        }
-        // AWQ folds first, all of them: the o and down scales fold into v_proj and up_proj
-        // rows, which must carry them before they are palettized.
-        if options.awq {
-            for (site, h, methods) in work.iter_mut() {
-                let cols = obs.grams[*site].dim;
-                let choice = awq_search(model, l, *site, methods, h, cols)?;
-                if choice.exponent > 0.0 {
-                    let sc = awq_scales(h, cols, choice.exponent);
-                    let sc = site_scales(&spec, *site, &sc);
-                    apply_scales(model, &spec, l, *site, &sc, &mut out.replaced, &slots)?;
-                    let s_full = expand_o_scales(&spec, *site, &sc);
-                    for i in 0..cols {
-                        for j in 0..cols {
-                            h[i * cols + j] /= s_full[i] * s_full[j];
-                        }
-                    }
-                }
-                out.awq.push(choice);
-            }
-        }
-        for (site, h, methods) in &work {
-            let cols = obs.grams[*site].dim;
-            let mut site_fit = SiteFit::new(h, cols);
-            for (role, slot, method, row_bits) in methods {
-                let w =
-                    model
-                        .weight_mut(l, *role, false)
-                        .ok_or_else(|| QuantError::Calibration {
-                            message: format!("block {l} has no {role} projection"),
-                        })?;
-                let rows = slot.shape[0];
-                let values = to_vec(w)?;
-                let (q, effective) = site_fit
-                    .fit(&values, rows, method, row_bits.as_deref())
-                    .map_err(|e| e.in_tensor(&slot.name))?;
-                *w = Tensor::from_vec(effective, (rows, cols), &Device::Cpu)
-                    .map_err(|e| calib_err(&slot.name, e))?;
-                out.replaced.remove(&slot.name);
-                out.linears.insert(slot.name.clone(), q);
-            }
-        }
-        xs = xs
-            .iter()
-            .map(|x| model.block(l, x, &mut Blind))
-            .collect::<Result<_, _>>()
-            .map_err(|e| calib_err(format!("block {l}"), e))?;
+        xs = calibrate_block(model, l, &xs, &slots, &method_for, options, &mut out)?;
         model.release_layer(l);
         progress(l + 1, n_layers);
     }
     Ok(out)
+}
+
+/// One block of calibration: each input site's XᵀX is accumulated from the block's float
+/// inputs, AWQ scales (if enabled) are folded, then the site's projections are palettized.
+/// Returns the block outputs with the palettized weights (the next block's inputs).
+fn calibrate_block(
+    model: &mut PlainModel,
+    l: usize,
+    xs: &[Tensor],
+    slots: &[TensorSlot],
+    method_for: &dyn Fn(&TensorSlot) -> Option<SlotMethod>,
+    options: &SequentialOptions,
+    out: &mut CalibratedWeights,
+) -> Result<Vec<Tensor>, QuantError> {
+    let spec = &model.spec().clone();
+    let dims = block_dims(spec);
+    let mut obs = Grams {
+        layer: l,
+        grams: dims.iter().map(|&d| Gram::new(d)).collect(),
+    };
+    for x in xs {
+        model
+            .block(l, x, &mut obs)
+            .map_err(|e| calib_err(format!("block {l}"), e))?;
+    }
+    let slot_of = |role: Role| {
+        slots
+            .iter()
+            .find(|s| s.layer == Some(l) && s.role == role)
+            .cloned()
+    };
+    // Per site: the projections to palettize and the XᵀX they are fitted with.
+    let mut work: Vec<(usize, Vec<f64>, Vec<SiteProjection>)> = Vec::new();
+    for (site, (_, roles)) in SITES.iter().enumerate() {
+        let methods: Vec<SiteProjection> = roles
+            .iter()
+            .filter_map(|&r| {
+                let slot = slot_of(r)?;
+                method_for(&slot).map(|(m, bits)| (r, slot, m, bits))
+            })
+            .collect();
+        if !methods.is_empty() {
+            work.push((site, obs.grams[site].sum.clone(), methods));
+        }
+    }
+    // AWQ folds first, all of them: the o and down scales fold into v_proj and up_proj
+    // rows, which must carry them before they are palettized.
+    if options.awq {
+        for (site, h, methods) in work.iter_mut() {
+            let cols = obs.grams[*site].dim;
+            let choice = awq_search(model, l, *site, methods, h, cols)?;
+            if choice.exponent > 0.0 {
+                let sc = awq_scales(h, cols, choice.exponent);
+                let sc = site_scales(spec, *site, &sc);
+                apply_scales(model, spec, l, *site, &sc, &mut out.replaced, slots)?;
+                let s_full = expand_o_scales(spec, *site, &sc);
+                for i in 0..cols {
+                    for j in 0..cols {
+                        h[i * cols + j] /= s_full[i] * s_full[j];
+                    }
+                }
+            }
+            out.awq.push(choice);
+        }
+    }
+    for (site, h, methods) in &work {
+        let cols = obs.grams[*site].dim;
+        let mut site_fit = SiteFit::new(h, cols);
+        for (role, slot, method, row_bits) in methods {
+            let w = model
+                .weight_mut(l, *role, false)
+                .ok_or_else(|| QuantError::Calibration {
+                    message: format!("block {l} has no {role} projection"),
+                })?;
+            let rows = slot.shape[0];
+            let values = to_vec(w)?;
+            let (q, effective) = site_fit
+                .fit(&values, rows, method, row_bits.as_deref())
+                .map_err(|e| e.in_tensor(&slot.name))?;
+            *w = Tensor::from_vec(effective, (rows, cols), &Device::Cpu)
+                .map_err(|e| calib_err(&slot.name, e))?;
+            out.replaced.remove(&slot.name);
+            out.linears.insert(slot.name.clone(), q);
+        }
+    }
+    xs.iter()
+        .map(|x| model.block(l, x, &mut Blind))
+        .collect::<Result<_, _>>()
+        .map_err(|e| calib_err(format!("block {l}"), e))
+}
+
+/// The input width of each of the four [`SITES`].
+fn block_dims(spec: &crate::arch::ModelSpec) -> [usize; 4] {
+    [
+        spec.hidden_size,
+        spec.q_dim(),
+        spec.hidden_size,
+        spec.intermediate_size,
+    ]
 }
 
 /// One block of true-sequential calibration: each input site's XᵀX is accumulated from the
@@ -1181,17 +1201,18 @@ fn apply_scales(
     let missing = || QuantError::Calibration {
         message: format!("block {l} lacks a tensor AWQ folds into"),
     };
-    let name_of = |role: Role, suffix: &str| {
-        slots
-            .iter()
-            .find(|x| x.layer == Some(l) && x.role == role && x.name.ends_with(suffix))
-            .map(|x| x.name.clone())
+    // The tensor's checkpoint name, if the architecture has it.
+    let name_of = |t: LayerTensor| {
+        let name = crate::arch::tensor_name(l, t);
+        slots.iter().any(|x| x.name == name).then_some(name)
     };
     for &role in SITES[site].1 {
         let w = model.weight_mut(l, role, false).ok_or_else(missing)?;
         scale_tensor(w, &cols_scale, true)?;
         // Recorded in case the recipe keeps it fp16; dropped again once it is palettized.
-        let name = name_of(role, "_proj.weight").ok_or_else(missing)?;
+        let name = LayerTensor::projection(role)
+            .and_then(name_of)
+            .ok_or_else(missing)?;
         replaced.insert(name, to_vec(w)?);
     }
     match site {
@@ -1199,12 +1220,12 @@ fn apply_scales(
             let post = site == 2;
             let w = model.weight_mut(l, Role::Norm, post).ok_or_else(missing)?;
             scale_tensor(w, &inv, true)?;
-            let suffix = if post {
-                "post_attention_layernorm.weight"
+            let norm = if post {
+                LayerTensor::PostNorm
             } else {
-                "input_layernorm.weight"
+                LayerTensor::InputNorm
             };
-            let name = name_of(Role::Norm, suffix).ok_or_else(missing)?;
+            let name = name_of(norm).ok_or_else(missing)?;
             replaced.insert(name, to_vec(w)?);
         }
         1 => {
@@ -1212,18 +1233,18 @@ fn apply_scales(
             // must still carry the fold (a palettized one is replaced by its LUT form).
             let w = model.weight_mut(l, Role::V, false).ok_or_else(missing)?;
             scale_tensor(w, &inv, false)?;
-            let name = name_of(Role::V, "v_proj.weight").ok_or_else(missing)?;
+            let name = name_of(LayerTensor::V).ok_or_else(missing)?;
             replaced.insert(name, to_vec(w)?);
             if let Some(b) = model.bias_mut(l, Role::V) {
                 scale_tensor(b, &inv, true)?;
-                let name = name_of(Role::Bias, "v_proj.bias").ok_or_else(missing)?;
+                let name = name_of(LayerTensor::VBias).ok_or_else(missing)?;
                 replaced.insert(name, to_vec(b)?);
             }
         }
         _ => {
             let w = model.weight_mut(l, Role::Up, false).ok_or_else(missing)?;
             scale_tensor(w, &inv, false)?;
-            let name = name_of(Role::Up, "up_proj.weight").ok_or_else(missing)?;
+            let name = name_of(LayerTensor::Up).ok_or_else(missing)?;
             replaced.insert(name, to_vec(w)?);
         }
     }

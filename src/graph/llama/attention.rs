@@ -1,0 +1,261 @@
+//! One block's self-attention: q/k/v projections (with Qwen2's biases), heads, rotate-half
+//! RoPE, the layer's cache rows joined with the new keys and values, GQA expansion, scaled
+//! dot-product attention under the shared mask, and the o projection.
+
+use super::linear::{Projections, Weights};
+use super::{Dims, Shared};
+use crate::arch::{LayerTensor, TensorId};
+use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
+
+/// What attention hands back to the block.
+pub(super) struct Attention {
+    /// The o projection's output [1, Q, hidden].
+    pub(super) out: String,
+    /// This layer's new keys (after RoPE) and values [1, Hkv, Q, D], for the cache updates.
+    pub(super) key_row: String,
+    pub(super) value_row: String,
+}
+
+/// Self-attention of block `l` over its normed input `hn`.
+pub(super) fn attention(
+    b: &mut Builder,
+    weights: &mut Weights,
+    proj: &mut Projections,
+    shared: &Shared,
+    l: usize,
+    hn: &str,
+) -> Result<Attention, GraphError> {
+    let dims = &shared.dims;
+    let tag = format!("layers_{l}");
+    let (q, k, v) = qkv(b, weights, proj, shared, l, hn)?;
+    let qs = b.op(
+        Op::Mul,
+        &format!("{tag}_q_scaled"),
+        vec![("x", var(&q)), ("y", Arg::Float(shared.q_scale))],
+    );
+    let kc = cache_rows(b, &shared.key_cache, dims, l, &format!("{tag}_key_cache"));
+    let vc = cache_rows(
+        b,
+        &shared.value_cache,
+        dims,
+        l,
+        &format!("{tag}_value_cache"),
+    );
+    let keys = join(b, &kc, &k, &format!("{tag}_keys"));
+    let values = join(b, &vc, &v, &format!("{tag}_values"));
+    let keys = expand_kv(b, &keys, dims, &format!("{tag}_keys"));
+    let values = expand_kv(b, &values, dims, &format!("{tag}_values"));
+    let ctx = attend(b, &qs, &keys, &values, &shared.mask, dims, &tag);
+    let wo = weights.linear(b, TensorId::Layer(l, LayerTensor::O), shared.alpha)?;
+    let out = proj.apply(b, wo, None, &ctx, &format!("{tag}_attn_out"));
+    Ok(Attention {
+        out,
+        key_row: k,
+        value_row: v,
+    })
+}
+
+/// The queries [1, H, Q, D] and keys [1, Hkv, Q, D] after RoPE, and the values.
+fn qkv(
+    b: &mut Builder,
+    weights: &mut Weights,
+    proj: &mut Projections,
+    shared: &Shared,
+    l: usize,
+    hn: &str,
+) -> Result<(String, String, String), GraphError> {
+    let (dims, tag) = (&shared.dims, format!("layers_{l}"));
+    let mut ws = Vec::with_capacity(3);
+    for t in [LayerTensor::Q, LayerTensor::K, LayerTensor::V] {
+        ws.push(weights.linear(b, TensorId::Layer(l, t), 1.0)?);
+    }
+    let mut biases = [None, None, None];
+    if shared.attention_bias {
+        let ts = [LayerTensor::QBias, LayerTensor::KBias, LayerTensor::VBias];
+        for (bias, t) in biases.iter_mut().zip(ts) {
+            *bias = Some(weights.single(b, TensorId::Layer(l, t))?);
+        }
+    }
+    let mut out = Vec::with_capacity(3);
+    for ((w, bias), n) in ws.into_iter().zip(biases).zip(["q", "k", "v"]) {
+        out.push(proj.apply(b, w, bias, hn, &format!("{tag}_{n}")));
+    }
+    let qh = heads(b, &out[0], dims.h, dims, &format!("{tag}_q"));
+    let kh = heads(b, &out[1], dims.hkv, dims, &format!("{tag}_k"));
+    let vh = heads(b, &out[2], dims.hkv, dims, &format!("{tag}_v"));
+    let qr = apply_rope(b, &qh, shared, &format!("{tag}_q_rope"));
+    let kr = apply_rope(b, &kh, shared, &format!("{tag}_k_rope"));
+    Ok((qr, kr, vh))
+}
+
+/// [1, Q, n·D] → [1, n, Q, D].
+fn heads(b: &mut Builder, t: &str, n: usize, dims: &Dims, name: &str) -> String {
+    let r = b.op(
+        Op::Reshape,
+        &format!("{name}_heads"),
+        vec![
+            ("x", var(t)),
+            ("shape", ints(&[1, dims.q as i64, n as i64, dims.d as i64])),
+        ],
+    );
+    b.op(
+        Op::Transpose,
+        &format!("{name}_bhqd"),
+        vec![("x", var(&r)), ("perm", ints(&[0, 2, 1, 3]))],
+    )
+}
+
+/// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the last axis.
+fn apply_rope(b: &mut Builder, x: &str, shared: &Shared, name: &str) -> String {
+    let halves = b.op_multi(
+        Op::Split,
+        &[&format!("{name}_lo"), &format!("{name}_hi")],
+        vec![
+            ("x", var(x)),
+            ("num_splits", Arg::Int(2)),
+            ("axis", Arg::Int(-1)),
+        ],
+    );
+    let neg_hi = b.op(
+        Op::Mul,
+        &format!("{name}_neg_hi"),
+        vec![("x", var(&halves[1])), ("y", Arg::Float(-1.0))],
+    );
+    let rot = b.op(
+        Op::Concat,
+        &format!("{name}_rotated"),
+        vec![
+            ("values", Arg::Vars(vec![neg_hi, halves[0].clone()])),
+            ("axis", Arg::Int(-1)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    );
+    let xc = b.op(
+        Op::Mul,
+        &format!("{name}_cos"),
+        vec![("x", var(x)), ("y", var(&shared.cos))],
+    );
+    let rs = b.op(
+        Op::Mul,
+        &format!("{name}_sin"),
+        vec![("x", var(&rot)), ("y", var(&shared.sin))],
+    );
+    b.op(Op::Add, name, vec![("x", var(&xc)), ("y", var(&rs))])
+}
+
+/// Layer `l`'s rows of `cache` [L, Hkv, S, D]: [1, Hkv, S, D].
+fn cache_rows(b: &mut Builder, cache: &str, dims: &Dims, l: usize, name: &str) -> String {
+    let (hkv, s, d) = (dims.hkv as i64, dims.s as i64, dims.d as i64);
+    b.op(
+        Op::SliceByIndex,
+        name,
+        vec![
+            ("x", var(cache)),
+            ("begin", ints(&[l as i64, 0, 0, 0])),
+            ("end", ints(&[l as i64 + 1, hkv, s, d])),
+        ],
+    )
+}
+
+/// The cached rows followed by the new ones: [1, Hkv, S+Q, D].
+fn join(b: &mut Builder, cached: &str, new: &str, name: &str) -> String {
+    b.op(
+        Op::Concat,
+        name,
+        vec![
+            (
+                "values",
+                Arg::Vars(vec![cached.to_string(), new.to_string()]),
+            ),
+            ("axis", Arg::Int(2)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    )
+}
+
+/// [1, Hkv, N, D] → [1, Hkv·g, N, D], query head i reading key/value head i / g.
+fn expand_kv(b: &mut Builder, x: &str, dims: &Dims, name: &str) -> String {
+    let (hkv, groups, n, d) = (dims.hkv, dims.h / dims.hkv, dims.s + dims.q, dims.d);
+    if groups == 1 {
+        return x.to_string();
+    }
+    let r = b.op(
+        Op::Reshape,
+        &format!("{name}_grouped"),
+        vec![
+            ("x", var(x)),
+            ("shape", ints(&[1, hkv as i64, 1, n as i64, d as i64])),
+        ],
+    );
+    let t = b.op(
+        Op::Tile,
+        &format!("{name}_tiled"),
+        vec![("x", var(&r)), ("reps", ints(&[1, 1, groups as i64, 1, 1]))],
+    );
+    b.op(
+        Op::Reshape,
+        &format!("{name}_expanded"),
+        vec![
+            ("x", var(&t)),
+            (
+                "shape",
+                ints(&[1, (hkv * groups) as i64, n as i64, d as i64]),
+            ),
+        ],
+    )
+}
+
+/// softmax(q·kᵀ + mask)·v, heads merged back: [1, Q, H·D].
+fn attend(
+    b: &mut Builder,
+    qs: &str,
+    keys: &str,
+    values: &str,
+    mask: &str,
+    dims: &Dims,
+    tag: &str,
+) -> String {
+    let scores = b.op(
+        Op::Matmul,
+        &format!("{tag}_scores"),
+        vec![
+            ("x", var(qs)),
+            ("y", var(keys)),
+            ("transpose_x", Arg::Bool(false)),
+            ("transpose_y", Arg::Bool(true)),
+        ],
+    );
+    let scores = b.op(
+        Op::Add,
+        &format!("{tag}_scores_masked"),
+        vec![("x", var(&scores)), ("y", var(mask))],
+    );
+    let probs = b.op(
+        Op::Softmax,
+        &format!("{tag}_probs"),
+        vec![("x", var(&scores)), ("axis", Arg::Int(-1))],
+    );
+    let ctx = b.op(
+        Op::Matmul,
+        &format!("{tag}_context"),
+        vec![
+            ("x", var(&probs)),
+            ("y", var(values)),
+            ("transpose_x", Arg::Bool(false)),
+            ("transpose_y", Arg::Bool(false)),
+        ],
+    );
+    let ctx = b.op(
+        Op::Transpose,
+        &format!("{tag}_context_bqhd"),
+        vec![("x", var(&ctx)), ("perm", ints(&[0, 2, 1, 3]))],
+    );
+    b.op(
+        Op::Reshape,
+        &format!("{tag}_context_flat"),
+        vec![
+            ("x", var(&ctx)),
+            ("shape", ints(&[1, dims.q as i64, (dims.h * dims.d) as i64])),
+        ],
+    )
+}

@@ -1,0 +1,473 @@
+//! The contract-v1 decode/chunk step for the Llama family (Llama, Mistral, Qwen2).
+//!
+//! Inputs and outputs follow DESIGN.md's contract exactly. What the graph is made of follows
+//! FORMAT.md, "Verified here": gathered RoPE tables, the cache mask from `less(arange(S),
+//! position)` → `select` → `tile`, concatenated with a constant causal block ([`mask`]);
+//! per-layer `slice_by_index` of the caches; GQA by reshape → tile → reshape; rotate-half RoPE
+//! with `split` + `concat` ([`attention`]); the gated MLP ([`mlp`]); projections over dense,
+//! palettized or calibrated weights ([`linear`]); the key/value updates as a `concat` of
+//! per-layer rows along axis 0.
+//!
+//! [`build`] reads like the model: embedding, then per block norm → attention → residual →
+//! norm → MLP → residual, then the final norm and the lm_head. Weights are looked up by their
+//! place in the model ([`TensorId`]).
+
+mod attention;
+mod linear;
+mod mask;
+mod mlp;
+
+use std::collections::BTreeMap;
+
+use super::scaling::Scaling;
+use super::{ints, var, Arg, Builder, DType, Graph, GraphError, Op, Weight};
+use crate::arch::{LayerTensor, ModelSpec, TensorId};
+use crate::mil::contract;
+use linear::{Projections, Weights};
+
+/// Masked attention scores: large and finite, because -inf turns a fully masked row into NaN
+/// and fp16 has no room for anything below -65,504 anyway.
+pub const MASK_VALUE: f32 = -30_000.0;
+
+/// Fixed dimensions and numerics of one package.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOptions {
+    /// S: cache rows.
+    pub max_seq_len: usize,
+    /// Q: tokens per step.
+    pub query_len: usize,
+    /// The float type the program computes in.
+    pub float: DType,
+    pub scaling: Scaling,
+}
+
+/// The step's dimensions.
+struct Dims {
+    /// S: cache rows.
+    s: usize,
+    /// Q: tokens per step.
+    q: usize,
+    /// Query heads, key/value heads, head width.
+    h: usize,
+    hkv: usize,
+    d: usize,
+}
+
+impl Dims {
+    fn new(spec: &ModelSpec, opts: &StepOptions) -> Result<Self, GraphError> {
+        let (s, q) = (opts.max_seq_len, opts.query_len);
+        let (h, hkv, d) = (
+            spec.num_attention_heads,
+            spec.num_key_value_heads,
+            spec.head_dim,
+        );
+        if s == 0 || q == 0 || q > s {
+            return Err(GraphError::Unsupported(format!(
+                "query length {q} and max sequence length {s}: need 1 <= Q <= S"
+            )));
+        }
+        if d % 2 != 0 || h % hkv != 0 {
+            return Err(GraphError::Unsupported(format!(
+                "head_dim {d} must be even and {h} query heads a multiple of {hkv} key/value heads"
+            )));
+        }
+        if !matches!(opts.float, DType::F16 | DType::F32) {
+            return Err(GraphError::Unsupported(format!(
+                "float type {} is not a float",
+                opts.float.name()
+            )));
+        }
+        Ok(Dims { s, q, h, hkv, d })
+    }
+}
+
+/// What every block reads besides its weights.
+struct Shared {
+    dims: Dims,
+    /// The residual scale α (folded into the embedding, o_proj and down_proj).
+    alpha: f64,
+    /// The norms' ε, times α² (RMSNorm(αx) with ε·α² equals RMSNorm(x) with ε).
+    eps: f64,
+    /// 1/√D.
+    q_scale: f64,
+    attention_bias: bool,
+    /// This step's RoPE rows [Q, D].
+    cos: String,
+    sin: String,
+    /// [Q, S+Q].
+    mask: String,
+    key_cache: String,
+    value_cache: String,
+}
+
+/// Build the step graph. `weights` holds every slot of [`crate::arch::expected_tensors`], by
+/// checkpoint name; they are moved into the graph.
+pub fn build(
+    spec: &ModelSpec,
+    weights: BTreeMap<String, Weight>,
+    opts: &StepOptions,
+) -> Result<Graph, GraphError> {
+    let dims = Dims::new(spec, opts)?;
+    let (s, q, l_count) = (dims.s, dims.q, spec.num_hidden_layers);
+    let fl = opts.float;
+    let alpha = opts.scaling.residual_scale;
+    let mut b = Builder::new(fl);
+    let mut weights = Weights::new(spec, weights);
+
+    // Inputs, in contract order.
+    let input_ids = b.input(contract::INPUT_IDS, DType::I32, vec![1, q]);
+    let position = b.input(contract::POSITION, DType::I32, vec![1]);
+    let cache_shape = vec![l_count, dims.hkv, s, dims.d];
+    let key_cache = b.input(contract::KEY_CACHE, fl, cache_shape.clone());
+    let value_cache = b.input(contract::VALUE_CACHE, fl, cache_shape);
+
+    let tables = mask::Tables::new(&mut b, spec, &dims);
+    let (cos, sin) = mask::rope_rows(&mut b, &tables, &position);
+    let mask = mask::mask(&mut b, &tables, &position, &dims);
+    let shared = Shared {
+        q_scale: 1.0 / (dims.d as f64).sqrt(),
+        dims,
+        alpha,
+        eps: spec.rms_norm_eps * alpha * alpha,
+        attention_bias: spec.attention_bias,
+        cos,
+        sin,
+        mask,
+        key_cache,
+        value_cache,
+    };
+
+    let (embed, mut x) = embedding(&mut b, &mut weights, &input_ids, alpha)?;
+    let mut key_rows = Vec::with_capacity(l_count);
+    let mut value_rows = Vec::with_capacity(l_count);
+    for l in 0..l_count {
+        let (out, k, v) = block(&mut b, &mut weights, &shared, l, &x)?;
+        x = out;
+        key_rows.push(k);
+        value_rows.push(v);
+    }
+
+    let nw = weights.single(&mut b, TensorId::FinalNorm)?;
+    let hn = rms_norm(&mut b, &x, &nw, shared.eps, "final_norm");
+    let head = if spec.tie_word_embeddings {
+        embed
+    } else {
+        weights.single(&mut b, TensorId::LmHead)?
+    };
+    let logits = b.op(
+        Op::Linear,
+        contract::LOGITS,
+        vec![("x", var(&hn)), ("weight", var(&head))],
+    );
+    let ku = stack(&mut b, key_rows, contract::KEY_UPDATE);
+    let vu = stack(&mut b, value_rows, contract::VALUE_UPDATE);
+    weights.finish()?;
+    b.finish(vec![logits, ku, vu])
+}
+
+/// The embedding table's constant and the embedded tokens (times α). The table is not scaled
+/// in place: when tied it is also the lm_head.
+fn embedding(
+    b: &mut Builder,
+    weights: &mut Weights,
+    input_ids: &str,
+    alpha: f64,
+) -> Result<(String, String), GraphError> {
+    let embed = weights.single(b, TensorId::Embedding)?;
+    let mut x = b.op(
+        Op::Gather,
+        "embed",
+        vec![
+            ("x", var(&embed)),
+            ("indices", var(input_ids)),
+            ("axis", Arg::Int(0)),
+        ],
+    );
+    if alpha != 1.0 {
+        x = b.op(
+            Op::Mul,
+            "embed_scaled",
+            vec![("x", var(&x)), ("y", Arg::Float(alpha))],
+        );
+    }
+    Ok((embed, x))
+}
+
+/// Decoder block `l` on the residual stream `x`: returns the new stream and the layer's new
+/// keys and values.
+fn block(
+    b: &mut Builder,
+    weights: &mut Weights,
+    shared: &Shared,
+    l: usize,
+    x: &str,
+) -> Result<(String, String, String), GraphError> {
+    let tag = format!("layers_{l}");
+    let nw = weights.single(b, TensorId::Layer(l, LayerTensor::InputNorm))?;
+    let hn = rms_norm(b, x, &nw, shared.eps, &format!("{tag}_input_norm"));
+    let mut proj = Projections::new(shared.dims.q);
+    let attn = attention::attention(b, weights, &mut proj, shared, l, &hn)?;
+    let x = b.op(
+        Op::Add,
+        &format!("{tag}_residual_attn"),
+        vec![("x", var(x)), ("y", var(&attn.out))],
+    );
+    let nw = weights.single(b, TensorId::Layer(l, LayerTensor::PostNorm))?;
+    let hn = rms_norm(b, &x, &nw, shared.eps, &format!("{tag}_post_norm"));
+    let down = mlp::mlp(b, weights, &mut proj, shared, l, &hn)?;
+    let x = b.op(
+        Op::Add,
+        &format!("{tag}_residual_mlp"),
+        vec![("x", var(&x)), ("y", var(&down))],
+    );
+    Ok((x, attn.key_row, attn.value_row))
+}
+
+/// x / sqrt(mean(x²) + ε) · w, the way Hugging Face computes it (ε inside the root).
+fn rms_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+    let sq = b.op(
+        Op::Mul,
+        &format!("{name}_sq"),
+        vec![("x", var(x)), ("y", var(x))],
+    );
+    let ms = b.op(
+        Op::ReduceMean,
+        &format!("{name}_mean"),
+        vec![
+            ("x", var(&sq)),
+            ("axes", ints(&[-1])),
+            ("keep_dims", Arg::Bool(true)),
+        ],
+    );
+    let r = b.op(
+        Op::Rsqrt,
+        &format!("{name}_rsqrt"),
+        vec![("x", var(&ms)), ("epsilon", Arg::Float(eps))],
+    );
+    let n = b.op(
+        Op::Mul,
+        &format!("{name}_normed"),
+        vec![("x", var(x)), ("y", var(&r))],
+    );
+    b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
+}
+
+/// The per-layer rows stacked along axis 0 (an `identity` for a single layer).
+fn stack(b: &mut Builder, rows: Vec<String>, name: &str) -> String {
+    if rows.len() == 1 {
+        b.op(Op::Identity, name, vec![("x", var(&rows[0]))])
+    } else {
+        b.op(
+            Op::Concat,
+            name,
+            vec![
+                ("values", Arg::Vars(rows)),
+                ("axis", Arg::Int(0)),
+                ("interleave", Arg::Bool(false)),
+            ],
+        )
+    }
+}
+
+/// Checkpoint tensors as dense fp16 weights (the all-fp16 recipe).
+pub fn dense_weights(
+    ckpt: &crate::checkpoint::Checkpoint,
+) -> Result<BTreeMap<String, Weight>, crate::checkpoint::CheckpointError> {
+    let mut out = BTreeMap::new();
+    for slot in ckpt.slots() {
+        let t = ckpt.tensor(&slot.name)?;
+        out.insert(slot.name.clone(), Weight::Dense(t.to_f16()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+    use crate::arch::{self, mil_name};
+    use crate::checkpoint::Checkpoint;
+    use crate::graph::scaling::ActivationRanges;
+    use crate::graph::ConstData;
+    use crate::quant::{PackedLut, QuantizedWeight};
+    use crate::testing::TinyModel;
+
+    fn opts(scaling: Scaling) -> StepOptions {
+        StepOptions {
+            max_seq_len: 16,
+            query_len: 2,
+            float: DType::F16,
+            scaling,
+        }
+    }
+
+    fn weights(model: &TinyModel) -> (tempfile::TempDir, BTreeMap<String, Weight>) {
+        let dir = model.write_temp().unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let w = dense_weights(&ckpt).unwrap();
+        (dir, w)
+    }
+
+    fn dense<'a>(g: &'a Graph, name: &str) -> &'a [f16] {
+        match &g.consts.iter().find(|c| c.name == name).unwrap().data {
+            ConstData::F16(v) => v,
+            other => panic!("{name} is {other:?}"),
+        }
+    }
+
+    #[test]
+    fn contract_io_and_weight_consts() {
+        let model = TinyModel::llama();
+        let spec = model.spec();
+        let (_d, w) = weights(&model);
+        let g = build(&spec, w, &opts(Scaling::identity("test"))).unwrap();
+        let io: Vec<(&str, Vec<usize>)> = g
+            .inputs
+            .iter()
+            .map(|i| (i.name.as_str(), i.shape.clone()))
+            .collect();
+        assert_eq!(
+            io,
+            [
+                ("input_ids", vec![1, 2]),
+                ("position", vec![1]),
+                ("key_cache", vec![2, 2, 16, 16]),
+                ("value_cache", vec![2, 2, 16, 16]),
+            ]
+        );
+        assert_eq!(g.outputs, ["logits", "key_update", "value_update"]);
+        // Tied: the embedding const feeds both the gather and the lm_head linear.
+        assert!(g.consts.iter().all(|c| c.name != "lm_head_weight"));
+        let head = g.ops.iter().find(|o| o.outputs[0] == "logits").unwrap();
+        assert_eq!(head.args["weight"], var("model_embed_tokens_weight"));
+        // One const per checkpoint tensor, named after it.
+        for slot in arch::expected_tensors(&spec) {
+            let c = g.consts.iter().find(|c| c.name == mil_name(&slot.name));
+            assert_eq!(c.unwrap().source.as_deref(), Some(slot.name.as_str()));
+        }
+        assert_eq!(g.count_ops(Op::Softmax), spec.num_hidden_layers);
+        // GQA 4/2: keys and values are expanded with a tile per layer; the mask tile is one more.
+        assert_eq!(g.count_ops(Op::Tile), 2 * spec.num_hidden_layers + 1);
+    }
+
+    #[test]
+    fn mask_constants_are_finite() {
+        let model = TinyModel::llama();
+        let (_d, w) = weights(&model);
+        let g = build(&model.spec(), w, &opts(Scaling::identity("test"))).unwrap();
+        let causal = dense(&g, "mask_causal");
+        assert_eq!(
+            causal,
+            &[f16::ZERO, f16::from_f32(MASK_VALUE), f16::ZERO, f16::ZERO]
+        );
+        assert!(dense(&g, "mask_closed").iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn residual_scale_folds_into_o_and_down_and_epsilon() {
+        let model = TinyModel::qwen2();
+        let spec = model.spec();
+        let (_d, w) = weights(&model);
+        let plain = build(&spec, w.clone(), &opts(Scaling::identity("test"))).unwrap();
+        let s = Scaling::choose(&ActivationRanges {
+            residual_max_abs: vec![1000.0],
+            source: "test".into(),
+        });
+        let alpha = s.residual_scale;
+        assert_eq!(alpha, 0.125);
+        let scaled = build(&spec, w, &opts(s)).unwrap();
+        for name in [
+            "model_layers_0_self_attn_o_proj_weight",
+            "model_layers_1_mlp_down_proj_weight",
+        ] {
+            for (a, b) in dense(&plain, name).iter().zip(dense(&scaled, name)) {
+                let exact = a.to_f64() * alpha;
+                assert_eq!(*b, f16::from_f64(exact));
+                // Power-of-two scaling is exact unless the result is subnormal.
+                if exact.abs() >= f16::MIN_POSITIVE.to_f64() {
+                    assert_eq!(b.to_f64(), exact);
+                }
+            }
+        }
+        for name in [
+            "model_embed_tokens_weight",
+            "model_layers_0_self_attn_q_proj_weight",
+            "lm_head_weight",
+        ] {
+            assert_eq!(dense(&plain, name), dense(&scaled, name));
+        }
+        assert_eq!(plain.count_ops(Op::Mul) + 1, scaled.count_ops(Op::Mul));
+        let eps =
+            |g: &Graph| match &g.ops.iter().find(|o| o.op == Op::Rsqrt).unwrap().args["epsilon"] {
+                Arg::Float(e) => *e,
+                other => panic!("{other:?}"),
+            };
+        assert_eq!(eps(&scaled), eps(&plain) * alpha * alpha);
+    }
+
+    #[test]
+    fn palettized_weights_become_lut_consts_with_scaled_luts() {
+        let model = TinyModel::llama();
+        let spec = model.spec();
+        let (_d, mut w) = weights(&model);
+        // A hand-made 2-bit palettization of o_proj: all indices 0..4 in turn.
+        let name = "model.layers.0.self_attn.o_proj.weight";
+        let n = spec.hidden_size * spec.q_dim();
+        let lut: Vec<f16> = [-0.5f32, -0.25, 0.25, 0.5].map(f16::from_f32).to_vec();
+        let packed = vec![0b11_10_01_00u8; n / 4];
+        w.insert(
+            name.into(),
+            Weight::Quantized(QuantizedWeight::per_tensor(
+                spec.hidden_size,
+                PackedLut {
+                    nbits: 2,
+                    lut: lut.clone(),
+                    packed: packed.clone(),
+                },
+            )),
+        );
+        let s = Scaling {
+            residual_scale: 0.5,
+            measured_max_abs: None,
+            source: "test".into(),
+        };
+        let g = build(&spec, w, &opts(s)).unwrap();
+        let c = g.consts.iter().find(|c| c.name == mil_name(name)).unwrap();
+        let ConstData::Lut(p) = &c.data else {
+            panic!("o_proj should be palettized")
+        };
+        assert_eq!(p.packed, packed);
+        let halves: Vec<f16> = lut
+            .iter()
+            .map(|x| f16::from_f32(x.to_f32() * 0.5))
+            .collect();
+        assert_eq!(p.lut, halves);
+        assert_eq!(c.shape, vec![spec.hidden_size, spec.q_dim()]);
+    }
+
+    #[test]
+    fn missing_or_extra_weights_are_errors() {
+        let model = TinyModel::llama();
+        let spec = model.spec();
+        let (_d, mut w) = weights(&model);
+        let mut extra = w.clone();
+        extra.insert("model.unused".into(), Weight::Dense(vec![]));
+        assert!(build(&spec, extra, &opts(Scaling::identity("t"))).is_err());
+        w.remove("model.norm.weight");
+        let err = build(&spec, w, &opts(Scaling::identity("t"))).unwrap_err();
+        assert!(err.to_string().contains("model.norm.weight"), "{err}");
+    }
+
+    #[test]
+    fn query_longer_than_cache_is_refused() {
+        let model = TinyModel::llama();
+        let (_d, w) = weights(&model);
+        let mut o = opts(Scaling::identity("t"));
+        o.query_len = 17;
+        assert!(matches!(
+            build(&model.spec(), w, &o),
+            Err(GraphError::Unsupported(_))
+        ));
+    }
+}
