@@ -43,7 +43,7 @@ pub enum ExportError {
     Recipe {
         name: String,
         #[source]
-        source: QuantError,
+        source: Box<QuantError>,
     },
     #[error(transparent)]
     Job(Box<JobError>),
@@ -294,7 +294,7 @@ pub fn run_one(
 ) -> Result<(), ExportError> {
     let recipe = export.recipe.load().map_err(|source| ExportError::Recipe {
         name: export.name.clone(),
-        source,
+        source: Box::new(source),
     })?;
     let mut job = Job {
         source: export.model.clone(),
