@@ -1,4 +1,4 @@
-//! The memory model (DESIGN.md, "Memory model") and device profiles.
+//! The memory model (docs/design.md, "Memory model") and device profiles.
 //!
 //! total = weights + KV cache + one step's working set + runtime overhead, checked against the
 //! device's app memory limit less a safety margin. Everything but the KV cache and the

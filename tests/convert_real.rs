@@ -59,7 +59,7 @@ fn smollm2_all_fp16_package_agrees_with_reference() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    // DESIGN.md: SmolLM2's residual stream reaches ~24,900; α = 1/128 keeps RMSNorm's x² in
+    // docs/design.md: SmolLM2's residual stream reaches ~24,900; α = 1/128 keeps RMSNorm's x² in
     // fp16 range. The scale must come out of the measurement.
     let scaling = &summary["contract"]["scaling"];
     assert_eq!(scaling["residual_scale"], 1.0 / 128.0, "{scaling}");

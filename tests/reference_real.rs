@@ -83,7 +83,7 @@ fn calibration_shows_massive_activations() {
     assert!(stats.layers[0].max_abs_residual_after_mlp < 1e3);
     // Naive fp16 overflows: x² inside the RMSNorm passes fp16's max.
     assert!(stats.max_abs(OpKind::RmsNormSquare) > 65504.0);
-    // The residual scale DESIGN.md found (1/128) is what the stats suggest with no margin.
+    // The residual scale docs/design.md records (1/128) is what the stats suggest with no margin.
     let alpha = stats.residual_scale_for_fp16(1.0);
     assert!((alpha * max).powi(2) <= 65504.0);
     assert!(alpha <= 1.0 / 128.0, "alpha {alpha}");

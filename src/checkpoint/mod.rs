@@ -88,10 +88,9 @@ impl CheckpointError {
     }
 }
 
-/// Element type of a stored tensor: [`DType::BF16`], [`DType::F16`] or [`DType::F32`] (the
-/// only ones [`parse_safetensors`] accepts). The path `checkpoint::DType` is kept for callers
-/// that still name it here.
-pub use crate::mil::DType;
+// A stored tensor's element type is a [`DType`]: `BF16`, `F16` or `F32`, the only ones
+// [`parse_safetensors`] accepts.
+use crate::mil::DType;
 
 /// The message for a view whose dtype no safetensors checkpoint of ours holds.
 fn not_a_checkpoint_dtype(dtype: DType) -> ! {

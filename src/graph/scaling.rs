@@ -1,4 +1,4 @@
-//! fp16 range safety (DESIGN.md, "fp16 range safety").
+//! fp16 range safety (docs/design.md, "fp16 range safety").
 //!
 //! Real checkpoints carry "massive activations" on the residual stream; RMSNorm squares them and
 //! fp16 overflows past 65,504. A residual-stream scale α (a power of two, so scaling is exact
@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn smollm2_massive_activation_gets_one_over_128() {
-        // DESIGN.md: SmolLM2-135M's residual reaches about 24,900 from block 11 on; α = 1/128
+        // docs/design.md: SmolLM2-135M's residual reaches about 24,900 from block 11 on; α = 1/128
         // was measured to fix it.
         let s = Scaling::choose(&ranges(&[3.0, 40.0, 24_900.0, 24_000.0]));
         assert_eq!(s.residual_scale, 1.0 / 128.0);

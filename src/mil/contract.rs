@@ -1,4 +1,4 @@
-//! The package contract (DESIGN.md, "The package contract"): what a package's inputs and
+//! The package contract (docs/design.md, "The package contract"): what a package's inputs and
 //! outputs mean. The emitter writes it as JSON into
 //! `user_defined_metadata["hf2coreml.contract"]`; the runner and `validate` read it back.
 //! Plain data, shared by both sides so they cannot drift apart.
@@ -60,7 +60,7 @@ pub struct Contract {
     pub rope: serde_json::Value,
     /// The recipe actually applied (per-tensor decisions or the resolved rules).
     pub recipe: serde_json::Value,
-    /// fp16 range safety: the scales folded into the weights (DESIGN.md, "fp16 range safety").
+    /// fp16 range safety: the scales folded into the weights (docs/design.md, "fp16 range safety").
     pub scaling: serde_json::Value,
     /// `fp16` or `fp32`: the precision the program computes in.
     pub compute_precision: String,

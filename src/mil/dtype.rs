@@ -138,21 +138,9 @@ impl DType {
         }
     }
 
-    /// The same as [`DType::short_name`]; the name the checkpoint-era callers use
-    /// (pipeline/inspect.rs), kept until they switch.
-    pub fn as_str(self) -> &'static str {
-        self.short_name()
-    }
-
     /// Bytes per element in storage: sub-byte types round up to one, strings have none.
     pub fn size_bytes(self) -> usize {
         (self.bits() as usize).div_ceil(8)
-    }
-
-    /// The same as [`DType::size_bytes`]; the name the checkpoint-era callers use
-    /// (quant/report.rs), kept until they switch.
-    pub fn size(self) -> usize {
-        self.size_bytes()
     }
 
     pub fn from_name(name: &str) -> Option<Self> {

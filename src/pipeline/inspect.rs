@@ -95,7 +95,7 @@ pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
         rope_theta: spec.rope_theta,
         rope_scaling: spec.rope_scaling.clone(),
         rms_norm_eps: spec.rms_norm_eps,
-        dtype: ckpt.storage_dtype().as_str(),
+        dtype: ckpt.storage_dtype().short_name(),
         config_dtype: spec.dtype.clone(),
         checkpoint_bytes: ckpt.file_bytes(),
         groups,

@@ -146,7 +146,7 @@ impl Report {
         let mut tensors = Vec::with_capacity(slots.len());
         for (i, slot) in slots.iter().enumerate() {
             let dtype = ckpt.tensor(&slot.name)?.dtype;
-            tensors.push(Self::line(i + 1, slot, recipe, dtype.size() as u64));
+            tensors.push(Self::line(i + 1, slot, recipe, dtype.size_bytes() as u64));
         }
         let mut r = Report {
             recipe: recipe.origin().to_string(),

@@ -228,7 +228,7 @@ pub fn default_gates(kind: RecipeKind) -> Vec<Gate> {
     match kind {
         RecipeKind::Fp16 => vec![
             // fp16 weights and activations (with the residual scale) measured 7e-4 on
-            // SmolLM2-135M (DESIGN.md); ten times that still means "the same model", while an
+            // SmolLM2-135M (docs/design.md); ten times that still means "the same model", while an
             // overflow or a wrong op lands orders of magnitude higher.
             gate(KlMean, Le, 0.01),
             // fp16 rounding may flip near-ties between the top two tokens, nothing more.

@@ -1,6 +1,6 @@
 //! The contract-v1 decode/chunk step for the Llama family (Llama, Mistral, Qwen2).
 //!
-//! Inputs and outputs follow DESIGN.md's contract exactly. What the graph is made of follows
+//! Inputs and outputs follow docs/design.md's contract exactly. What the graph is made of follows
 //! FORMAT.md, "Verified here": gathered RoPE tables, the cache mask from `less(arange(S),
 //! position)` → `select` → `tile`, concatenated with a constant causal block ([`mask`]);
 //! per-layer `slice_by_index` of the caches; GQA by reshape → tile → reshape; rotate-half RoPE
