@@ -65,8 +65,19 @@ struct RawDevice {
     runtime_overhead: Option<String>,
 }
 
+/// A size that [`parse_size`] cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SizeError {
+    #[error("`{0}` is not a size (e.g. 3.5 GiB, 500 MB, 1073741824)")]
+    NotANumber(String),
+    #[error("unknown size unit `{unit}` in `{text}`")]
+    UnknownUnit { unit: String, text: String },
+    #[error("`{0}` is not a size")]
+    OutOfRange(String),
+}
+
 /// Parse a size such as `3.0 GiB`, `150 MiB`, `6GB` or a plain byte count.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
@@ -75,7 +86,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let num: f64 = num
         .replace('_', "")
         .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 3.5 GiB, 500 MB, 1073741824)"))?;
+        .map_err(|_| SizeError::NotANumber(s.to_string()))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" => 1e3,
@@ -84,10 +95,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "kib" => 1024.0,
         "mib" => 1024.0 * 1024.0,
         "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+        other => {
+            return Err(SizeError::UnknownUnit {
+                unit: other.to_string(),
+                text: s.to_string(),
+            })
+        }
     };
     if !(num.is_finite() && num >= 0.0) {
-        return Err(format!("`{s}` is not a size"));
+        return Err(SizeError::OutOfRange(s.to_string()));
     }
     Ok((num * mult).round() as u64)
 }
@@ -130,7 +146,7 @@ impl Devices {
             .as_ref()
             .and_then(|d| d.runtime_overhead.clone())
         {
-            Some(s) => parse_size(&s).map_err(&err)?,
+            Some(s) => parse_size(&s).map_err(|e| err(e.to_string()))?,
             None => 0,
         };
         let mut devices = Vec::new();

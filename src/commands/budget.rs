@@ -18,7 +18,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "memory_limit")]
     pub device: Option<String>,
     /// Check against an explicit limit instead of a device, e.g. `3.5GiB` or bytes.
-    #[arg(long, value_parser = parse_size_arg)]
+    #[arg(long, value_parser = budget::parse_size)]
     pub memory_limit: Option<u64>,
     /// Use the limit with the increased-memory-limit entitlement.
     #[arg(long)]
@@ -40,10 +40,6 @@ pub struct Args {
     pub json: bool,
     #[command(flatten)]
     pub recipe: super::palettize::RecipeArgs,
-}
-
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    budget::parse_size(s)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
