@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use half::f16;
 
+use crate::arch::{LayerTensor, TensorId};
+
 /// How a GGUF tensor becomes a Hugging Face one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorPlan {
@@ -17,10 +19,15 @@ pub struct TensorPlan {
 
 /// The Hugging Face name of a llama GGUF tensor, `None` for names outside the llama layout.
 pub fn hf_tensor_name(gguf: &str) -> Option<String> {
+    tensor_id(gguf).map(TensorId::hf_name)
+}
+
+/// Which tensor of the model a llama GGUF tensor is, `None` for names outside the llama layout.
+pub fn tensor_id(gguf: &str) -> Option<TensorId> {
     match gguf {
-        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
-        "output_norm.weight" => return Some("model.norm.weight".into()),
-        "output.weight" => return Some("lm_head.weight".into()),
+        "token_embd.weight" => return Some(TensorId::Embedding),
+        "output_norm.weight" => return Some(TensorId::FinalNorm),
+        "output.weight" => return Some(TensorId::LmHead),
         _ => {}
     }
     let rest = gguf.strip_prefix("blk.")?;
@@ -32,23 +39,24 @@ pub fn hf_tensor_name(gguf: &str) -> Option<String> {
     {
         return None;
     }
+    let layer: usize = layer.parse().ok()?;
     let (part, suffix) = rest.rsplit_once('.')?;
     if suffix != "weight" {
         return None;
     }
-    let hf = match part {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
+    let tensor = match part {
+        "attn_norm" => LayerTensor::InputNorm,
+        "ffn_norm" => LayerTensor::PostNorm,
+        "attn_q" => LayerTensor::Q,
+        "attn_k" => LayerTensor::K,
+        "attn_v" => LayerTensor::V,
+        "attn_output" => LayerTensor::O,
+        "ffn_gate" => LayerTensor::Gate,
+        "ffn_up" => LayerTensor::Up,
+        "ffn_down" => LayerTensor::Down,
         _ => return None,
     };
-    Some(format!("model.layers.{layer}.{hf}.weight"))
+    Some(TensorId::Layer(layer, tensor))
 }
 
 /// Undo llama.cpp's `permute(w, n_head)` on a `[rows, cols]` matrix.
