@@ -165,7 +165,7 @@ impl TinyModel {
             let values: Vec<f32> = match slot.role {
                 // RMSNorm weights near 1, like trained models.
                 arch::Role::Norm => {
-                    let gain = if slot.name == "model.norm.weight" {
+                    let gain = if slot.name == arch::TensorId::FinalNorm.hf_name() {
                         self.logit_gain
                     } else {
                         1.0
