@@ -14,6 +14,7 @@ BIN        := target/release/hf2coreml
 CARGO      ?= cargo
 export HF2COREML_PYTHON_ENV := $(VENV)
 export HF2COREML_MODEL_DIR := $(MODEL_DIR)
+export HF2COREML_GGUF := $(MODEL_GGUF)
 export PYO3_PYTHON := $(PYTHON)
 
 .PHONY: all setup model demo test lint fmt build bench clean-cache

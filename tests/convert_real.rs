@@ -2,7 +2,7 @@
 //! points elsewhere if wanted): fp16 range safety is measured and applied, and the all-fp16
 //! package, interpreted in fp16, agrees with the f32 reference on the evaluation text.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use half::f16;
@@ -20,19 +20,9 @@ const MIN_TOP1: f64 = 0.95;
 /// Evaluation tokens interpreted (the interpreter runs the whole 30-layer graph per token).
 const EVAL_TOKENS: usize = 48;
 
-fn model_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("HF2COREML_MODEL_DIR") {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    home.join(".cache/hf2coreml/smollm2-135m-instruct")
-}
-
 #[test]
 fn smollm2_all_fp16_package_agrees_with_reference() {
-    let dir = model_dir();
+    let dir = hf2coreml::testing::model_dir();
     let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| {
         panic!(
             "the real model is needed at {} (run `make model`): {e}",

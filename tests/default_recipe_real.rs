@@ -3,7 +3,6 @@
 //! with Paris through `run`. This is what `make demo` shows.
 
 use hf2coreml::testing::python_env;
-use std::path::PathBuf;
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
@@ -12,23 +11,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
 const EVAL_TOKENS: &str = "160";
 const MAX_SEQ_LEN: &str = "192";
 
-fn model_dir() -> PathBuf {
-    std::env::var_os("HF2COREML_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/hf2coreml/smollm2-135m-instruct")
-        })
-}
-
 #[test]
 fn default_recipe_passes_its_gates_and_answers_paris() {
-    let model = model_dir();
-    assert!(
-        model.join("config.json").is_file(),
-        "no real model at {} (run `make model`)",
-        model.display()
-    );
+    let model = hf2coreml::testing::model_dir();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol.mlpackage");
     let out = Command::new(BIN)

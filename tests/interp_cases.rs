@@ -4,7 +4,7 @@
 //! path, and LUT weights for nbits 1, 2, 4, 6, 8.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use half::f16;
@@ -14,26 +14,12 @@ use hf2coreml::runtime::interp::{Compute, Data, Options, Program, RuntimeError, 
 use prost::Message;
 use serde_json::Value;
 
-/// The venv with coremltools: `make test` exports HF2COREML_PYTHON_ENV; the probe venv is the
-/// fallback on a development machine.
-fn python() -> Option<PathBuf> {
-    let env = std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hf2coreml/venv-probe"))
-        })?;
-    let py = env.join("bin/python");
-    py.exists().then_some(py)
-}
-
-/// All cases, generated once per test binary.
-fn cases_dir() -> Option<&'static Path> {
-    static DIR: OnceLock<Option<tempfile::TempDir>> = OnceLock::new();
+/// All cases, generated once per test binary by the venv with coremltools (a missing venv
+/// fails the tests: see `hf2coreml::testing::python_env`).
+fn cases_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
-        let Some(py) = python() else {
-            eprintln!("SKIP: no Python venv with coremltools (run `make setup` or set HF2COREML_PYTHON_ENV)");
-            return None;
-        };
+        let py = hf2coreml::testing::python_env().join("bin/python");
         let dir = tempfile::tempdir().expect("temp dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/testgen/mil_cases.py");
         let out = std::process::Command::new(py)
@@ -46,10 +32,9 @@ fn cases_dir() -> Option<&'static Path> {
             "mil_cases.py failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Some(dir)
+        dir
     })
-    .as_ref()
-    .map(|d| d.path())
+    .path()
 }
 
 fn parse_f(v: &Value) -> f32 {
@@ -98,8 +83,8 @@ struct Case {
     atol: f32,
 }
 
-fn load_case(name: &str, options: Options) -> Option<Case> {
-    let dir = cases_dir()?.join(name);
+fn load_case(name: &str, options: Options) -> Case {
+    let dir = cases_dir().join(name);
     let doc: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();
     let pkg = MlPackage::open(&dir.join("model.mlpackage")).unwrap();
@@ -112,13 +97,13 @@ fn load_case(name: &str, options: Options) -> Option<Case> {
             .map(|(n, t)| (n.clone(), tensor(t)))
             .collect()
     };
-    Some(Case {
+    Case {
         program,
         inputs: obj("inputs"),
         outputs: obj("outputs"),
         rtol: doc["rtol"].as_f64().unwrap() as f32,
         atol: doc["atol"].as_f64().unwrap() as f32,
-    })
+    }
 }
 
 fn run(case: &Case, stats: Option<&mut Stats>) -> HashMap<String, Tensor> {
@@ -131,9 +116,7 @@ fn run(case: &Case, stats: Option<&mut Stats>) -> HashMap<String, Tensor> {
 }
 
 fn check(name: &str) {
-    let Some(case) = load_case(name, Options::default()) else {
-        return;
-    };
+    let case = load_case(name, Options::default());
     let got = run(&case, None);
     for (oname, exp) in &case.outputs {
         let g = got
@@ -202,7 +185,7 @@ fn fp16_rounding() {
 fn fp16_gather_int16() {
     check("fp16_gather_int16");
     // The saved program really takes the int16/uint16 path this test is about.
-    let Some(dir) = cases_dir() else { return };
+    let dir = cases_dir();
     let doc: Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("fp16_gather_int16/case.json")).unwrap(),
     )
@@ -228,9 +211,7 @@ fn lut_weights_all_nbits() {
 #[test]
 fn fp16_overflow_is_inf_and_recorded() {
     check("fp16_overflow");
-    let Some(case) = load_case("fp16_overflow", Options::default()) else {
-        return;
-    };
+    let case = load_case("fp16_overflow", Options::default());
     let mut stats = Stats::default();
     run(&case, Some(&mut stats));
     assert!(stats.any_non_finite());
@@ -241,14 +222,12 @@ fn fp16_overflow_is_inf_and_recorded() {
 
 #[test]
 fn compute_f32_keeps_range() {
-    let Some(case) = load_case(
+    let case = load_case(
         "fp16_overflow",
         Options {
             compute: Compute::F32,
         },
-    ) else {
-        return;
-    };
+    );
     let got = run(&case, None);
     let sq = got["o_sq"].as_f32();
     assert_eq!(sq[1], 90000.0);
@@ -257,7 +236,7 @@ fn compute_f32_keeps_range() {
 
 #[test]
 fn unsupported_op_is_named() {
-    let Some(dir) = cases_dir() else { return };
+    let dir = cases_dir();
     let src = dir.join("elementwise/model.mlpackage");
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("m.mlpackage");
@@ -282,7 +261,7 @@ fn unsupported_op_is_named() {
     std::fs::write(&model_path, model.encode_to_vec()).unwrap();
     let pkg = MlPackage::open(&dst).unwrap();
     let program = Program::load(&pkg, Options::default()).unwrap();
-    let case = load_case("elementwise", Options::default()).unwrap();
+    let case = load_case("elementwise", Options::default());
     let inputs = case
         .inputs
         .iter()
@@ -299,9 +278,7 @@ fn unsupported_op_is_named() {
 
 #[test]
 fn wrong_inputs_are_errors() {
-    let Some(case) = load_case("elementwise", Options::default()) else {
-        return;
-    };
+    let case = load_case("elementwise", Options::default());
     let mut inputs: Vec<(&str, Tensor)> = case
         .inputs
         .iter()

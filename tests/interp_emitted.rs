@@ -2,7 +2,6 @@
 //! architecture, driven through [`StepModel`] with a host-side static cache and compared with
 //! the candle float32 reference forward of the same checkpoint.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use half::f16;
@@ -21,21 +20,9 @@ const FP16_LOGIT_TOL: f32 = 0.05;
 /// same fp16-representable checkpoint values.
 const F32_LOGIT_TOL: f32 = 5e-3;
 
-fn python_env() -> Option<PathBuf> {
-    let env = std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hf2coreml/venv-probe"))
-        })?;
-    env.join("bin/python").exists().then_some(env)
-}
-
 /// Convert `model` (Q = `q`) and return (checkpoint dir, package dir).
-fn convert(model: &TinyModel, q: usize) -> Option<(tempfile::TempDir, tempfile::TempDir)> {
-    let Some(env) = python_env() else {
-        eprintln!("SKIP: no Python venv with coremltools (run `make setup`)");
-        return None;
-    };
+fn convert(model: &TinyModel, q: usize) -> (tempfile::TempDir, tempfile::TempDir) {
+    let env = hf2coreml::testing::python_env();
     let ckpt = model.write_temp().expect("fixture");
     let out = tempfile::tempdir().expect("temp dir");
     let pkg = out.path().join("m.mlpackage");
@@ -59,7 +46,7 @@ fn convert(model: &TinyModel, q: usize) -> Option<(tempfile::TempDir, tempfile::
         "convert failed:\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    Some((ckpt, out))
+    (ckpt, out)
 }
 
 fn drive(pkg: &mut Package, tokens: &[i32], mut stats: Option<&mut Stats>) -> Vec<Vec<f32>> {
@@ -103,9 +90,7 @@ fn argmax(v: &[f32]) -> usize {
 }
 
 fn check(model: TinyModel, q: usize, compute: Compute, tol: f32) {
-    let Some((ckpt, out)) = convert(&model, q) else {
-        return;
-    };
+    let (ckpt, out) = convert(&model, q);
     let mut pkg = Package::load(&out.path().join("m.mlpackage"), Options { compute }).unwrap();
     let v = pkg.contract().vocab_size;
     let tokens: Vec<i32> = (0..12).map(|i| ((i * 7 + 3) % v) as i32).collect();

@@ -3,7 +3,7 @@
 //! token (Q = 1) and in chunks (Q = 2) with a host-side static cache, against the float32 numpy
 //! forward pass of the same weights.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use half::f16;
@@ -17,27 +17,21 @@ const FP16_LOGIT_TOL: f32 = 0.05;
 /// `--compute f32`: only the fp16 cache rows and fp16 constants differ from the reference.
 const F32_LOGIT_TOL: f32 = 5e-3;
 
-fn python() -> Option<PathBuf> {
-    let env = std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hf2coreml/venv-probe"))
-        })?;
-    let py = env.join("bin/python");
-    py.exists().then_some(py)
-}
-
-fn fixture() -> Option<&'static Path> {
-    static DIR: OnceLock<Option<tempfile::TempDir>> = OnceLock::new();
+/// The decode step coremltools saved, generated once per test binary by the venv with
+/// coremltools (a missing venv fails the tests: see `hf2coreml::testing::python_env`).
+fn fixture() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
-        let Some(py) = python() else {
-            eprintln!("SKIP: no Python venv with coremltools (run `make setup` or set HF2COREML_PYTHON_ENV)");
-            return None;
-        };
+        let py = hf2coreml::testing::python_env().join("bin/python");
         let dir = tempfile::tempdir().expect("temp dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/testgen/decode_step.py");
         let out = std::process::Command::new(py)
-            .args([script.as_os_str(), dir.path().as_os_str(), "1".as_ref(), "2".as_ref()])
+            .args([
+                script.as_os_str(),
+                dir.path().as_os_str(),
+                "1".as_ref(),
+                "2".as_ref(),
+            ])
             .output()
             .expect("run python");
         assert!(
@@ -45,10 +39,9 @@ fn fixture() -> Option<&'static Path> {
             "decode_step.py failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Some(dir)
+        dir
     })
-    .as_ref()
-    .map(|d| d.path())
+    .path()
 }
 
 struct Reference {
@@ -145,7 +138,7 @@ fn compare(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32, what: &str) {
 
 #[test]
 fn token_by_token_matches_reference() {
-    let Some(dir) = fixture() else { return };
+    let dir = fixture();
     let r = reference(dir);
     let mut pkg = Package::load(&dir.join("q1/model.mlpackage"), Options::default()).unwrap();
     assert_eq!(pkg.contract().query_len, 1);
@@ -158,7 +151,7 @@ fn token_by_token_matches_reference() {
 
 #[test]
 fn chunks_match_reference() {
-    let Some(dir) = fixture() else { return };
+    let dir = fixture();
     let r = reference(dir);
     let mut pkg = Package::load(&dir.join("q2/model.mlpackage"), Options::default()).unwrap();
     let got = drive(&mut pkg, &r.tokens, None);
@@ -167,7 +160,7 @@ fn chunks_match_reference() {
 
 #[test]
 fn compute_f32_is_tighter() {
-    let Some(dir) = fixture() else { return };
+    let dir = fixture();
     let r = reference(dir);
     let opts = Options {
         compute: Compute::F32,
@@ -179,7 +172,7 @@ fn compute_f32_is_tighter() {
 
 #[test]
 fn context_overflow_is_an_error() {
-    let Some(dir) = fixture() else { return };
+    let dir = fixture();
     let mut pkg = Package::load(&dir.join("q2/model.mlpackage"), Options::default()).unwrap();
     let c = pkg.contract().clone();
     let n = c.num_layers * c.num_kv_heads * c.max_seq_len * c.head_dim;
@@ -194,7 +187,7 @@ fn context_overflow_is_an_error() {
 
 #[test]
 fn package_without_contract_is_refused() {
-    let Some(dir) = fixture() else { return };
+    let dir = fixture();
     // The op test packages carry no contract metadata; build one from the q1 package by
     // dropping the key.
     let src = dir.join("q1/model.mlpackage");

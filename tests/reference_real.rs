@@ -1,25 +1,13 @@
 //! The reference on the real model (SmolLM2-135M-Instruct imported from its GGUF by
 //! `make model`; HF2COREML_MODEL_DIR points elsewhere if wanted).
 
-use std::path::PathBuf;
-
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::{
     calibrate, BackendChoice, BackendKind, CalibrationOptions, OpKind, Reference,
 };
 
-fn model_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("HF2COREML_MODEL_DIR") {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    home.join(".cache/hf2coreml/smollm2-135m-instruct")
-}
-
 fn open_model() -> (Checkpoint, tokenizers::Tokenizer) {
-    let dir = model_dir();
+    let dir = hf2coreml::testing::model_dir();
     let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| {
         panic!(
             "the real model is needed at {} (run `make model`): {e}",

