@@ -300,31 +300,26 @@ pub fn binary(op: Op, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     Ok(Tensor::new(DType::F32, shape, Data::F(v)))
 }
 
+/// The comparison `op` stands for, on integers or floats alike.
+fn comparison<T: PartialOrd>(op: Op) -> OpResult<fn(T, T) -> bool> {
+    Ok(match op {
+        Op::Less => |x, y| x < y,
+        Op::LessEqual => |x, y| x <= y,
+        Op::Greater => |x, y| x > y,
+        Op::GreaterEqual => |x, y| x >= y,
+        Op::Equal => |x, y| x == y,
+        Op::NotEqual => |x, y| x != y,
+        _ => return Err(format!("unknown comparison `{op}`").into()),
+    })
+}
+
 pub fn compare(op: Op, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     let (shape, v) = if both_int(a, b) {
         let (x, y) = (a.as_i64(), b.as_i64());
-        let f: fn(i64, i64) -> bool = match op {
-            Op::Less => |x, y| x < y,
-            Op::LessEqual => |x, y| x <= y,
-            Op::Greater => |x, y| x > y,
-            Op::GreaterEqual => |x, y| x >= y,
-            Op::Equal => |x, y| x == y,
-            Op::NotEqual => |x, y| x != y,
-            _ => return Err(format!("unknown comparison `{op}`").into()),
-        };
-        zip_broadcast(&x, &a.shape, &y, &b.shape, f)?
+        zip_broadcast(&x, &a.shape, &y, &b.shape, comparison::<i64>(op)?)?
     } else {
         let (x, y) = (a.as_f32(), b.as_f32());
-        let f: fn(f32, f32) -> bool = match op {
-            Op::Less => |x, y| x < y,
-            Op::LessEqual => |x, y| x <= y,
-            Op::Greater => |x, y| x > y,
-            Op::GreaterEqual => |x, y| x >= y,
-            Op::Equal => |x, y| x == y,
-            Op::NotEqual => |x, y| x != y,
-            _ => return Err(format!("unknown comparison `{op}`").into()),
-        };
-        zip_broadcast(&x, &a.shape, &y, &b.shape, f)?
+        zip_broadcast(&x, &a.shape, &y, &b.shape, comparison::<f32>(op)?)?
     };
     Ok(Tensor::new(DType::Bool, shape, Data::B(v)))
 }
