@@ -538,3 +538,53 @@ fn a_gguf_model_exports_and_is_skipped_when_up_to_date() {
         [("tiny".to_string(), "up-to-date".to_string())]
     );
 }
+
+#[test]
+fn changed_checkpoint_bytes_or_calibration_text_rebuild() {
+    let batch = r#"
+[[export]]
+model = "tiny"
+output = "out/m.mlpackage"
+max_seq_len = 16
+recipe = "calibrated-4bit"
+calibration = "calib.txt"
+"#;
+    let root = setup(batch);
+    let dir = root.path();
+    std::fs::write(dir.join("calib.txt"), "one calibration text ".repeat(30)).unwrap();
+    let run = |json: &str| {
+        let o = hf2coreml(dir, &["batch", "batch.toml", "--json", json]);
+        assert!(o.status.success(), "{}", text(&o));
+        let r = report(&dir.join(json));
+        (
+            statuses(&r)[0].1.clone(),
+            r["exports"][0]["fingerprint"].clone(),
+        )
+    };
+    let (first, fp1) = run("a.json");
+    assert_eq!(first, "converted");
+    assert_eq!(run("b.json").0, "up-to-date");
+
+    // The same file names and sizes, other bytes: a checkpoint written with another seed.
+    TinyModel {
+        logit_gain: 4.0,
+        seed: 99,
+        ..TinyModel::llama()
+    }
+    .write(&dir.join("tiny"))
+    .unwrap();
+    let (status, fp2) = run("c.json");
+    assert_eq!(status, "converted", "new checkpoint bytes rebuild");
+    assert_ne!(fp1, fp2);
+    assert_eq!(run("d.json").0, "up-to-date");
+
+    // Another calibration text.
+    std::fs::write(
+        dir.join("calib.txt"),
+        "another calibration text ".repeat(30),
+    )
+    .unwrap();
+    let (status, fp3) = run("e.json");
+    assert_eq!(status, "converted", "a new calibration text rebuilds");
+    assert_ne!(fp2, fp3);
+}

@@ -13,12 +13,10 @@ use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-/// Logit difference allowed between an fp16 program and the f32 reference on the tiny models:
-/// logits are O(1) there, fp16 carries ~3 decimal digits, and errors from ~20 rounded ops per
-/// layer accumulate over 2 layers.
-const FP16_LOGIT_TOL: f32 = 0.05;
+use hf2coreml::testing::FP16_LOGIT_TOL;
 
 fn agree(model: TinyModel, query_len: usize) {
+    let arch = model.architecture;
     let dir = model.write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
@@ -84,6 +82,7 @@ fn agree(model: TinyModel, query_len: usize) {
             top1 += usize::from(argmax(got) == argmax(want));
         }
     }
+    eprintln!("{arch:?} Q={query_len}: max |Δlogit| {worst}");
     assert!(
         worst < FP16_LOGIT_TOL,
         "max |Δlogit| {worst} over {} tokens",

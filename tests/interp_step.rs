@@ -11,11 +11,7 @@ use hf2coreml::runtime::interp::{Compute, Options, Package, Stats};
 use hf2coreml::runtime::StepModel;
 use serde_json::Value;
 
-/// fp16 compute against an f32 reference: logits of magnitude ~2 carry a few fp16 ulps of
-/// error from every rounded intermediate.
-const FP16_LOGIT_TOL: f32 = 0.05;
-/// `--compute f32`: only the fp16 cache rows and fp16 constants differ from the reference.
-const F32_LOGIT_TOL: f32 = 5e-3;
+use hf2coreml::testing::{top1_is_decided, F32_LOGIT_TOL, FP16_LOGIT_TOL};
 
 /// The decode step coremltools saved, generated once per test binary by the venv with
 /// coremltools (a missing venv fails the tests: see `hf2coreml::testing::python_env`).
@@ -124,13 +120,12 @@ fn compare(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32, what: &str) {
             .zip(w)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
+        eprintln!("{what}: position {pos}: max |Δlogit| {max}");
         assert!(
             max <= tol,
             "{what}: position {pos}: max |Δlogit| {max} > {tol}"
         );
-        let mut sorted = w.clone();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        if sorted[0] - sorted[1] > 2.0 * tol {
+        if top1_is_decided(w, tol) {
             assert_eq!(argmax(g), argmax(w), "{what}: top-1 at position {pos}");
         }
     }

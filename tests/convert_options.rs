@@ -1,0 +1,118 @@
+//! Convert options the README promises, through the CLI on the tiny llama: `--calibration FILE`
+//! calibrates on that file (its hash is recorded, and another text gives other weights), and
+//! the `compact` recipe palettizes the embedding too.
+
+use std::path::Path;
+use std::process::Command;
+
+use hf2coreml::mil::contract::{self, Contract};
+use hf2coreml::mlpackage::MlPackage;
+use hf2coreml::testing::{python_env, TinyModel};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+
+fn convert(dir: &Path, pkg: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .arg("convert")
+        .arg(dir)
+        .arg("-o")
+        .arg(pkg)
+        .args(["--max-seq-len", "32", "-q"])
+        .args(extra)
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap()
+}
+
+fn converted(dir: &Path, pkg: &Path, extra: &[&str]) {
+    let o = convert(dir, pkg, extra);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn weights(pkg: &Path) -> Vec<u8> {
+    std::fs::read(pkg.join("Data/com.apple.CoreML/weights/weight.bin")).unwrap()
+}
+
+/// The recorded inputs of `X.mlpackage`: `X.report.json`'s `inputs`.
+fn inputs(pkg: &Path) -> serde_json::Value {
+    let report = pkg.with_extension("report.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    v["inputs"].clone()
+}
+
+#[test]
+fn calibration_file_is_the_text_calibrated_on() {
+    let dir = TinyModel::llama().write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let text = root.path().join("mine.txt");
+    std::fs::write(
+        &text,
+        "The quick brown fox jumps over the lazy dog. ".repeat(40),
+    )
+    .unwrap();
+    let mine = root.path().join("mine.mlpackage");
+    converted(
+        dir.path(),
+        &mine,
+        &[
+            "--recipe",
+            "calibrated-4bit",
+            "--calibration",
+            text.to_str().unwrap(),
+        ],
+    );
+    // coreutils' sha256sum as the witness of the recorded hash.
+    let sum = Command::new("sha256sum").arg(&text).output().unwrap();
+    let sum = String::from_utf8(sum.stdout).unwrap();
+    let hash = sum.split_whitespace().next().unwrap().to_string();
+    assert_eq!(hash.len(), 64);
+    assert_eq!(inputs(&mine)["calibration"], hash.as_str());
+
+    let shipped = root.path().join("shipped.mlpackage");
+    converted(dir.path(), &shipped, &["--recipe", "calibrated-4bit"]);
+    assert_ne!(inputs(&shipped)["calibration"], hash.as_str());
+    assert_ne!(
+        weights(&mine),
+        weights(&shipped),
+        "another calibration text fits other weights"
+    );
+
+    // A calibration file that does not exist is bad input, and nothing is written.
+    let missing = root.path().join("missing.mlpackage");
+    let o = convert(
+        dir.path(),
+        &missing,
+        &[
+            "--recipe",
+            "calibrated-4bit",
+            "--calibration",
+            "/nonexistent/text.txt",
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!missing.exists());
+}
+
+#[test]
+fn compact_recipe_palettizes_the_embedding() {
+    let dir = TinyModel::llama().write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("compact.mlpackage");
+    converted(dir.path(), &pkg, &["--recipe", "compact"]);
+    let p = MlPackage::open(&pkg).unwrap();
+    let c: Contract =
+        serde_json::from_str(&p.description().user_defined[contract::METADATA_KEY]).unwrap();
+    let tensors = &c.recipe["tensors"];
+    assert_eq!(tensors["model.embed_tokens.weight"], "lut6", "{tensors:#}");
+    assert_eq!(tensors["model.layers.0.mlp.down_proj.weight"], "lut4");
+    assert_eq!(tensors["model.norm.weight"], "fp16");
+
+    let fp16 = root.path().join("fp16.mlpackage");
+    converted(dir.path(), &fp16, &["--keep-fp16", "*"]);
+    assert!(weights(&pkg).len() * 3 < weights(&fp16).len());
+}
