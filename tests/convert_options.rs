@@ -116,3 +116,30 @@ fn compact_recipe_palettizes_the_embedding() {
     converted(dir.path(), &fp16, &["--keep-fp16", "*"]);
     assert!(weights(&pkg).len() * 3 < weights(&fp16).len());
 }
+
+#[test]
+fn the_wrote_list_names_every_side_file() {
+    let dir = TinyModel::llama().write_temp().unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        r#"{"chat_template": "{{ messages[0]['content'] }}"}"#,
+    )
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("m.mlpackage");
+    let o = Command::new(BIN)
+        .arg("convert")
+        .arg(dir.path())
+        .arg("-o")
+        .arg(&pkg)
+        .args(["--max-seq-len", "16", "--keep-fp16", "*"])
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for side in ["m.mlpackage", "m.tokenizer_config.json", "m.report.json"] {
+        assert!(root.path().join(side).exists(), "{side}");
+        assert!(out.contains(side), "`{side}` not listed in:\n{out}");
+    }
+}

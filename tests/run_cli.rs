@@ -10,23 +10,6 @@ fn hf2coreml(args: &[&str]) -> std::process::Output {
         .expect("run the binary")
 }
 
-#[cfg(not(target_os = "macos"))]
-#[test]
-fn coreml_backend_needs_macos() {
-    let out = hf2coreml(&[
-        "run",
-        "m.mlpackage",
-        "--prompt-ids",
-        "1,2",
-        "--backend",
-        "coreml",
-    ]);
-    assert_eq!(out.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("Core ML needs macOS"), "{err}");
-    assert!(err.contains("--backend cpu"), "{err}");
-}
-
 #[test]
 fn a_missing_package_is_bad_input() {
     let dir = tempfile::tempdir().unwrap();

@@ -174,8 +174,8 @@ fn print_plan(
 fn print_summary(summary: &ConvertSummary) {
     let o = &summary.outputs;
     println!("wrote {}", o.package.display());
-    if let Some(t) = &o.tokenizer {
-        println!("      {}", t.display());
+    for side in [&o.tokenizer, &o.tokenizer_config].into_iter().flatten() {
+        println!("      {}", side.display());
     }
     println!("      {}", o.report.display());
     println!(

@@ -4,7 +4,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use hf2coreml::error::EnvironmentError;
 use hf2coreml::runtime::chat::ChatTemplate;
 use hf2coreml::runtime::generate::{
     GenerateError, GenerateOptions, Generation, Generator, StopReason,
@@ -13,14 +12,6 @@ use hf2coreml::runtime::interp::{Compute, Options, Package};
 use hf2coreml::runtime::sampling::SamplingParams;
 use hf2coreml::runtime::text::{self, Prompt, TextError};
 use tokenizers::Tokenizer;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// The package's MIL program interpreted on the CPU, on any OS.
-    Cpu,
-    /// Core ML itself (macOS only).
-    Coreml,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ComputeArg {
@@ -77,9 +68,6 @@ pub struct Args {
     /// Write the logits of every processed position as float32 [T, V] .npy.
     #[arg(long, value_name = "FILE.npy")]
     pub logits_out: Option<PathBuf>,
-    /// Where to run the package.
-    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
-    pub backend: Backend,
     /// Print one JSON object at the end (prompt and generated ids, text, stop reason, timing)
     /// instead of streaming the text.
     #[arg(long)]
@@ -131,20 +119,6 @@ fn prompt(args: &Args) -> anyhow::Result<(Vec<u32>, Option<Tokenizer>)> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.backend == Backend::Coreml {
-        let message = if cfg!(target_os = "macos") {
-            "--backend coreml is not available in this build yet; the CPU interpreter runs \
-             the same package"
-        } else {
-            "Core ML needs macOS: --backend coreml runs the package through Core ML itself, \
-             which only exists on Apple platforms"
-        };
-        return Err(EnvironmentError {
-            message: message.into(),
-            fix: format!("hf2coreml run {} --backend cpu ...", args.package.display()),
-        }
-        .into());
-    }
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
