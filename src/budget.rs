@@ -254,7 +254,8 @@ pub struct Budget {
     pub device: Option<String>,
     pub increased_memory_limit: bool,
     pub fits: bool,
-    /// The largest S for which the plan fits (0 if none does), capped at [`MAX_SEQ_CAP`].
+    /// The largest S for which the plan fits (0 if none does), capped at [`MAX_SEQ_CAP`] and
+    /// at the model's context (`max_position_embeddings`).
     pub max_seq_len_that_fits: usize,
     pub headroom_bytes: i64,
 }
@@ -311,10 +312,12 @@ pub fn compute(
     let total = total_at(max_seq_len);
     // total_at is increasing in S: bisect for the largest S with total_at(S) <= usable.
     let fits_at = |s: usize| total_at(s) <= usable;
+    // Never beyond the model's trained context: positions past it are not a model.
+    let cap = MAX_SEQ_CAP.min(spec.max_position_embeddings).max(1);
     let max_fit = if !fits_at(1) {
         0
     } else {
-        let (mut lo, mut hi) = (1usize, MAX_SEQ_CAP);
+        let (mut lo, mut hi) = (1usize, cap);
         if fits_at(hi) {
             hi
         } else {

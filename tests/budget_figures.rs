@@ -68,7 +68,12 @@ fn working_set(s: u64) -> u64 {
 
 #[test]
 fn figures_match_the_hand_computation_on_a_device() {
-    let dir = TinyModel::llama().write_temp().unwrap();
+    let dir = TinyModel {
+        context: 2048,
+        ..TinyModel::llama()
+    }
+    .write_temp()
+    .unwrap();
     let gib = 1u64 << 30;
     let overhead = 150 << 20;
 
@@ -118,7 +123,12 @@ fn figures_match_the_hand_computation_on_a_device() {
 
 #[test]
 fn the_largest_s_that_fits_is_exact_at_the_edge() {
-    let dir = TinyModel::llama().write_temp().unwrap();
+    let dir = TinyModel {
+        context: 2048,
+        ..TinyModel::llama()
+    }
+    .write_temp()
+    .unwrap();
     let weights = (L * PROJ_PER_LAYER + FP16_ELEMENTS) * 2;
     // A device whose usable memory (90% of its limit, no runtime allowance) holds S = 1000 with
     // 100 bytes to spare and not S = 1001: total(S) grows by 528 bytes per position here.
@@ -169,4 +179,33 @@ fn the_largest_s_that_fits_is_exact_at_the_edge() {
     assert_eq!(code, Some(1), "one position more does not fit: {b:#}");
     assert_eq!(b["fits"], false);
     assert_eq!(u(&b, "max_seq_len_that_fits"), 1000);
+}
+
+#[test]
+fn no_s_beyond_the_models_context() {
+    let dir = TinyModel {
+        context: 256,
+        ..TinyModel::llama()
+    }
+    .write_temp()
+    .unwrap();
+    let (code, b) = budget(
+        dir.path(),
+        &["--device", "iphone-15", "--max-seq-len", "256"],
+    );
+    assert_eq!(code, Some(0), "{b:#}");
+    // Memory would hold a million positions; the model was trained on 256.
+    assert_eq!(u(&b, "max_seq_len_that_fits"), 256);
+    let o = Command::new(BIN)
+        .arg("budget")
+        .arg(dir.path())
+        .args(["--device", "iphone-15", "--max-seq-len", "257"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("max_position_embeddings") && err.contains("256"),
+        "{err}"
+    );
 }

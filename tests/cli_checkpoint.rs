@@ -162,6 +162,7 @@ fn smollm_shaped() -> TinyModel {
         head_dim: Some(64),
         vocab: 64,
         dtype: DType::F16,
+        context: 8192,
         ..TinyModel::llama()
     }
 }

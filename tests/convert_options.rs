@@ -143,3 +143,34 @@ fn the_wrote_list_names_every_side_file() {
         assert!(out.contains(side), "`{side}` not listed in:\n{out}");
     }
 }
+
+#[test]
+fn max_seq_len_beyond_the_context_is_refused() {
+    let dir = TinyModel {
+        context: 256,
+        ..TinyModel::llama()
+    }
+    .write_temp()
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("m.mlpackage");
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let o = Command::new(BIN)
+            .arg("convert")
+            .arg(dir.path())
+            .arg("-o")
+            .arg(&pkg)
+            .args(["--max-seq-len", "257", "--keep-fp16", "*"])
+            .args(extra)
+            .env("HF2COREML_PYTHON_ENV", python_env())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains("max_position_embeddings") && err.contains("256"),
+            "{err}"
+        );
+        assert!(!pkg.exists());
+    }
+}

@@ -376,7 +376,12 @@ fn greedy_generation_follows_argmax() {
 
 #[test]
 fn bad_calls_are_typed_errors() {
-    let dir = TinyModel::llama().write_temp().unwrap();
+    let dir = TinyModel {
+        context: 256,
+        ..TinyModel::llama()
+    }
+    .write_temp()
+    .unwrap();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let mut r = Reference::load(&ckpt).unwrap();
     assert!(matches!(r.step(&[], 0), Err(ReferenceError::Empty)));

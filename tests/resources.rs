@@ -45,6 +45,7 @@ fn convert_needs_at_most_one_and_a_half_packages_plus_the_largest_tensor() {
         kv_heads: 4,
         vocab: 32000,
         scale: 0.02,
+        context: 4096,
         ..TinyModel::llama()
     };
     let ckpt = m.write_temp().unwrap();

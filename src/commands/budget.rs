@@ -61,6 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(dir)
         .with_context(|| format!("cannot read checkpoint {}", dir.display()))?;
     let spec = ckpt.spec();
+    hf2coreml::pipeline::job::check_context(spec, args.max_seq_len)?;
     let weights = budget::weights_bytes(&ckpt.slots(), |s| recipe.storage(s));
     let b = budget::compute(spec, weights, args.max_seq_len, args.query_len, &limit);
     if args.json {

@@ -12,6 +12,7 @@ use super::convert::{
     self, ComputePrecision, ConvertError, ConvertOptions, ConvertSummary, Inputs, Outputs,
     StageTimes,
 };
+use crate::arch::ModelSpec;
 use crate::budget::{self, Budget, BudgetError, Devices, Limit};
 use crate::checkpoint::gguf::{self, GgufError, ImportOptions};
 use crate::checkpoint::{Checkpoint, CheckpointError};
@@ -38,6 +39,24 @@ pub enum ShapeError {
         query_len: usize,
         max_seq_len: usize,
     },
+    #[error(
+        "--max-seq-len {max_seq_len} exceeds the model's context of {context} positions \
+         (max_position_embeddings in config.json): it was never trained on positions beyond it; \
+         use --max-seq-len {context} or less"
+    )]
+    BeyondContext { max_seq_len: usize, context: usize },
+}
+
+/// A max_sequence_length within the model's trained context.
+pub fn check_context(spec: &ModelSpec, max_seq_len: usize) -> Result<(), ShapeError> {
+    let context = spec.max_position_embeddings;
+    if max_seq_len > context {
+        return Err(ShapeError::BeyondContext {
+            max_seq_len,
+            context,
+        });
+    }
+    Ok(())
 }
 
 /// The fixed shape of a plan: S and Q at least 1, S within the budget's cap, Q at most S.
@@ -286,6 +305,7 @@ impl Job {
     /// fit unless over-budget plans are allowed.
     pub fn plan(&self, ckpt: &Checkpoint) -> Result<Plan, JobError> {
         let spec = ckpt.spec();
+        check_context(spec, self.max_seq_len)?;
         let predicted = budget::weights_bytes(&ckpt.slots(), |s| self.recipe.storage(s));
         let budget = match &self.device {
             Some(id) => {

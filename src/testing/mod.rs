@@ -43,6 +43,8 @@ pub struct TinyModel {
     /// Multiplies the final RMSNorm weight: sharper next-token distributions, like a trained
     /// model's, without touching the decoder blocks (1.0: as random as the rest).
     pub logit_gain: f32,
+    /// `max_position_embeddings`: the trained context.
+    pub context: usize,
 }
 
 impl TinyModel {
@@ -66,6 +68,7 @@ impl TinyModel {
             seed: 1,
             scale: 0.08,
             logit_gain: 1.0,
+            context: 2048,
         }
     }
 
@@ -106,7 +109,7 @@ impl TinyModel {
             "num_hidden_layers": self.layers,
             "vocab_size": self.vocab,
             "rms_norm_eps": 1e-5,
-            "max_position_embeddings": 256,
+            "max_position_embeddings": self.context,
             "tie_word_embeddings": self.tied,
             "bos_token_id": 1,
             "eos_token_id": 2,
