@@ -62,9 +62,8 @@ pub fn read_input(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
 
 /// [`read_input`] as UTF-8 text.
 pub fn read_input_text(path: &Path, limit: u64) -> std::io::Result<String> {
-    String::from_utf8(read_input(path, limit)?).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text")
-    })
+    String::from_utf8(read_input(path, limit)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
 /// `path` made absolute with every symlink and `..` resolved, whether or not it exists: the

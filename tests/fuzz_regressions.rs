@@ -38,7 +38,11 @@ fn crash_inputs_are_handled() {
         let scratch = tempfile::tempdir().unwrap();
         for file in inputs(&regressions.join(target)) {
             let data = std::fs::read(&file).unwrap();
-            eprintln!("{target}: {} -> accepted {}", file.display(), replay(target, &data, scratch.path()));
+            eprintln!(
+                "{target}: {} -> accepted {}",
+                file.display(),
+                replay(target, &data, scratch.path())
+            );
             replayed += 1;
         }
     }

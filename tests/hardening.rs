@@ -178,7 +178,11 @@ fn contract_max_seq_len_above_the_program_is_refused_before_allocating() {
         run_package(
             root.path(),
             &pkg,
-            &["contract", "key_cache", "the program declares [2, 2, 16, 3]"],
+            &[
+                "contract",
+                "key_cache",
+                "the program declares [2, 2, 16, 3]",
+            ],
         );
     }
 }
@@ -187,16 +191,30 @@ fn contract_max_seq_len_above_the_program_is_refused_before_allocating() {
 fn a_program_declaring_a_huge_cache_is_refused_at_load() {
     let root = tempfile::tempdir().unwrap();
     let pkg = contract_package(root.path(), 1 << 28, 1 << 28, vec![], vec![]);
-    run_package(root.path(), &pkg, &["input `key_cache`", "limit for one tensor"]);
+    run_package(
+        root.path(),
+        &pkg,
+        &["input `key_cache`", "limit for one tensor"],
+    );
 }
 
 #[test]
 fn fill_of_a_huge_declared_shape_is_refused_at_load() {
     let root = tempfile::tempdir().unwrap();
-    let shape = fixture::bytes_value(DType::I32, &[2], le_bytes(&[1i32 << 20, 1 << 20], i32::to_le_bytes));
+    let shape = fixture::bytes_value(
+        DType::I32,
+        &[2],
+        le_bytes(&[1i32 << 20, 1 << 20], i32::to_le_bytes),
+    );
     let ops = vec![
         fixture::const_op("shape", shape),
-        fixture::op("fill", &[("shape", "shape")], "big", DType::F32, &[1 << 20, 1 << 20]),
+        fixture::op(
+            "fill",
+            &[("shape", "shape")],
+            "big",
+            DType::F32,
+            &[1 << 20, 1 << 20],
+        ),
     ];
     let pkg = contract_package(root.path(), 16, 16, ops, vec!["big".into()]);
     run_package(root.path(), &pkg, &["`big`", "limit for one tensor"]);
@@ -205,7 +223,11 @@ fn fill_of_a_huge_declared_shape_is_refused_at_load() {
 #[test]
 fn tile_with_huge_reps_is_refused_before_allocating() {
     let root = tempfile::tempdir().unwrap();
-    let reps = fixture::bytes_value(DType::I32, &[2], le_bytes(&[1i32, 1 << 30], i32::to_le_bytes));
+    let reps = fixture::bytes_value(
+        DType::I32,
+        &[2],
+        le_bytes(&[1i32, 1 << 30], i32::to_le_bytes),
+    );
     let ops = vec![
         fixture::const_op("reps", reps),
         fixture::op(
@@ -237,7 +259,11 @@ fn range_1d_to_1e30_is_refused_before_allocating() {
         ),
     ];
     let pkg = contract_package(root.path(), 16, 16, ops, vec!["r".into()]);
-    run_package(root.path(), &pkg, &["range_1d", "refused before allocating"]);
+    run_package(
+        root.path(),
+        &pkg,
+        &["range_1d", "refused before allocating"],
+    );
 }
 
 #[test]
@@ -250,7 +276,13 @@ fn many_constants_together_are_refused_when_their_sum_passes_the_limit() {
     let mut outs = vec![];
     for i in 0..8 {
         let name = format!("f{i}");
-        ops.push(fixture::op("fill", &[("shape", "shape")], &name, DType::F32, &[n]));
+        ops.push(fixture::op(
+            "fill",
+            &[("shape", "shape")],
+            &name,
+            DType::F32,
+            &[n],
+        ));
         outs.push(name);
     }
     let pkg = contract_package(root.path(), 16, 16, ops, outs);
@@ -437,8 +469,14 @@ fn import_gguf_into_its_own_folder_is_refused() {
     let g = root.path().join("g");
     std::fs::create_dir(&g).unwrap();
     let file = g.join("m.gguf");
-    std::fs::write(&file, hf2coreml::testing::gguf::TinyGguf::llama().build().writer.to_bytes())
-        .unwrap();
+    std::fs::write(
+        &file,
+        hf2coreml::testing::gguf::TinyGguf::llama()
+            .build()
+            .writer
+            .to_bytes(),
+    )
+    .unwrap();
     let before = snapshot(&g);
     expect(
         root.path(),
@@ -531,7 +569,10 @@ fn a_full_stdout_is_an_error_not_a_panic() {
         ],
     ];
     for args in cases {
-        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
         let o = run_bin(&args, Some(full));
         assert!(!o.stderr.contains("panicked"), "{args:?}: {}", o.stderr);
         assert!(

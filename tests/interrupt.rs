@@ -185,7 +185,10 @@ fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
             // clean build.
             assert!(!dest.join("OLD").exists());
             assert_complete_package(&dest);
-            assert!(tree(&dest) == clean, "a completed run differs from the clean build");
+            assert!(
+                tree(&dest) == clean,
+                "a completed run differs from the clean build"
+            );
             std::fs::write(dest.join("OLD"), "from an earlier run").unwrap();
             old = tree(&dest);
         }
@@ -215,7 +218,10 @@ fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!dest.join("OLD").exists());
     assert_complete_package(&dest);
-    assert!(tree(&dest) == clean, "the rerun differs from the clean build");
+    assert!(
+        tree(&dest) == clean,
+        "the rerun differs from the clean build"
+    );
     let left = partials(&out);
     assert!(left.is_empty(), "stale temp directories remain: {left:?}");
 }
@@ -261,24 +267,41 @@ fn sigint_during_calibration_stops_the_run_within_a_second() {
         if text.contains("calibrating on") {
             break;
         }
-        assert!(child.try_wait().unwrap().is_none(), "finished before calibrating:\n{text}");
-        assert!(Instant::now() < deadline, "calibration never started:\n{text}");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "finished before calibrating:\n{text}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "calibration never started:\n{text}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // Well inside the stage.
     std::thread::sleep(Duration::from_millis(200));
-    assert!(child.try_wait().unwrap().is_none(), "finished during the wait");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "finished during the wait"
+    );
     signal(&child, "-INT");
     let sent = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(sent.elapsed() < Duration::from_secs(10), "SIGINT ignored for 10 s");
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "SIGINT ignored for 10 s"
+        );
         std::thread::sleep(Duration::from_millis(5));
     };
     let took = sent.elapsed();
-    assert_eq!(status.code(), Some(130), "{}", std::fs::read_to_string(&log).unwrap());
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
     // One second, plus slack for a machine shared with parallel builds.
     assert!(took < Duration::from_millis(1500), "stopped after {took:?}");
     assert!(!dest.exists());

@@ -113,9 +113,7 @@ fn field(msg: Msg, tag: u32) -> Field {
         (Program, 2) => entry(Val::Function),
         (Program, 3) => Field::Str,
         (Program, 4) => entry(Val::Value),
-        (Function, 1) | (Block, 1) | (Operation, 3) => {
-            m::<proto::NamedValueType>(NamedValueType)
-        }
+        (Function, 1) | (Block, 1) | (Operation, 3) => m::<proto::NamedValueType>(NamedValueType),
         (Function, 2) => Field::Str,
         (Function, 3) => entry(Val::Block),
         (Function | Block, 4) | (Operation, 5) => entry(Val::Value),

@@ -13,8 +13,6 @@ use thiserror::Error;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, EmitReport, Metadata, PythonEnv};
 use crate::fsutil::{atomic_write, read_input};
-use crate::runtime::chat::MAX_CONFIG_BYTES;
-use crate::runtime::text::MAX_TOKENIZER_BYTES;
 use crate::graph::llama::{self, StepOptions};
 use crate::graph::scaling::{ActivationRanges, Scaling};
 use crate::graph::GraphError;
@@ -25,6 +23,8 @@ use crate::model::calibrate::{self, ActivationStats, CalibrationOptions};
 use crate::model::ReferenceError;
 use crate::progress::Progress;
 use crate::quant::{self, QuantError};
+use crate::runtime::chat::MAX_CONFIG_BYTES;
+use crate::runtime::text::MAX_TOKENIZER_BYTES;
 
 /// Precision the program computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -361,12 +361,11 @@ pub fn text_tokens(
 ) -> Result<(Vec<u32>, String), ConvertError> {
     let path = ckpt.dir().join("tokenizer.json");
     if path.is_file() {
-        let tok = crate::runtime::text::load_tokenizer(&path).map_err(|e| {
-            ConvertError::Tokenizer {
+        let tok =
+            crate::runtime::text::load_tokenizer(&path).map_err(|e| ConvertError::Tokenizer {
                 path: path.clone(),
                 message: e.to_string(),
-            }
-        })?;
+            })?;
         let enc = tok
             .encode(text, false)
             .map_err(|e| ConvertError::Tokenizer {
@@ -492,8 +491,8 @@ pub fn convert(
     let mut outputs = outputs;
     if tokenizer_src.is_file() {
         let dest = outputs.tokenizer.clone().unwrap_or_default();
-        let bytes = read_input(&tokenizer_src, MAX_TOKENIZER_BYTES)
-            .map_err(io_err(&tokenizer_src))?;
+        let bytes =
+            read_input(&tokenizer_src, MAX_TOKENIZER_BYTES).map_err(io_err(&tokenizer_src))?;
         atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
     } else {
         outputs.tokenizer = None;
@@ -501,8 +500,7 @@ pub fn convert(
     let config_src = ckpt.dir().join("tokenizer_config.json");
     match outputs.tokenizer_config.clone() {
         Some(dest) if config_src.is_file() => {
-            let bytes =
-                read_input(&config_src, MAX_CONFIG_BYTES).map_err(io_err(&config_src))?;
+            let bytes = read_input(&config_src, MAX_CONFIG_BYTES).map_err(io_err(&config_src))?;
             atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
         }
         _ => outputs.tokenizer_config = None,

@@ -155,9 +155,11 @@ pub fn calibration_tokens(
     let (ids, source) = match calibration {
         Some(path) => {
             let text =
-                crate::fsutil::read_input_text(path, MAX_CALIBRATION_BYTES).map_err(|source| JobError::CalibrationText {
-                    path: path.to_path_buf(),
-                    source,
+                crate::fsutil::read_input_text(path, MAX_CALIBRATION_BYTES).map_err(|source| {
+                    JobError::CalibrationText {
+                        path: path.to_path_buf(),
+                        source,
+                    }
                 })?;
             let label = path.display().to_string();
             convert::text_tokens(ckpt, &text, &label)?
@@ -180,9 +182,11 @@ pub fn calibration_tokens(
 pub fn evaluation_text(path: Option<&Path>) -> Result<(String, String), JobError> {
     Ok(match path {
         Some(p) => (
-            crate::fsutil::read_input_text(p, MAX_CALIBRATION_BYTES).map_err(|source| JobError::Read {
-                path: p.to_path_buf(),
-                source,
+            crate::fsutil::read_input_text(p, MAX_CALIBRATION_BYTES).map_err(|source| {
+                JobError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                }
             })?,
             p.display().to_string(),
         ),

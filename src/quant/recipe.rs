@@ -382,10 +382,11 @@ impl Recipe {
 
     /// Read a recipe file (a regular file of at most 1 MiB).
     pub fn from_file(path: &Path) -> Result<Self, QuantError> {
-        let text = crate::fsutil::read_input_text(path, 1 << 20).map_err(|e| QuantError::Recipe {
-            path: path.to_path_buf(),
-            error: RecipeError::Read(e.to_string()),
-        })?;
+        let text =
+            crate::fsutil::read_input_text(path, 1 << 20).map_err(|e| QuantError::Recipe {
+                path: path.to_path_buf(),
+                error: RecipeError::Read(e.to_string()),
+            })?;
         Self::parse(&text, &path.display().to_string())
     }
 

@@ -117,9 +117,11 @@ impl ChatTemplate {
 
     /// The template and special tokens of a tokenizer_config.json file.
     pub fn from_tokenizer_config(path: &Path) -> Result<Self, ChatError> {
-        let text = crate::fsutil::read_input_text(path, MAX_CONFIG_BYTES).map_err(|source| ChatError::Io {
-            path: path.into(),
-            source,
+        let text = crate::fsutil::read_input_text(path, MAX_CONFIG_BYTES).map_err(|source| {
+            ChatError::Io {
+                path: path.into(),
+                source,
+            }
         })?;
         let json: serde_json::Value =
             serde_json::from_str(&text).map_err(|source| ChatError::Json {
@@ -435,10 +437,15 @@ mod tests {
     #[test]
     fn an_endless_template_runs_out_of_fuel_within_a_second() {
         let started = std::time::Instant::now();
-        let src = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let src =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
         let err = render(src, &[]).unwrap_err();
         assert!(err.to_string().contains("fuel"), "{err}");
-        assert!(started.elapsed().as_secs_f64() < 1.0, "{:?}", started.elapsed());
+        assert!(
+            started.elapsed().as_secs_f64() < 1.0,
+            "{:?}",
+            started.elapsed()
+        );
         // A real conversation renders well within the fuel.
         let msgs: Vec<Message> = (0..200)
             .map(|i| Message {

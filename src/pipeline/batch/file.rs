@@ -698,10 +698,13 @@ pub const MAX_BATCH_FILE_BYTES: u64 = 1 << 20;
 impl BatchFile {
     /// Read, check and expand a batch file.
     pub fn load(path: &Path) -> Result<BatchFile, BatchError> {
-        let text = crate::fsutil::read_input_text(path, MAX_BATCH_FILE_BYTES).map_err(|source| BatchError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::fsutil::read_input_text(path, MAX_BATCH_FILE_BYTES).map_err(|source| {
+                BatchError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         Self::parse(path, &text)
     }
 

@@ -180,9 +180,10 @@ fn result_elements(op: Op, args: &Args) -> Option<u64> {
     use Op::*;
     let get = |k: &str| args.opt(k);
     match op {
-        Add | Sub | Mul | RealDiv | Pow | Maximum | Minimum | FloorDiv | Mod | Less
-        | LessEqual | Greater | GreaterEqual | Equal | NotEqual | LogicalAnd | LogicalOr
-        | LogicalXor => Some(product(&broadcast(&get("x")?.shape, &get("y")?.shape)?)),
+        Add | Sub | Mul | RealDiv | Pow | Maximum | Minimum | FloorDiv | Mod | Less | LessEqual
+        | Greater | GreaterEqual | Equal | NotEqual | LogicalAnd | LogicalOr | LogicalXor => {
+            Some(product(&broadcast(&get("x")?.shape, &get("y")?.shape)?))
+        }
         Select => {
             let ca = broadcast(&get("cond")?.shape, &get("a")?.shape)?;
             Some(product(&broadcast(&ca, &get("b")?.shape)?))
@@ -230,7 +231,11 @@ fn range_elements(args: &Args) -> Option<u64> {
         return Some(if st == 0.0 { 0 } else { u64::MAX });
     }
     let n = ((e - s) / st).ceil().max(0.0);
-    Some(if n >= u64::MAX as f64 { u64::MAX } else { n as u64 })
+    Some(if n >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        n as u64
+    })
 }
 
 fn matmul_elements(args: &Args) -> Option<u64> {
@@ -251,7 +256,11 @@ fn matmul_elements(args: &Args) -> Option<u64> {
     let m = if tx { xs[xr - 1] } else { xs[xr - 2] };
     let n = if ty { ys[yr - 2] } else { ys[yr - 1] };
     let batch = broadcast(&xs[..xr - 2], &ys[..yr - 2])?;
-    Some(product(&batch).saturating_mul(m as u64).saturating_mul(n as u64))
+    Some(
+        product(&batch)
+            .saturating_mul(m as u64)
+            .saturating_mul(n as u64),
+    )
 }
 
 #[cfg(test)]
@@ -278,7 +287,9 @@ mod tests {
         assert!(l.check_type(&ty(DType::F16, vec![1 << 20, 32])).is_ok());
         assert!(l.check_type(&ty(DType::F16, vec![1 << 20, 33])).is_err());
         assert!(l.check_type(&ty(DType::I32, vec![1 << 20, 17])).is_err());
-        assert!(l.check_type(&ty(DType::F32, vec![1 << 20, 1 << 20])).is_err());
+        assert!(l
+            .check_type(&ty(DType::F32, vec![1 << 20, 1 << 20]))
+            .is_err());
     }
 
     #[test]

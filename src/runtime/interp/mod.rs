@@ -234,12 +234,10 @@ impl Program {
         let const_bytes = ld.const_bytes;
         schedule_frees(&mut instrs, &outputs, &consts);
         let peak = peak_live_bytes(&inputs, &instrs, const_bytes);
-        limits
-            .check_peak(peak)
-            .map_err(|msg| RuntimeError::Limit {
-                what: format!("{}", pkg.model_path().display()),
-                msg,
-            })?;
+        limits.check_peak(peak).map_err(|msg| RuntimeError::Limit {
+            what: format!("{}", pkg.model_path().display()),
+            msg,
+        })?;
         store_linear_weights_half(&mut consts, &instrs);
         Ok(Program {
             options,
@@ -497,7 +495,11 @@ impl Loader<'_> {
 
     /// Decode a constant value after checking its declared size, alone and added to every
     /// constant decoded before it.
-    fn value(&mut self, v: &proto::Value, what: &str) -> Result<mlpackage::TensorData, RuntimeError> {
+    fn value(
+        &mut self,
+        v: &proto::Value,
+        what: &str,
+    ) -> Result<mlpackage::TensorData, RuntimeError> {
         let ty = self.declared(v.r#type.as_ref(), what)?;
         let total = self.const_bytes.saturating_add(limits::type_bytes(&ty));
         self.limits
@@ -587,7 +589,11 @@ impl Loader<'_> {
 
 /// Free each computed value after its last reader; outputs and constants are kept. A value
 /// nobody reads is freed right after the instruction that made it.
-fn schedule_frees(instrs: &mut [Instr], outputs: &[(String, usize)], consts: &[(usize, Arc<Tensor>)]) {
+fn schedule_frees(
+    instrs: &mut [Instr],
+    outputs: &[(String, usize)],
+    consts: &[(usize, Arc<Tensor>)],
+) {
     let mut last: HashMap<usize, usize> = HashMap::new();
     for (i, ins) in instrs.iter().enumerate() {
         for (s, _) in &ins.outputs {
@@ -622,9 +628,9 @@ fn peak_live_bytes(
     const_bytes: u64,
 ) -> u64 {
     let mut size: HashMap<usize, u64> = HashMap::new();
-    let mut live = inputs
-        .iter()
-        .fold(const_bytes, |a, (_, _, t)| a.saturating_add(limits::type_bytes(t)));
+    let mut live = inputs.iter().fold(const_bytes, |a, (_, _, t)| {
+        a.saturating_add(limits::type_bytes(t))
+    });
     let mut peak = live;
     for ins in instrs {
         for (s, ty) in &ins.outputs {
