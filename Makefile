@@ -127,7 +127,7 @@ bench-convert: build setup model
 # and leaves the input in fuzz/artifacts/TARGET/: copy it to tests/fuzz/TARGET/ so
 # tests/fuzz_regressions.rs replays it in `make test`.
 FUZZ_SECONDS ?= 180
-FUZZ_TARGETS := checkpoint gguf mlpackage
+FUZZ_TARGETS := checkpoint gguf mlpackage interp batch
 .PHONY: fuzz
 fuzz:
 	if ! rustup run nightly rustc --version >/dev/null 2>&1; then

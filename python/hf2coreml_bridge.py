@@ -237,7 +237,25 @@ def _write_without_copies():
     helper._get_offset_by_writing_data = write
 
 
+# coremltools' own temporaries (ct.convert's /tmp/tmpXXXX.mlpackage, the size of the package)
+# go in this folder inside `out_dir`, the run's hidden .partial directory: Rust removes that
+# on failure and Ctrl-C, and the next run removes it after a SIGKILL (issue 27, item 10).
+SCRATCH_NAME = ".coremltools-tmp"
+
+
 def _emit(desc_json, dense, luts, meta_json, precision, out_dir):
+    scratch = os.path.join(out_dir, SCRATCH_NAME)
+    os.makedirs(scratch, exist_ok=True)
+    saved_tempdir = tempfile.tempdir
+    tempfile.tempdir = scratch
+    try:
+        return _emit_in(desc_json, dense, luts, meta_json, precision, out_dir)
+    finally:
+        tempfile.tempdir = saved_tempdir
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _emit_in(desc_json, dense, luts, meta_json, precision, out_dir):
     desc = json.loads(desc_json)
     meta = json.loads(meta_json)
     with quiet() as captured:

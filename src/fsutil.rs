@@ -16,6 +16,102 @@ pub fn atomic_write(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Open `path` for reading only if it is a regular file (symlinks followed). A FIFO would
+/// block the open until a writer comes, and /dev/zero or a terminal never ends: a path that
+/// came from input is never one of those (issue 27, item 6). The file type is checked before
+/// opening and again on the open handle.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    let not_regular = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, device or directory is never read)",
+        )
+    };
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(f)
+}
+
+/// The bytes of the regular file `path`, refused when larger than `limit` (checked before
+/// reading, and the read itself stops at `limit + 1` bytes should the file grow).
+pub fn read_input(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = open_input(path)?;
+    let len = f.metadata()?.len();
+    let too_big = |n: u64| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{n} bytes exceeds the {limit}-byte limit for this file"),
+        )
+    };
+    if len > limit {
+        return Err(too_big(len));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    f.take(limit + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Err(too_big(out.len() as u64));
+    }
+    Ok(out)
+}
+
+/// [`read_input`] as UTF-8 text.
+pub fn read_input_text(path: &Path, limit: u64) -> std::io::Result<String> {
+    String::from_utf8(read_input(path, limit)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
+}
+
+/// `path` made absolute with every symlink and `..` resolved, whether or not it exists: the
+/// existing part is canonicalized, the rest applied lexically. Two spellings of one place
+/// (`o/./x/../a`, a symlinked folder) give the same result.
+pub fn resolved(path: &Path) -> std::io::Result<PathBuf> {
+    use std::path::Component;
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => {
+                out.push(other);
+                if let Ok(real) = out.canonicalize() {
+                    out = real;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// An error when `output` is `input`, contains it or lies inside it (issue 27, item 9):
+/// writing it, or replacing it with `--force`, would destroy the input.
+pub fn refuse_output_over_input(input: &Path, output: &Path) -> std::io::Result<()> {
+    let (i, o) = (resolved(input)?, resolved(output)?);
+    if i.starts_with(&o) || o.starts_with(&i) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "the output {} would overlap the input {} (it is, contains or lies inside \
+                 it): choose an output elsewhere",
+                output.display(),
+                input.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Check, without leaving anything behind, that `dest` could be created: its nearest existing
 /// ancestor is a directory we can create files in. Lets a command refuse an unwritable output
 /// before minutes of work instead of after.
@@ -60,19 +156,14 @@ pub fn check_writable(dest: &Path) -> std::io::Result<()> {
 pub struct AtomicDir {
     tmp: Option<tempfile::TempDir>,
     dest: PathBuf,
+    force: bool,
 }
 
 impl AtomicDir {
     /// Start building `dest`. Fails if `dest` exists and `force` is false.
     pub fn new(dest: &Path, force: bool) -> std::io::Result<Self> {
-        if dest.exists() && !force {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                format!(
-                    "{} already exists (use --force to replace it)",
-                    dest.display()
-                ),
-            ));
+        if dest.symlink_metadata().is_ok() && !force {
+            return Err(already_exists(dest, "use --force to replace it"));
         }
         let parent = parent_dir(dest);
         std::fs::create_dir_all(parent)?;
@@ -85,6 +176,7 @@ impl AtomicDir {
         Ok(AtomicDir {
             tmp: Some(tmp),
             dest: dest.to_path_buf(),
+            force,
         })
     }
 
@@ -97,8 +189,25 @@ impl AtomicDir {
         &self.dest
     }
 
-    /// Move the finished directory into place, replacing any existing `dest`.
+    /// Move the finished directory into place. Without `force` the rename never replaces
+    /// anything: when another run created `dest` meanwhile (two converts to one output), it
+    /// fails with `AlreadyExists` and this run's directory is removed; the first one to
+    /// finish wins (issue 27, item 8). With `force` an existing `dest` is replaced.
     pub fn commit(mut self) -> std::io::Result<PathBuf> {
+        if !self.force {
+            let tmp = self.tmp.as_ref().expect("commit once");
+            rename_no_replace(tmp.path(), &self.dest).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    already_exists(&self.dest, "another run created it meanwhile")
+                } else {
+                    e
+                }
+            })?;
+            let tmp = self.tmp.take().expect("commit once");
+            keep_on_interrupt(tmp.path());
+            let _ = tmp.keep();
+            return Ok(self.dest.clone());
+        }
         let tmp = self.tmp.take().expect("commit once");
         keep_on_interrupt(tmp.path());
         let tmp_path = tmp.keep();
@@ -122,6 +231,49 @@ impl AtomicDir {
         }
         Ok(self.dest.clone())
     }
+}
+
+fn already_exists(dest: &Path, why: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("{} already exists ({why})", dest.display()),
+    )
+}
+
+/// Rename `from` to `to`, failing with `AlreadyExists` if `to` exists, atomically
+/// (renameat2 with RENAME_NOREPLACE on Linux). Elsewhere, or on a file system without it,
+/// a hard check just before the rename.
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+        };
+        let (f, t) = (c(from)?, c(to)?);
+        // SAFETY: both are valid NUL-terminated paths that outlive the call.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                f.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOSYS) {
+            return Err(e);
+        }
+    }
+    if to.symlink_metadata().is_ok() {
+        return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+    }
+    std::fs::rename(from, to)
 }
 
 impl Drop for AtomicDir {
@@ -148,6 +300,24 @@ pub fn remove_on_interrupt(dir: &Path) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push(dir.to_path_buf());
+}
+
+/// Handle SIGINT, SIGTERM and SIGHUP from now on: remove the registered directories and exit
+/// with 128 + the signal (130 for Ctrl-C) within a moment, whatever stage is running. The
+/// binary calls this first thing, before any Python exists: an embedded Python that finds
+/// SIGINT at its default installs its own handler, which only sets a flag that Rust code
+/// (calibration, palettization) never checks, so Ctrl-C went unheard for minutes (issue 27,
+/// item 16).
+pub fn handle_interrupts() {
+    #[cfg(unix)]
+    signals::install();
+}
+
+/// Put this module's handlers back after foreign code (Python, a library it imports) may
+/// have replaced them. Does nothing before [`handle_interrupts`].
+pub fn reassert_interrupt_handlers() {
+    #[cfg(unix)]
+    signals::reassert();
 }
 
 /// Stop deleting `dir` on interruption (it was committed or removed).
@@ -216,11 +386,21 @@ mod signals {
             if spawned.is_err() {
                 return;
             }
-            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-                // SAFETY: on_signal only performs an async-signal-safe write(2).
-                unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-            }
+            set_handlers();
         });
+    }
+
+    fn set_handlers() {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: on_signal only performs an async-signal-safe write(2).
+            unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+        }
+    }
+
+    pub(super) fn reassert() {
+        if PIPE.load(Ordering::Relaxed) >= 0 {
+            set_handlers();
+        }
     }
 }
 
@@ -374,5 +554,42 @@ mod tests {
         d.commit().unwrap();
         assert!(dest.join("y").is_file() && !dest.join("x").exists());
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn of_two_runs_to_one_output_without_force_the_first_to_finish_wins() {
+        let root = tempfile::tempdir().unwrap();
+        let dest = root.path().join("out.mlpackage");
+        let a = AtomicDir::new(&dest, false).unwrap();
+        let b = AtomicDir::new(&dest, false).unwrap();
+        std::fs::write(a.path().join("a"), b"1").unwrap();
+        std::fs::write(b.path().join("b"), b"2").unwrap();
+        a.commit().unwrap();
+        let err = b.commit().unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+        assert!(dest.join("a").is_file() && !dest.join("b").exists());
+        // The loser's partial directory is gone.
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn inputs_are_regular_files_read_within_their_limit() {
+        let root = tempfile::tempdir().unwrap();
+        let f = root.path().join("f");
+        std::fs::write(&f, b"hello").unwrap();
+        assert_eq!(read_input(&f, 5).unwrap(), b"hello");
+        assert!(read_input(&f, 4).is_err());
+        assert!(read_input(root.path(), 1 << 20).is_err());
+        #[cfg(unix)]
+        {
+            assert!(read_input(Path::new("/dev/zero"), 1 << 20).is_err());
+            let fifo = root.path().join("fifo");
+            let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+            // SAFETY: a valid path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            // Refused at once (opening a FIFO would block until a writer comes).
+            let err = open_input(&fifo).unwrap_err();
+            assert!(err.to_string().contains("not a regular file"), "{err}");
+        }
     }
 }

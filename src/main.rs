@@ -18,6 +18,8 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    crate::printer::exit_cleanly_on_stdout_errors();
+    hf2coreml::fsutil::handle_interrupts();
     let cli = cli::Cli::parse();
     crate::printer::set_output_mode(cli.quiet, cli.verbose);
     let code = match cli.command.run() {
@@ -28,12 +30,13 @@ fn main() {
                 None => exit_code_for(&err),
             };
             // A failed check already printed its report; say why in one line.
-            eprintln!("error: {err}");
+            let esc = |s: String| printer::escape_controls(&s).into_owned();
+            eprintln!("error: {}", esc(err.to_string()));
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", esc(cause.to_string()));
             }
             if let Some(hint) = hint_for(&err) {
-                eprintln!("hint: {hint}");
+                eprintln!("hint: {}", esc(hint));
             }
             code
         }

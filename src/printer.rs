@@ -1,12 +1,35 @@
 //! The one place that writes to the terminal's stderr: the output mode (`--quiet`,
 //! `--verbose`), notes, details and progress bars (hidden when stderr is not a terminal).
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static QUIET: AtomicBool = AtomicBool::new(false);
 static VERBOSE: AtomicBool = AtomicBool::new(false);
 static BARS_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Exit cleanly (code 3, one line on stderr) when writing results to stdout fails, e.g.
+/// `> /dev/full` (issue 27, item 13). Commands print their results with `println!`, which
+/// panics on a write error; this hook turns exactly that panic, wherever it happens, into
+/// an error message and exit code 3, and leaves every other panic to the default hook.
+/// Outputs are committed before results are printed, so nothing is left half-written.
+pub fn exit_cleanly_on_stdout_errors() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") {
+            // stderr may be full too: ignore that error rather than panic inside the hook.
+            let _ = writeln!(std::io::stderr(), "error: cannot write the results: {msg}");
+            std::process::exit(hf2coreml::error::ExitCode::Environment as i32);
+        }
+        default(info);
+    }));
+}
 
 /// The process-wide output mode, set once from `--quiet` / `--verbose`.
 pub fn set_output_mode(quiet: bool, verbose: bool) {
@@ -33,15 +56,39 @@ pub fn is_verbose() -> bool {
 /// A progress note on stderr (suppressed by `--quiet`).
 pub fn info(message: impl std::fmt::Display) {
     if !is_quiet() {
-        eprintln!("{message}");
+        eprintln!("{}", escape_controls(&message.to_string()));
     }
 }
 
 /// A detail on stderr, shown with `--verbose` only.
 pub fn detail(message: impl std::fmt::Display) {
     if is_verbose() {
-        eprintln!("{message}");
+        eprintln!("{}", escape_controls(&message.to_string()));
     }
+}
+
+/// `text` with the characters a terminal would act on escaped as `\u{..}`: control
+/// characters other than newline and tab (ESC starts colour and cursor sequences, BEL rings)
+/// and the bidirectional overrides that reorder what is shown (issue 27, item 15). Messages
+/// quote names and values from files (config.json, packages, batch files): a file must not
+/// be able to drive the terminal.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    let acts = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
+    };
+    if !text.chars().any(acts) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if acts(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// True when progress bars and colours make sense: stderr is a terminal, and neither `CI`,

@@ -88,7 +88,7 @@ fn partials(out: &Path) -> Vec<PathBuf> {
 }
 
 /// Start a conversion and signal it at `point`. Returns whether it was killed (false: it
-/// finished before the point was reached).
+/// finished before the point was reached). A run stopped by SIGINT must exit with 130.
 fn convert_and_kill(ckpt: &Path, dest: &Path, point: Point, sig: &str) -> bool {
     let out = dest.parent().unwrap();
     let before = partials(out);
@@ -124,6 +124,9 @@ fn convert_and_kill(ckpt: &Path, dest: &Path, point: Point, sig: &str) -> bool {
             .filter(|p| !before.contains(p))
             .collect();
         assert!(fresh.is_empty(), "SIGINT at {point:?} left {fresh:?}");
+        if !status.success() {
+            assert_eq!(status.code(), Some(130), "SIGINT at {point:?}: {status:?}");
+        }
     }
     !status.success()
 }
@@ -145,11 +148,15 @@ fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
     let o = convert_cmd(&ckpt, &dest).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_complete_package(&dest);
+    // A clean build made in this test (packages embed the conversion date): every run that
+    // completes below must produce exactly these bytes.
+    let clean = tree(&dest);
+    assert!(!clean.is_empty());
     // The "old" output a killed run must not damage: the package plus a marker file.
     std::fs::write(dest.join("OLD"), "from an earlier run").unwrap();
     let mut old = tree(&dest);
 
-    let mut killed = 0;
+    let (mut killed, mut interrupted) = (0, 0);
     let points = [
         (Point::After(Duration::from_millis(30)), "-KILL"),
         (Point::After(Duration::from_millis(400)), "-INT"),
@@ -162,6 +169,7 @@ fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
         eprintln!("{sig} at {point:?}: killed {was_killed}");
         if was_killed {
             killed += 1;
+            interrupted += usize::from(sig == "-INT");
             let now = tree(&dest);
             let changed: Vec<&PathBuf> = now
                 .keys()
@@ -173,9 +181,14 @@ fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
                 "{sig} at {point:?} changed the destination: {changed:?}"
             );
         } else {
-            // The run won the race: the destination is the new, complete package.
+            // The run won the race: the destination is the new package, byte for byte the
+            // clean build.
             assert!(!dest.join("OLD").exists());
             assert_complete_package(&dest);
+            assert!(
+                tree(&dest) == clean,
+                "a completed run differs from the clean build"
+            );
             std::fs::write(dest.join("OLD"), "from an earlier run").unwrap();
             old = tree(&dest);
         }
@@ -196,12 +209,104 @@ fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
         killed >= 2,
         "only {killed} of 5 runs were killed before finishing"
     );
+    // SIGINT really reached a run (the SIGKILLs alone would satisfy the count above): 400 ms
+    // after the start lands before Python is imported on any machine.
+    assert!(interrupted >= 1, "no SIGINT landed inside a run");
 
     // A rerun succeeds, replaces the old package and clears the killed runs' temp directories.
     let o = convert_cmd(&ckpt, &dest).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!dest.join("OLD").exists());
     assert_complete_package(&dest);
+    assert!(
+        tree(&dest) == clean,
+        "the rerun differs from the clean build"
+    );
     let left = partials(&out);
     assert!(left.is_empty(), "stale temp directories remain: {left:?}");
+}
+
+/// Ctrl-C while the default (calibrated) recipe is calibrating: the run stops within a second,
+/// exits 130 and leaves nothing behind (issue 27, item 16: Python's handler used to swallow
+/// it until coremltools ran, a minute later).
+#[test]
+fn sigint_during_calibration_stops_the_run_within_a_second() {
+    let root = tempfile::tempdir().unwrap();
+    let ckpt = root.path().join("ckpt");
+    std::fs::create_dir(&ckpt).unwrap();
+    // Wide enough that calibration takes seconds, not milliseconds.
+    TinyModel {
+        layers: 8,
+        hidden: 256,
+        intermediate: 768,
+        heads: 4,
+        kv_heads: 2,
+        vocab: 512,
+        ..TinyModel::llama()
+    }
+    .write(&ckpt)
+    .unwrap();
+    let out = root.path().join("out");
+    let dest = out.join("m.mlpackage");
+    let log = root.path().join("stderr");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("convert")
+        .arg(&ckpt)
+        .arg("-o")
+        .arg(&dest)
+        .args(["--max-seq-len", "16", "--recipe", "default", "--verbose"])
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .env_remove("VIRTUAL_ENV")
+        .env("CI", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("calibrating on") {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "finished before calibrating:\n{text}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "calibration never started:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Well inside the stage.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "finished during the wait"
+    );
+    signal(&child, "-INT");
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "SIGINT ignored for 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = sent.elapsed();
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    // One second, plus slack for a machine shared with parallel builds.
+    assert!(took < Duration::from_millis(1500), "stopped after {took:?}");
+    assert!(!dest.exists());
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

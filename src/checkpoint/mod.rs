@@ -11,7 +11,6 @@ pub mod gguf;
 pub use config::ConfigError;
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -418,7 +417,7 @@ fn read_text_limited(path: &Path, limit: u64, what: &str) -> Result<String, Chec
             message: format!("{len} bytes is too large for {what} (limit {limit})"),
         });
     }
-    std::fs::read_to_string(path).map_err(io)
+    crate::fsutil::read_input_text(path, limit).map_err(io)
 }
 
 impl Checkpoint {
@@ -458,7 +457,7 @@ impl Checkpoint {
                     shard: shard.clone(),
                 });
             }
-            let file = File::open(&path).map_err(|source| CheckpointError::Io {
+            let file = crate::fsutil::open_input(&path).map_err(|source| CheckpointError::Io {
                 path: path.clone(),
                 source,
             })?;

@@ -25,7 +25,13 @@ pub struct ManArgs {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut cmd = Cli::command();
-    clap_complete::generate(args.shell, &mut cmd, "hf2coreml", &mut std::io::stdout());
+    // Generated into memory, then written with the error returned (the generator itself
+    // panics when its writer fails, e.g. a full stdout).
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut cmd, "hf2coreml", &mut script);
+    std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
+        .and_then(|()| std::io::Write::flush(&mut std::io::stdout()))
+        .context("writing the completion script to stdout")?;
     Ok(())
 }
 

@@ -20,6 +20,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    hf2coreml::fsutil::refuse_output_over_input(&args.file, &args.output)?;
     let opts = ImportOptions { force: args.force };
     let r = gguf::import(
         &args.file,

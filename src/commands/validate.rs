@@ -56,8 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // calibrates such checkpoints.
     let (tokens, label) = match &args.tokenizer {
         Some(path) => {
-            let tokenizer = tokenizers::Tokenizer::from_file(path)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let tokenizer = hf2coreml::runtime::text::load_tokenizer(path)?;
             let enc = tokenizer
                 .encode(text.as_str(), false)
                 .map_err(|e| anyhow::anyhow!("tokenizing {name} with {}: {e}", path.display()))?;

@@ -262,6 +262,9 @@ fn on_python_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -
     let (done_tx, done_rx) = mpsc::sync_channel(1);
     let job: Job = Box::new(move || {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // Python (or a module it imported) may have taken over SIGINT: Ctrl-C during the
+        // Rust stages that follow must still stop the run (issue 27, item 16).
+        crate::fsutil::reassert_interrupt_handlers();
         let _ = done_tx.send(r);
     });
     let sent = tx.send(job);
@@ -287,6 +290,10 @@ pub fn when_output_is_ours<R>(f: impl FnOnce() -> R) -> R {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     f()
 }
+
+/// Where the bridge points Python's `tempfile` (its `SCRATCH_NAME`), inside the package's
+/// partial directory.
+pub const COREMLTOOLS_SCRATCH: &str = ".coremltools-tmp";
 
 pub fn emit(
     graph: Graph,
@@ -389,6 +396,12 @@ pub fn emit(
         std::fs::rename(entry.path(), &to).map_err(|e| EmitError::io(&to, e))?;
     }
     std::fs::remove_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
+    // The bridge keeps coremltools' temporaries in this folder of the partial directory and
+    // removes it; should it survive, it must not ship.
+    let scratch = work.join(COREMLTOOLS_SCRATCH);
+    if scratch.exists() {
+        std::fs::remove_dir_all(&scratch).map_err(|e| EmitError::io(&scratch, e))?;
+    }
     let package = out.commit().map_err(|e| EmitError::io(dest, e))?;
     Ok(EmitReport {
         package,

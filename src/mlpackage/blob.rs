@@ -57,7 +57,7 @@ pub struct BlobRecord<'a> {
 
 impl BlobFile {
     pub fn open(path: &Path) -> Result<Self, PackageError> {
-        let file = std::fs::File::open(path).map_err(|source| PackageError::Io {
+        let file = crate::fsutil::open_input(path).map_err(|source| PackageError::Io {
             path: path.to_path_buf(),
             source,
         })?;

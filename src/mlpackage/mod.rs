@@ -5,6 +5,7 @@
 
 pub mod blob;
 pub mod proto;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -439,6 +440,12 @@ impl MlPackage {
             )));
         }
         let bytes = read_limited(&model_path, MAX_MODEL_BYTES)?;
+        wire::check_decoded_size(&bytes, wire::MAX_DECODED_BYTES).map_err(|e| {
+            PackageError::Model {
+                path: model_path.clone(),
+                msg: format!("not a valid Core ML model protobuf: {e}"),
+            }
+        })?;
         let model =
             proto::Model::decode(bytes.as_slice()).map_err(|source| PackageError::Protobuf {
                 path: model_path.clone(),
@@ -661,24 +668,10 @@ fn resolves_inside(root: &Path, path: &Path) -> bool {
 
 /// The contents of a regular file no larger than `limit`, refused before reading otherwise.
 fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, PackageError> {
-    let io = |source| PackageError::Io {
+    crate::fsutil::read_input(path, limit).map_err(|source| PackageError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if !meta.is_file() {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        )));
-    }
-    if meta.len() > limit {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{} bytes exceeds the {limit}-byte limit", meta.len()),
-        )));
-    }
-    std::fs::read(path).map_err(io)
+    })
 }
 
 /// `rel` as a relative path with only normal components, or None if it is absolute or

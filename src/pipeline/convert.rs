@@ -12,7 +12,7 @@ use thiserror::Error;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, EmitReport, Metadata, PythonEnv};
-use crate::fsutil::atomic_write;
+use crate::fsutil::{atomic_write, read_input};
 use crate::graph::llama::{self, StepOptions};
 use crate::graph::scaling::{ActivationRanges, Scaling};
 use crate::graph::GraphError;
@@ -23,6 +23,8 @@ use crate::model::calibrate::{self, ActivationStats, CalibrationOptions};
 use crate::model::ReferenceError;
 use crate::progress::Progress;
 use crate::quant::{self, QuantError};
+use crate::runtime::chat::MAX_CONFIG_BYTES;
+use crate::runtime::text::MAX_TOKENIZER_BYTES;
 
 /// Precision the program computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -146,6 +148,8 @@ pub enum ConvertError {
     },
     #[error("output {0} must end in .mlpackage")]
     OutputName(PathBuf),
+    #[error("output {} is not valid UTF-8: coremltools cannot write it; choose a UTF-8 name", .0.display())]
+    OutputNotUtf8(PathBuf),
     #[error("{0} already exists (use --force to replace it)")]
     Exists(PathBuf),
     #[error("contract JSON: {0}")]
@@ -194,6 +198,11 @@ pub struct Outputs {
 impl Outputs {
     /// `X.mlpackage` → `X.tokenizer.json`, `X.tokenizer_config.json`, `X.report.json`.
     pub fn for_package(package: &Path) -> Result<Self, ConvertError> {
+        // coremltools takes the path as text: a path that is not UTF-8 is refused here,
+        // before anything is written (issue 27, item 14).
+        if package.to_str().is_none() {
+            return Err(ConvertError::OutputNotUtf8(package.to_path_buf()));
+        }
         let name = package
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -244,7 +253,7 @@ const HASHED_FILES: [&str; 4] = [
 ];
 
 pub fn sha256_file(path: &Path) -> Result<String, ConvertError> {
-    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
+    let mut f = crate::fsutil::open_input(path).map_err(io_err(path))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -352,10 +361,11 @@ pub fn text_tokens(
 ) -> Result<(Vec<u32>, String), ConvertError> {
     let path = ckpt.dir().join("tokenizer.json");
     if path.is_file() {
-        let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| ConvertError::Tokenizer {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        let tok =
+            crate::runtime::text::load_tokenizer(&path).map_err(|e| ConvertError::Tokenizer {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
         let enc = tok
             .encode(text, false)
             .map_err(|e| ConvertError::Tokenizer {
@@ -481,7 +491,8 @@ pub fn convert(
     let mut outputs = outputs;
     if tokenizer_src.is_file() {
         let dest = outputs.tokenizer.clone().unwrap_or_default();
-        let bytes = std::fs::read(&tokenizer_src).map_err(io_err(&tokenizer_src))?;
+        let bytes =
+            read_input(&tokenizer_src, MAX_TOKENIZER_BYTES).map_err(io_err(&tokenizer_src))?;
         atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
     } else {
         outputs.tokenizer = None;
@@ -489,7 +500,7 @@ pub fn convert(
     let config_src = ckpt.dir().join("tokenizer_config.json");
     match outputs.tokenizer_config.clone() {
         Some(dest) if config_src.is_file() => {
-            let bytes = std::fs::read(&config_src).map_err(io_err(&config_src))?;
+            let bytes = read_input(&config_src, MAX_CONFIG_BYTES).map_err(io_err(&config_src))?;
             atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
         }
         _ => outputs.tokenizer_config = None,

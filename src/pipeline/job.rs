@@ -24,6 +24,9 @@ use crate::progress::Progress;
 use crate::quant::{self, QuantError, Recipe};
 use crate::util::{fmt_bytes, fmt_count};
 
+/// Largest `--calibration` text read (calibration uses a few thousand tokens of it).
+const MAX_CALIBRATION_BYTES: u64 = 64 << 20;
+
 /// A plan's shape that no package can have.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ShapeError {
@@ -171,9 +174,11 @@ pub fn calibration_tokens(
     let (ids, source) = match calibration {
         Some(path) => {
             let text =
-                std::fs::read_to_string(path).map_err(|source| JobError::CalibrationText {
-                    path: path.to_path_buf(),
-                    source,
+                crate::fsutil::read_input_text(path, MAX_CALIBRATION_BYTES).map_err(|source| {
+                    JobError::CalibrationText {
+                        path: path.to_path_buf(),
+                        source,
+                    }
                 })?;
             let label = path.display().to_string();
             convert::text_tokens(ckpt, &text, &label)?
@@ -196,9 +201,11 @@ pub fn calibration_tokens(
 pub fn evaluation_text(path: Option<&Path>) -> Result<(String, String), JobError> {
     Ok(match path {
         Some(p) => (
-            std::fs::read_to_string(p).map_err(|source| JobError::Read {
-                path: p.to_path_buf(),
-                source,
+            crate::fsutil::read_input_text(p, MAX_CALIBRATION_BYTES).map_err(|source| {
+                JobError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                }
             })?,
             p.display().to_string(),
         ),
@@ -257,6 +264,8 @@ impl Job {
     pub fn check(&self) -> Result<(), JobError> {
         check_shape(self.max_seq_len, self.query_len)?;
         Outputs::for_package(&self.output)?;
+        crate::fsutil::refuse_output_over_input(&self.source, &self.output)
+            .map_err(JobError::Unwritable)?;
         // Refuse an output that cannot be written before minutes of work, not after.
         crate::fsutil::check_writable(&self.output).map_err(JobError::Unwritable)?;
         Ok(())

@@ -380,12 +380,13 @@ impl Recipe {
         Self::from_file(arg)
     }
 
-    /// Read a recipe file.
+    /// Read a recipe file (a regular file of at most 1 MiB).
     pub fn from_file(path: &Path) -> Result<Self, QuantError> {
-        let text = std::fs::read_to_string(path).map_err(|e| QuantError::Recipe {
-            path: path.to_path_buf(),
-            error: RecipeError::Read(e.to_string()),
-        })?;
+        let text =
+            crate::fsutil::read_input_text(path, 1 << 20).map_err(|e| QuantError::Recipe {
+                path: path.to_path_buf(),
+                error: RecipeError::Read(e.to_string()),
+            })?;
         Self::parse(&text, &path.display().to_string())
     }
 

@@ -53,6 +53,12 @@ pub enum ChatError {
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
+/// Template instructions one rendering may execute. Real chat templates render a
+/// conversation in a few thousand; a million leaves room for long conversations and stops
+/// a hostile loop within a second.
+pub const MAX_TEMPLATE_FUEL: u64 = 1_000_000;
+/// Largest tokenizer_config.json read (real ones are a few kB to a few hundred kB).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// A compiled chat template plus the special tokens it may refer to.
 pub struct ChatTemplate {
@@ -90,6 +96,9 @@ impl ChatTemplate {
                 detail: e.to_string(),
             })?;
         env.set_syntax(syntax);
+        // A template is input: one that loops for ever (nested `range(100000)`) runs out of
+        // fuel instead of spinning the CPU (issue 27, item 7).
+        env.set_fuel(Some(MAX_TEMPLATE_FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
         env.set_unknown_method_callback(python_method);
@@ -108,9 +117,11 @@ impl ChatTemplate {
 
     /// The template and special tokens of a tokenizer_config.json file.
     pub fn from_tokenizer_config(path: &Path) -> Result<Self, ChatError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ChatError::Io {
-            path: path.into(),
-            source,
+        let text = crate::fsutil::read_input_text(path, MAX_CONFIG_BYTES).map_err(|source| {
+            ChatError::Io {
+                path: path.into(),
+                source,
+            }
         })?;
         let json: serde_json::Value =
             serde_json::from_str(&text).map_err(|source| ChatError::Json {
@@ -421,6 +432,29 @@ mod tests {
     fn render(src: &str, messages: &[Message]) -> Result<String, ChatError> {
         ChatTemplate::new(src, "test", Some("<s>".into()), Some("</s>".into()))?
             .render(messages, true)
+    }
+
+    #[test]
+    fn an_endless_template_runs_out_of_fuel_within_a_second() {
+        let started = std::time::Instant::now();
+        let src =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let err = render(src, &[]).unwrap_err();
+        assert!(err.to_string().contains("fuel"), "{err}");
+        assert!(
+            started.elapsed().as_secs_f64() < 1.0,
+            "{:?}",
+            started.elapsed()
+        );
+        // A real conversation renders well within the fuel.
+        let msgs: Vec<Message> = (0..200)
+            .map(|i| Message {
+                role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+                content: "hello there".into(),
+            })
+            .collect();
+        let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+        assert!(render(chatml, &msgs).is_ok());
     }
 
     #[test]

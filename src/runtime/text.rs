@@ -39,11 +39,18 @@ pub fn beside_package(pkg: &Path, suffix: &str) -> PathBuf {
     pkg.with_file_name(format!("{stem}.{suffix}"))
 }
 
+/// Largest tokenizer.json read (real ones are 2-10 MB; Llama 3's is 9 MB).
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
+/// Load a tokenizer.json: a regular file of at most [`MAX_TOKENIZER_BYTES`].
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, TextError> {
-    Tokenizer::from_file(path).map_err(|e| TextError::Load {
+    let load = |detail: String| TextError::Load {
         path: path.into(),
-        detail: e.to_string(),
-    })
+        detail,
+    };
+    let bytes =
+        crate::fsutil::read_input(path, MAX_TOKENIZER_BYTES).map_err(|e| load(e.to_string()))?;
+    Tokenizer::from_bytes(bytes).map_err(|e| load(e.to_string()))
 }
 
 /// What the user asked the model to continue.

@@ -2,7 +2,8 @@
 //! suite replays every input that ever crashed a target (tests/fuzz_regressions.rs) through
 //! exactly the same code. Each function feeds hostile bytes to a reader and walks whatever it
 //! accepts; returning at all is the property under test (errors are expected, panics, hangs and
-//! huge allocations are bugs).
+//! huge allocations are bugs). Each returns whether the input was accepted all the way, so the
+//! regression test can also check that every valid seed still is.
 
 use std::path::Path;
 
@@ -38,44 +39,45 @@ pub fn checkpoint_input(config: &str, safetensors: &[u8]) -> Vec<u8> {
 /// Checkpoint target: `data` is config.json (u16-length-prefixed) then a model.safetensors.
 /// Both are parsed from memory, then written into `scratch` (a directory, reused) and opened as
 /// a checkpoint: expected tensors checked, every weight scanned for NaN/Inf and converted.
-pub fn checkpoint(data: &[u8], scratch: &Path) {
+pub fn checkpoint(data: &[u8], scratch: &Path) -> bool {
     let (config, weights) = split_prefixed(data);
     let config = String::from_utf8_lossy(config);
-    let _ = ModelSpec::from_config_str(&config);
-    let _ = parse_safetensors(Path::new("fuzz.safetensors"), weights);
+    let mut ok = ModelSpec::from_config_str(&config).is_ok();
+    ok &= parse_safetensors(Path::new("fuzz.safetensors"), weights).is_ok();
     if std::fs::create_dir_all(scratch).is_err()
         || std::fs::write(scratch.join("config.json"), config.as_bytes()).is_err()
         || std::fs::write(scratch.join("model.safetensors"), weights).is_err()
     {
-        return;
+        return false;
     }
     let Ok(ckpt) = Checkpoint::open(scratch) else {
-        return;
+        return false;
     };
-    let _ = ckpt.check_finite();
+    ok &= ckpt.check_finite().is_ok();
     for slot in ckpt.slots() {
-        if let Ok(t) = ckpt.tensor(&slot.name) {
-            let _ = t.to_f16();
-        }
+        ok &= ckpt.tensor(&slot.name).is_ok_and(|t| t.to_f16().is_ok());
     }
+    ok
 }
 
 /// GGUF target: `data` is a GGUF file. The header is read from memory, then the llama
 /// hyperparameters, the tokenizer and the tensor plan, and every small tensor is dequantized.
-pub fn gguf(data: &[u8]) {
+pub fn gguf(data: &[u8]) -> bool {
     let Ok(mut g) = GgufFile::from_bytes(Path::new("fuzz.gguf"), data.to_vec()) else {
-        return;
+        return false;
     };
+    let mut ok = true;
     let tensors = g.tensors().to_vec();
     for t in tensors
         .iter()
         .filter(|t| t.n_bytes <= MAX_FUZZ_TENSOR_BYTES)
     {
-        let _ = g.read_f32(t);
+        ok &= g.read_f32(t).is_ok();
     }
-    let _ = gguf::tokenizer::build(&g);
-    if let Ok(hp) = LlamaHParams::from_gguf(&g) {
-        let _ = gguf::plan_tensors(&g, &hp);
+    ok &= gguf::tokenizer::build(&g).is_ok();
+    match LlamaHParams::from_gguf(&g) {
+        Ok(hp) => ok && gguf::plan_tensors(&g, &hp).is_ok(),
+        Err(_) => false,
     }
 }
 
@@ -91,7 +93,16 @@ pub fn mlpackage_input(model: &[u8], weights: &[u8]) -> Vec<u8> {
 /// under `scratch` (a directory, reused) with the standard Manifest.json. The package is
 /// opened, its description and main function read, and its program compiled (every constant
 /// decoded, every argument resolved).
-pub fn mlpackage(data: &[u8], scratch: &Path) {
+pub fn mlpackage(data: &[u8], scratch: &Path) -> bool {
+    let Some(pkg) = open_package(data, scratch) else {
+        return false;
+    };
+    let described = !pkg.description().inputs.is_empty() || pkg.model().description.is_some();
+    pkg.main_function().is_ok() && Program::load(&pkg, Options::default()).is_ok() && described
+}
+
+/// Split an mlpackage input, write it under `scratch` and open it.
+fn open_package(data: &[u8], scratch: &Path) -> Option<MlPackage> {
     let (model, weights) = if data.len() < 4 {
         (data, &[][..])
     } else {
@@ -100,15 +111,56 @@ pub fn mlpackage(data: &[u8], scratch: &Path) {
         (&data[4..4 + n], &data[4 + n..])
     };
     let dir = scratch.join("fuzz.mlpackage");
-    if fixture::write_package(&dir, fixture::MANIFEST, model, weights).is_err() {
-        return;
-    }
-    let Ok(pkg) = MlPackage::open(&dir) else {
-        return;
+    fixture::write_package(&dir, fixture::MANIFEST, model, weights).ok()?;
+    MlPackage::open(&dir).ok()
+}
+
+/// Interpreter target: `data` is an mlpackage input (as for [`mlpackage`]). The program is
+/// loaded under small limits (64 MiB for everything live) and run once on inputs of its
+/// declared shapes (zeros): the loader's and the kernels' checks are under test, including
+/// the refusal of ops whose computed size disagrees with the declared one.
+pub fn interp(data: &[u8], scratch: &Path) -> bool {
+    use crate::runtime::interp::limits::Limits;
+    use crate::runtime::interp::{Data, Tensor};
+    let Some(pkg) = open_package(data, scratch) else {
+        return false;
     };
-    let _ = pkg.description();
-    let _ = pkg.main_function();
-    let _ = Program::load(&pkg, Options::default());
+    let limits = Limits::new(0, 256 << 20);
+    let Ok(prog) = Program::load_with(&pkg, Options::default(), limits) else {
+        return false;
+    };
+    let inputs: Vec<(&str, Tensor)> = prog
+        .inputs()
+        .map(|(name, ty)| {
+            let n = ty.shape.iter().product::<usize>();
+            let data = if ty.dtype.is_float() {
+                Data::F(vec![0.0; n])
+            } else {
+                Data::I(vec![0; n])
+            };
+            (name, Tensor::new(ty.dtype, ty.shape.clone(), data))
+        })
+        .collect();
+    prog.run(inputs, None).is_ok()
+}
+
+/// Batch-file target: `data` is the text of a batch file (lossily UTF-8). It is parsed and
+/// expanded, every export described and its recipe resolved (built-in and inline recipes;
+/// recipe files are not read), and the selection by shard and name run.
+pub fn batch(data: &[u8]) -> bool {
+    use crate::pipeline::batch::BatchFile;
+    let text = String::from_utf8_lossy(data);
+    let Ok(file) = BatchFile::parse(Path::new("/fuzz/batch.toml"), &text) else {
+        return false;
+    };
+    let mut ok = true;
+    for e in &file.exports {
+        ok &= !e.recipe.describe().is_empty();
+        if !matches!(e.recipe, crate::pipeline::batch::RecipeSource::File(_)) {
+            ok &= e.recipe.load().is_ok();
+        }
+    }
+    ok
 }
 
 /// Write seed corpora for the three targets into `out/{checkpoint,gguf,mlpackage}/`, built from
@@ -171,13 +223,21 @@ pub fn write_seeds(out: &Path) -> std::io::Result<usize> {
         write("gguf", format!("seed-{i}"), &g.build().writer.to_bytes())?;
     }
     let (model, weights) = fixture::tiny_program();
-    write(
-        "mlpackage",
-        "seed-0".into(),
-        &mlpackage_input(&model.encode_to_vec(), &weights),
-    )?;
+    let program = mlpackage_input(&model.encode_to_vec(), &weights);
+    write("mlpackage", "seed-0".into(), &program)?;
+    write("interp", "seed-0".into(), &program)?;
+    for (i, text) in BATCH_SEEDS.iter().enumerate() {
+        write("batch", format!("seed-{i}"), text.as_bytes())?;
+    }
     Ok(n)
 }
+
+/// Batch files the batch target starts from: the README's forms (axes, defaults, inline
+/// recipes, templates).
+pub const BATCH_SEEDS: [&str; 2] = [
+    "[[export]]\nmodel = \"m\"\noutput = \"out/{model}-{max_seq_len}.mlpackage\"\nmax_seq_len = [512, 2048]\n",
+    "[defaults]\nrecipe = \"data-free-4bit\"\n\n[[export]]\nname = \"a\"\nmodel = \"m\"\noutput = \"a-{recipe}.mlpackage\"\nrecipe = [\"fp16\", { default = { palettize = { nbits = 8 } } }]\n",
+];
 
 #[cfg(test)]
 mod tests {
@@ -195,16 +255,16 @@ mod tests {
             &m.config_json().to_string(),
             &std::fs::read(dir.path().join("model.safetensors")).unwrap(),
         );
-        checkpoint(&input, scratch.path());
+        assert!(checkpoint(&input, scratch.path()));
         assert!(Checkpoint::open(scratch.path()).is_ok());
 
-        gguf(&TinyGguf::llama().build().writer.to_bytes());
+        assert!(gguf(&TinyGguf::llama().build().writer.to_bytes()));
 
         let (model, weights) = fixture::tiny_program();
-        mlpackage(
+        assert!(mlpackage(
             &mlpackage_input(&model.encode_to_vec(), &weights),
             scratch.path(),
-        );
+        ));
         let pkg = MlPackage::open(&scratch.path().join("fuzz.mlpackage")).unwrap();
         assert!(Program::load(&pkg, Options::default()).is_ok());
     }
@@ -212,7 +272,7 @@ mod tests {
     #[test]
     fn seeds_are_accepted_by_their_readers() {
         let out = tempfile::tempdir().unwrap();
-        assert_eq!(write_seeds(out.path()).unwrap(), 8);
+        assert_eq!(write_seeds(out.path()).unwrap(), 11);
         let scratch = tempfile::tempdir().unwrap();
         for e in std::fs::read_dir(out.path().join("checkpoint")).unwrap() {
             let data = std::fs::read(e.unwrap().path()).unwrap();
@@ -220,13 +280,23 @@ mod tests {
             let spec = ModelSpec::from_config_str(std::str::from_utf8(config).unwrap());
             assert!(spec.is_ok(), "{spec:?}");
             assert!(parse_safetensors(Path::new("seed"), weights).is_ok());
-            checkpoint(&data, scratch.path());
+            assert!(checkpoint(&data, scratch.path()));
             assert!(Checkpoint::open(scratch.path()).is_ok());
         }
         for e in std::fs::read_dir(out.path().join("gguf")).unwrap() {
             let data = std::fs::read(e.unwrap().path()).unwrap();
             let g = GgufFile::from_bytes(Path::new("seed"), data).unwrap();
             assert!(LlamaHParams::from_gguf(&g).is_ok());
+        }
+        for target in ["interp", "batch"] {
+            for e in std::fs::read_dir(out.path().join(target)).unwrap() {
+                let data = std::fs::read(e.unwrap().path()).unwrap();
+                let ok = match target {
+                    "interp" => interp(&data, scratch.path()),
+                    _ => batch(&data),
+                };
+                assert!(ok, "{target} seed refused");
+            }
         }
     }
 }

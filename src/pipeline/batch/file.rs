@@ -692,13 +692,19 @@ impl Ctx<'_> {
     }
 }
 
+/// Largest batch file read (a regular file; real ones are a few kB).
+pub const MAX_BATCH_FILE_BYTES: u64 = 1 << 20;
+
 impl BatchFile {
     /// Read, check and expand a batch file.
     pub fn load(path: &Path) -> Result<BatchFile, BatchError> {
-        let text = std::fs::read_to_string(path).map_err(|source| BatchError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::fsutil::read_input_text(path, MAX_BATCH_FILE_BYTES).map_err(|source| {
+                BatchError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         Self::parse(path, &text)
     }
 
@@ -768,10 +774,13 @@ impl BatchFile {
 
 /// Two exports writing one package, or sharing a name, would race or overwrite each other.
 fn check_unique(path: &Path, exports: &[Export]) -> Result<(), BatchError> {
-    let mut outputs: BTreeMap<&Path, &Export> = BTreeMap::new();
+    let mut outputs: BTreeMap<PathBuf, &Export> = BTreeMap::new();
     let mut names: BTreeMap<&str, &Export> = BTreeMap::new();
     for e in exports {
-        if let Some(first) = outputs.insert(&e.output, e) {
+        // Compared resolved: `o/./x/../a` and a symlinked folder name the same package
+        // (issue 27, item 11).
+        let key = crate::fsutil::resolved(&e.output).unwrap_or_else(|_| e.output.clone());
+        if let Some(first) = outputs.insert(key, e) {
             return Err(BatchError::Invalid {
                 path: path.to_path_buf(),
                 line: e.line,

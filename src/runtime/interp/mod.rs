@@ -7,6 +7,7 @@
 //! and overflows to inf, as on device), unless [`Compute::F32`] is chosen.
 
 mod kernels;
+pub mod limits;
 pub mod ops;
 pub mod tensor;
 
@@ -19,6 +20,7 @@ use half::f16;
 use crate::mil::contract::{self, Contract};
 use crate::mil::{DType, Op};
 use crate::mlpackage::{self, proto, MlPackage, PackageError, TensorTypeInfo, Values};
+use limits::Limits;
 use ops::{Args, OpError};
 pub use tensor::{Data, Tensor};
 
@@ -41,6 +43,9 @@ pub enum RuntimeError {
     Input { name: String, msg: String },
     #[error("{path}: contract: {msg}")]
     Contract { path: String, msg: String },
+    /// A declared shape or a computed size above the interpreter's limits ([`limits`]).
+    #[error("{what}: {msg}")]
+    Limit { what: String, msg: String },
 }
 
 /// How floats are computed.
@@ -158,6 +163,7 @@ pub struct Program {
     instrs: Vec<Instr>,
     outputs: Vec<(String, usize)>,
     opset: String,
+    limits: Limits,
 }
 
 /// Ops that only move elements: their results need no rounding when the dtype is unchanged.
@@ -183,140 +189,71 @@ const CONSTEXPR: &[Op] = &[Op::Const, Op::ConstexprLutToDense];
 
 impl Program {
     /// Compile the `main` function of `pkg`, decoding every constant and constexpr weight.
+    /// Every declared type, and the sum of the values live at once, is checked against
+    /// [`Limits::for_package`] before anything of that size is allocated.
     pub fn load(pkg: &MlPackage, options: Options) -> Result<Self, RuntimeError> {
+        Self::load_with(pkg, options, Limits::for_package(pkg.model_dir()))
+    }
+
+    /// [`Program::load`] under explicit limits.
+    pub fn load_with(
+        pkg: &MlPackage,
+        options: Options,
+        limits: Limits,
+    ) -> Result<Self, RuntimeError> {
         let main = pkg.main_function()?;
-        let mut slots: HashMap<String, usize> = HashMap::new();
-        let new_slot = |name: &str, slots: &mut HashMap<String, usize>| -> usize {
-            let n = slots.len();
-            *slots.entry(name.to_string()).or_insert(n)
+        let mut ld = Loader {
+            pkg,
+            options,
+            limits,
+            slots: HashMap::new(),
+            const_bytes: 0,
+            const_cache: HashMap::new(),
         };
         let mut inputs = Vec::new();
         for i in main.inputs {
-            let ty = mlpackage::tensor_type(i.r#type.as_ref(), &format!("input `{}`", i.name))?;
-            let s = new_slot(&i.name, &mut slots);
+            let ty = ld.declared(i.r#type.as_ref(), &format!("input `{}`", i.name))?;
+            let s = ld.slot(&i.name);
             inputs.push((i.name.clone(), s, ty));
         }
         let mut consts = Vec::new();
         let mut instrs = Vec::new();
-        let mut const_cache: HashMap<(String, u64, Vec<usize>), Arc<Tensor>> = HashMap::new();
         for op in &main.block.operations {
-            let first_out = op
-                .outputs
-                .first()
-                .map(|o| o.name.clone())
-                .unwrap_or_default();
-            let op_err = |msg: String| RuntimeError::Op {
-                op_type: op.r#type.clone(),
-                output: first_out.clone(),
-                msg,
-            };
-            let mut outs = Vec::new();
-            for o in &op.outputs {
-                let ty = mlpackage::tensor_type(o.r#type.as_ref(), &format!("`{}`", o.name))?;
-                outs.push((o.name.clone(), ty));
+            if let Some(c) = ld.instr(op, &mut instrs)? {
+                consts.push(c);
             }
-            let kind = OpKind::parse(&op.r#type);
-            if let OpKind::Known(constant @ (Op::Const | Op::ConstexprLutToDense)) = kind {
-                let (name, ty) = outs.first().ok_or_else(|| op_err("no output".into()))?;
-                let t = constexpr(pkg, op, constant, ty, &mut const_cache, options).map_err(
-                    |e| match e {
-                        RuntimeError::Program(msg) => op_err(msg),
-                        other => other,
-                    },
-                )?;
-                let s = new_slot(name, &mut slots);
-                consts.push((s, t));
-                continue;
-            }
-            if op.r#type.starts_with("constexpr_") {
-                return Err(RuntimeError::UnsupportedOp {
-                    op_type: op.r#type.clone(),
-                    output: first_out,
-                });
-            }
-            let mut args = Vec::new();
-            let mut keys: Vec<&String> = op.inputs.keys().collect();
-            keys.sort();
-            for key in keys {
-                let arg = &op.inputs[key];
-                let mut bound = Vec::new();
-                for b in &arg.arguments {
-                    match &b.binding {
-                        Some(proto::binding::Binding::Name(n)) => {
-                            let s = *slots.get(n).ok_or_else(|| {
-                                op_err(format!(
-                                    "argument `{key}` names `{n}`, which is not defined before it"
-                                ))
-                            })?;
-                            bound.push(Arg::Slot(s));
-                        }
-                        Some(proto::binding::Binding::Value(v)) => {
-                            let t = pkg.value(v, &format!("argument `{key}` of `{first_out}`"))?;
-                            bound.push(Arg::Const(Arc::new(conform_const(
-                                Tensor::from_const(t),
-                                options,
-                            ))));
-                        }
-                        None => {
-                            return Err(op_err(format!("argument `{key}` has an empty binding")))
-                        }
-                    }
-                }
-                args.push((key.clone(), bound));
-            }
-            let mut outputs = Vec::new();
-            let mut out_names = Vec::new();
-            for (name, ty) in outs {
-                let s = new_slot(&name, &mut slots);
-                outputs.push((s, ty));
-                out_names.push(name);
-            }
-            instrs.push(Instr {
-                op: kind,
-                inputs: args,
-                outputs,
-                out_names,
-                frees: Vec::new(),
-            });
         }
         let mut outputs = Vec::new();
         for name in &main.block.outputs {
-            let s = *slots.get(name).ok_or_else(|| {
+            let s = *ld.slots.get(name).ok_or_else(|| {
                 RuntimeError::Program(format!("block output `{name}` is never defined"))
             })?;
             outputs.push((name.clone(), s));
         }
-        // Free each computed value after its last reader; outputs and constants are kept.
-        let mut last: HashMap<usize, usize> = HashMap::new();
-        for (i, ins) in instrs.iter().enumerate() {
-            for (_, a) in &ins.inputs {
-                for b in a {
-                    if let Arg::Slot(s) = b {
-                        last.insert(*s, i);
-                    }
-                }
-            }
-        }
+        let n_slots = ld.slots.len();
+        let const_bytes = ld.const_bytes;
+        schedule_frees(&mut instrs, &outputs, &consts);
+        let peak = peak_live_bytes(&inputs, &instrs, const_bytes);
+        limits.check_peak(peak).map_err(|msg| RuntimeError::Limit {
+            what: format!("{}", pkg.model_path().display()),
+            msg,
+        })?;
         store_linear_weights_half(&mut consts, &instrs);
-        let keep: Vec<usize> = outputs
-            .iter()
-            .map(|(_, s)| *s)
-            .chain(consts.iter().map(|(s, _)| *s))
-            .collect();
-        for (s, i) in last {
-            if !keep.contains(&s) {
-                instrs[i].frees.push(s);
-            }
-        }
         Ok(Program {
             options,
-            n_slots: slots.len(),
+            n_slots,
             consts,
             inputs,
             instrs,
             outputs,
             opset: main.opset.to_string(),
+            limits,
         })
+    }
+
+    /// The limits this program was loaded under.
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// The function's opset (`CoreML7` for iOS17).
@@ -517,9 +454,202 @@ impl Program {
     }
 }
 
+/// Key of a decoded blob constant: file, offset, declared shape.
+type ConstKey = (String, u64, Vec<usize>);
+
+/// State while a program compiles: name → slot, the constants decoded so far and their bytes.
+struct Loader<'p> {
+    pkg: &'p MlPackage,
+    options: Options,
+    limits: Limits,
+    slots: HashMap<String, usize>,
+    const_bytes: u64,
+    const_cache: HashMap<ConstKey, Arc<Tensor>>,
+}
+
+impl Loader<'_> {
+    fn slot(&mut self, name: &str) -> usize {
+        let n = self.slots.len();
+        *self.slots.entry(name.to_string()).or_insert(n)
+    }
+
+    fn limit_err(&self, what: &str, msg: String) -> RuntimeError {
+        RuntimeError::Limit {
+            what: format!("{}: {what}", self.pkg.model_path().display()),
+            msg,
+        }
+    }
+
+    /// A declared tensor type, refused above the per-tensor limit.
+    fn declared(
+        &self,
+        vt: Option<&proto::ValueType>,
+        what: &str,
+    ) -> Result<TensorTypeInfo, RuntimeError> {
+        let ty = mlpackage::tensor_type(vt, what)?;
+        self.limits
+            .check_type(&ty)
+            .map_err(|msg| self.limit_err(what, msg))?;
+        Ok(ty)
+    }
+
+    /// Decode a constant value after checking its declared size, alone and added to every
+    /// constant decoded before it.
+    fn value(
+        &mut self,
+        v: &proto::Value,
+        what: &str,
+    ) -> Result<mlpackage::TensorData, RuntimeError> {
+        let ty = self.declared(v.r#type.as_ref(), what)?;
+        let total = self.const_bytes.saturating_add(limits::type_bytes(&ty));
+        self.limits
+            .check_peak(total)
+            .map_err(|msg| self.limit_err(what, format!("with the constants before it, {msg}")))?;
+        self.const_bytes = total;
+        Ok(self.pkg.value(v, what)?)
+    }
+
+    /// Compile one operation: a constant (returned, to be stored) or an instruction (pushed).
+    fn instr(
+        &mut self,
+        op: &proto::Operation,
+        instrs: &mut Vec<Instr>,
+    ) -> Result<Option<(usize, Arc<Tensor>)>, RuntimeError> {
+        let first_out = op
+            .outputs
+            .first()
+            .map(|o| o.name.clone())
+            .unwrap_or_default();
+        let op_err = |msg: String| RuntimeError::Op {
+            op_type: op.r#type.clone(),
+            output: first_out.clone(),
+            msg,
+        };
+        let mut outs = Vec::new();
+        for o in &op.outputs {
+            let ty = self.declared(o.r#type.as_ref(), &format!("`{}`", o.name))?;
+            outs.push((o.name.clone(), ty));
+        }
+        let kind = OpKind::parse(&op.r#type);
+        if let OpKind::Known(constant @ (Op::Const | Op::ConstexprLutToDense)) = kind {
+            let (name, ty) = outs.first().ok_or_else(|| op_err("no output".into()))?;
+            let t = constexpr(self, op, constant, ty).map_err(|e| match e {
+                RuntimeError::Program(msg) => op_err(msg),
+                other => other,
+            })?;
+            return Ok(Some((self.slot(name), t)));
+        }
+        if op.r#type.starts_with("constexpr_") {
+            return Err(RuntimeError::UnsupportedOp {
+                op_type: op.r#type.clone(),
+                output: first_out,
+            });
+        }
+        let mut args = Vec::new();
+        let mut keys: Vec<&String> = op.inputs.keys().collect();
+        keys.sort();
+        for key in keys {
+            let mut bound = Vec::new();
+            for b in &op.inputs[key].arguments {
+                match &b.binding {
+                    Some(proto::binding::Binding::Name(n)) => {
+                        let s = *self.slots.get(n).ok_or_else(|| {
+                            op_err(format!(
+                                "argument `{key}` names `{n}`, which is not defined before it"
+                            ))
+                        })?;
+                        bound.push(Arg::Slot(s));
+                    }
+                    Some(proto::binding::Binding::Value(v)) => {
+                        let t = self.value(v, &format!("argument `{key}` of `{first_out}`"))?;
+                        let t = conform_const(Tensor::from_const(t), self.options);
+                        bound.push(Arg::Const(Arc::new(t)));
+                    }
+                    None => return Err(op_err(format!("argument `{key}` has an empty binding"))),
+                }
+            }
+            args.push((key.clone(), bound));
+        }
+        let mut outputs = Vec::new();
+        let mut out_names = Vec::new();
+        for (name, ty) in outs {
+            outputs.push((self.slot(&name), ty));
+            out_names.push(name);
+        }
+        instrs.push(Instr {
+            op: kind,
+            inputs: args,
+            outputs,
+            out_names,
+            frees: Vec::new(),
+        });
+        Ok(None)
+    }
+}
+
+/// Free each computed value after its last reader; outputs and constants are kept. A value
+/// nobody reads is freed right after the instruction that made it.
+fn schedule_frees(
+    instrs: &mut [Instr],
+    outputs: &[(String, usize)],
+    consts: &[(usize, Arc<Tensor>)],
+) {
+    let mut last: HashMap<usize, usize> = HashMap::new();
+    for (i, ins) in instrs.iter().enumerate() {
+        for (s, _) in &ins.outputs {
+            last.entry(*s).or_insert(i);
+        }
+        for (_, a) in &ins.inputs {
+            for b in a {
+                if let Arg::Slot(s) = b {
+                    last.insert(*s, i);
+                }
+            }
+        }
+    }
+    let keep: std::collections::HashSet<usize> = outputs
+        .iter()
+        .map(|(_, s)| *s)
+        .chain(consts.iter().map(|(s, _)| *s))
+        .collect();
+    for (s, i) in last {
+        if !keep.contains(&s) && !instrs[i].frees.contains(&s) {
+            instrs[i].frees.push(s);
+        }
+    }
+}
+
+/// The most bytes live at once while the program runs, from the declared types: constants,
+/// inputs, and every value from the instruction that makes it to its last use (block
+/// outputs to the end).
+fn peak_live_bytes(
+    inputs: &[(String, usize, TensorTypeInfo)],
+    instrs: &[Instr],
+    const_bytes: u64,
+) -> u64 {
+    let mut size: HashMap<usize, u64> = HashMap::new();
+    let mut live = inputs.iter().fold(const_bytes, |a, (_, _, t)| {
+        a.saturating_add(limits::type_bytes(t))
+    });
+    let mut peak = live;
+    for ins in instrs {
+        for (s, ty) in &ins.outputs {
+            let b = limits::type_bytes(ty);
+            size.insert(*s, b);
+            live = live.saturating_add(b);
+        }
+        peak = peak.max(live);
+        for f in &ins.frees {
+            live = live.saturating_sub(size.get(f).copied().unwrap_or(0));
+        }
+    }
+    peak
+}
+
 /// Run the kernel of one op that is computed per step.
 fn run_op(op: Op, args: &Args) -> ops::OpResult<Vec<Tensor>> {
     use Op::*;
+    limits::guard(op, args)?;
     let one = |r: ops::OpResult<Tensor>| r.map(|t| vec![t]);
     let x = || args.get("x");
     let y = || args.get("y");
@@ -583,19 +713,17 @@ fn conform_const(t: Tensor, options: Options) -> Tensor {
 /// Evaluate a `const` or constexpr op. Blob-backed values are decoded once per
 /// (file, offset), so a tied embedding shared by gather and lm_head costs one copy.
 fn constexpr(
-    pkg: &MlPackage,
+    ld: &mut Loader,
     op: &proto::Operation,
     kind: Op,
     ty: &TensorTypeInfo,
-    cache: &mut HashMap<(String, u64, Vec<usize>), Arc<Tensor>>,
-    options: Options,
 ) -> Result<Arc<Tensor>, RuntimeError> {
     // iOS16/17 constexpr ops carry their operands as attributes; iOS18 as const inputs.
-    let operand = |key: &str| -> Result<mlpackage::TensorData, RuntimeError> {
-        if let Some(v) = op.attributes.get(key) {
-            return Ok(pkg.value(v, &format!("`{key}` of {}", op.r#type))?);
+    let mut operand = |key: &str| -> Result<mlpackage::TensorData, RuntimeError> {
+        match op.attributes.get(key) {
+            Some(v) => ld.value(v, &format!("`{key}` of {}", op.r#type)),
+            None => Err(RuntimeError::Program(format!("missing attribute `{key}`"))),
         }
-        Err(RuntimeError::Program(format!("missing attribute `{key}`")))
     };
     let t = match kind {
         Op::Const => {
@@ -605,21 +733,27 @@ fn constexpr(
                 .ok_or_else(|| RuntimeError::Program("const without `val`".into()))?;
             if let Some(proto::value::Value::BlobFileValue(b)) = &v.value {
                 let key = (b.file_name.clone(), b.offset, ty.shape.clone());
-                if let Some(t) = cache.get(&key) {
+                if let Some(t) = ld.const_cache.get(&key) {
                     return Ok(t.clone());
                 }
-                let t = Tensor::from_const(pkg.value(v, "const `val`")?);
-                let t = checked_const(t, ty, options)?;
-                cache.insert(key, t.clone());
+                let t = Tensor::from_const(ld.value(v, "const `val`")?);
+                let t = checked_const(t, ty, ld.options)?;
+                ld.const_cache.insert(key, t.clone());
                 return Ok(t);
             } else {
-                Tensor::from_const(pkg.value(v, "const `val`")?)
+                Tensor::from_const(ld.value(v, "const `val`")?)
             }
         }
         Op::ConstexprLutToDense => {
             let indices = operand("indices")?;
             let lut = operand("lut")?;
             let shape = operand("shape")?;
+            // The dense result is counted with the constants (its operands were, on decoding).
+            let total = ld.const_bytes.saturating_add(limits::type_bytes(ty));
+            ld.limits
+                .check_peak(total)
+                .map_err(|msg| ld.limit_err(&op.r#type, msg))?;
+            ld.const_bytes = total;
             lut_to_dense(indices, lut, shape, ty)
                 .map_err(|e| RuntimeError::Program(e.to_string()))?
         }
@@ -629,7 +763,7 @@ fn constexpr(
             )))
         }
     };
-    checked_const(t, ty, options)
+    checked_const(t, ty, ld.options)
 }
 
 /// A constant's value with its declared shape and the dtype it computes in.
@@ -767,19 +901,10 @@ impl Package {
                 msg: e.to_string(),
             })?;
         let program = Program::load(&pkg, options)?;
-        for name in [
-            contract::INPUT_IDS,
-            contract::POSITION,
-            contract::KEY_CACHE,
-            contract::VALUE_CACHE,
-        ] {
-            if !program.inputs.iter().any(|(n, _, _)| n == name) {
-                return Err(RuntimeError::Contract {
-                    path: path.display().to_string(),
-                    msg: format!("the program has no input `{name}`"),
-                });
-            }
-        }
+        check_contract_inputs(&program, &contract).map_err(|msg| RuntimeError::Contract {
+            path: path.display().to_string(),
+            msg,
+        })?;
         Ok(Package {
             program,
             contract,
@@ -882,6 +1007,36 @@ impl Package {
             value_update: v.to_f16_vec(),
         })
     }
+}
+
+/// The contract's dimensions must be the ones the program declares for its inputs (which the
+/// loader bounded): the runner sizes its caches from the contract, so a contract that claims
+/// more than the program takes would otherwise allocate it.
+fn check_contract_inputs(program: &Program, c: &Contract) -> Result<(), String> {
+    let (inputs, _) = Contract::io(
+        c.max_seq_len,
+        c.query_len,
+        c.num_layers,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+        "",
+    );
+    for want in inputs {
+        let (_, _, ty) = program
+            .inputs
+            .iter()
+            .find(|(n, _, _)| *n == want.name)
+            .ok_or_else(|| format!("the program has no input `{}`", want.name))?;
+        if ty.shape != want.shape {
+            return Err(format!(
+                "the contract's dimensions give input `{}` the shape {:?}, the program declares \
+                 {:?}",
+                want.name, want.shape, ty.shape
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl super::StepModel for Package {
