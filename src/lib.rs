@@ -17,6 +17,7 @@ pub mod budget;
 pub mod checkpoint;
 pub mod emit;
 pub mod graph;
+pub mod lint;
 pub mod mil;
 pub mod mlpackage;
 pub mod model;

@@ -1,6 +1,7 @@
 //! The default recipe on the real model (SmolLM2-135M-Instruct from `make model`): the package
 //! it makes passes `validate`'s default gates for its bit width and answers the France prompt
-//! with Paris through `run`. This is what `make demo` shows.
+//! with Paris through `run`, and has no error- or fallback-level Neural Engine finding
+//! (`lint`). This is what `make demo` shows.
 
 use hf2coreml::testing::python_env;
 use std::path::Path;
@@ -84,7 +85,24 @@ fn default_recipe_passes_its_gates_and_answers_paris() {
             "calibrated 6-bit on {}: KL {kl}, top-1 {top1} (bounds: KL <= {max_kl}, top-1 >= {min_top1})",
             report["text"]
         );
+        let lint = &report["lint"];
+        assert_eq!(lint["counts"]["error"], 0, "{lint:#}");
+        assert_eq!(lint["counts"]["fallback"], 0, "{lint:#}");
+        assert_eq!(
+            lint["summary"]["ops_on_neural_engine"],
+            lint["summary"]["ops"]
+        );
     }
+
+    // Issue 23's acceptance: `lint` decides the default package has no error- or
+    // fallback-level Neural Engine finding (exit 0); `validate` reported the same above.
+    let l = Command::new(BIN).arg("lint").arg(&pkg).output().unwrap();
+    assert_eq!(
+        l.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&l.stdout)
+    );
 
     let r = Command::new(BIN)
         .arg("run")

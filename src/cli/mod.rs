@@ -36,6 +36,8 @@ pub enum Command {
     Run(commands::run::Args),
     /// Check a saved package against its checkpoint: contract, weights, logits, fp16 ranges, gates.
     Validate(commands::validate::Args),
+    /// Check any ML Program package against the Neural Engine's rules (exit 1 on an error or fallback).
+    Lint(commands::lint::Args),
     /// Run the exports of a batch file (models × lengths × recipes × devices), for CI.
     Batch(commands::batch::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -54,6 +56,7 @@ impl Command {
             Command::ImportGguf(a) => commands::import_gguf::run(a),
             Command::Run(a) => commands::run::run(a),
             Command::Validate(a) => commands::validate::run(a),
+            Command::Lint(a) => commands::lint::run(a),
             Command::Batch(a) => commands::batch::run(a),
             Command::Completions(a) => completions::run(a),
             Command::Man(a) => completions::man(a),

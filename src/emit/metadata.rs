@@ -56,11 +56,26 @@ impl Metadata {
                 format!("[L, Hkv, {s}, D] values; rows [0, p) valid, later rows ignored"),
             ),
         ]);
-        let output_descriptions = BTreeMap::from([
-            d(
-                contract::LOGITS,
-                format!("[1, {q}, V] next-token logits for each query position"),
-            ),
+        let parts = c.logits_outputs();
+        let n = parts.len();
+        let mut first = 0;
+        let mut output_descriptions: BTreeMap<String, String> = parts
+            .into_iter()
+            .map(|(name, w)| {
+                let text = if n == 1 {
+                    format!("[1, {q}, V] next-token logits for each query position")
+                } else {
+                    format!(
+                        "[1, {q}, {w}] next-token logits of tokens {first} .. {}: concatenate \
+                         the {n} logits parts along the last axis",
+                        first + w - 1
+                    )
+                };
+                first += w;
+                (name, text)
+            })
+            .collect();
+        output_descriptions.extend([
             d(
                 contract::KEY_UPDATE,
                 format!("[L, Hkv, {q}, D] new key rows; write them to key_cache[:, :, p:p+{q}]"),

@@ -8,8 +8,31 @@ use serde::{Deserialize, Serialize};
 /// The metadata key holding the contract JSON.
 pub const METADATA_KEY: &str = "hf2coreml.contract";
 
-/// Contract version 1: iOS17, one decode/chunk step, caches passed in and out.
-pub const CONTRACT_VERSION: u32 = 1;
+/// Contract version 2: iOS17, one decode/chunk step, caches passed in and out, the logits in
+/// parts of at most [`MAX_LOGITS_WIDTH`] (version 1: one `logits` output of width V).
+pub const CONTRACT_VERSION: u32 = 2;
+
+/// The Neural Engine compiler's largest last axis (W ≤ 16384, docs/design.md "Neural Engine
+/// readiness"): a logits part is never wider.
+pub const MAX_LOGITS_WIDTH: usize = 16_384;
+
+/// The widths of the logits parts for a vocabulary of `v`: ⌈V / 16384⌉ parts, all of width
+/// ⌈V / parts⌉ but the last, which takes the rest. SmolLM2's 49,152 → 3 × 16,384.
+pub fn logits_widths(v: usize) -> Vec<usize> {
+    let parts = v.div_ceil(MAX_LOGITS_WIDTH).max(1);
+    let w = v.div_ceil(parts);
+    (0..parts).map(|i| w.min(v.saturating_sub(i * w))).collect()
+}
+
+/// The output name of logits part `i` of `parts`: `logits` when there is one, else
+/// `logits_0`, `logits_1`, ...
+pub fn logits_name(i: usize, parts: usize) -> String {
+    if parts == 1 {
+        LOGITS.to_string()
+    } else {
+        format!("{LOGITS}_{i}")
+    }
+}
 
 pub const INPUT_IDS: &str = "input_ids";
 pub const POSITION: &str = "position";
@@ -92,11 +115,57 @@ impl Contract {
                 io(KEY_CACHE, float, vec![l, hkv, s, d]),
                 io(VALUE_CACHE, float, vec![l, hkv, s, d]),
             ],
-            vec![
-                io(LOGITS, float, vec![1, q, v]),
-                io(KEY_UPDATE, float, vec![l, hkv, q, d]),
-                io(VALUE_UPDATE, float, vec![l, hkv, q, d]),
-            ],
+            logits_parts(v)
+                .into_iter()
+                .map(|(name, w)| io(&name, float, vec![1, q, w]))
+                .chain([
+                    io(KEY_UPDATE, float, vec![l, hkv, q, d]),
+                    io(VALUE_UPDATE, float, vec![l, hkv, q, d]),
+                ])
+                .collect(),
         )
+    }
+
+    /// The logits outputs in vocabulary order, with their widths; the host concatenates them
+    /// along the last axis.
+    pub fn logits_outputs(&self) -> Vec<(String, usize)> {
+        if self.version < 2 {
+            vec![(LOGITS.to_string(), self.vocab_size)]
+        } else {
+            logits_parts(self.vocab_size)
+        }
+    }
+}
+
+fn logits_parts(v: usize) -> Vec<(String, usize)> {
+    let widths = logits_widths(v);
+    let n = widths.len();
+    widths
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| (logits_name(i, n), w))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logits_parts_cover_the_vocabulary_within_the_limit() {
+        assert_eq!(logits_widths(49_152), vec![16_384; 3]);
+        assert_eq!(logits_widths(16_384), vec![16_384]);
+        assert_eq!(logits_widths(300), vec![300]);
+        for v in [1, 16_385, 32_000, 128_256, 151_936] {
+            let w = logits_widths(v);
+            assert_eq!(w.iter().sum::<usize>(), v, "{v}");
+            assert!(
+                w.iter().all(|&x| x > 0 && x <= MAX_LOGITS_WIDTH),
+                "{v}: {w:?}"
+            );
+        }
+        assert_eq!(logits_widths(151_936).len(), 10);
+        assert_eq!(logits_name(0, 1), "logits");
+        assert_eq!(logits_name(2, 3), "logits_2");
     }
 }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::gates::{Gate, GateResult};
 use super::metrics::{LogitComparison, WeightError};
+use crate::lint::LintReport;
 
 /// One line of the contract check (`validate` (a)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +42,9 @@ pub struct ValidationReport {
     pub behaviour: Option<LogitComparison>,
     pub activations: Vec<ActivationRange>,
     pub gates: Vec<GateResult>,
+    /// Neural Engine readiness (`hf2coreml lint`): reported, not gated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lint: Option<LintReport>,
 }
 
 impl ValidationReport {
@@ -55,6 +59,7 @@ impl ValidationReport {
             behaviour: None,
             activations: Vec::new(),
             gates: Vec::new(),
+            lint: None,
         }
     }
 
@@ -181,6 +186,20 @@ impl ValidationReport {
                 };
                 let _ = writeln!(s, "  {:<26} {:>12.4e}{flag}", a.op_kind, a.max_abs);
             }
+        }
+        if let Some(l) = &self.lint {
+            let _ = writeln!(
+                s,
+                "\nneural engine  {} of {} ops and {} of {} weight bytes stay; {} error, {} \
+                 fallback, {} cost finding(s) (`hf2coreml lint` lists them; not gated)",
+                l.summary.ops_on_neural_engine,
+                l.summary.ops,
+                l.summary.weight_bytes_on_neural_engine,
+                l.summary.weight_bytes,
+                l.counts.error,
+                l.counts.fallback,
+                l.counts.cost
+            );
         }
         if !self.gates.is_empty() {
             let _ = writeln!(s, "\ngates");

@@ -38,6 +38,8 @@ pub enum ValidateError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Metric(#[from] MetricError),
+    #[error(transparent)]
+    Lint(#[from] crate::lint::LintError),
     #[error("the evaluation text has fewer than 2 tokens")]
     TextTooShort,
     #[error("the generator recorded no logits")]
@@ -114,6 +116,10 @@ pub fn validate(
         opts.text_name,
     );
     report.contract = check_contract(&raw, &c, ckpt);
+    report.lint = Some(crate::lint::lint(
+        pkg_path,
+        &crate::lint::Policy::default(),
+    )?);
     let (weights, min_bits) = check_weights(&raw, ckpt)?;
     report.weights = weights;
 
@@ -223,11 +229,12 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
                 None => item(&format!("{kind} `{}`", w.name), "present", "missing"),
             });
         }
-        items.push(item(
-            &format!("{kind} count"),
-            4 - usize::from(kind == "output"),
-            have.len(),
-        ));
+        let count = if kind == "output" {
+            2 + c.logits_outputs().len()
+        } else {
+            4
+        };
+        items.push(item(&format!("{kind} count"), count, have.len()));
     }
     items.push(item(
         "every shape fixed",

@@ -139,6 +139,21 @@ impl<'a> Weights<'a> {
         }
     }
 
+    /// Tensor `id` as provided (its name and shape too), for a caller that lays it out itself
+    /// (the embedding and lm_head, [`super::logits`]).
+    pub(super) fn take(
+        &mut self,
+        id: TensorId,
+    ) -> Result<(String, Vec<usize>, Weight), GraphError> {
+        let name = id.hf_name();
+        let w = self
+            .by_name
+            .remove(&name)
+            .ok_or_else(|| GraphError::Unsupported(format!("weight `{name}` was not provided")))?;
+        let shape = id.shape(self.spec);
+        Ok((name, shape, w))
+    }
+
     /// The single constant of tensor `id` (a norm, a bias, the embedding): an error if it is a
     /// calibrated projection.
     pub(super) fn single(&mut self, b: &mut Builder, id: TensorId) -> Result<String, GraphError> {

@@ -14,6 +14,7 @@
 
 mod attention;
 mod linear;
+mod logits;
 mod mask;
 mod mlp;
 
@@ -26,7 +27,8 @@ use crate::mil::contract;
 use linear::{Projections, Weights};
 
 /// Masked attention scores: large and finite, because -inf turns a fully masked row into NaN
-/// and fp16 has no room for anything below -65,504 anyway.
+/// (and the Neural Engine mishandles -inf in softmax) and fp16 has no room for anything below
+/// -65,504 anyway. Apple's rules use -40,000; -30,000 is as safe: any value fp16 holds works.
 pub const MASK_VALUE: f32 = -30_000.0;
 
 /// Fixed dimensions and numerics of one package.
@@ -137,7 +139,13 @@ pub fn build(
         value_cache,
     };
 
-    let (embed, mut x) = embedding(&mut b, &mut weights, &input_ids, alpha)?;
+    let (mut x, head) = logits::embedding_and_head(
+        &mut b,
+        &mut weights,
+        spec.tie_word_embeddings,
+        &input_ids,
+        alpha,
+    )?;
     let mut key_rows = Vec::with_capacity(l_count);
     let mut value_rows = Vec::with_capacity(l_count);
     for l in 0..l_count {
@@ -149,48 +157,11 @@ pub fn build(
 
     let nw = weights.single(&mut b, TensorId::FinalNorm)?;
     let hn = rms_norm(&mut b, &x, &nw, shared.eps, "final_norm");
-    let head = if spec.tie_word_embeddings {
-        embed
-    } else {
-        weights.single(&mut b, TensorId::LmHead)?
-    };
-    let logits = b.op(
-        Op::Linear,
-        contract::LOGITS,
-        vec![("x", var(&hn)), ("weight", var(&head))],
-    );
-    let ku = stack(&mut b, key_rows, contract::KEY_UPDATE);
-    let vu = stack(&mut b, value_rows, contract::VALUE_UPDATE);
+    let mut outputs = logits::logits(&mut b, &head, &hn);
+    outputs.push(stack(&mut b, key_rows, contract::KEY_UPDATE));
+    outputs.push(stack(&mut b, value_rows, contract::VALUE_UPDATE));
     weights.finish()?;
-    b.finish(vec![logits, ku, vu])
-}
-
-/// The embedding table's constant and the embedded tokens (times α). The table is not scaled
-/// in place: when tied it is also the lm_head.
-fn embedding(
-    b: &mut Builder,
-    weights: &mut Weights,
-    input_ids: &str,
-    alpha: f64,
-) -> Result<(String, String), GraphError> {
-    let embed = weights.single(b, TensorId::Embedding)?;
-    let mut x = b.op(
-        Op::Gather,
-        "embed",
-        vec![
-            ("x", var(&embed)),
-            ("indices", var(input_ids)),
-            ("axis", Arg::Int(0)),
-        ],
-    );
-    if alpha != 1.0 {
-        x = b.op(
-            Op::Mul,
-            "embed_scaled",
-            vec![("x", var(&x)), ("y", Arg::Float(alpha))],
-        );
-    }
-    Ok((embed, x))
+    b.finish(outputs)
 }
 
 /// Decoder block `l` on the residual stream `x`: returns the new stream and the layer's new

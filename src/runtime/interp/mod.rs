@@ -991,7 +991,12 @@ impl Package {
                 msg: format!("the program has no output `{name}`"),
             })
         };
-        let logits = take(contract::LOGITS)?;
+        let parts = c
+            .logits_outputs()
+            .into_iter()
+            .map(|(name, width)| take(&name).map(|t| (t, width)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let logits = concat_rows(&parts, c.query_len);
         let k = take(contract::KEY_UPDATE)?;
         let v = take(contract::VALUE_UPDATE)?;
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
@@ -1002,7 +1007,7 @@ impl Package {
             });
         }
         Ok(super::StepOutput {
-            logits: logits.as_f32().into_owned(),
+            logits,
             key_update: k.to_f16_vec(),
             value_update: v.to_f16_vec(),
         })
@@ -1037,6 +1042,22 @@ fn check_contract_inputs(program: &Program, c: &Contract) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+/// The logits parts ([1, Q, width] each) joined along the vocabulary: [Q, V] row-major. A part
+/// of the wrong size leaves the result short, which the caller's size check reports.
+fn concat_rows(parts: &[(Tensor, usize)], q: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(q * parts.iter().map(|(_, w)| w).sum::<usize>());
+    let parts: Vec<_> = parts.iter().map(|(t, w)| (t.as_f32(), *w)).collect();
+    if parts.iter().any(|(t, w)| t.len() != q * w) {
+        return out;
+    }
+    for row in 0..q {
+        for (t, w) in &parts {
+            out.extend_from_slice(&t[row * w..(row + 1) * w]);
+        }
+    }
+    out
 }
 
 impl super::StepModel for Package {
