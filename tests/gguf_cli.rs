@@ -131,6 +131,7 @@ fn convert_takes_a_gguf_file_directly() {
         .arg(&pkg)
         .args(["--max-seq-len", "16", "--keep-fp16", "*", "--json"])
         .env("HF2COREML_PYTHON_ENV", env)
+        .env("HF2COREML_CACHE", root.path().join("cache"))
         .output()
         .unwrap();
     assert!(
@@ -143,4 +144,11 @@ fn convert_takes_a_gguf_file_directly() {
     assert!(root.path().join("tiny.tokenizer.json").is_file());
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["contract"]["num_layers"], 2, "{summary:#}");
+    // The import went into the model cache, keyed by the file's sha256.
+    let entries: Vec<_> = std::fs::read_dir(root.path().join("cache/imported"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].len(), 64, "{entries:?}");
 }

@@ -317,20 +317,23 @@ fn unsupported_tensor_type_lists_the_supported_ones() {
         .unwrap()
         .clone();
     let n: usize = t.shape.iter().product();
-    // Q5_0: 22-byte blocks of 32 values.
+    // MXFP4: 17-byte blocks of 32 values, a type ggml defines and we do not dequantize.
     w.tensor(RawTensor {
-        type_id: 6,
-        data: vec![0u8; n / 32 * 22],
+        type_id: 39,
+        data: vec![0u8; n / 32 * 17],
         ..t
     });
     let err = expect_err(&w);
     let msg = err.to_string();
     assert!(
         matches!(&err, GgufError::UnsupportedTensorType { tensor, dtype, .. }
-        if tensor == "blk.1.ffn_up.weight" && dtype == "Q5_0"),
+        if tensor == "blk.1.ffn_up.weight" && dtype == "MXFP4"),
         "{msg}"
     );
-    assert!(msg.contains("F32, F16, BF16, Q8_0, Q4_0, Q4_1"), "{msg}");
+    assert!(
+        msg.contains("F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -5,13 +5,15 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use hf2coreml::budget::{self, Devices, Limit};
+use hf2coreml::checkpoint::gguf;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::error::CheckFailed;
 use hf2coreml::util::{fmt_bytes, fmt_count};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json + *.safetensors).
+    /// Checkpoint directory (config.json + *.safetensors), or a .gguf file (planned from its
+    /// header alone).
     #[arg(required_unless_present = "list_devices")]
     pub dir: Option<PathBuf>,
     /// Target device profile (see --list-devices).
@@ -58,11 +60,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("give --device NAME or --memory-limit BYTES"),
     };
     let recipe = args.recipe.load()?;
-    let ckpt = Checkpoint::open(dir)
-        .with_context(|| format!("cannot read checkpoint {}", dir.display()))?;
-    let spec = ckpt.spec();
+    let (spec, slots, source) = if gguf::is_gguf_file(dir) {
+        let info = gguf::header::read_header(dir)
+            .with_context(|| format!("cannot read GGUF header {}", dir.display()))?;
+        let slots = hf2coreml::arch::expected_tensors(&info.spec);
+        (info.spec.clone(), slots, Some(info))
+    } else {
+        let ckpt = Checkpoint::open(dir)
+            .with_context(|| format!("cannot read checkpoint {}", dir.display()))?;
+        (ckpt.spec().clone(), ckpt.slots(), None)
+    };
+    let spec = &spec;
     hf2coreml::pipeline::job::check_context(spec, args.max_seq_len)?;
-    let weights = budget::weights_bytes(&ckpt.slots(), |s| recipe.storage(s));
+    let weights = budget::weights_bytes(&slots, |s| recipe.storage(s));
     let b = budget::compute(spec, weights, args.max_seq_len, args.query_len, &limit);
     if args.json {
         super::print_json(&b)?;
@@ -111,6 +121,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "Core ML + app",
         );
         row("total", b.total_bytes, "");
+        if let Some(info) = &source {
+            print_source(info, &slots, &recipe);
+        }
         row(
             "usable",
             b.usable_bytes,
@@ -159,4 +172,25 @@ fn list_devices(devices: &Devices, json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// What a GGUF source adds to the budget: its parameters, bits per weight, the note when the
+/// recipe re-quantizes to as few bits, and where an incomplete file stops.
+fn print_source(
+    info: &gguf::header::HeaderInfo,
+    slots: &[hf2coreml::arch::TensorSlot],
+    recipe: &hf2coreml::quant::Recipe,
+) {
+    println!(
+        "  source                 {} parameters at {:.2} bits/weight ({}, header only)",
+        fmt_count(slots.iter().map(|s| s.numel() as u64).sum()),
+        info.bits_per_weight,
+        info.path.display()
+    );
+    if let Some(note) = hf2coreml::pipeline::inspect::requantization_note(info, slots, recipe) {
+        println!("  note: {note}");
+    }
+    if let Some(at) = info.truncated_at {
+        println!("  source                 tensor data truncated at byte {at}");
+    }
 }

@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use hf2coreml::checkpoint::gguf;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::pipeline::inspect as summary;
 
@@ -8,7 +9,8 @@ use hf2coreml::util::{fmt_bytes, fmt_count};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json + *.safetensors).
+    /// Checkpoint directory (config.json + *.safetensors), or a .gguf file (its header only:
+    /// no tensor data is read, so an incomplete download works too).
     pub dir: PathBuf,
     /// Print the report as JSON.
     #[arg(long)]
@@ -19,9 +21,15 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let recipe = args.recipe.load()?;
-    let ckpt = Checkpoint::open(&args.dir)
-        .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
-    let s = summary::summarize(&ckpt, &recipe);
+    let s = if gguf::is_gguf_file(&args.dir) {
+        let info = gguf::header::read_header(&args.dir)
+            .with_context(|| format!("cannot read GGUF header {}", args.dir.display()))?;
+        summary::summarize_gguf(info, &recipe)
+    } else {
+        let ckpt = Checkpoint::open(&args.dir)
+            .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
+        summary::summarize(&ckpt, &recipe)
+    };
     if args.json {
         return super::print_json(&s);
     }
@@ -53,11 +61,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             hf2coreml::arch::RopeScaling::Llama3 { factor, .. } => format!("llama3 ×{factor}"),
         }
     );
-    println!(
-        "  dtype        {} (config: {})",
-        s.dtype,
-        s.config_dtype.as_deref().unwrap_or("unset")
-    );
+    match &s.gguf {
+        Some(g) => print_gguf(g),
+        None => println!(
+            "  dtype        {} (config: {})",
+            s.dtype,
+            s.config_dtype.as_deref().unwrap_or("unset")
+        ),
+    }
     println!();
     println!(
         "  {:<10} {:>8} {:>14} {:>12}",
@@ -86,6 +97,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fmt_bytes(s.default_recipe_bytes),
         s.default_recipe_bytes as f64 * 8.0 / s.parameters as f64
     );
+    if let Some(g) = &s.gguf {
+        let slots = hf2coreml::arch::expected_tensors(&g.spec);
+        if let Some(note) = summary::requantization_note(g, &slots, &recipe) {
+            println!("  note: {note}");
+        }
+    }
     if s.recipe_bytes != s.default_recipe_bytes || args.recipe.recipe.is_some() {
         println!(
             "  this recipe             {}  ({}; {:.2} bits/weight)",
@@ -95,4 +112,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The GGUF lines of `inspect`: tensor types with counts, bits per weight, truncation.
+fn print_gguf(g: &gguf::header::HeaderInfo) {
+    let types: Vec<String> = g
+        .tensor_types
+        .iter()
+        .map(|t| format!("{} {}", t.tensors, t.name))
+        .collect();
+    println!(
+        "  gguf         {} tensors: {}; {:.2} bits/weight",
+        g.tensor_types.iter().map(|t| t.tensors).sum::<usize>(),
+        types.join(", "),
+        g.bits_per_weight
+    );
+    if let Some((ty, bits)) = &g.projection_type {
+        println!("  source       projections stored as {ty} ({bits:.2} bits/weight): the error floor of anything converted from it");
+    }
+    if let Some(at) = g.truncated_at {
+        println!(
+            "  incomplete   tensor data truncated at byte {at} (the header declares {} bytes of data)",
+            fmt_count(g.data_bytes)
+        );
+    }
 }

@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use crate::arch::RoleGroup;
 use crate::budget;
+use crate::checkpoint::gguf::header::HeaderInfo;
 use crate::checkpoint::Checkpoint;
 use crate::quant::Recipe;
 use crate::quant::Storage;
@@ -51,14 +52,87 @@ pub struct Summary {
     pub recipe: String,
     /// Bytes under that recipe.
     pub recipe_bytes: u64,
+    /// What a GGUF source's header says (tensor types, bits per weight, truncation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gguf: Option<HeaderInfo>,
 }
 
-/// Summarize `ckpt`, sizing its weights under `recipe` (and the default recipe).
-pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
-    let spec = ckpt.spec();
-    let slots = ckpt.slots();
+/// Bits per weight the recipe gives the projections (the palettized indices; tables aside),
+/// the smallest over all projections.
+pub fn recipe_projection_bits(slots: &[crate::arch::TensorSlot], recipe: &Recipe) -> Option<u8> {
+    slots
+        .iter()
+        .filter(|s| s.role.is_projection())
+        .map(|s| match recipe.storage(s) {
+            Storage::Fp16 => 16,
+            Storage::Lut { nbits, .. } => nbits,
+        })
+        .min()
+}
+
+/// The note to print when a recipe re-quantizes a source that was already quantized to as
+/// few or fewer bits: the source's own error (its projection type's bits per weight) is a
+/// floor the package's error adds to. `None` when the recipe keeps more bits than the source.
+pub fn requantization_note(
+    source: &HeaderInfo,
+    slots: &[crate::arch::TensorSlot],
+    recipe: &Recipe,
+) -> Option<String> {
+    let (ty, source_bits) = source.projection_type.as_ref()?;
+    let bits = recipe_projection_bits(slots, recipe)?;
+    (f64::from(bits) <= *source_bits).then(|| {
+        format!(
+            "the source's projections are already quantized ({ty}, {source_bits:.2} bits/weight); \
+             the recipe's {bits}-bit palettization re-quantizes them, so the package's error adds \
+             to the source's own (compare with `validate --against` the imported source)"
+        )
+    })
+}
+
+/// Summarize a GGUF from its header alone (no tensor data is read), sizing its weights under
+/// `recipe` as [`summarize`] does for a checkpoint.
+pub fn summarize_gguf(info: HeaderInfo, recipe: &Recipe) -> Summary {
+    let spec = &info.spec;
+    let slots = crate::arch::expected_tensors(spec);
     let default = Recipe::default();
-    let mut groups: Vec<GroupSummary> = RoleGroup::ALL
+    let mut groups = empty_groups();
+    for slot in &slots {
+        let g = group_of(&mut groups, slot);
+        g.tensors += 1;
+        g.parameters += slot.numel() as u64;
+        g.bytes += info.stored_bytes.get(&slot.name).copied().unwrap_or(0);
+    }
+    Summary {
+        path: info.path.display().to_string(),
+        architecture: spec.architecture.hf_name().to_string(),
+        parameters: slots.iter().map(|s| s.numel() as u64).sum(),
+        layers: spec.num_hidden_layers,
+        hidden_size: spec.hidden_size,
+        intermediate_size: spec.intermediate_size,
+        num_attention_heads: spec.num_attention_heads,
+        num_key_value_heads: spec.num_key_value_heads,
+        head_dim: spec.head_dim,
+        vocab_size: spec.vocab_size,
+        context_length: spec.max_position_embeddings,
+        tie_word_embeddings: spec.tie_word_embeddings,
+        attention_bias: spec.attention_bias,
+        rope_theta: spec.rope_theta,
+        rope_scaling: spec.rope_scaling.clone(),
+        rms_norm_eps: spec.rms_norm_eps,
+        dtype: "gguf",
+        config_dtype: None,
+        checkpoint_bytes: info.file_size,
+        groups,
+        fp16_bytes: budget::weights_bytes(&slots, |_| Storage::Fp16),
+        default_recipe_bytes: budget::weights_bytes(&slots, |s| default.storage(s)),
+        recipe: recipe.origin().to_string(),
+        recipe_bytes: budget::weights_bytes(&slots, |s| recipe.storage(s)),
+        gguf: Some(info),
+    }
+}
+
+fn empty_groups() -> Vec<GroupSummary> {
+    RoleGroup::ALL
         .iter()
         .map(|g| GroupSummary {
             role: g.as_str(),
@@ -66,12 +140,27 @@ pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
             parameters: 0,
             bytes: 0,
         })
-        .collect();
+        .collect()
+}
+
+fn group_of<'a>(
+    groups: &'a mut [GroupSummary],
+    slot: &crate::arch::TensorSlot,
+) -> &'a mut GroupSummary {
+    &mut groups[RoleGroup::ALL
+        .iter()
+        .position(|x| *x == slot.role.group())
+        .expect("every role has a group")]
+}
+
+/// Summarize `ckpt`, sizing its weights under `recipe` (and the default recipe).
+pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
+    let spec = ckpt.spec();
+    let slots = ckpt.slots();
+    let default = Recipe::default();
+    let mut groups = empty_groups();
     for slot in &slots {
-        let g = &mut groups[RoleGroup::ALL
-            .iter()
-            .position(|x| *x == slot.role.group())
-            .expect("every role has a group")];
+        let g = group_of(&mut groups, slot);
         g.tensors += 1;
         g.parameters += slot.numel() as u64;
         if let Ok(t) = ckpt.tensor(&slot.name) {
@@ -103,5 +192,6 @@ pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
         default_recipe_bytes: budget::weights_bytes(&slots, |s| default.storage(s)),
         recipe: recipe.origin().to_string(),
         recipe_bytes: budget::weights_bytes(&slots, |s| recipe.storage(s)),
+        gguf: None,
     }
 }

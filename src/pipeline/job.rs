@@ -14,7 +14,7 @@ use super::convert::{
 };
 use crate::arch::ModelSpec;
 use crate::budget::{self, Budget, BudgetError, Devices, Limit};
-use crate::checkpoint::gguf::{self, GgufError, ImportOptions};
+use crate::checkpoint::gguf::{self, GgufError};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, PythonEnv};
 use crate::error::{CheckFailed, ExitCode};
@@ -90,8 +90,6 @@ pub enum JobError {
     /// The output's place cannot be written.
     #[error(transparent)]
     Unwritable(std::io::Error),
-    #[error("cannot create a temporary directory for the GGUF import")]
-    Scratch(#[source] std::io::Error),
     #[error("cannot import {}", path.display())]
     Import {
         path: PathBuf,
@@ -238,11 +236,9 @@ pub struct Job {
     pub python_env: Option<PathBuf>,
 }
 
-/// A job's checkpoint, opened; a GGUF source is imported into a temporary directory that
-/// lives as long as this.
+/// A job's checkpoint, opened (a GGUF source from the model cache).
 pub struct Opened {
     pub ckpt: Checkpoint,
-    _imported: Option<tempfile::TempDir>,
 }
 
 /// What a job will produce and whether it fits its device.
@@ -275,39 +271,45 @@ impl Job {
         self.source.is_file() && gguf::is_gguf_file(&self.source)
     }
 
-    /// Open the checkpoint (importing a GGUF file first).
+    /// Open the checkpoint. A GGUF file is imported into the model cache keyed by its content
+    /// hash (or found there from an earlier run); a note says which, and warns when the
+    /// recipe re-quantizes projections the file already stores in as few bits.
     pub fn open(&self, progress: &dyn Progress) -> Result<Opened, JobError> {
-        let imported = if self.is_gguf() {
-            let tmp = crate::fsutil::scratch_dir("gguf").map_err(JobError::Scratch)?;
-            let stem = self
-                .source
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "model".into());
-            let dest = tmp.path().join(stem);
-            progress.begin("import", 1);
-            progress.working_on("GGUF → checkpoint");
-            let done = gguf::import(
-                &self.source,
-                &dest,
-                &ImportOptions { force: false },
-                progress,
-            );
-            progress.end();
-            done.map_err(|source| JobError::Import {
-                path: self.source.clone(),
-                source,
-            })?;
-            Some((tmp, dest))
-        } else {
-            None
+        if !self.is_gguf() {
+            let ckpt = open_checkpoint(&self.source, &self.source)?;
+            return Ok(Opened { ckpt });
+        }
+        let import_err = |source| JobError::Import {
+            path: self.source.clone(),
+            source,
         };
-        let dir = imported.as_ref().map_or(&self.source, |(_, d)| d);
-        let ckpt = open_checkpoint(dir, &self.source)?;
-        Ok(Opened {
-            ckpt,
-            _imported: imported.map(|(t, _)| t),
-        })
+        let header = gguf::header::read_header(&self.source).map_err(import_err)?;
+        progress.begin("import", 1);
+        progress.working_on("GGUF → checkpoint");
+        let done = gguf::cache::import_cached(&self.source, progress);
+        progress.end();
+        let cached = done.map_err(import_err)?;
+        let floor = match &header.projection_type {
+            Some((ty, bits)) => {
+                format!("; projections {ty} at {bits:.2}, the source's error floor")
+            }
+            None => String::new(),
+        };
+        progress.note(&format!(
+            "{} {} ({:.2} bits/weight{floor}) {} {}",
+            if cached.reused { "reusing" } else { "imported" },
+            self.source.display(),
+            header.bits_per_weight,
+            if cached.reused { "from" } else { "into" },
+            cached.dir.display()
+        ));
+        let ckpt = open_checkpoint(&cached.dir, &self.source)?;
+        if let Some(note) =
+            super::inspect::requantization_note(&header, &ckpt.slots(), &self.recipe)
+        {
+            progress.note(&note);
+        }
+        Ok(Opened { ckpt })
     }
 
     /// Predicted weights and, with a device, the budget; refuses (exit 1) a plan that does not

@@ -22,6 +22,9 @@ pub enum FixtureType {
     Q4_0,
     Q4_1,
     Q8_0,
+    Q5_0,
+    Q4K,
+    Q6K,
     /// Type id without an encoder: the tensor gets `bytes_per_block` zero bytes per 32 values.
     Other {
         id: u32,
@@ -37,6 +40,9 @@ impl FixtureType {
             FixtureType::Q4_0 => 2,
             FixtureType::Q4_1 => 3,
             FixtureType::Q8_0 => 8,
+            FixtureType::Q5_0 => 6,
+            FixtureType::Q4K => 12,
+            FixtureType::Q6K => 14,
             FixtureType::BF16 => 30,
             FixtureType::Other { id, .. } => id,
         }
@@ -54,6 +60,8 @@ pub enum Meta {
     StrArray(Vec<String>),
     I32Array(Vec<i32>),
     U8Array(Vec<u8>),
+    /// Any value as the reader parsed it (copying another file's metadata).
+    Value(candle_core::quantized::gguf_file::Value),
 }
 
 impl Meta {
@@ -65,6 +73,7 @@ impl Meta {
             Meta::Bool(_) => 7,
             Meta::Str(_) => 8,
             Meta::StrArray(_) | Meta::I32Array(_) | Meta::U8Array(_) => 9,
+            Meta::Value(v) => value_type(v),
         }
     }
 
@@ -87,12 +96,58 @@ impl Meta {
                 out.extend_from_slice(&(items.len() as u64).to_le_bytes());
                 out.extend_from_slice(items);
             }
+            Meta::Value(v) => write_value(v, out),
             Meta::I32Array(items) => {
                 out.extend_from_slice(&5u32.to_le_bytes());
                 out.extend_from_slice(&(items.len() as u64).to_le_bytes());
                 for v in items {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
+            }
+        }
+    }
+}
+
+fn value_type(v: &candle_core::quantized::gguf_file::Value) -> u32 {
+    use candle_core::quantized::gguf_file::Value as V;
+    match v {
+        V::U8(_) => 0,
+        V::I8(_) => 1,
+        V::U16(_) => 2,
+        V::I16(_) => 3,
+        V::U32(_) => 4,
+        V::I32(_) => 5,
+        V::F32(_) => 6,
+        V::Bool(_) => 7,
+        V::String(_) => 8,
+        V::Array(_) => 9,
+        V::U64(_) => 10,
+        V::I64(_) => 11,
+        V::F64(_) => 12,
+    }
+}
+
+fn write_value(v: &candle_core::quantized::gguf_file::Value, out: &mut Vec<u8>) {
+    use candle_core::quantized::gguf_file::Value as V;
+    match v {
+        V::U8(x) => out.push(*x),
+        V::I8(x) => out.push(*x as u8),
+        V::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        V::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        V::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        V::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        V::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        V::Bool(x) => out.push(u8::from(*x)),
+        V::String(s) => put_str(out, s),
+        V::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        V::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        V::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        V::Array(items) => {
+            let elem = items.first().map_or(0, value_type);
+            out.extend_from_slice(&elem.to_le_bytes());
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for i in items {
+                write_value(i, out);
             }
         }
     }
@@ -117,6 +172,8 @@ pub struct RawTensor {
 pub struct GgufWriter {
     pub metadata: Vec<(String, Meta)>,
     pub tensors: Vec<RawTensor>,
+    /// Declare every tensor at this data offset (a crafted file whose tensors overlap).
+    pub same_offset: Option<u64>,
 }
 
 /// GGUF's default data alignment.
@@ -160,7 +217,8 @@ impl GgufWriter {
                 out.extend_from_slice(&(*d as u64).to_le_bytes());
             }
             out.extend_from_slice(&t.type_id.to_le_bytes());
-            out.extend_from_slice(&(offset as u64).to_le_bytes());
+            let declared = self.same_offset.unwrap_or(offset as u64);
+            out.extend_from_slice(&declared.to_le_bytes());
             offset += t.data.len().div_ceil(ALIGNMENT) * ALIGNMENT;
         }
         out.resize(out.len().div_ceil(ALIGNMENT) * ALIGNMENT, 0);
@@ -267,6 +325,21 @@ pub fn encode(values: &[f32], ty: FixtureType) -> (Vec<u8>, Vec<f32>) {
                 decoded.extend(q.iter().map(|&q| q as f32 * d.to_f32() + m.to_f32()));
             }
         }
+        FixtureType::Q5_0 => {
+            for block in values.chunks(32) {
+                encode_q5_0(block, &mut bytes, &mut decoded);
+            }
+        }
+        FixtureType::Q4K => {
+            for block in values.chunks(256) {
+                encode_q4_k(block, &mut bytes, &mut decoded);
+            }
+        }
+        FixtureType::Q6K => {
+            for block in values.chunks(256) {
+                encode_q6_k(block, &mut bytes, &mut decoded);
+            }
+        }
         FixtureType::Other {
             bytes_per_block, ..
         } => {
@@ -275,6 +348,171 @@ pub fn encode(values: &[f32], ty: FixtureType) -> (Vec<u8>, Vec<f32>) {
         }
     }
     (bytes, decoded)
+}
+
+/// 1/x, 0 for 0.
+fn inverse(x: f32) -> f32 {
+    if x == 0.0 {
+        0.0
+    } else {
+        1.0 / x
+    }
+}
+
+/// Q5_0: the value of largest magnitude maps to -16; 5-bit values offset by 16.
+fn encode_q5_0(block: &[f32], bytes: &mut Vec<u8>, decoded: &mut Vec<f32>) {
+    let max = block
+        .iter()
+        .copied()
+        .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+    let d = f16::from_f32(max / -16.0);
+    let inv = inverse(d.to_f32());
+    let q: Vec<u8> = block
+        .iter()
+        .map(|v| (v * inv + 16.5).floor().clamp(0.0, 31.0) as u8)
+        .collect();
+    let mut qh = 0u32;
+    for (j, &v) in q.iter().enumerate() {
+        qh |= u32::from(v >> 4) << j;
+    }
+    bytes.extend_from_slice(&d.to_le_bytes());
+    bytes.extend_from_slice(&qh.to_le_bytes());
+    for i in 0..16 {
+        bytes.push((q[i] & 0x0F) | ((q[i + 16] & 0x0F) << 4));
+    }
+    decoded.extend(q.iter().map(|&v| d.to_f32() * (v as i8 - 16) as f32));
+}
+
+/// A 6-bit code for `x` of at most 63 (`round(x / step)`), and its value.
+fn code6(x: f32, step: f32) -> u8 {
+    (x * inverse(step)).round().clamp(0.0, 63.0) as u8
+}
+
+/// Q4_K: 8 sub-blocks of 32, each `d·sc·q − dmin·m` with 6-bit sc and m packed as ggml's
+/// `get_scale_min_k4` reads them, 4-bit q.
+fn encode_q4_k(block: &[f32], bytes: &mut Vec<u8>, decoded: &mut Vec<f32>) {
+    let subs: Vec<&[f32]> = block.chunks(32).collect();
+    // Each sub-block spans [−m, −m + 15·s] with m ≥ 0.
+    let mins: Vec<f32> = subs
+        .iter()
+        .map(|s| -s.iter().copied().fold(0f32, f32::min))
+        .collect();
+    let steps: Vec<f32> = subs
+        .iter()
+        .zip(&mins)
+        .map(|(s, m)| (s.iter().copied().fold(f32::MIN, f32::max) + m) / 15.0)
+        .collect();
+    let d = f16::from_f32(steps.iter().copied().fold(0f32, f32::max) / 63.0);
+    let dmin = f16::from_f32(mins.iter().copied().fold(0f32, f32::max) / 63.0);
+    let sc: Vec<u8> = steps.iter().map(|s| code6(*s, d.to_f32())).collect();
+    let m: Vec<u8> = mins.iter().map(|v| code6(*v, dmin.to_f32())).collect();
+    let mut scales = [0u8; 12];
+    for j in 0..4 {
+        scales[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        scales[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+        scales[j + 8] = (sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4);
+    }
+    let mut q = [0u8; 256];
+    for (e, x) in block.iter().enumerate() {
+        let j = e / 32;
+        let dl = d.to_f32() * sc[j] as f32;
+        let ml = dmin.to_f32() * m[j] as f32;
+        q[e] = ((x + ml) * inverse(dl)).round().clamp(0.0, 15.0) as u8;
+        decoded.push(dl * q[e] as f32 - ml);
+    }
+    bytes.extend_from_slice(&d.to_le_bytes());
+    bytes.extend_from_slice(&dmin.to_le_bytes());
+    bytes.extend_from_slice(&scales);
+    // Element 64c + 32h + l is nibble h of byte 32c + l.
+    for c in 0..4 {
+        for l in 0..32 {
+            bytes.push(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+        }
+    }
+}
+
+/// Q6_K: 16 sub-blocks of 16, each `d·sc·(q − 32)` with int8 sc and 6-bit q.
+fn encode_q6_k(block: &[f32], bytes: &mut Vec<u8>, decoded: &mut Vec<f32>) {
+    let amax: Vec<f32> = block
+        .chunks(16)
+        .map(|s| s.iter().fold(0f32, |m, v| m.max(v.abs())) / 31.0)
+        .collect();
+    let d = f16::from_f32(amax.iter().copied().fold(0f32, f32::max) / 127.0);
+    let sc: Vec<i8> = amax
+        .iter()
+        .map(|a| (a * inverse(d.to_f32())).round().clamp(0.0, 127.0) as i8)
+        .collect();
+    let mut q = [0u8; 256];
+    for (e, x) in block.iter().enumerate() {
+        let dl = d.to_f32() * sc[e / 16] as f32;
+        let v = (x * inverse(dl)).round().clamp(-32.0, 31.0) as i8;
+        q[e] = (v + 32) as u8;
+        decoded.push(dl * v as f32);
+    }
+    let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+    for (e, &v) in q.iter().enumerate() {
+        let (h, i) = (e / 128, e % 128);
+        ql[64 * h + i % 64] |= (v & 0x0F) << (4 * (i / 64));
+        qh[32 * h + i % 32] |= (v >> 4) << (2 * (i / 32));
+    }
+    bytes.extend_from_slice(&ql);
+    bytes.extend_from_slice(&qh);
+    bytes.extend(sc.iter().map(|&s| s as u8));
+    bytes.extend_from_slice(&d.to_le_bytes());
+}
+
+/// llama.cpp's `Q4_K_M` choice for a tensor (`llama-quant.cpp`): q6_K for `output` and for
+/// `attn_v`/`ffn_down` in the layers `use_more_bits` picks, q4_K for the other matrices,
+/// f32 for vectors; rows not a multiple of 256 fall back (q4_K → q5_0, q6_K → q8_0).
+pub fn q4_k_m_type(
+    gguf_name: &str,
+    shape: &[usize],
+    layer: Option<usize>,
+    layers: usize,
+) -> FixtureType {
+    if shape.len() < 2 {
+        return FixtureType::F32;
+    }
+    let more_bits = |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
+    let wide = gguf_name == "output.weight"
+        || ((gguf_name.contains("attn_v") || gguf_name.contains("ffn_down"))
+            && layer.is_some_and(more_bits));
+    let row = shape[shape.len() - 1];
+    match (wide, row % 256 == 0) {
+        (true, true) => FixtureType::Q6K,
+        (true, false) => FixtureType::Q8_0,
+        (false, true) => FixtureType::Q4K,
+        (false, false) => FixtureType::Q5_0,
+    }
+}
+
+/// The tokenizer metadata of the fixtures: gpt2-style BPE over [`TinyGguf::tokens`].
+fn tokenizer_meta(w: &mut GgufWriter, pre: &str, tokens: &[String]) {
+    let vocab = tokens.len();
+    w            .meta("tokenizer.ggml.model", Meta::Str("gpt2".into()))
+            .meta("tokenizer.ggml.pre", Meta::Str(pre.into()))
+            .meta("tokenizer.ggml.tokens", Meta::StrArray(tokens.to_vec()))
+            .meta(
+                "tokenizer.ggml.token_type",
+                Meta::I32Array(
+                    (0..vocab)
+                        .map(|i| if i < TINY_SPECIALS.len() { 3 } else { 1 })
+                        .collect(),
+                ),
+            )
+            .meta(
+                "tokenizer.ggml.merges",
+                Meta::StrArray(TINY_MERGES.iter().map(|(a, b)| format!("{a} {b}")).collect()),
+            )
+            .meta("tokenizer.ggml.bos_token_id", Meta::U32(1))
+            .meta("tokenizer.ggml.eos_token_id", Meta::U32(2))
+            .meta("tokenizer.ggml.unknown_token_id", Meta::U32(0))
+            .meta("tokenizer.ggml.padding_token_id", Meta::U32(2))
+            .meta("tokenizer.ggml.add_bos_token", Meta::Bool(false))
+            .meta(
+                "tokenizer.chat_template",
+                Meta::Str("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}".into()),
+            );
 }
 
 /// A small llama GGUF with a byte-level BPE tokenizer, like llama.cpp's converter writes.
@@ -382,35 +620,15 @@ impl TinyGguf {
             .meta("llama.embedding_length", Meta::U32(h as u32))
             .meta("llama.feed_forward_length", Meta::U32(f as u32))
             .meta("llama.attention.head_count", Meta::U32(self.heads as u32))
-            .meta("llama.attention.head_count_kv", Meta::U32(self.kv_heads as u32))
+            .meta(
+                "llama.attention.head_count_kv",
+                Meta::U32(self.kv_heads as u32),
+            )
             .meta("llama.rope.freq_base", Meta::F32(100_000.0))
             .meta("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5))
             .meta("llama.vocab_size", Meta::U32(vocab as u32))
-            .meta("llama.rope.dimension_count", Meta::U32(hd as u32))
-            .meta("tokenizer.ggml.model", Meta::Str("gpt2".into()))
-            .meta("tokenizer.ggml.pre", Meta::Str(self.pre.clone()))
-            .meta("tokenizer.ggml.tokens", Meta::StrArray(tokens.clone()))
-            .meta(
-                "tokenizer.ggml.token_type",
-                Meta::I32Array(
-                    (0..vocab)
-                        .map(|i| if i < TINY_SPECIALS.len() { 3 } else { 1 })
-                        .collect(),
-                ),
-            )
-            .meta(
-                "tokenizer.ggml.merges",
-                Meta::StrArray(TINY_MERGES.iter().map(|(a, b)| format!("{a} {b}")).collect()),
-            )
-            .meta("tokenizer.ggml.bos_token_id", Meta::U32(1))
-            .meta("tokenizer.ggml.eos_token_id", Meta::U32(2))
-            .meta("tokenizer.ggml.unknown_token_id", Meta::U32(0))
-            .meta("tokenizer.ggml.padding_token_id", Meta::U32(2))
-            .meta("tokenizer.ggml.add_bos_token", Meta::Bool(false))
-            .meta(
-                "tokenizer.chat_template",
-                Meta::Str("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}".into()),
-            );
+            .meta("llama.rope.dimension_count", Meta::U32(hd as u32));
+        tokenizer_meta(&mut w, &self.pre, &tokens);
         let mut expected = BTreeMap::new();
         let mut add = |gguf: String,
                        shape: Vec<usize>,
@@ -494,5 +712,154 @@ impl TinyGguf {
             expected,
             tokens,
         }
+    }
+}
+
+/// A GGUF of an existing checkpoint as llama.cpp's converter and quantizer would write it:
+/// `{arch}.*` metadata, the fixtures' tokenizer (the checkpoint's vocabulary must have as many
+/// rows: [`TinyGguf::tokens`]), q/k rows permuted for `llama` only, and each tensor in the
+/// type `layout(gguf name, shape, layer, layers)` picks (e.g. [`q4_k_m_type`]).
+pub fn from_checkpoint(
+    ckpt: &crate::checkpoint::Checkpoint,
+    layout: impl Fn(&str, &[usize], Option<usize>, usize) -> FixtureType,
+) -> BuiltGguf {
+    use crate::arch::{Architecture, LayerTensor, TensorId};
+    let spec = ckpt.spec().clone();
+    let arch = match spec.architecture {
+        Architecture::Qwen2 => "qwen2",
+        _ => "llama",
+    };
+    let tokens = TinyGguf::llama().tokens();
+    let mut w = GgufWriter::default();
+    let key = |k: &str| format!("{arch}.{k}");
+    let u = |v: usize| Meta::U32(v as u32);
+    w.meta("general.architecture", Meta::Str(arch.into()))
+        .meta(&key("block_count"), u(spec.num_hidden_layers))
+        .meta(&key("context_length"), u(spec.max_position_embeddings))
+        .meta(&key("embedding_length"), u(spec.hidden_size))
+        .meta(&key("feed_forward_length"), u(spec.intermediate_size))
+        .meta(&key("attention.head_count"), u(spec.num_attention_heads))
+        .meta(&key("attention.head_count_kv"), u(spec.num_key_value_heads))
+        .meta(&key("rope.freq_base"), Meta::F32(spec.rope_theta as f32))
+        .meta(
+            &key("attention.layer_norm_rms_epsilon"),
+            Meta::F32(spec.rms_norm_eps as f32),
+        );
+    let pre = if arch == "qwen2" {
+        "qwen2"
+    } else {
+        "llama-bpe"
+    };
+    tokenizer_meta(&mut w, pre, &tokens);
+    let mut expected = BTreeMap::new();
+    let layers = spec.num_hidden_layers;
+    for id in crate::arch::tensor_ids(&spec) {
+        let hf = id.hf_name();
+        let t = ckpt.tensor(&hf).expect("checkpoint tensor");
+        let shape = t.shape.to_vec();
+        let values = t.to_f32();
+        let gguf = gguf_name(id);
+        let heads = match id {
+            TensorId::Layer(_, LayerTensor::Q) => Some(spec.num_attention_heads),
+            TensorId::Layer(_, LayerTensor::K) => Some(spec.num_key_value_heads),
+            _ => None,
+        }
+        .filter(|_| arch == "llama");
+        let stored = match heads {
+            Some(h) => permute_rows(&values, shape[0], shape[1], h),
+            None => values,
+        };
+        let ty = layout(&gguf, &shape, id.layer(), layers);
+        let (data, decoded) = encode(&stored, ty);
+        let decoded_hf = match heads {
+            Some(h) => {
+                crate::checkpoint::gguf::weights::unpermute_rows(&decoded, shape[0], shape[1], h)
+            }
+            None => decoded,
+        };
+        expected.insert(hf, (shape.clone(), decoded_hf));
+        w.tensor(RawTensor {
+            name: gguf,
+            type_id: ty.id(),
+            shape,
+            data,
+        });
+    }
+    BuiltGguf {
+        writer: w,
+        expected,
+        tokens,
+    }
+}
+
+/// llama.cpp's name of a tensor.
+pub fn gguf_name(id: crate::arch::TensorId) -> String {
+    use crate::arch::{LayerTensor as T, TensorId};
+    match id {
+        TensorId::Embedding => "token_embd.weight".into(),
+        TensorId::FinalNorm => "output_norm.weight".into(),
+        TensorId::LmHead => "output.weight".into(),
+        TensorId::Layer(l, t) => {
+            let (part, suffix) = match t {
+                T::InputNorm => ("attn_norm", "weight"),
+                T::PostNorm => ("ffn_norm", "weight"),
+                T::Q => ("attn_q", "weight"),
+                T::K => ("attn_k", "weight"),
+                T::V => ("attn_v", "weight"),
+                T::O => ("attn_output", "weight"),
+                T::Gate => ("ffn_gate", "weight"),
+                T::Up => ("ffn_up", "weight"),
+                T::Down => ("ffn_down", "weight"),
+                T::QBias => ("attn_q", "bias"),
+                T::KBias => ("attn_k", "bias"),
+                T::VBias => ("attn_v", "bias"),
+            };
+            format!("blk.{l}.{part}.{suffix}")
+        }
+    }
+}
+
+/// `src` re-quantized tensor by tensor: every metadata entry copied, each tensor dequantized
+/// and encoded as `layout(name, shape, layer, layers)` picks (vectors stay as they are stored
+/// when `layout` says F32). For measuring what a K-quant source costs (docs/quality.md).
+pub fn requantize(
+    src: &mut crate::checkpoint::gguf::GgufFile,
+    layout: impl Fn(&str, &[usize], Option<usize>, usize) -> FixtureType,
+) -> Result<GgufWriter, crate::checkpoint::gguf::GgufError> {
+    let mut w = GgufWriter::default();
+    let mut keys: Vec<&String> = src.metadata().keys().collect();
+    keys.sort();
+    for k in keys {
+        w.meta(k, Meta::Value(src.metadata()[k].clone()));
+    }
+    w.remove_meta("general.alignment");
+    let arch = src
+        .get_str("general.architecture")?
+        .unwrap_or("llama")
+        .to_string();
+    let layers = src.get_uint(&format!("{arch}.block_count"))?.unwrap_or(0) as usize;
+    let tensors = src.tensors().to_vec();
+    for t in &tensors {
+        let values = src.read_f32(t)?;
+        let layer = crate::checkpoint::gguf::weights::tensor_id(&t.name).and_then(|i| i.layer());
+        let ty = layout(&t.name, &t.shape, layer, layers);
+        let (data, _) = encode(&values, ty);
+        w.tensor(RawTensor {
+            name: t.name.clone(),
+            type_id: ty.id(),
+            shape: t.shape.clone(),
+            data,
+        });
+    }
+    Ok(w)
+}
+
+/// A `Q6_K`-style layout: every matrix q6_K (q8_0 where rows are not a multiple of 256),
+/// vectors f32.
+pub fn q6_k_type(_: &str, shape: &[usize], _: Option<usize>, _: usize) -> FixtureType {
+    match shape {
+        [_, row] if row % 256 == 0 => FixtureType::Q6K,
+        [_, _] => FixtureType::Q8_0,
+        _ => FixtureType::F32,
     }
 }

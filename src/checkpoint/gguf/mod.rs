@@ -1,11 +1,14 @@
 //! GGUF (llama.cpp) files → Hugging Face checkpoints.
 //!
-//! [`import`] reads a llama-architecture GGUF, dequantizes every tensor (F32, F16, BF16, Q8_0,
-//! Q4_0, Q4_1) into an fp16 `model.safetensors` with llama.cpp's q/k row permutation undone,
-//! and writes config.json, generation_config.json and a tokenizer rebuilt from the GGUF
-//! vocabulary. Everything about the input is checked before the output directory is created,
+//! [`import`] reads a `llama` or `qwen2` GGUF, dequantizes every tensor (the legacy, K and
+//! IQ4 quant types: [`dequant`]) into an fp16 `model.safetensors` with llama.cpp's q/k row
+//! permutation undone where its converter applied it (llama, not qwen2), and writes
+//! config.json, generation_config.json and a tokenizer rebuilt from the GGUF vocabulary. Everything about the input is checked before the output directory is created,
 //! and the output appears under its name only when complete ([`AtomicDir`]).
 
+pub mod cache;
+pub mod dequant;
+pub mod header;
 pub mod reader;
 pub mod tokenizer;
 pub mod weights;
@@ -21,11 +24,12 @@ pub use reader::{supported_types_list, type_name, GgufFile, GgufTensor, SUPPORTE
 pub use tokenizer::{GgufTokenizer, SUPPORTED_PRE};
 pub use weights::{hf_tensor_name, permute_rows, unpermute_rows, TensorPlan};
 
+use crate::arch::Architecture;
 use crate::fsutil::AtomicDir;
 use crate::progress::Progress;
 
 /// Architectures (`general.architecture`) the importer understands.
-pub const SUPPORTED_ARCHITECTURES: [&str; 1] = ["llama"];
+pub const SUPPORTED_ARCHITECTURES: [&str; 2] = ["llama", "qwen2"];
 
 /// The transformers version whose config keys we write (v4: `rope_theta`, `torch_dtype`).
 const TRANSFORMERS_VERSION: &str = "4.46.0";
@@ -86,9 +90,11 @@ pub enum GgufError {
     OutputExists { path: PathBuf },
 }
 
-/// The llama hyperparameters of a GGUF, checked for consistency.
+/// The hyperparameters of a llama-family GGUF (`llama` or `qwen2`), checked for consistency.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LlamaHParams {
+    /// `general.architecture`: `llama` or `qwen2`.
+    pub arch: String,
     pub layers: usize,
     pub hidden: usize,
     pub intermediate: usize,
@@ -102,6 +108,33 @@ pub struct LlamaHParams {
     /// Linear rope scaling factor, when the file declares one.
     pub rope_linear_factor: Option<f64>,
     pub tied: bool,
+}
+
+impl LlamaHParams {
+    /// q/k/v projections carry biases (qwen2).
+    pub fn attention_bias(&self) -> bool {
+        self.arch == "qwen2"
+    }
+
+    /// llama.cpp's converter permuted q/k rows for rope (`LlamaModel.permute`); its Qwen2
+    /// converter writes them as transformers has them.
+    pub fn permuted_qk(&self) -> bool {
+        self.arch == "llama"
+    }
+}
+
+/// `general.architecture`, checked to be one we import.
+pub fn architecture(g: &GgufFile) -> Result<String, GgufError> {
+    let arch = g
+        .get_str("general.architecture")?
+        .ok_or_else(|| meta_err(g, "general.architecture", "missing".into()))?;
+    if !SUPPORTED_ARCHITECTURES.contains(&arch) {
+        return Err(GgufError::UnsupportedArchitecture {
+            path: g.path().to_path_buf(),
+            arch: arch.to_string(),
+        });
+    }
+    Ok(arch.to_string())
 }
 
 /// An error about metadata `key` of `g`.
@@ -144,35 +177,36 @@ struct Dims {
 }
 
 impl Dims {
-    fn from_gguf(g: &GgufFile) -> Result<Self, GgufError> {
-        let layers = required_dim(g, "llama.block_count")?;
-        let hidden = required_dim(g, "llama.embedding_length")?;
-        let intermediate = required_dim(g, "llama.feed_forward_length")?;
-        let heads = required_dim(g, "llama.attention.head_count")?;
-        let kv_heads = optional_dim(g, "llama.attention.head_count_kv")?.unwrap_or(heads);
+    fn from_gguf(g: &GgufFile, arch: &str) -> Result<Self, GgufError> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let layers = required_dim(g, &key("block_count"))?;
+        let hidden = required_dim(g, &key("embedding_length"))?;
+        let intermediate = required_dim(g, &key("feed_forward_length"))?;
+        let heads = required_dim(g, &key("attention.head_count"))?;
+        let kv_heads = optional_dim(g, &key("attention.head_count_kv"))?.unwrap_or(heads);
         if heads % kv_heads != 0 {
             return Err(meta_err(
                 g,
-                "llama.attention.head_count_kv",
+                &key("attention.head_count_kv"),
                 format!("{kv_heads} does not divide the {heads} query heads"),
             ));
         }
-        let head_dim = match optional_dim(g, "llama.attention.key_length")? {
+        let head_dim = match optional_dim(g, &key("attention.key_length"))? {
             Some(d) => d,
             None if hidden % heads == 0 => hidden / heads,
             None => {
                 return Err(meta_err(
                     g,
-                    "llama.attention.head_count",
+                    &key("attention.head_count"),
                     format!("{heads} heads do not divide embedding_length {hidden}"),
                 ))
             }
         };
-        if let Some(v) = optional_dim(g, "llama.attention.value_length")? {
+        if let Some(v) = optional_dim(g, &key("attention.value_length"))? {
             if v != head_dim {
                 return Err(meta_err(
                     g,
-                    "llama.attention.value_length",
+                    &key("attention.value_length"),
                     format!("{v} differs from the key length {head_dim}; transformers' llama needs them equal"),
                 ));
             }
@@ -182,7 +216,7 @@ impl Dims {
         if layers > n_tensors / 9 {
             return Err(meta_err(
                 g,
-                "llama.block_count",
+                &key("block_count"),
                 format!(
                     "{layers} blocks need at least {} tensors; the file has {n_tensors}",
                     layers.saturating_mul(9)
@@ -192,22 +226,22 @@ impl Dims {
         if heads.checked_mul(head_dim).is_none() {
             return Err(meta_err(
                 g,
-                "llama.attention.head_count",
+                &key("attention.head_count"),
                 format!("{heads} heads of {head_dim} overflow"),
             ));
         }
         if head_dim % 2 != 0 {
             return Err(meta_err(
                 g,
-                "llama.attention.key_length",
+                &key("attention.key_length"),
                 format!("head dimension {head_dim} must be even for rotary embeddings"),
             ));
         }
-        if let Some(rot) = optional_dim(g, "llama.rope.dimension_count")? {
+        if let Some(rot) = optional_dim(g, &key("rope.dimension_count"))? {
             if rot != head_dim {
                 return Err(meta_err(
                     g,
-                    "llama.rope.dimension_count",
+                    &key("rope.dimension_count"),
                     format!(
                         "partial rotary embeddings ({rot} of {head_dim} dims) are not supported"
                     ),
@@ -226,45 +260,46 @@ impl Dims {
 }
 
 /// Rope base, RMSNorm epsilon and the linear rope scaling factor (if any), checked.
-fn rope_and_norm(g: &GgufFile) -> Result<(f64, f64, Option<f64>), GgufError> {
-    let rope_theta = g.get_float("llama.rope.freq_base")?.unwrap_or(10_000.0);
+fn rope_and_norm(g: &GgufFile, arch: &str) -> Result<(f64, f64, Option<f64>), GgufError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let rope_theta = g.get_float(&key("rope.freq_base"))?.unwrap_or(10_000.0);
     if !(rope_theta.is_finite() && rope_theta > 0.0) {
         return Err(meta_err(
             g,
-            "llama.rope.freq_base",
+            &key("rope.freq_base"),
             format!("{rope_theta} must be positive"),
         ));
     }
     let rms_norm_eps = g
-        .get_float("llama.attention.layer_norm_rms_epsilon")?
+        .get_float(&key("attention.layer_norm_rms_epsilon"))?
         .ok_or_else(|| {
             meta_err(
                 g,
-                "llama.attention.layer_norm_rms_epsilon",
+                &key("attention.layer_norm_rms_epsilon"),
                 "missing".into(),
             )
         })?;
     if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
         return Err(meta_err(
             g,
-            "llama.attention.layer_norm_rms_epsilon",
+            &key("attention.layer_norm_rms_epsilon"),
             format!("{rms_norm_eps} must be positive"),
         ));
     }
-    let rope_linear_factor = match g.get_str("llama.rope.scaling.type")? {
+    let rope_linear_factor = match g.get_str(&key("rope.scaling.type"))? {
         None | Some("none") => None,
         Some("linear") => {
-            let f = g.get_float("llama.rope.scaling.factor")?.ok_or_else(|| {
+            let f = g.get_float(&key("rope.scaling.factor"))?.ok_or_else(|| {
                 meta_err(
                     g,
-                    "llama.rope.scaling.factor",
+                    &key("rope.scaling.factor"),
                     "missing for linear scaling".into(),
                 )
             })?;
             if !(f.is_finite() && f > 0.0) {
                 return Err(meta_err(
                     g,
-                    "llama.rope.scaling.factor",
+                    &key("rope.scaling.factor"),
                     format!("{f} must be positive"),
                 ));
             }
@@ -274,7 +309,7 @@ fn rope_and_norm(g: &GgufFile) -> Result<(f64, f64, Option<f64>), GgufError> {
         Some(other) => {
             return Err(meta_err(
                 g,
-                "llama.rope.scaling.type",
+                &key("rope.scaling.type"),
                 format!("rope scaling `{other}` is not supported (supported: none, linear)"),
             ))
         }
@@ -283,7 +318,8 @@ fn rope_and_norm(g: &GgufFile) -> Result<(f64, f64, Option<f64>), GgufError> {
 }
 
 /// The vocabulary size: token_embd.weight's rows, agreeing with `llama.vocab_size` if given.
-fn vocab_size(g: &GgufFile, hidden: usize) -> Result<usize, GgufError> {
+fn vocab_size(g: &GgufFile, arch: &str, hidden: usize) -> Result<usize, GgufError> {
+    let key = |k: &str| format!("{arch}.{k}");
     let embd = g
         .tensor("token_embd.weight")
         .ok_or_else(|| GgufError::Tensor {
@@ -301,11 +337,11 @@ fn vocab_size(g: &GgufFile, hidden: usize) -> Result<usize, GgufError> {
             })
         }
     };
-    if let Some(v) = optional_dim(g, "llama.vocab_size")? {
+    if let Some(v) = optional_dim(g, &key("vocab_size"))? {
         if v != vocab {
             return Err(meta_err(
                 g,
-                "llama.vocab_size",
+                &key("vocab_size"),
                 format!("{v} differs from token_embd.weight's {vocab} rows"),
             ));
         }
@@ -314,8 +350,9 @@ fn vocab_size(g: &GgufFile, hidden: usize) -> Result<usize, GgufError> {
 }
 
 impl LlamaHParams {
-    /// Read `llama.*` metadata; `vocab` and `tied` come from the tensors.
+    /// Read `{arch}.*` metadata; `vocab` and `tied` come from the tensors.
     pub fn from_gguf(g: &GgufFile) -> Result<Self, GgufError> {
+        let arch = architecture(g)?;
         let Dims {
             layers,
             hidden,
@@ -323,12 +360,13 @@ impl LlamaHParams {
             heads,
             kv_heads,
             head_dim,
-        } = Dims::from_gguf(g)?;
-        let context = required_dim(g, "llama.context_length")?;
-        let (rope_theta, rms_norm_eps, rope_linear_factor) = rope_and_norm(g)?;
-        let vocab = vocab_size(g, hidden)?;
+        } = Dims::from_gguf(g, &arch)?;
+        let context = required_dim(g, &format!("{arch}.context_length"))?;
+        let (rope_theta, rms_norm_eps, rope_linear_factor) = rope_and_norm(g, &arch)?;
+        let vocab = vocab_size(g, &arch, hidden)?;
         let tied = g.tensor("output.weight").is_none();
         Ok(LlamaHParams {
+            arch,
             layers,
             hidden,
             intermediate,
@@ -349,11 +387,12 @@ impl LlamaHParams {
         let q = self.heads * self.head_dim;
         let kv = self.kv_heads * self.head_dim;
         let (h, f) = (self.hidden, self.intermediate);
+        let permuted = self.permuted_qk();
         let plan = |gguf: String, shape: Vec<usize>, unpermute_heads: Option<usize>| TensorPlan {
             hf_name: hf_tensor_name(&gguf).unwrap_or_default(),
             gguf_name: gguf,
             shape,
-            unpermute_heads,
+            unpermute_heads: unpermute_heads.filter(|_| permuted),
         };
         let mut out = vec![plan("token_embd.weight".into(), vec![self.vocab, h], None)];
         for l in 0..self.layers {
@@ -362,6 +401,12 @@ impl LlamaHParams {
             out.push(plan(b("attn_q"), vec![q, h], Some(self.heads)));
             out.push(plan(b("attn_k"), vec![kv, h], Some(self.kv_heads)));
             out.push(plan(b("attn_v"), vec![kv, h], None));
+            if self.attention_bias() {
+                let bias = |p: &str| format!("blk.{l}.{p}.bias");
+                out.push(plan(bias("attn_q"), vec![q], None));
+                out.push(plan(bias("attn_k"), vec![kv], None));
+                out.push(plan(bias("attn_v"), vec![kv], None));
+            }
             out.push(plan(b("attn_output"), vec![h, q], None));
             out.push(plan(b("ffn_norm"), vec![h], None));
             out.push(plan(b("ffn_gate"), vec![f, h], None));
@@ -382,9 +427,14 @@ impl LlamaHParams {
             Some(f) => serde_json::json!({"type": "linear", "rope_type": "linear", "factor": f}),
             None => serde_json::Value::Null,
         };
+        let arch = if self.attention_bias() {
+            Architecture::Qwen2
+        } else {
+            Architecture::Llama
+        };
         serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
-            "attention_bias": false,
+            "architectures": [arch.hf_name()],
+            "attention_bias": self.attention_bias(),
             "attention_dropout": 0.0,
             "bos_token_id": id(&tok.bos),
             "eos_token_id": id(&tok.eos),
@@ -395,7 +445,7 @@ impl LlamaHParams {
             "intermediate_size": self.intermediate,
             "max_position_embeddings": self.context,
             "mlp_bias": false,
-            "model_type": "llama",
+            "model_type": arch.model_type(),
             "num_attention_heads": self.heads,
             "num_hidden_layers": self.layers,
             "num_key_value_heads": self.kv_heads,
@@ -413,9 +463,30 @@ impl LlamaHParams {
     }
 }
 
-/// Check that the file holds exactly the llama tensors `hp` implies, with the right shapes
-/// and dequantizable types.
+/// Check that the file holds exactly the tensors `hp` implies, with the right shapes and
+/// dequantizable types.
 pub fn plan_tensors(g: &GgufFile, hp: &LlamaHParams) -> Result<Vec<TensorPlan>, GgufError> {
+    let plan = plan_tensors_unchecked(g, hp)?;
+    for p in &plan {
+        let Some(t) = g.tensor(&p.gguf_name) else {
+            continue;
+        };
+        if t.dtype.is_none() {
+            return Err(GgufError::UnsupportedTensorType {
+                path: g.path().to_path_buf(),
+                tensor: t.name.clone(),
+                dtype: t.type_name(),
+            });
+        }
+    }
+    Ok(plan)
+}
+
+/// [`plan_tensors`] without the type check (what a header-only summary needs).
+pub fn plan_tensors_unchecked(
+    g: &GgufFile,
+    hp: &LlamaHParams,
+) -> Result<Vec<TensorPlan>, GgufError> {
     let plan = hp.expected();
     for p in &plan {
         let t = g.tensor(&p.gguf_name).ok_or_else(|| GgufError::Tensor {
@@ -430,13 +501,6 @@ pub fn plan_tensors(g: &GgufFile, hp: &LlamaHParams) -> Result<Vec<TensorPlan>, 
                 message: format!("shape {:?}, expected {:?}", t.shape, p.shape),
             });
         }
-        if t.dtype.is_none() {
-            return Err(GgufError::UnsupportedTensorType {
-                path: g.path().to_path_buf(),
-                tensor: t.name.clone(),
-                dtype: t.type_name(),
-            });
-        }
     }
     let extra: Vec<&str> = g
         .tensors()
@@ -449,8 +513,9 @@ pub fn plan_tensors(g: &GgufFile, hp: &LlamaHParams) -> Result<Vec<TensorPlan>, 
             "per-frequency rope factors (Llama 3.1 style) are not supported".to_string()
         } else {
             format!(
-                "not part of a {}-layer llama ({} unexpected tensor(s): {})",
+                "not part of a {}-layer {} ({} unexpected tensor(s): {})",
                 hp.layers,
+                hp.arch,
                 extra.len(),
                 extra.iter().take(5).copied().collect::<Vec<_>>().join(", ")
             )
@@ -504,19 +569,6 @@ pub fn import(
     progress: &dyn Progress,
 ) -> Result<ImportReport, GgufError> {
     let mut g = GgufFile::open(src)?;
-    let arch = g
-        .get_str("general.architecture")?
-        .ok_or_else(|| GgufError::Metadata {
-            path: src.to_path_buf(),
-            key: "general.architecture".into(),
-            message: "missing".into(),
-        })?;
-    if !SUPPORTED_ARCHITECTURES.contains(&arch) {
-        return Err(GgufError::UnsupportedArchitecture {
-            path: src.to_path_buf(),
-            arch: arch.to_string(),
-        });
-    }
     let hp = LlamaHParams::from_gguf(&g)?;
     let plan = plan_tensors(&g, &hp)?;
     let tok = tokenizer::build(&g)?;

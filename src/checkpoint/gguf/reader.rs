@@ -3,7 +3,8 @@
 //! The header is parsed here rather than by candle's `gguf_file::Content::read`, which panics
 //! on `general.alignment = 0` and rejects a whole file for one unknown tensor type without
 //! naming the tensor. Every length, count, shape and offset is checked arithmetic bounded by
-//! the file size before anything is allocated or read. candle dequantizes the tensor data.
+//! the file size before anything is allocated or read; tensors may not share bytes.
+//! [`super::dequant`] dequantizes the tensor data.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -11,20 +12,12 @@ use std::io::{BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value;
-use candle_core::quantized::{ggml_file, GgmlDType};
-use candle_core::Device;
 
+use super::dequant::{block_layout, GgmlType};
 use super::GgufError;
 
-/// Tensor types the importer dequantizes (llama.cpp names).
-pub const SUPPORTED_TYPES: [GgmlDType; 6] = [
-    GgmlDType::F32,
-    GgmlDType::F16,
-    GgmlDType::BF16,
-    GgmlDType::Q8_0,
-    GgmlDType::Q4_0,
-    GgmlDType::Q4_1,
-];
+/// Tensor types the importer dequantizes.
+pub const SUPPORTED_TYPES: [GgmlType; 15] = GgmlType::ALL;
 
 /// GGUF's default tensor data alignment.
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -40,53 +33,13 @@ const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
 /// which is allocated up front from the declared count.
 const MAX_TENSORS: u64 = 1 << 20;
 
-/// The supported types as a list for messages: `F32, F16, BF16, Q8_0, Q4_0, Q4_1`.
+/// The supported types as a list for messages: `F32, F16, BF16, Q4_0, ...`.
 pub fn supported_types_list() -> String {
     SUPPORTED_TYPES
         .iter()
-        .map(|t| type_name(type_id(*t)))
+        .map(|t| type_name(t.id()))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// ggml's id of a tensor type.
-fn type_id(t: GgmlDType) -> u32 {
-    match t {
-        GgmlDType::F32 => 0,
-        GgmlDType::F16 => 1,
-        GgmlDType::Q4_0 => 2,
-        GgmlDType::Q4_1 => 3,
-        GgmlDType::Q5_0 => 6,
-        GgmlDType::Q5_1 => 7,
-        GgmlDType::Q8_0 => 8,
-        GgmlDType::Q8_1 => 9,
-        GgmlDType::Q2K => 10,
-        GgmlDType::Q3K => 11,
-        GgmlDType::Q4K => 12,
-        GgmlDType::Q5K => 13,
-        GgmlDType::Q6K => 14,
-        GgmlDType::Q8K => 15,
-        GgmlDType::BF16 => 30,
-    }
-}
-
-/// A supported type from its ggml id.
-fn supported_type(id: u32) -> Option<GgmlDType> {
-    SUPPORTED_TYPES.into_iter().find(|t| type_id(*t) == id)
-}
-
-/// (elements per block, bytes per block) of a supported type.
-fn block_layout(t: GgmlDType) -> (u64, u64) {
-    match t {
-        GgmlDType::F32 => (1, 4),
-        GgmlDType::F16 | GgmlDType::BF16 => (1, 2),
-        // f16 scale + 16 bytes of nibbles
-        GgmlDType::Q4_0 => (32, 18),
-        // f16 scale + f16 min + 16 bytes of nibbles
-        GgmlDType::Q4_1 => (32, 20),
-        // f16 scale + 32 × i8
-        _ => (32, 34),
-    }
 }
 
 /// llama.cpp's name for a tensor type id (`type 99` when it has none).
@@ -136,7 +89,7 @@ pub struct GgufTensor {
     /// ggml type id.
     pub type_id: u32,
     /// The type, when it is one we dequantize.
-    pub dtype: Option<GgmlDType>,
+    pub dtype: Option<GgmlType>,
     /// Row-major shape: GGUF lists dims fastest-first, this is that list reversed.
     pub shape: Vec<usize>,
     /// Absolute byte offset of the data in the file.
@@ -171,6 +124,8 @@ pub struct GgufFile {
     metadata: HashMap<String, Value>,
     /// In file order.
     tensors: Vec<GgufTensor>,
+    /// Where the last tensor's data ends (beyond `file_size` in a truncated file).
+    data_end: u64,
 }
 
 /// A bounds-checked little-endian reader over the header.
@@ -301,20 +256,34 @@ impl GgufFile {
         };
         let file = File::open(path).map_err(io_err)?;
         let file_size = file.metadata().map_err(io_err)?.len();
-        Self::from_source(path, Box::new(file), file_size)
+        Self::from_source(path, Box::new(file), file_size, false)
+    }
+
+    /// Read the header only, accepting a file whose tensor data is incomplete (the first
+    /// part of a download): [`GgufFile::truncated_at`] says where it stops. Every shape and
+    /// offset is still checked; no tensor data is read.
+    pub fn open_header(path: &Path) -> Result<Self, GgufError> {
+        let io_err = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        let file_size = file.metadata().map_err(io_err)?.len();
+        Self::from_source(path, Box::new(file), file_size, true)
     }
 
     /// Read a GGUF held in memory; `path` only names it in errors. The same checks as
     /// [`GgufFile::open`] (this is the fuzzing entry point).
     pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Self, GgufError> {
         let size = bytes.len() as u64;
-        Self::from_source(path, Box::new(Cursor::new(bytes)), size)
+        Self::from_source(path, Box::new(Cursor::new(bytes)), size, false)
     }
 
     fn from_source(
         path: &Path,
         source: Box<dyn Source>,
         file_size: u64,
+        header_only: bool,
     ) -> Result<Self, GgufError> {
         let mut reader = BufReader::new(source);
         let mut h = Header {
@@ -389,65 +358,12 @@ impl GgufFile {
             .checked_next_multiple_of(alignment)
             .ok_or_else(|| h.malformed("header size overflows".into()))?;
 
-        let mut tensors = Vec::with_capacity(infos.len());
-        let mut seen = std::collections::HashSet::new();
-        for (name, dims, ty, offset) in infos {
-            let bad = |message: String| GgufError::Tensor {
-                path: path.to_path_buf(),
-                tensor: name.clone(),
-                message,
-            };
-            if !seen.insert(name.clone()) {
-                return Err(bad("appears twice".into()));
-            }
-            let numel = dims
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .filter(|n| usize::try_from(*n).is_ok())
-                .ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
-            let shape: Vec<usize> = dims.iter().rev().map(|&d| d as usize).collect();
-            let dtype = supported_type(ty);
-            let n_bytes = match dtype {
-                Some(t) => {
-                    let (block, block_bytes) = block_layout(t);
-                    if numel % block != 0 {
-                        return Err(bad(format!(
-                            "{numel} elements are not a whole number of {block}-element {} blocks",
-                            type_name(ty)
-                        )));
-                    }
-                    (numel / block)
-                        .checked_mul(block_bytes)
-                        .ok_or_else(|| bad(format!("shape {dims:?} overflows")))?
-                }
-                // Rejected by the importer with the tensor's name; its size is unknown here.
-                None => 0,
-            };
-            let start = data_start
-                .checked_add(offset)
-                .ok_or_else(|| bad(format!("offset {offset} overflows")))?;
-            let end = start
-                .checked_add(n_bytes)
-                .ok_or_else(|| bad(format!("offset {offset} overflows")))?;
-            if end > file_size {
-                return Err(GgufError::Truncated {
-                    path: path.to_path_buf(),
-                    tensor: name,
-                    start,
-                    end,
-                    file_size,
-                });
-            }
-            tensors.push(GgufTensor {
-                name,
-                type_id: ty,
-                dtype,
-                shape,
-                start,
-                n_bytes,
-            });
-        }
-        tensors.sort_by_key(|t| t.start);
+        let tensors = tensor_table(path, infos, data_start, file_size, header_only)?;
+        let data_end = tensors
+            .iter()
+            .map(|t| t.start + t.n_bytes)
+            .max()
+            .unwrap_or(data_start);
         Ok(GgufFile {
             path: path.to_path_buf(),
             reader,
@@ -455,6 +371,7 @@ impl GgufFile {
             version,
             metadata,
             tensors,
+            data_end,
         })
     }
 
@@ -469,6 +386,12 @@ impl GgufFile {
 
     pub fn file_size(&self) -> u64 {
         self.file_size
+    }
+
+    /// The file size when the tensor data runs past the end of the file (only a file opened
+    /// with [`GgufFile::open_header`] can be), else `None`.
+    pub fn truncated_at(&self) -> Option<u64> {
+        (self.data_end > self.file_size).then_some(self.file_size)
     }
 
     pub fn tensors(&self) -> &[GgufTensor] {
@@ -595,13 +518,7 @@ impl GgufFile {
             tensor: tensor.name.clone(),
             message: format!("{} bytes do not fit in memory", tensor.n_bytes),
         })?;
-        // candle reinterprets the bytes as blocks holding f16/f32 fields, so the buffer must
-        // be aligned for them; a u64 buffer viewed as bytes is.
-        let mut words = vec![0u64; n.div_ceil(8)];
-        // SAFETY: the u64 buffer is `8 * words.len() >= n` bytes long, u8 has alignment 1 and
-        // every byte pattern is a valid u8; `words` outlives `bytes` and is not touched again.
-        let bytes: &mut [u8] =
-            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), n) };
+        let mut bytes = vec![0u8; n];
         let io_err = |source| GgufError::Io {
             path: self.path.clone(),
             source,
@@ -609,9 +526,9 @@ impl GgufFile {
         self.reader
             .seek(SeekFrom::Start(tensor.start))
             .map_err(io_err)?;
-        self.reader.read_exact(bytes).map_err(|source| {
+        self.reader.read_exact(&mut bytes).map_err(|source| {
             if source.kind() == std::io::ErrorKind::UnexpectedEof {
-                // The file shrank after the header was checked.
+                // The file shrank after the header was checked, or was opened header-only.
                 GgufError::Truncated {
                     path: self.path.clone(),
                     tensor: tensor.name.clone(),
@@ -626,18 +543,111 @@ impl GgufFile {
                 }
             }
         })?;
-        let candle_err = |e: candle_core::Error| GgufError::Tensor {
-            path: self.path.clone(),
-            tensor: tensor.name.clone(),
-            message: e.to_string(),
-        };
-        let q = ggml_file::qtensor_from_ggml(dtype, bytes, tensor.shape.clone(), &Device::Cpu)
-            .map_err(candle_err)?;
-        q.dequantize(&Device::Cpu)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(candle_err)
+        let mut values = Vec::new();
+        dtype.dequantize(&bytes, &mut values);
+        Ok(values)
     }
+}
+
+/// A tensor's declared name, dims (fastest first), type id and data offset.
+type TensorInfo = (String, Vec<u64>, u32, u64);
+
+/// Check every tensor's shape, size and byte range, refuse tensors whose data overlap, and
+/// return the table in file order. `header_only` accepts data running past the file's end.
+fn tensor_table(
+    path: &Path,
+    infos: Vec<TensorInfo>,
+    data_start: u64,
+    file_size: u64,
+    header_only: bool,
+) -> Result<Vec<GgufTensor>, GgufError> {
+    let mut tensors = Vec::with_capacity(infos.len());
+    let mut seen = std::collections::HashSet::new();
+    for (name, dims, ty, offset) in infos {
+        let bad = |message: String| GgufError::Tensor {
+            path: path.to_path_buf(),
+            tensor: name.clone(),
+            message,
+        };
+        if !seen.insert(name.clone()) {
+            return Err(bad("appears twice".into()));
+        }
+        let numel = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .filter(|n| usize::try_from(*n).is_ok())
+            .ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
+        let shape: Vec<usize> = dims.iter().rev().map(|&d| d as usize).collect();
+        let n_bytes = match block_layout(ty) {
+            Some((block, block_bytes)) => {
+                // ggml quantizes rows: the row length must be whole blocks.
+                let row = dims.first().copied().unwrap_or(1);
+                if row % block != 0 {
+                    return Err(bad(format!(
+                        "rows of {row} elements are not a whole number of {block}-element {} blocks",
+                        type_name(ty)
+                    )));
+                }
+                (numel / block)
+                    .checked_mul(block_bytes)
+                    .ok_or_else(|| bad(format!("shape {dims:?} overflows")))?
+            }
+            // Rejected by the importer with the tensor's name; its size is unknown here.
+            None => 0,
+        };
+        let start = data_start
+            .checked_add(offset)
+            .ok_or_else(|| bad(format!("offset {offset} overflows")))?;
+        let end = start
+            .checked_add(n_bytes)
+            .ok_or_else(|| bad(format!("offset {offset} overflows")))?;
+        if end > file_size && !header_only {
+            return Err(GgufError::Truncated {
+                path: path.to_path_buf(),
+                tensor: name,
+                start,
+                end,
+                file_size,
+            });
+        }
+        tensors.push(GgufTensor {
+            name,
+            type_id: ty,
+            dtype: GgmlType::from_id(ty),
+            shape,
+            start,
+            n_bytes,
+        });
+    }
+    tensors.sort_by_key(|t| t.start);
+    refuse_overlaps(path, &tensors)?;
+    Ok(tensors)
+}
+
+/// Tensors (sorted by start) whose data share bytes: a file crafted so one block of data
+/// stands for many tensors.
+fn refuse_overlaps(path: &Path, sorted: &[GgufTensor]) -> Result<(), GgufError> {
+    let mut prev: Option<&GgufTensor> = None;
+    for t in sorted.iter().filter(|t| t.n_bytes > 0) {
+        if let Some(p) = prev {
+            if p.start + p.n_bytes > t.start {
+                return Err(GgufError::Tensor {
+                    path: path.to_path_buf(),
+                    tensor: t.name.clone(),
+                    message: format!(
+                        "its data (bytes {}..{}) overlap those of `{}` (bytes {}..{})",
+                        t.start,
+                        t.start + t.n_bytes,
+                        p.name,
+                        p.start,
+                        p.start + p.n_bytes
+                    ),
+                });
+            }
+        }
+        prev = Some(t);
+    }
+    Ok(())
 }
 
 fn as_uint(v: &Value) -> Option<u64> {

@@ -20,7 +20,7 @@ use super::reader::GgufFile;
 use super::GgufError;
 
 /// `tokenizer.ggml.pre` values we can rebuild.
-pub const SUPPORTED_PRE: [&str; 3] = ["smollm", "llama-bpe", "gpt2"];
+pub const SUPPORTED_PRE: [&str; 5] = ["smollm", "llama-bpe", "qwen2", "deepseek-r1-qwen", "gpt2"];
 
 /// llama.cpp token types (`llama_token_type`).
 const TOKEN_TYPE_CONTROL: u64 = 3;
@@ -29,6 +29,10 @@ const TOKEN_TYPE_USER_DEFINED: u64 = 4;
 /// Llama 3's split pattern (transformers' tokenizer.json for Meta-Llama-3): contractions
 /// case-insensitively, letters with one leading non-letter, digits in groups of up to three.
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen2's split pattern (its tokenizer.json; llama.cpp's `LLAMA_VOCAB_PRE_TYPE_QWEN2`, which
+/// `deepseek-r1-qwen` shares): as Llama 3's, but every digit on its own.
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Everything known about the tokenizer, for tokenizer.json and the config files.
 #[derive(Debug)]
@@ -65,7 +69,11 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
     let types = token_types(g, tokens.len())?;
     let specials = Specials::read(g, &tokens)?;
 
-    let mut builder = BPE::builder().vocab_and_merges(vocab, merges);
+    // Llama 3 takes a piece that is a whole token as is, before any merge (transformers'
+    // `ignore_merges`, llama.cpp's LLAMA3 pre-type); the others always merge.
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(matches!(pre.as_str(), "llama-bpe" | "llama3"));
     if let Some((_, t)) = &specials.unk {
         builder = builder.unk_token(t.clone());
     }
@@ -363,25 +371,30 @@ fn pre_tokenizer_for(g: &GgufFile, pre: &str) -> Result<PreTokenizerWrapper, Ggu
         "gpt2" => Ok(gpt2().into()),
         // SmolLM: every digit on its own, then GPT-2 byte-level splitting.
         "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), gpt2().into()]).into()),
-        "llama-bpe" | "llama3" => {
-            let split = Split::new(
-                SplitPattern::Regex(LLAMA3_PATTERN.into()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| tok_err(g, format!("llama-bpe split pattern: {e}")))?;
-            Ok(Sequence::new(vec![
-                split.into(),
-                ByteLevel::new(false, true, false).into(),
-            ])
-            .into())
-        }
+        "llama-bpe" | "llama3" => regex_split(g, pre, LLAMA3_PATTERN),
+        "qwen2" | "deepseek-r1-qwen" => regex_split(g, pre, QWEN2_PATTERN),
         _ => Err(GgufError::UnsupportedTokenizer {
             path: g.path().to_path_buf(),
             what: format!("pre-tokenizer `{pre}`"),
             supported: SUPPORTED_PRE.join(", "),
         }),
     }
+}
+
+/// A regex split (each match its own piece) followed by byte-level mapping without GPT-2's
+/// regex: how transformers' tokenizer.json describes the Llama 3 and Qwen2 families.
+fn regex_split(g: &GgufFile, pre: &str, pattern: &str) -> Result<PreTokenizerWrapper, GgufError> {
+    let split = Split::new(
+        SplitPattern::Regex(pattern.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| tok_err(g, format!("{pre} split pattern: {e}")))?;
+    Ok(Sequence::new(vec![
+        split.into(),
+        ByteLevel::new(false, true, false).into(),
+    ])
+    .into())
 }
 
 impl GgufTokenizer {

@@ -17,7 +17,7 @@ pub struct TensorPlan {
     pub unpermute_heads: Option<usize>,
 }
 
-/// The Hugging Face name of a llama GGUF tensor, `None` for names outside the llama layout.
+/// The Hugging Face name of a llama/qwen2 GGUF tensor, `None` for names outside the llama layout.
 pub fn hf_tensor_name(gguf: &str) -> Option<String> {
     tensor_id(gguf).map(TensorId::hf_name)
 }
@@ -41,6 +41,15 @@ pub fn tensor_id(gguf: &str) -> Option<TensorId> {
     }
     let layer: usize = layer.parse().ok()?;
     let (part, suffix) = rest.rsplit_once('.')?;
+    if suffix == "bias" {
+        let bias = match part {
+            "attn_q" => LayerTensor::QBias,
+            "attn_k" => LayerTensor::KBias,
+            "attn_v" => LayerTensor::VBias,
+            _ => return None,
+        };
+        return Some(TensorId::Layer(layer, bias));
+    }
     if suffix != "weight" {
         return None;
     }
@@ -168,7 +177,11 @@ mod tests {
             Some("lm_head.weight")
         );
         assert_eq!(hf_tensor_name("blk.01.attn_q.weight"), None);
-        assert_eq!(hf_tensor_name("blk.1.attn_q.bias"), None);
+        assert_eq!(
+            hf_tensor_name("blk.1.attn_q.bias").as_deref(),
+            Some("model.layers.1.self_attn.q_proj.bias")
+        );
+        assert_eq!(hf_tensor_name("blk.1.attn_output.bias"), None);
         assert_eq!(hf_tensor_name("rope_freqs.weight"), None);
         assert_eq!(hf_tensor_name("blk..attn_q.weight"), None);
     }

@@ -1,0 +1,154 @@
+//! What a GGUF's header alone says about the model: its spec, tensor types, bits per weight,
+//! where an incomplete file stops, and the precision its projections were quantized to (the
+//! error floor a re-quantized package starts from). No tensor data is read.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::dequant::block_layout;
+use super::reader::{type_name, GgufFile};
+use super::{plan_tensors_unchecked, GgufError, LlamaHParams};
+use crate::arch::{self, Architecture, ModelSpec, RopeScaling};
+
+/// A tensor type's storage cost.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TypeCount {
+    pub name: String,
+    pub tensors: usize,
+    pub parameters: u64,
+    pub bytes: u64,
+    /// Bits per weight of the type itself (block bytes × 8 / block elements).
+    pub bits_per_weight: f64,
+}
+
+/// The header of a GGUF file, summarized.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeaderInfo {
+    pub path: PathBuf,
+    pub spec: ModelSpec,
+    pub file_size: u64,
+    /// The file size when the tensor data is incomplete (the file stops at that byte).
+    pub truncated_at: Option<u64>,
+    /// By tensor type, most parameters first.
+    pub tensor_types: Vec<TypeCount>,
+    /// Elements of every tensor in the file.
+    pub parameters: u64,
+    /// Bytes of tensor data the header declares.
+    pub data_bytes: u64,
+    /// `data_bytes × 8 / parameters`.
+    pub bits_per_weight: f64,
+    /// The type holding most projection weights and its bits per weight: the precision the
+    /// source was already quantized to.
+    pub projection_type: Option<(String, f64)>,
+    /// Bytes each checkpoint tensor takes in the file, by Hugging Face name.
+    pub stored_bytes: BTreeMap<String, u64>,
+}
+
+/// Bits per weight of ggml type `id`, if ggml defines it.
+pub fn type_bits(id: u32) -> Option<f64> {
+    block_layout(id).map(|(e, b)| b as f64 * 8.0 / e as f64)
+}
+
+impl LlamaHParams {
+    /// The spec the imported checkpoint's config.json will describe (special token ids from
+    /// the tokenizer metadata).
+    pub fn spec(&self, g: &GgufFile) -> Result<ModelSpec, GgufError> {
+        let id = |k: &str| -> Result<Option<u32>, GgufError> {
+            Ok(g.get_uint(k)?.and_then(|v| u32::try_from(v).ok()))
+        };
+        Ok(ModelSpec {
+            architecture: if self.attention_bias() {
+                Architecture::Qwen2
+            } else {
+                Architecture::Llama
+            },
+            num_hidden_layers: self.layers,
+            hidden_size: self.hidden,
+            intermediate_size: self.intermediate,
+            num_attention_heads: self.heads,
+            num_key_value_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            vocab_size: self.vocab,
+            rms_norm_eps: self.rms_norm_eps,
+            tie_word_embeddings: self.tied,
+            rope_theta: self.rope_theta,
+            rope_scaling: match self.rope_linear_factor {
+                Some(factor) => RopeScaling::Linear { factor },
+                None => RopeScaling::None,
+            },
+            max_position_embeddings: self.context,
+            attention_bias: self.attention_bias(),
+            dtype: None,
+            bos_token_id: id("tokenizer.ggml.bos_token_id")?,
+            eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+            sliding_window: None,
+        })
+    }
+}
+
+/// Read `path`'s header (a file whose tensor data is cut short is accepted and said so).
+pub fn read_header(path: &Path) -> Result<HeaderInfo, GgufError> {
+    let g = GgufFile::open_header(path)?;
+    summarize(&g)
+}
+
+/// Summarize an opened GGUF's header.
+pub fn summarize(g: &GgufFile) -> Result<HeaderInfo, GgufError> {
+    let hp = LlamaHParams::from_gguf(g)?;
+    let plan = plan_tensors_unchecked(g, &hp)?;
+    let spec = hp.spec(g)?;
+    let mut types: BTreeMap<u32, TypeCount> = BTreeMap::new();
+    for t in g.tensors() {
+        let e = types.entry(t.type_id).or_insert_with(|| TypeCount {
+            name: type_name(t.type_id),
+            tensors: 0,
+            parameters: 0,
+            bytes: 0,
+            bits_per_weight: type_bits(t.type_id).unwrap_or(f64::NAN),
+        });
+        e.tensors += 1;
+        e.parameters += t.numel() as u64;
+        e.bytes += t.n_bytes;
+    }
+    let mut tensor_types: Vec<TypeCount> = types.into_values().collect();
+    tensor_types.sort_by(|a, b| b.parameters.cmp(&a.parameters).then(a.name.cmp(&b.name)));
+    let parameters: u64 = g.tensors().iter().map(|t| t.numel() as u64).sum();
+    let data_bytes: u64 = g.tensors().iter().map(|t| t.n_bytes).sum();
+    let mut stored_bytes = BTreeMap::new();
+    let mut projection: BTreeMap<u32, u64> = BTreeMap::new();
+    let slots = arch::expected_tensors(&spec);
+    for p in &plan {
+        let Some(t) = g.tensor(&p.gguf_name) else {
+            continue;
+        };
+        stored_bytes.insert(p.hf_name.clone(), t.n_bytes);
+        if slots
+            .iter()
+            .any(|s| s.name == p.hf_name && s.role.is_projection())
+        {
+            *projection.entry(t.type_id).or_default() += t.numel() as u64;
+        }
+    }
+    let projection_type = projection
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .and_then(|(id, _)| type_bits(id).map(|b| (type_name(id), b)));
+    Ok(HeaderInfo {
+        path: g.path().to_path_buf(),
+        spec,
+        file_size: g.file_size(),
+        truncated_at: g.truncated_at(),
+        tensor_types,
+        parameters,
+        data_bytes,
+        bits_per_weight: if parameters == 0 {
+            0.0
+        } else {
+            data_bytes as f64 * 8.0 / parameters as f64
+        },
+        projection_type,
+        stored_bytes,
+    })
+}

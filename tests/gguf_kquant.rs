@@ -1,0 +1,166 @@
+//! K-quant GGUF files as llama.cpp lays out a `Q4_K_M` (q4_K matrices, q6_K for `output` and
+//! the `use_more_bits` layers' attn_v/ffn_down, f32 vectors, q5_0/q8_0 where rows are not a
+//! multiple of 256), made from a tiny llama and a tiny qwen2 checkpoint: they import to the
+//! values the fixture's own quantizer decodes to (q/k un-permuted for llama only), convert
+//! straight from the .gguf (the second time from the model cache), and the package passes
+//! `validate` against the checkpoint the file was made from.
+
+use std::path::Path;
+use std::process::Command;
+
+use hf2coreml::checkpoint::gguf::{self, GgufError, ImportOptions};
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::progress::Silent;
+use hf2coreml::testing::gguf::{from_checkpoint, q4_k_m_type, BuiltGguf, TinyGguf};
+use hf2coreml::testing::{python_env, TinyModel};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+
+/// A checkpoint wide enough for 256-element K-quant rows, with an intermediate size (384)
+/// that is not, so ffn_down falls back like Qwen2.5-0.5B's do.
+fn wide(model: TinyModel) -> TinyModel {
+    TinyModel {
+        hidden: 256,
+        intermediate: 384,
+        layers: 3,
+        vocab: TinyGguf::llama().tokens().len(),
+        logit_gain: 4.0,
+        ..model
+    }
+}
+
+fn q4_k_m(ckpt_dir: &Path) -> BuiltGguf {
+    let ckpt = Checkpoint::open(ckpt_dir).unwrap();
+    from_checkpoint(&ckpt, q4_k_m_type)
+}
+
+fn types_of(path: &Path) -> Vec<String> {
+    let g = gguf::GgufFile::open(path).unwrap();
+    let mut t: Vec<String> = g.tensors().iter().map(|t| t.type_name()).collect();
+    t.sort();
+    t.dedup();
+    t
+}
+
+/// The imported safetensors hold exactly the fixture's decoded values (fp16-rounded).
+fn check_import(gguf_path: &Path, built: &BuiltGguf) {
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("ckpt");
+    gguf::import(gguf_path, &dest, &ImportOptions::default(), &Silent).unwrap();
+    let ckpt = Checkpoint::open(&dest).unwrap();
+    for (name, (shape, values)) in &built.expected {
+        let t = ckpt.tensor(name).unwrap();
+        assert_eq!(t.shape, shape.as_slice(), "{name}");
+        let got = t.to_f32();
+        for (i, (g, w)) in got.iter().zip(values).enumerate() {
+            let w16 = half::f16::from_f32(*w).to_f32();
+            assert!(g.to_bits() == w16.to_bits(), "{name}[{i}]: {g} vs {w16}");
+        }
+    }
+}
+
+fn hf2coreml(args: &[&std::ffi::OsStr], cache: &Path) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .env("HF2COREML_CACHE", cache)
+        .output()
+        .unwrap()
+}
+
+fn check(model: TinyModel) {
+    let model = wide(model);
+    let dir = model.write_temp().unwrap();
+    let built = q4_k_m(dir.path());
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("tiny-Q4_K_M.gguf");
+    built.writer.write(&file).unwrap();
+    let types = types_of(&file);
+    for t in ["F32", "Q4_K", "Q6_K", "Q5_0", "Q8_0"] {
+        assert!(types.contains(&t.to_string()), "{t} missing from {types:?}");
+    }
+    check_import(&file, &built);
+
+    let cache = work.path().join("cache");
+    let pkg = work.path().join("tiny.mlpackage");
+    let convert = |pkg: &Path| {
+        let o = hf2coreml(
+            &[
+                "convert".as_ref(),
+                file.as_os_str(),
+                "-o".as_ref(),
+                pkg.as_os_str(),
+                "--max-seq-len".as_ref(),
+                "256".as_ref(),
+                "--recipe".as_ref(),
+                "calibrated-4bit".as_ref(),
+            ],
+            &cache,
+        );
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "convert failed:\n{err}");
+        err
+    };
+    let first = convert(&pkg);
+    assert!(first.contains("imported"), "{first}");
+    assert!(
+        first.contains("re-quantizes"),
+        "a 4-bit recipe on a Q4_K source gets the note: {first}"
+    );
+    let second = convert(&work.path().join("again.mlpackage"));
+    assert!(second.contains("reusing"), "second convert: {second}");
+    assert_eq!(
+        std::fs::read_dir(cache.join("imported")).unwrap().count(),
+        1
+    );
+
+    let o = hf2coreml(
+        &[
+            "validate".as_ref(),
+            pkg.as_os_str(),
+            "--against".as_ref(),
+            dir.path().as_os_str(),
+        ],
+        &cache,
+    );
+    assert!(
+        o.status.success(),
+        "validate against the source checkpoint:\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn llama_q4_k_m_imports_converts_and_validates() {
+    check(TinyModel::llama());
+}
+
+#[test]
+fn qwen2_q4_k_m_imports_converts_and_validates() {
+    check(TinyModel::qwen2());
+}
+
+#[test]
+fn overlapping_tensors_are_refused() {
+    let mut w = TinyGguf::llama().build().writer;
+    w.same_offset = Some(0);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("overlap.gguf");
+    w.write(&file).unwrap();
+    match gguf::GgufFile::open(&file) {
+        Err(GgufError::Tensor { message, .. }) => assert!(message.contains("overlap"), "{message}"),
+        other => panic!("expected an overlap error, got {other:?}"),
+    }
+    let o = hf2coreml(
+        &["inspect".as_ref(), file.as_os_str()],
+        &dir.path().join("cache"),
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("overlap"));
+}
