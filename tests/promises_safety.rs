@@ -38,7 +38,8 @@ fn pickle_only_checkpoints_are_refused_unopened() {
             &hf2coreml(&["budget", d, "--device", "iphone-15"]),
             &[file, "pickle"],
         );
-        let out = dir.path().join("o.mlpackage");
+        let elsewhere = tempfile::tempdir().unwrap();
+        let out = elsewhere.path().join("o.mlpackage");
         let o = hf2coreml(&["convert", d, "-o", out.to_str().unwrap()]);
         assert_bad(&o, &[file, "pickle"]);
         assert!(!out.exists());
