@@ -76,7 +76,10 @@ fn default_recipe_passes_its_gates_and_answers_paris() {
     let lint = &report["lint"];
     assert_eq!(lint["counts"]["error"], 0, "{lint:#}");
     assert_eq!(lint["counts"]["fallback"], 0, "{lint:#}");
-    assert_eq!(lint["summary"]["ops_on_neural_engine"], lint["summary"]["ops"]);
+    assert_eq!(
+        lint["summary"]["ops_on_neural_engine"],
+        lint["summary"]["ops"]
+    );
     let l = Command::new(BIN).arg("lint").arg(&pkg).output().unwrap();
     assert_eq!(
         l.status.code(),

@@ -79,7 +79,10 @@ fn check(model: TinyModel, flags: &[&str]) {
             assert_eq!(c["ok"], true, "{c}");
             let w = c["found"].as_str().unwrap();
             let width = w.trim_end_matches(']').rsplit(", ").next().unwrap();
-            (c["what"].as_str().unwrap().to_string(), width.parse().unwrap())
+            (
+                c["what"].as_str().unwrap().to_string(),
+                width.parse().unwrap(),
+            )
         })
         .collect();
     assert_eq!(
