@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::gates::{Gate, GateResult};
 use super::metrics::{LogitComparison, WeightError};
 use crate::lint::LintReport;
+use crate::util::{fmt_bytes, fmt_count};
 
 /// One line of the contract check (`validate` (a)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -190,12 +191,12 @@ impl ValidationReport {
         if let Some(l) = &self.lint {
             let _ = writeln!(
                 s,
-                "\nneural engine  {} of {} ops and {} of {} weight bytes stay; {} error, {} \
+                "\nneural engine  {} of {} ops and {} of {} of weights stay; {} error, {} \
                  fallback, {} cost finding(s) (`hf2coreml lint` lists them; not gated)",
-                l.summary.ops_on_neural_engine,
-                l.summary.ops,
-                l.summary.weight_bytes_on_neural_engine,
-                l.summary.weight_bytes,
+                fmt_count(l.summary.ops_on_neural_engine as u64),
+                fmt_count(l.summary.ops as u64),
+                fmt_bytes(l.summary.weight_bytes_on_neural_engine),
+                fmt_bytes(l.summary.weight_bytes),
                 l.counts.error,
                 l.counts.fallback,
                 l.counts.cost
