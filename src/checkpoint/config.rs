@@ -35,6 +35,14 @@ pub enum ConfigError {
         value: usize,
         max: usize,
     },
+    /// A field that changes the model's math to something hf2coreml does not compute.
+    #[error("`{key}` = {value} is not supported for {architecture} (supported: {supported})")]
+    Unhonoured {
+        key: String,
+        value: String,
+        architecture: String,
+        supported: String,
+    },
     /// A value out of range, or values inconsistent with each other.
     #[error("{0}")]
     Invalid(String),
@@ -70,6 +78,99 @@ struct RawConfig {
     eos_token_id: Option<serde_json::Value>,
     sliding_window: Option<serde_json::Value>,
     use_sliding_window: Option<bool>,
+    layer_types: Option<Vec<String>>,
+    /// Every other key: checked against [`UNHONOURED`] so that a field changing the math is
+    /// refused, never ignored.
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What a config field may hold for us to compute exactly what transformers computes.
+#[derive(Clone, Copy)]
+enum Accept {
+    /// Absent, null, or one of these strings.
+    Strings(&'static [&'static str]),
+    /// Absent, null or false.
+    False,
+    /// Absent, null or this number.
+    Number(f64),
+    /// Absent, null or 0 (MoE expert counts).
+    Zero,
+    /// Absent or null.
+    Null,
+}
+
+impl Accept {
+    fn allows(self, v: &serde_json::Value) -> bool {
+        use serde_json::Value;
+        match (self, v) {
+            (_, Value::Null) => true,
+            (Accept::Strings(ok), Value::String(s)) => ok.contains(&s.as_str()),
+            (Accept::False, Value::Bool(b)) => !b,
+            (Accept::Number(n), Value::Number(x)) => x.as_f64() == Some(n),
+            (Accept::Zero, Value::Number(x)) => x.as_f64() == Some(0.0),
+            _ => false,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Accept::Strings(ok) => ok.join(", "),
+            Accept::False => "false or absent".into(),
+            Accept::Number(n) => format!("{n} or absent"),
+            Accept::Zero => "0 or absent (dense MLP blocks only)".into(),
+            Accept::Null => "absent or null".into(),
+        }
+    }
+}
+
+/// Config fields that change the math, with what the Llama-family graph and reference compute.
+/// Any other value is refused ([`ConfigError::Unhonoured`]). Fields not listed either do not
+/// change the output (dropout, `pretraining_tp`, `use_cache`, ...) or are parsed into
+/// `ModelSpec` (`head_dim`, `tie_word_embeddings`, rope, `sliding_window`, `attention_bias`).
+const UNHONOURED: &[(&str, Accept)] = &[
+    ("hidden_act", Accept::Strings(&["silu", "swish"])),
+    ("hidden_activation", Accept::Strings(&["silu", "swish"])),
+    ("mlp_bias", Accept::False),
+    ("attn_logit_softcapping", Accept::Null),
+    ("final_logit_softcapping", Accept::Null),
+    ("query_pre_attn_scalar", Accept::Null),
+    ("num_experts", Accept::Zero),
+    ("num_local_experts", Accept::Zero),
+    ("n_routed_experts", Accept::Zero),
+    ("moe_num_experts", Accept::Zero),
+    ("num_experts_per_tok", Accept::Zero),
+    ("partial_rotary_factor", Accept::Number(1.0)),
+    ("rope_interleave", Accept::False),
+    ("qk_layernorm", Accept::False),
+    ("use_qk_norm", Accept::False),
+    ("no_rope_layers", Accept::Null),
+    ("no_rope_layer_interval", Accept::Null),
+    ("embedding_multiplier", Accept::Number(1.0)),
+    ("residual_multiplier", Accept::Number(1.0)),
+    ("attention_multiplier", Accept::Null),
+    ("logits_scaling", Accept::Number(1.0)),
+    ("sliding_window_pattern", Accept::Null),
+];
+
+/// Refuse any field in `rest` whose value changes the math away from what we compute.
+fn check_unhonoured(
+    architecture: Architecture,
+    rest: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), ConfigError> {
+    for &(key, accept) in UNHONOURED {
+        if let Some(v) = rest.get(key) {
+            if !accept.allows(v) {
+                return Err(ConfigError::Unhonoured {
+                    key: key.into(),
+                    value: v.to_string(),
+                    architecture: architecture.hf_name().into(),
+                    supported: accept.describe(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 // Limits on config sizes, far above any real model (Llama 3.1 405B: 126 layers, hidden 16384,
@@ -222,14 +323,9 @@ impl ModelSpec {
             Some(n) => n,
             None => 2048,
         };
-        let attention_bias = raw
-            .attention_bias
-            .unwrap_or(architecture == Architecture::Qwen2);
-        let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
-            (_, Some(false)) => None,
-            (Some(v), _) => v.as_u64().map(|x| x as usize),
-            _ => None,
-        };
+        check_unhonoured(architecture, &raw.rest)?;
+        let attention_bias = attention_bias(architecture, raw.attention_bias)?;
+        let sliding_window = sliding_window(&raw)?;
         Ok(ModelSpec {
             architecture,
             num_hidden_layers,
@@ -250,6 +346,50 @@ impl ModelSpec {
             eos_token_ids: token_ids(&raw.eos_token_id),
             sliding_window,
         })
+    }
+}
+
+/// Qwen2 biases q/k/v (never o); Llama's `attention_bias` also biases o_proj, and Mistral's
+/// attention has no biases, so `true` there is refused rather than half-honoured.
+fn attention_bias(architecture: Architecture, raw: Option<bool>) -> Result<bool, ConfigError> {
+    match (architecture, raw) {
+        (Architecture::Qwen2, v) => Ok(v.unwrap_or(true)),
+        (_, Some(true)) => Err(ConfigError::Unhonoured {
+            key: "attention_bias".into(),
+            value: "true".into(),
+            architecture: architecture.hf_name().into(),
+            supported: "false (q/k/v biases: Qwen2ForCausalLM)".into(),
+        }),
+        _ => Ok(false),
+    }
+}
+
+/// The sliding window, when any layer uses one: `use_sliding_window: false` turns it off
+/// (Qwen2), `layer_types` without a `sliding_attention` entry too (transformers 5).
+fn sliding_window(raw: &RawConfig) -> Result<Option<usize>, ConfigError> {
+    if let Some(types) = &raw.layer_types {
+        if let Some(t) = types
+            .iter()
+            .find(|t| !matches!(t.as_str(), "full_attention" | "sliding_attention"))
+        {
+            return Err(ConfigError::Unhonoured {
+                key: "layer_types".into(),
+                value: format!("[.., \"{t}\", ..]"),
+                architecture: "this architecture".into(),
+                supported: "full_attention, sliding_attention".into(),
+            });
+        }
+        if !types.iter().any(|t| t == "sliding_attention") {
+            return Ok(None);
+        }
+    }
+    match (&raw.sliding_window, raw.use_sliding_window) {
+        (_, Some(false)) | (None, _) | (Some(serde_json::Value::Null), _) => Ok(None),
+        (Some(v), _) => match v.as_u64() {
+            Some(0) => Err(ConfigError::NotPositive("sliding_window".into())),
+            Some(w) => Ok(Some(w as usize)),
+            None => Err(format!("`sliding_window` ({v}) must be a positive integer").into()),
+        },
     }
 }
 
