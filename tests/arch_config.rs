@@ -29,7 +29,9 @@ fn assert_refused(out: &Output, needles: &[&str]) {
 }
 
 /// A tiny Llama whose config.json has `edit` applied.
-fn with_config(edit: impl Fn(&mut serde_json::Map<String, serde_json::Value>)) -> tempfile::TempDir {
+fn with_config(
+    edit: impl Fn(&mut serde_json::Map<String, serde_json::Value>),
+) -> tempfile::TempDir {
     let m = TinyModel::llama();
     let dir = m.write_temp().unwrap();
     let mut c = m.config_json();
@@ -55,9 +57,13 @@ fn fields_that_change_the_math_are_refused() {
         ("num_local_experts", json!(8), "dense MLP"),
         ("num_experts", json!(64), "dense MLP"),
         ("partial_rotary_factor", json!(0.75), "1 or absent"),
-        ("no_rope_layers", json!([1, 1, 1, 0]), "absent or null"),
+        ("no_rope_layers", json!([1, 1, 1, 0]), "SmolLM3ForCausalLM"),
         ("query_pre_attn_scalar", json!(256), "absent or null"),
-        ("layer_types", json!(["full_attention", "chunked_attention"]), "sliding_attention"),
+        (
+            "layer_types",
+            json!(["full_attention", "chunked_attention"]),
+            "sliding_attention",
+        ),
     ];
     for (key, value, supported) in cases {
         let dir = with_config(|c| {
@@ -66,7 +72,10 @@ fn fields_that_change_the_math_are_refused() {
         assert_refused(&inspect(dir.path()), &[key, supported]);
     }
     let rope = with_config(|c| {
-        c.insert("rope_scaling".into(), json!({"rope_type": "longrope", "factor": 4.0}));
+        c.insert(
+            "rope_scaling".into(),
+            json!({"rope_type": "longrope", "factor": 4.0}),
+        );
     });
     assert_refused(&inspect(rope.path()), &["longrope", "llama3"]);
 }
@@ -90,7 +99,11 @@ fn fields_at_their_neutral_values_are_accepted() {
         }
     });
     let out = inspect(dir.path());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `mlp_bias` left out of the config but the biases stored: converting without them would be a

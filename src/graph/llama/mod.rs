@@ -91,6 +91,10 @@ struct Shared {
     /// 1/√D.
     q_scale: f64,
     attention_bias: bool,
+    /// Qwen3's per-head q/k norms: their ε (the model's, unscaled: q and k do not carry α).
+    qk_norm_eps: Option<f64>,
+    /// Per block: whether it rotates q and k (SmolLM3's NoPE blocks do not).
+    rope_in_layer: Vec<bool>,
     /// This step's RoPE rows [Q, D].
     cos: String,
     sin: String,
@@ -118,12 +122,14 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         head_dim: _,
         vocab_size: _,
         // The norms' ε (`rms_norm`), the lm_head (`build`), RoPE tables (`mask::Tables`),
-        // q/k/v biases (`attention::qkv`).
+        // q/k/v biases, per-head q/k norms and blocks without RoPE (`attention::qkv`).
         rms_norm_eps: _,
         tie_word_embeddings: _,
         rope_theta: _,
         rope_scaling: _,
         attention_bias: _,
+        qk_norm: _,
+        no_rope_layers: _,
         // Not math: metadata and the run's limits.
         max_position_embeddings: _,
         dtype: _,
@@ -175,6 +181,8 @@ pub fn build(
         alpha,
         eps: spec.rms_norm_eps * alpha * alpha,
         attention_bias: spec.attention_bias,
+        qk_norm_eps: spec.qk_norm.then_some(spec.rms_norm_eps),
+        rope_in_layer: (0..l_count).map(|l| spec.uses_rope(l)).collect(),
         cos,
         sin,
         mask,

@@ -1,0 +1,170 @@
+//! The 2026 architectures on checkpoints written by transformers itself
+//! (python/testgen/hf_models.py → tests/fixtures/hf/<arch>/): the Rust reference matches
+//! transformers' float32 logits, and converted packages pass validate's gates against the
+//! checkpoint (all-fp16: the fp16 gates; calibrated 4-bit: the 4-bit gates), as the Llama-family
+//! fixtures do in validate_tiny.rs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::model::{BackendChoice, Reference};
+use hf2coreml::testing::python_env;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+
+fn fixture(arch: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/hf/{arch}"))
+}
+
+struct Expected {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+}
+
+fn expected(dir: &Path) -> Expected {
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let tokens = j["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let logits = j["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    Expected { tokens, logits }
+}
+
+/// The Rust reference (plain f32 forward) against transformers' logits at every position:
+/// max |Δ| ≤ 1e-4 of the largest |logit|.
+fn reference_matches_transformers(arch: &str) {
+    let dir = fixture(arch);
+    let want = expected(&dir);
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let mut r = Reference::load_with(&ckpt, BackendChoice::Auto).unwrap();
+    let got = r.logits_all(&want.tokens).unwrap();
+    assert_eq!(got.len(), want.logits.len());
+    let scale = want
+        .logits
+        .iter()
+        .flatten()
+        .fold(0f32, |m, v| m.max(v.abs()));
+    let mut worst = 0f32;
+    for (g, w) in got.iter().zip(&want.logits) {
+        for (a, b) in g.iter().zip(w) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    eprintln!("{arch}: max |Δ| {worst:e} (largest |logit| {scale})");
+    assert!(
+        worst <= 1e-4 * scale,
+        "{arch}: max |Δ| {worst} > 1e-4 × {scale}"
+    );
+    // The step API (cache continued token by token) agrees with the whole-sequence pass.
+    let mut pos = 0;
+    for (i, &t) in want.tokens.iter().enumerate().take(6) {
+        let row = r.step(&[t], pos).unwrap();
+        pos += 1;
+        let d = row
+            .iter()
+            .zip(&want.logits[i])
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(d <= 1e-4 * scale, "{arch}: step {i} differs by {d}");
+    }
+}
+
+fn convert(dir: &Path, out: &Path, flags: &[&str]) {
+    let o = Command::new(BIN)
+        .arg("convert")
+        .arg(dir)
+        .arg("-o")
+        .arg(out)
+        .args(["--max-seq-len", "128"])
+        .args(flags)
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "convert {flags:?} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) {
+    let o = Command::new(BIN)
+        .arg("validate")
+        .arg(pkg)
+        .arg("--against")
+        .arg(dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    let report = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}): {stderr}"));
+    (o.status.code(), report, stderr)
+}
+
+/// fp16 and calibrated 4-bit packages pass their gates against the checkpoint.
+fn packages_validate(arch: &str) {
+    let dir = fixture(arch);
+    let out = tempfile::tempdir().unwrap();
+    for (name, flags, kl_max) in [
+        ("fp16", &["--keep-fp16", "*"][..], 1e-3),
+        ("q4", &["--recipe", "calibrated-4bit"][..], f64::INFINITY),
+    ] {
+        let pkg = out.path().join(format!("{name}.mlpackage"));
+        convert(&dir, &pkg, flags);
+        let (code, report, err) = validate(&pkg, &dir);
+        let kl = report["behaviour"]["kl_mean"].as_f64().unwrap();
+        let top1 = report["behaviour"]["top1"].as_f64().unwrap();
+        eprintln!("{arch} {name}: kl {kl} top1 {top1}");
+        assert_eq!(code, Some(0), "{arch} {name}: {err}\n{report:#}");
+        assert!(kl < kl_max, "{arch} {name}: {report:#}");
+        let gates = report["gates"].as_array().unwrap();
+        assert!(
+            !gates.is_empty() && gates.iter().all(|g| g["passed"] == true),
+            "{report:#}"
+        );
+    }
+}
+
+#[test]
+fn qwen3_reference_matches_transformers() {
+    let spec = Checkpoint::open(fixture("qwen3")).unwrap().spec().clone();
+    assert!(spec.qk_norm && spec.tie_word_embeddings && !spec.attention_bias);
+    assert_eq!(
+        spec.head_dim, 32,
+        "explicit head_dim, not hidden/heads = 16"
+    );
+    reference_matches_transformers("qwen3");
+}
+
+#[test]
+fn qwen3_packages_validate() {
+    packages_validate("qwen3");
+}
+
+#[test]
+fn smollm3_reference_matches_transformers() {
+    let spec = Checkpoint::open(fixture("smollm3")).unwrap().spec().clone();
+    assert_eq!(spec.no_rope_layers, vec![3], "every fourth block is NoPE");
+    reference_matches_transformers("smollm3");
+}
+
+#[test]
+fn smollm3_packages_validate() {
+    packages_validate("smollm3");
+}
