@@ -90,7 +90,7 @@ def write(out_dir, arch):
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = cls(cfg).to(torch.float32).eval()
-    randomize(model, gain=4.0)
+    randomize(model, gain=8.0)
     if cfg.tie_word_embeddings:
         model.tie_weights()
     with torch.no_grad():
