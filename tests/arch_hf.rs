@@ -72,10 +72,8 @@ fn reference_matches_transformers(arch: &str) {
         "{arch}: max |Δ| {worst} > 1e-4 × {scale}"
     );
     // The step API (cache continued token by token) agrees with the whole-sequence pass.
-    let mut pos = 0;
     for (i, &t) in want.tokens.iter().enumerate().take(6) {
-        let row = r.step(&[t], pos).unwrap();
-        pos += 1;
+        let row = r.step(&[t], i).unwrap();
         let d = row
             .iter()
             .zip(&want.logits[i])
@@ -118,12 +116,12 @@ fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) 
 }
 
 /// The all-fp16 package passes every gate against the checkpoint (exit 0); the calibrated
-/// 4-bit package passes the KL gate with no fp16 overflow.
+/// 4-bit package passes every 4-bit gate when `q4_passes`, else the KL gate.
 ///
-/// Open (README, "Architectures"): on these random 64-wide fixtures the calibrated 4-bit
-/// packages miss the top-1 gate (measured: Qwen3 0.836, SmolLM3 0.773 against 0.85; KL 0.09 and
-/// 0.07 against 0.2), so validate exits 1 for them; the test holds what is measured.
-fn packages_validate(arch: &str) {
+/// Open (README, "Architectures"): on the random Qwen3 fixture the calibrated 4-bit package
+/// misses the top-1 gate (measured 0.836 against 0.85; KL 0.088 against 0.2), so validate exits
+/// 1 for it; the test holds what is measured.
+fn packages_validate(arch: &str, q4_passes: bool) {
     let dir = fixture(arch);
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("fp16.mlpackage");
@@ -145,9 +143,12 @@ fn packages_validate(arch: &str) {
 
     let pkg = out.path().join("q4.mlpackage");
     convert(&dir, &pkg, &["--recipe", "calibrated-4bit"]);
-    let (code, report, _) = validate(&pkg, &dir);
+    let (code, report, err) = validate(&pkg, &dir);
     let (kl, top1) = (metric(&report, "kl_mean"), metric(&report, "top1"));
     eprintln!("{arch} q4: exit {code:?} kl {kl} top1 {top1}");
+    if q4_passes {
+        assert_eq!(code, Some(0), "{arch} q4: {err}\n{report:#}");
+    }
     let kl_gate = report["gates"]
         .as_array()
         .unwrap()
@@ -171,17 +172,17 @@ fn qwen3_reference_matches_transformers() {
 
 #[test]
 fn qwen3_packages_validate() {
-    packages_validate("qwen3");
+    packages_validate("qwen3", false);
 }
 
 #[test]
 fn smollm3_reference_matches_transformers() {
     let spec = Checkpoint::open(fixture("smollm3")).unwrap().spec().clone();
-    assert_eq!(spec.no_rope_layers, vec![3], "every fourth block is NoPE");
+    assert_eq!(spec.no_rope_layers, vec![1], "every second block is NoPE");
     reference_matches_transformers("smollm3");
 }
 
 #[test]
 fn smollm3_packages_validate() {
-    packages_validate("smollm3");
+    packages_validate("smollm3", true);
 }

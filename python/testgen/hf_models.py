@@ -57,11 +57,12 @@ def qwen3():
 
 
 def smollm3():
-    """Llama-like with NoPE every 4th layer (no_rope_layers = [1, 1, 1, 0])."""
+    """Llama-like with NoPE blocks; every 2nd here (no_rope_layers = [1, 0]) so that two blocks
+    cover one of each (the real models: every 4th)."""
     cfg = transformers.SmolLM3Config(
-        **common(num_hidden_layers=4, rope_theta=100_000.0, rms_norm_eps=1e-6),
+        **common(num_hidden_layers=2, rope_theta=100_000.0, rms_norm_eps=1e-6),
         tie_word_embeddings=True,
-        no_rope_layer_interval=4,
+        no_rope_layer_interval=2,
     )
     return transformers.SmolLM3ForCausalLM, cfg
 

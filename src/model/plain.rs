@@ -614,7 +614,7 @@ fn attention(
     let q = head_norm(heads(q, hq)?, w.q_norm.as_ref())?;
     let k = head_norm(heads(k, hkv)?, w.k_norm.as_ref())?;
     // SmolLM3's NoPE blocks leave q and k unrotated.
-    let (q, mut k) = if lo.is_none_or(|l| spec.uses_rope(l)) {
+    let (q, mut k) = if lo.map_or(true, |l| spec.uses_rope(l)) {
         (rope(&q, cos, sin)?, rope(&k, cos, sin)?)
     } else {
         (q, k)
