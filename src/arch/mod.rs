@@ -1,7 +1,8 @@
 //! Per-architecture facts: which tensors a checkpoint holds, their shapes and their roles.
 //!
-//! Llama, Mistral and Qwen2 share one decoder layout; they differ in q/k/v biases (Qwen2),
-//! tied embeddings and rope details, all carried by [`ModelSpec`].
+//! Llama, Mistral, Qwen2, Qwen3 and SmolLM3 share one decoder layout; they differ in q/k/v
+//! biases (Qwen2), per-head q/k norms (Qwen3), blocks without RoPE (SmolLM3), tied embeddings
+//! and rope details, all carried by [`ModelSpec`].
 
 use serde::{Deserialize, Serialize};
 
@@ -146,6 +147,9 @@ pub enum LayerTensor {
     QBias,
     KBias,
     VBias,
+    /// Qwen3's per-head RMSNorm weights [head_dim] on q and k, before RoPE.
+    QNorm,
+    KNorm,
     O,
     PostNorm,
     Gate,
@@ -154,8 +158,9 @@ pub enum LayerTensor {
 }
 
 impl LayerTensor {
-    /// Every block tensor, in model order (the biases exist only with `attention_bias`).
-    pub const ALL: [LayerTensor; 12] = [
+    /// Every block tensor, in model order (the biases exist only with `attention_bias`, the
+    /// q/k norms only with `qk_norm`).
+    pub const ALL: [LayerTensor; 14] = [
         LayerTensor::InputNorm,
         LayerTensor::Q,
         LayerTensor::K,
@@ -163,6 +168,8 @@ impl LayerTensor {
         LayerTensor::QBias,
         LayerTensor::KBias,
         LayerTensor::VBias,
+        LayerTensor::QNorm,
+        LayerTensor::KNorm,
         LayerTensor::O,
         LayerTensor::PostNorm,
         LayerTensor::Gate,
@@ -180,6 +187,8 @@ impl LayerTensor {
             LayerTensor::QBias => "self_attn.q_proj.bias",
             LayerTensor::KBias => "self_attn.k_proj.bias",
             LayerTensor::VBias => "self_attn.v_proj.bias",
+            LayerTensor::QNorm => "self_attn.q_norm.weight",
+            LayerTensor::KNorm => "self_attn.k_norm.weight",
             LayerTensor::O => "self_attn.o_proj.weight",
             LayerTensor::PostNorm => "post_attention_layernorm.weight",
             LayerTensor::Gate => "mlp.gate_proj.weight",
@@ -190,7 +199,10 @@ impl LayerTensor {
 
     pub fn role(self) -> Role {
         match self {
-            LayerTensor::InputNorm | LayerTensor::PostNorm => Role::Norm,
+            LayerTensor::InputNorm
+            | LayerTensor::PostNorm
+            | LayerTensor::QNorm
+            | LayerTensor::KNorm => Role::Norm,
             LayerTensor::Q => Role::Q,
             LayerTensor::K => Role::K,
             LayerTensor::V => Role::V,
@@ -216,8 +228,13 @@ impl LayerTensor {
         })
     }
 
-    fn is_bias(self) -> bool {
-        self.role() == Role::Bias
+    /// Whether `spec`'s blocks hold this tensor.
+    fn present(self, spec: &ModelSpec) -> bool {
+        match self {
+            LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias => spec.attention_bias,
+            LayerTensor::QNorm | LayerTensor::KNorm => spec.qk_norm,
+            _ => true,
+        }
     }
 
     /// [rows, cols] (or [n] for norms and biases).
@@ -234,6 +251,7 @@ impl LayerTensor {
             LayerTensor::K | LayerTensor::V => vec![kv, h],
             LayerTensor::QBias => vec![q],
             LayerTensor::KBias | LayerTensor::VBias => vec![kv],
+            LayerTensor::QNorm | LayerTensor::KNorm => vec![spec.head_dim],
             LayerTensor::O => vec![h, q],
             LayerTensor::Gate | LayerTensor::Up => vec![i, h],
             LayerTensor::Down => vec![h, i],
@@ -314,13 +332,13 @@ pub fn tensor_name(layer: usize, t: LayerTensor) -> String {
 /// Every tensor the checkpoint must hold, in model order. With tied embeddings there is no
 /// `lm_head.weight` slot: the embedding serves both roles.
 pub fn tensor_ids(spec: &ModelSpec) -> Vec<TensorId> {
-    let mut out = Vec::with_capacity(spec.num_hidden_layers * 12 + 3);
+    let mut out = Vec::with_capacity(spec.num_hidden_layers * LayerTensor::ALL.len() + 3);
     out.push(TensorId::Embedding);
     for l in 0..spec.num_hidden_layers {
         out.extend(
             LayerTensor::ALL
                 .into_iter()
-                .filter(|t| spec.attention_bias || !t.is_bias())
+                .filter(|t| t.present(spec))
                 .map(|t| TensorId::Layer(l, t)),
         );
     }

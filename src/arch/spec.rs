@@ -12,10 +12,22 @@ pub enum Architecture {
     Mistral,
     #[serde(rename = "Qwen2ForCausalLM")]
     Qwen2,
+    /// Qwen2's layout without biases, with an RMSNorm on each head's q and k before RoPE.
+    #[serde(rename = "Qwen3ForCausalLM")]
+    Qwen3,
+    /// Llama's layout with RoPE left out of some blocks (`no_rope_layers`).
+    #[serde(rename = "SmolLM3ForCausalLM")]
+    SmolLM3,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 3] = [Self::Llama, Self::Mistral, Self::Qwen2];
+    pub const ALL: [Architecture; 5] = [
+        Self::Llama,
+        Self::Mistral,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::SmolLM3,
+    ];
 
     /// The name transformers uses in `architectures`.
     pub fn hf_name(self) -> &'static str {
@@ -23,6 +35,8 @@ impl Architecture {
             Self::Llama => "LlamaForCausalLM",
             Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::SmolLM3 => "SmolLM3ForCausalLM",
         }
     }
 
@@ -32,6 +46,8 @@ impl Architecture {
             Self::Llama => "llama",
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::SmolLM3 => "smollm3",
         }
     }
 
@@ -91,8 +107,14 @@ pub struct ModelSpec {
     pub dtype: Option<String>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
-    /// Mistral's sliding window, if any (recorded; a package's S below it makes it moot).
+    /// The sliding window of windowed layers, if any (the graph refuses a package whose
+    /// context outgrows it; the reference refuses longer sequences).
     pub sliding_window: Option<usize>,
+    /// An RMSNorm (weight [head_dim], ε = `rms_norm_eps`) over each head's q and k, after the
+    /// projections and before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Blocks whose attention applies no RoPE at all, ascending (SmolLM3's NoPE layers).
+    pub no_rope_layers: Vec<usize>,
 }
 
 impl ModelSpec {
@@ -104,6 +126,11 @@ impl ModelSpec {
     /// Key/value projection width (kv heads × head_dim).
     pub fn kv_dim(&self) -> usize {
         self.num_key_value_heads * self.head_dim
+    }
+
+    /// Whether block `l` rotates its q and k.
+    pub fn uses_rope(&self, l: usize) -> bool {
+        !self.no_rope_layers.contains(&l)
     }
 
     /// Query heads per key/value head.

@@ -21,8 +21,8 @@ pub enum ConfigError {
     NoArchitecture,
     #[error("unsupported architecture `{name}` (supported: {supported})")]
     UnsupportedArchitecture { name: String, supported: String },
-    #[error("unsupported model_type `{0}` (supported: llama, mistral, qwen2)")]
-    UnsupportedModelType(String),
+    #[error("unsupported model_type `{name}` (supported: {supported})")]
+    UnsupportedModelType { name: String, supported: String },
     #[error("unsupported rope scaling `{0}` (supported: none, linear, llama3)")]
     UnsupportedRopeScaling(String),
     #[error("missing `{0}`")]
@@ -34,6 +34,14 @@ pub enum ConfigError {
         key: String,
         value: usize,
         max: usize,
+    },
+    /// A field that changes the model's math to something hf2coreml does not compute.
+    #[error("`{key}` = {value} is not supported for {architecture} (supported: {supported})")]
+    Unhonoured {
+        key: String,
+        value: String,
+        architecture: String,
+        supported: String,
     },
     /// A value out of range, or values inconsistent with each other.
     #[error("{0}")]
@@ -70,6 +78,114 @@ struct RawConfig {
     eos_token_id: Option<serde_json::Value>,
     sliding_window: Option<serde_json::Value>,
     use_sliding_window: Option<bool>,
+    layer_types: Option<Vec<String>>,
+    no_rope_layers: Option<Vec<serde_json::Value>>,
+    no_rope_layer_interval: Option<usize>,
+    /// Every other key: checked against [`UNHONOURED`] so that a field changing the math is
+    /// refused, never ignored.
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What a config field may hold for us to compute exactly what transformers computes.
+#[derive(Clone, Copy)]
+enum Accept {
+    /// Absent, null, or one of these strings.
+    Strings(&'static [&'static str]),
+    /// Absent, null or false.
+    False,
+    /// Absent, null or this number.
+    Number(f64),
+    /// Absent, null or 0 (MoE expert counts).
+    Zero,
+    /// Absent or null.
+    Null,
+}
+
+impl Accept {
+    fn allows(self, v: &serde_json::Value) -> bool {
+        use serde_json::Value;
+        match (self, v) {
+            (_, Value::Null) => true,
+            (Accept::Strings(ok), Value::String(s)) => ok.contains(&s.as_str()),
+            (Accept::False, Value::Bool(b)) => !b,
+            (Accept::Number(n), Value::Number(x)) => x.as_f64() == Some(n),
+            (Accept::Zero, Value::Number(x)) => x.as_f64() == Some(0.0),
+            _ => false,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Accept::Strings(ok) => ok.join(", "),
+            Accept::False => "false or absent".into(),
+            Accept::Number(n) => format!("{n} or absent"),
+            Accept::Zero => "0 or absent (dense MLP blocks only)".into(),
+            Accept::Null => "absent or null".into(),
+        }
+    }
+}
+
+/// Config fields that change the math, with what the Llama-family graph and reference compute.
+/// Any other value is refused ([`ConfigError::Unhonoured`]). Fields not listed either do not
+/// change the output (dropout, `pretraining_tp`, `use_cache`, ...) or are parsed into
+/// `ModelSpec` (`head_dim`, `tie_word_embeddings`, rope, `sliding_window`, `attention_bias`).
+const UNHONOURED: &[(&str, Accept)] = &[
+    ("hidden_act", Accept::Strings(&["silu", "swish"])),
+    ("hidden_activation", Accept::Strings(&["silu", "swish"])),
+    ("mlp_bias", Accept::False),
+    ("attn_logit_softcapping", Accept::Null),
+    ("final_logit_softcapping", Accept::Null),
+    ("query_pre_attn_scalar", Accept::Null),
+    ("num_experts", Accept::Zero),
+    ("num_local_experts", Accept::Zero),
+    ("n_routed_experts", Accept::Zero),
+    ("moe_num_experts", Accept::Zero),
+    ("num_experts_per_tok", Accept::Zero),
+    ("partial_rotary_factor", Accept::Number(1.0)),
+    ("rope_interleave", Accept::False),
+    ("qk_layernorm", Accept::False),
+    ("use_qk_norm", Accept::False),
+    ("embedding_multiplier", Accept::Number(1.0)),
+    ("residual_multiplier", Accept::Number(1.0)),
+    ("attention_multiplier", Accept::Null),
+    ("logits_scaling", Accept::Number(1.0)),
+    ("sliding_window_pattern", Accept::Null),
+];
+
+/// Refuse any field in `rest` whose value changes the math away from what we compute.
+fn check_unhonoured(raw: &RawConfig, architecture: Architecture) -> Result<(), ConfigError> {
+    let rest = &raw.rest;
+    if architecture != Architecture::SmolLM3 {
+        let nope = [
+            ("no_rope_layers", raw.no_rope_layers.is_some()),
+            (
+                "no_rope_layer_interval",
+                raw.no_rope_layer_interval.is_some(),
+            ),
+        ];
+        if let Some((key, _)) = nope.into_iter().find(|(_, set)| *set) {
+            return Err(ConfigError::Unhonoured {
+                key: key.into(),
+                value: "(set)".into(),
+                architecture: architecture.hf_name().into(),
+                supported: "absent (NoPE layers: SmolLM3ForCausalLM)".into(),
+            });
+        }
+    }
+    for &(key, accept) in UNHONOURED {
+        if let Some(v) = rest.get(key) {
+            if !accept.allows(v) {
+                return Err(ConfigError::Unhonoured {
+                    key: key.into(),
+                    value: v.to_string(),
+                    architecture: architecture.hf_name().into(),
+                    supported: accept.describe(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 // Limits on config sizes, far above any real model (Llama 3.1 405B: 126 layers, hidden 16384,
@@ -132,8 +248,12 @@ impl ModelSpec {
                     }
                 })?
             }
-            (_, Some(mt)) => Architecture::from_model_type(mt)
-                .ok_or_else(|| ConfigError::UnsupportedModelType(mt.clone()))?,
+            (_, Some(mt)) => Architecture::from_model_type(mt).ok_or_else(|| {
+                ConfigError::UnsupportedModelType {
+                    name: mt.clone(),
+                    supported: Architecture::ALL.map(|a| a.model_type()).join(", "),
+                }
+            })?,
             _ => return Err(ConfigError::NoArchitecture),
         };
         let need = |v: Option<usize>, key: &str| -> Result<usize, ConfigError> {
@@ -222,14 +342,10 @@ impl ModelSpec {
             Some(n) => n,
             None => 2048,
         };
-        let attention_bias = raw
-            .attention_bias
-            .unwrap_or(architecture == Architecture::Qwen2);
-        let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
-            (_, Some(false)) => None,
-            (Some(v), _) => v.as_u64().map(|x| x as usize),
-            _ => None,
-        };
+        check_unhonoured(&raw, architecture)?;
+        let attention_bias = attention_bias(architecture, raw.attention_bias)?;
+        let sliding_window = sliding_window(&raw)?;
+        let no_rope_layers = no_rope_layers(&raw, architecture, num_hidden_layers)?;
         Ok(ModelSpec {
             architecture,
             num_hidden_layers,
@@ -249,7 +365,98 @@ impl ModelSpec {
             bos_token_id: token_ids(&raw.bos_token_id).first().copied(),
             eos_token_ids: token_ids(&raw.eos_token_id),
             sliding_window,
+            qk_norm: architecture == Architecture::Qwen3,
+            no_rope_layers,
         })
+    }
+}
+
+/// SmolLM3's blocks without RoPE: `no_rope_layers` holds 1 (RoPE) or 0 (none) per block;
+/// without it, every `no_rope_layer_interval`-th block (default 4) has none, as transformers
+/// derives it.
+fn no_rope_layers(
+    raw: &RawConfig,
+    architecture: Architecture,
+    layers: usize,
+) -> Result<Vec<usize>, ConfigError> {
+    if architecture != Architecture::SmolLM3 {
+        return Ok(Vec::new());
+    }
+    match &raw.no_rope_layers {
+        Some(flags) => {
+            if flags.len() != layers {
+                return Err(format!(
+                    "`no_rope_layers` has {} entries for {layers} layers",
+                    flags.len()
+                )
+                .into());
+            }
+            let mut out = Vec::new();
+            for (l, f) in flags.iter().enumerate() {
+                match f.as_u64() {
+                    Some(1) => {}
+                    Some(0) => out.push(l),
+                    _ => {
+                        return Err(format!(
+                            "`no_rope_layers`[{l}] = {f}: must be 1 (RoPE) or 0 (no RoPE)"
+                        )
+                        .into())
+                    }
+                }
+            }
+            Ok(out)
+        }
+        None => {
+            let every = raw.no_rope_layer_interval.unwrap_or(4);
+            if every == 0 {
+                return Err(ConfigError::NotPositive("no_rope_layer_interval".into()));
+            }
+            Ok((0..layers).filter(|l| (l + 1) % every == 0).collect())
+        }
+    }
+}
+
+/// Qwen2 biases q/k/v (never o); Llama's `attention_bias` also biases o_proj, and Mistral's
+/// attention has no biases, so `true` there is refused rather than half-honoured.
+fn attention_bias(architecture: Architecture, raw: Option<bool>) -> Result<bool, ConfigError> {
+    match (architecture, raw) {
+        (Architecture::Qwen2, v) => Ok(v.unwrap_or(true)),
+        (_, Some(true)) => Err(ConfigError::Unhonoured {
+            key: "attention_bias".into(),
+            value: "true".into(),
+            architecture: architecture.hf_name().into(),
+            supported: "false (q/k/v biases: Qwen2ForCausalLM)".into(),
+        }),
+        _ => Ok(false),
+    }
+}
+
+/// The sliding window, when any layer uses one: `use_sliding_window: false` turns it off
+/// (Qwen2), `layer_types` without a `sliding_attention` entry too (transformers 5).
+fn sliding_window(raw: &RawConfig) -> Result<Option<usize>, ConfigError> {
+    if let Some(types) = &raw.layer_types {
+        if let Some(t) = types
+            .iter()
+            .find(|t| !matches!(t.as_str(), "full_attention" | "sliding_attention"))
+        {
+            return Err(ConfigError::Unhonoured {
+                key: "layer_types".into(),
+                value: format!("[.., \"{t}\", ..]"),
+                architecture: "this architecture".into(),
+                supported: "full_attention, sliding_attention".into(),
+            });
+        }
+        if !types.iter().any(|t| t == "sliding_attention") {
+            return Ok(None);
+        }
+    }
+    match (&raw.sliding_window, raw.use_sliding_window) {
+        (_, Some(false)) | (None, _) | (Some(serde_json::Value::Null), _) => Ok(None),
+        (Some(v), _) => match v.as_u64() {
+            Some(0) => Err(ConfigError::NotPositive("sliding_window".into())),
+            Some(w) => Ok(Some(w as usize)),
+            None => Err(format!("`sliding_window` ({v}) must be a positive integer").into()),
+        },
     }
 }
 
@@ -364,5 +571,114 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("yarn"));
+    }
+
+    #[test]
+    fn qwen3_has_qk_norms_and_no_biases() {
+        let v5 = r#"{"architectures":["Qwen3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"num_key_value_heads":2,"vocab_size":100,
+          "head_dim":32,"attention_bias":false,"tie_word_embeddings":true,"use_sliding_window":false,
+          "sliding_window":null,"max_window_layers":28,"layer_types":["full_attention","full_attention"],
+          "rope_parameters":{"rope_type":"default","rope_theta":1000000.0}}"#;
+        let s = ModelSpec::from_config_str(v5).unwrap();
+        assert_eq!(s.architecture, Architecture::Qwen3);
+        assert!(s.qk_norm && !s.attention_bias && s.no_rope_layers.is_empty());
+        assert_eq!(
+            (s.head_dim, s.rope_theta, s.sliding_window),
+            (32, 1e6, None)
+        );
+        let v4 = r#"{"model_type":"qwen3","hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"rope_theta":1000000.0,
+          "rope_scaling":null,"torch_dtype":"bfloat16"}"#;
+        let s = ModelSpec::from_config_str(v4).unwrap();
+        assert!(s.qk_norm && s.head_dim == 16);
+        // Qwen3's attention_bias also biases o_proj: refused, not half-honoured.
+        let biased = v5.replace("\"attention_bias\":false", "\"attention_bias\":true");
+        let e = ModelSpec::from_config_str(&biased).unwrap_err().to_string();
+        assert!(e.contains("attention_bias"), "{e}");
+    }
+
+    #[test]
+    fn smollm3_nope_layers() {
+        let base = r#"{"architectures":["SmolLM3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":8,"num_key_value_heads":2,"vocab_size":100"#;
+        // transformers' own list: 1 = RoPE, 0 = none.
+        let listed = format!("{base},\"no_rope_layers\":[1,1,1,0,1,0,1,0]}}");
+        let s = ModelSpec::from_config_str(&listed).unwrap();
+        assert_eq!(s.no_rope_layers, vec![3, 5, 7]);
+        assert!(s.uses_rope(0) && !s.uses_rope(3));
+        // Derived from the interval when the list is absent (every 4th block).
+        let derived = format!("{base}}}");
+        assert_eq!(
+            ModelSpec::from_config_str(&derived).unwrap().no_rope_layers,
+            vec![3, 7]
+        );
+        let every2 = format!("{base},\"no_rope_layer_interval\":2}}");
+        assert_eq!(
+            ModelSpec::from_config_str(&every2).unwrap().no_rope_layers,
+            vec![1, 3, 5, 7]
+        );
+        for bad in [
+            format!("{base},\"no_rope_layers\":[1,1,0]}}"),
+            format!("{base},\"no_rope_layers\":[1,1,1,2,1,1,1,1]}}"),
+        ] {
+            let e = ModelSpec::from_config_str(&bad).unwrap_err().to_string();
+            assert!(e.contains("no_rope_layers"), "{e}");
+        }
+        // Another architecture with NoPE layers is refused, naming the field.
+        let llama = format!(
+            "{},\"no_rope_layers\":[1,0]}}",
+            V4.trim_end().trim_end_matches('}')
+        );
+        let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
+        assert!(e.contains("no_rope_layers") && e.contains("SmolLM3"), "{e}");
+    }
+
+    #[test]
+    fn fields_that_change_the_math_are_refused() {
+        let with = |extra: &str| format!("{},{extra}}}", V4.trim_end().trim_end_matches('}'));
+        for (extra, key) in [
+            ("\"hidden_act\":\"gelu\"", "hidden_act"),
+            ("\"mlp_bias\":true", "mlp_bias"),
+            ("\"attention_bias\":true", "attention_bias"),
+            (
+                "\"final_logit_softcapping\":30.0",
+                "final_logit_softcapping",
+            ),
+            ("\"num_local_experts\":8", "num_local_experts"),
+            ("\"partial_rotary_factor\":0.5", "partial_rotary_factor"),
+            (
+                "\"layer_types\":[\"full_attention\",\"chunked_attention\"]",
+                "layer_types",
+            ),
+        ] {
+            let e = ModelSpec::from_config_str(&with(extra))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("supported"), "{extra}: {e}");
+        }
+        for extra in [
+            "\"hidden_act\":\"silu\"",
+            "\"mlp_bias\":false",
+            "\"num_local_experts\":null",
+            "\"partial_rotary_factor\":1.0",
+        ] {
+            ModelSpec::from_config_str(&with(extra)).unwrap();
+        }
+        let windowed = with(
+            "\"sliding_window\":4096,\"layer_types\":[\"sliding_attention\",\"full_attention\"]",
+        );
+        assert_eq!(
+            ModelSpec::from_config_str(&windowed)
+                .unwrap()
+                .sliding_window,
+            Some(4096)
+        );
+        let full =
+            with("\"sliding_window\":4096,\"layer_types\":[\"full_attention\",\"full_attention\"]");
+        assert_eq!(
+            ModelSpec::from_config_str(&full).unwrap().sliding_window,
+            None
+        );
     }
 }

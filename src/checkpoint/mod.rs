@@ -55,6 +55,15 @@ pub enum CheckpointError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
+    #[error(
+        "{path}: tensor `{tensor}` is not part of {architecture} as config.json describes it; \
+         refusing to convert without it (a config field hf2coreml does not know may need it)"
+    )]
+    UnusedTensor {
+        path: PathBuf,
+        tensor: String,
+        architecture: String,
+    },
     #[error("{path}: tensor `{tensor}` has dtype {dtype}; supported: BF16, F16, F32")]
     UnsupportedDtype {
         path: PathBuf,
@@ -522,7 +531,34 @@ impl Checkpoint {
                 });
             }
         }
-        Ok(())
+        self.check_unused()
+    }
+
+    /// Refuse a stored tensor the architecture does not use (a bias, a norm, an expert):
+    /// dropping it would convert a different model. Rotary buffers (`rotary_emb.inv_freq`,
+    /// recomputed from the config) and a tied model's stored `lm_head.weight` (transformers
+    /// replaces it by the embedding) are the exceptions.
+    fn check_unused(&self) -> Result<(), CheckpointError> {
+        let expected: std::collections::HashSet<String> = arch::expected_tensors(&self.spec)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        let ignorable = |name: &str| {
+            name.ends_with("rotary_emb.inv_freq")
+                || (self.spec.tie_word_embeddings && name == arch::TensorId::LmHead.hf_name())
+        };
+        match self
+            .tensors
+            .iter()
+            .find(|(name, _)| !expected.contains(*name) && !ignorable(name))
+        {
+            Some((name, entry)) => Err(CheckpointError::UnusedTensor {
+                path: self.files[entry.file].path.clone(),
+                tensor: name.clone(),
+                architecture: self.spec.architecture.hf_name().into(),
+            }),
+            None => Ok(()),
+        }
     }
 
     pub fn dir(&self) -> &Path {

@@ -169,6 +169,14 @@ pub fn candle_limitation(spec: &ModelSpec) -> Option<String> {
                 return Some("candle's mistral has no attention biases".into());
             }
         }
+        Architecture::Qwen3 => {
+            return Some(
+                "candle's qwen3 is not wired here: the plain forward pass computes it".into(),
+            )
+        }
+        Architecture::SmolLM3 => {
+            return Some("candle-transformers has no SmolLM3 (NoPE blocks)".into())
+        }
         Architecture::Qwen2 => {
             if explicit_head_dim {
                 return Some(format!(
@@ -472,6 +480,10 @@ fn load_candle(
         Device::Cpu,
     );
     match spec.architecture {
+        Architecture::Qwen3 | Architecture::SmolLM3 => Err(ReferenceError::candle(
+            "loading",
+            candle_core::Error::Msg(candle_limitation(spec).unwrap_or_default()),
+        )),
         Architecture::Llama => {
             let rope_scaling = match spec.rope_scaling {
                 RopeScaling::Llama3 {

@@ -78,6 +78,9 @@ struct Layer {
     q_bias: Option<Tensor>,
     k_bias: Option<Tensor>,
     v_bias: Option<Tensor>,
+    /// Qwen3's per-head norms on q and k, [D].
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
     o: Tensor,
     post_norm: Tensor,
     gate: Tensor,
@@ -122,13 +125,11 @@ fn load_layer(
     device: &Device,
 ) -> Result<Layer, super::ReferenceError> {
     let get = |t: LayerTensor| load(ckpt, &arch::tensor_name(l, t), device);
-    let bias = |t: LayerTensor| -> Result<Option<Tensor>, super::ReferenceError> {
-        if ckpt.spec().attention_bias {
-            Ok(Some(get(t)?))
-        } else {
-            Ok(None)
-        }
+    let optional = |t: LayerTensor, present: bool| -> Result<Option<Tensor>, _> {
+        present.then(|| get(t)).transpose()
     };
+    let bias = |t: LayerTensor| optional(t, ckpt.spec().attention_bias);
+    let qk_norm = |t: LayerTensor| optional(t, ckpt.spec().qk_norm);
     Ok(Layer {
         input_norm: get(LayerTensor::InputNorm)?,
         q: get(LayerTensor::Q)?,
@@ -137,6 +138,8 @@ fn load_layer(
         q_bias: bias(LayerTensor::QBias)?,
         k_bias: bias(LayerTensor::KBias)?,
         v_bias: bias(LayerTensor::VBias)?,
+        q_norm: qk_norm(LayerTensor::QNorm)?,
+        k_norm: qk_norm(LayerTensor::KNorm)?,
         o: get(LayerTensor::O)?,
         post_norm: get(LayerTensor::PostNorm)?,
         gate: get(LayerTensor::Gate)?,
@@ -244,6 +247,7 @@ impl PlainModel {
         streaming: bool,
     ) -> Result<Self, super::ReferenceError> {
         let spec = ckpt.spec().clone();
+        honoured(&spec);
         let device = Device::Cpu;
         Ok(PlainModel {
             inv_freq: inverse_frequencies(&spec),
@@ -540,6 +544,38 @@ impl PlainModel {
     }
 }
 
+/// Every [`ModelSpec`] field, and where this forward pass honours it: destructured without
+/// `..`, so a field added to the spec does not compile until the reference computes it too.
+fn honoured(spec: &ModelSpec) {
+    let ModelSpec {
+        architecture: _,
+        // Shapes: every weight is loaded with the checkpoint's checked shape.
+        num_hidden_layers: _,
+        hidden_size: _,
+        intermediate_size: _,
+        num_attention_heads: _,
+        num_key_value_heads: _,
+        head_dim: _,
+        vocab_size: _,
+        // `rms_norm`; `PlainModel::load` (the head); `inverse_frequencies`; `load_layer`.
+        rms_norm_eps: _,
+        tie_word_embeddings: _,
+        rope_theta: _,
+        rope_scaling: _,
+        attention_bias: _,
+        // `attention`: per-head norms, blocks without RoPE.
+        qk_norm: _,
+        no_rope_layers: _,
+        // `Reference::check_tokens` refuses sequences past the context or the window.
+        max_position_embeddings: _,
+        sliding_window: _,
+        // Not math.
+        dtype: _,
+        bos_token_id: _,
+        eos_token_ids: _,
+    } = spec;
+}
+
 /// Self-attention of block weights `w` on its normalised input h [T, H]: q/k/v, rope, the KV
 /// cache `slot` when given, causal softmax attention. Returns the o_proj input [T, Hq·D].
 #[allow(clippy::too_many_arguments)]
@@ -570,8 +606,19 @@ fn attention(
     let heads = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
         x.reshape((t, n, d))?.transpose(0, 1)?.contiguous()
     };
-    let q = rope(&heads(q, hq)?, cos, sin)?;
-    let mut k = rope(&heads(k, hkv)?, cos, sin)?;
+    // Qwen3: RMSNorm over each head's D values, before RoPE.
+    let head_norm = |x: Tensor, w: Option<&Tensor>| match w {
+        Some(w) => rms_norm(&x, w, spec.rms_norm_eps),
+        None => Ok(x),
+    };
+    let q = head_norm(heads(q, hq)?, w.q_norm.as_ref())?;
+    let k = head_norm(heads(k, hkv)?, w.k_norm.as_ref())?;
+    // SmolLM3's NoPE blocks leave q and k unrotated.
+    let (q, mut k) = if lo.map_or(true, |l| spec.uses_rope(l)) {
+        (rope(&q, cos, sin)?, rope(&k, cos, sin)?)
+    } else {
+        (q, k)
+    };
     let mut v = heads(v, hkv)?;
     if let Some(slot) = slot {
         if let Some((ck, cv)) = slot.as_ref() {

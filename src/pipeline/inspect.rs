@@ -36,6 +36,10 @@ pub struct Summary {
     pub context_length: usize,
     pub tie_word_embeddings: bool,
     pub attention_bias: bool,
+    /// Per-head q/k RMSNorms (Qwen3).
+    pub qk_norm: bool,
+    /// Blocks without RoPE (SmolLM3).
+    pub no_rope_layers: Vec<usize>,
     pub rope_theta: f64,
     pub rope_scaling: crate::arch::RopeScaling,
     pub rms_norm_eps: f64,
@@ -119,6 +123,8 @@ pub fn summarize_gguf(info: HeaderInfo, recipe: &Recipe) -> Summary {
         rope_theta: spec.rope_theta,
         rope_scaling: spec.rope_scaling.clone(),
         rms_norm_eps: spec.rms_norm_eps,
+        qk_norm: spec.qk_norm,
+        no_rope_layers: spec.no_rope_layers.clone(),
         dtype: "gguf",
         config_dtype: None,
         checkpoint_bytes: info.file_size,
@@ -181,6 +187,8 @@ pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
         context_length: spec.max_position_embeddings,
         tie_word_embeddings: spec.tie_word_embeddings,
         attention_bias: spec.attention_bias,
+        qk_norm: spec.qk_norm,
+        no_rope_layers: spec.no_rope_layers.clone(),
         rope_theta: spec.rope_theta,
         rope_scaling: spec.rope_scaling.clone(),
         rms_norm_eps: spec.rms_norm_eps,

@@ -317,6 +317,7 @@ impl Job {
     pub fn plan(&self, ckpt: &Checkpoint) -> Result<Plan, JobError> {
         let spec = ckpt.spec();
         check_context(spec, self.max_seq_len)?;
+        crate::graph::llama::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
         let predicted = budget::weights_bytes(&ckpt.slots(), |s| self.recipe.storage(s));
         let budget = match &self.device {
             Some(id) => {

@@ -813,6 +813,8 @@ pub fn gguf_name(id: crate::arch::TensorId) -> String {
                 T::QBias => ("attn_q", "bias"),
                 T::KBias => ("attn_k", "bias"),
                 T::VBias => ("attn_v", "bias"),
+                T::QNorm => ("attn_q_norm", "weight"),
+                T::KNorm => ("attn_k_norm", "weight"),
             };
             format!("blk.{l}.{part}.{suffix}")
         }

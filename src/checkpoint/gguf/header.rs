@@ -84,6 +84,8 @@ impl LlamaHParams {
             bos_token_id: id("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             sliding_window: None,
+            qk_norm: false,
+            no_rope_layers: Vec::new(),
         })
     }
 }

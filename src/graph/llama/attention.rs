@@ -1,5 +1,5 @@
-//! One block's self-attention: q/k/v projections (with Qwen2's biases), heads, rotate-half
-//! RoPE, the layer's cache rows joined with the new keys and values, GQA expansion, scaled
+//! One block's self-attention: q/k/v projections (with Qwen2's biases), heads, Qwen3's
+//! per-head q/k norms, rotate-half RoPE (not in SmolLM3's NoPE blocks), the layer's cache rows joined with the new keys and values, GQA expansion, scaled
 //! dot-product attention under the shared mask, and the o projection.
 
 use super::linear::{Projections, Weights};
@@ -80,12 +80,37 @@ fn qkv(
     for ((w, bias), n) in ws.into_iter().zip(biases).zip(["q", "k", "v"]) {
         out.push(proj.apply(b, w, bias, hn, &format!("{tag}_{n}")));
     }
-    let qh = heads(b, &out[0], dims.h, dims, &format!("{tag}_q"));
-    let kh = heads(b, &out[1], dims.hkv, dims, &format!("{tag}_k"));
+    let mut qh = heads(b, &out[0], dims.h, dims, &format!("{tag}_q"));
+    let mut kh = heads(b, &out[1], dims.hkv, dims, &format!("{tag}_k"));
     let vh = heads(b, &out[2], dims.hkv, dims, &format!("{tag}_v"));
+    if let Some(eps) = shared.qk_norm_eps {
+        let qw = weights.single(b, TensorId::Layer(l, LayerTensor::QNorm))?;
+        let kw = weights.single(b, TensorId::Layer(l, LayerTensor::KNorm))?;
+        qh = head_norm(b, &qh, &qw, eps, &format!("{tag}_q_norm"));
+        kh = head_norm(b, &kh, &kw, eps, &format!("{tag}_k_norm"));
+    }
+    if !shared.rope_in_layer[l] {
+        return Ok((qh, kh, vh));
+    }
     let qr = apply_rope(b, &qh, shared, &format!("{tag}_q_rope"));
     let kr = apply_rope(b, &kh, shared, &format!("{tag}_k_rope"));
     Ok((qr, kr, vh))
+}
+
+/// Scale applied to q and k before their per-head RMSNorm, with ε scaled by its square:
+/// RMSNorm is scale-invariant, and squares of |q| up to ~4,000 stay inside fp16 (no measurement
+/// covers q and k, so the headroom is fixed, a power of two so the scaling itself is exact).
+const HEAD_NORM_PRESCALE: f64 = 1.0 / 16.0;
+
+/// RMSNorm over the last axis (each head's D values) of [1, n, Q, D] with weight [D].
+fn head_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+    let c = HEAD_NORM_PRESCALE;
+    let xs = b.op(
+        Op::Mul,
+        &format!("{name}_prescaled"),
+        vec![("x", var(x)), ("y", Arg::Float(c))],
+    );
+    super::rms_norm(b, &xs, w, eps * c * c, name)
 }
 
 /// [1, Q, n·D] → [1, n, Q, D].

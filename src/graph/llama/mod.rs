@@ -93,6 +93,10 @@ struct Shared {
     /// 1/√D.
     q_scale: f64,
     attention_bias: bool,
+    /// Qwen3's per-head q/k norms: their ε (the model's, unscaled: q and k do not carry α).
+    qk_norm_eps: Option<f64>,
+    /// Per block: whether it rotates q and k (SmolLM3's NoPE blocks do not).
+    rope_in_layer: Vec<bool>,
     /// This step's RoPE rows [Q, D].
     cos: String,
     sin: String,
@@ -102,6 +106,52 @@ struct Shared {
     value_cache: String,
 }
 
+/// Refuse a spec this builder would not compute exactly at cache length `max_seq_len`.
+///
+/// Every [`ModelSpec`] field is named here, without `..`: a field added to the spec does not
+/// compile until the builder says what it does with it, so the spec cannot describe math the
+/// graph silently ignores.
+pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError> {
+    let ModelSpec {
+        // One decoder layout for every architecture the spec can name.
+        architecture: _,
+        // Shapes: checked against every weight by `Weights`.
+        num_hidden_layers: _,
+        hidden_size: _,
+        intermediate_size: _,
+        num_attention_heads: _,
+        num_key_value_heads: _,
+        head_dim: _,
+        vocab_size: _,
+        // The norms' ε (`rms_norm`), the lm_head (`build`), RoPE tables (`mask::Tables`),
+        // q/k/v biases, per-head q/k norms and blocks without RoPE (`attention::qkv`).
+        rms_norm_eps: _,
+        tie_word_embeddings: _,
+        rope_theta: _,
+        rope_scaling: _,
+        attention_bias: _,
+        qk_norm: _,
+        no_rope_layers: _,
+        // Not math: metadata and the run's limits.
+        max_position_embeddings: _,
+        dtype: _,
+        bos_token_id: _,
+        eos_token_ids: _,
+        sliding_window,
+    } = spec;
+    // No windowed mask: a window only matters once the context outgrows it.
+    if let Some(window) = *sliding_window {
+        if max_seq_len > window {
+            return Err(GraphError::Unsupported(format!(
+                "`sliding_window` = {window} is shorter than the package's context of \
+                 {max_seq_len} tokens and windowed attention is not built: use \
+                 --max-seq-len {window} or less"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Build the step graph. `weights` holds every slot of [`crate::arch::expected_tensors`], by
 /// checkpoint name; they are moved into the graph.
 pub fn build(
@@ -109,6 +159,7 @@ pub fn build(
     weights: BTreeMap<String, Weight>,
     opts: &StepOptions,
 ) -> Result<Graph, GraphError> {
+    check_spec(spec, opts.max_seq_len)?;
     let dims = Dims::new(spec, opts)?;
     let (s, q, l_count) = (dims.s, dims.q, spec.num_hidden_layers);
     let fl = opts.float;
@@ -132,6 +183,8 @@ pub fn build(
         alpha,
         eps: spec.rms_norm_eps * alpha * alpha,
         attention_bias: spec.attention_bias,
+        qk_norm_eps: spec.qk_norm.then_some(spec.rms_norm_eps),
+        rope_in_layer: (0..l_count).map(|l| spec.uses_rope(l)).collect(),
         cos,
         sin,
         mask,

@@ -1,0 +1,129 @@
+"""Write tiny random Hugging Face checkpoints of the 2026 architectures with transformers itself,
+plus transformers' float32 logits for a fixed token sequence: the fixtures under
+tests/fixtures/hf/<arch>/ that tests/arch_*.rs hold the Rust reference and converted packages to.
+
+usage: python hf_models.py [OUT_DIR] [ARCH ...]
+  OUT_DIR defaults to tests/fixtures/hf beside this repository's python/ folder; ARCH names a
+  subset (default: all of ARCHS below).
+
+Each OUT_DIR/<arch>/ gets what save_pretrained writes (config.json, model.safetensors in
+bfloat16) and reference.json: {"transformers": version, "torch": version, "tokens": [...],
+"logits": [[V floats] per position]}. The logits come from the float32 model whose weights
+were first rounded to bfloat16, so they are exactly the saved weights' logits.
+
+Needs torch and transformers from PyPI, in a venv of their own (not the coremltools one):
+  python -m venv ~/.cache/hf2coreml/venv-testgen
+  ~/.cache/hf2coreml/venv-testgen/bin/pip install torch==2.15.0 transformers==5.23.0
+Rerunning with the same versions rewrites byte-identical weights (seeded).
+"""
+
+import json
+import os
+import sys
+
+import torch
+import transformers
+
+VOCAB = 128
+# Long enough to exceed the sliding windows and the Phi-3 original context below.
+TOKENS = [(i * 37 + 11) % VOCAB for i in range(40)]
+
+
+def common(**kw):
+    """Fields every tiny model shares."""
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    base.update(kw)
+    return base
+
+
+def qwen3():
+    """q_norm/k_norm per head before RoPE, explicit head_dim (32, not 64/4), tied, no biases."""
+    cfg = transformers.Qwen3Config(
+        **common(num_hidden_layers=2, head_dim=32, rope_theta=1_000_000.0, rms_norm_eps=1e-6),
+        tie_word_embeddings=True,
+        attention_bias=False,
+    )
+    return transformers.Qwen3ForCausalLM, cfg
+
+
+def smollm3():
+    """Llama-like with NoPE blocks; every 2nd here (no_rope_layers = [1, 0]) so that two blocks
+    cover one of each (the real models: every 4th)."""
+    cfg = transformers.SmolLM3Config(
+        **common(num_hidden_layers=2, rope_theta=100_000.0, rms_norm_eps=1e-6),
+        tie_word_embeddings=True,
+        no_rope_layer_interval=2,
+    )
+    return transformers.SmolLM3ForCausalLM, cfg
+
+
+ARCHS = {"qwen3": qwen3, "smollm3": smollm3}
+
+
+def randomize(model, gain):
+    """Weights that make a peaked next-token distribution, like a trained model's: N(0, 0.08)
+    matrices, norms near 1, the final norm times `gain`."""
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.08 * torch.randn(p.shape, generator=gen))
+        model.model.norm.weight.mul_(gain)
+        # Round to bf16 once: the saved weights and the float32 logits below agree exactly.
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+
+
+def write(out_dir, arch):
+    cls, cfg = ARCHS[arch]()
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = cls(cfg).to(torch.float32).eval()
+    randomize(model, gain=8.0)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    with torch.no_grad():
+        logits = model(torch.tensor([TOKENS])).logits[0].to(torch.float32)
+    dest = os.path.join(out_dir, arch)
+    os.makedirs(dest, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(dest, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        path = os.path.join(dest, extra)
+        if os.path.exists(path):
+            os.remove(path)
+    ref = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "tokens": TOKENS,
+        "logits": [[round(float(v), 7) for v in row] for row in logits],
+    }
+    with open(os.path.join(dest, "reference.json"), "w") as f:
+        json.dump(ref, f, separators=(",", ":"))
+        f.write("\n")
+    size = sum(os.path.getsize(os.path.join(dest, n)) for n in os.listdir(dest))
+    print(f"{arch}: {dest} ({size} bytes)")
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    default = os.path.join(here, "..", "..", "tests", "fixtures", "hf")
+    args = sys.argv[1:]
+    out_dir = args.pop(0) if args and args[0] not in ARCHS else default
+    for arch in args or list(ARCHS):
+        write(out_dir, arch)
+
+
+if __name__ == "__main__":
+    main()
