@@ -67,14 +67,26 @@ fn real_7b_header_is_described_and_planned() {
             .find(|t| t["name"] == name)
             .map_or(0, |t| t["tensors"].as_u64().unwrap())
     };
-    assert!(count("Q4_K") > 150 && count("Q6_K") > 20 && count("F32") > 50, "{g:#}");
+    assert!(
+        count("Q4_K") > 150 && count("Q6_K") > 20 && count("F32") > 50,
+        "{g:#}"
+    );
     let bpw = g["bits_per_weight"].as_f64().unwrap();
-    assert!((4.7..5.0).contains(&bpw), "Q4_K_M is ~4.85 bits/weight: {bpw}");
+    assert!(
+        (4.7..5.0).contains(&bpw),
+        "Q4_K_M is ~4.85 bits/weight: {bpw}"
+    );
     assert_eq!(g["projection_type"][0], "Q4_K");
 
     let (_, text, _) = run(&["inspect".as_ref(), file.as_os_str()]);
-    assert!(text.contains(&format!("tensor data truncated at byte {size}")), "{text}");
-    assert!(text.contains("Q4_K") && text.contains("bits/weight"), "{text}");
+    assert!(
+        text.contains(&format!("tensor data truncated at byte {size}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("Q4_K") && text.contains("bits/weight"),
+        "{text}"
+    );
 
     // An iPhone plan from the header: 4-bit projections, fp16 embedding and lm_head (about
     // 3.3 GB + 2.2 GB).
@@ -104,7 +116,10 @@ fn real_7b_header_is_described_and_planned() {
         "--recipe".as_ref(),
         "calibrated-4bit".as_ref(),
     ]);
-    assert!(text.contains("re-quantizes") && text.contains("truncated at byte"), "{text}");
+    assert!(
+        text.contains("re-quantizes") && text.contains("truncated at byte"),
+        "{text}"
+    );
 
     // Converting needs the data: the import names the truncation.
     match gguf::GgufFile::open(&file) {
@@ -139,7 +154,12 @@ fn header_only_commands_never_read_tensor_data() {
     // its header declares, ~4.7 GB: inspect answers at once and sees a complete file.
     let head = head_7b();
     let g = gguf::GgufFile::open_header(&head).unwrap();
-    let end = g.tensors().iter().map(|t| t.start + t.n_bytes).max().unwrap();
+    let end = g
+        .tensors()
+        .iter()
+        .map(|t| t.start + t.n_bytes)
+        .max()
+        .unwrap();
     assert!(end > 4 << 30, "{end}");
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("full.gguf");
@@ -149,7 +169,11 @@ fn header_only_commands_never_read_tensor_data() {
     drop(f);
     let t = std::time::Instant::now();
     let j = inspect_json(&file);
-    assert!(t.elapsed().as_secs_f64() < 10.0, "inspect took {:?}", t.elapsed());
+    assert!(
+        t.elapsed().as_secs_f64() < 10.0,
+        "inspect took {:?}",
+        t.elapsed()
+    );
     assert_eq!(j["hidden_size"], 3584);
     assert!(j["gguf"]["truncated_at"].is_null(), "{j:#}");
 }

@@ -118,10 +118,7 @@ impl ReferenceBpe {
 
     fn encode_plain(&self, text: &str, ids: &mut Vec<u32>) {
         for piece in self.pieces(text) {
-            let mapped: String = piece
-                .bytes()
-                .map(|b| self.byte_chars[b as usize])
-                .collect();
+            let mapped: String = piece.bytes().map(|b| self.byte_chars[b as usize]).collect();
             if self.ignore_merges {
                 if let Some(id) = self.vocab.get(&mapped) {
                     ids.push(*id);
@@ -306,7 +303,12 @@ fn check(g: &GgufFile, split: Split, ignore_merges: bool) {
     for text in TEXT.split_inclusive('\n').chain([TEXT]) {
         let want = reference.encode(text);
         let got = tok.encode(text, false).unwrap().get_ids().to_vec();
-        assert_eq!(got, want, "{} on {text:?}", tokenizer::build(g).unwrap().pre);
+        assert_eq!(
+            got,
+            want,
+            "{} on {text:?}",
+            tokenizer::build(g).unwrap().pre
+        );
         assert_eq!(tok.decode(&got, false).unwrap(), text);
     }
 }
@@ -314,7 +316,10 @@ fn check(g: &GgufFile, split: Split, ignore_merges: bool) {
 #[test]
 fn qwen2_tokenizer_matches_the_vocabulary() {
     let g = GgufFile::open_header(&head_7b()).unwrap();
-    assert_eq!(g.get_str("tokenizer.ggml.pre").unwrap(), Some("deepseek-r1-qwen"));
+    assert_eq!(
+        g.get_str("tokenizer.ggml.pre").unwrap(),
+        Some("deepseek-r1-qwen")
+    );
     check(&g, Split::Gpt4 { digits: 1 }, false);
     check(&with_pre(&g, "qwen2"), Split::Gpt4 { digits: 1 }, false);
 }

@@ -262,7 +262,9 @@ impl Job {
         progress.end();
         let cached = done.map_err(import_err)?;
         let floor = match &header.projection_type {
-            Some((ty, bits)) => format!("; projections {ty} at {bits:.2}, the source's error floor"),
+            Some((ty, bits)) => {
+                format!("; projections {ty} at {bits:.2}, the source's error floor")
+            }
             None => String::new(),
         };
         progress.note(&format!(

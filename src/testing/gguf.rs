@@ -464,12 +464,16 @@ fn encode_q6_k(block: &[f32], bytes: &mut Vec<u8>, decoded: &mut Vec<f32>) {
 /// llama.cpp's `Q4_K_M` choice for a tensor (`llama-quant.cpp`): q6_K for `output` and for
 /// `attn_v`/`ffn_down` in the layers `use_more_bits` picks, q4_K for the other matrices,
 /// f32 for vectors; rows not a multiple of 256 fall back (q4_K → q5_0, q6_K → q8_0).
-pub fn q4_k_m_type(gguf_name: &str, shape: &[usize], layer: Option<usize>, layers: usize) -> FixtureType {
+pub fn q4_k_m_type(
+    gguf_name: &str,
+    shape: &[usize],
+    layer: Option<usize>,
+    layers: usize,
+) -> FixtureType {
     if shape.len() < 2 {
         return FixtureType::F32;
     }
-    let more_bits =
-        |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
+    let more_bits = |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
     let wide = gguf_name == "output.weight"
         || ((gguf_name.contains("attn_v") || gguf_name.contains("ffn_down"))
             && layer.is_some_and(more_bits));
@@ -616,12 +620,14 @@ impl TinyGguf {
             .meta("llama.embedding_length", Meta::U32(h as u32))
             .meta("llama.feed_forward_length", Meta::U32(f as u32))
             .meta("llama.attention.head_count", Meta::U32(self.heads as u32))
-            .meta("llama.attention.head_count_kv", Meta::U32(self.kv_heads as u32))
+            .meta(
+                "llama.attention.head_count_kv",
+                Meta::U32(self.kv_heads as u32),
+            )
             .meta("llama.rope.freq_base", Meta::F32(100_000.0))
             .meta("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5))
             .meta("llama.vocab_size", Meta::U32(vocab as u32))
-            .meta("llama.rope.dimension_count", Meta::U32(hd as u32))
-;
+            .meta("llama.rope.dimension_count", Meta::U32(hd as u32));
         tokenizer_meta(&mut w, &self.pre, &tokens);
         let mut expected = BTreeMap::new();
         let mut add = |gguf: String,
@@ -739,7 +745,11 @@ pub fn from_checkpoint(
             &key("attention.layer_norm_rms_epsilon"),
             Meta::F32(spec.rms_norm_eps as f32),
         );
-    let pre = if arch == "qwen2" { "qwen2" } else { "llama-bpe" };
+    let pre = if arch == "qwen2" {
+        "qwen2"
+    } else {
+        "llama-bpe"
+    };
     tokenizer_meta(&mut w, pre, &tokens);
     let mut expected = BTreeMap::new();
     let layers = spec.num_hidden_layers;
@@ -762,9 +772,9 @@ pub fn from_checkpoint(
         let ty = layout(&gguf, &shape, id.layer(), layers);
         let (data, decoded) = encode(&stored, ty);
         let decoded_hf = match heads {
-            Some(h) => crate::checkpoint::gguf::weights::unpermute_rows(
-                &decoded, shape[0], shape[1], h,
-            ),
+            Some(h) => {
+                crate::checkpoint::gguf::weights::unpermute_rows(&decoded, shape[0], shape[1], h)
+            }
             None => decoded,
         };
         expected.insert(hf, (shape.clone(), decoded_hf));
@@ -823,10 +833,11 @@ pub fn requantize(
         w.meta(k, Meta::Value(src.metadata()[k].clone()));
     }
     w.remove_meta("general.alignment");
-    let arch = src.get_str("general.architecture")?.unwrap_or("llama").to_string();
-    let layers = src
-        .get_uint(&format!("{arch}.block_count"))?
-        .unwrap_or(0) as usize;
+    let arch = src
+        .get_str("general.architecture")?
+        .unwrap_or("llama")
+        .to_string();
+    let layers = src.get_uint(&format!("{arch}.block_count"))?.unwrap_or(0) as usize;
     let tensors = src.tensors().to_vec();
     for t in &tensors {
         let values = src.read_f32(t)?;

@@ -15,7 +15,11 @@ use crate::progress::Progress;
 
 /// The cache root: `$HF2COREML_CACHE`, `$XDG_CACHE_HOME/hf2coreml` or `~/.cache/hf2coreml`.
 pub fn cache_root() -> PathBuf {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(p) = var("HF2COREML_CACHE") {
         return p;
     }
