@@ -361,7 +361,8 @@ fn unknown_pre_tokenizer_is_named() {
         "{msg}"
     );
     assert!(
-        msg.contains("`falcon`") && msg.contains("smollm, llama-bpe, gpt2"),
+        msg.contains("`falcon`")
+            && msg.contains("smollm, llama-bpe, qwen2, deepseek-r1-qwen, gpt2"),
         "{msg}"
     );
 }

@@ -121,9 +121,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "Core ML + app",
         );
         row("total", b.total_bytes, "");
-        if let Some(info) = &source {
-            print_source(info, &slots, &recipe);
-        }
         row(
             "usable",
             b.usable_bytes,
@@ -140,6 +137,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             fmt_bytes(b.headroom_bytes.unsigned_abs()),
             fmt_count(b.max_seq_len_that_fits as u64)
         );
+        if let Some(info) = &source {
+            print_source(info, &slots, &recipe);
+        }
     }
     if !b.fits {
         return Err(CheckFailed(format!(
