@@ -39,6 +39,8 @@ fn run_bin(args: &[&OsStr], stdout: Option<std::fs::File>) -> Outcome {
         None => std::fs::File::create(&out_path).unwrap(),
     };
     let started = Instant::now();
+    // Reaped by wait4 below (which also gives its peak RSS), not by Child::wait.
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
         .args(args)
         .env("CI", "1")

@@ -55,7 +55,9 @@ pub fn checkpoint(data: &[u8], scratch: &Path) -> bool {
     };
     ok &= ckpt.check_finite().is_ok();
     for slot in ckpt.slots() {
-        ok &= ckpt.tensor(&slot.name).is_ok_and(|t| t.to_f16().len() == slot.numel());
+        ok &= ckpt
+            .tensor(&slot.name)
+            .is_ok_and(|t| t.to_f16().len() == slot.numel());
     }
     ok
 }
