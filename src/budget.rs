@@ -123,10 +123,12 @@ impl Devices {
 
     /// `--devices FILE`.
     pub fn from_file(path: &Path) -> Result<Self, BudgetError> {
-        let text = std::fs::read_to_string(path).map_err(|e| BudgetError::Devices {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        // A device table is a few KiB; 1 MiB bounds a hostile one (and a FIFO is refused).
+        let text =
+            crate::fsutil::read_input_text(path, 1 << 20).map_err(|e| BudgetError::Devices {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
         Self::parse(&text, path)
     }
 

@@ -412,6 +412,8 @@ fn over_budget_plan_is_refused_unless_allowed() {
         hidden: 256,
         heads: 4,
         kv_heads: 4,
+        // A context as long as the plan: the budget, not the context, is what refuses it.
+        context: 1 << 20,
         ..TinyModel::llama()
     }
     .write_temp()

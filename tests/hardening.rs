@@ -39,6 +39,8 @@ fn run_bin(args: &[&OsStr], stdout: Option<std::fs::File>) -> Outcome {
         None => std::fs::File::create(&out_path).unwrap(),
     };
     let started = Instant::now();
+    // Reaped by wait4 below (which also gives its peak RSS), not by Child::wait.
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
         .args(args)
         .env("CI", "1")
@@ -599,4 +601,52 @@ fn control_bytes_from_config_json_are_escaped() {
         assert!(!o.stderr.contains(raw), "raw {raw:?} in {:?}", o.stderr);
     }
     assert!(o.stderr.contains("\\u{1b}[31mEvil"), "{}", o.stderr);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_gguf_or_device_table_is_refused_at_once() {
+    let root = tempfile::tempdir().unwrap();
+    let fifo = root.path().join("m.gguf");
+    mkfifo(&fifo);
+    let out = root.path().join("ckpt");
+    let o = expect(
+        root.path(),
+        &[
+            os("import-gguf"),
+            fifo.as_os_str(),
+            os("-o"),
+            out.as_os_str(),
+        ],
+        2,
+        &["m.gguf", "not a regular file"],
+    );
+    assert!(o.elapsed < Duration::from_secs(10), "{:?}", o.elapsed);
+    let o = expect(
+        root.path(),
+        &[os("inspect"), fifo.as_os_str()],
+        2,
+        &["m.gguf"],
+    );
+    assert!(o.elapsed < Duration::from_secs(10), "{:?}", o.elapsed);
+
+    let ckpt = root.path().join("tiny");
+    std::fs::create_dir(&ckpt).unwrap();
+    TinyModel::llama().write(&ckpt).unwrap();
+    let table = root.path().join("devices.toml");
+    mkfifo(&table);
+    let o = expect(
+        root.path(),
+        &[
+            os("budget"),
+            ckpt.as_os_str(),
+            os("--devices"),
+            table.as_os_str(),
+            os("--device"),
+            os("x"),
+        ],
+        2,
+        &["devices.toml", "not a regular file"],
+    );
+    assert!(o.elapsed < Duration::from_secs(10), "{:?}", o.elapsed);
 }

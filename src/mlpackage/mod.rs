@@ -440,12 +440,23 @@ impl MlPackage {
             )));
         }
         let bytes = read_limited(&model_path, MAX_MODEL_BYTES)?;
-        wire::check_decoded_size(&bytes, wire::MAX_DECODED_BYTES).map_err(|e| {
-            PackageError::Model {
-                path: model_path.clone(),
-                msg: format!("not a valid Core ML model protobuf: {e}"),
+        if let Err(e) = wire::check_decoded_size(&bytes, wire::MAX_DECODED_BYTES) {
+            // Malformed bytes get prost's own error, from the prefix the walk accepted (its
+            // decoded size is within the limit).
+            if let wire::WireError::Malformed(at) = e {
+                let prefix = &bytes[..(at + 1).min(bytes.len())];
+                if let Err(source) = proto::Model::decode(prefix) {
+                    return Err(PackageError::Protobuf {
+                        path: model_path,
+                        source,
+                    });
+                }
             }
-        })?;
+            return Err(PackageError::Model {
+                path: model_path,
+                msg: format!("not a valid Core ML model protobuf: {e}"),
+            });
+        }
         let model =
             proto::Model::decode(bytes.as_slice()).map_err(|source| PackageError::Protobuf {
                 path: model_path.clone(),

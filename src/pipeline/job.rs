@@ -259,9 +259,9 @@ impl Job {
     /// Checks that need no input file: the shape, the output name, a writable output place.
     pub fn check(&self) -> Result<(), JobError> {
         check_shape(self.max_seq_len, self.query_len)?;
-        Outputs::for_package(&self.output)?;
         crate::fsutil::refuse_output_over_input(&self.source, &self.output)
             .map_err(JobError::Unwritable)?;
+        Outputs::for_package(&self.output)?;
         // Refuse an output that cannot be written before minutes of work, not after.
         crate::fsutil::check_writable(&self.output).map_err(JobError::Unwritable)?;
         Ok(())

@@ -55,7 +55,9 @@ pub fn checkpoint(data: &[u8], scratch: &Path) -> bool {
     };
     ok &= ckpt.check_finite().is_ok();
     for slot in ckpt.slots() {
-        ok &= ckpt.tensor(&slot.name).map(|t| t.to_f16()).is_ok();
+        ok &= ckpt
+            .tensor(&slot.name)
+            .is_ok_and(|t| t.to_f16().len() == slot.numel());
     }
     ok
 }
@@ -236,7 +238,7 @@ pub fn write_seeds(out: &Path) -> std::io::Result<usize> {
 /// recipes, templates).
 pub const BATCH_SEEDS: [&str; 2] = [
     "[[export]]\nmodel = \"m\"\noutput = \"out/{model}-{max_seq_len}.mlpackage\"\nmax_seq_len = [512, 2048]\n",
-    "[defaults]\nrecipe = \"data-free-4bit\"\n\n[[export]]\nname = \"a\"\nmodel = \"m\"\noutput = \"a-{recipe}.mlpackage\"\nrecipe = [\"fp16\", { default = { palettize = { nbits = 8 } } }]\n",
+    "[[export]]\nmodel = \"m\"\noutput = \"o-{recipe}.mlpackage\"\nrecipe = [{ name = \"fp16\", default = \"fp16\" }, { default = { palettize = { nbits = 8 } } }]\n",
 ];
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ pub fn sha256_file(path: &Path) -> Result<String, GgufError> {
         path: path.to_path_buf(),
         source,
     };
-    let mut f = std::fs::File::open(path).map_err(io_err)?;
+    let mut f = crate::fsutil::open_input(path).map_err(io_err)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

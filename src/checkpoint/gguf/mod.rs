@@ -533,7 +533,7 @@ pub fn plan_tensors_unchecked(
 /// a checkpoint directory or a GGUF file).
 pub fn is_gguf_file(path: &Path) -> bool {
     let mut magic = [0u8; 4];
-    std::fs::File::open(path)
+    crate::fsutil::open_input(path)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
         .is_ok()
         && &magic == b"GGUF"

@@ -254,7 +254,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io_err)?;
+        let file = crate::fsutil::open_input(path).map_err(io_err)?;
         let file_size = file.metadata().map_err(io_err)?.len();
         Self::from_source(path, Box::new(file), file_size, false)
     }
@@ -267,7 +267,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io_err)?;
+        let file = crate::fsutil::open_input(path).map_err(io_err)?;
         let file_size = file.metadata().map_err(io_err)?.len();
         Self::from_source(path, Box::new(file), file_size, true)
     }
