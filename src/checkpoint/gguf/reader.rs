@@ -7,7 +7,6 @@
 //! [`super::dequant`] dequantizes the tensor data.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
