@@ -367,7 +367,7 @@ mod tests {
         ModelSpec::from_config_str(
             r#"{"architectures":["LlamaForCausalLM"],"hidden_size":576,"intermediate_size":1536,
             "num_attention_heads":9,"num_hidden_layers":30,"num_key_value_heads":3,"vocab_size":49152,
-            "tie_word_embeddings":true}"#,
+            "tie_word_embeddings":true,"max_position_embeddings":8192}"#,
         )
         .unwrap()
     }
@@ -415,13 +415,16 @@ mod tests {
     fn max_fit_is_the_boundary() {
         let spec = smollm();
         let w = weights_bytes(&expected_tensors(&spec), default_storage);
-        let limit = Limit::explicit(w + (200 << 20));
+        let limit = Limit::explicit(w + (100 << 20));
         let b = compute(&spec, w, 512, 1, &limit);
         assert!(b.fits);
         let s = b.max_seq_len_that_fits;
         assert!(s > 512);
         assert!(compute(&spec, w, s, 1, &limit).fits);
         assert!(!compute(&spec, w, s + 1, 1, &limit).fits);
+        // Memory for far more than the context still stops at the context.
+        let roomy = Limit::explicit(w + (8 << 30));
+        assert_eq!(compute(&spec, w, 512, 1, &roomy).max_seq_len_that_fits, 8192);
         let tiny = Limit::explicit(w / 2);
         let b = compute(&spec, w, 512, 1, &tiny);
         assert!(!b.fits);
