@@ -424,7 +424,10 @@ mod tests {
         assert!(!compute(&spec, w, s + 1, 1, &limit).fits);
         // Memory for far more than the context still stops at the context.
         let roomy = Limit::explicit(w + (8 << 30));
-        assert_eq!(compute(&spec, w, 512, 1, &roomy).max_seq_len_that_fits, 8192);
+        assert_eq!(
+            compute(&spec, w, 512, 1, &roomy).max_seq_len_that_fits,
+            8192
+        );
         let tiny = Limit::explicit(w / 2);
         let b = compute(&spec, w, 512, 1, &tiny);
         assert!(!b.fits);

@@ -184,7 +184,17 @@ fn row_parts(
     let cols = shape.get(1).copied().unwrap_or(1);
     let rows = widths.iter().map(|&r| r * cols);
     let datas: Vec<ConstData> = match w {
-        Weight::Dense(v) => split(&v, rows).map(ConstData::F16).collect(),
+        // The first part keeps the table's own allocation (truncated), so the split holds the
+        // table once plus the other parts, not two whole copies (tests/resources.rs).
+        Weight::Dense(mut v) => {
+            let first = (widths[0] * cols).min(v.len());
+            let rest: Vec<ConstData> = split(&v[first..], rows.skip(1))
+                .map(ConstData::F16)
+                .collect();
+            v.truncate(first);
+            v.shrink_to_fit();
+            std::iter::once(ConstData::F16(v)).chain(rest).collect()
+        }
         Weight::Quantized(q) => split_lut(q, rows, name)?,
     };
     Ok(datas
