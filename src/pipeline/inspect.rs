@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::arch::RoleGroup;
+use crate::arch::{ModelSpec, RoleGroup};
 use crate::budget;
 use crate::checkpoint::gguf::header::HeaderInfo;
 use crate::checkpoint::Checkpoint;
@@ -96,18 +96,47 @@ pub fn requantization_note(
 /// Summarize a GGUF from its header alone (no tensor data is read), sizing its weights under
 /// `recipe` as [`summarize`] does for a checkpoint.
 pub fn summarize_gguf(info: HeaderInfo, recipe: &Recipe) -> Summary {
-    let spec = &info.spec;
-    let slots = crate::arch::expected_tensors(spec);
+    let spec = info.spec.clone();
+    let slots = crate::arch::expected_tensors(&spec);
+    let source = Source {
+        path: info.path.display().to_string(),
+        dtype: "gguf",
+        config_dtype: None,
+        checkpoint_bytes: info.file_size,
+    };
+    let stored = |name: &str| info.stored_bytes.get(name).copied().unwrap_or(0);
+    let mut summary = build(&spec, &slots, stored, source, recipe);
+    summary.gguf = Some(info);
+    summary
+}
+
+/// Where a summary's weights come from: a checkpoint directory or a GGUF header.
+struct Source {
+    path: String,
+    dtype: &'static str,
+    config_dtype: Option<String>,
+    checkpoint_bytes: u64,
+}
+
+/// The summary of `spec`'s `slots`, each stored in `stored(name)` bytes, sized under `recipe`
+/// and the default recipe.
+fn build(
+    spec: &ModelSpec,
+    slots: &[crate::arch::TensorSlot],
+    stored: impl Fn(&str) -> u64,
+    source: Source,
+    recipe: &Recipe,
+) -> Summary {
     let default = Recipe::default();
     let mut groups = empty_groups();
-    for slot in &slots {
+    for slot in slots {
         let g = group_of(&mut groups, slot);
         g.tensors += 1;
         g.parameters += slot.numel() as u64;
-        g.bytes += info.stored_bytes.get(&slot.name).copied().unwrap_or(0);
+        g.bytes += stored(&slot.name);
     }
     Summary {
-        path: info.path.display().to_string(),
+        path: source.path,
         architecture: spec.architecture.hf_name().to_string(),
         parameters: slots.iter().map(|s| s.numel() as u64).sum(),
         layers: spec.num_hidden_layers,
@@ -120,20 +149,20 @@ pub fn summarize_gguf(info: HeaderInfo, recipe: &Recipe) -> Summary {
         context_length: spec.max_position_embeddings,
         tie_word_embeddings: spec.tie_word_embeddings,
         attention_bias: spec.attention_bias,
+        qk_norm: spec.qk_norm,
+        no_rope_layers: spec.no_rope_layers.clone(),
         rope_theta: spec.rope_theta,
         rope_scaling: spec.rope_scaling.clone(),
         rms_norm_eps: spec.rms_norm_eps,
-        qk_norm: spec.qk_norm,
-        no_rope_layers: spec.no_rope_layers.clone(),
-        dtype: "gguf",
-        config_dtype: None,
-        checkpoint_bytes: info.file_size,
+        dtype: source.dtype,
+        config_dtype: source.config_dtype,
+        checkpoint_bytes: source.checkpoint_bytes,
         groups,
-        fp16_bytes: budget::weights_bytes(&slots, |_| Storage::Fp16),
-        default_recipe_bytes: budget::weights_bytes(&slots, |s| default.storage(s)),
+        fp16_bytes: budget::weights_bytes(slots, |_| Storage::Fp16),
+        default_recipe_bytes: budget::weights_bytes(slots, |s| default.storage(s)),
         recipe: recipe.origin().to_string(),
-        recipe_bytes: budget::weights_bytes(&slots, |s| recipe.storage(s)),
-        gguf: Some(info),
+        recipe_bytes: budget::weights_bytes(slots, |s| recipe.storage(s)),
+        gguf: None,
     }
 }
 
@@ -161,45 +190,12 @@ fn group_of<'a>(
 
 /// Summarize `ckpt`, sizing its weights under `recipe` (and the default recipe).
 pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
-    let spec = ckpt.spec();
-    let slots = ckpt.slots();
-    let default = Recipe::default();
-    let mut groups = empty_groups();
-    for slot in &slots {
-        let g = group_of(&mut groups, slot);
-        g.tensors += 1;
-        g.parameters += slot.numel() as u64;
-        if let Ok(t) = ckpt.tensor(&slot.name) {
-            g.bytes += t.data.len() as u64;
-        }
-    }
-    Summary {
+    let source = Source {
         path: ckpt.dir().display().to_string(),
-        architecture: spec.architecture.hf_name().to_string(),
-        parameters: slots.iter().map(|s| s.numel() as u64).sum(),
-        layers: spec.num_hidden_layers,
-        hidden_size: spec.hidden_size,
-        intermediate_size: spec.intermediate_size,
-        num_attention_heads: spec.num_attention_heads,
-        num_key_value_heads: spec.num_key_value_heads,
-        head_dim: spec.head_dim,
-        vocab_size: spec.vocab_size,
-        context_length: spec.max_position_embeddings,
-        tie_word_embeddings: spec.tie_word_embeddings,
-        attention_bias: spec.attention_bias,
-        qk_norm: spec.qk_norm,
-        no_rope_layers: spec.no_rope_layers.clone(),
-        rope_theta: spec.rope_theta,
-        rope_scaling: spec.rope_scaling.clone(),
-        rms_norm_eps: spec.rms_norm_eps,
         dtype: ckpt.storage_dtype().short_name(),
-        config_dtype: spec.dtype.clone(),
+        config_dtype: ckpt.spec().dtype.clone(),
         checkpoint_bytes: ckpt.file_bytes(),
-        groups,
-        fp16_bytes: budget::weights_bytes(&slots, |_| Storage::Fp16),
-        default_recipe_bytes: budget::weights_bytes(&slots, |s| default.storage(s)),
-        recipe: recipe.origin().to_string(),
-        recipe_bytes: budget::weights_bytes(&slots, |s| recipe.storage(s)),
-        gguf: None,
-    }
+    };
+    let stored = |name: &str| ckpt.tensor(name).map_or(0, |t| t.data.len() as u64);
+    build(ckpt.spec(), &ckpt.slots(), stored, source, recipe)
 }
