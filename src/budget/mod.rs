@@ -15,7 +15,7 @@ use crate::arch::TensorSlot;
 use crate::quant::Storage;
 
 /// The embedded device table (configs/devices.toml).
-pub const DEFAULT_DEVICES: &str = include_str!("../configs/devices.toml");
+pub const DEFAULT_DEVICES: &str = include_str!("../../configs/devices.toml");
 
 /// Bytes per element of the fp16 caches and activations of an iOS17 package.
 const FP16_BYTES: u64 = 2;
