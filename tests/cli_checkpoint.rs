@@ -439,3 +439,63 @@ fn fixture_architectures_round_trip() {
         assert!(t.to_f32().iter().all(|v| (0.3..1.7).contains(v)));
     }
 }
+
+#[test]
+fn checkpoint_paths_as_users_type_them() {
+    let dir = TinyModel::llama().write_temp().unwrap();
+    let want = inspect_json(dir.path());
+    // A file of the checkpoint stands for its directory.
+    for file in ["model.safetensors", "config.json"] {
+        let got = inspect_json(&dir.path().join(file));
+        assert_eq!(got["parameters"], want["parameters"], "{file}");
+    }
+    // A Hub id is named as one, with what to do.
+    let out = hf2coreml(&["inspect", "HuggingFaceTB/SmolLM2-135M-Instruct"]);
+    assert_bad_input(&out, "looks like a Hugging Face Hub id");
+    assert_bad_input(&out, "--local-dir");
+    // Another file is not a checkpoint, and the message says what is.
+    let other = dir.path().join("notes.txt");
+    std::fs::write(&other, "x").unwrap();
+    let out = hf2coreml(&[
+        "budget",
+        other.to_str().unwrap(),
+        "--device",
+        "iphone-15-pro",
+    ]);
+    assert_bad_input(&out, "a file, not a checkpoint");
+}
+
+#[test]
+fn a_misspelt_recipe_suggests_the_shipped_one() {
+    let dir = TinyModel::llama().write_temp().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = hf2coreml(&["inspect", d, "--recipe", "defualt"]);
+    assert_bad_input(&out, "did you mean `default`?");
+    assert_bad_input(&out, "hf2coreml recipes");
+    // `recipes` lists every shipped recipe with what it stores and what it measured.
+    let out = hf2coreml(&["recipes", "--json"]);
+    let v = json(&out);
+    assert_eq!(v["schema"], "hf2coreml.recipes/1");
+    let names: Vec<&str> = v["recipes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    for (name, _) in hf2coreml::quant::recipe::BUILTIN_RECIPES {
+        assert!(names.contains(&name), "{name} missing from {names:?}");
+    }
+    let default = &v["recipes"][0];
+    assert_eq!(default["name"], "default");
+    assert!(default["storage"]
+        .as_str()
+        .unwrap()
+        .starts_with("projections 6-bit LUT"));
+    // inspect describes the default recipe as it is (calibrated 6-bit), not as it was.
+    let out = hf2coreml(&["inspect", d]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("default recipe") && text.contains("projections 6-bit LUT"),
+        "{text}"
+    );
+}

@@ -174,3 +174,43 @@ fn max_seq_len_beyond_the_context_is_refused() {
         assert!(!pkg.exists());
     }
 }
+
+/// `convert --dry-run --json`'s predicted weight bytes for `recipe`, and weight.bin's size
+/// after the conversion.
+fn predicted_and_actual(dir: &Path, root: &Path, recipe: &str) -> (i64, i64) {
+    let pkg = root.join(format!("{recipe}.mlpackage"));
+    let o = convert(dir, &pkg, &["--recipe", recipe, "--dry-run", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let predicted = plan["predicted_weight_bytes"].as_i64().unwrap();
+    converted(dir, &pkg, &["--recipe", recipe]);
+    (predicted, weights(&pkg).len() as i64)
+}
+
+#[test]
+fn predicted_size_counts_what_calibration_stores() {
+    // Calibrated recipes store row scales and rotation constants beside the palettized
+    // tensors; the prediction (inspect, budget, --dry-run) must count them. Everything else a
+    // package stores (RoPE tables, alignment) is the same for both recipes, so the two
+    // predictions must miss by the same amount, up to blob alignment (64 B per constant).
+    let model = TinyModel {
+        hidden: 128,
+        intermediate: 256,
+        ..TinyModel::llama()
+    };
+    let dir = model.write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let (p_free, a_free) = predicted_and_actual(dir.path(), root.path(), "data-free-4bit");
+    let (p_cal, a_cal) = predicted_and_actual(dir.path(), root.path(), "calibrated-4bit");
+    assert!(
+        a_cal > a_free,
+        "calibration stores more: {a_cal} vs {a_free}"
+    );
+    let (miss_free, miss_cal) = (a_free - p_free, a_cal - p_cal);
+    // 2 blocks × 7 projections × (row scales) + 3 rotation constants per width, 64 B each.
+    let alignment = 64 * (2 * 7 + 3 * 2);
+    assert!(
+        (miss_cal - miss_free).abs() <= alignment,
+        "data-free misses by {miss_free} B, calibrated by {miss_cal} B"
+    );
+}

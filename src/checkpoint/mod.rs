@@ -32,6 +32,17 @@ pub enum CheckpointError {
     },
     #[error("{path}: not a checkpoint directory (no config.json)")]
     MissingConfig { path: PathBuf },
+    #[error(
+        "{path}: no such file or directory; it looks like a Hugging Face Hub id, and hf2coreml \
+         reads local checkpoints: download it first (e.g. `hf download {path} --local-dir DIR`) \
+         and give DIR"
+    )]
+    HubId { path: PathBuf },
+    #[error(
+        "{path}: a file, not a checkpoint: give the directory that holds config.json and the \
+         *.safetensors files, or a .gguf file"
+    )]
+    NotACheckpointFile { path: PathBuf },
     #[error("{path}: {message}")]
     Config { path: PathBuf, message: String },
     #[error(
@@ -429,17 +440,60 @@ fn read_text_limited(path: &Path, limit: u64, what: &str) -> Result<String, Chec
     crate::fsutil::read_input_text(path, limit).map_err(io)
 }
 
+/// The checkpoint directory `path` names: the directory itself, or the directory holding a
+/// file of the checkpoint (`model.safetensors`, a shard, the index or config.json), as users
+/// tab-complete to them.
+fn checkpoint_dir(path: &Path) -> Result<PathBuf, CheckpointError> {
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.is_file() {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let of_checkpoint =
+            name.ends_with(".safetensors") || name == INDEX_FILE || name == "config.json";
+        return match path.parent() {
+            Some(parent) if of_checkpoint => Ok(match parent.as_os_str().is_empty() {
+                true => PathBuf::from("."),
+                false => parent.to_path_buf(),
+            }),
+            _ => Err(CheckpointError::NotACheckpointFile {
+                path: path.to_path_buf(),
+            }),
+        };
+    }
+    if looks_like_hub_id(path) {
+        return Err(CheckpointError::HubId {
+            path: path.to_path_buf(),
+        });
+    }
+    Err(CheckpointError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
+    })
+}
+
+/// `org/name` with the characters the Hub allows, and neither part a path of this machine.
+fn looks_like_hub_id(path: &Path) -> bool {
+    let Some(s) = path.to_str() else {
+        return false;
+    };
+    let part = |p: &str| {
+        !p.is_empty()
+            && !p.starts_with('.')
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    matches!(s.split_once('/'), Some((org, name)) if part(org) && part(name) && !Path::new(org).exists())
+}
+
 impl Checkpoint {
     /// Open `dir`, parse config.json, map the weights and check every expected tensor's
     /// presence, shape and dtype.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, CheckpointError> {
-        let dir = dir.as_ref().to_path_buf();
-        if !dir.is_dir() {
-            return Err(CheckpointError::Io {
-                path: dir.clone(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
-            });
-        }
+        let dir = checkpoint_dir(dir.as_ref())?;
         let config_path = dir.join("config.json");
         let has_safetensors = dir.join(SINGLE_FILE).is_file() || dir.join(INDEX_FILE).is_file();
         if !has_safetensors {

@@ -24,6 +24,8 @@ pub struct Cli {
 pub enum Command {
     /// Describe a checkpoint: architecture, parameters, tensors by role, sizes under the recipe.
     Inspect(commands::inspect::Args),
+    /// List the shipped recipes: what each stores, what it is for, what it was measured to give.
+    Recipes(commands::recipes::Args),
     /// Check a plan against a device's app memory limit (exit 1 when it does not fit).
     Budget(commands::budget::Args),
     /// Convert a checkpoint to an iOS17 Core ML package (fixed max_seq_len, static KV cache).
@@ -50,6 +52,7 @@ impl Command {
     pub fn run(self) -> anyhow::Result<()> {
         match self {
             Command::Inspect(a) => commands::inspect::run(a),
+            Command::Recipes(a) => commands::recipes::run(a),
             Command::Budget(a) => commands::budget::run(a),
             Command::Convert(a) => commands::convert::run(a),
             Command::Palettize(a) => commands::palettize::run(a),

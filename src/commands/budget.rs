@@ -72,7 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let spec = &spec;
     hf2coreml::pipeline::job::check_context(spec, args.max_seq_len)?;
-    let weights = budget::weights_bytes(&slots, |s| recipe.storage(s));
+    let weights = recipe.weights_bytes(&slots);
     let b = budget::compute(spec, weights, args.max_seq_len, args.query_len, &limit);
     if args.json {
         super::print_json(&b)?;

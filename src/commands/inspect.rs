@@ -93,8 +93,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     println!("  all fp16                {}", fmt_bytes(s.fp16_bytes));
     println!(
-        "  default recipe          {}  (projections 4-bit LUT, embedding/lm_head/norms fp16; {:.2} bits/weight)",
+        "  default recipe          {}  ({}; {:.2} bits/weight)",
         fmt_bytes(s.default_recipe_bytes),
+        hf2coreml::quant::Recipe::default().summary(),
         s.default_recipe_bytes as f64 * 8.0 / s.parameters as f64
     );
     if let Some(g) = &s.gguf {

@@ -8,6 +8,7 @@ pub mod import_gguf;
 pub mod inspect;
 pub mod lint;
 pub mod palettize;
+pub mod recipes;
 pub mod run;
 pub mod validate;
 

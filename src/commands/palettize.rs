@@ -13,9 +13,8 @@ use hf2coreml::quant::{self, Recipe};
 /// The recipe flags shared by `palettize`, `budget` and `inspect`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RecipeArgs {
-    /// Recipe file (TOML) or the name of a shipped one (default, calibrated-4bit,
-    /// data-free-4bit, quality, compact; see configs/recipes/).
-    #[arg(long, value_name = "FILE")]
+    /// The name of a shipped recipe (`hf2coreml recipes` lists them) or a recipe file (TOML).
+    #[arg(long, value_name = "NAME|FILE")]
     pub recipe: Option<PathBuf>,
     /// Bit width of every palettized tensor (1, 2, 4, 6 or 8), overriding the recipe.
     #[arg(long, value_name = "N")]

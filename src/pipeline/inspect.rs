@@ -159,9 +159,9 @@ fn build(
         checkpoint_bytes: source.checkpoint_bytes,
         groups,
         fp16_bytes: budget::weights_bytes(slots, |_| Storage::Fp16),
-        default_recipe_bytes: budget::weights_bytes(slots, |s| default.storage(s)),
+        default_recipe_bytes: default.weights_bytes(slots),
         recipe: recipe.origin().to_string(),
-        recipe_bytes: budget::weights_bytes(slots, |s| recipe.storage(s)),
+        recipe_bytes: recipe.weights_bytes(slots),
         gguf: None,
     }
 }

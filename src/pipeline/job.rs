@@ -318,7 +318,7 @@ impl Job {
         let spec = ckpt.spec();
         check_context(spec, self.max_seq_len)?;
         crate::graph::llama::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
-        let predicted = budget::weights_bytes(&ckpt.slots(), |s| self.recipe.storage(s));
+        let predicted = self.recipe.weights_bytes(&ckpt.slots());
         let budget = match &self.device {
             Some(id) => {
                 let devices = Devices::builtin();

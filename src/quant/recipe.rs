@@ -51,6 +51,13 @@ pub enum RecipeError {
     /// Any other key or value the format does not allow.
     #[error("{0}")]
     Invalid(String),
+    /// Neither a file nor the name of a shipped recipe.
+    #[error(
+        "no such file, and not a shipped recipe{}; shipped: {} (`hf2coreml recipes` describes them)",
+        .nearest.as_ref().map_or(String::new(), |n| format!(" (did you mean `{n}`?)")),
+        BUILTIN_RECIPES.map(|(n, _)| n).join(", ")
+    )]
+    UnknownName { nearest: Option<String> },
 }
 
 impl From<String> for RecipeError {
@@ -376,8 +383,40 @@ impl Recipe {
             if let Some(r) = arg.to_str().and_then(Self::builtin) {
                 return r;
             }
+            let name = arg.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
+            let nearest = crate::util::nearest_name(name, BUILTIN_RECIPES.map(|(n, _)| n));
+            return Err(QuantError::Recipe {
+                path: arg.to_path_buf(),
+                error: RecipeError::UnknownName {
+                    nearest: nearest.map(str::to_string),
+                },
+            });
         }
         Self::from_file(arg)
+    }
+
+    /// What a recipe's text says about itself: its leading comment's first paragraph, joined
+    /// into one line, without its `Measured:` line.
+    pub fn about(text: &str) -> String {
+        Self::header(text)
+            .filter(|l| !l.starts_with("Measured:"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The `Measured:` line of a recipe's leading comment (quality on a real model), if any.
+    pub fn measured(text: &str) -> Option<String> {
+        Self::header(text)
+            .find_map(|l| l.strip_prefix("Measured:"))
+            .map(|m| m.trim().to_string())
+    }
+
+    /// The first paragraph of the leading comment, line by line, trimmed.
+    fn header(text: &str) -> impl Iterator<Item = &str> {
+        text.lines()
+            .map_while(|l| l.strip_prefix('#'))
+            .map(str::trim)
+            .take_while(|l| !l.is_empty())
     }
 
     /// Read a recipe file (a regular file of at most 1 MiB).
@@ -564,6 +603,71 @@ impl Recipe {
         }
     }
 
+    /// One line on how the tensors that decide size are stored, e.g. "projections 6-bit LUT,
+    /// embedding fp16, lm_head fp16, calibrated" (block 1 stands for the projections: recipes
+    /// may treat the first block differently).
+    pub fn summary(&self) -> String {
+        use crate::arch::{LayerTensor, TensorId};
+        let show = |id: TensorId| {
+            let slot = TensorSlot {
+                name: id.hf_name(),
+                shape: vec![64, 64],
+                role: id.role(),
+                layer: id.layer(),
+            };
+            match self.decide(&slot) {
+                Decision::Fp16 => "fp16".to_string(),
+                Decision::Palettize { nbits, .. } => format!("{nbits}-bit LUT"),
+            }
+        };
+        let how = match self.calibration() {
+            Some(c) if c.target_bpw.is_some() => "calibrated, mixed 4/6/8 bits",
+            Some(_) => "calibrated",
+            None => "data-free",
+        };
+        format!(
+            "projections {}, embedding {}, lm_head {}, {how}",
+            show(TensorId::Layer(1, LayerTensor::Q)),
+            show(TensorId::Embedding),
+            show(TensorId::LmHead),
+        )
+    }
+
+    /// Bytes of weight.bin under this recipe: every tensor's storage, plus what calibration
+    /// adds beside the tensors (row scales, the LUTs of row groups, the input rotations'
+    /// constants). Mixed precision's split projections are not known before calibration runs.
+    pub fn weights_bytes(&self, slots: &[TensorSlot]) -> u64 {
+        let tensors: u64 = slots.iter().map(|s| self.storage(s).bytes(s.numel())).sum();
+        tensors + self.calibration_bytes(slots)
+    }
+
+    /// What calibration stores beside the palettized projections, in bytes (fp16 values).
+    fn calibration_bytes(&self, slots: &[TensorSlot]) -> u64 {
+        let Some(c) = &self.calibration else {
+            return 0;
+        };
+        let mut values = 0u64;
+        let mut widths = std::collections::BTreeSet::new();
+        for slot in slots.iter().filter(|s| s.role.is_projection()) {
+            let Decision::Palettize { nbits, .. } = self.decide(slot) else {
+                continue;
+            };
+            let (rows, cols) = (slot.shape[0] as u64, slot.shape[1] as u64);
+            if c.row_scale {
+                values += rows;
+            }
+            values += (c.row_groups.max(1) as u64 - 1) * (1u64 << nbits);
+            widths.insert(cols as usize);
+        }
+        if c.rotate {
+            values += widths
+                .into_iter()
+                .map(super::sequential::Rotation::constant_values)
+                .sum::<u64>();
+        }
+        values * 2
+    }
+
     /// Storage of one tensor under this recipe (plug into `budget::weights_bytes`).
     pub fn storage(&self, slot: &TensorSlot) -> Storage {
         self.decide(slot).storage(&slot.shape)
@@ -725,6 +829,34 @@ mod tests {
             Recipe::builtin(name).unwrap().unwrap();
         }
         assert!(Recipe::builtin("nope").is_none());
+    }
+
+    #[test]
+    fn builtin_recipes_describe_themselves() {
+        // `hf2coreml recipes` prints these: every shipped recipe says what it does and what
+        // it was measured to give.
+        for (name, text) in BUILTIN_RECIPES {
+            let about = Recipe::about(text);
+            assert!(about.len() > 40, "{name}: {about:?}");
+            assert!(!about.contains("Measured:"), "{name}");
+            let measured = Recipe::measured(text).unwrap_or_default();
+            assert!(measured.contains("SmolLM2"), "{name}: {measured:?}");
+        }
+    }
+
+    #[test]
+    fn a_misspelt_recipe_name_gets_the_nearest_shipped_one() {
+        let err = Recipe::from_file_or_name(Path::new("defualt")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("did you mean `default`?"), "{msg}");
+        assert!(msg.contains("calibrated-4bit, data-free-4bit"), "{msg}");
+        let err = Recipe::from_file_or_name(Path::new("/nonexistent/mine.toml")).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("/nonexistent/mine.toml: no such file"),
+            "{msg}"
+        );
+        assert!(!msg.contains("did you mean"), "{msg}");
     }
 
     #[test]

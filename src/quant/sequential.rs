@@ -212,12 +212,25 @@ pub struct Rotation {
 }
 
 impl Rotation {
-    /// The rotation of `n` channels (deterministic: seeded by n).
-    pub fn new(n: usize) -> Self {
+    /// b for `n` channels: the largest power of two dividing n, at most 512.
+    pub fn block_for(n: usize) -> usize {
         let mut block = 1;
         while n % (block * 2) == 0 && block < 512 {
             block *= 2;
         }
+        block
+    }
+
+    /// Values the graph stores for the rotation of `n` channels: D's signs [n], H_b [b, b]
+    /// and, when there is more than one block, the mix [m, m].
+    pub fn constant_values(n: usize) -> u64 {
+        let b = Self::block_for(n) as u64;
+        let m = n as u64 / b;
+        n as u64 + b * b + if m > 1 { m * m } else { 0 }
+    }
+    /// The rotation of `n` channels (deterministic: seeded by n).
+    pub fn new(n: usize) -> Self {
+        let block = Self::block_for(n);
         let mut rng = crate::util::SplitMix64(0x5eed ^ n as u64);
         let signs = (0..n)
             .map(|_| if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 })
