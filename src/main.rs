@@ -68,7 +68,7 @@ fn exit_code_for(err: &anyhow::Error) -> ExitCode {
 fn hint_for(err: &anyhow::Error) -> Option<String> {
     for cause in err.chain() {
         if let Some(e) = cause.downcast_ref::<EnvironmentError>() {
-            return Some(format!("run `{}`", e.fix));
+            return Some(e.fix.clone());
         }
         let checkpoint = match cause.downcast_ref::<ValidateError>() {
             Some(ValidateError::Checkpoint(e)) => Some(e),

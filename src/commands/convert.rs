@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::printer::Bars;
 use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::emit::{EmitError, PythonEnv};
 use hf2coreml::pipeline::convert::{ComputePrecision, ConvertSummary, Outputs};
 use hf2coreml::pipeline::job::{Job, Plan};
 use hf2coreml::util::{fmt_bytes, fmt_count};
@@ -84,7 +85,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let opened = job.open(&progress)?;
         let plan = job.plan(&opened.ckpt)?;
         let outputs = Outputs::for_package(&job.output)?;
-        return print_plan(&job, &opened.ckpt, &plan, &outputs, args.json);
+        // The plan is printed either way; a conversion that could not emit fails the dry run.
+        let python = python_check(job.python_env.as_deref());
+        print_plan(&job, &opened.ckpt, &plan, &outputs, &python, args.json)?;
+        return python.map(|_| ()).map_err(Into::into);
     }
     let summary = job.run(&progress)?;
     if args.json {
@@ -113,11 +117,19 @@ impl From<Precision> for ComputePrecision {
     }
 }
 
+/// The Python environment a conversion would use and its coremltools version.
+fn python_check(flag: Option<&std::path::Path>) -> Result<(PythonEnv, String), EmitError> {
+    let env = PythonEnv::discover(flag)?;
+    let version = hf2coreml::emit::check_environment(&env)?;
+    Ok((env, version))
+}
+
 fn print_plan(
     job: &Job,
     ckpt: &Checkpoint,
     plan: &Plan,
     outputs: &Outputs,
+    python: &Result<(PythonEnv, String), EmitError>,
     json: bool,
 ) -> anyhow::Result<()> {
     let spec = ckpt.spec();
@@ -138,6 +150,17 @@ fn print_plan(
             "predicted_weight_bytes": plan.predicted_weight_bytes,
             "budget": plan.budget,
             "outputs": outputs,
+            "python_env": match python {
+                Ok((env, version)) => serde_json::json!({
+                    "root": env.root, "origin": env.origin, "coremltools": version,
+                }),
+                Err(e) => serde_json::json!({
+                    "error": hf2coreml::error::causes(e)
+                        .map(|c| c.to_string())
+                        .collect::<Vec<_>>()
+                        .join(": "),
+                }),
+            },
         }));
     }
     println!(
@@ -167,6 +190,13 @@ fn print_plan(
         );
     }
     println!("  range scaling {range_scaling}");
+    match python {
+        Ok((env, version)) => println!(
+            "  python env    {} (coremltools {version})",
+            env.root.display()
+        ),
+        Err(_) => println!("  python env    unusable (see the error below)"),
+    }
     println!("  (dry run: nothing written)");
     Ok(())
 }

@@ -30,8 +30,30 @@ pub use metadata::Metadata;
 const BRIDGE_SOURCE: &str = include_str!("../../python/hf2coreml_bridge.py");
 const BRIDGE_NAME: &str = "hf2coreml_bridge";
 
-/// The command that creates the Python environment.
-pub const SETUP_FIX: &str = "make setup";
+/// The pinned requirements of the bridge's environment, compiled in so the hint can name them.
+const REQUIREMENTS: &str = include_str!("../../python/requirements.txt");
+
+/// How to make an environment the bridge can use, outside a checkout as well as inside one:
+/// the pinned coremltools and numpy, where hf2coreml looks, and how to point it elsewhere.
+pub fn setup_hint() -> String {
+    let pin = |name: &str| {
+        REQUIREMENTS
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}==")))
+            .unwrap_or(name)
+            .to_string()
+    };
+    let python = embedded_python();
+    format!(
+        "create a virtual environment with {python} (the Python this binary embeds) and the \
+         pinned packages: `{python} -m venv ENV && ENV/bin/pip install {} {}` (in a checkout, \
+         `make setup` does this and links it as ./.venv); then give `--python-env ENV` or set \
+         HF2COREML_PYTHON_ENV=ENV (hf2coreml looks at --python-env, HF2COREML_PYTHON_ENV, \
+         VIRTUAL_ENV, then ./.venv)",
+        pin("coremltools"),
+        pin("numpy")
+    )
+}
 
 /// Everything that can go wrong while emitting.
 #[derive(Debug, Error)]
@@ -58,7 +80,7 @@ impl EmitError {
     fn env(message: String) -> Self {
         EmitError::Environment(EnvironmentError {
             message,
-            fix: SETUP_FIX.to_string(),
+            fix: setup_hint(),
         })
     }
 
@@ -154,6 +176,17 @@ impl PythonEnv {
             self.root.display()
         )))
     }
+}
+
+/// `python3.X`, the interpreter this binary embeds (its venv must match it).
+fn embedded_python() -> String {
+    on_python_thread(|| {
+        Python::initialize();
+        Python::attach(|py| {
+            let v = py.version_info();
+            format!("python{}.{}", v.major, v.minor)
+        })
+    })
 }
 
 /// What a finished emit reports.
@@ -452,7 +485,9 @@ mod tests {
         let EmitError::Environment(e) = err else {
             panic!("expected an environment error, got {err}");
         };
-        assert_eq!(e.fix, SETUP_FIX);
+        assert_eq!(e.fix, setup_hint());
+        assert!(e.fix.contains("pip install coremltools==9.0 numpy=="), "{}", e.fix);
+        assert!(e.fix.contains("HF2COREML_PYTHON_ENV=ENV"), "{}", e.fix);
         let err =
             PythonEnv::discover_with(Some(Path::new("/nonexistent/env")), no_env, Path::new("."))
                 .unwrap_err();

@@ -501,7 +501,7 @@ mod tests {
         let env = ExportError::from(JobError::Emit(crate::emit::EmitError::Environment(
             EnvironmentError {
                 message: "no python".into(),
-                fix: "make venv".into(),
+                fix: "make setup".into(),
             },
         )));
         assert_eq!(env.exit_code(), ExitCode::Environment);
