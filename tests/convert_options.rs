@@ -214,3 +214,48 @@ fn predicted_size_counts_what_calibration_stores() {
         "data-free misses by {miss_free} B, calibrated by {miss_cal} B"
     );
 }
+
+#[test]
+fn a_missing_python_environment_is_reported_by_the_dry_run_with_a_fix() {
+    // Outside a checkout (no ./.venv) and with no environment named: the dry run still prints
+    // the plan, then fails as the conversion would (exit 3), and the hint says what to
+    // install, where hf2coreml looks and how to point it elsewhere.
+    let dir = TinyModel::llama().write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let o = Command::new(BIN)
+        .current_dir(root.path())
+        .arg("convert")
+        .arg(dir.path())
+        .args(["-o", "out.mlpackage", "--max-seq-len", "32", "--dry-run"])
+        .env_remove("HF2COREML_PYTHON_ENV")
+        .env_remove("VIRTUAL_ENV")
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(3), "{out}\n{err}");
+    assert!(
+        out.contains("Plan:") && out.contains("python env    unusable"),
+        "{out}"
+    );
+    for needle in [
+        "pip install coremltools==9.0 numpy==",
+        "-m venv ENV",
+        "HF2COREML_PYTHON_ENV=ENV",
+        "./.venv",
+    ] {
+        assert!(err.contains(needle), "`{needle}` not in: {err}");
+    }
+    assert!(!root.path().join("out.mlpackage").exists());
+    // With the environment named, the same dry run passes and names it.
+    let o = convert(
+        dir.path(),
+        &root.path().join("out.mlpackage"),
+        &["--dry-run"],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("(coremltools 9.0)"), "{out}");
+}

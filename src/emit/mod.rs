@@ -486,7 +486,11 @@ mod tests {
             panic!("expected an environment error, got {err}");
         };
         assert_eq!(e.fix, setup_hint());
-        assert!(e.fix.contains("pip install coremltools==9.0 numpy=="), "{}", e.fix);
+        assert!(
+            e.fix.contains("pip install coremltools==9.0 numpy=="),
+            "{}",
+            e.fix
+        );
         assert!(e.fix.contains("HF2COREML_PYTHON_ENV=ENV"), "{}", e.fix);
         let err =
             PythonEnv::discover_with(Some(Path::new("/nonexistent/env")), no_env, Path::new("."))
