@@ -138,3 +138,59 @@ fn qwen2_packages_validate() {
 fn mistral_packages_validate() {
     check(TinyModel::mistral());
 }
+
+/// `validate --json` over a few tokens, against `against` or the recorded checkpoint.
+fn validate_raw(pkg: &Path, against: Option<&Path>) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["validate", "--json", "--max-tokens", "24"])
+        .arg(pkg);
+    if let Some(dir) = against {
+        cmd.arg("--against").arg(dir);
+    }
+    let o = cmd.output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn validate_for_ci_names_its_checkpoint_and_its_verdict() {
+    let model = peaked(TinyModel::llama());
+    let dir = model.write_temp().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("m.mlpackage");
+    convert(
+        dir.path(),
+        &pkg,
+        &["--recipe", "data-free-4bit", "--nbits", "8"],
+    );
+
+    // Without --against: the checkpoint the report records, and a JSON verdict with a schema.
+    let (code, stdout, stderr) = validate_raw(&pkg, None);
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["schema"], "hf2coreml.validate/1");
+    assert_eq!(report["passed"], true);
+    assert_eq!(report["gates_ok"], true);
+    let recorded = std::path::absolute(dir.path()).unwrap();
+    assert_eq!(report["checkpoint"], recorded.to_str().unwrap());
+
+    // Against another model's checkpoint: named as such, not a shape error (exit 2).
+    let other = TinyModel::qwen2().write_temp().unwrap();
+    let (code, _, err) = validate_raw(&pkg, Some(other.path()));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("was not converted from"), "{err}");
+
+    // A recorded checkpoint that changed since is not silently used.
+    let config = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace('{', "{\"edited\": true, ")).unwrap();
+    let (code, _, err) = validate_raw(&pkg, None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("has changed since (config.json differs)") && err.contains("--against"),
+        "{err}"
+    );
+}

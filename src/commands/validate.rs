@@ -1,8 +1,9 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::error::CheckFailed;
+use hf2coreml::mil::contract::{self, Contract};
 use hf2coreml::runtime::interp::{Compute, Options};
 use hf2coreml::validate::gates::Gate;
 use hf2coreml::validate::run::{validate, ValidateOptions};
@@ -19,9 +20,10 @@ pub enum ComputeArg {
 pub struct Args {
     /// The .mlpackage to validate.
     pub package: PathBuf,
-    /// The checkpoint it was converted from.
+    /// The checkpoint it was converted from (default: the one its report records, while its
+    /// files still hash as the package's contract records).
     #[arg(long)]
-    pub against: PathBuf,
+    pub against: Option<PathBuf>,
     /// Text to evaluate on (default: the evaluation passage shipped in fixtures/).
     #[arg(long)]
     pub text: Option<PathBuf>,
@@ -48,8 +50,12 @@ fn parse_gate(s: &str) -> Result<Gate, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let ckpt = Checkpoint::open(&args.against)
-        .with_context(|| format!("cannot read checkpoint {}", args.against.display()))?;
+    let against = match &args.against {
+        Some(dir) => dir.clone(),
+        None => recorded_checkpoint(&args.package)?,
+    };
+    let ckpt = Checkpoint::open(&against)
+        .with_context(|| format!("cannot read checkpoint {}", against.display()))?;
     let (text, name) = hf2coreml::pipeline::job::evaluation_text(args.text.as_deref())?;
     // An explicit --tokenizer, else the checkpoint's tokenizer.json, else (a checkpoint that
     // ships none, e.g. a test fixture) the text's bytes modulo the vocabulary, as `convert`
@@ -81,7 +87,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let report = validate(&args.package, &ckpt, &opts)
         .with_context(|| format!("cannot validate {}", args.package.display()))?;
     if args.json {
-        super::print_json(&report)?;
+        // The report's fields, with the verdict and the schema beside them.
+        let mut value = serde_json::to_value(&report)?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert("schema".into(), "hf2coreml.validate/1".into());
+            map.insert("passed".into(), report.passed().into());
+            map.insert("contract_ok".into(), report.contract_ok().into());
+            map.insert("overflow".into(), report.overflowed().into());
+            map.insert("gates_ok".into(), report.gates_ok().into());
+        }
+        super::print_json(&value)?;
     } else {
         print!("{}", report.render_table());
     }
@@ -96,4 +111,43 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// The checkpoint `package`'s report names, if its files still hash as the package's contract
+/// records them; else an error asking for `--against`.
+fn recorded_checkpoint(package: &Path) -> anyhow::Result<PathBuf> {
+    let ask = |why: String| anyhow::anyhow!("{}: {why}; give --against DIR", package.display());
+    let Some(source) = hf2coreml::pipeline::convert::recorded_source(package) else {
+        return Err(ask(format!(
+            "its report ({}) does not name the checkpoint it was converted from",
+            hf2coreml::runtime::text::beside_package(package, "report.json").display()
+        )));
+    };
+    let pkg = hf2coreml::mlpackage::MlPackage::open(package)
+        .with_context(|| format!("cannot read {}", package.display()))?;
+    let contract: Contract = pkg
+        .description()
+        .user_defined
+        .get(contract::METADATA_KEY)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .ok_or_else(|| ask("it carries no hf2coreml contract".into()))?;
+    for (name, recorded) in &contract.source.files {
+        let found = hf2coreml::fsutil::sha256_file(&source.join(name)).ok();
+        if found.as_ref() != Some(recorded) {
+            return Err(ask(format!(
+                "the checkpoint it was converted from, {}, has changed since ({name} {})",
+                source.display(),
+                if found.is_some() {
+                    "differs"
+                } else {
+                    "is gone"
+                }
+            )));
+        }
+    }
+    crate::printer::info(format!(
+        "validating against {} (recorded in the package's report)",
+        source.display()
+    ));
+    Ok(source)
 }

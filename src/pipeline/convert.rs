@@ -2,7 +2,6 @@
 //! sidecar files and a summary. The command only parses flags and prints.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -121,6 +120,15 @@ impl Inputs {
         let value: serde_json::Value = serde_json::from_str(&text).ok()?;
         serde_json::from_value(value.get("inputs")?.clone()).ok()
     }
+}
+
+/// The checkpoint a package's report (`X.report.json` beside `X.mlpackage`) says it was
+/// converted from, if the report exists and says so.
+pub fn recorded_source(package: &Path) -> Option<PathBuf> {
+    let report = crate::runtime::text::beside_package(package, "report.json");
+    let text = crate::fsutil::read_input_text(&report, 64 << 20).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    value.get("source")?.as_str().map(PathBuf::from)
 }
 
 /// sha256 of bytes, as lowercase hex.
@@ -242,6 +250,9 @@ pub struct ConvertSummary {
     pub palettize: Option<quant::Report>,
     /// What the package was made from (absent when the caller did not say).
     pub inputs: Option<Inputs>,
+    /// The checkpoint directory converted (absolute): `validate PKG` without `--against`
+    /// validates against it while its files still hash as the contract records.
+    pub source: PathBuf,
 }
 
 /// The names of the files whose hashes identify the source checkpoint.
@@ -253,17 +264,7 @@ const HASHED_FILES: [&str; 4] = [
 ];
 
 pub fn sha256_file(path: &Path) -> Result<String, ConvertError> {
-    let mut f = crate::fsutil::open_input(path).map_err(io_err(path))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    crate::fsutil::sha256_file(path).map_err(io_err(path))
 }
 
 /// sha256 of config, tokenizer and weight files, by file name.
@@ -522,6 +523,7 @@ pub fn convert(
         tensors,
         palettize,
         inputs: opts.inputs.clone(),
+        source: std::path::absolute(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf()),
     };
     // The file holds what the package is, not how long it took: the same inputs write the
     // same bytes. Stage times are in the returned summary (`convert --json`).

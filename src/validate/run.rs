@@ -40,6 +40,16 @@ pub enum ValidateError {
     Metric(#[from] MetricError),
     #[error(transparent)]
     Lint(#[from] crate::lint::LintError),
+    #[error(
+        "{package} was not converted from {checkpoint}: the package records config.json with \
+         sha256 {recorded}, this checkpoint's is {found}"
+    )]
+    NotFromCheckpoint {
+        package: std::path::PathBuf,
+        checkpoint: std::path::PathBuf,
+        recorded: String,
+        found: String,
+    },
     #[error("the evaluation text has fewer than 2 tokens")]
     TextTooShort,
     #[error("the generator recorded no logits")]
@@ -99,6 +109,29 @@ impl StepModel for Instrumented<'_> {
     }
 }
 
+/// Refuse a checkpoint the package was not converted from, before anything is compared: the
+/// hash of its config.json differs from the one the contract records. (Weights that differ
+/// under the same config are what the gates measure.)
+fn check_source(c: &Contract, ckpt: &Checkpoint, pkg: &Path) -> Result<(), ValidateError> {
+    let Some(recorded) = c.source.files.get("config.json") else {
+        return Ok(());
+    };
+    let path = ckpt.dir().join("config.json");
+    let found = crate::fsutil::sha256_file(&path).map_err(|source| CheckpointError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    if &found == recorded {
+        return Ok(());
+    }
+    Err(ValidateError::NotFromCheckpoint {
+        package: pkg.to_path_buf(),
+        checkpoint: ckpt.dir().to_path_buf(),
+        recorded: recorded.clone(),
+        found,
+    })
+}
+
 /// Run every check; the report says what passed.
 pub fn validate(
     pkg_path: &Path,
@@ -108,6 +141,7 @@ pub fn validate(
     let raw = MlPackage::open(pkg_path)?;
     let package = Package::load(pkg_path, opts.interp)?;
     let c = package.contract().clone();
+    check_source(&c, ckpt, pkg_path)?;
     let mut reference = Reference::load(ckpt)?;
     let mut report = ValidationReport::new(
         &pkg_path.display().to_string(),

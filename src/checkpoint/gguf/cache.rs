@@ -5,10 +5,7 @@
 //! `~/.cache/hf2coreml`). An entry is built under a temporary name and renamed into place
 //! ([`super::import`]), so an existing entry is a complete one.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-
-use sha2::{Digest, Sha256};
 
 use super::{import, GgufError, ImportOptions};
 use crate::progress::Progress;
@@ -33,21 +30,10 @@ pub fn cache_root() -> PathBuf {
 
 /// sha256 of a file's contents, as hex.
 pub fn sha256_file(path: &Path) -> Result<String, GgufError> {
-    let io_err = |source| GgufError::Io {
+    crate::fsutil::sha256_file(path).map_err(|source| GgufError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    let mut f = crate::fsutil::open_input(path).map_err(io_err)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    })
 }
 
 /// Where the checkpoint imported from a file with content hash `sha256` lives.
