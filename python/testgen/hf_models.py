@@ -67,7 +67,28 @@ def smollm3():
     return transformers.SmolLM3ForCausalLM, cfg
 
 
-ARCHS = {"qwen3": qwen3, "smollm3": smollm3}
+def phi3():
+    """Phi-3-mini's layout: fused qkv_proj and gate_up_proj, full RoPE, untied, no window."""
+    cfg = transformers.Phi3Config(
+        **common(num_hidden_layers=2, rope_theta=10_000.0, rms_norm_eps=1e-5),
+        tie_word_embeddings=False,
+        sliding_window=None,
+    )
+    return transformers.Phi3ForCausalLM, cfg
+
+
+def phi3_partial():
+    """Phi-4-mini's shape: partial RoPE (0.75 of each head's 16 dimensions rotate), tied."""
+    cfg = transformers.Phi3Config(
+        **common(num_hidden_layers=2, rope_theta=10_000.0, rms_norm_eps=1e-5),
+        tie_word_embeddings=True,
+        partial_rotary_factor=0.75,
+        sliding_window=None,
+    )
+    return transformers.Phi3ForCausalLM, cfg
+
+
+ARCHS = {"qwen3": qwen3, "smollm3": smollm3, "phi3": phi3, "phi3_partial": phi3_partial}
 
 
 def randomize(model, gain):

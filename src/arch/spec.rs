@@ -18,15 +18,21 @@ pub enum Architecture {
     /// Llama's layout with RoPE left out of some blocks (`no_rope_layers`).
     #[serde(rename = "SmolLM3ForCausalLM")]
     SmolLM3,
+    /// Phi-3 and Phi-4-mini: Llama's math with q/k/v and gate/up stored fused (`qkv_proj`,
+    /// `gate_up_proj`, split at load) and RoPE on a leading part of each head
+    /// (`partial_rotary_factor`).
+    #[serde(rename = "Phi3ForCausalLM")]
+    Phi3,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 6] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
         Self::Qwen3,
         Self::SmolLM3,
+        Self::Phi3,
     ];
 
     /// The name transformers uses in `architectures`.
@@ -37,6 +43,7 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
+            Self::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -48,6 +55,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::SmolLM3 => "smollm3",
+            Self::Phi3 => "phi3",
         }
     }
 
@@ -115,6 +123,10 @@ pub struct ModelSpec {
     pub qk_norm: bool,
     /// Blocks whose attention applies no RoPE at all, ascending (SmolLM3's NoPE layers).
     pub no_rope_layers: Vec<usize>,
+    /// How many leading dimensions of each head RoPE rotates, when fewer than `head_dim`
+    /// (Phi-4-mini's `partial_rotary_factor` 0.75); the rest pass through. `None`: all.
+    #[serde(default)]
+    pub partial_rotary_dim: Option<usize>,
 }
 
 impl ModelSpec {
@@ -131,6 +143,11 @@ impl ModelSpec {
     /// Whether block `l` rotates its q and k.
     pub fn uses_rope(&self, l: usize) -> bool {
         !self.no_rope_layers.contains(&l)
+    }
+
+    /// The leading dimensions of each head that RoPE rotates (even, at most `head_dim`).
+    pub fn rotary_dim(&self) -> usize {
+        self.partial_rotary_dim.unwrap_or(self.head_dim)
     }
 
     /// Query heads per key/value head.

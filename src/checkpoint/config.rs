@@ -23,7 +23,7 @@ pub enum ConfigError {
     UnsupportedArchitecture { name: String, supported: String },
     #[error("unsupported model_type `{name}` (supported: {supported})")]
     UnsupportedModelType { name: String, supported: String },
-    #[error("unsupported rope scaling `{0}` (supported: none, linear, llama3)")]
+    #[error("unsupported `rope_scaling` type `{0}` (supported: none, linear, llama3)")]
     UnsupportedRopeScaling(String),
     #[error("missing `{0}`")]
     Missing(String),
@@ -81,6 +81,7 @@ struct RawConfig {
     layer_types: Option<Vec<String>>,
     no_rope_layers: Option<Vec<serde_json::Value>>,
     no_rope_layer_interval: Option<usize>,
+    partial_rotary_factor: Option<f64>,
     /// Every other key: checked against [`UNHONOURED`] so that a field changing the math is
     /// refused, never ignored.
     #[serde(flatten)]
@@ -142,7 +143,6 @@ const UNHONOURED: &[(&str, Accept)] = &[
     ("n_routed_experts", Accept::Zero),
     ("moe_num_experts", Accept::Zero),
     ("num_experts_per_tok", Accept::Zero),
-    ("partial_rotary_factor", Accept::Number(1.0)),
     ("rope_interleave", Accept::False),
     ("qk_layernorm", Accept::False),
     ("use_qk_norm", Accept::False),
@@ -343,6 +343,7 @@ impl ModelSpec {
             None => 2048,
         };
         check_unhonoured(&raw, architecture)?;
+        let partial_rotary_dim = partial_rotary_dim(&raw, rope_params, architecture, head_dim)?;
         let attention_bias = attention_bias(architecture, raw.attention_bias)?;
         let sliding_window = sliding_window(&raw)?;
         let no_rope_layers = no_rope_layers(&raw, architecture, num_hidden_layers)?;
@@ -367,8 +368,46 @@ impl ModelSpec {
             sliding_window,
             qk_norm: architecture == Architecture::Qwen3,
             no_rope_layers,
+            partial_rotary_dim,
         })
     }
+}
+
+/// Phi-3's `partial_rotary_factor` (top level in transformers 4, in `rope_parameters` in 5):
+/// RoPE rotates the first `int(head_dim × factor)` dimensions of each head, as transformers
+/// rounds it. 1.0 or absent is the whole head; another value on another architecture is refused.
+fn partial_rotary_dim(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    architecture: Architecture,
+    head_dim: usize,
+) -> Result<Option<usize>, ConfigError> {
+    let nested = rope_params
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(|v| v.as_f64());
+    let Some(factor) = raw.partial_rotary_factor.or(nested) else {
+        return Ok(None);
+    };
+    if factor == 1.0 {
+        return Ok(None);
+    }
+    if architecture != Architecture::Phi3 {
+        return Err(ConfigError::Unhonoured {
+            key: "partial_rotary_factor".into(),
+            value: factor.to_string(),
+            architecture: architecture.hf_name().into(),
+            supported: "1 or absent (partial RoPE: Phi3ForCausalLM)".into(),
+        });
+    }
+    let dim = (head_dim as f64 * factor) as usize;
+    if !(factor > 0.0 && factor < 1.0) || dim == 0 || dim % 2 != 0 {
+        return Err(format!(
+            "`partial_rotary_factor` ({factor}) must be in (0, 1] and rotate an even, non-zero \
+             number of the head's {head_dim} dimensions (it gives {dim})"
+        )
+        .into());
+    }
+    Ok(Some(dim))
 }
 
 /// SmolLM3's blocks without RoPE: `no_rope_layers` holds 1 (RoPE) or 0 (none) per block;

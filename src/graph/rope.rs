@@ -43,10 +43,13 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f64> 
 }
 
 /// cos and sin tables, each `[positions, head_dim]` row-major, in the rotate-half layout
-/// (the half-width angles repeated twice per row), as Hugging Face Llama computes them.
+/// (the half-width angles repeated twice per row), as Hugging Face Llama computes them. With
+/// partial RoPE (`2 × inv_freq.len() < head_dim`) the dimensions past the rotated ones get
+/// cos 1 and sin 0, so x·cos + rotated·sin passes them through exactly.
 pub fn tables(positions: usize, head_dim: usize, inv_freq: &[f64]) -> (Vec<f64>, Vec<f64>) {
     let half = inv_freq.len();
-    debug_assert_eq!(2 * half, head_dim);
+    debug_assert!(2 * half <= head_dim);
+    let pass = head_dim - 2 * half;
     let mut cos = Vec::with_capacity(positions * head_dim);
     let mut sin = Vec::with_capacity(positions * head_dim);
     for p in 0..positions {
@@ -57,6 +60,8 @@ pub fn tables(positions: usize, head_dim: usize, inv_freq: &[f64]) -> (Vec<f64>,
                 sin.push(a.sin());
             }
         }
+        cos.extend(std::iter::repeat(1.0).take(pass));
+        sin.extend(std::iter::repeat(0.0).take(pass));
     }
     (cos, sin)
 }
@@ -119,5 +124,17 @@ mod tests {
         assert!((sin[4] - 1f64.sin()).abs() < EXACT);
         assert_eq!(cos[4], cos[6]);
         assert_eq!(sin[9], sin[11]);
+    }
+
+    #[test]
+    fn partial_tables_pass_the_rest_through() {
+        // 4 of 8 dimensions rotate: the exponents run over the 4.
+        let f = inv_freq(4, 10_000.0, &RopeScaling::None);
+        let (cos, sin) = tables(2, 8, &f);
+        assert_eq!(cos.len(), 16);
+        assert!((sin[8] - 1f64.sin()).abs() < EXACT);
+        assert_eq!(sin[10], sin[8]);
+        assert_eq!(&cos[12..16], &[1.0; 4]);
+        assert_eq!(&sin[12..16], &[0.0; 4]);
     }
 }

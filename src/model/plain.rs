@@ -182,8 +182,9 @@ pub(crate) fn embed_rows(
 /// Computed in f64 and rounded once: HF computes them in f32, the difference is far below the
 /// tolerances anyone compares references with.
 pub(crate) fn inverse_frequencies(spec: &ModelSpec) -> Vec<f32> {
-    let d = spec.head_dim as f64;
-    let base: Vec<f64> = (0..spec.head_dim / 2)
+    // Partial RoPE (Phi-4-mini): the exponents run over the rotated dimensions only.
+    let d = spec.rotary_dim() as f64;
+    let base: Vec<f64> = (0..spec.rotary_dim() / 2)
         .map(|i| 1.0 / spec.rope_theta.powf(2.0 * i as f64 / d))
         .collect();
     let scaled: Vec<f64> = match spec.rope_scaling {
@@ -566,6 +567,8 @@ fn honoured(spec: &ModelSpec) {
         // `attention`: per-head norms, blocks without RoPE.
         qk_norm: _,
         no_rope_layers: _,
+        // `inverse_frequencies` and `rope`: RoPE on the leading dimensions only.
+        partial_rotary_dim: _,
         // `Reference::check_tokens` refuses sequences past the context or the window.
         max_position_embeddings: _,
         sliding_window: _,
@@ -671,14 +674,19 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     x.broadcast_mul(&inv)?.broadcast_mul(w)
 }
 
-/// HF rotate-half rope on [heads, T, D] with cos/sin [T, D/2].
+/// HF rotate-half rope on [heads, T, D] with cos/sin [T, R/2]: the first R dimensions rotate,
+/// the other D - R pass through (partial RoPE; R = D otherwise).
 fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
-    let d = x.dim(D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let (d, half) = (x.dim(D::Minus1)?, cos.dim(D::Minus1)?);
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
     let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
     let b = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
-    Tensor::cat(&[a, b], D::Minus1)
+    if 2 * half == d {
+        return Tensor::cat(&[a, b], D::Minus1);
+    }
+    let pass = x.narrow(D::Minus1, 2 * half, d - 2 * half)?;
+    Tensor::cat(&[a, b, pass], D::Minus1)
 }
 
 /// Numerically stable softmax over the last dimension.

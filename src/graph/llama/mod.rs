@@ -97,6 +97,8 @@ struct Shared {
     qk_norm_eps: Option<f64>,
     /// Per block: whether it rotates q and k (SmolLM3's NoPE blocks do not).
     rope_in_layer: Vec<bool>,
+    /// The leading dimensions of each head RoPE rotates (D unless partial, Phi-4-mini).
+    rotary: usize,
     /// This step's RoPE rows [Q, D].
     cos: String,
     sin: String,
@@ -132,6 +134,8 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         attention_bias: _,
         qk_norm: _,
         no_rope_layers: _,
+        // Partial RoPE: the tables (`mask::Tables`) and the rotation (`attention::apply_rope`).
+        partial_rotary_dim: _,
         // Not math: metadata and the run's limits.
         max_position_embeddings: _,
         dtype: _,
@@ -185,6 +189,7 @@ pub fn build(
         attention_bias: spec.attention_bias,
         qk_norm_eps: spec.qk_norm.then_some(spec.rms_norm_eps),
         rope_in_layer: (0..l_count).map(|l| spec.uses_rope(l)).collect(),
+        rotary: spec.rotary_dim(),
         cos,
         sin,
         mask,
