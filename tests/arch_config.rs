@@ -110,15 +110,34 @@ fn phi3_variants_not_computed_are_refused() {
     use serde_json::json;
     let ok = phi3_with("phi3_partial", |_| {});
     assert!(inspect(ok.path()).status.success());
-    // Phi-4-mini's LongRoPE (transformers 4 names it in `rope_scaling`).
+    // LongRoPE factors that do not cover the rotated pairs (transformers 4 names them in
+    // `rope_scaling`).
     let longrope = phi3_with("phi3", |c| {
         c.remove("rope_parameters");
         c.insert(
             "rope_scaling".into(),
-            json!({"type": "longrope", "short_factor": vec![1.0; 8], "long_factor": vec![2.0; 8]}),
+            json!({"type": "longrope", "short_factor": vec![1.0; 3], "long_factor": vec![2.0; 8]}),
         );
     });
-    assert_refused(&inspect(longrope.path()), &["rope_scaling", "longrope"]);
+    assert_refused(
+        &inspect(longrope.path()),
+        &["rope_scaling.short_factor", "8 positive numbers"],
+    );
+    // A package's RoPE tables are fixed: LongRoPE's long factors (past the original context of
+    // 128 tokens) cannot be switched to, so a longer context is refused before any work.
+    let lr = phi3_with("phi3_longrope", |_| {});
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("m.mlpackage");
+    let convert = hf2coreml(&[
+        "convert",
+        lr.path().to_str().unwrap(),
+        "-o",
+        pkg.to_str().unwrap(),
+        "--max-seq-len",
+        "256",
+    ]);
+    assert_refused(&convert, &["rope_scaling", "longrope", "--max-seq-len 128"]);
+    assert!(!pkg.exists());
     // A rotary width transformers would round to an odd number of dimensions.
     let odd = phi3_with("phi3_partial", |c| {
         c["rope_parameters"]["partial_rotary_factor"] = json!(0.35);

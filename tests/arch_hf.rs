@@ -20,6 +20,23 @@ fn fixture(arch: &str) -> PathBuf {
 struct Expected {
     tokens: Vec<u32>,
     logits: Vec<Vec<f32>>,
+    /// transformers' logits of a separate pass over the first tokens, when the fixture has
+    /// them (LongRoPE: within the original context, on the short factors).
+    prefix: Option<Vec<Vec<f32>>>,
+}
+
+fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect()
 }
 
 fn expected(dir: &Path) -> Expected {
@@ -31,19 +48,21 @@ fn expected(dir: &Path) -> Expected {
         .iter()
         .map(|t| t.as_u64().unwrap() as u32)
         .collect();
-    let logits = j["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
-    Expected { tokens, logits }
+    let prefix = j.get("prefix_logits").map(rows);
+    Expected {
+        tokens,
+        logits: rows(&j["logits"]),
+        prefix,
+    }
+}
+
+/// Largest |a - b| over every row.
+fn max_diff(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .flat_map(|(g, w)| g.iter().zip(w).map(|(a, b)| (a - b).abs()))
+        .fold(0f32, f32::max)
 }
 
 /// The Rust reference (plain f32 forward) against transformers' logits at every position:
@@ -54,30 +73,32 @@ fn reference_matches_transformers(arch: &str) {
     let ckpt = Checkpoint::open(&dir).unwrap();
     let mut r = Reference::load_with(&ckpt, BackendChoice::Auto).unwrap();
     let got = r.logits_all(&want.tokens).unwrap();
-    assert_eq!(got.len(), want.logits.len());
     let scale = want
         .logits
         .iter()
         .flatten()
         .fold(0f32, |m, v| m.max(v.abs()));
-    let mut worst = 0f32;
-    for (g, w) in got.iter().zip(&want.logits) {
-        for (a, b) in g.iter().zip(w) {
-            worst = worst.max((a - b).abs());
-        }
-    }
+    let worst = max_diff(&got, &want.logits);
     eprintln!("{arch}: max |Δ| {worst:e} (largest |logit| {scale})");
     assert!(
         worst <= 1e-4 * scale,
         "{arch}: max |Δ| {worst} > 1e-4 × {scale}"
     );
+    // A shorter pass has its own logits when RoPE depends on the length (LongRoPE).
+    let early = match &want.prefix {
+        Some(prefix) => {
+            let got = r.logits_all(&want.tokens[..prefix.len()]).unwrap();
+            let d = max_diff(&got, prefix);
+            eprintln!("{arch} prefix of {}: max |Δ| {d:e}", prefix.len());
+            assert!(d <= 1e-4 * scale, "{arch}: prefix max |Δ| {d}");
+            prefix
+        }
+        None => &want.logits,
+    };
     // The step API (cache continued token by token) agrees with the whole-sequence pass.
     for (i, &t) in want.tokens.iter().enumerate().take(6) {
         let row = r.step(&[t], i).unwrap();
-        let d = row
-            .iter()
-            .zip(&want.logits[i])
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let d = max_diff(&[row], &early[i..i + 1]);
         assert!(d <= 1e-4 * scale, "{arch}: step {i} differs by {d}");
     }
 }
@@ -127,11 +148,16 @@ fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::
 /// 0.55 (Qwen3) and 0.76 (Phi-3) on the same packages: calibration works, the miss was the
 /// sample size.
 fn packages_validate(arch: &str) -> tempfile::TempDir {
+    packages_validate_at(arch, 128, 256)
+}
+
+/// [`packages_validate`] with the fp16 and 4-bit packages' contexts (= validated positions).
+fn packages_validate_at(arch: &str, fp16_len: usize, q4_len: usize) -> tempfile::TempDir {
     let dir = fixture(arch);
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("fp16.mlpackage");
-    convert(&dir, &pkg, 128, &["--keep-fp16", "*"]);
-    let (code, report, err) = validate(&pkg, &dir, 128);
+    convert(&dir, &pkg, fp16_len, &["--keep-fp16", "*"]);
+    let (code, report, err) = validate(&pkg, &dir, fp16_len);
     let metric = |r: &serde_json::Value, m: &str| r["behaviour"][m].as_f64().unwrap();
     eprintln!(
         "{arch} fp16: kl {} top1 {}",
@@ -147,8 +173,8 @@ fn packages_validate(arch: &str) -> tempfile::TempDir {
     );
 
     let pkg = out.path().join("q4.mlpackage");
-    convert(&dir, &pkg, 256, &["--recipe", "calibrated-4bit"]);
-    let (code, report, err) = validate(&pkg, &dir, 256);
+    convert(&dir, &pkg, q4_len, &["--recipe", "calibrated-4bit"]);
+    let (code, report, err) = validate(&pkg, &dir, q4_len);
     let (kl, top1) = (metric(&report, "kl_mean"), metric(&report, "top1"));
     eprintln!("{arch} q4: exit {code:?} kl {kl} top1 {top1}");
     assert_eq!(code, Some(0), "{arch} q4: {err}\n{report:#}");
@@ -283,4 +309,36 @@ fn batch_converts_and_validates_phi3() {
         !gates.is_empty() && gates.iter().all(|g| g["passed"] == true),
         "{r:#}"
     );
+}
+
+/// Phi-4-mini's RoPE: partial, LongRoPE with an original context of 128. The 136-token pass
+/// runs on the long factors, the 24-token prefix on the short ones: the reference matches both.
+#[test]
+fn phi3_longrope_reference_matches_transformers() {
+    let spec = Checkpoint::open(fixture("phi3_longrope"))
+        .unwrap()
+        .spec()
+        .clone();
+    let hf2coreml::arch::RopeScaling::LongRope {
+        original_max_position_embeddings,
+        attention_factor,
+        ..
+    } = spec.rope_scaling
+    else {
+        panic!("longrope: {:?}", spec.rope_scaling)
+    };
+    assert_eq!(original_max_position_embeddings, 128);
+    // transformers' default: √(1 + ln(256/128) / ln 128).
+    assert!((attention_factor - (1.0 + 2f64.ln() / 128f64.ln()).sqrt()).abs() < 1e-12);
+    reference_matches_transformers("phi3_longrope");
+}
+
+/// Packages hold fixed RoPE tables, so they stay within the original context (the short
+/// factors); there the fp16 and the calibrated 4-bit packages pass their gates. Calibration
+/// segments stay within the original context too (`ModelSpec::calibration_context`): measured
+/// with a 32-token original context, 256-token segments (long factors in calibration, short in
+/// the package) gave the 4-bit package KL 0.240, top-1 0.688; 32-token ones KL 0.133, 0.844.
+#[test]
+fn phi3_longrope_packages_validate() {
+    packages_validate_at("phi3_longrope", 128, 128);
 }

@@ -90,6 +90,28 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// Phi-3's LongRoPE (`longrope`, `su`): frequency i divided by `short_factor[i]` while the
+    /// sequence fits the original context and by `long_factor[i]` beyond it (transformers
+    /// switches by the sequence length), cos and sin times `attention_factor`.
+    #[serde(rename = "longrope")]
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
+}
+
+impl RopeScaling {
+    /// The factor cos and sin are multiplied by (1 except with LongRoPE).
+    pub fn attention_factor(&self) -> f64 {
+        match self {
+            RopeScaling::LongRope {
+                attention_factor, ..
+            } => *attention_factor,
+            _ => 1.0,
+        }
+    }
 }
 
 /// Everything the pipeline needs to know about a checkpoint's shape and numerics.
@@ -148,6 +170,19 @@ impl ModelSpec {
     /// The leading dimensions of each head that RoPE rotates (even, at most `head_dim`).
     pub fn rotary_dim(&self) -> usize {
         self.partial_rotary_dim.unwrap_or(self.head_dim)
+    }
+
+    /// The longest calibration segment whose RoPE is the one a package computes: the trained
+    /// context, and with LongRoPE the original one (past it the reference, as transformers,
+    /// switches to the long factors, which a package never uses).
+    pub fn calibration_context(&self) -> usize {
+        match self.rope_scaling {
+            RopeScaling::LongRope {
+                original_max_position_embeddings: n,
+                ..
+            } => n.min(self.max_position_embeddings),
+            _ => self.max_position_embeddings,
+        }
     }
 
     /// Query heads per key/value head.

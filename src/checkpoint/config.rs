@@ -23,7 +23,7 @@ pub enum ConfigError {
     UnsupportedArchitecture { name: String, supported: String },
     #[error("unsupported model_type `{name}` (supported: {supported})")]
     UnsupportedModelType { name: String, supported: String },
-    #[error("unsupported `rope_scaling` type `{0}` (supported: none, linear, llama3)")]
+    #[error("unsupported `rope_scaling` type `{0}` (supported: none, linear, llama3; longrope for Phi3ForCausalLM)")]
     UnsupportedRopeScaling(String),
     #[error("missing `{0}`")]
     Missing(String),
@@ -82,6 +82,7 @@ struct RawConfig {
     no_rope_layers: Option<Vec<serde_json::Value>>,
     no_rope_layer_interval: Option<usize>,
     partial_rotary_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
     /// Every other key: checked against [`UNHONOURED`] so that a field changing the math is
     /// refused, never ignored.
     #[serde(flatten)]
@@ -344,6 +345,16 @@ impl ModelSpec {
         };
         check_unhonoured(&raw, architecture)?;
         let partial_rotary_dim = partial_rotary_dim(&raw, rope_params, architecture, head_dim)?;
+        let rope_scaling = long_rope(
+            scaling_obj,
+            rope_scaling,
+            &raw,
+            architecture,
+            (
+                partial_rotary_dim.unwrap_or(head_dim),
+                max_position_embeddings,
+            ),
+        )?;
         let attention_bias = attention_bias(architecture, raw.attention_bias)?;
         let sliding_window = sliding_window(&raw)?;
         let no_rope_layers = no_rope_layers(&raw, architecture, num_hidden_layers)?;
@@ -371,6 +382,65 @@ impl ModelSpec {
             partial_rotary_dim,
         })
     }
+}
+
+/// Phi-3's LongRoPE (`rope_scaling` type `longrope` or its old name `su`; other types pass
+/// through): the factors (one per rotated pair), the original context (in `rope_scaling` /
+/// `rope_parameters` or at the top level) and the attention factor, derived as transformers'
+/// `_compute_longrope_parameters` does when not given.
+fn long_rope(
+    obj: Option<&serde_json::Value>,
+    parsed: Option<RopeScaling>,
+    raw: &RawConfig,
+    architecture: Architecture,
+    (rotary_dim, max_positions): (usize, usize),
+) -> Result<RopeScaling, ConfigError> {
+    if let Some(other) = parsed {
+        return Ok(other);
+    }
+    let obj = obj.expect("LongRoPE is only parsed from a rope object");
+    if architecture != Architecture::Phi3 {
+        return Err(ConfigError::Unhonoured {
+            key: "rope_scaling".into(),
+            value: "longrope".into(),
+            architecture: architecture.hf_name().into(),
+            supported: "none, linear, llama3 (longrope: Phi3ForCausalLM)".into(),
+        });
+    }
+    let factors = |key: &str| -> Result<Vec<f64>, ConfigError> {
+        let list = obj.get(key).and_then(|v| v.as_array());
+        let values: Option<Vec<f64>> = list.and_then(|a| a.iter().map(|v| v.as_f64()).collect());
+        match values {
+            Some(v) if v.len() == rotary_dim / 2 && v.iter().all(|f| f.is_finite() && *f > 0.0) => {
+                Ok(v)
+            }
+            _ => Err(format!(
+                "`rope_scaling.{key}` must hold {} positive numbers (one per rotated pair)",
+                rotary_dim / 2
+            )
+            .into()),
+        }
+    };
+    let original = obj
+        .get("original_max_position_embeddings")
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+        .or(raw.original_max_position_embeddings)
+        .filter(|&n| n > 1)
+        .ok_or_else(|| ConfigError::Missing("original_max_position_embeddings".into()))?;
+    let number = |key: &str| obj.get(key).and_then(|v| v.as_f64());
+    let factor = number("factor").unwrap_or(max_positions as f64 / original as f64);
+    let attention_factor = match number("attention_factor") {
+        Some(a) => a,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope {
+        short_factor: factors("short_factor")?,
+        long_factor: factors("long_factor")?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    })
 }
 
 /// Phi-3's `partial_rotary_factor` (top level in transformers 4, in `rope_parameters` in 5):
@@ -499,9 +569,11 @@ fn sliding_window(raw: &RawConfig) -> Result<Option<usize>, ConfigError> {
     }
 }
 
-fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, ConfigError> {
+/// The rope scaling of `obj`; `None` for LongRoPE, which needs more of the config
+/// ([`long_rope`]).
+fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<Option<RopeScaling>, ConfigError> {
     let Some(obj) = obj else {
-        return Ok(RopeScaling::None);
+        return Ok(Some(RopeScaling::None));
     };
     let kind = obj
         .get("rope_type")
@@ -520,19 +592,20 @@ fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, Co
         }
         Ok(v)
     };
-    match kind {
-        "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear {
+    Ok(Some(match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
             factor: num("factor")?,
-        }),
-        "llama3" => Ok(RopeScaling::Llama3 {
+        },
+        "llama3" => RopeScaling::Llama3 {
             factor: num("factor")?,
             low_freq_factor: num("low_freq_factor")?,
             high_freq_factor: num("high_freq_factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
-        }),
-        other => Err(ConfigError::UnsupportedRopeScaling(other.to_string())),
-    }
+        },
+        "longrope" | "su" => return Ok(None),
+        other => return Err(ConfigError::UnsupportedRopeScaling(other.to_string())),
+    }))
 }
 
 #[cfg(test)]

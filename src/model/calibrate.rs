@@ -472,7 +472,7 @@ pub fn calibrate(
     }
     let seg = options
         .segment_len
-        .clamp(1, spec.max_position_embeddings.max(1));
+        .clamp(1, spec.calibration_context().max(1));
     let mut bounds: Vec<(usize, usize)> = Vec::new();
     let mut start = 0;
     while start < tokens.len() {
@@ -484,7 +484,7 @@ pub fn calibrate(
         let (s, e) = bounds[bounds.len() - 1];
         if e - s < seg / 4
             && bounds[bounds.len() - 2].1 - bounds[bounds.len() - 2].0 + e - s
-                <= spec.max_position_embeddings
+                <= spec.calibration_context()
         {
             bounds.pop();
             if let Some(last) = bounds.last_mut() {

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use super::scaling::Scaling;
 use super::{ints, var, Arg, Builder, DType, Graph, GraphError, Op, Weight};
-use crate::arch::{LayerTensor, ModelSpec, TensorId};
+use crate::arch::{LayerTensor, ModelSpec, RopeScaling, TensorId};
 use crate::mil::contract;
 use linear::{Projections, Weights};
 
@@ -130,7 +130,7 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         rms_norm_eps: _,
         tie_word_embeddings: _,
         rope_theta: _,
-        rope_scaling: _,
+        rope_scaling,
         attention_bias: _,
         qk_norm: _,
         no_rope_layers: _,
@@ -143,6 +143,22 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         eos_token_ids: _,
         sliding_window,
     } = spec;
+    // LongRoPE switches to its long factors once the sequence outgrows the original
+    // context; a package's tables are fixed, so its context stays within it.
+    if let RopeScaling::LongRope {
+        original_max_position_embeddings: original,
+        ..
+    } = rope_scaling
+    {
+        if max_seq_len > *original {
+            return Err(GraphError::Unsupported(format!(
+                "`rope_scaling` longrope uses its long factors past \
+                 original_max_position_embeddings = {original} tokens and its short ones \
+                 within it, as the sequence grows; a package's RoPE tables are fixed: use \
+                 --max-seq-len {original} or less"
+            )));
+        }
+    }
     // No windowed mask: a window only matters once the context outgrows it.
     if let Some(window) = *sliding_window {
         if max_seq_len > window {
