@@ -711,6 +711,40 @@ mod tests {
     }
 
     #[test]
+    fn phi3_partial_rotary_and_longrope() {
+        // transformers 4 names: top-level factor and original context, `su` for longrope.
+        let v4 = r#"{"architectures":["Phi3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"partial_rotary_factor":0.75,
+          "max_position_embeddings":1024,"original_max_position_embeddings":256,
+          "rope_scaling":{"type":"su","short_factor":[1,1,1,1,1,2],"long_factor":[2,2,2,2,2,4]}}"#;
+        let s = ModelSpec::from_config_str(v4).unwrap();
+        assert_eq!((s.head_dim, s.rotary_dim()), (16, 12));
+        let RopeScaling::LongRope {
+            original_max_position_embeddings: n,
+            attention_factor: a,
+            ref long_factor,
+            ..
+        } = s.rope_scaling
+        else {
+            panic!("{:?}", s.rope_scaling)
+        };
+        assert_eq!((n, long_factor[5]), (256, 4.0));
+        assert!((a - (1.0 + 4f64.ln() / 256f64.ln()).sqrt()).abs() < 1e-12);
+        // An explicit attention factor wins; LongRoPE elsewhere is refused, naming the field.
+        let given = v4.replace(
+            "\"type\":\"su\"",
+            "\"type\":\"su\",\"attention_factor\":1.25",
+        );
+        let s = ModelSpec::from_config_str(&given).unwrap();
+        assert_eq!(s.rope_scaling.attention_factor(), 1.25);
+        let llama = v4
+            .replace("Phi3ForCausalLM", "LlamaForCausalLM")
+            .replace("\"partial_rotary_factor\":0.75,", "");
+        let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling") && e.contains("Phi3"), "{e}");
+    }
+
+    #[test]
     fn smollm3_nope_layers() {
         let base = r#"{"architectures":["SmolLM3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
           "num_attention_heads":4,"num_hidden_layers":8,"num_key_value_heads":2,"vocab_size":100"#;
