@@ -138,6 +138,18 @@ fn phi3_variants_not_computed_are_refused() {
     ]);
     assert_refused(&convert, &["rope_scaling", "longrope", "--max-seq-len 128"]);
     assert!(!pkg.exists());
+    // `budget` offers no context a package cannot have.
+    let b = hf2coreml(&[
+        "budget",
+        lr.path().to_str().unwrap(),
+        "--device",
+        "iphone-15",
+        "--max-seq-len",
+        "64",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&b.stdout).unwrap();
+    assert_eq!(v["max_seq_len_that_fits"], 128, "{v}");
     // A rotary width transformers would round to an odd number of dimensions.
     let odd = phi3_with("phi3_partial", |c| {
         c["rope_parameters"]["partial_rotary_factor"] = json!(0.35);

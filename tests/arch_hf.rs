@@ -335,7 +335,7 @@ fn phi3_longrope_reference_matches_transformers() {
 
 /// Packages hold fixed RoPE tables, so they stay within the original context (the short
 /// factors); there the fp16 and the calibrated 4-bit packages pass their gates. Calibration
-/// segments stay within the original context too (`ModelSpec::calibration_context`): measured
+/// segments stay within the original context too (`ModelSpec::package_context`): measured
 /// with a 32-token original context, 256-token segments (long factors in calibration, short in
 /// the package) gave the 4-bit package KL 0.240, top-1 0.688; 32-token ones KL 0.133, 0.844.
 #[test]

@@ -172,10 +172,10 @@ impl ModelSpec {
         self.partial_rotary_dim.unwrap_or(self.head_dim)
     }
 
-    /// The longest calibration segment whose RoPE is the one a package computes: the trained
-    /// context, and with LongRoPE the original one (past it the reference, as transformers,
-    /// switches to the long factors, which a package never uses).
-    pub fn calibration_context(&self) -> usize {
+    /// The longest context a package computes exactly, and so the longest calibration
+    /// segment: the trained context, and with LongRoPE the original one (past it transformers
+    /// and the reference switch to the long factors, which a package's fixed tables cannot).
+    pub fn package_context(&self) -> usize {
         match self.rope_scaling {
             RopeScaling::LongRope {
                 original_max_position_embeddings: n,
