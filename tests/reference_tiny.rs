@@ -70,6 +70,8 @@ impl Naive {
                             (1.0 - s) * f / factor + s * f
                         }
                     }
+                    // Phi-3's LongRoPE: held against transformers in tests/arch_hf.rs.
+                    RopeScaling::LongRope { .. } => panic!("no tiny fixture here has LongRoPE"),
                 }
             })
             .collect()

@@ -25,8 +25,9 @@ import torch
 import transformers
 
 VOCAB = 128
-# Long enough to exceed the sliding windows and the Phi-3 original context below.
+# Long enough to exceed the sliding windows; LENGTH overrides the length per fixture.
 TOKENS = [(i * 37 + 11) % VOCAB for i in range(40)]
+LENGTH = {"phi3_longrope": 136}
 
 
 def common(**kw):
@@ -67,7 +68,56 @@ def smollm3():
     return transformers.SmolLM3ForCausalLM, cfg
 
 
-ARCHS = {"qwen3": qwen3, "smollm3": smollm3}
+def phi3():
+    """Phi-3-mini's layout: fused qkv_proj and gate_up_proj, full RoPE, untied, no window."""
+    cfg = transformers.Phi3Config(
+        **common(num_hidden_layers=2, rope_theta=10_000.0, rms_norm_eps=1e-5),
+        tie_word_embeddings=False,
+        sliding_window=None,
+    )
+    return transformers.Phi3ForCausalLM, cfg
+
+
+def phi3_partial():
+    """Phi-4-mini's shape: partial RoPE (0.75 of each head's 16 dimensions rotate), tied."""
+    cfg = transformers.Phi3Config(
+        **common(num_hidden_layers=2, rope_theta=10_000.0, rms_norm_eps=1e-5),
+        tie_word_embeddings=True,
+        partial_rotary_factor=0.75,
+        sliding_window=None,
+    )
+    return transformers.Phi3ForCausalLM, cfg
+
+
+def phi3_longrope():
+    """Phi-4-mini's RoPE: partial (0.75) with LongRoPE factors and an original context of 128
+    tokens (a package's longest context, enough positions to validate it on), so that the 136
+    tokens run on the long factors and the first PREFIX on the short ones."""
+    cfg = transformers.Phi3Config(
+        **common(num_hidden_layers=2, rope_theta=10_000.0, rms_norm_eps=1e-5),
+        tie_word_embeddings=True,
+        partial_rotary_factor=0.75,
+        original_max_position_embeddings=128,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+            "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+        },
+        sliding_window=None,
+    )
+    return transformers.Phi3ForCausalLM, cfg
+
+
+ARCHS = {
+    "qwen3": qwen3,
+    "smollm3": smollm3,
+    "phi3": phi3,
+    "phi3_partial": phi3_partial,
+    "phi3_longrope": phi3_longrope,
+}
+# Fixtures whose reference.json also holds "prefix_logits": transformers' logits for a separate
+# forward pass over the first n TOKENS (LongRoPE: within the original context).
+PREFIX = {"phi3_longrope": 24}
 
 
 def randomize(model, gain):
@@ -94,8 +144,11 @@ def write(out_dir, arch):
     randomize(model, gain=8.0)
     if cfg.tie_word_embeddings:
         model.tie_weights()
+    tokens = [(i * 37 + 11) % VOCAB for i in range(LENGTH.get(arch, len(TOKENS)))]
     with torch.no_grad():
-        logits = model(torch.tensor([TOKENS])).logits[0].to(torch.float32)
+        logits = model(torch.tensor([tokens])).logits[0].to(torch.float32)
+        n = PREFIX.get(arch)
+        prefix = n and model(torch.tensor([tokens[:n]])).logits[0].to(torch.float32)
     dest = os.path.join(out_dir, arch)
     os.makedirs(dest, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(dest, safe_serialization=True)
@@ -106,9 +159,11 @@ def write(out_dir, arch):
     ref = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
-        "tokens": TOKENS,
+        "tokens": tokens,
         "logits": [[round(float(v), 7) for v in row] for row in logits],
     }
+    if n:
+        ref["prefix_logits"] = [[round(float(v), 7) for v in row] for row in prefix]
     with open(os.path.join(dest, "reference.json"), "w") as f:
         json.dump(ref, f, separators=(",", ":"))
         f.write("\n")

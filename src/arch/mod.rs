@@ -1,8 +1,10 @@
 //! Per-architecture facts: which tensors a checkpoint holds, their shapes and their roles.
 //!
-//! Llama, Mistral, Qwen2, Qwen3 and SmolLM3 share one decoder layout; they differ in q/k/v
-//! biases (Qwen2), per-head q/k norms (Qwen3), blocks without RoPE (SmolLM3), tied embeddings
-//! and rope details, all carried by [`ModelSpec`].
+//! Llama, Mistral, Qwen2, Qwen3, SmolLM3 and Phi-3 share one decoder layout; they differ in q/k/v
+//! biases (Qwen2), per-head q/k norms (Qwen3), blocks without RoPE (SmolLM3), partial RoPE
+//! (Phi-4-mini), tied embeddings and rope details, all carried by [`ModelSpec`]. Phi-3 stores
+//! q/k/v and gate/up fused ([`fused_tensors`]); the checkpoint splits them at load, so every
+//! later stage sees the one layout.
 
 use serde::{Deserialize, Serialize};
 
@@ -352,6 +354,54 @@ pub fn tensor_ids(spec: &ModelSpec) -> Vec<TensorId> {
 /// Every tensor the checkpoint must hold, in model order (see [`tensor_ids`]).
 pub fn expected_tensors(spec: &ModelSpec) -> Vec<TensorSlot> {
     tensor_ids(spec).into_iter().map(|t| t.slot(spec)).collect()
+}
+
+/// A stored tensor holding several block tensors stacked along its rows (Phi-3's `qkv_proj`
+/// and `gate_up_proj`): part `i` is rows `sum(rows[..i]) .. sum(rows[..=i])`, so each part is a
+/// contiguous byte range of the stored tensor and is palettized on its own, as if stored apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FusedTensor {
+    /// The Hugging Face name of the stored tensor.
+    pub name: String,
+    /// The columns every part shares.
+    pub cols: usize,
+    /// The parts in stored order, with their row counts.
+    pub parts: Vec<(TensorId, usize)>,
+}
+
+impl FusedTensor {
+    /// [Σ rows, cols]: the stored tensor's shape.
+    pub fn shape(&self) -> Vec<usize> {
+        vec![self.parts.iter().map(|p| p.1).sum(), self.cols]
+    }
+}
+
+/// The fused tensors `spec`'s checkpoints store in place of their parts (none outside Phi-3).
+pub fn fused_tensors(spec: &ModelSpec) -> Vec<FusedTensor> {
+    if spec.architecture != Architecture::Phi3 {
+        return Vec::new();
+    }
+    let (h, i) = (spec.hidden_size, spec.intermediate_size);
+    let mut out = Vec::with_capacity(2 * spec.num_hidden_layers);
+    for l in 0..spec.num_hidden_layers {
+        let id = |t| TensorId::Layer(l, t);
+        out.push(FusedTensor {
+            name: format!("model.layers.{l}.self_attn.qkv_proj.weight"),
+            cols: h,
+            parts: vec![
+                (id(LayerTensor::Q), spec.q_dim()),
+                (id(LayerTensor::K), spec.kv_dim()),
+                (id(LayerTensor::V), spec.kv_dim()),
+            ],
+        });
+        // transformers' Phi3MLP: `gate, up = gate_up_proj(x).chunk(2)`: gate first.
+        out.push(FusedTensor {
+            name: format!("model.layers.{l}.mlp.gate_up_proj.weight"),
+            cols: h,
+            parts: vec![(id(LayerTensor::Gate), i), (id(LayerTensor::Up), i)],
+        });
+    }
+    out
 }
 
 /// The MIL-safe name of a checkpoint tensor: `model.layers.0.self_attn.q_proj.weight` →

@@ -18,15 +18,21 @@ pub enum Architecture {
     /// Llama's layout with RoPE left out of some blocks (`no_rope_layers`).
     #[serde(rename = "SmolLM3ForCausalLM")]
     SmolLM3,
+    /// Phi-3 and Phi-4-mini: Llama's math with q/k/v and gate/up stored fused (`qkv_proj`,
+    /// `gate_up_proj`, split at load) and RoPE on a leading part of each head
+    /// (`partial_rotary_factor`).
+    #[serde(rename = "Phi3ForCausalLM")]
+    Phi3,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 6] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
         Self::Qwen3,
         Self::SmolLM3,
+        Self::Phi3,
     ];
 
     /// The name transformers uses in `architectures`.
@@ -37,6 +43,7 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
+            Self::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -48,6 +55,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::SmolLM3 => "smollm3",
+            Self::Phi3 => "phi3",
         }
     }
 
@@ -82,6 +90,28 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// Phi-3's LongRoPE (`longrope`, `su`): frequency i divided by `short_factor[i]` while the
+    /// sequence fits the original context and by `long_factor[i]` beyond it (transformers
+    /// switches by the sequence length), cos and sin times `attention_factor`.
+    #[serde(rename = "longrope")]
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
+}
+
+impl RopeScaling {
+    /// The factor cos and sin are multiplied by (1 except with LongRoPE).
+    pub fn attention_factor(&self) -> f64 {
+        match self {
+            RopeScaling::LongRope {
+                attention_factor, ..
+            } => *attention_factor,
+            _ => 1.0,
+        }
+    }
 }
 
 /// Everything the pipeline needs to know about a checkpoint's shape and numerics.
@@ -115,6 +145,10 @@ pub struct ModelSpec {
     pub qk_norm: bool,
     /// Blocks whose attention applies no RoPE at all, ascending (SmolLM3's NoPE layers).
     pub no_rope_layers: Vec<usize>,
+    /// How many leading dimensions of each head RoPE rotates, when fewer than `head_dim`
+    /// (Phi-4-mini's `partial_rotary_factor` 0.75); the rest pass through. `None`: all.
+    #[serde(default)]
+    pub partial_rotary_dim: Option<usize>,
 }
 
 impl ModelSpec {
@@ -131,6 +165,24 @@ impl ModelSpec {
     /// Whether block `l` rotates its q and k.
     pub fn uses_rope(&self, l: usize) -> bool {
         !self.no_rope_layers.contains(&l)
+    }
+
+    /// The leading dimensions of each head that RoPE rotates (even, at most `head_dim`).
+    pub fn rotary_dim(&self) -> usize {
+        self.partial_rotary_dim.unwrap_or(self.head_dim)
+    }
+
+    /// The longest context a package computes exactly, and so the longest calibration
+    /// segment: the trained context, and with LongRoPE the original one (past it transformers
+    /// and the reference switch to the long factors, which a package's fixed tables cannot).
+    pub fn package_context(&self) -> usize {
+        match self.rope_scaling {
+            RopeScaling::LongRope {
+                original_max_position_embeddings: n,
+                ..
+            } => n.min(self.max_position_embeddings),
+            _ => self.max_position_embeddings,
+        }
     }
 
     /// Query heads per key/value head.

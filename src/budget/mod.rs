@@ -257,7 +257,7 @@ pub struct Budget {
     pub increased_memory_limit: bool,
     pub fits: bool,
     /// The largest S for which the plan fits (0 if none does), capped at [`MAX_SEQ_CAP`] and
-    /// at the model's context (`max_position_embeddings`).
+    /// at the longest context a package of the model computes ([`ModelSpec::package_context`]).
     pub max_seq_len_that_fits: usize,
     pub headroom_bytes: i64,
 }
@@ -314,8 +314,9 @@ pub fn compute(
     let total = total_at(max_seq_len);
     // total_at is increasing in S: bisect for the largest S with total_at(S) <= usable.
     let fits_at = |s: usize| total_at(s) <= usable;
-    // Never beyond the model's trained context: positions past it are not a model.
-    let cap = MAX_SEQ_CAP.min(spec.max_position_embeddings).max(1);
+    // Never beyond the model's trained context (positions past it are not a model), nor
+    // LongRoPE's original one (a package's tables hold the short factors).
+    let cap = MAX_SEQ_CAP.min(spec.package_context()).max(1);
     let max_fit = if !fits_at(1) {
         0
     } else {

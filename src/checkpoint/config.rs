@@ -23,7 +23,7 @@ pub enum ConfigError {
     UnsupportedArchitecture { name: String, supported: String },
     #[error("unsupported model_type `{name}` (supported: {supported})")]
     UnsupportedModelType { name: String, supported: String },
-    #[error("unsupported rope scaling `{0}` (supported: none, linear, llama3)")]
+    #[error("unsupported `rope_scaling` type `{0}` (supported: none, linear, llama3; longrope for Phi3ForCausalLM)")]
     UnsupportedRopeScaling(String),
     #[error("missing `{0}`")]
     Missing(String),
@@ -81,6 +81,8 @@ struct RawConfig {
     layer_types: Option<Vec<String>>,
     no_rope_layers: Option<Vec<serde_json::Value>>,
     no_rope_layer_interval: Option<usize>,
+    partial_rotary_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
     /// Every other key: checked against [`UNHONOURED`] so that a field changing the math is
     /// refused, never ignored.
     #[serde(flatten)]
@@ -142,7 +144,6 @@ const UNHONOURED: &[(&str, Accept)] = &[
     ("n_routed_experts", Accept::Zero),
     ("moe_num_experts", Accept::Zero),
     ("num_experts_per_tok", Accept::Zero),
-    ("partial_rotary_factor", Accept::Number(1.0)),
     ("rope_interleave", Accept::False),
     ("qk_layernorm", Accept::False),
     ("use_qk_norm", Accept::False),
@@ -343,6 +344,17 @@ impl ModelSpec {
             None => 2048,
         };
         check_unhonoured(&raw, architecture)?;
+        let partial_rotary_dim = partial_rotary_dim(&raw, rope_params, architecture, head_dim)?;
+        let rope_scaling = long_rope(
+            scaling_obj,
+            rope_scaling,
+            &raw,
+            architecture,
+            (
+                partial_rotary_dim.unwrap_or(head_dim),
+                max_position_embeddings,
+            ),
+        )?;
         let attention_bias = attention_bias(architecture, raw.attention_bias)?;
         let sliding_window = sliding_window(&raw)?;
         let no_rope_layers = no_rope_layers(&raw, architecture, num_hidden_layers)?;
@@ -367,8 +379,105 @@ impl ModelSpec {
             sliding_window,
             qk_norm: architecture == Architecture::Qwen3,
             no_rope_layers,
+            partial_rotary_dim,
         })
     }
+}
+
+/// Phi-3's LongRoPE (`rope_scaling` type `longrope` or its old name `su`; other types pass
+/// through): the factors (one per rotated pair), the original context (in `rope_scaling` /
+/// `rope_parameters` or at the top level) and the attention factor, derived as transformers'
+/// `_compute_longrope_parameters` does when not given.
+fn long_rope(
+    obj: Option<&serde_json::Value>,
+    parsed: Option<RopeScaling>,
+    raw: &RawConfig,
+    architecture: Architecture,
+    (rotary_dim, max_positions): (usize, usize),
+) -> Result<RopeScaling, ConfigError> {
+    if let Some(other) = parsed {
+        return Ok(other);
+    }
+    let obj = obj.expect("LongRoPE is only parsed from a rope object");
+    if architecture != Architecture::Phi3 {
+        return Err(ConfigError::Unhonoured {
+            key: "rope_scaling".into(),
+            value: "longrope".into(),
+            architecture: architecture.hf_name().into(),
+            supported: "none, linear, llama3 (longrope: Phi3ForCausalLM)".into(),
+        });
+    }
+    let factors = |key: &str| -> Result<Vec<f64>, ConfigError> {
+        let list = obj.get(key).and_then(|v| v.as_array());
+        let values: Option<Vec<f64>> = list.and_then(|a| a.iter().map(|v| v.as_f64()).collect());
+        match values {
+            Some(v) if v.len() == rotary_dim / 2 && v.iter().all(|f| f.is_finite() && *f > 0.0) => {
+                Ok(v)
+            }
+            _ => Err(format!(
+                "`rope_scaling.{key}` must hold {} positive numbers (one per rotated pair)",
+                rotary_dim / 2
+            )
+            .into()),
+        }
+    };
+    let original = obj
+        .get("original_max_position_embeddings")
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+        .or(raw.original_max_position_embeddings)
+        .filter(|&n| n > 1)
+        .ok_or_else(|| ConfigError::Missing("original_max_position_embeddings".into()))?;
+    let number = |key: &str| obj.get(key).and_then(|v| v.as_f64());
+    let factor = number("factor").unwrap_or(max_positions as f64 / original as f64);
+    let attention_factor = match number("attention_factor") {
+        Some(a) => a,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope {
+        short_factor: factors("short_factor")?,
+        long_factor: factors("long_factor")?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    })
+}
+
+/// Phi-3's `partial_rotary_factor` (top level in transformers 4, in `rope_parameters` in 5):
+/// RoPE rotates the first `int(head_dim × factor)` dimensions of each head, as transformers
+/// rounds it. 1.0 or absent is the whole head; another value on another architecture is refused.
+fn partial_rotary_dim(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    architecture: Architecture,
+    head_dim: usize,
+) -> Result<Option<usize>, ConfigError> {
+    let nested = rope_params
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(|v| v.as_f64());
+    let Some(factor) = raw.partial_rotary_factor.or(nested) else {
+        return Ok(None);
+    };
+    if factor == 1.0 {
+        return Ok(None);
+    }
+    if architecture != Architecture::Phi3 {
+        return Err(ConfigError::Unhonoured {
+            key: "partial_rotary_factor".into(),
+            value: factor.to_string(),
+            architecture: architecture.hf_name().into(),
+            supported: "1 or absent (partial RoPE: Phi3ForCausalLM)".into(),
+        });
+    }
+    let dim = (head_dim as f64 * factor) as usize;
+    if !(factor > 0.0 && factor < 1.0) || dim == 0 || dim % 2 != 0 {
+        return Err(format!(
+            "`partial_rotary_factor` ({factor}) must be in (0, 1] and rotate an even, non-zero \
+             number of the head's {head_dim} dimensions (it gives {dim})"
+        )
+        .into());
+    }
+    Ok(Some(dim))
 }
 
 /// SmolLM3's blocks without RoPE: `no_rope_layers` holds 1 (RoPE) or 0 (none) per block;
@@ -460,9 +569,11 @@ fn sliding_window(raw: &RawConfig) -> Result<Option<usize>, ConfigError> {
     }
 }
 
-fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, ConfigError> {
+/// The rope scaling of `obj`; `None` for LongRoPE, which needs more of the config
+/// ([`long_rope`]).
+fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<Option<RopeScaling>, ConfigError> {
     let Some(obj) = obj else {
-        return Ok(RopeScaling::None);
+        return Ok(Some(RopeScaling::None));
     };
     let kind = obj
         .get("rope_type")
@@ -481,19 +592,20 @@ fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<RopeScaling, Co
         }
         Ok(v)
     };
-    match kind {
-        "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear {
+    Ok(Some(match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
             factor: num("factor")?,
-        }),
-        "llama3" => Ok(RopeScaling::Llama3 {
+        },
+        "llama3" => RopeScaling::Llama3 {
             factor: num("factor")?,
             low_freq_factor: num("low_freq_factor")?,
             high_freq_factor: num("high_freq_factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
-        }),
-        other => Err(ConfigError::UnsupportedRopeScaling(other.to_string())),
-    }
+        },
+        "longrope" | "su" => return Ok(None),
+        other => return Err(ConfigError::UnsupportedRopeScaling(other.to_string())),
+    }))
 }
 
 #[cfg(test)]
@@ -596,6 +708,40 @@ mod tests {
         let biased = v5.replace("\"attention_bias\":false", "\"attention_bias\":true");
         let e = ModelSpec::from_config_str(&biased).unwrap_err().to_string();
         assert!(e.contains("attention_bias"), "{e}");
+    }
+
+    #[test]
+    fn phi3_partial_rotary_and_longrope() {
+        // transformers 4 names: top-level factor and original context, `su` for longrope.
+        let v4 = r#"{"architectures":["Phi3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"partial_rotary_factor":0.75,
+          "max_position_embeddings":1024,"original_max_position_embeddings":256,
+          "rope_scaling":{"type":"su","short_factor":[1,1,1,1,1,2],"long_factor":[2,2,2,2,2,4]}}"#;
+        let s = ModelSpec::from_config_str(v4).unwrap();
+        assert_eq!((s.head_dim, s.rotary_dim()), (16, 12));
+        let RopeScaling::LongRope {
+            original_max_position_embeddings: n,
+            attention_factor: a,
+            ref long_factor,
+            ..
+        } = s.rope_scaling
+        else {
+            panic!("{:?}", s.rope_scaling)
+        };
+        assert_eq!((n, long_factor[5]), (256, 4.0));
+        assert!((a - (1.0 + 4f64.ln() / 256f64.ln()).sqrt()).abs() < 1e-12);
+        // An explicit attention factor wins; LongRoPE elsewhere is refused, naming the field.
+        let given = v4.replace(
+            "\"type\":\"su\"",
+            "\"type\":\"su\",\"attention_factor\":1.25",
+        );
+        let s = ModelSpec::from_config_str(&given).unwrap();
+        assert_eq!(s.rope_scaling.attention_factor(), 1.25);
+        let llama = v4
+            .replace("Phi3ForCausalLM", "LlamaForCausalLM")
+            .replace("\"partial_rotary_factor\":0.75,", "");
+        let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling") && e.contains("Phi3"), "{e}");
     }
 
     #[test]

@@ -558,6 +558,7 @@ impl Checkpoint {
             }
             files.push(MappedFile { path, map });
         }
+        split_fused(&spec, &dir, &files, &mut tensors)?;
         let ckpt = Checkpoint {
             dir,
             spec,
@@ -694,6 +695,57 @@ impl Checkpoint {
     pub fn file_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.map.len() as u64).sum()
     }
+}
+
+/// Replace each fused tensor of the architecture (Phi-3's `qkv_proj`, `gate_up_proj`) by
+/// entries for its parts under their own names: row blocks of a row-major tensor are byte
+/// ranges of it, so nothing is copied. A fused tensor missing or of the wrong shape, or a part
+/// also stored on its own, is refused.
+fn split_fused(
+    spec: &ModelSpec,
+    dir: &Path,
+    files: &[MappedFile],
+    tensors: &mut BTreeMap<String, TensorEntry>,
+) -> Result<(), CheckpointError> {
+    for fused in arch::fused_tensors(spec) {
+        let Some(entry) = tensors.remove(&fused.name) else {
+            return Err(CheckpointError::MissingTensor {
+                path: dir.to_path_buf(),
+                tensor: fused.name,
+            });
+        };
+        let path = || files[entry.file].path.clone();
+        if entry.shape != fused.shape() {
+            return Err(CheckpointError::WrongShape {
+                path: path(),
+                tensor: fused.name.clone(),
+                expected: fused.shape(),
+                found: entry.shape.clone(),
+            });
+        }
+        let row_bytes = entry.dtype.size_bytes() * fused.cols;
+        let mut start = entry.start;
+        for (id, rows) in &fused.parts {
+            let name = id.hf_name();
+            if tensors.contains_key(&name) {
+                return Err(CheckpointError::Safetensors {
+                    path: path(),
+                    message: format!("`{name}` is stored both alone and inside `{}`", fused.name),
+                });
+            }
+            let end = start + rows * row_bytes;
+            let part = TensorEntry {
+                file: entry.file,
+                dtype: entry.dtype,
+                shape: vec![*rows, fused.cols],
+                start,
+                end,
+            };
+            tensors.insert(name, part);
+            start = end;
+        }
+    }
+    Ok(())
 }
 
 fn pickle_files(dir: &Path) -> Vec<String> {

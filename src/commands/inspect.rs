@@ -59,6 +59,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             hf2coreml::arch::RopeScaling::None => "none".to_string(),
             hf2coreml::arch::RopeScaling::Linear { factor } => format!("linear ×{factor}"),
             hf2coreml::arch::RopeScaling::Llama3 { factor, .. } => format!("llama3 ×{factor}"),
+            hf2coreml::arch::RopeScaling::LongRope {
+                original_max_position_embeddings: n,
+                ..
+            } => format!("longrope (short factors up to {n} tokens)"),
         }
     );
     match &s.gguf {

@@ -39,24 +39,41 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f64> 
                 })
                 .collect()
         }
+        // The short factors: `check_spec` refuses a package whose context outgrows the
+        // original one, past which transformers would switch to the long factors.
+        RopeScaling::LongRope { short_factor, .. } => {
+            base.iter().zip(short_factor).map(|(f, s)| f / s).collect()
+        }
     }
 }
 
 /// cos and sin tables, each `[positions, head_dim]` row-major, in the rotate-half layout
-/// (the half-width angles repeated twice per row), as Hugging Face Llama computes them.
-pub fn tables(positions: usize, head_dim: usize, inv_freq: &[f64]) -> (Vec<f64>, Vec<f64>) {
+/// (the half-width angles repeated twice per row), as Hugging Face Llama computes them. With
+/// partial RoPE (`2 × inv_freq.len() < head_dim`) the dimensions past the rotated ones get
+/// cos 1 and sin 0, so x·cos + rotated·sin passes them through exactly.
+///
+/// `scale` multiplies the rotated entries (LongRoPE's attention factor; 1 otherwise).
+pub fn tables(
+    positions: usize,
+    head_dim: usize,
+    inv_freq: &[f64],
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
     let half = inv_freq.len();
-    debug_assert_eq!(2 * half, head_dim);
+    debug_assert!(2 * half <= head_dim);
+    let pass = head_dim - 2 * half;
     let mut cos = Vec::with_capacity(positions * head_dim);
     let mut sin = Vec::with_capacity(positions * head_dim);
     for p in 0..positions {
         for _ in 0..2 {
             for f in inv_freq {
                 let a = p as f64 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                cos.push(scale * a.cos());
+                sin.push(scale * a.sin());
             }
         }
+        cos.extend(std::iter::repeat(1.0).take(pass));
+        sin.extend(std::iter::repeat(0.0).take(pass));
     }
     (cos, sin)
 }
@@ -113,11 +130,41 @@ mod tests {
     #[test]
     fn tables_repeat_halves() {
         let f = inv_freq(4, 10_000.0, &RopeScaling::None);
-        let (cos, sin) = tables(3, 4, &f);
+        let (cos, sin) = tables(3, 4, &f, 1.0);
         assert_eq!(cos.len(), 12);
         assert_eq!(&cos[0..4], &[1.0, 1.0, 1.0, 1.0]);
         assert!((sin[4] - 1f64.sin()).abs() < EXACT);
         assert_eq!(cos[4], cos[6]);
         assert_eq!(sin[9], sin[11]);
+    }
+
+    #[test]
+    fn partial_tables_pass_the_rest_through() {
+        // 4 of 8 dimensions rotate: the exponents run over the 4.
+        let f = inv_freq(4, 10_000.0, &RopeScaling::None);
+        let (cos, sin) = tables(2, 8, &f, 1.0);
+        assert_eq!(cos.len(), 16);
+        assert!((sin[8] - 1f64.sin()).abs() < EXACT);
+        assert_eq!(sin[10], sin[8]);
+        assert_eq!(&cos[12..16], &[1.0; 4]);
+        assert_eq!(&sin[12..16], &[0.0; 4]);
+    }
+
+    #[test]
+    fn longrope_divides_by_the_short_factors_and_scales_rotated_entries() {
+        let s = RopeScaling::LongRope {
+            short_factor: vec![1.0, 2.0],
+            long_factor: vec![4.0, 8.0],
+            original_max_position_embeddings: 32,
+            attention_factor: 1.5,
+        };
+        let (a, b) = (
+            inv_freq(4, 100.0, &RopeScaling::None),
+            inv_freq(4, 100.0, &s),
+        );
+        assert!((a[0] - b[0]).abs() < EXACT && (a[1] / 2.0 - b[1]).abs() < EXACT);
+        let (cos, sin) = tables(1, 6, &b, s.attention_factor());
+        assert_eq!(&cos[..6], &[1.5, 1.5, 1.5, 1.5, 1.0, 1.0]);
+        assert_eq!(&sin[..6], &[0.0; 6]);
     }
 }

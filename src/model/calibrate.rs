@@ -470,9 +470,7 @@ pub fn calibrate(
             vocab: spec.vocab_size,
         });
     }
-    let seg = options
-        .segment_len
-        .clamp(1, spec.max_position_embeddings.max(1));
+    let seg = options.segment_len.clamp(1, spec.package_context().max(1));
     let mut bounds: Vec<(usize, usize)> = Vec::new();
     let mut start = 0;
     while start < tokens.len() {
@@ -484,7 +482,7 @@ pub fn calibrate(
         let (s, e) = bounds[bounds.len() - 1];
         if e - s < seg / 4
             && bounds[bounds.len() - 2].1 - bounds[bounds.len() - 2].0 + e - s
-                <= spec.max_position_embeddings
+                <= spec.package_context()
         {
             bounds.pop();
             if let Some(last) = bounds.last_mut() {

@@ -106,7 +106,6 @@ pub struct PlainModel {
     /// `None` when streaming.
     lm_head: Option<Tensor>,
     streaming: bool,
-    inv_freq: Vec<f32>,
     /// Per layer: keys (after rope) and values, [Hkv, cached, D].
     cache: Vec<Option<(Tensor, Tensor)>>,
     cached: usize,
@@ -178,12 +177,15 @@ pub(crate) fn embed_rows(
         .map_err(|e| super::ReferenceError::candle(format!("reading `{name}`"), e))
 }
 
-/// Rotary inverse frequencies, one per pair of head dimensions, with the config's scaling.
+/// Rotary inverse frequencies, one per rotated pair of head dimensions, with the config's
+/// scaling, for a sequence of `seq_len` tokens so far (LongRoPE's long factors apply once it
+/// outgrows the original context, as transformers' `dynamic_rope_update` switches them).
 /// Computed in f64 and rounded once: HF computes them in f32, the difference is far below the
 /// tolerances anyone compares references with.
-pub(crate) fn inverse_frequencies(spec: &ModelSpec) -> Vec<f32> {
-    let d = spec.head_dim as f64;
-    let base: Vec<f64> = (0..spec.head_dim / 2)
+pub(crate) fn inverse_frequencies(spec: &ModelSpec, seq_len: usize) -> Vec<f32> {
+    // Partial RoPE (Phi-4-mini): the exponents run over the rotated dimensions only.
+    let d = spec.rotary_dim() as f64;
+    let base: Vec<f64> = (0..spec.rotary_dim() / 2)
         .map(|i| 1.0 / spec.rope_theta.powf(2.0 * i as f64 / d))
         .collect();
     let scaled: Vec<f64> = match spec.rope_scaling {
@@ -212,6 +214,19 @@ pub(crate) fn inverse_frequencies(spec: &ModelSpec) -> Vec<f32> {
                     }
                 })
                 .collect()
+        }
+        RopeScaling::LongRope {
+            ref short_factor,
+            ref long_factor,
+            original_max_position_embeddings,
+            ..
+        } => {
+            let ext = if seq_len > original_max_position_embeddings {
+                long_factor
+            } else {
+                short_factor
+            };
+            base.iter().zip(ext).map(|(f, e)| f / e).collect()
         }
     };
     scaled.into_iter().map(|f| f as f32).collect()
@@ -250,7 +265,6 @@ impl PlainModel {
         honoured(&spec);
         let device = Device::Cpu;
         Ok(PlainModel {
-            inv_freq: inverse_frequencies(&spec),
             cache: vec![None; spec.num_hidden_layers],
             cached: 0,
             norm: load(ckpt, &TensorId::FinalNorm.hf_name(), &device)?,
@@ -361,15 +375,17 @@ impl PlainModel {
 
     /// cos/sin [T, D/2] for positions `start .. start + t`.
     fn rope_tables(&self, start: usize, t: usize) -> candle_core::Result<(Tensor, Tensor)> {
-        let half = self.inv_freq.len();
+        let inv_freq = inverse_frequencies(&self.spec, start + t);
+        let scale = self.spec.rope_scaling.attention_factor() as f32;
+        let half = inv_freq.len();
         let mut cos = Vec::with_capacity(t * half);
         let mut sin = Vec::with_capacity(t * half);
         for p in start..start + t {
-            for &f in &self.inv_freq {
+            for &f in &inv_freq {
                 // f32 product as in HF (position × inv_freq in float32), then cos/sin.
                 let angle = p as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+                cos.push(angle.cos() * scale);
+                sin.push(angle.sin() * scale);
             }
         }
         Ok((
@@ -566,6 +582,8 @@ fn honoured(spec: &ModelSpec) {
         // `attention`: per-head norms, blocks without RoPE.
         qk_norm: _,
         no_rope_layers: _,
+        // `inverse_frequencies` and `rope`: RoPE on the leading dimensions only.
+        partial_rotary_dim: _,
         // `Reference::check_tokens` refuses sequences past the context or the window.
         max_position_embeddings: _,
         sliding_window: _,
@@ -671,14 +689,19 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     x.broadcast_mul(&inv)?.broadcast_mul(w)
 }
 
-/// HF rotate-half rope on [heads, T, D] with cos/sin [T, D/2].
+/// HF rotate-half rope on [heads, T, D] with cos/sin [T, R/2]: the first R dimensions rotate,
+/// the other D - R pass through (partial RoPE; R = D otherwise).
 fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
-    let d = x.dim(D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let (d, half) = (x.dim(D::Minus1)?, cos.dim(D::Minus1)?);
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
     let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
     let b = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
-    Tensor::cat(&[a, b], D::Minus1)
+    if 2 * half == d {
+        return Tensor::cat(&[a, b], D::Minus1);
+    }
+    let pass = x.narrow(D::Minus1, 2 * half, d - 2 * half)?;
+    Tensor::cat(&[a, b, pass], D::Minus1)
 }
 
 /// Numerically stable softmax over the last dimension.

@@ -524,7 +524,7 @@ fn quantize_model(
     }
     let seg = options
         .segment_len
-        .clamp(16, spec.max_position_embeddings.max(16));
+        .clamp(16, spec.package_context().max(16));
     let mut xs: Vec<Tensor> = tokens
         .chunks(seg)
         .map(|c| embed_rows(ckpt, c))

@@ -86,6 +86,7 @@ impl LlamaHParams {
             sliding_window: None,
             qk_norm: false,
             no_rope_layers: Vec::new(),
+            partial_rotary_dim: None,
         })
     }
 }

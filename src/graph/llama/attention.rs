@@ -1,5 +1,6 @@
 //! One block's self-attention: q/k/v projections (with Qwen2's biases), heads, Qwen3's
-//! per-head q/k norms, rotate-half RoPE (not in SmolLM3's NoPE blocks), the layer's cache rows joined with the new keys and values, GQA expansion, scaled
+//! per-head q/k norms, rotate-half RoPE (not in SmolLM3's NoPE blocks; on the leading part of
+//! each head with Phi-4-mini's partial RoPE), the layer's cache rows joined with the new keys and values, GQA expansion, scaled
 //! dot-product attention under the shared mask, and the o projection.
 
 use super::linear::{Projections, Weights};
@@ -92,8 +93,8 @@ fn qkv(
     if !shared.rope_in_layer[l] {
         return Ok((qh, kh, vh));
     }
-    let qr = apply_rope(b, &qh, shared, &format!("{tag}_q_rope"));
-    let kr = apply_rope(b, &kh, shared, &format!("{tag}_k_rope"));
+    let qr = apply_rope(b, &qh, dims.h, shared, &format!("{tag}_q_rope"));
+    let kr = apply_rope(b, &kh, dims.hkv, shared, &format!("{tag}_k_rope"));
     Ok((qr, kr, vh))
 }
 
@@ -130,27 +131,52 @@ fn heads(b: &mut Builder, t: &str, n: usize, dims: &Dims, name: &str) -> String 
     )
 }
 
-/// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the last axis.
-fn apply_rope(b: &mut Builder, x: &str, shared: &Shared, name: &str) -> String {
-    let halves = b.op_multi(
-        Op::Split,
-        &[&format!("{name}_lo"), &format!("{name}_hi")],
+/// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the last axis of x
+/// [1, n, Q, D]. With partial RoPE only the first R dimensions form [a, b]; the rest are
+/// carried along into the rotated copy, where the table's sin 0 (and cos 1) leave x's own.
+fn apply_rope(b: &mut Builder, x: &str, n: usize, shared: &Shared, name: &str) -> String {
+    let (d, r) = (shared.dims.d, shared.rotary);
+    let pieces: Vec<String> = if r == d {
+        b.op_multi(
+            Op::Split,
+            &[&format!("{name}_lo"), &format!("{name}_hi")],
+            vec![
+                ("x", var(x)),
+                ("num_splits", Arg::Int(2)),
+                ("axis", Arg::Int(-1)),
+            ],
+        )
+    } else {
+        let end = [1, n as i64, shared.dims.q as i64];
+        let mut slice = |from: usize, to: usize, part: &str| {
+            b.op(
+                Op::SliceByIndex,
+                &format!("{name}_{part}"),
+                vec![
+                    ("x", var(x)),
+                    ("begin", ints(&[0, 0, 0, from as i64])),
+                    ("end", ints(&[end[0], end[1], end[2], to as i64])),
+                ],
+            )
+        };
         vec![
-            ("x", var(x)),
-            ("num_splits", Arg::Int(2)),
-            ("axis", Arg::Int(-1)),
-        ],
-    );
+            slice(0, r / 2, "lo"),
+            slice(r / 2, r, "hi"),
+            slice(r, d, "pass"),
+        ]
+    };
     let neg_hi = b.op(
         Op::Mul,
         &format!("{name}_neg_hi"),
-        vec![("x", var(&halves[1])), ("y", Arg::Float(-1.0))],
+        vec![("x", var(&pieces[1])), ("y", Arg::Float(-1.0))],
     );
+    let mut rotated = vec![neg_hi, pieces[0].clone()];
+    rotated.extend(pieces.get(2).cloned());
     let rot = b.op(
         Op::Concat,
         &format!("{name}_rotated"),
         vec![
-            ("values", Arg::Vars(vec![neg_hi, halves[0].clone()])),
+            ("values", Arg::Vars(rotated)),
             ("axis", Arg::Int(-1)),
             ("interleave", Arg::Bool(false)),
         ],

@@ -21,8 +21,9 @@ pub(super) struct Tables {
 impl Tables {
     pub(super) fn new(b: &mut Builder, spec: &ModelSpec, dims: &Dims) -> Self {
         let (s, q, d) = (dims.s, dims.q, dims.d);
-        let inv = rope::inv_freq(d, spec.rope_theta, &spec.rope_scaling);
-        let (cos_t, sin_t) = rope::tables(s, d, &inv);
+        let inv = rope::inv_freq(spec.rotary_dim(), spec.rope_theta, &spec.rope_scaling);
+        let scale = spec.rope_scaling.attention_factor();
+        let (cos_t, sin_t) = rope::tables(s, d, &inv, scale);
         let to16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<_>>();
         let cos = b.constant("rope_cos", vec![s, d], ConstData::F16(to16(cos_t)), None);
         let sin = b.constant("rope_sin", vec![s, d], ConstData::F16(to16(sin_t)), None);

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use super::scaling::Scaling;
 use super::{ints, var, Arg, Builder, DType, Graph, GraphError, Op, Weight};
-use crate::arch::{LayerTensor, ModelSpec, TensorId};
+use crate::arch::{LayerTensor, ModelSpec, RopeScaling, TensorId};
 use crate::mil::contract;
 use linear::{Projections, Weights};
 
@@ -97,6 +97,8 @@ struct Shared {
     qk_norm_eps: Option<f64>,
     /// Per block: whether it rotates q and k (SmolLM3's NoPE blocks do not).
     rope_in_layer: Vec<bool>,
+    /// The leading dimensions of each head RoPE rotates (D unless partial, Phi-4-mini).
+    rotary: usize,
     /// This step's RoPE rows [Q, D].
     cos: String,
     sin: String,
@@ -128,10 +130,12 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         rms_norm_eps: _,
         tie_word_embeddings: _,
         rope_theta: _,
-        rope_scaling: _,
+        rope_scaling,
         attention_bias: _,
         qk_norm: _,
         no_rope_layers: _,
+        // Partial RoPE: the tables (`mask::Tables`) and the rotation (`attention::apply_rope`).
+        partial_rotary_dim: _,
         // Not math: metadata and the run's limits.
         max_position_embeddings: _,
         dtype: _,
@@ -139,6 +143,22 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         eos_token_ids: _,
         sliding_window,
     } = spec;
+    // LongRoPE switches to its long factors once the sequence outgrows the original
+    // context; a package's tables are fixed, so its context stays within it.
+    if let RopeScaling::LongRope {
+        original_max_position_embeddings: original,
+        ..
+    } = rope_scaling
+    {
+        if max_seq_len > *original {
+            return Err(GraphError::Unsupported(format!(
+                "`rope_scaling` longrope uses its long factors past \
+                 original_max_position_embeddings = {original} tokens and its short ones \
+                 within it, as the sequence grows; a package's RoPE tables are fixed: use \
+                 --max-seq-len {original} or less"
+            )));
+        }
+    }
     // No windowed mask: a window only matters once the context outgrows it.
     if let Some(window) = *sliding_window {
         if max_seq_len > window {
@@ -185,6 +205,7 @@ pub fn build(
         attention_bias: spec.attention_bias,
         qk_norm_eps: spec.qk_norm.then_some(spec.rms_norm_eps),
         rope_in_layer: (0..l_count).map(|l| spec.uses_rope(l)).collect(),
+        rotary: spec.rotary_dim(),
         cos,
         sin,
         mask,
