@@ -4,6 +4,8 @@
 //! device's app memory limit less a safety margin. Everything but the KV cache and the
 //! attention scores is independent of S, so the largest S that fits is found by bisection.
 
+pub mod chain;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
