@@ -118,11 +118,7 @@ pub enum ChainError {
         "{unit} alone needs {need} bytes, over the package size limit of {limit} bytes: no split \
          at block boundaries fits; raise --max-package-size or use a recipe with fewer bits"
     )]
-    UnitTooLarge {
-        unit: String,
-        need: u64,
-        limit: u64,
-    },
+    UnitTooLarge { unit: String, need: u64, limit: u64 },
 }
 
 /// Split `m` into packages of at most `limit` bytes each: one package when the whole model
@@ -232,7 +228,10 @@ mod tests {
         for x in &p.parts {
             assert_eq!(x.layers.start, next, "{p:?}");
             assert!(x.layers.end >= x.layers.start);
-            assert!(!x.layers.is_empty() || x.embedding || x.head, "empty part: {p:?}");
+            assert!(
+                !x.layers.is_empty() || x.embedding || x.head,
+                "empty part: {p:?}"
+            );
             next = x.layers.end;
         }
         assert_eq!(next, layers);
@@ -296,7 +295,11 @@ mod tests {
             let blocks: Vec<u64> = (0..layers).map(|_| 1 + rng.next_u64() % 200).collect();
             let tied = rng.next_u64() % 2 == 0;
             let emb = 1 + rng.next_u64() % 300;
-            let head = if tied { emb + 1 } else { 1 + rng.next_u64() % 300 };
+            let head = if tied {
+                emb + 1
+            } else {
+                1 + rng.next_u64() % 300
+            };
             let m = model(emb, &blocks, head, tied);
             let limit = 50 + rng.next_u64() % 800;
             match plan(&m, limit) {
