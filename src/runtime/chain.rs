@@ -152,17 +152,17 @@ impl Chain {
 /// A saved model: one package, or a chain directory (what `run` and `validate` take).
 #[derive(Debug)]
 pub enum Saved {
-    Package(Package),
-    Chain(Chain),
+    Package(Box<Package>),
+    Chain(Box<Chain>),
 }
 
 impl Saved {
     /// A chain when `path` holds a chain file, else a package.
     pub fn load(path: &Path, options: Options) -> Result<Self, RuntimeError> {
         if chain::is_chain(path) {
-            Ok(Saved::Chain(Chain::load(path, options)?))
+            Ok(Saved::Chain(Box::new(Chain::load(path, options)?)))
         } else {
-            Ok(Saved::Package(Package::load(path, options)?))
+            Ok(Saved::Package(Box::new(Package::load(path, options)?)))
         }
     }
 
