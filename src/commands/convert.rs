@@ -192,6 +192,24 @@ fn print_summary(summary: &ConvertSummary) {
         summary.bits_per_weight,
         fmt_count(summary.parameters)
     );
+    if let Some(chain) = &summary.chain {
+        println!(
+            "  a chain of {} packages (chain.json; run, validate and lint take {}):",
+            chain.parts.len(),
+            o.package.display()
+        );
+        for p in &chain.parts {
+            println!(
+                "    {}  layers {}..{}{}{}  {}",
+                p.path,
+                p.layers.start,
+                p.layers.end,
+                if p.embedding { ", embedding" } else { "" },
+                if p.head { ", lm_head" } else { "" },
+                fmt_bytes(p.bytes)
+            );
+        }
+    }
     let tm = &summary.times;
     println!(
         "  time: read {:.2}s, calibrate {:.2}s, palettize {:.2}s, build {:.2}s, serialize {:.2}s, total {:.2}s",
