@@ -14,7 +14,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::arch::{ModelSpec, TensorSlot};
+use crate::arch::{ModelSpec, Role, TensorSlot};
 
 /// Bytes each part carries besides its weights: the RoPE tables ([S, D] fp16, twice), the
 /// mask constants, the program and the package files. A fixed allowance per part keeps the
@@ -60,7 +60,7 @@ impl ModelBytes {
             let b = bytes(s);
             match (s.layer, s.role) {
                 (Some(l), _) if l < m.blocks.len() => m.blocks[l] += b,
-                (_, crate::arch::Role::Embedding) => m.embedding += b,
+                (_, Role::Embedding) => m.embedding += b,
                 _ => m.head += b,
             }
         }
@@ -285,6 +285,51 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("--max-package-size"));
+    }
+
+    /// Llama 3.1 8B (published shapes) with 4-bit projections at S = 2048 under the iPhone's
+    /// 1 GB: its untied fp16 tables are 1.05 GB each, so with them in fp16 no split fits (the
+    /// error names the embedding); with 8-bit tables every part fits.
+    #[test]
+    fn llama_8b_splits_under_one_gigabyte_only_with_compressed_tables() {
+        use crate::arch::expected_tensors;
+        use crate::quant::Storage;
+        let spec = ModelSpec::from_config_str(
+            r#"{"architectures": ["LlamaForCausalLM"], "vocab_size": 128256,
+                "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "tie_word_embeddings": false, "rope_theta": 500000.0,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                "torch_dtype": "bfloat16"}"#,
+        )
+        .unwrap();
+        let slots = expected_tensors(&spec);
+        let per_part = part_overhead_bytes(&spec, 2048);
+        let measure = |table_bits: Option<u8>| {
+            let storage = move |s: &TensorSlot| match (s.role, table_bits) {
+                (r, _) if r.is_projection() => Storage::Lut { nbits: 4, luts: 1 },
+                (Role::Embedding | Role::LmHead, Some(nbits)) => Storage::Lut { nbits, luts: 1 },
+                _ => Storage::Fp16,
+            };
+            let m = ModelBytes::measure(&spec, &slots, per_part, |s| storage(s).bytes(s.numel()));
+            let total = crate::budget::weights_bytes(&slots, storage);
+            assert_eq!(m.embedding + m.blocks.iter().sum::<u64>() + m.head, total);
+            m
+        };
+        let fp16 = measure(None);
+        assert_eq!(fp16.embedding, 128_256 * 4096 * 2);
+        match plan(&fp16, 1_000_000_000) {
+            Err(ChainError::UnitTooLarge { unit, .. }) => assert_eq!(unit, "the token embedding"),
+            other => panic!("{other:?}"),
+        }
+        let m = measure(Some(8));
+        let p = plan(&m, 1_000_000_000).unwrap();
+        check_cover(&m, &p);
+        assert!(p.parts.iter().all(|x| x.bytes <= 1_000_000_000), "{p:#?}");
+        // 3.5 GB of 4-bit blocks and two 0.53 GB tables: at least 5 parts.
+        assert!(p.parts.len() >= 5, "{p:#?}");
     }
 
     #[test]

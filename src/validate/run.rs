@@ -127,7 +127,11 @@ pub fn validate(
     );
     report.contract = match &package {
         Saved::Package(_) => check_contract(&raws[0], &c, ckpt),
-        Saved::Chain(ch) => check_chain(ch.chain(), &raws, ckpt),
+        Saved::Chain(ch) => {
+            let mut items = check_chain(ch.chain(), &raws, ckpt);
+            items.extend(check_hashes(pkg_path, ch.chain()));
+            items
+        }
     };
     report.lint = Some(crate::lint::lint_saved(
         pkg_path,
@@ -285,6 +289,44 @@ fn check_chain(chain: &ChainFile, pkgs: &[MlPackage], ckpt: &Checkpoint) -> Vec<
         items.extend(check_part(part, pkg, c, chain.hidden_size));
     }
     items
+}
+
+/// Each part's files hash as the chain file recorded: the parts are the ones converted together.
+fn check_hashes(dir: &Path, chain: &ChainFile) -> Vec<ContractItem> {
+    let mut items = Vec::new();
+    for part in &chain.parts {
+        let root = ChainFile::part_path(dir, part).join("Data/com.apple.CoreML");
+        for (file, want) in &part.sha256 {
+            let path = match file.as_str() {
+                "weight.bin" => root.join("weights/weight.bin"),
+                other => root.join(other),
+            };
+            let found = sha256_file(&path).unwrap_or_else(|e| format!("unreadable: {e}"));
+            items.push(item(
+                &format!("{}: sha256 of {file}", part.path),
+                want,
+                found,
+            ));
+        }
+    }
+    items
+}
+
+/// sha256 of a file as lowercase hex, read in 1 MiB chunks.
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = crate::fsutil::open_input(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// One part's spec version and I/O names, dtypes and shapes.
