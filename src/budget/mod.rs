@@ -4,6 +4,8 @@
 //! device's app memory limit less a safety margin. Everything but the KV cache and the
 //! attention scores is independent of S, so the largest S that fits is found by bisection.
 
+pub mod chain;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -38,7 +40,14 @@ pub struct Device {
     pub app_limit_increased_bytes: u64,
     pub safety_margin: f64,
     pub runtime_overhead_bytes: u64,
+    /// The largest package `convert` writes for this device before splitting into a chain.
+    pub max_package_size_bytes: u64,
 }
+
+/// The largest package when no device is named: the iPhone Neural Engine's 1 GB (10^9 bytes,
+/// the reading the lint uses: docs/design.md "Neural Engine readiness"), so a conversion runs
+/// on the Neural Engine wherever it is deployed.
+pub const DEFAULT_MAX_PACKAGE_BYTES: u64 = 1_000_000_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +61,7 @@ struct RawDevices {
 struct RawDefaults {
     safety_margin: Option<f64>,
     runtime_overhead: Option<String>,
+    max_package_size: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -63,6 +73,7 @@ struct RawDevice {
     app_limit_increased: String,
     safety_margin: Option<f64>,
     runtime_overhead: Option<String>,
+    max_package_size: Option<String>,
 }
 
 /// A size that [`parse_size`] cannot read.
@@ -151,6 +162,14 @@ impl Devices {
             Some(s) => parse_size(&s).map_err(|e| err(e.to_string()))?,
             None => 0,
         };
+        let def_package = match raw
+            .defaults
+            .as_ref()
+            .and_then(|d| d.max_package_size.clone())
+        {
+            Some(s) => parse_size(&s).map_err(|e| err(e.to_string()))?,
+            None => DEFAULT_MAX_PACKAGE_BYTES,
+        };
         let mut devices = Vec::new();
         for (id, d) in raw.devices {
             let size = |s: &str| parse_size(s).map_err(|m| err(format!("device `{id}`: {m}")));
@@ -169,6 +188,10 @@ impl Devices {
                 runtime_overhead_bytes: match &d.runtime_overhead {
                     Some(s) => size(s)?,
                     None => def_overhead,
+                },
+                max_package_size_bytes: match &d.max_package_size {
+                    Some(s) => size(s)?,
+                    None => def_package,
                 },
                 id,
             });

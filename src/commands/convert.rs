@@ -47,6 +47,11 @@ pub struct Args {
     /// Convert even when the budget says the plan does not fit the device.
     #[arg(long, requires = "device")]
     pub allow_over_budget: bool,
+    /// Split the model into a chain of packages of at most SIZE each when it does not fit in
+    /// one (bytes, or with a unit: 900MB, 1GiB). Default: the --device profile's (1 GB for
+    /// iPhones, 2 GiB for Macs), else 1 GB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_package_size)]
+    pub max_package_size: Option<u64>,
     /// Replace an existing output.
     #[arg(long)]
     pub force: bool,
@@ -76,6 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         device: args.device.clone(),
         increased_memory_limit: args.increased_memory_limit,
         allow_over_budget: args.allow_over_budget,
+        max_package_size: args.max_package_size,
         force: args.force,
         python_env: args.python_env.clone(),
     };
@@ -216,6 +222,24 @@ fn print_summary(summary: &ConvertSummary) {
         summary.bits_per_weight,
         fmt_count(summary.parameters)
     );
+    if let Some(chain) = &summary.chain {
+        println!(
+            "  a chain of {} packages (chain.json; run, validate and lint take {}):",
+            chain.parts.len(),
+            o.package.display()
+        );
+        for p in &chain.parts {
+            println!(
+                "    {}  layers {}..{}{}{}  {}",
+                p.path,
+                p.layers.start,
+                p.layers.end,
+                if p.embedding { ", embedding" } else { "" },
+                if p.head { ", lm_head" } else { "" },
+                fmt_bytes(p.bytes)
+            );
+        }
+    }
     let tm = &summary.times;
     println!(
         "  time: read {:.2}s, calibrate {:.2}s, palettize {:.2}s, build {:.2}s, serialize {:.2}s, total {:.2}s",
@@ -227,4 +251,13 @@ fn print_summary(summary: &ConvertSummary) {
         sc["residual_scale"],
         sc["source"].as_str().unwrap_or("")
     );
+}
+
+/// `--max-package-size`: a size, at least 1 byte.
+fn parse_package_size(s: &str) -> Result<u64, String> {
+    match hf2coreml::budget::parse_size(s) {
+        Ok(0) => Err("a package size must be at least 1 byte".into()),
+        Ok(b) => Ok(b),
+        Err(e) => Err(e.to_string()),
+    }
 }

@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use hf2coreml::error::CheckFailed;
-use hf2coreml::lint::{lint, LintReport, Policy};
+use hf2coreml::lint::{lint_saved, LintReport, Policy};
 use hf2coreml::util::{fmt_bytes, fmt_count};
 
 /// Severities `--deny` can add to the failing ones (error and fallback always fail).
@@ -14,7 +14,8 @@ pub enum DenyArg {
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The .mlpackage to check (any ML Program package, not only hf2coreml's).
+    /// The .mlpackage to check (any ML Program package, not only hf2coreml's), or a chain of
+    /// packages (each part checked on its own).
     pub package: PathBuf,
     /// Make cost-level findings fail as well.
     #[arg(long, value_enum)]
@@ -35,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         deny_cost: args.deny.contains(&DenyArg::Cost),
         allow: args.allow.clone(),
     };
-    let report = lint(&args.package, &policy)
+    let report = lint_saved(&args.package, &policy)
         .with_context(|| format!("cannot lint {}", args.package.display()))?;
     if args.json {
         super::print_json(&report)?;

@@ -4,11 +4,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use hf2coreml::runtime::chain::Saved;
 use hf2coreml::runtime::chat::ChatTemplate;
 use hf2coreml::runtime::generate::{
     GenerateError, GenerateOptions, Generation, Generator, StopReason,
 };
-use hf2coreml::runtime::interp::{Compute, Options, Package};
+use hf2coreml::runtime::interp::{Compute, Options};
 use hf2coreml::runtime::sampling::SamplingParams;
 use hf2coreml::runtime::text::{self, Prompt, TextError};
 use tokenizers::Tokenizer;
@@ -23,7 +24,7 @@ pub enum ComputeArg {
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The .mlpackage to run.
+    /// The .mlpackage to run, or a chain of packages (the directory `convert` wrote).
     pub package: PathBuf,
     /// Text to continue (tokenized with the package's tokenizer).
     #[arg(
@@ -135,7 +136,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ComputeArg::F32 => Compute::F32,
         },
     };
-    let package = Package::load(&args.package, options)
+    let package = Saved::load(&args.package, options)
         .with_context(|| format!("cannot load {}", args.package.display()))?;
     let mut generator = Generator::new(package)?;
     let opts = GenerateOptions {

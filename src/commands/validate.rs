@@ -123,13 +123,7 @@ fn recorded_checkpoint(package: &Path) -> anyhow::Result<PathBuf> {
             hf2coreml::runtime::text::beside_package(package, "report.json").display()
         )));
     };
-    let pkg = hf2coreml::mlpackage::MlPackage::open(package)
-        .with_context(|| format!("cannot read {}", package.display()))?;
-    let contract: Contract = pkg
-        .description()
-        .user_defined
-        .get(contract::METADATA_KEY)
-        .and_then(|json| serde_json::from_str(json).ok())
+    let contract = recorded_contract(package)?
         .ok_or_else(|| ask("it carries no hf2coreml contract".into()))?;
     for (name, recorded) in &contract.source.files {
         let found = hf2coreml::fsutil::sha256_file(&source.join(name)).ok();
@@ -150,4 +144,20 @@ fn recorded_checkpoint(package: &Path) -> anyhow::Result<PathBuf> {
         source.display()
     ));
     Ok(source)
+}
+
+/// The contract a package (or a chain's `chain.json`) declares, if it declares one.
+fn recorded_contract(package: &Path) -> anyhow::Result<Option<Contract>> {
+    if hf2coreml::mil::chain::is_chain(package) {
+        let chain = hf2coreml::mil::chain::ChainFile::read(package)
+            .with_context(|| format!("cannot read {}", package.display()))?;
+        return Ok(Some(chain.contract));
+    }
+    let pkg = hf2coreml::mlpackage::MlPackage::open(package)
+        .with_context(|| format!("cannot read {}", package.display()))?;
+    Ok(pkg
+        .description()
+        .user_defined
+        .get(contract::METADATA_KEY)
+        .and_then(|json| serde_json::from_str(json).ok()))
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::mil::chain;
 use crate::mil::contract::{self, Contract};
 
 /// What the bridge writes into the model description.
@@ -100,5 +101,57 @@ impl Metadata {
             input_descriptions,
             output_descriptions,
         })
+    }
+}
+
+impl Metadata {
+    /// Metadata of one part of a chain (docs/design.md, "Chained packages"): the part's own
+    /// description under [`chain::PART_METADATA_KEY`] (index, layers, I/O and the model's
+    /// contract) instead of a contract, and descriptions of the inputs and outputs it has.
+    pub fn for_part(
+        c: &Contract,
+        part: &chain::ChainPart,
+        index: usize,
+        count: usize,
+        model_name: &str,
+    ) -> Result<Self, serde_json::Error> {
+        let mut m = Self::for_contract(c, model_name)?;
+        m.user_defined.remove(contract::METADATA_KEY);
+        let described = serde_json::json!({
+            "format": chain::CHAIN_FORMAT,
+            "index": index,
+            "count": count,
+            "layers": part.layers,
+            "embedding": part.embedding,
+            "head": part.head,
+            "inputs": part.inputs,
+            "outputs": part.outputs,
+            "contract": c,
+        });
+        m.user_defined.insert(
+            chain::PART_METADATA_KEY.to_string(),
+            serde_json::to_string(&described)?,
+        );
+        let hidden = format!(
+            "[1, {}, hidden] the residual stream times the residual scale, passed between parts",
+            c.query_len
+        );
+        let keep = |io: &[contract::IoSpec], d: &mut BTreeMap<String, String>| {
+            d.retain(|k, _| io.iter().any(|x| &x.name == k));
+            for name in [chain::HIDDEN_IN, chain::HIDDEN_OUT] {
+                if io.iter().any(|x| x.name == name) {
+                    d.insert(name.to_string(), hidden.clone());
+                }
+            }
+        };
+        keep(&part.inputs, &mut m.input_descriptions);
+        keep(&part.outputs, &mut m.output_descriptions);
+        m.short_description = format!(
+            "{model_name}: part {} of {count} of a chained model, layers {:?} ({})",
+            index + 1,
+            part.layers,
+            m.short_description
+        );
+        Ok(m)
     }
 }

@@ -28,6 +28,8 @@ pub enum LintError {
     },
     #[error("unknown rule `{0}`; the rules are: {1}")]
     UnknownRule(String, String),
+    #[error(transparent)]
+    Chain(#[from] crate::mil::chain::ChainFileError),
 }
 
 /// What the caller tolerates.
@@ -183,6 +185,48 @@ impl Collector {
             },
         ));
     }
+}
+
+/// Lint a package, or every part of a chain (docs/design.md, "Chained packages") as one
+/// report: each part is checked on its own (each is a package the device loads alone), the
+/// findings name their part, and the counts and sizes are summed.
+pub fn lint_saved(path: &Path, policy: &Policy) -> Result<LintReport, LintError> {
+    use crate::mil::chain::{is_chain, ChainFile};
+    if !is_chain(path) {
+        return lint(path, policy);
+    }
+    let chain = ChainFile::read(path)?;
+    let mut all: Option<LintReport> = None;
+    for part in &chain.parts {
+        let mut r = lint(&ChainFile::part_path(path, part), policy)?;
+        for f in &mut r.findings {
+            f.value = format!("{}: {}", part.path, f.value);
+        }
+        all = Some(match all {
+            None => r,
+            Some(mut a) => {
+                a.passed &= r.passed;
+                a.counts.error += r.counts.error;
+                a.counts.fallback += r.counts.fallback;
+                a.counts.cost += r.counts.cost;
+                a.summary.ops += r.summary.ops;
+                a.summary.ops_on_neural_engine += r.summary.ops_on_neural_engine;
+                a.summary.weight_bytes += r.summary.weight_bytes;
+                a.summary.weight_bytes_on_neural_engine += r.summary.weight_bytes_on_neural_engine;
+                a.summary.package_bytes += r.summary.package_bytes;
+                a.findings.extend(r.findings);
+                a
+            }
+        });
+    }
+    let mut all = all.ok_or_else(|| {
+        LintError::Chain(crate::mil::chain::ChainFileError::Invalid {
+            path: path.to_path_buf(),
+            message: "no parts".into(),
+        })
+    })?;
+    all.package = path.display().to_string();
+    Ok(all)
 }
 
 /// Lint the package at `path`.

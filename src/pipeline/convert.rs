@@ -44,7 +44,7 @@ impl ComputePrecision {
         }
     }
 
-    fn dtype(self) -> DType {
+    pub(super) fn dtype(self) -> DType {
         match self {
             ComputePrecision::Fp16 => DType::F16,
             ComputePrecision::Fp32 => DType::F32,
@@ -67,6 +67,9 @@ pub struct ConvertOptions {
     pub python_env: PythonEnv,
     /// What the package is made from, recorded in `X.report.json` (see [`Inputs`]).
     pub inputs: Option<Inputs>,
+    /// Split into a chain of packages of at most this many bytes each when the model does not
+    /// fit in one (docs/design.md, "Chained packages"); `None`: always one package.
+    pub max_package_size: Option<u64>,
 }
 
 /// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
@@ -172,9 +175,15 @@ pub enum ConvertError {
         "tensor `{tensor}`: {granularity} palettization needs iOS18; iOS17 packages take one LUT per tensor"
     )]
     Granularity { tensor: String, granularity: String },
+    #[error("{}: cannot split into packages: {source}", .path.display())]
+    Chain {
+        path: PathBuf,
+        #[source]
+        source: crate::budget::chain::ChainError,
+    },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError + '_ {
+pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError + '_ {
     move |source| ConvertError::Io {
         path: path.to_path_buf(),
         source,
@@ -253,6 +262,9 @@ pub struct ConvertSummary {
     /// The checkpoint directory converted (absolute): `validate PKG` without `--against`
     /// validates against it while its files still hash as the contract records.
     pub source: PathBuf,
+    /// The chain's description when the model was split into several packages.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain: Option<crate::mil::chain::ChainFile>,
 }
 
 /// The names of the files whose hashes identify the source checkpoint.
@@ -455,6 +467,19 @@ pub fn convert(
         .map(|(k, w)| (k.clone(), w.label()))
         .collect();
     let parameters: u64 = ckpt.slots().iter().map(|s| s.numel() as u64).sum();
+    if let Some(limit) = opts.max_package_size {
+        let plan = super::chain::plan(ckpt, opts, &weights, limit)?;
+        if !plan.is_single() {
+            let job = super::chain::ChainJob {
+                plan,
+                tensors,
+                parameters,
+                recipe,
+                palettize,
+            };
+            return super::chain::convert_chain(ckpt, opts, weights, job, times, progress);
+        }
+    }
 
     let t = Instant::now();
     let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
@@ -487,25 +512,8 @@ pub fn convert(
     let emit = emit?;
     times.serialize = t.elapsed().as_secs_f64();
 
-    // Sidecars: written after the package, each atomically.
-    let tokenizer_src = ckpt.dir().join("tokenizer.json");
     let mut outputs = outputs;
-    if tokenizer_src.is_file() {
-        let dest = outputs.tokenizer.clone().unwrap_or_default();
-        let bytes =
-            read_input(&tokenizer_src, MAX_TOKENIZER_BYTES).map_err(io_err(&tokenizer_src))?;
-        atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
-    } else {
-        outputs.tokenizer = None;
-    }
-    let config_src = ckpt.dir().join("tokenizer_config.json");
-    match outputs.tokenizer_config.clone() {
-        Some(dest) if config_src.is_file() => {
-            let bytes = read_input(&config_src, MAX_CONFIG_BYTES).map_err(io_err(&config_src))?;
-            atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
-        }
-        _ => outputs.tokenizer_config = None,
-    }
+    write_sidecars(ckpt, &mut outputs)?;
     let package_bytes = dir_bytes(&outputs.package).map_err(io_err(&outputs.package))?;
     let wb = weight_bin(&outputs.package);
     let weight_bin_bytes = std::fs::metadata(&wb).map_err(io_err(&wb))?.len();
@@ -524,16 +532,46 @@ pub fn convert(
         palettize,
         inputs: opts.inputs.clone(),
         source: std::path::absolute(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf()),
+        chain: None,
     };
+    write_report(&summary)?;
+    Ok(summary)
+}
+
+/// The tokenizer and its config beside the package, each written atomically after the package;
+/// `outputs` loses the ones the checkpoint does not have.
+pub(super) fn write_sidecars(ckpt: &Checkpoint, outputs: &mut Outputs) -> Result<(), ConvertError> {
+    let tokenizer_src = ckpt.dir().join("tokenizer.json");
+    if tokenizer_src.is_file() {
+        let dest = outputs.tokenizer.clone().unwrap_or_default();
+        let bytes =
+            read_input(&tokenizer_src, MAX_TOKENIZER_BYTES).map_err(io_err(&tokenizer_src))?;
+        atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
+    } else {
+        outputs.tokenizer = None;
+    }
+    let config_src = ckpt.dir().join("tokenizer_config.json");
+    match outputs.tokenizer_config.clone() {
+        Some(dest) if config_src.is_file() => {
+            let bytes = read_input(&config_src, MAX_CONFIG_BYTES).map_err(io_err(&config_src))?;
+            atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
+        }
+        _ => outputs.tokenizer_config = None,
+    }
+    Ok(())
+}
+
+/// `X.report.json`: the summary without the stage times.
+pub(super) fn write_report(summary: &ConvertSummary) -> Result<(), ConvertError> {
     // The file holds what the package is, not how long it took: the same inputs write the
     // same bytes. Stage times are in the returned summary (`convert --json`).
-    let mut recorded = serde_json::to_value(&summary)?;
+    let mut recorded = serde_json::to_value(summary)?;
     if let Some(map) = recorded.as_object_mut() {
         map.remove("times");
     }
     let json = serde_json::to_vec_pretty(&recorded)?;
     atomic_write(&summary.outputs.report, &json).map_err(io_err(&summary.outputs.report))?;
-    Ok(summary)
+    Ok(())
 }
 
 #[cfg(test)]

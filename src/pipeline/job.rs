@@ -232,6 +232,9 @@ pub struct Job {
     pub device: Option<String>,
     pub increased_memory_limit: bool,
     pub allow_over_budget: bool,
+    /// Largest package in bytes before the model is split into a chain; `None`: the device
+    /// profile's, or [`budget::DEFAULT_MAX_PACKAGE_BYTES`] without a device.
+    pub max_package_size: Option<u64>,
     pub force: bool,
     pub python_env: Option<PathBuf>,
 }
@@ -367,7 +370,7 @@ impl Job {
             (Some(p), false) => serde_json::json!(convert::sha256_file(p)?),
             (None, false) => serde_json::json!("measured"),
         };
-        let settings = BTreeMap::from([
+        let mut settings = BTreeMap::from([
             ("max_seq_len".into(), serde_json::json!(self.max_seq_len)),
             ("query_len".into(), serde_json::json!(self.query_len)),
             (
@@ -385,6 +388,10 @@ impl Job {
                 serde_json::json!(self.allow_over_budget),
             ),
         ]);
+        // Recorded only when given, so packages made before chains keep their fingerprint.
+        if let Some(b) = self.max_package_size {
+            settings.insert("max_package_size".into(), serde_json::json!(b));
+        }
         Ok(Inputs::new(
             sources,
             self.recipe.to_toml(),
@@ -453,6 +460,7 @@ impl Job {
             force: self.force,
             python_env,
             inputs: Some(inputs),
+            max_package_size: Some(self.package_limit()?),
         };
         Ok(convert::convert(
             ckpt,
@@ -463,6 +471,18 @@ impl Job {
             times,
             progress,
         )?)
+    }
+
+    /// The largest package before splitting: `--max-package-size`, else the device's, else
+    /// [`budget::DEFAULT_MAX_PACKAGE_BYTES`].
+    pub fn package_limit(&self) -> Result<u64, JobError> {
+        if let Some(b) = self.max_package_size {
+            return Ok(b);
+        }
+        Ok(match &self.device {
+            Some(id) => Devices::builtin().get(id)?.max_package_size_bytes,
+            None => budget::DEFAULT_MAX_PACKAGE_BYTES,
+        })
     }
 
     /// The activation ranges of `--activation-ranges`, read.
@@ -567,6 +587,7 @@ mod tests {
             device: None,
             increased_memory_limit: false,
             allow_over_budget: false,
+            max_package_size: None,
             force: false,
             python_env: None,
         }

@@ -3,6 +3,7 @@
 //! printing.
 
 pub mod batch;
+pub mod chain;
 pub mod convert;
 pub mod inspect;
 pub mod job;

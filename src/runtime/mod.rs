@@ -36,6 +36,7 @@ pub struct StepOutput {
     pub value_update: Vec<f16>,
 }
 
+pub mod chain;
 pub mod chat;
 pub mod generate;
 pub mod sampling;

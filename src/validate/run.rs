@@ -12,14 +12,16 @@ use super::metrics::{compare_logits, WeightError};
 use super::report::{ActivationRange, ContractItem, ValidationReport};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::CheckpointError;
+use crate::mil::chain::{ChainFile, ChainPart};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::PackageError;
 use crate::mlpackage::{MlPackage, Values};
 use crate::model::Reference;
 use crate::model::ReferenceError;
+use crate::runtime::chain::Saved;
 use crate::runtime::generate::GenerateError;
 use crate::runtime::generate::{GenerateOptions, Generator};
-use crate::runtime::interp::{Options, Package, Stats};
+use crate::runtime::interp::{Options, Stats};
 use crate::runtime::{RuntimeError, StepModel, StepOutput};
 
 /// Why validation could not run to a verdict (a failed gate is not an error: it is in the
@@ -82,9 +84,9 @@ pub struct ValidateOptions<'a> {
     pub max_tokens: Option<usize>,
 }
 
-/// A package step that also collects range statistics.
+/// A package (or chain) step that also collects range statistics.
 struct Instrumented<'p> {
-    pkg: &'p Package,
+    pkg: &'p Saved,
     stats: Stats,
 }
 
@@ -138,8 +140,16 @@ pub fn validate(
     ckpt: &Checkpoint,
     opts: &ValidateOptions,
 ) -> Result<ValidationReport, ValidateError> {
-    let raw = MlPackage::open(pkg_path)?;
-    let package = Package::load(pkg_path, opts.interp)?;
+    let package = Saved::load(pkg_path, opts.interp)?;
+    let raws = match &package {
+        Saved::Package(_) => vec![MlPackage::open(pkg_path)?],
+        Saved::Chain(ch) => ch
+            .chain()
+            .parts
+            .iter()
+            .map(|p| MlPackage::open(&ChainFile::part_path(pkg_path, p)))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
     let c = package.contract().clone();
     check_source(&c, ckpt, pkg_path)?;
     let mut reference = Reference::load(ckpt)?;
@@ -149,12 +159,19 @@ pub fn validate(
         reference.backend().as_str(),
         opts.text_name,
     );
-    report.contract = check_contract(&raw, &c, ckpt);
-    report.lint = Some(crate::lint::lint(
+    report.contract = match &package {
+        Saved::Package(_) => check_contract(&raws[0], &c, ckpt),
+        Saved::Chain(ch) => {
+            let mut items = check_chain(ch.chain(), &raws, ckpt);
+            items.extend(check_hashes(pkg_path, ch.chain()));
+            items
+        }
+    };
+    report.lint = Some(crate::lint::lint_saved(
         pkg_path,
         &crate::lint::Policy::default(),
     )?);
-    let (weights, min_bits) = check_weights(&raw, ckpt)?;
+    let (weights, min_bits) = check_weights(&raws, ckpt)?;
     report.weights = weights;
 
     let mut tokens: Vec<u32> = opts.tokens.to_vec();
@@ -281,6 +298,119 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
     items
 }
 
+/// (a) for a chain: the chain's contract against the checkpoint, then each part's spec
+/// version and I/O against the chain file's description of it.
+fn check_chain(chain: &ChainFile, pkgs: &[MlPackage], ckpt: &Checkpoint) -> Vec<ContractItem> {
+    let spec = ckpt.spec();
+    let c = &chain.contract;
+    let mut items = vec![
+        item("contract version", contract::CONTRACT_VERSION, c.version),
+        item("layers", spec.num_hidden_layers, c.num_layers),
+        item("kv heads", spec.num_key_value_heads, c.num_kv_heads),
+        item("head_dim", spec.head_dim, c.head_dim),
+        item("vocab", spec.vocab_size, c.vocab_size),
+        item("hidden size", spec.hidden_size, chain.hidden_size),
+        item(
+            "residual scale",
+            c.scaling
+                .get("residual_scale")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(f64::NAN),
+            chain.residual_scale,
+        ),
+    ];
+    for (part, pkg) in chain.parts.iter().zip(pkgs) {
+        items.extend(check_part(part, pkg, c, chain.hidden_size));
+    }
+    items
+}
+
+/// Each part's files hash as the chain file recorded: the parts are the ones converted together.
+fn check_hashes(dir: &Path, chain: &ChainFile) -> Vec<ContractItem> {
+    let mut items = Vec::new();
+    for part in &chain.parts {
+        let root = ChainFile::part_path(dir, part).join("Data/com.apple.CoreML");
+        for (file, want) in &part.sha256 {
+            let path = match file.as_str() {
+                "weight.bin" => root.join("weights/weight.bin"),
+                other => root.join(other),
+            };
+            let found = sha256_file(&path).unwrap_or_else(|e| format!("unreadable: {e}"));
+            items.push(item(
+                &format!("{}: sha256 of {file}", part.path),
+                want,
+                found,
+            ));
+        }
+    }
+    items
+}
+
+/// sha256 of a file as lowercase hex, read in 1 MiB chunks.
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = crate::fsutil::open_input(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// One part's spec version and I/O names, dtypes and shapes.
+fn check_part(part: &ChainPart, pkg: &MlPackage, c: &Contract, hidden: usize) -> Vec<ContractItem> {
+    let p = &part.path;
+    let mut items = vec![item(
+        &format!("{p}: specificationVersion (iOS17)"),
+        IOS17_SPEC_VERSION,
+        pkg.spec_version(),
+    )];
+    let (inputs, outputs) = ChainPart::io(
+        c,
+        hidden,
+        &part.layers,
+        part.embedding,
+        part.head,
+        &c.compute_precision,
+    );
+    items.push(item(
+        &format!("{p}: inputs as the chain says"),
+        true,
+        inputs == part.inputs,
+    ));
+    items.push(item(
+        &format!("{p}: outputs as the chain says"),
+        true,
+        outputs == part.outputs,
+    ));
+    let desc = pkg.description();
+    for (kind, want, have) in [
+        ("input", inputs, &desc.inputs),
+        ("output", outputs, &desc.outputs),
+    ] {
+        for w in &want {
+            let want_shape: Vec<i64> = w.shape.iter().map(|&d| d as i64).collect();
+            let found = have.iter().find(|f| f.name == w.name);
+            items.push(match found {
+                Some(f) => item(
+                    &format!("{p}: {kind} `{}`", w.name),
+                    format!("{} {want_shape:?}", w.dtype),
+                    format!("{} {:?}", f.dtype, f.shape),
+                ),
+                None => item(&format!("{p}: {kind} `{}`", w.name), "present", "missing"),
+            });
+        }
+        items.push(item(&format!("{p}: {kind} count"), want.len(), have.len()));
+    }
+    items
+}
+
 /// (b): every checkpoint tensor decoded from the package. Scales folded in by the converter
 /// are factored out (the best least-squares scale: one per tensor for fp16 range safety, one
 /// per input column for calibrated projections, whose input-channel scales live in the
@@ -288,16 +418,24 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
 /// projection is stored as row groups `NAME_g0, NAME_g1, ..` (or `NAME`) times `NAME_row_scale`.
 /// Returns the fewest bits any palettized weight has.
 fn check_weights(
-    pkg: &MlPackage,
+    pkgs: &[MlPackage],
     ckpt: &Checkpoint,
 ) -> Result<(Vec<WeightError>, Option<u32>), ValidateError> {
-    let main = pkg.main_function()?;
-    let find = |name: &str| {
-        main.block
-            .operations
-            .iter()
-            .find(|op| op.outputs.first().is_some_and(|o| o.name == name))
+    let mains = pkgs
+        .iter()
+        .map(|p| p.main_function().map(|m| (p, m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    // A chain's parts hold different weights (a tied table twice: the first copy is checked).
+    let find_in = |name: &str| {
+        mains.iter().find_map(|(pkg, main)| {
+            main.block
+                .operations
+                .iter()
+                .find(|op| op.outputs.first().is_some_and(|o| o.name == name))
+                .map(|op| (*pkg, op))
+        })
     };
+    let find = |name: &str| find_in(name).map(|(_, op)| op);
     let mut out = Vec::new();
     let mut min_bits: Option<u32> = None;
     for slot in ckpt.slots() {
@@ -322,7 +460,9 @@ fn check_weights(
         }
         let mut decoded: Vec<f32> = Vec::with_capacity(slot.numel());
         for (part, numel) in &parts {
-            let Some(op) = find(part) else { continue };
+            let Some((pkg, op)) = find_in(part) else {
+                continue;
+            };
             match op.r#type.as_str() {
                 "const" => match op.attributes.get("val") {
                     Some(v) => decoded.extend(floats(pkg.value(v, part)?.values)),
@@ -353,7 +493,7 @@ fn check_weights(
         }
         let scale_name = format!("{name}_row_scale");
         let calibrated = parts.len() > 1 || find(&scale_name).is_some();
-        if let Some(op) = find(&scale_name) {
+        if let Some((pkg, op)) = find_in(&scale_name) {
             if let Some(v) = op.attributes.get("val") {
                 let s = floats(pkg.value(v, &scale_name)?.values);
                 for (r, row) in decoded.chunks_mut(cols).enumerate() {

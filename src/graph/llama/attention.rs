@@ -34,12 +34,14 @@ pub(super) fn attention(
         &format!("{tag}_q_scaled"),
         vec![("x", var(&q)), ("y", Arg::Float(shared.q_scale))],
     );
-    let kc = cache_rows(b, &shared.key_cache, dims, l, &format!("{tag}_key_cache"));
+    // The caches hold this package's layers only: a chain's part starts at `first_layer`.
+    let at = l - shared.first_layer;
+    let kc = cache_rows(b, &shared.key_cache, dims, at, &format!("{tag}_key_cache"));
     let vc = cache_rows(
         b,
         &shared.value_cache,
         dims,
-        l,
+        at,
         &format!("{tag}_value_cache"),
     );
     let keys = join(b, &kc, &k, &format!("{tag}_keys"));

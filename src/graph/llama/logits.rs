@@ -19,14 +19,16 @@ pub(super) struct Head {
     parts: Vec<String>,
 }
 
-/// The embedded tokens times α, and the lm_head (the same constants when tied).
+/// The embedded tokens times α, and the lm_head (the same constants when tied) when
+/// `with_head` (a chain's first part computes no logits: docs/design.md, "Chained packages").
 pub(super) fn embedding_and_head(
     b: &mut Builder,
     weights: &mut Weights,
     tied: bool,
     input_ids: &str,
     alpha: f64,
-) -> Result<(String, Head), GraphError> {
+    with_head: bool,
+) -> Result<(String, Option<Head>), GraphError> {
     let (name, shape, table) = weights.take(TensorId::Embedding)?;
     let widths = contract::logits_widths(shape[0]);
     let table_parts = if tied {
@@ -42,13 +44,25 @@ pub(super) fn embedding_and_head(
             vec![("x", var(&x)), ("y", Arg::Float(alpha))],
         );
     }
-    let parts = if tied {
-        table_parts
-    } else {
-        let (name, shape, w) = weights.take(TensorId::LmHead)?;
-        row_parts(b, &name, &shape, w, &contract::logits_widths(shape[0]))?
+    let head = match (with_head, tied) {
+        (false, _) => None,
+        (true, true) => Some(Head { parts: table_parts }),
+        (true, false) => Some(head(b, weights, false)?),
     };
-    Ok((x, Head { parts }))
+    Ok((x, head))
+}
+
+/// The lm_head alone (the tied table, laid out as [`embedding_and_head`] lays it out), for a
+/// chain's last part, which takes the hidden state instead of token ids.
+pub(super) fn head(b: &mut Builder, weights: &mut Weights, tied: bool) -> Result<Head, GraphError> {
+    let id = if tied {
+        TensorId::Embedding
+    } else {
+        TensorId::LmHead
+    };
+    let (name, shape, w) = weights.take(id)?;
+    let parts = row_parts(b, &name, &shape, w, &contract::logits_widths(shape[0]))?;
+    Ok(Head { parts })
 }
 
 /// One `linear` per part, named as the contract's outputs.

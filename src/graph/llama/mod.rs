@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use super::scaling::Scaling;
 use super::{ints, var, Arg, Builder, DType, Graph, GraphError, Op, Weight};
 use crate::arch::{LayerTensor, ModelSpec, RopeScaling, TensorId};
+use crate::mil::chain::{HIDDEN_IN, HIDDEN_OUT};
 use crate::mil::contract;
 use linear::{Projections, Weights};
 
@@ -99,6 +100,8 @@ struct Shared {
     rope_in_layer: Vec<bool>,
     /// The leading dimensions of each head RoPE rotates (D unless partial, Phi-4-mini).
     rotary: usize,
+    /// The first layer this package runs: its caches' row 0.
+    first_layer: usize,
     /// This step's RoPE rows [Q, D].
     cos: String,
     sin: String,
@@ -172,6 +175,29 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
     Ok(())
 }
 
+/// Which slice of the model one package computes: the whole model, or one part of a chain
+/// (docs/design.md, "Chained packages").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// The decoder blocks it runs; its caches hold these layers only.
+    pub layers: std::ops::Range<usize>,
+    /// It takes `input_ids` and embeds them (else it takes `hidden`).
+    pub embedding: bool,
+    /// It ends in the final norm and the logits (else it returns `hidden`).
+    pub head: bool,
+}
+
+impl Part {
+    /// The whole model: one package.
+    pub fn whole(spec: &ModelSpec) -> Self {
+        Part {
+            layers: 0..spec.num_hidden_layers,
+            embedding: true,
+            head: true,
+        }
+    }
+}
+
 /// Build the step graph. `weights` holds every slot of [`crate::arch::expected_tensors`], by
 /// checkpoint name; they are moved into the graph.
 pub fn build(
@@ -179,63 +205,120 @@ pub fn build(
     weights: BTreeMap<String, Weight>,
     opts: &StepOptions,
 ) -> Result<Graph, GraphError> {
+    build_part(spec, weights, opts, &Part::whole(spec))
+}
+
+/// Build the step graph of one part: `weights` holds exactly the slots the part uses (its
+/// blocks', the embedding when it embeds, the final norm and lm_head when it computes the
+/// logits, the tied table in both). The hidden state it takes or returns is the residual
+/// stream times α, fp16 in an fp16 program, so a chain computes what one package computes.
+pub fn build_part(
+    spec: &ModelSpec,
+    weights: BTreeMap<String, Weight>,
+    opts: &StepOptions,
+    part: &Part,
+) -> Result<Graph, GraphError> {
     check_spec(spec, opts.max_seq_len)?;
+    if part.layers.end > spec.num_hidden_layers {
+        return Err(GraphError::Unsupported(format!(
+            "layers {:?} of a {}-layer model",
+            part.layers, spec.num_hidden_layers
+        )));
+    }
     let dims = Dims::new(spec, opts)?;
-    let (s, q, l_count) = (dims.s, dims.q, spec.num_hidden_layers);
     let fl = opts.float;
     let alpha = opts.scaling.residual_scale;
     let mut b = Builder::new(fl);
     let mut weights = Weights::new(spec, weights);
 
     // Inputs, in contract order.
-    let input_ids = b.input(contract::INPUT_IDS, DType::I32, vec![1, q]);
+    let first = if part.embedding {
+        b.input(contract::INPUT_IDS, DType::I32, vec![1, dims.q])
+    } else {
+        b.input(HIDDEN_IN, fl, vec![1, dims.q, spec.hidden_size])
+    };
+    let shared = if part.layers.is_empty() {
+        None
+    } else {
+        Some(shared_inputs(&mut b, spec, dims, part, alpha))
+    };
+    let (mut x, mut head) = if part.embedding {
+        let (x, head) = logits::embedding_and_head(
+            &mut b,
+            &mut weights,
+            spec.tie_word_embeddings,
+            &first,
+            alpha,
+            part.head,
+        )?;
+        (x, head)
+    } else {
+        (first, None)
+    };
+    let mut key_rows = Vec::with_capacity(part.layers.len());
+    let mut value_rows = Vec::with_capacity(part.layers.len());
+    if let Some(shared) = &shared {
+        for l in part.layers.clone() {
+            let (out, k, v) = block(&mut b, &mut weights, shared, l, &x)?;
+            x = out;
+            key_rows.push(k);
+            value_rows.push(v);
+        }
+    }
+
+    let mut outputs = if part.head {
+        if head.is_none() {
+            head = Some(logits::head(
+                &mut b,
+                &mut weights,
+                spec.tie_word_embeddings,
+            )?);
+        }
+        let head = head.as_ref().expect("set above");
+        let eps = spec.rms_norm_eps * alpha * alpha;
+        let nw = weights.single(&mut b, TensorId::FinalNorm)?;
+        let hn = rms_norm(&mut b, &x, &nw, eps, "final_norm");
+        logits::logits(&mut b, head, &hn)
+    } else {
+        vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&x))])]
+    };
+    if shared.is_some() {
+        outputs.push(stack(&mut b, key_rows, contract::KEY_UPDATE));
+        outputs.push(stack(&mut b, value_rows, contract::VALUE_UPDATE));
+    }
+    weights.finish()?;
+    b.finish(outputs)
+}
+
+/// The position, the caches (this part's layers), RoPE rows and the mask: what every block
+/// reads besides its weights.
+fn shared_inputs(b: &mut Builder, spec: &ModelSpec, dims: Dims, part: &Part, alpha: f64) -> Shared {
+    let fl = b.float();
     let position = b.input(contract::POSITION, DType::I32, vec![1]);
-    let cache_shape = vec![l_count, dims.hkv, s, dims.d];
+    let cache_shape = vec![part.layers.len(), dims.hkv, dims.s, dims.d];
     let key_cache = b.input(contract::KEY_CACHE, fl, cache_shape.clone());
     let value_cache = b.input(contract::VALUE_CACHE, fl, cache_shape);
-
-    let tables = mask::Tables::new(&mut b, spec, &dims);
-    let (cos, sin) = mask::rope_rows(&mut b, &tables, &position);
-    let mask = mask::mask(&mut b, &tables, &position, &dims);
-    let shared = Shared {
+    let tables = mask::Tables::new(b, spec, &dims);
+    let (cos, sin) = mask::rope_rows(b, &tables, &position);
+    let mask = mask::mask(b, &tables, &position, &dims);
+    Shared {
         q_scale: 1.0 / (dims.d as f64).sqrt(),
         dims,
         alpha,
         eps: spec.rms_norm_eps * alpha * alpha,
         attention_bias: spec.attention_bias,
         qk_norm_eps: spec.qk_norm.then_some(spec.rms_norm_eps),
-        rope_in_layer: (0..l_count).map(|l| spec.uses_rope(l)).collect(),
+        rope_in_layer: (0..spec.num_hidden_layers)
+            .map(|l| spec.uses_rope(l))
+            .collect(),
         rotary: spec.rotary_dim(),
+        first_layer: part.layers.start,
         cos,
         sin,
         mask,
         key_cache,
         value_cache,
-    };
-
-    let (mut x, head) = logits::embedding_and_head(
-        &mut b,
-        &mut weights,
-        spec.tie_word_embeddings,
-        &input_ids,
-        alpha,
-    )?;
-    let mut key_rows = Vec::with_capacity(l_count);
-    let mut value_rows = Vec::with_capacity(l_count);
-    for l in 0..l_count {
-        let (out, k, v) = block(&mut b, &mut weights, &shared, l, &x)?;
-        x = out;
-        key_rows.push(k);
-        value_rows.push(v);
     }
-
-    let nw = weights.single(&mut b, TensorId::FinalNorm)?;
-    let hn = rms_norm(&mut b, &x, &nw, shared.eps, "final_norm");
-    let mut outputs = logits::logits(&mut b, &head, &hn);
-    outputs.push(stack(&mut b, key_rows, contract::KEY_UPDATE));
-    outputs.push(stack(&mut b, value_rows, contract::VALUE_UPDATE));
-    weights.finish()?;
-    b.finish(outputs)
 }
 
 /// Decoder block `l` on the residual stream `x`: returns the new stream and the layer's new

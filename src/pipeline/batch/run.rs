@@ -309,6 +309,7 @@ pub fn run_one(
         device: export.device.clone(),
         increased_memory_limit: export.increased_memory_limit,
         allow_over_budget: export.allow_over_budget,
+        max_package_size: None,
         force: settings.force,
         python_env: settings.python_env.clone(),
     };

@@ -931,44 +931,7 @@ impl Package {
     ) -> Result<super::StepOutput, RuntimeError> {
         let c = &self.contract;
         let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
-        let cache_len = cache_shape.iter().product::<usize>();
-        if input_ids.len() != c.query_len {
-            return Err(RuntimeError::Input {
-                name: contract::INPUT_IDS.into(),
-                msg: format!(
-                    "{} tokens, the package takes {}",
-                    input_ids.len(),
-                    c.query_len
-                ),
-            });
-        }
-        if position + c.query_len > c.max_seq_len {
-            return Err(RuntimeError::Input {
-                name: contract::POSITION.into(),
-                msg: format!(
-                    "position {position} + {} tokens passes max_seq_len {}",
-                    c.query_len, c.max_seq_len
-                ),
-            });
-        }
-        for (name, cache) in [
-            (contract::KEY_CACHE, key_cache),
-            (contract::VALUE_CACHE, value_cache),
-        ] {
-            if cache.len() != cache_len {
-                return Err(RuntimeError::Input {
-                    name: name.into(),
-                    msg: format!(
-                        "{} elements, expected {cache_len} ({cache_shape:?})",
-                        cache.len()
-                    ),
-                });
-            }
-        }
-        let pos = i32::try_from(position).map_err(|_| RuntimeError::Input {
-            name: contract::POSITION.into(),
-            msg: format!("{position} does not fit int32"),
-        })?;
+        let pos = check_step(c, input_ids, position, key_cache, value_cache)?;
         let inputs = vec![
             (
                 contract::INPUT_IDS,
@@ -1014,6 +977,57 @@ impl Package {
     }
 }
 
+/// The step's arguments against the contract: Q tokens, a position that leaves room for them,
+/// caches of [L, Hkv, S, D]. Returns the position as the int32 the programs take.
+pub(crate) fn check_step(
+    c: &Contract,
+    input_ids: &[i32],
+    position: usize,
+    key_cache: &[f16],
+    value_cache: &[f16],
+) -> Result<i32, RuntimeError> {
+    let cache_shape = [c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
+    let cache_len = cache_shape.iter().product::<usize>();
+    if input_ids.len() != c.query_len {
+        return Err(RuntimeError::Input {
+            name: contract::INPUT_IDS.into(),
+            msg: format!(
+                "{} tokens, the package takes {}",
+                input_ids.len(),
+                c.query_len
+            ),
+        });
+    }
+    if position + c.query_len > c.max_seq_len {
+        return Err(RuntimeError::Input {
+            name: contract::POSITION.into(),
+            msg: format!(
+                "position {position} + {} tokens passes max_seq_len {}",
+                c.query_len, c.max_seq_len
+            ),
+        });
+    }
+    for (name, cache) in [
+        (contract::KEY_CACHE, key_cache),
+        (contract::VALUE_CACHE, value_cache),
+    ] {
+        if cache.len() != cache_len {
+            return Err(RuntimeError::Input {
+                name: name.into(),
+                msg: format!(
+                    "{} elements, expected {cache_len} ({cache_shape:?})",
+                    cache.len()
+                ),
+            });
+        }
+    }
+    let pos = i32::try_from(position).map_err(|_| RuntimeError::Input {
+        name: contract::POSITION.into(),
+        msg: format!("{position} does not fit int32"),
+    })?;
+    Ok(pos)
+}
+
 /// The contract's dimensions must be the ones the program declares for its inputs (which the
 /// loader bounded): the runner sizes its caches from the contract, so a contract that claims
 /// more than the program takes would otherwise allocate it.
@@ -1046,7 +1060,7 @@ fn check_contract_inputs(program: &Program, c: &Contract) -> Result<(), String> 
 
 /// The logits parts ([1, Q, width] each) joined along the vocabulary: [Q, V] row-major. A part
 /// of the wrong size leaves the result short, which the caller's size check reports.
-fn concat_rows(parts: &[(Tensor, usize)], q: usize) -> Vec<f32> {
+pub(crate) fn concat_rows(parts: &[(Tensor, usize)], q: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(q * parts.iter().map(|(_, w)| w).sum::<usize>());
     let parts: Vec<_> = parts.iter().map(|(t, w)| (t.as_f32(), *w)).collect();
     if parts.iter().any(|(t, w)| t.len() != q * w) {

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Convert a real-shaped preset (random bf16 weights, examples/synthetic_checkpoint --preset) into
+# a chain of packages and measure it (issue 22): wall time, peak RSS (/usr/bin/time -v) and the
+# peak of anonymous memory (sampled from /proc/PID/status, as benches/peak_rss.sh does), the
+# parts and their sizes, then `validate --max-tokens 8` on the chain with its peak RSS.
+# The machine is shared: report the numbers with the load they were measured under.
+#
+# usage: benches/big_model.sh [PRESET] [extra convert flags...]
+#   PRESET: llama-3.2-1b (default; 2.5 GB of bf16), llama-3.2-3b (6.4 GB), llama-3.1-8b,
+#           qwen2.5-7b, mistral-7b (15-16 GB: check the free disk first)
+# env: RECIPE (default data-free-4bit), S (default 2048), WORK (default a temp dir under /tmp,
+#      removed at exit with the checkpoint unless KEEP=1), HF2COREML_PYTHON_ENV,
+#      BIN (default target/release/hf2coreml), GEN (default
+#      target/release/examples/synthetic_checkpoint), VALIDATE=0 to skip the runner.
+set -euo pipefail
+PRESET=${1:-llama-3.2-1b}
+shift || true
+BIN=${BIN:-target/release/hf2coreml}
+GEN=${GEN:-target/release/examples/synthetic_checkpoint}
+[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 3; }
+[ -x "$GEN" ] || { echo "build first: cargo build --release --example synthetic_checkpoint" >&2; exit 3; }
+WORK=${WORK:-$(mktemp -d /tmp/big_model.XXXXXX)}
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
+CKPT="$WORK/$PRESET"
+OUT="$WORK/$PRESET.mlpackage"
+[ -f "$CKPT/config.json" ] || "$GEN" "$CKPT" --preset "$PRESET"
+
+# Run "$@" under /usr/bin/time -v into $WORK/time, sampling the child's anonymous memory.
+measure() {
+  /usr/bin/time -v "$@" >"$WORK/stdout" 2>"$WORK/time" &
+  local tpid=$! pid
+  sleep 0.2
+  pid=$(pgrep -P "$tpid" | head -1 || true)
+  PEAK_ANON=0
+  while kill -0 "$tpid" 2>/dev/null; do
+    { while read -r KEY VALUE _; do
+      if [ "$KEY" = "RssAnon:" ]; then
+        [ "$VALUE" -gt "$PEAK_ANON" ] && PEAK_ANON=$VALUE
+        break
+      fi
+    done <"/proc/$pid/status"; } 2>/dev/null || true
+  done
+  wait "$tpid" || { cat "$WORK/time" >&2; return 1; }
+  RSS_KB=$(awk -F: '/Maximum resident set size/ {gsub(/ /,"",$2); print $2}' "$WORK/time")
+  WALL=$(awk '/Elapsed \(wall clock\)/ {print $NF}' "$WORK/time")
+}
+
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+measure "$BIN" convert "$CKPT" -o "$OUT" --recipe "${RECIPE:-data-free-4bit}" \
+  --max-seq-len "${S:-2048}" -q "$@"
+echo "convert $PRESET (${RECIPE:-data-free-4bit}, S=${S:-2048}): wall $WALL, peak RSS" \
+  "$((RSS_KB / 1024)) MiB, peak anonymous $((PEAK_ANON / 1024)) MiB"
+echo "checkpoint $(( $(du -sbL "$CKPT" | cut -f1) / 1048576 )) MiB"
+if [ -f "$OUT/chain.json" ]; then
+  for p in "$OUT"/part-*.mlpackage; do
+    echo "  $(basename "$p"): $(( $(du -sb "$p" | cut -f1) / 1048576 )) MiB, weight.bin" \
+      "$(( $(stat -c %s "$p/Data/com.apple.CoreML/weights/weight.bin") / 1048576 )) MiB"
+  done
+else
+  echo "  one package: $(( $(du -sb "$OUT" | cut -f1) / 1048576 )) MiB"
+fi
+if [ "${VALIDATE:-1}" = 1 ]; then
+  measure "$BIN" validate "$OUT" --against "$CKPT" --max-tokens 8 --json || true
+  echo "validate --max-tokens 8: wall $WALL, peak RSS $((RSS_KB / 1024)) MiB, peak anonymous" \
+    "$((PEAK_ANON / 1024)) MiB (random weights: the gates are meaningless, the mechanics not)"
+fi
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,213 @@
+//! The chain description (docs/design.md, "Chained packages"): a model too large for one
+//! package is a directory at the output path holding [`CHAIN_FILE`] and the parts, each a
+//! complete package. The converter writes it; the runner, `validate`, `lint` and `inspect` read
+//! it. Plain data with its own checks, shared by both sides.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::contract::{self, Contract, IoSpec};
+
+/// The `format` field of a chain file this version writes and reads.
+pub const CHAIN_FORMAT: &str = "hf2coreml.chain/1";
+
+/// The chain file's name inside the chain directory.
+pub const CHAIN_FILE: &str = "chain.json";
+
+/// The hidden state between parts: [1, Q, hidden] in the compute precision, times the residual
+/// scale α (the stream as one package carries it between blocks). A part returns it as
+/// `hidden_out`; the next takes it as `hidden_in` (one program cannot name an input and an
+/// output alike).
+pub const HIDDEN_IN: &str = "hidden_in";
+pub const HIDDEN_OUT: &str = "hidden_out";
+
+/// The metadata key of a part's description (a part has no `hf2coreml.contract`: it is not a
+/// model on its own).
+pub const PART_METADATA_KEY: &str = "hf2coreml.chain_part";
+
+/// A chain file is a few KiB per part; this bounds a hostile one.
+const MAX_CHAIN_FILE_BYTES: u64 = 16 << 20;
+
+/// The whole chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainFile {
+    /// [`CHAIN_FORMAT`].
+    pub format: String,
+    /// The contract of the model as one package would declare it: dimensions, token ids, RoPE,
+    /// the applied recipe, the range scaling. Its I/O is what the chain as a whole computes.
+    pub contract: Contract,
+    /// α: the hidden state passed between parts is the residual stream times α. The runner
+    /// passes it on unchanged; only the head's final norm removes it, as in one package.
+    pub residual_scale: f64,
+    pub hidden_size: usize,
+    /// The parts in the order they run.
+    pub parts: Vec<ChainPart>,
+}
+
+/// One package of the chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainPart {
+    /// The package directory, relative to the chain directory (a plain file name).
+    pub path: String,
+    /// The decoder blocks it runs; its caches hold these layers only.
+    pub layers: Range<usize>,
+    /// It takes `input_ids` (else `hidden`).
+    pub embedding: bool,
+    /// It returns the logits (else `hidden`).
+    pub head: bool,
+    pub inputs: Vec<IoSpec>,
+    pub outputs: Vec<IoSpec>,
+    /// sha256 of the package's files (`model.mlmodel`, `weight.bin`), by name.
+    pub sha256: BTreeMap<String, String>,
+    /// Bytes of the package on disk.
+    pub bytes: u64,
+}
+
+/// Why a chain file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainFileError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a chain file: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// Whether `path` is a chain directory (holds a [`CHAIN_FILE`]).
+pub fn is_chain(path: &Path) -> bool {
+    path.join(CHAIN_FILE).is_file()
+}
+
+impl ChainPart {
+    /// The inputs and outputs of a part running `layers`, first and/or last as said.
+    pub fn io(
+        c: &Contract,
+        hidden_size: usize,
+        layers: &Range<usize>,
+        embedding: bool,
+        head: bool,
+        float: &str,
+    ) -> (Vec<IoSpec>, Vec<IoSpec>) {
+        let (all_in, all_out) = Contract::io(
+            c.max_seq_len,
+            c.query_len,
+            layers.len(),
+            c.num_kv_heads,
+            c.head_dim,
+            c.vocab_size,
+            float,
+        );
+        let hidden = |name: &str| IoSpec {
+            name: name.to_string(),
+            dtype: float.to_string(),
+            shape: vec![1, c.query_len, hidden_size],
+        };
+        let has_layers = !layers.is_empty();
+        let mut inputs: Vec<IoSpec> = Vec::new();
+        if !embedding {
+            inputs.push(hidden(HIDDEN_IN));
+        }
+        for i in all_in {
+            let keep = match i.name.as_str() {
+                contract::INPUT_IDS => embedding,
+                _ => has_layers,
+            };
+            if keep {
+                inputs.push(i);
+            }
+        }
+        let mut outputs: Vec<IoSpec> = Vec::new();
+        if !head {
+            outputs.push(hidden(HIDDEN_OUT));
+        }
+        for o in all_out {
+            let cache = o.name == contract::KEY_UPDATE || o.name == contract::VALUE_UPDATE;
+            if (cache && has_layers) || (!cache && head) {
+                outputs.push(o);
+            }
+        }
+        // `input_ids` comes first in a first part, as in one package.
+        if embedding {
+            inputs.sort_by_key(|i| i.name != contract::INPUT_IDS);
+        }
+        (inputs, outputs)
+    }
+}
+
+impl ChainFile {
+    /// Read and check `dir/chain.json`.
+    pub fn read(dir: &Path) -> Result<Self, ChainFileError> {
+        let path = dir.join(CHAIN_FILE);
+        let text =
+            crate::fsutil::read_input_text(&path, MAX_CHAIN_FILE_BYTES).map_err(|source| {
+                ChainFileError::Io {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+        let invalid = |message: String| ChainFileError::Invalid {
+            path: path.clone(),
+            message,
+        };
+        let chain: ChainFile = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        chain.check().map_err(invalid)?;
+        Ok(chain)
+    }
+
+    /// The parts cover the model's layers once, in order; the first embeds, the last computes
+    /// the logits; every path is a plain name inside the chain directory.
+    pub fn check(&self) -> Result<(), String> {
+        if self.format != CHAIN_FORMAT {
+            return Err(format!(
+                "format `{}`, this version reads `{CHAIN_FORMAT}`",
+                self.format
+            ));
+        }
+        let n = self.parts.len();
+        if n == 0 {
+            return Err("no parts".into());
+        }
+        let mut next = 0;
+        for (i, p) in self.parts.iter().enumerate() {
+            if p.embedding != (i == 0) || p.head != (i + 1 == n) {
+                return Err(format!(
+                    "part {i}: only the first part embeds and only the last computes logits"
+                ));
+            }
+            if p.layers.start != next || p.layers.end < p.layers.start {
+                return Err(format!(
+                    "part {i}: layers {:?} do not follow layer {next}",
+                    p.layers
+                ));
+            }
+            next = p.layers.end;
+            let plain = Path::new(&p.path)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain || p.path.is_empty() || p.path.contains('/') || p.path.contains('\\') {
+                return Err(format!(
+                    "part {i}: path `{}` is not a name inside the chain",
+                    p.path
+                ));
+            }
+        }
+        if next != self.contract.num_layers {
+            return Err(format!(
+                "the parts run {next} layers, the model has {}",
+                self.contract.num_layers
+            ));
+        }
+        Ok(())
+    }
+
+    /// A part's package directory.
+    pub fn part_path(dir: &Path, part: &ChainPart) -> PathBuf {
+        dir.join(&part.path)
+    }
+}

@@ -1,0 +1,253 @@
+//! Converting a model too large for one package into a chain (docs/design.md, "Chained
+//! packages"): plan the split, build and serialize each part in turn (each released before
+//! the next is built), describe the chain, and move the whole directory into place at once.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use super::convert::{
+    contract_for, dir_bytes, io_err, scaling_for, source_hashes, weight_bin, write_report,
+    write_sidecars, ConvertError, ConvertOptions, ConvertSummary, Outputs, StageTimes,
+};
+use crate::arch::{tensor_ids, TensorId};
+use crate::budget::chain::{self as planner, ChainPlan, ModelBytes, PartPlan};
+use crate::checkpoint::Checkpoint;
+use crate::emit::{EmitReport, Metadata};
+use crate::fsutil::AtomicDir;
+use crate::graph::llama::{self, Part, StepOptions};
+use crate::graph::Weight;
+use crate::mil::chain::{ChainFile, ChainPart, CHAIN_FILE, CHAIN_FORMAT};
+use crate::mil::contract::Contract;
+use crate::progress::Progress;
+use crate::quant;
+
+/// Bytes `w` takes in weight.bin.
+fn weight_bytes(w: &Weight) -> u64 {
+    match w {
+        Weight::Dense(v) => v.len() as u64 * 2,
+        Weight::Quantized(q) => {
+            let luts: u64 = q.groups.iter().map(|g| g.lut.bytes()).sum();
+            let scales = q.row_scale.as_ref().map_or(0, |s| s.len() as u64 * 2);
+            let restore = q.restore.as_ref().map_or(0, |r| r.len() as u64 * 4);
+            luts + scales + restore
+        }
+    }
+}
+
+/// The split of this model's weights under `limit` bytes per package.
+pub fn plan(
+    ckpt: &Checkpoint,
+    opts: &ConvertOptions,
+    weights: &BTreeMap<String, Weight>,
+    limit: u64,
+) -> Result<ChainPlan, ConvertError> {
+    let spec = ckpt.spec();
+    let per_part = planner::part_overhead_bytes(spec, opts.max_seq_len);
+    let bytes = ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| {
+        weights.get(&s.name).map_or(0, weight_bytes)
+    });
+    planner::plan(&bytes, limit).map_err(|source| ConvertError::Chain {
+        path: opts.output.clone(),
+        source,
+    })
+}
+
+/// What [`convert_chain`] needs besides the checkpoint and its weights.
+pub struct ChainJob {
+    pub plan: ChainPlan,
+    /// Per-tensor storage labels, for the report.
+    pub tensors: BTreeMap<String, String>,
+    pub parameters: u64,
+    /// The applied recipe, as the contract records it.
+    pub recipe: serde_json::Value,
+    pub palettize: Option<quant::Report>,
+}
+
+/// The weights each part uses, in part order: its blocks', the embedding in the first, the
+/// final norm and lm_head in the last, and a tied table in both.
+fn split_weights(
+    spec: &crate::arch::ModelSpec,
+    mut weights: BTreeMap<String, Weight>,
+    plan: &ChainPlan,
+) -> Vec<BTreeMap<String, Weight>> {
+    let last = plan.parts.len() - 1;
+    let mut out: Vec<BTreeMap<String, Weight>> = vec![BTreeMap::new(); plan.parts.len()];
+    for id in tensor_ids(spec) {
+        let name = id.hf_name();
+        let Some(w) = weights.remove(&name) else {
+            continue;
+        };
+        let at = match id {
+            TensorId::Layer(l, _) => plan
+                .parts
+                .iter()
+                .position(|p| p.layers.contains(&l))
+                .unwrap_or(last),
+            TensorId::Embedding => 0,
+            TensorId::FinalNorm | TensorId::LmHead => last,
+        };
+        if id == TensorId::Embedding && spec.tie_word_embeddings && last != 0 {
+            out[last].insert(name.clone(), w.clone());
+        }
+        out[at].insert(name, w);
+    }
+    // Anything left has no place in the architecture: the builder of the last part says so.
+    out[last].extend(weights);
+    out
+}
+
+/// Convert into a chain of packages at `opts.output` (a directory holding [`CHAIN_FILE`] and
+/// the parts), written beside it under a temporary name and renamed into place at the end.
+pub fn convert_chain(
+    ckpt: &Checkpoint,
+    opts: &ConvertOptions,
+    weights: BTreeMap<String, Weight>,
+    job: ChainJob,
+    mut times: StageTimes,
+    progress: &dyn Progress,
+) -> Result<ConvertSummary, ConvertError> {
+    let start = Instant::now();
+    let mut outputs = Outputs::for_package(&opts.output)?;
+    let spec = ckpt.spec().clone();
+    let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
+    let contract = contract_for(ckpt, opts, &scaling, job.recipe, source_hashes(ckpt)?)?;
+    let model_name = ckpt
+        .dir()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let step = StepOptions {
+        max_seq_len: opts.max_seq_len,
+        query_len: opts.query_len,
+        float: opts.precision.dtype(),
+        scaling: scaling.clone(),
+    };
+    let dir = AtomicDir::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
+    let n = job.plan.parts.len();
+    let mut parts = Vec::with_capacity(n);
+    let mut predicted = 0;
+    let mut emit = None;
+    progress.begin("serialize", n as u64);
+    let by_part = split_weights(&spec, weights, &job.plan);
+    for (i, (pp, w)) in job.plan.parts.iter().zip(by_part).enumerate() {
+        progress.working_on(&format!("part {}/{n}: coremltools", i + 1));
+        let t = Instant::now();
+        let graph = llama::build_part(&spec, w, &step, &graph_part(pp))?;
+        predicted += graph.const_bytes();
+        times.build += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let mut part = describe(&contract, spec.hidden_size, pp, i, opts);
+        let meta = Metadata::for_part(&contract, &part, i, n, &model_name)?;
+        let path = dir.path().join(&part.path);
+        emit = Some(crate::emit::emit(
+            graph,
+            &meta,
+            &opts.python_env,
+            &path,
+            false,
+        )?);
+        crate::fsutil::release_free_memory();
+        part.sha256 = package_hashes(&path)?;
+        part.bytes = dir_bytes(&path).map_err(io_err(&path))?;
+        parts.push(part);
+        times.serialize += t.elapsed().as_secs_f64();
+        progress.advance(1);
+    }
+    progress.end();
+    let chain = ChainFile {
+        format: CHAIN_FORMAT.to_string(),
+        residual_scale: scaling.residual_scale,
+        hidden_size: spec.hidden_size,
+        contract: contract.clone(),
+        parts,
+    };
+    let chain_path = dir.path().join(CHAIN_FILE);
+    let json = serde_json::to_vec_pretty(&chain)?;
+    std::fs::write(&chain_path, json).map_err(io_err(&chain_path))?;
+    let package = dir.commit().map_err(io_err(&opts.output))?;
+    write_sidecars(ckpt, &mut outputs)?;
+    let package_bytes = chain.parts.iter().map(|p| p.bytes).sum();
+    let weight_bin_bytes = chain_weight_bytes(&package, &chain)?;
+    times.total = times.read + times.calibrate + times.palettize + start.elapsed().as_secs_f64();
+    let mut emit: EmitReport = emit.expect("a chain has parts");
+    emit.package = package;
+    let summary = ConvertSummary {
+        outputs,
+        contract,
+        package_bytes,
+        weight_bin_bytes,
+        predicted_weight_bytes: predicted,
+        parameters: job.parameters,
+        bits_per_weight: weight_bin_bytes as f64 * 8.0 / job.parameters.max(1) as f64,
+        times,
+        emit,
+        tensors: job.tensors,
+        palettize: job.palettize,
+        inputs: opts.inputs.clone(),
+        source: std::path::absolute(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf()),
+        chain: Some(chain),
+    };
+    write_report(&summary)?;
+    Ok(summary)
+}
+
+fn graph_part(pp: &PartPlan) -> Part {
+    Part {
+        layers: pp.layers.clone(),
+        embedding: pp.embedding,
+        head: pp.head,
+    }
+}
+
+/// Part `i`'s entry in the chain file (hashes and size filled in once it is written).
+fn describe(
+    c: &Contract,
+    hidden: usize,
+    pp: &PartPlan,
+    i: usize,
+    opts: &ConvertOptions,
+) -> ChainPart {
+    let (inputs, outputs) = ChainPart::io(
+        c,
+        hidden,
+        &pp.layers,
+        pp.embedding,
+        pp.head,
+        opts.precision.as_str(),
+    );
+    ChainPart {
+        path: format!("part-{i}.mlpackage"),
+        layers: pp.layers.clone(),
+        embedding: pp.embedding,
+        head: pp.head,
+        inputs,
+        outputs,
+        sha256: BTreeMap::new(),
+        bytes: 0,
+    }
+}
+
+/// sha256 of a package's program and weights.
+fn package_hashes(package: &Path) -> Result<BTreeMap<String, String>, ConvertError> {
+    let model = package.join("Data/com.apple.CoreML/model.mlmodel");
+    let weights = weight_bin(package);
+    let mut out = BTreeMap::new();
+    out.insert("model.mlmodel".into(), super::convert::sha256_file(&model)?);
+    if weights.is_file() {
+        out.insert("weight.bin".into(), super::convert::sha256_file(&weights)?);
+    }
+    Ok(out)
+}
+
+/// Bytes of every part's weight.bin.
+fn chain_weight_bytes(dir: &Path, chain: &ChainFile) -> Result<u64, ConvertError> {
+    let mut total = 0;
+    for p in &chain.parts {
+        let wb = weight_bin(&ChainFile::part_path(dir, p));
+        if let Ok(m) = std::fs::metadata(&wb) {
+            total += m.len();
+        }
+    }
+    Ok(total)
+}

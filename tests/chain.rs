@@ -1,0 +1,180 @@
+//! Chained packages (issue 22): a tiny model converted under a tiny `--max-package-size`
+//! splits into 3+ packages whose logits are bit-identical to the same model as one package, in
+//! `run --logits-out` and in `validate`; `lint` and `validate` read the chain; a size one block
+//! alone exceeds is refused (exit 2) and leaves nothing at the output.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use hf2coreml::mil::chain::{ChainFile, CHAIN_FILE};
+use hf2coreml::testing::{python_env, TinyModel};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+const PROMPT: &str = "3,10,17,24,31,2,90,45";
+
+/// Four blocks (fp16: about 74 kB each), peaked logits (so top-1 measures the package, not ties).
+fn model() -> TinyModel {
+    TinyModel {
+        layers: 4,
+        logit_gain: 4.0,
+        ..TinyModel::llama()
+    }
+}
+
+/// Each part carries a 1 MiB allowance plus the RoPE tables; a block of the tiny model is
+/// about 74 kB, so 1.2 MB holds at most two blocks per part: 3+ parts.
+const SPLIT: &str = "1200000";
+/// Over one part's allowance but under allowance + one block: every split is refused.
+const TOO_SMALL: &str = "1100000";
+
+fn convert(src: &Path, out: &Path, extra: &[&str], ranges: &Path) -> Output {
+    Command::new(BIN)
+        .arg("convert")
+        .arg(src)
+        .arg("-o")
+        .arg(out)
+        .args(["--max-seq-len", "32", "--keep-fp16", "*", "-q"])
+        .arg("--activation-ranges")
+        .arg(ranges)
+        .args(extra)
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap()
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn run_logits(pkg: &Path, npy: &Path) -> Vec<u8> {
+    let o = Command::new(BIN)
+        .arg("run")
+        .arg(pkg)
+        .args([
+            "--prompt-ids",
+            PROMPT,
+            "--max-new-tokens",
+            "4",
+            "--ignore-eos",
+            "-q",
+        ])
+        .arg("--logits-out")
+        .arg(npy)
+        .output()
+        .unwrap();
+    ok(&o, "run");
+    std::fs::read(npy).unwrap()
+}
+
+fn validate(pkg: &Path, src: &Path) -> (Option<i32>, serde_json::Value) {
+    let o = Command::new(BIN)
+        .arg("validate")
+        .arg(pkg)
+        .arg("--against")
+        .arg(src)
+        .args(["--json", "--max-tokens", "48"])
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}): {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    (o.status.code(), report)
+}
+
+#[test]
+fn a_chain_computes_what_one_package_computes_bit_for_bit() {
+    let src = model().write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    // A residual scale of 1/8 (α ≠ 1), so the hidden state between parts is a scaled one.
+    let ranges = root.path().join("ranges.json");
+    std::fs::write(
+        &ranges,
+        r#"{"residual_max_abs": [1000, 1000, 1000, 1000, 1000, 1000], "source": "test"}"#,
+    )
+    .unwrap();
+    let one = root.path().join("one.mlpackage");
+    let chain = root.path().join("chain.mlpackage");
+    ok(&convert(src.path(), &one, &[], &ranges), "convert (one)");
+    ok(
+        &convert(src.path(), &chain, &["--max-package-size", SPLIT], &ranges),
+        "convert (chain)",
+    );
+    assert!(
+        one.join("Manifest.json").is_file(),
+        "one package, as before"
+    );
+    assert!(!one.join(CHAIN_FILE).exists());
+    let desc = ChainFile::read(&chain).unwrap();
+    assert!(desc.parts.len() >= 3, "{desc:#?}");
+    assert_eq!(desc.residual_scale, 0.125);
+    for p in &desc.parts {
+        assert!(p.bytes <= 1_200_000, "{}: {} bytes", p.path, p.bytes);
+        assert!(ChainFile::part_path(&chain, p)
+            .join("Manifest.json")
+            .is_file());
+    }
+    assert!(root.path().join("chain.report.json").is_file());
+
+    let a = run_logits(&one, &root.path().join("one.npy"));
+    let b = run_logits(&chain, &root.path().join("chain.npy"));
+    assert!(a.len() > 128);
+    assert!(a == b, "the chain's logits differ from the package's");
+
+    let (code_one, rep_one) = validate(&one, src.path());
+    let (code_chain, rep_chain) = validate(&chain, src.path());
+    assert_eq!(code_one, Some(0), "{rep_one:#}");
+    assert_eq!(code_chain, Some(0), "{rep_chain:#}");
+    assert_eq!(rep_one["behaviour"], rep_chain["behaviour"]);
+    assert_eq!(rep_one["weights"], rep_chain["weights"]);
+    let items = rep_chain["contract"].as_array().unwrap();
+    assert!(items.len() > 10 * desc.parts.len() / 2, "{items:#?}");
+    assert!(items.iter().all(|i| i["ok"] == true), "{items:#?}");
+
+    let lint = |p: &Path| {
+        Command::new(BIN)
+            .arg("lint")
+            .arg(p)
+            .arg("--json")
+            .output()
+            .unwrap()
+    };
+    let (l1, l2) = (lint(&one), lint(&chain));
+    let r2: serde_json::Value = serde_json::from_slice(&l2.stdout).unwrap();
+    assert_eq!(l1.status.code(), l2.status.code());
+    assert!(r2["summary"]["ops"].as_u64().unwrap() > 0, "{r2:#}");
+}
+
+#[test]
+fn a_block_over_the_limit_is_refused_and_leaves_nothing() {
+    let src = model().write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let ranges = root.path().join("ranges.json");
+    std::fs::write(
+        &ranges,
+        r#"{"residual_max_abs": [1, 1, 1, 1, 1, 1], "source": "test"}"#,
+    )
+    .unwrap();
+    let out = root.path().join("m.mlpackage");
+    let o = convert(
+        src.path(),
+        &out,
+        &["--max-package-size", TOO_SMALL],
+        &ranges,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("decoder block"), "{err}");
+    assert!(err.contains("--max-package-size"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["ranges.json"], "nothing but the input is left");
+}
