@@ -14,6 +14,9 @@ use crate::arch::ModelSpec;
 use crate::arch::TensorSlot;
 use crate::quant::Storage;
 
+mod plan;
+pub use plan::{suggest, Candidate, PlanInput, PlanSource, Suggestion};
+
 /// The embedded device table (configs/devices.toml).
 pub const DEFAULT_DEVICES: &str = include_str!("../../configs/devices.toml");
 
@@ -26,6 +29,20 @@ pub enum BudgetError {
     Devices { path: PathBuf, message: String },
     #[error("unknown device `{name}` (known: {known})")]
     UnknownDevice { name: String, known: String },
+    #[error("cannot read checkpoint {}", path.display())]
+    Checkpoint {
+        path: PathBuf,
+        #[source]
+        source: crate::checkpoint::CheckpointError,
+    },
+    #[error("cannot read GGUF header {}", path.display())]
+    Gguf {
+        path: PathBuf,
+        #[source]
+        source: crate::checkpoint::gguf::GgufError,
+    },
+    #[error(transparent)]
+    Recipe(crate::quant::QuantError),
 }
 
 /// One device profile.

@@ -14,7 +14,7 @@ use hf2coreml::quant::{self, Recipe};
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RecipeArgs {
     /// Recipe file (TOML) or the name of a shipped one (default, calibrated-4bit,
-    /// data-free-4bit, quality, compact; see configs/recipes/).
+    /// data-free-4bit, quality, compact, large-model; see configs/recipes/).
     #[arg(long, value_name = "FILE")]
     pub recipe: Option<PathBuf>,
     /// Bit width of every palettized tensor (1, 2, 4, 6 or 8), overriding the recipe.
