@@ -133,7 +133,7 @@ pub fn suggest(
         });
     }
     // Stable: equal sizes keep the shipped order.
-    candidates.sort_by(|a, b| b.weights_bytes.cmp(&a.weights_bytes));
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.weights_bytes));
     let fitting = candidates.iter().find(|c| c.fits);
     let chosen = fitting.or(candidates.last());
     Ok(Suggestion {
