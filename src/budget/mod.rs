@@ -29,7 +29,8 @@ pub enum BudgetError {
     Devices { path: PathBuf, message: String },
     #[error("unknown device `{name}` (known: {known})")]
     UnknownDevice { name: String, known: String },
-    #[error("cannot read checkpoint {}", path.display())]
+    /// A checkpoint directory or a config.json that cannot be planned from.
+    #[error("cannot read the model at {}", path.display())]
     Checkpoint {
         path: PathBuf,
         #[source]
