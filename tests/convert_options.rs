@@ -1,6 +1,7 @@
 //! Convert options the README promises, through the CLI on the tiny llama: `--calibration FILE`
 //! calibrates on that file (its hash is recorded, and another text gives other weights), and
-//! the `compact` recipe palettizes the embedding too.
+//! the `compact` recipe palettizes the embedding too, and `large-model` stores the embedding and
+//! lm_head as 8-bit LUTs that the reader decodes and the interpreter runs.
 
 use std::path::Path;
 use std::process::Command;
@@ -115,6 +116,77 @@ fn compact_recipe_palettizes_the_embedding() {
     let fp16 = root.path().join("fp16.mlpackage");
     converted(dir.path(), &fp16, &["--keep-fp16", "*"]);
     assert!(weights(&pkg).len() * 3 < weights(&fp16).len());
+}
+
+/// The op that produces constant `name` in the package's main function.
+fn producer(p: &MlPackage, name: &str) -> String {
+    let main = p.main_function().unwrap();
+    main.block
+        .operations
+        .iter()
+        .find(|op| op.outputs.first().is_some_and(|o| o.name == name))
+        .unwrap_or_else(|| panic!("no constant `{name}`"))
+        .r#type
+        .clone()
+}
+
+#[test]
+fn large_model_recipe_stores_the_embedding_and_lm_head_palettized() {
+    // Tied (one table: the embedding is the lm_head) and untied (two tables).
+    for (model, tables) in [
+        (TinyModel::llama(), &["model.embed_tokens.weight"][..]),
+        (
+            TinyModel::qwen2(),
+            &["model.embed_tokens.weight", "lm_head.weight"][..],
+        ),
+    ] {
+        let dir = model.write_temp().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let pkg = root.path().join("large.mlpackage");
+        converted(dir.path(), &pkg, &["--recipe", "large-model"]);
+        let p = MlPackage::open(&pkg).unwrap();
+        let c: Contract =
+            serde_json::from_str(&p.description().user_defined[contract::METADATA_KEY]).unwrap();
+        let decided = &c.recipe["tensors"];
+        assert_eq!(decided["model.layers.0.mlp.down_proj.weight"], "lut4");
+        for t in tables {
+            assert_eq!(decided[*t], "lut8", "{decided:#}");
+            let cname = hf2coreml::arch::mil_name(t);
+            assert_eq!(producer(&p, &cname), "constexpr_lut_to_dense", "{t}");
+        }
+        // validate decodes each table from weight.bin (an 8-bit LUT: close, not exact) and the
+        // interpreter runs the package; a random tiny model's gates at 4 bits are not the point.
+        let o = Command::new(BIN)
+            .arg("validate")
+            .arg(&pkg)
+            .arg("--against")
+            .arg(dir.path())
+            .args(["--max-tokens", "24", "--json"])
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+        let contract = report["contract"].as_array().unwrap();
+        assert!(contract.iter().all(|c| c["ok"] == true), "{contract:#?}");
+        for t in tables {
+            let w = report["weights"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|w| w["tensor"] == *t)
+                .unwrap_or_else(|| panic!("{t} not checked"));
+            let snr = w["snr_db"].as_f64().unwrap_or(f64::INFINITY);
+            assert!((30.0..80.0).contains(&snr), "{w}");
+        }
+        assert!(report["behaviour"]["kl_mean"].as_f64().unwrap().is_finite());
+        let lint = Command::new(BIN).arg("lint").arg(&pkg).output().unwrap();
+        assert_eq!(
+            lint.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&lint.stdout)
+        );
+    }
 }
 
 #[test]

@@ -16,6 +16,9 @@ use crate::arch::ModelSpec;
 use crate::arch::TensorSlot;
 use crate::quant::Storage;
 
+mod plan;
+pub use plan::{suggest, Candidate, PlanInput, PlanSource, Suggestion};
+
 /// The embedded device table (configs/devices.toml).
 pub const DEFAULT_DEVICES: &str = include_str!("../../configs/devices.toml");
 
@@ -28,6 +31,21 @@ pub enum BudgetError {
     Devices { path: PathBuf, message: String },
     #[error("unknown device `{name}` (known: {known})")]
     UnknownDevice { name: String, known: String },
+    /// A checkpoint directory or a config.json that cannot be planned from.
+    #[error("cannot read the model at {}", path.display())]
+    Checkpoint {
+        path: PathBuf,
+        #[source]
+        source: crate::checkpoint::CheckpointError,
+    },
+    #[error("cannot read GGUF header {}", path.display())]
+    Gguf {
+        path: PathBuf,
+        #[source]
+        source: crate::checkpoint::gguf::GgufError,
+    },
+    #[error(transparent)]
+    Recipe(crate::quant::QuantError),
 }
 
 /// One device profile.

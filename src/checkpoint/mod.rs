@@ -748,6 +748,14 @@ fn split_fused(
     Ok(())
 }
 
+/// Whether `dir` holds any weight file (safetensors, or pickles `open` refuses): a directory
+/// with a config.json and none is a configuration alone, which `budget` can plan from.
+pub fn has_weight_files(dir: &Path) -> bool {
+    dir.join(SINGLE_FILE).is_file()
+        || dir.join(INDEX_FILE).is_file()
+        || !pickle_files(dir).is_empty()
+}
+
 fn pickle_files(dir: &Path) -> Vec<String> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();

@@ -3,17 +3,16 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
-use hf2coreml::budget::{self, Devices, Limit};
+use hf2coreml::budget::{self, Devices, Limit, PlanInput, PlanSource};
 use hf2coreml::checkpoint::gguf;
-use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::error::CheckFailed;
 use hf2coreml::util::{fmt_bytes, fmt_count};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json + *.safetensors), or a .gguf file (planned from its
-    /// header alone).
+    /// Checkpoint directory (config.json + *.safetensors), a .gguf file (planned from its
+    /// header alone), or a config.json (a file, or a directory holding no weights): a plan
+    /// needs the shapes, not the weights.
     #[arg(required_unless_present = "list_devices")]
     pub dir: Option<PathBuf>,
     /// Target device profile (see --list-devices).
@@ -37,6 +36,14 @@ pub struct Args {
     /// Print the device table and exit.
     #[arg(long)]
     pub list_devices: bool,
+    /// Also size every shipped recipe and name the least compressed that fits at S, with the
+    /// largest S it allows. Exit 0 when one fits, 1 when none does.
+    #[arg(long)]
+    pub suggest: bool,
+    /// The largest package before the model is split into a chain (as `convert`): bytes or
+    /// with a unit; default: the device's (1 GB for iPhones), else 1 GB.
+    #[arg(long, value_parser = budget::parse_size)]
+    pub max_package_size: Option<u64>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -60,96 +67,230 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("give --device NAME or --memory-limit BYTES"),
     };
     let recipe = args.recipe.load()?;
-    let (spec, slots, source) = if gguf::is_gguf_file(dir) {
-        let info = gguf::header::read_header(dir)
-            .with_context(|| format!("cannot read GGUF header {}", dir.display()))?;
-        let slots = hf2coreml::arch::expected_tensors(&info.spec);
-        (info.spec.clone(), slots, Some(info))
-    } else {
-        let ckpt = Checkpoint::open(dir)
-            .with_context(|| format!("cannot read checkpoint {}", dir.display()))?;
-        (ckpt.spec().clone(), ckpt.slots(), None)
-    };
-    let spec = &spec;
+    let input = PlanInput::open(dir)?;
+    let spec = &input.spec;
     hf2coreml::pipeline::job::check_context(spec, args.max_seq_len)?;
-    let weights = recipe.weights_bytes(&slots);
+    let weights = input.weights_bytes(&recipe);
     let b = budget::compute(spec, weights, args.max_seq_len, args.query_len, &limit);
+    let package_limit = match (args.max_package_size, &args.device) {
+        (Some(bytes), _) => bytes,
+        (None, Some(id)) => devices.get(id)?.max_package_size_bytes,
+        (None, None) => budget::DEFAULT_MAX_PACKAGE_BYTES,
+    };
+    let per_part = budget::chain::part_overhead_bytes(spec, args.max_seq_len);
+    let units = budget::chain::ModelBytes::measure(spec, &input.slots, per_part, |s| {
+        recipe.storage(s).bytes(s.numel())
+    });
+    let packages = budget::chain::plan(&units, package_limit);
+    let suggestion = match args.suggest {
+        true => Some(budget::suggest(
+            &input,
+            args.max_seq_len,
+            args.query_len,
+            &limit,
+            package_limit,
+        )?),
+        false => None,
+    };
     if args.json {
-        super::print_json(&b)?;
+        super::print_json(&Report {
+            budget: &b,
+            packages: match &packages {
+                Ok(plan) => serde_json::json!(plan),
+                Err(e) => serde_json::json!({ "limit": package_limit, "error": e.to_string() }),
+            },
+            suggest: suggestion.as_ref(),
+        })?;
     } else {
-        let target = match &b.device {
-            Some(id) => format!(
-                "{} ({}{})",
-                id,
-                devices.get(id)?.name,
-                if b.increased_memory_limit {
-                    ", increased-memory-limit entitlement"
-                } else {
-                    ""
-                }
-            ),
-            None => "explicit limit".to_string(),
-        };
-        println!(
-            "Budget for {} at S={} Q={} on {}",
-            spec.architecture, b.max_seq_len, b.query_len, target
-        );
-        let row = |k: &str, v: u64, note: &str| {
-            println!("  {k:<22} {:>12}  {note}", fmt_bytes(v));
-        };
-        row(
-            "weights",
-            b.weights_bytes,
-            &format!("recipe: {}", recipe.origin()),
-        );
-        row(
-            "kv cache",
-            b.kv_cache_bytes,
-            &format!(
-                "2 × {} layers × {} kv heads × {} × S {} × 2 B",
-                spec.num_hidden_layers, spec.num_key_value_heads, spec.head_dim, b.max_seq_len
-            ),
-        );
-        row(
-            "step working set",
-            b.working_set_bytes,
-            "logits, updates, scores, activations",
-        );
-        row(
-            "runtime overhead",
-            b.runtime_overhead_bytes,
-            "Core ML + app",
-        );
-        row("total", b.total_bytes, "");
-        row(
-            "usable",
-            b.usable_bytes,
-            &format!(
-                "limit {} less {:.0}% safety margin",
-                fmt_bytes(b.limit_bytes),
-                b.safety_margin * 100.0
-            ),
-        );
-        println!(
-            "  {}: headroom {}{}; largest max_seq_len that fits: {}",
-            if b.fits { "FITS" } else { "DOES NOT FIT" },
-            if b.headroom_bytes < 0 { "-" } else { "" },
-            fmt_bytes(b.headroom_bytes.unsigned_abs()),
-            fmt_count(b.max_seq_len_that_fits as u64)
-        );
-        if let Some(info) = &source {
-            print_source(info, &slots, &recipe);
+        print_budget(&b, &input, &recipe, &devices)?;
+        print_packages(&packages, package_limit);
+        if let Some(s) = &suggestion {
+            print_suggestion(s);
         }
     }
-    if !b.fits {
-        return Err(CheckFailed(format!(
+    match suggestion {
+        Some(s) if s.recipe.is_none() => Err(CheckFailed(format!(
+            "no shipped recipe fits at S={}: the smallest needs {} of weights, {} is usable",
+            s.max_seq_len,
+            fmt_bytes(s.candidates.last().map_or(0, |c| c.weights_bytes)),
+            fmt_bytes(b.usable_bytes)
+        ))
+        .into()),
+        Some(_) => Ok(()),
+        None if !b.fits => Err(CheckFailed(format!(
             "the plan needs {} but only {} is usable",
             fmt_bytes(b.total_bytes),
             fmt_bytes(b.usable_bytes)
         ))
-        .into());
+        .into()),
+        None if packages.is_err() => Err(CheckFailed(format!(
+            "the model cannot be split into packages: {}",
+            packages
+                .as_ref()
+                .err()
+                .map_or(String::new(), |e| e.to_string())
+        ))
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// `budget --json`: the budget's fields, and `suggest` with `--suggest`.
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    budget: &'a budget::Budget,
+    /// The split into packages under the package size limit (`convert`'s plan), or why none.
+    packages: serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    suggest: Option<&'a budget::Suggestion>,
+}
+
+/// The packages `convert` would write: one, or a chain of parts under the limit.
+fn print_packages(
+    packages: &Result<budget::chain::ChainPlan, budget::chain::ChainError>,
+    limit: u64,
+) {
+    let plan = match packages {
+        Ok(plan) => plan,
+        Err(e) => {
+            println!(
+                "  packages               none under {}: {e}",
+                fmt_bytes(limit)
+            );
+            return;
+        }
+    };
+    println!(
+        "  packages               {} under {} each (convert --max-package-size)",
+        plan.parts.len(),
+        fmt_bytes(limit)
+    );
+    for (i, p) in plan.parts.iter().enumerate() {
+        let what = match (p.embedding, p.layers.is_empty(), p.head) {
+            (true, true, false) => "embedding".to_string(),
+            (false, true, true) => "head".to_string(),
+            (e, _, h) => format!(
+                "{}blocks {}-{}{}",
+                if e { "embedding, " } else { "" },
+                p.layers.start,
+                p.layers.end.saturating_sub(1),
+                if h { ", head" } else { "" }
+            ),
+        };
+        println!("    part {i:<3} {:>12}  {what}", fmt_bytes(p.bytes));
+    }
+}
+
+/// The budget's terms, the total against the limit, and what a GGUF source adds.
+fn print_budget(
+    b: &budget::Budget,
+    input: &PlanInput,
+    recipe: &hf2coreml::quant::Recipe,
+    devices: &Devices,
+) -> anyhow::Result<()> {
+    let spec = &input.spec;
+    let target = match &b.device {
+        Some(id) => format!(
+            "{} ({}{})",
+            id,
+            devices.get(id)?.name,
+            if b.increased_memory_limit {
+                ", increased-memory-limit entitlement"
+            } else {
+                ""
+            }
+        ),
+        None => "explicit limit".to_string(),
+    };
+    println!(
+        "Budget for {} at S={} Q={} on {}",
+        spec.architecture, b.max_seq_len, b.query_len, target
+    );
+    if let PlanSource::Config = input.source {
+        println!("  (planned from the configuration alone: no weights read)");
+    }
+    let row = |k: &str, v: u64, note: &str| {
+        println!("  {k:<22} {:>12}  {note}", fmt_bytes(v));
+    };
+    row(
+        "weights",
+        b.weights_bytes,
+        &format!("recipe: {}", recipe.origin()),
+    );
+    row(
+        "kv cache",
+        b.kv_cache_bytes,
+        &format!(
+            "2 × {} layers × {} kv heads × {} × S {} × 2 B",
+            spec.num_hidden_layers, spec.num_key_value_heads, spec.head_dim, b.max_seq_len
+        ),
+    );
+    row(
+        "step working set",
+        b.working_set_bytes,
+        "logits, updates, scores, activations",
+    );
+    row(
+        "runtime overhead",
+        b.runtime_overhead_bytes,
+        "Core ML + app",
+    );
+    row("total", b.total_bytes, "");
+    row(
+        "usable",
+        b.usable_bytes,
+        &format!(
+            "limit {} less {:.0}% safety margin",
+            fmt_bytes(b.limit_bytes),
+            b.safety_margin * 100.0
+        ),
+    );
+    println!(
+        "  {}: headroom {}{}; largest max_seq_len that fits: {}",
+        if b.fits { "FITS" } else { "DOES NOT FIT" },
+        if b.headroom_bytes < 0 { "-" } else { "" },
+        fmt_bytes(b.headroom_bytes.unsigned_abs()),
+        fmt_count(b.max_seq_len_that_fits as u64)
+    );
+    if let PlanSource::Gguf(info) = &input.source {
+        print_source(info, &input.slots, recipe);
     }
     Ok(())
+}
+
+/// `--suggest`: every shipped recipe by size, and the pick.
+fn print_suggestion(s: &budget::Suggestion) {
+    println!(
+        "  shipped recipes, least compressed first, at S={}:",
+        s.max_seq_len
+    );
+    for c in &s.candidates {
+        let packages = match c.packages {
+            0 => "no split fits".to_string(),
+            1 => "1 package".to_string(),
+            n => format!("{n} packages"),
+        };
+        println!(
+            "    {:<16} weights {:>10}  {:<12}  largest S {:<8} {packages}",
+            c.recipe,
+            fmt_bytes(c.weights_bytes),
+            if c.fits { "fits" } else { "does not fit" },
+            fmt_count(c.max_seq_len_that_fits as u64)
+        );
+    }
+    match &s.recipe {
+        Some(r) => println!(
+            "  suggest: --recipe {r} (the least compressed that fits), --max-seq-len up to {}",
+            fmt_count(s.max_seq_len_that_fits as u64)
+        ),
+        None if s.max_seq_len_that_fits > 0 => println!(
+            "  suggest: nothing fits at S={}; the most compressed fits up to S={}",
+            s.max_seq_len,
+            fmt_count(s.max_seq_len_that_fits as u64)
+        ),
+        None => println!("  suggest: no shipped recipe fits this device at any S"),
+    }
 }
 
 /// `--list-devices`: the device table.

@@ -100,7 +100,7 @@ pub const DEFAULT_RECIPE: &str = include_str!("../../configs/recipes/default.tom
 const DEFAULT_ORIGIN: &str = "configs/recipes/default.toml (built in)";
 
 /// Recipes shipped in configs/recipes/, usable by name (`--recipe NAME`).
-pub const BUILTIN_RECIPES: [(&str, &str); 5] = [
+pub const BUILTIN_RECIPES: [(&str, &str); 6] = [
     ("default", DEFAULT_RECIPE),
     (
         "calibrated-4bit",
@@ -117,6 +117,10 @@ pub const BUILTIN_RECIPES: [(&str, &str); 5] = [
     (
         "compact",
         include_str!("../../configs/recipes/compact.toml"),
+    ),
+    (
+        "large-model",
+        include_str!("../../configs/recipes/large-model.toml"),
     ),
 ];
 
