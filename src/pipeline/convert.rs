@@ -17,7 +17,7 @@ use crate::graph::llama::{self, StepOptions};
 use crate::graph::scaling::{ActivationRanges, Scaling};
 use crate::graph::GraphError;
 use crate::graph::Weight;
-use crate::mil::contract::{self, Contract, Source};
+use crate::mil::contract::{self, Contract, Source, Target};
 use crate::mil::DType;
 use crate::model::calibrate::{self, ActivationStats, CalibrationOptions};
 use crate::model::ReferenceError;
@@ -68,6 +68,8 @@ pub struct ConvertOptions {
     pub python_env: PythonEnv,
     /// What the package is made from, recorded in `X.report.json` (see [`Inputs`]).
     pub inputs: Option<Inputs>,
+    /// The OS the package is built for.
+    pub target: Target,
 }
 
 /// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
@@ -161,9 +163,13 @@ pub enum ConvertError {
     #[error("{path}: cannot tokenize the calibration text: {message}")]
     Tokenizer { path: PathBuf, message: String },
     #[error(
-        "tensor `{tensor}`: {granularity} palettization needs iOS18; iOS17 packages take one LUT per tensor"
+        "tensor `{tensor}`: {granularity} palettization cannot be stored: LUT groups must run \
+         along the output channels (axis 0) and divide them"
     )]
     Granularity { tensor: String, granularity: String },
+    /// The recipe asks for what its target cannot store (grouped or 3-bit LUTs on iOS17).
+    #[error("{0} (use --target ios18, or target = \"ios18\" in the recipe)")]
+    Target(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError + '_ {
@@ -305,6 +311,7 @@ pub fn contract_for(
     );
     Ok(Contract {
         version: contract::CONTRACT_VERSION,
+        target: opts.target,
         max_seq_len: opts.max_seq_len,
         query_len: opts.query_len,
         num_layers: spec.num_hidden_layers,
@@ -465,6 +472,7 @@ pub fn convert(
             query_len: opts.query_len,
             float: opts.precision.dtype(),
             scaling: scaling.clone(),
+            target: opts.target,
         },
     )?;
     let predicted_weight_bytes = graph.const_bytes();

@@ -56,9 +56,6 @@ pub enum ValidateError {
 /// The evaluation passage shipped with the tool (distinct from the calibration text).
 pub const EVALUATION_TEXT: &str = include_str!("../../fixtures/evaluation.txt");
 
-/// iOS17 packages declare specificationVersion 8.
-const IOS17_SPEC_VERSION: i32 = 8;
-
 /// What to validate against.
 pub struct ValidateOptions<'a> {
     /// The evaluation text as token ids (without BOS: the contract's BOS is added here).
@@ -120,7 +117,7 @@ pub fn validate(
         pkg_path,
         &crate::lint::Policy::default(),
     )?);
-    let (weights, min_bits) = check_weights(&raw, ckpt)?;
+    let (weights, min_bits) = check_weights(&raw, ckpt, package.program())?;
     report.weights = weights;
 
     let mut tokens: Vec<u32> = opts.tokens.to_vec();
@@ -187,8 +184,8 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
     let spec = ckpt.spec();
     let mut items = vec![
         item(
-            "specificationVersion (iOS17)",
-            IOS17_SPEC_VERSION,
+            &format!("specificationVersion ({})", c.target.as_str()),
+            c.target.spec_version(),
             pkg.spec_version(),
         ),
         item("contract version", contract::CONTRACT_VERSION, c.version),
@@ -256,6 +253,7 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
 fn check_weights(
     pkg: &MlPackage,
     ckpt: &Checkpoint,
+    program: &crate::runtime::interp::Program,
 ) -> Result<(Vec<WeightError>, Option<u32>), ValidateError> {
     let main = pkg.main_function()?;
     let find = |name: &str| {
@@ -287,8 +285,24 @@ fn check_weights(
             continue;
         }
         let mut decoded: Vec<f32> = Vec::with_capacity(slot.numel());
+        let mut scaled18 = false;
         for (part, numel) in &parts {
             let Some(op) = find(part) else { continue };
+            if let Some(bits) = ios18_weight(op) {
+                // iOS18 constexpr ops (grouped LUTs, per-row scales): read back as the
+                // interpreter decoded them.
+                let Some(t) = program.constant(part) else {
+                    continue;
+                };
+                decoded.extend(t.as_f32().iter());
+                // A scale op reads the LUT op the bridge names `<part>_lut`.
+                let bits = bits.or_else(|| {
+                    find(&format!("{part}_lut")).and_then(|o| ios18_weight(o).flatten())
+                });
+                min_bits = bits.map_or(min_bits, |b| Some(min_bits.map_or(b, |m| m.min(b))));
+                scaled18 |= op.r#type == "constexpr_blockwise_shift_scale";
+                continue;
+            }
             match op.r#type.as_str() {
                 "const" => match op.attributes.get("val") {
                     Some(v) => decoded.extend(floats(pkg.value(v, part)?.values)),
@@ -318,7 +332,7 @@ fn check_weights(
             }
         }
         let scale_name = format!("{name}_row_scale");
-        let calibrated = parts.len() > 1 || find(&scale_name).is_some();
+        let calibrated = parts.len() > 1 || find(&scale_name).is_some() || scaled18;
         if let Some(op) = find(&scale_name) {
             if let Some(v) = op.attributes.get("val") {
                 let s = floats(pkg.value(v, &scale_name)?.values);
@@ -345,6 +359,25 @@ fn check_weights(
         out.push(WeightError::measure(&slot.name, &original, &rescaled));
     }
     Ok((out, min_bits))
+}
+
+/// For an iOS18 constexpr weight (operands as inputs, not attributes): `Some(bits)`, the
+/// LUT index width when the op (or the LUT a scale op reads) says it.
+fn ios18_weight(op: &crate::mlpackage::proto::Operation) -> Option<Option<u32>> {
+    use crate::mlpackage::proto;
+    let index_bits = |op: &proto::Operation| -> Option<u32> {
+        let ty = op.inputs.get("indices")?.arguments.first()?;
+        let Some(proto::binding::Binding::Value(v)) = &ty.binding else {
+            return None;
+        };
+        let t = crate::mlpackage::tensor_type(v.r#type.as_ref(), "indices").ok()?;
+        Some(t.dtype.bits() as u32)
+    };
+    match op.r#type.as_str() {
+        "constexpr_lut_to_dense" if op.inputs.contains_key("indices") => Some(index_bits(op)),
+        "constexpr_blockwise_shift_scale" => Some(None),
+        _ => None,
+    }
 }
 
 /// `decoded` times the least-squares scalar that best matches `original`.

@@ -160,6 +160,8 @@ pub struct Program {
     options: Options,
     n_slots: usize,
     consts: Vec<(usize, Arc<Tensor>)>,
+    /// The slots of the kept constants, by name (validate reads weights back through them).
+    const_names: HashMap<String, usize>,
     inputs: Vec<(String, usize, TensorTypeInfo)>,
     instrs: Vec<Instr>,
     outputs: Vec<(String, usize)>,
@@ -246,16 +248,34 @@ impl Program {
             msg,
         })?;
         store_linear_weights_half(&mut consts, &instrs);
+        let kept: std::collections::HashSet<usize> = consts.iter().map(|(s, _)| *s).collect();
+        let const_names = ld
+            .slots
+            .iter()
+            .filter(|(_, s)| kept.contains(s))
+            .map(|(n, s)| (n.clone(), *s))
+            .collect();
         Ok(Program {
             options,
             n_slots,
             consts,
+            const_names,
             inputs,
             instrs,
             outputs,
             opset: main.opset.to_string(),
             limits,
         })
+    }
+
+    /// The value of the constant (or constexpr result) named `name`, as the program computes
+    /// with it, if a kept constant has that name.
+    pub fn constant(&self, name: &str) -> Option<&Tensor> {
+        let slot = *self.const_names.get(name)?;
+        self.consts
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, t)| t.as_ref())
     }
 
     /// The limits this program was loaded under.
