@@ -371,7 +371,7 @@ fn ios18_weight(op: &crate::mlpackage::proto::Operation) -> Option<Option<u32>> 
             return None;
         };
         let t = crate::mlpackage::tensor_type(v.r#type.as_ref(), "indices").ok()?;
-        Some(t.dtype.bits() as u32)
+        Some(t.dtype.bits())
     };
     match op.r#type.as_str() {
         "constexpr_lut_to_dense" if op.inputs.contains_key("indices") => Some(index_bits(op)),
