@@ -652,7 +652,7 @@ mod tests {
         assert!(quantize_linear(&[f32::NAN; 6], 2, 3, None, &m).is_err());
         assert!(quantize_linear(&[0.0; 6], 2, 3, Some(&[1.0; 4]), &m).is_err());
         let bad = LinearMethod {
-            nbits: 3,
+            nbits: 5,
             ..LinearMethod::calibrated(4)
         };
         assert!(quantize_linear(&[0.0; 6], 2, 3, None, &bad).is_err());

@@ -876,7 +876,7 @@ mod tests {
     #[test]
     fn bad_weights_and_nbits_are_errors() {
         let v = vec![f16::from_f32(0.5); 4];
-        assert!(palettize_f16(&v, 3, None).is_err());
+        assert!(palettize_f16(&v, 5, None).is_err());
         assert!(palettize_f16(&v, 4, Some(&[1.0, 1.0])).is_err());
         assert!(palettize_f16(&v, 4, Some(&[1.0, -1.0, 1.0, 1.0])).is_err());
         assert!(palettize_f16(&v, 4, Some(&[1.0, f32::NAN, 1.0, 1.0])).is_err());

@@ -70,7 +70,7 @@ impl PackedLut {
     }
 }
 
-/// The supported widths as prose: `1, 2, 4, 6 or 8`.
+/// The supported widths as prose: `1, 2, 3, 4, 6 or 8`.
 pub fn nbits_list() -> String {
     let n: Vec<String> = SUPPORTED_NBITS.iter().map(|b| b.to_string()).collect();
     match n.split_last() {
