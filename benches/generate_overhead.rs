@@ -29,6 +29,7 @@ impl FixedModel {
         let (inputs, outputs) = Contract::io(S, 1, L, HKV, D, V, "fp16");
         let contract = Contract {
             version: CONTRACT_VERSION,
+            target: Default::default(),
             max_seq_len: S,
             query_len: 1,
             num_layers: L,

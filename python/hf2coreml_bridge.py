@@ -2,7 +2,7 @@
 
 The Rust side builds the whole decoder-step graph (ops, names, weights, LUTs) and calls
 `emit()` once. This module only replays the op list on coremltools' MIL builder, converts for
-iOS17 and saves. No k-means, no graph decisions happen here.
+the target the graph names (iOS17 or iOS18) and saves. No k-means, no graph decisions happen here.
 
 coremltools prints noise on import and during conversion (C++ messages, tqdm bars); every call
 runs with file descriptors 1 and 2 pointed at a capture file so none of it reaches the user.
@@ -63,6 +63,30 @@ def _dtypes(np, types, float_name):
     return float_np, float_mil, mil
 
 
+def _target(ct, desc):
+    """The deployment target the graph was built for: its opset and the LUT forms it uses."""
+    return {"ios17": ct.target.iOS17, "ios18": ct.target.iOS18}[desc.get("target", "ios17")]
+
+
+def _lut18(mb, np, types, c, arrays, float_np):
+    """iOS18 constexpr_lut_to_dense: one table per run of rows (LUT [groups, 1, 2^nbits, 1]),
+    indices as uintN with the weight's shape; then the per-row scale, if any, as a
+    constexpr_blockwise_shift_scale of the dense weight (scale [rows, 1])."""
+    indices, lut, scale = arrays
+    name, shape, nbits = c["name"], list(c["shape"]), int(c["nbits"])
+    rows_axes = [1] * (len(shape) - 1)
+    groups = lut.size >> nbits
+    lut = lut.view(np.float16).astype(float_np, copy=False)
+    lut = lut.reshape([groups] + rows_axes + [1 << nbits, 1])
+    uint = types.nptype_from_builtin(types.string_to_builtin(f"uint{nbits}"))
+    indices = indices.reshape(shape).astype(uint)
+    if scale is None:
+        return mb.constexpr_lut_to_dense(indices=indices, lut=lut, name=name)
+    dense = mb.constexpr_lut_to_dense(indices=indices, lut=lut, name=name + "_lut")
+    scale = scale.view(np.float16).astype(float_np, copy=False).reshape([shape[0]] + rows_axes)
+    return mb.constexpr_blockwise_shift_scale(data=dense, scale=scale, name=name)
+
+
 def _build(desc, dense, luts):
     import numpy as np
     import coremltools as ct
@@ -77,11 +101,14 @@ def _build(desc, dense, luts):
             dt = mil_types[desc["float"]]
         specs[i["name"]] = mb.placeholder(shape=tuple(i["shape"]), dtype=dt)
 
-    with Function(specs, opset_version=ct.target.iOS17) as func:
+    ios18 = desc.get("target") == "ios18"
+    with Function(specs, opset_version=_target(ct, desc)) as func:
         env = dict(func.inputs)
         for c in desc["consts"]:
             name = c["name"]
-            if c["kind"] == "lut":
+            if c["kind"] == "lut" and ios18:
+                env[name] = _lut18(mb, np, types, c, luts.pop(name), float_np)
+            elif c["kind"] == "lut":
                 packed, lut = luts.pop(name)
                 env[name] = mb.constexpr_lut_to_dense(
                     indices=packed,
@@ -267,7 +294,7 @@ def _emit_in(desc_json, dense, luts, meta_json, precision, out_dir):
             model = ct.convert(
                 prog,
                 convert_to="mlprogram",
-                minimum_deployment_target=ct.target.iOS17,
+                minimum_deployment_target=_target(ct, desc),
                 compute_precision=(
                     ct.precision.FLOAT16 if precision == "fp16" else ct.precision.FLOAT32
                 ),

@@ -208,6 +208,21 @@ fn lut_weights_all_nbits() {
     }
 }
 
+/// Weights palettized by coremltools' own `palettize_weights` for iOS18 (per_grouped_channel,
+/// with and without `enable_per_channel_scale`, 1 to 8 bits including 3): the interpreter
+/// reads the sub-byte indices, grouped LUTs and chained blockwise scales and matches the
+/// output computed with coremltools' dequantization (`decompress_weights`).
+#[test]
+fn ios18_palettized_weights_match_coremltools() {
+    for n in [1, 2, 3, 4, 6, 8] {
+        check(&format!("pal18_n{n}_g4_pcs"));
+    }
+    check("pal18_n4_g8");
+    check("pal18_n3_g16");
+    let case = load_case("pal18_n3_g4_pcs", Options::default());
+    assert_eq!(case.program.opset(), "CoreML8");
+}
+
 #[test]
 fn fp16_overflow_is_inf_and_recorded() {
     check("fp16_overflow");

@@ -366,14 +366,55 @@ for _n in (1, 2, 4, 6, 8):
     CASES[f"lut{_n}"] = (lambda n: (lambda: lut_case(n)))(_n)
 
 
+def palettized18_case(nbits, group_size, per_channel_scale):
+    """A linear whose fp16 weight is palettized by coremltools' own palettize_weights (iOS18,
+    per_grouped_channel, optionally enable_per_channel_scale); the expected output uses the
+    weight as coremltools itself dequantizes it (cto.decompress_weights)."""
+    import coremltools.optimize.coreml as cto
+
+    oc, ic = 16, 12
+    w = rand((oc, ic), np.float16) * np.linspace(0.2, 3.0, ic).astype(np.float16)
+    x = rand((2, ic), np.float16)
+
+    @mb.program(input_specs=[mb.TensorSpec((2, ic), F16)], opset_version=ct.target.iOS18)
+    def prog(x):
+        return mb.linear(x=x, weight=w, name="o_pal")
+
+    model = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
+                       compute_precision=ct.precision.FLOAT16)
+    # "uniform": the venv has neither kmeans1d nor scikit-learn; the layout is the same.
+    op = cto.OpPalettizerConfig(mode="uniform", nbits=nbits, granularity="per_grouped_channel",
+                                group_size=group_size,
+                                enable_per_channel_scale=per_channel_scale,
+                                weight_threshold=1)
+    model = cto.palettize_weights(model, cto.OptimizationConfig(global_config=op))
+    dense_model = cto.decompress_weights(model)
+    linear = [o for o in dense_model._mil_program.functions["main"].operations
+              if o.op_type == "linear"][0]
+    dense = np.asarray(linear.weight.val, np.float32)
+    assert dense.shape == (oc, ic), dense.shape
+    y = (x.astype(np.float32) @ dense.T).astype(np.float16)
+    return model, {"x": x}, {"o_pal": y}, "fp16", 2e-3, 2e-3
+
+
+for _n in (1, 2, 3, 4, 6, 8):
+    CASES[f"pal18_n{_n}_g4_pcs"] = (lambda n: (lambda: palettized18_case(n, 4, True)))(_n)
+CASES["pal18_n4_g8"] = lambda: palettized18_case(4, 8, False)
+CASES["pal18_n3_g16"] = lambda: palettized18_case(3, 16, False)
+
+
 def main():
     out = sys.argv[1]
     names = sys.argv[2:] or list(CASES)
     for name in names:
         prog, inputs, expected, precision, rtol, atol = CASES[name]()
         cp = ct.precision.FLOAT32 if precision == "fp32" else ct.precision.FLOAT16
-        model = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS17,
-                           compute_precision=cp)
+        if isinstance(prog, ct.models.MLModel):
+            # Built, converted and compressed by the case itself (iOS18 cases).
+            model = prog
+        else:
+            model = ct.convert(prog, convert_to="mlprogram",
+                               minimum_deployment_target=ct.target.iOS17, compute_precision=cp)
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         model.save(os.path.join(d, "model.mlpackage"))

@@ -7,6 +7,7 @@ use crate::printer::progress_bar;
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::fsutil::atomic_write;
+use hf2coreml::mil::contract::Target;
 use hf2coreml::pipeline::job;
 use hf2coreml::quant::{self, Recipe};
 
@@ -16,7 +17,8 @@ pub struct RecipeArgs {
     /// The name of a shipped recipe (`hf2coreml recipes` lists them) or a recipe file (TOML).
     #[arg(long, value_name = "NAME|FILE")]
     pub recipe: Option<PathBuf>,
-    /// Bit width of every palettized tensor (1, 2, 4, 6 or 8), overriding the recipe.
+    /// Bit width of every palettized tensor (1, 2, 3, 4, 6 or 8; 3 needs --target ios18),
+    /// overriding the recipe.
     #[arg(long, value_name = "N")]
     pub nbits: Option<u8>,
     /// Keep tensors whose name matches GLOB in fp16 (repeatable; `*` keeps everything).
@@ -35,6 +37,27 @@ pub struct RecipeArgs {
     /// sensitivity, averaging at most B bits per palettized weight (LUTs and scales counted).
     #[arg(long, value_name = "B", conflicts_with_all = ["data_free", "nbits"])]
     pub target_bpw: Option<f64>,
+    /// The OS the package is built for, overriding the recipe's `target` (default ios17).
+    /// ios18 stores grouped LUTs (calibration.group_size, granularity = "per_grouped_channel"),
+    /// per-channel scales and 3-bit tables as single constexpr ops; ios17 refuses them.
+    #[arg(long, value_enum, value_name = "OS")]
+    pub target: Option<TargetArg>,
+}
+
+/// `--target`: the deployment target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TargetArg {
+    Ios17,
+    Ios18,
+}
+
+impl From<TargetArg> for Target {
+    fn from(t: TargetArg) -> Self {
+        match t {
+            TargetArg::Ios17 => Target::Ios17,
+            TargetArg::Ios18 => Target::Ios18,
+        }
+    }
 }
 
 impl RecipeArgs {
@@ -43,6 +66,10 @@ impl RecipeArgs {
         let base = match &self.recipe {
             Some(p) => Recipe::from_file_or_name(p)?,
             None => Recipe::default(),
+        };
+        let base = match self.target {
+            Some(t) => base.with_target(t.into()),
+            None => base,
         };
         let base = if self.data_free {
             base.with_calibration(None)

@@ -14,6 +14,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
+use half::f16;
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule, PyTuple};
@@ -22,6 +23,7 @@ use thiserror::Error;
 use crate::error::EnvironmentError;
 use crate::fsutil::AtomicDir;
 use crate::graph::{ConstData, Graph};
+use crate::mil::contract::Target;
 use crate::mil::DType;
 
 pub use metadata::Metadata;
@@ -311,6 +313,60 @@ fn on_python_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -
     }
 }
 
+/// The constants as the bridge takes them: `dense` (name → fp16 bits or int32) and `luts`
+/// (name → (packed uint8 indices, LUT bits) for iOS17; (unpacked indices, LUT bits, row-scale
+/// bits or None) for iOS18, whose uintN packing coremltools does itself).
+fn consts_to_python<'py>(
+    py: Python<'py>,
+    consts: Vec<crate::graph::Const>,
+    target: Target,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let dense = PyDict::new(py);
+    let luts = PyDict::new(py);
+    // fp16 crosses as its bits (the map reuses the allocation: same layout); Python views them
+    // as float16 without a copy.
+    let bits = |v: Vec<f16>| -> Vec<u16> { v.into_iter().map(|x| x.to_bits()).collect() };
+    let lut18 = |idx: Vec<u8>, lut: Vec<f16>, scale: Option<Vec<f16>>| {
+        let scale = match scale {
+            Some(s) => bits(s).into_pyarray(py).into_any(),
+            None => py.None().into_bound(py),
+        };
+        PyTuple::new(
+            py,
+            [
+                idx.into_pyarray(py).into_any(),
+                bits(lut).into_pyarray(py).into_any(),
+                scale,
+            ],
+        )
+    };
+    for c in consts {
+        let numel = c.numel();
+        match c.data {
+            ConstData::F16(v) => dense.set_item(&c.name, bits(v).into_pyarray(py))?,
+            ConstData::I32(v) => dense.set_item(&c.name, v.into_pyarray(py))?,
+            ConstData::Lut(p) if target == Target::Ios18 => {
+                luts.set_item(&c.name, lut18(p.indices(numel), p.lut, None)?)?
+            }
+            ConstData::GroupedLut(g) => {
+                let idx = g.indices(numel);
+                luts.set_item(&c.name, lut18(idx, g.luts, g.row_scale)?)?
+            }
+            ConstData::Lut(p) => {
+                let pair = PyTuple::new(
+                    py,
+                    [
+                        p.packed.into_pyarray(py).into_any(),
+                        bits(p.lut).into_pyarray(py).into_any(),
+                    ],
+                )?;
+                luts.set_item(&c.name, pair)?
+            }
+        }
+    }
+    Ok((dense, luts))
+}
+
 /// Held while the bridge runs: it points file descriptors 1 and 2 at a capture file, so
 /// anything another thread prints meanwhile would vanish into it.
 static PYTHON_HOLDS_STDERR: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -358,35 +414,8 @@ pub fn emit(
             |py| -> Result<(String, i64, BTreeMap<String, usize>), EmitError> {
                 let bridge = load_bridge(py, env)?;
                 let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
-                let dense = PyDict::new(py);
-                let luts = PyDict::new(py);
-                for c in graph.consts {
-                    match c.data {
-                        // fp16 crosses as its bits (the map reuses the allocation: same layout);
-                        // Python views them as float16 without a copy.
-                        ConstData::F16(v) => {
-                            let bits: Vec<u16> = v.into_iter().map(|x| x.to_bits()).collect();
-                            dense
-                                .set_item(&c.name, bits.into_pyarray(py))
-                                .map_err(to_py)?;
-                        }
-                        ConstData::I32(v) => {
-                            dense.set_item(&c.name, v.into_pyarray(py)).map_err(to_py)?;
-                        }
-                        ConstData::Lut(p) => {
-                            let lut: Vec<u16> = p.lut.into_iter().map(|x| x.to_bits()).collect();
-                            let pair = PyTuple::new(
-                                py,
-                                [
-                                    p.packed.into_pyarray(py).into_any(),
-                                    lut.into_pyarray(py).into_any(),
-                                ],
-                            )
-                            .map_err(to_py)?;
-                            luts.set_item(&c.name, pair).map_err(to_py)?;
-                        }
-                    }
-                }
+                let (dense, luts) =
+                    consts_to_python(py, graph.consts, graph.target).map_err(to_py)?;
                 let res = bridge
                     .call_method1(
                         "emit",

@@ -20,8 +20,9 @@ use half::f16;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::mil::contract::Target;
 use crate::mil::{DType, Op};
-use crate::quant::{PackedLut, QuantizedWeight};
+use crate::quant::{GroupedLut, PackedLut, QuantizedWeight, IOS17_NBITS};
 
 /// Serialize a [`DType`] by its MIL name (`fp16`, `int32`, `bool`), as the bridge reads it.
 fn dtype_name<S: serde::Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
@@ -68,6 +69,8 @@ pub enum ConstData {
     /// A palettized weight: `out = lut[indices].reshape(shape)` (iOS17
     /// `constexpr_lut_to_dense`, one LUT per constant).
     Lut(PackedLut),
+    /// iOS18: one LUT per group of rows, then an optional per-row scale, all constexpr.
+    GroupedLut(GroupedLut),
 }
 
 impl ConstData {
@@ -75,7 +78,7 @@ impl ConstData {
         match self {
             ConstData::F16(_) => "f16",
             ConstData::I32(_) => "i32",
-            ConstData::Lut(_) => "lut",
+            ConstData::Lut(_) | ConstData::GroupedLut(_) => "lut",
         }
     }
 }
@@ -131,6 +134,8 @@ pub struct Graph {
     pub outputs: Vec<String>,
     /// The float type every float value computes in.
     pub float: DType,
+    /// The OS the program is built for (its opset and the LUT forms it may use).
+    pub target: Target,
 }
 
 /// The op list and I/O as they cross to Python (constants travel separately, as arrays).
@@ -143,6 +148,7 @@ pub struct GraphDescription<'a> {
     pub outputs: &'a [String],
     #[serde(serialize_with = "dtype_name")]
     pub float: DType,
+    pub target: Target,
 }
 
 #[derive(Debug, Serialize)]
@@ -189,7 +195,7 @@ impl Graph {
             if !defined.insert(&c.name) {
                 return Err(GraphError::Duplicate(c.name.clone()));
             }
-            check_const(c)?;
+            check_const(c, self.target)?;
         }
         for (index, op) in self.ops.iter().enumerate() {
             for arg in op.args.values() {
@@ -235,6 +241,7 @@ impl Graph {
                     shape: &c.shape,
                     nbits: match &c.data {
                         ConstData::Lut(p) => Some(p.nbits),
+                        ConstData::GroupedLut(g) => Some(g.nbits),
                         _ => None,
                     },
                 })
@@ -242,6 +249,7 @@ impl Graph {
             ops: &self.ops,
             outputs: &self.outputs,
             float: self.float,
+            target: self.target,
         }
     }
 
@@ -258,12 +266,29 @@ impl Graph {
                 ConstData::F16(v) => 2 * v.len() as u64,
                 ConstData::I32(v) => 4 * v.len() as u64,
                 ConstData::Lut(p) => p.bytes(),
+                ConstData::GroupedLut(g) => g.bytes(),
             })
             .sum()
     }
 }
 
-fn check_const(c: &Const) -> Result<(), GraphError> {
+fn check_const(c: &Const, target: Target) -> Result<(), GraphError> {
+    let bad = |message: String| GraphError::BadLut {
+        name: c.name.clone(),
+        message,
+    };
+    match (&c.data, target) {
+        (ConstData::GroupedLut(_), Target::Ios17) => {
+            return Err(bad(
+                "grouped LUTs and per-channel scales need target ios18".into()
+            ))
+        }
+        (ConstData::Lut(p), Target::Ios17) if !IOS17_NBITS.contains(&p.nbits) => {
+            return Err(bad(format!("{}-bit LUTs need target ios18", p.nbits)))
+        }
+        (ConstData::GroupedLut(g), _) => return g.check(&c.shape).map_err(bad),
+        _ => {}
+    }
     let expected = c.numel();
     let size_err = |found: usize| GraphError::ConstSize {
         name: c.name.clone(),
@@ -298,6 +323,7 @@ impl Builder {
                 ops: Vec::new(),
                 outputs: Vec::new(),
                 float,
+                target: Target::Ios17,
             },
             used: HashSet::new(),
         }
@@ -305,6 +331,15 @@ impl Builder {
 
     pub fn float(&self) -> DType {
         self.graph.float
+    }
+
+    /// Build for `target` (iOS17 unless set).
+    pub fn set_target(&mut self, target: Target) {
+        self.graph.target = target;
+    }
+
+    pub fn target(&self) -> Target {
+        self.graph.target
     }
 
     fn claim(&mut self, name: &str) -> String {
@@ -460,7 +495,40 @@ mod tests {
             }),
             None,
         );
+        // 3-bit tables are iOS18's.
         assert!(b.finish(vec!["p".into()]).is_err());
+    }
+
+    #[test]
+    fn grouped_luts_need_ios18_and_matching_sizes() {
+        let grouped = |target: Target, rows: usize| {
+            let mut b = Builder::new(DType::F16);
+            b.set_target(target);
+            b.constant(
+                "g",
+                vec![rows, 2],
+                ConstData::GroupedLut(GroupedLut {
+                    nbits: 1,
+                    group_rows: 2,
+                    luts: vec![f16::ZERO; 4],
+                    packed: vec![0; 1],
+                    row_scale: Some(vec![f16::ONE; rows]),
+                }),
+                None,
+            );
+            b.finish(vec!["g".into()])
+        };
+        let g = grouped(Target::Ios18, 4).unwrap();
+        assert_eq!(g.const_bytes(), 1 + 8 + 8);
+        assert_eq!(g.description().consts[0].nbits, Some(1));
+        assert!(matches!(
+            grouped(Target::Ios17, 4).unwrap_err(),
+            GraphError::BadLut { ref message, .. } if message.contains("ios18")
+        ));
+        assert!(
+            grouped(Target::Ios18, 3).is_err(),
+            "2 tables of 2 rows for 3 rows"
+        );
     }
 
     #[test]

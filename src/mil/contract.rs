@@ -12,6 +12,59 @@ pub const METADATA_KEY: &str = "hf2coreml.contract";
 /// parts of at most [`MAX_LOGITS_WIDTH`] (version 1: one `logits` output of width V).
 pub const CONTRACT_VERSION: u32 = 2;
 
+/// The OS a package is built for: its opset, specificationVersion and the weight formats it may
+/// use. iOS17 is the default and the compatibility floor; iOS18 adds grouped LUTs (one table
+/// per group of output channels), per-channel scales after a LUT and 3-bit indices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    #[default]
+    Ios17,
+    Ios18,
+}
+
+impl Target {
+    /// `ios17` or `ios18`, as flags, recipes and the contract spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Target::Ios17 => "ios17",
+            Target::Ios18 => "ios18",
+        }
+    }
+
+    /// The flag or recipe spelling.
+    pub fn parse(s: &str) -> Option<Target> {
+        match s {
+            "ios17" => Some(Target::Ios17),
+            "ios18" => Some(Target::Ios18),
+            _ => None,
+        }
+    }
+
+    /// Model.specificationVersion of its packages (FORMAT.md).
+    pub fn spec_version(self) -> i32 {
+        match self {
+            Target::Ios17 => 8,
+            Target::Ios18 => 9,
+        }
+    }
+
+    /// The function opset (`CoreML7`, `CoreML8`).
+    pub fn opset(self) -> &'static str {
+        match self {
+            Target::Ios17 => "CoreML7",
+            Target::Ios18 => "CoreML8",
+        }
+    }
+
+    /// The target a package declares by its specificationVersion, if it is one of ours.
+    pub fn from_spec_version(v: i32) -> Option<Target> {
+        [Target::Ios17, Target::Ios18]
+            .into_iter()
+            .find(|t| t.spec_version() == v)
+    }
+}
+
 /// The Neural Engine compiler's largest last axis (W ≤ 16384, docs/design.md "Neural Engine
 /// readiness"): a logits part is never wider.
 pub const MAX_LOGITS_WIDTH: usize = 16_384;
@@ -63,6 +116,9 @@ pub struct Source {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Contract {
     pub version: u32,
+    /// The OS the package is built for (absent in packages from before iOS18 support: iOS17).
+    #[serde(default)]
+    pub target: Target,
     /// S: max_sequence_length; cache rows.
     pub max_seq_len: usize,
     /// Q: tokens per step.

@@ -38,6 +38,9 @@ ops! {
     Const = "const",
     /// A palettized weight: indices into a lookup table, expanded when the program loads.
     ConstexprLutToDense = "constexpr_lut_to_dense",
+    /// iOS18: `scale · (data − offset)` per block of a constant (per-channel scales of a
+    /// palettized weight, or of its LUT).
+    ConstexprBlockwiseShiftScale = "constexpr_blockwise_shift_scale",
     // Element-wise with two inputs.
     Add = "add",
     Sub = "sub",

@@ -122,6 +122,7 @@ pub fn convert_chain(
         query_len: opts.query_len,
         float: opts.precision.dtype(),
         scaling: scaling.clone(),
+        target: opts.target,
     };
     let dir = AtomicDir::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let n = job.plan.parts.len();

@@ -16,7 +16,7 @@ use crate::graph::llama::{self, StepOptions};
 use crate::graph::scaling::{ActivationRanges, Scaling};
 use crate::graph::GraphError;
 use crate::graph::Weight;
-use crate::mil::contract::{self, Contract, Source};
+use crate::mil::contract::{self, Contract, Source, Target};
 use crate::mil::DType;
 use crate::model::calibrate::{self, ActivationStats, CalibrationOptions};
 use crate::model::ReferenceError;
@@ -70,6 +70,8 @@ pub struct ConvertOptions {
     /// Split into a chain of packages of at most this many bytes each when the model does not
     /// fit in one (docs/design.md, "Chained packages"); `None`: always one package.
     pub max_package_size: Option<u64>,
+    /// The OS the package is built for.
+    pub target: Target,
 }
 
 /// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
@@ -172,7 +174,8 @@ pub enum ConvertError {
     #[error("{path}: cannot tokenize the calibration text: {message}")]
     Tokenizer { path: PathBuf, message: String },
     #[error(
-        "tensor `{tensor}`: {granularity} palettization needs iOS18; iOS17 packages take one LUT per tensor"
+        "tensor `{tensor}`: {granularity} palettization cannot be stored: LUT groups must run \
+         along the output channels (axis 0) and divide them"
     )]
     Granularity { tensor: String, granularity: String },
     #[error("{}: cannot split into packages: {source}", .path.display())]
@@ -181,6 +184,9 @@ pub enum ConvertError {
         #[source]
         source: crate::budget::chain::ChainError,
     },
+    /// The recipe asks for what its target cannot store (grouped or 3-bit LUTs on iOS17).
+    #[error("{0} (use --target ios18, or target = \"ios18\" in the recipe)")]
+    Target(String),
 }
 
 pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError + '_ {
@@ -318,6 +324,7 @@ pub fn contract_for(
     );
     Ok(Contract {
         version: contract::CONTRACT_VERSION,
+        target: opts.target,
         max_seq_len: opts.max_seq_len,
         query_len: opts.query_len,
         num_layers: spec.num_hidden_layers,
@@ -491,6 +498,7 @@ pub fn convert(
             query_len: opts.query_len,
             float: opts.precision.dtype(),
             scaling: scaling.clone(),
+            target: opts.target,
         },
     )?;
     let predicted_weight_bytes = graph.const_bytes();

@@ -421,6 +421,9 @@ impl Job {
         }
         let ckpt = &opened.ckpt;
         self.plan(ckpt)?;
+        if let Some(conflict) = self.recipe.target_conflict(&ckpt.slots()) {
+            return Err(ConvertError::Target(conflict).into());
+        }
         // NaN/Inf weights would poison every output; refuse them before any work.
         ckpt.check_finite().map_err(|source| JobError::NotFinite {
             path: self.source.clone(),
@@ -461,6 +464,7 @@ impl Job {
             python_env,
             inputs: Some(inputs),
             max_package_size: Some(self.package_limit()?),
+            target: self.recipe.target(),
         };
         Ok(convert::convert(
             ckpt,

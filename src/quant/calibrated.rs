@@ -36,6 +36,8 @@ pub struct LinearMethod {
     pub damp: f64,
     /// Contiguous row groups, each with its own LUT (1 = one LUT per tensor).
     pub row_groups: usize,
+    /// Rows per group instead (0 = use `row_groups`): iOS18 grouped LUTs.
+    pub group_size: usize,
     /// Rotate the input channels by a fixed orthogonal Q (random signs, Walsh-Hadamard blocks,
     /// a random orthogonal mix across blocks) and palettize W·Q against QᵀHQ; the graph feeds
     /// the projection x·Q. Outlier channels, which one LUT per tensor serves badly, are spread
@@ -54,6 +56,7 @@ impl LinearMethod {
             act_order: true,
             damp: 0.01,
             row_groups: 1,
+            group_size: 0,
             rotate: false,
         }
     }
@@ -68,6 +71,7 @@ impl LinearMethod {
             act_order: false,
             damp: 0.01,
             row_groups: 1,
+            group_size: 0,
             rotate: false,
         }
     }
@@ -149,15 +153,23 @@ impl QuantizedLinear {
 }
 
 /// The row groups: the rows of each bit width (ascending widths), each split into `row_groups`
-/// contiguous (within that width) runs.
-fn plan_groups(rows: usize, row_bits: &[u8], row_groups: usize) -> Vec<(u8, Vec<usize>)> {
+/// contiguous (within that width) runs, or into runs of `group_size` rows when it is not 0.
+fn plan_groups(
+    rows: usize,
+    row_bits: &[u8],
+    row_groups: usize,
+    group_size: usize,
+) -> Vec<(u8, Vec<usize>)> {
     let mut widths: Vec<u8> = row_bits.to_vec();
     widths.sort_unstable();
     widths.dedup();
     let mut out = Vec::new();
     for nbits in widths {
         let members: Vec<usize> = (0..rows).filter(|&r| row_bits[r] == nbits).collect();
-        let per = members.len().div_ceil(row_groups.max(1)).max(1);
+        let per = match group_size {
+            0 => members.len().div_ceil(row_groups.max(1)).max(1),
+            g => g,
+        };
         for chunk in members.chunks(per) {
             out.push((nbits, chunk.to_vec()));
         }
@@ -273,7 +285,7 @@ pub(crate) fn quantize_linear_factored(
     let diag: Option<Vec<f64>> = gram.map(|g| (0..cols).map(|j| g[j * cols + j]).collect());
 
     // The LUT of each row group: weighted k-means over the normalised weights.
-    let plan = plan_groups(rows, row_bits, method.row_groups);
+    let plan = plan_groups(rows, row_bits, method.row_groups, method.group_size);
     let luts: Vec<Vec<f16>> = plan
         .par_iter()
         .map(|(nbits, members)| {
@@ -640,7 +652,7 @@ mod tests {
         assert!(quantize_linear(&[f32::NAN; 6], 2, 3, None, &m).is_err());
         assert!(quantize_linear(&[0.0; 6], 2, 3, Some(&[1.0; 4]), &m).is_err());
         let bad = LinearMethod {
-            nbits: 3,
+            nbits: 5,
             ..LinearMethod::calibrated(4)
         };
         assert!(quantize_linear(&[0.0; 6], 2, 3, None, &bad).is_err());

@@ -13,9 +13,11 @@ use half::f16;
 
 use super::QuantError;
 
-/// LUT sizes an iOS17 `constexpr_lut_to_dense` accepts (and that the iOS18 grouped form adds
-/// nothing to for our purposes).
-pub const SUPPORTED_NBITS: [u8; 5] = [1, 2, 4, 6, 8];
+/// LUT sizes a `constexpr_lut_to_dense` accepts: iOS17's [`IOS17_NBITS`] plus iOS18's 3 bits.
+pub const SUPPORTED_NBITS: [u8; 6] = [1, 2, 3, 4, 6, 8];
+
+/// LUT sizes the iOS17 `constexpr_lut_to_dense` accepts (3-bit tables need iOS18).
+pub const IOS17_NBITS: [u8; 5] = [1, 2, 4, 6, 8];
 
 /// Number of 16-bit patterns, the size of the histogram and of the assignment table.
 const PATTERNS: usize = 1 << 16;
@@ -874,7 +876,7 @@ mod tests {
     #[test]
     fn bad_weights_and_nbits_are_errors() {
         let v = vec![f16::from_f32(0.5); 4];
-        assert!(palettize_f16(&v, 3, None).is_err());
+        assert!(palettize_f16(&v, 5, None).is_err());
         assert!(palettize_f16(&v, 4, Some(&[1.0, 1.0])).is_err());
         assert!(palettize_f16(&v, 4, Some(&[1.0, -1.0, 1.0, 1.0])).is_err());
         assert!(palettize_f16(&v, 4, Some(&[1.0, f32::NAN, 1.0, 1.0])).is_err());

@@ -23,11 +23,11 @@ use thiserror::Error;
 use crate::arch::TensorSlot;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 
-pub use kmeans::{palettize_f16, LutFit, SUPPORTED_NBITS};
+pub use kmeans::{palettize_f16, LutFit, IOS17_NBITS, SUPPORTED_NBITS};
 pub use pack::{pack_indices, packed_len, try_unpack_indices, unpack_indices};
 pub use recipe::{Decision, Recipe, RecipeError, Storage};
 pub use report::{MixedPrecision, Report, TensorReport, Totals};
-pub use weight::{nbits_list, LutRows, PackedLut, QuantizedWeight};
+pub use weight::{nbits_list, GroupedLut, LutRows, PackedLut, QuantizedWeight};
 
 #[derive(Debug, Error)]
 pub enum QuantError {
@@ -140,19 +140,43 @@ impl PalettizedTensor {
         self.luts.first().map_or(&[], |l| l.as_slice())
     }
 
-    /// The stored form of a per-tensor palettization; `None` for a grouped one (iOS18, which
-    /// packages do not emit).
+    /// The stored form: one LUT, or one per group of output channels (rows, axis 0: row
+    /// groups in order, which an iOS18 package stores as one grouped LUT); `None` for groups
+    /// along another axis.
     pub fn into_weight(self) -> Option<QuantizedWeight> {
-        if self.granularity != Granularity::PerTensor || self.luts.len() != 1 {
+        let rows = self.shape.first().copied().unwrap_or(1);
+        let group_rows = match self.granularity {
+            Granularity::PerTensor if self.luts.len() == 1 => rows,
+            Granularity::PerGroupedChannel {
+                group_size,
+                axis: 0,
+            } if group_size > 0 && rows % group_size == 0 => group_size,
+            _ => return None,
+        };
+        if self.luts.len() * group_rows != rows {
             return None;
         }
-        let rows = self.shape.first().copied().unwrap_or(1);
-        let lut = PackedLut {
-            nbits: self.nbits,
-            lut: self.luts.into_iter().next().unwrap_or_default(),
-            packed: self.packed_indices,
-        };
-        Some(QuantizedWeight::per_tensor(rows, lut))
+        let per_group = self.numel() / self.luts.len().max(1);
+        let idx = self.indices();
+        let groups = self
+            .luts
+            .into_iter()
+            .zip(idx.chunks(per_group.max(1)))
+            .map(|(lut, chunk)| LutRows {
+                rows: group_rows,
+                lut: PackedLut {
+                    nbits: self.nbits,
+                    lut,
+                    packed: pack_indices(chunk, self.nbits),
+                },
+            })
+            .collect();
+        Some(QuantizedWeight {
+            groups,
+            restore: None,
+            row_scale: None,
+            rotated: false,
+        })
     }
 
     /// Unpacked indices, one per element.
@@ -416,6 +440,33 @@ mod tests {
             axis: 0,
         };
         assert!(palettize_tensor(&v, &shape, 2, g, None).is_err());
+    }
+
+    #[test]
+    fn grouped_rows_are_stored_as_row_groups() {
+        let v = random(48, 5);
+        let g = Granularity::PerGroupedChannel {
+            group_size: 2,
+            axis: 0,
+        };
+        let t = palettize_tensor(&v, &[8, 6], 2, g, None).unwrap();
+        let deq = t.dequantize();
+        let w = t.into_weight().unwrap();
+        assert_eq!(w.groups.len(), 4);
+        let gl = w.grouped_lut(6).unwrap();
+        let stored: Vec<f16> = gl
+            .indices(48)
+            .iter()
+            .enumerate()
+            .map(|(e, &i)| gl.luts[(e / 12) * 4 + i as usize])
+            .collect();
+        assert_eq!(stored, deq);
+        let g = Granularity::PerGroupedChannel {
+            group_size: 2,
+            axis: 1,
+        };
+        let t = palettize_tensor(&v, &[8, 6], 2, g, None).unwrap();
+        assert!(t.into_weight().is_none(), "groups along the input axis");
     }
 
     #[test]

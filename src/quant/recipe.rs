@@ -28,6 +28,7 @@ use serde::Serialize;
 use super::kmeans::check_nbits;
 use super::{Granularity, QuantError, SUPPORTED_NBITS};
 use crate::arch::{Role, TensorSlot};
+use crate::mil::contract::Target;
 
 /// What is wrong with a recipe: the message after `{origin}: ` in [`QuantError::Recipe`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -100,7 +101,7 @@ pub const DEFAULT_RECIPE: &str = include_str!("../../configs/recipes/default.tom
 const DEFAULT_ORIGIN: &str = "configs/recipes/default.toml (built in)";
 
 /// Recipes shipped in configs/recipes/, usable by name (`--recipe NAME`).
-pub const BUILTIN_RECIPES: [(&str, &str); 6] = [
+pub const BUILTIN_RECIPES: [(&str, &str); 7] = [
     ("default", DEFAULT_RECIPE),
     (
         "calibrated-4bit",
@@ -121,6 +122,10 @@ pub const BUILTIN_RECIPES: [(&str, &str); 6] = [
     (
         "large-model",
         include_str!("../../configs/recipes/large-model.toml"),
+    ),
+    (
+        "ios18-4bit",
+        include_str!("../../configs/recipes/ios18-4bit.toml"),
     ),
 ];
 
@@ -197,6 +202,8 @@ pub struct Recipe {
     names: Vec<NameRule>,
     nbits_override: Option<u8>,
     calibration: Option<Calibration>,
+    /// `target = "ios17" | "ios18"` (`--target` overrides it).
+    target: Target,
 }
 
 /// The `[calibration]` table: palettized projections are fitted to what they compute on
@@ -215,6 +222,9 @@ pub struct Calibration {
     pub awq: bool,
     /// Contiguous row groups per projection, each with its own LUT.
     pub row_groups: usize,
+    /// iOS18: rows per LUT group (0 = use `row_groups`); groups of equal size in row order
+    /// are stored as one grouped LUT.
+    pub group_size: usize,
     /// Rotate each projection's input channels (see `LinearMethod::rotate`): the graph
     /// rotates each projection input once (signs, Hadamard blocks, a mix across blocks).
     pub rotate: bool,
@@ -245,6 +255,7 @@ impl Default for Calibration {
             // Measured on SmolLM2: no gain once GPTQ and row scales are on (README table).
             awq: false,
             row_groups: 1,
+            group_size: 0,
             rotate: false,
             damp: 0.01,
             target_bpw: None,
@@ -265,6 +276,7 @@ impl Calibration {
             act_order: self.act_order,
             damp: self.damp,
             row_groups: self.row_groups,
+            group_size: self.group_size,
             rotate: self.rotate,
         }
     }
@@ -291,6 +303,13 @@ impl Calibration {
                         .as_integer()
                         .filter(|&g| (1..=256).contains(&g))
                         .ok_or("calibration.row_groups must be an integer in 1..=256")?
+                        as usize
+                }
+                "group_size" => {
+                    c.group_size = v
+                        .as_integer()
+                        .filter(|&g| (1..=4096).contains(&g))
+                        .ok_or("calibration.group_size must be an integer in 1..=4096")?
                         as usize
                 }
                 "target_bpw" => {
@@ -325,7 +344,7 @@ impl Calibration {
                 other => {
                     return Err(RecipeError::Invalid(format!(
                         "calibration: unknown key `{other}` (expected row_scale, weighted, \
-                         gptq, act_order, awq, rotate, row_groups, damp, target_bpw, \
+                         gptq, act_order, awq, rotate, row_groups, group_size, damp, target_bpw, \
                          allocation_rows, tokens)"
                     )))
                 }
@@ -342,6 +361,11 @@ impl Calibration {
                 .tokens
                 .map_or(String::new(), |t| format!("tokens = {t}\n"))
             + if self.rotate { "rotate = true\n" } else { "" }
+            + &if self.group_size > 0 {
+                format!("group_size = {}\n", self.group_size)
+            } else {
+                String::new()
+            }
             + &if self.allocation_rows != DEFAULT_ALLOCATION_ROWS {
                 format!("allocation_rows = {}\n", self.allocation_rows)
             } else {
@@ -448,6 +472,7 @@ impl Recipe {
             names: Vec::new(),
             nbits_override: None,
             calibration: None,
+            target: Target::Ios17,
         };
         for (key, value) in &table {
             match key.as_str() {
@@ -513,9 +538,17 @@ impl Recipe {
                     }
                 }
                 "calibration" => recipe.calibration = Some(Calibration::parse(value).map_err(err)?),
+                "target" => {
+                    recipe.target = value.as_str().and_then(Target::parse).ok_or_else(|| {
+                        err(RecipeError::Invalid(
+                            "target must be \"ios17\" or \"ios18\"".into(),
+                        ))
+                    })?
+                }
                 other => {
                     return Err(err(RecipeError::Invalid(format!(
-                        "unknown key `{other}` (expected default, roles, tensors, calibration)"
+                        "unknown key `{other}` (expected target, default, roles, tensors, \
+                         calibration)"
                     ))))
                 }
             }
@@ -583,6 +616,41 @@ impl Recipe {
     pub fn with_calibration(mut self, calibration: Option<Calibration>) -> Self {
         self.calibration = calibration;
         self
+    }
+
+    /// The OS the recipe builds for.
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// The recipe building for `target` instead (`--target`).
+    pub fn with_target(mut self, target: Target) -> Self {
+        self.target = target;
+        self
+    }
+
+    /// What this recipe asks for that its target cannot store, if anything: iOS17 has one LUT
+    /// per tensor (no channel groups) of 1, 2, 4, 6 or 8 bits.
+    pub fn target_conflict(&self, slots: &[TensorSlot]) -> Option<String> {
+        if self.target != Target::Ios17 {
+            return None;
+        }
+        if self.calibration.is_some_and(|c| c.group_size > 0) {
+            return Some("calibration.group_size (grouped LUTs) needs target ios18".into());
+        }
+        slots.iter().find_map(|s| match self.decide(s) {
+            Decision::Palettize { nbits, .. } if !super::IOS17_NBITS.contains(&nbits) => Some(
+                format!("tensor `{}`: {nbits}-bit LUTs need target ios18", s.name),
+            ),
+            Decision::Palettize { granularity, .. } if granularity != Granularity::PerTensor => {
+                Some(format!(
+                    "tensor `{}`: {granularity} LUTs need target ios18; iOS17 packages take \
+                     one LUT per tensor",
+                    s.name
+                ))
+            }
+            _ => None,
+        })
     }
 
     /// Where the recipe came from (a path, or the built-in default).
@@ -686,7 +754,14 @@ impl Recipe {
             }
             _ => d,
         };
-        let mut out = format!("default = {}\n\n[roles]\n", fold(self.default).to_toml());
+        let mut out = match self.target {
+            Target::Ios17 => String::new(),
+            t => format!("target = \"{}\"\n", t.as_str()),
+        };
+        out.push_str(&format!(
+            "default = {}\n\n[roles]\n",
+            fold(self.default).to_toml()
+        ));
         for (role, d) in &self.roles {
             out.push_str(&format!("{} = {}\n", role.as_str(), fold(*d).to_toml()));
         }
@@ -936,12 +1011,49 @@ mod tests {
     }
 
     #[test]
+    fn target_key_and_what_ios17_refuses() {
+        let grouped = "{ palettize = { nbits = 3, granularity = \"per_grouped_channel\", \
+                       group_size = 8 } }";
+        let r = Recipe::parse(&format!("target = \"ios18\"\n[roles]\nq = {grouped}"), "r").unwrap();
+        let s = [slot("model.layers.0.self_attn.q_proj.weight", Role::Q)];
+        assert_eq!(r.target(), Target::Ios18);
+        assert_eq!(r.target_conflict(&s), None);
+        assert!(r.to_toml().starts_with("target = \"ios18\"\n"));
+        assert_eq!(
+            Recipe::parse(&r.to_toml(), "x").unwrap().target(),
+            Target::Ios18
+        );
+        let e = r
+            .clone()
+            .with_target(Target::Ios17)
+            .target_conflict(&s)
+            .unwrap();
+        assert!(e.contains("3-bit") && e.contains("ios18"), "{e}");
+        let g4 = grouped.replace("nbits = 3", "nbits = 4");
+        let r = Recipe::parse(&format!("[roles]\nq = {g4}"), "r").unwrap();
+        assert_eq!(r.target(), Target::Ios17);
+        assert!(r
+            .target_conflict(&s)
+            .unwrap()
+            .contains("per_grouped_channel"));
+        let text = "[roles]\nq = { palettize = { nbits = 4 } }\n[calibration]\ngroup_size = 16";
+        let r = Recipe::parse(text, "r").unwrap();
+        assert_eq!(r.calibration().unwrap().group_size, 16);
+        assert_eq!(r.calibration().unwrap().method(4).group_size, 16);
+        assert!(r.target_conflict(&s).unwrap().contains("group_size"));
+        assert!(r.to_toml().contains("group_size = 16"));
+        assert_eq!(r.with_target(Target::Ios18).target_conflict(&s), None);
+        assert!(Recipe::parse("target = \"ios19\"", "r").is_err());
+        assert!(Recipe::parse("[calibration]\ngroup_size = 0", "r").is_err());
+    }
+
+    #[test]
     fn errors_name_the_file_and_key() {
         let cases = [
             ("defualt = \"fp16\"", "defualt"),
             ("[roles]\nqq = \"fp16\"", "qq"),
             ("[roles]\nq = \"int8\"", "int8"),
-            ("[roles]\nq = { palettize = { nbits = 3 } }", "nbits = 3"),
+            ("[roles]\nq = { palettize = { nbits = 5 } }", "nbits = 5"),
             ("[roles]\nq = { palettize = { nbit = 4 } }", "nbit"),
             ("[roles]\nq = { palettise = { nbits = 4 } }", "palettise"),
             (
@@ -973,17 +1085,17 @@ mod tests {
             Err(QuantError::Recipe { error, .. }) => error,
             other => panic!("{other:?}"),
         };
-        let e = recipe_error("default = { palettize = { nbits = 3 } }");
+        let e = recipe_error("default = { palettize = { nbits = 5 } }");
         assert_eq!(
             e,
             RecipeError::UnsupportedNbits {
                 at: "default.palettize".into(),
-                nbits: 3
+                nbits: 5
             }
         );
         assert_eq!(
             e.to_string(),
-            "default.palettize.nbits = 3: supported are 1, 2, 4, 6, 8"
+            "default.palettize.nbits = 5: supported are 1, 2, 3, 4, 6, 8"
         );
         let e = recipe_error("[[tensors]]\nglob = \"a[\"\ndecision = \"fp16\"");
         assert!(

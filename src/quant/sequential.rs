@@ -767,7 +767,12 @@ fn mixed_bits(rows: usize, cols: usize, counts: [usize; 3], m: &LinearMethod) ->
     let mut bits = scale;
     for (&n, &nb) in counts.iter().zip(&MIXED_NBITS) {
         if n > 0 {
-            bits += (n * cols) as f64 * nb as f64 + groups * 16.0 * (1u64 << nb) as f64;
+            // Each width's rows are split into groups of their own (`plan_groups`).
+            let luts = match m.group_size {
+                0 => groups,
+                g => n.div_ceil(g) as f64,
+            };
+            bits += (n * cols) as f64 * nb as f64 + luts * 16.0 * (1u64 << nb) as f64;
         }
     }
     bits

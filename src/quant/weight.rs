@@ -29,6 +29,11 @@ impl PackedLut {
         }
     }
 
+    /// The `numel` indices, unpacked (the graph checked the packed length).
+    pub fn indices(&self, numel: usize) -> Vec<u8> {
+        super::unpack_indices(&self.packed, self.nbits, numel)
+    }
+
     /// Bytes stored: packed indices plus the fp16 LUT.
     pub fn bytes(&self) -> u64 {
         self.packed.len() as u64 + 2 * self.lut.len() as u64
@@ -39,7 +44,7 @@ impl PackedLut {
     pub fn check(&self, numel: usize) -> Result<(), String> {
         if !SUPPORTED_NBITS.contains(&self.nbits) {
             return Err(format!(
-                "iOS17 supports {} bits, not {}",
+                "LUTs take {} bits, not {}",
                 nbits_list(),
                 self.nbits
             ));
@@ -65,12 +70,82 @@ impl PackedLut {
     }
 }
 
-/// The supported widths as prose: `1, 2, 4, 6 or 8`.
+/// The supported widths as prose: `1, 2, 3, 4, 6 or 8`.
 pub fn nbits_list() -> String {
     let n: Vec<String> = SUPPORTED_NBITS.iter().map(|b| b.to_string()).collect();
     match n.split_last() {
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
         _ => n.join(""),
+    }
+}
+
+/// iOS18: a weight of `rows` rows whose consecutive runs of `group_rows` rows each have their
+/// own LUT, in one `constexpr_lut_to_dense` (LUT shape `[rows / group_rows, 1, 2^nbits, 1]`),
+/// then an optional per-row scale applied to the dense weight by a
+/// `constexpr_blockwise_shift_scale` (scale shape `[rows, 1]`): nothing runs per step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupedLut {
+    pub nbits: u8,
+    pub group_rows: usize,
+    /// The groups' tables one after another, `2^nbits` entries each.
+    pub luts: Vec<f16>,
+    /// All indices in row-major order, packed LSB-first as [`PackedLut::packed`].
+    pub packed: Vec<u8>,
+    pub row_scale: Option<Vec<f16>>,
+}
+
+impl GroupedLut {
+    /// The `numel` indices, unpacked (the graph checked the packed length).
+    pub fn indices(&self, numel: usize) -> Vec<u8> {
+        super::unpack_indices(&self.packed, self.nbits, numel)
+    }
+
+    /// Number of tables.
+    pub fn groups(&self) -> usize {
+        self.luts.len() >> self.nbits
+    }
+
+    /// Bytes stored: packed indices, the fp16 tables and the fp16 scales.
+    pub fn bytes(&self) -> u64 {
+        self.packed.len() as u64
+            + 2 * self.luts.len() as u64
+            + 2 * self.row_scale.as_ref().map_or(0, |s| s.len()) as u64
+    }
+
+    /// Why this cannot be a `shape` weight, if it cannot.
+    pub fn check(&self, shape: &[usize]) -> Result<(), String> {
+        let numel: usize = shape.iter().product();
+        let rows = shape.first().copied().unwrap_or(1);
+        let lut = PackedLut {
+            nbits: self.nbits,
+            lut: vec![f16::ZERO; 1 << self.nbits.min(8)],
+            packed: self.packed.clone(),
+        };
+        lut.check(numel)?;
+        if self.group_rows == 0
+            || self.luts.len() % (1 << self.nbits) != 0
+            || self.groups() * self.group_rows != rows
+        {
+            return Err(format!(
+                "{} LUT entries in groups of {} rows do not cover {rows} rows at {} bits",
+                self.luts.len(),
+                self.group_rows,
+                self.nbits
+            ));
+        }
+        match &self.row_scale {
+            Some(s) if s.len() != rows => Err(format!("{} row scales for {rows} rows", s.len())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Multiply every value by `scale` (the LUTs; k-means is scale-equivariant).
+    pub fn scale(&mut self, scale: f64) {
+        if scale != 1.0 {
+            for x in &mut self.luts {
+                *x = f16::from_f64(x.to_f64() * scale);
+            }
+        }
     }
 }
 
@@ -108,6 +183,34 @@ impl QuantizedWeight {
             row_scale: None,
             rotated: false,
         }
+    }
+
+    /// The iOS18 single-op form of this weight, when it has one: groups of equal size and
+    /// width in row order (no row permutation), `cols` columns each. The row scale moves
+    /// into the constant; an input rotation stays with the caller.
+    pub fn grouped_lut(&self, cols: usize) -> Option<GroupedLut> {
+        let first = self.groups.first()?;
+        let (nbits, group_rows) = (first.lut.nbits, first.rows);
+        let uniform = self
+            .groups
+            .iter()
+            .all(|g| g.lut.nbits == nbits && g.rows == group_rows);
+        if !uniform || self.restore.is_some() || group_rows == 0 {
+            return None;
+        }
+        let mut idx = Vec::with_capacity(self.rows() * cols);
+        let mut luts = Vec::with_capacity(self.groups.len() << nbits);
+        for g in &self.groups {
+            idx.extend(super::try_unpack_indices(&g.lut.packed, nbits, g.rows * cols).ok()?);
+            luts.extend_from_slice(&g.lut.lut);
+        }
+        Some(GroupedLut {
+            nbits,
+            group_rows,
+            luts,
+            packed: pack_indices(&idx, nbits),
+            row_scale: self.row_scale.clone(),
+        })
     }
 
     /// Rows over all groups.
@@ -215,7 +318,42 @@ mod tests {
 
     #[test]
     fn widths_read_as_prose() {
-        assert_eq!(nbits_list(), "1, 2, 4, 6 or 8");
+        assert_eq!(nbits_list(), "1, 2, 3, 4, 6 or 8");
+    }
+
+    #[test]
+    fn equal_row_groups_become_one_grouped_lut() {
+        let idx = [0u8, 1, 2, 3, 0, 1, 3, 2, 1, 0, 3, 2];
+        let group = |rows: std::ops::Range<usize>, base: f32| LutRows {
+            rows: 2,
+            lut: PackedLut {
+                nbits: 2,
+                lut: (0..4).map(|i| f16::from_f32(base + i as f32)).collect(),
+                packed: pack_indices(&idx[rows.start * 3..rows.end * 3], 2),
+            },
+        };
+        let w = QuantizedWeight {
+            groups: vec![group(0..2, 0.0), group(2..4, 10.0)],
+            restore: None,
+            row_scale: Some(vec![f16::ONE; 4]),
+            rotated: false,
+        };
+        let g = w.grouped_lut(3).unwrap();
+        assert_eq!((g.groups(), g.group_rows, g.nbits), (2, 2, 2));
+        assert_eq!(g.indices(12), idx.to_vec());
+        assert_eq!(g.luts[4], f16::from_f32(10.0));
+        assert_eq!(g.bytes(), 3 + 2 * 8 + 2 * 4);
+        assert_eq!(g.check(&[4, 3]), Ok(()));
+        assert!(
+            g.check(&[6, 2]).is_err(),
+            "2 tables of 2 rows do not cover 6 rows"
+        );
+        let mut permuted = w.clone();
+        permuted.restore = Some(vec![1, 0, 3, 2]);
+        assert!(permuted.grouped_lut(3).is_none());
+        let mut uneven = w;
+        uneven.groups[1].rows = 1;
+        assert!(uneven.grouped_lut(3).is_none());
     }
 
     #[test]

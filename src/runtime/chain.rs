@@ -166,6 +166,14 @@ impl Saved {
         }
     }
 
+    /// The compiled programs: the package's, or each part's in chain order.
+    pub fn programs(&self) -> Vec<&Program> {
+        match self {
+            Saved::Package(p) => vec![p.program()],
+            Saved::Chain(c) => c.programs.iter().collect(),
+        }
+    }
+
     pub fn contract(&self) -> &Contract {
         match self {
             Saved::Package(p) => p.contract(),

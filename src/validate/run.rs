@@ -68,9 +68,6 @@ pub enum ValidateError {
 /// The evaluation passage shipped with the tool (distinct from the calibration text).
 pub const EVALUATION_TEXT: &str = include_str!("../../fixtures/evaluation.txt");
 
-/// iOS17 packages declare specificationVersion 8.
-const IOS17_SPEC_VERSION: i32 = 8;
-
 /// What to validate against.
 pub struct ValidateOptions<'a> {
     /// The evaluation text as token ids (without BOS: the contract's BOS is added here).
@@ -171,7 +168,8 @@ pub fn validate(
         pkg_path,
         &crate::lint::Policy::default(),
     )?);
-    let (weights, min_bits) = check_weights(&raws, ckpt)?;
+    let programs = package.programs();
+    let (weights, min_bits) = check_weights(&raws, ckpt, &programs)?;
     report.weights = weights;
 
     let mut tokens: Vec<u32> = opts.tokens.to_vec();
@@ -238,8 +236,8 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
     let spec = ckpt.spec();
     let mut items = vec![
         item(
-            "specificationVersion (iOS17)",
-            IOS17_SPEC_VERSION,
+            &format!("specificationVersion ({})", c.target.as_str()),
+            c.target.spec_version(),
             pkg.spec_version(),
         ),
         item("contract version", contract::CONTRACT_VERSION, c.version),
@@ -335,7 +333,8 @@ fn check_hashes(dir: &Path, chain: &ChainFile) -> Vec<ContractItem> {
                 "weight.bin" => root.join("weights/weight.bin"),
                 other => root.join(other),
             };
-            let found = sha256_file(&path).unwrap_or_else(|e| format!("unreadable: {e}"));
+            let found =
+                crate::fsutil::sha256_file(&path).unwrap_or_else(|e| format!("unreadable: {e}"));
             items.push(item(
                 &format!("{}: sha256 of {file}", part.path),
                 want,
@@ -346,29 +345,12 @@ fn check_hashes(dir: &Path, chain: &ChainFile) -> Vec<ContractItem> {
     items
 }
 
-/// sha256 of a file as lowercase hex, read in 1 MiB chunks.
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    use sha2::Digest;
-    use std::io::Read;
-    let mut f = crate::fsutil::open_input(path)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// One part's spec version and I/O names, dtypes and shapes.
 fn check_part(part: &ChainPart, pkg: &MlPackage, c: &Contract, hidden: usize) -> Vec<ContractItem> {
     let p = &part.path;
     let mut items = vec![item(
-        &format!("{p}: specificationVersion (iOS17)"),
-        IOS17_SPEC_VERSION,
+        &format!("{p}: specificationVersion ({})", c.target.as_str()),
+        c.target.spec_version(),
         pkg.spec_version(),
     )];
     let (inputs, outputs) = ChainPart::io(
@@ -420,21 +402,24 @@ fn check_part(part: &ChainPart, pkg: &MlPackage, c: &Contract, hidden: usize) ->
 fn check_weights(
     pkgs: &[MlPackage],
     ckpt: &Checkpoint,
+    programs: &[&crate::runtime::interp::Program],
 ) -> Result<(Vec<WeightError>, Option<u32>), ValidateError> {
     let mains = pkgs
         .iter()
         .map(|p| p.main_function().map(|m| (p, m)))
         .collect::<Result<Vec<_>, _>>()?;
     // A chain's parts hold different weights (a tied table twice: the first copy is checked).
-    let find_in = |name: &str| {
-        mains.iter().find_map(|(pkg, main)| {
+    // The part holding `name`, by index (its program decodes iOS18 weights), and the op.
+    let find_at = |name: &str| {
+        mains.iter().enumerate().find_map(|(at, (_, main))| {
             main.block
                 .operations
                 .iter()
                 .find(|op| op.outputs.first().is_some_and(|o| o.name == name))
-                .map(|op| (*pkg, op))
+                .map(|op| (at, op))
         })
     };
+    let find_in = |name: &str| find_at(name).map(|(at, op)| (mains[at].0, op));
     let find = |name: &str| find_in(name).map(|(_, op)| op);
     let mut out = Vec::new();
     let mut min_bits: Option<u32> = None;
@@ -459,10 +444,27 @@ fn check_weights(
             continue;
         }
         let mut decoded: Vec<f32> = Vec::with_capacity(slot.numel());
+        let mut scaled18 = false;
         for (part, numel) in &parts {
-            let Some((pkg, op)) = find_in(part) else {
+            let Some((at, op)) = find_at(part) else {
                 continue;
             };
+            let pkg = &pkgs[at];
+            if let Some(bits) = ios18_weight(op) {
+                // iOS18 constexpr ops (grouped LUTs, per-row scales): read back as the
+                // interpreter decoded them.
+                let Some(t) = programs[at].constant(part) else {
+                    continue;
+                };
+                decoded.extend(t.as_f32().iter());
+                // A scale op reads the LUT op the bridge names `<part>_lut`.
+                let bits = bits.or_else(|| {
+                    find(&format!("{part}_lut")).and_then(|o| ios18_weight(o).flatten())
+                });
+                min_bits = bits.map_or(min_bits, |b| Some(min_bits.map_or(b, |m| m.min(b))));
+                scaled18 |= op.r#type == "constexpr_blockwise_shift_scale";
+                continue;
+            }
             match op.r#type.as_str() {
                 "const" => match op.attributes.get("val") {
                     Some(v) => decoded.extend(floats(pkg.value(v, part)?.values)),
@@ -492,7 +494,7 @@ fn check_weights(
             }
         }
         let scale_name = format!("{name}_row_scale");
-        let calibrated = parts.len() > 1 || find(&scale_name).is_some();
+        let calibrated = parts.len() > 1 || find(&scale_name).is_some() || scaled18;
         if let Some((pkg, op)) = find_in(&scale_name) {
             if let Some(v) = op.attributes.get("val") {
                 let s = floats(pkg.value(v, &scale_name)?.values);
@@ -519,6 +521,25 @@ fn check_weights(
         out.push(WeightError::measure(&slot.name, &original, &rescaled));
     }
     Ok((out, min_bits))
+}
+
+/// For an iOS18 constexpr weight (operands as inputs, not attributes): `Some(bits)`, the
+/// LUT index width when the op (or the LUT a scale op reads) says it.
+fn ios18_weight(op: &crate::mlpackage::proto::Operation) -> Option<Option<u32>> {
+    use crate::mlpackage::proto;
+    let index_bits = |op: &proto::Operation| -> Option<u32> {
+        let ty = op.inputs.get("indices")?.arguments.first()?;
+        let Some(proto::binding::Binding::Value(v)) = &ty.binding else {
+            return None;
+        };
+        let t = crate::mlpackage::tensor_type(v.r#type.as_ref(), "indices").ok()?;
+        Some(t.dtype.bits())
+    };
+    match op.r#type.as_str() {
+        "constexpr_lut_to_dense" if op.inputs.contains_key("indices") => Some(index_bits(op)),
+        "constexpr_blockwise_shift_scale" => Some(None),
+        _ => None,
+    }
 }
 
 /// `decoded` times the least-squares scalar that best matches `original`.

@@ -19,6 +19,7 @@ pub fn contract(s: usize, q: usize, v: usize, eos: Vec<u32>) -> Contract {
     let (inputs, outputs) = Contract::io(s, q, l, hkv, d, v, "fp16");
     Contract {
         version: CONTRACT_VERSION,
+        target: Default::default(),
         max_seq_len: s,
         query_len: q,
         num_layers: l,

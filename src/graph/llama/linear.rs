@@ -8,6 +8,7 @@ use half::f16;
 
 use crate::arch::{mil_name, ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, ConstData, GraphError, Op, Weight};
+use crate::mil::contract::Target;
 use crate::quant::sequential::Rotation;
 use crate::quant::QuantizedWeight;
 
@@ -169,6 +170,25 @@ impl<'a> Weights<'a> {
         scale: f64,
     ) -> Result<LinearWeight, GraphError> {
         let rows = q.rows();
+        let cols = shape.get(1).copied().unwrap_or(1);
+        if let Some(mut g) = (b.target() == Target::Ios18 && shape.len() == 2 && rows == shape[0])
+            .then(|| q.grouped_lut(cols))
+            .flatten()
+        {
+            g.scale(scale);
+            let c = b.constant(
+                &mil_name(name),
+                shape,
+                ConstData::GroupedLut(g),
+                Some(name.to_string()),
+            );
+            return Ok(LinearWeight {
+                parts: vec![c],
+                restore: None,
+                scale: None,
+                rotation: self.rotation(b, q.rotated, cols),
+            });
+        }
         let n = q.groups.len();
         if (!q.is_plain() && shape.len() != 2) || shape.first() != Some(&rows) {
             return Err(GraphError::Unsupported(format!(
@@ -209,18 +229,22 @@ impl<'a> Weights<'a> {
                 source.clone(),
             )
         });
-        let rotation = q.rotated.then(|| {
-            let cols = shape[1];
-            self.rotations
-                .entry(cols)
-                .or_insert_with(|| rotation_constants(b, cols))
-                .clone()
-        });
+        let rotation = self.rotation(b, q.rotated, cols);
         Ok(LinearWeight {
             parts,
             restore,
             scale,
             rotation,
+        })
+    }
+
+    /// The input rotation of width `cols`, if the weight was stored rotated.
+    fn rotation(&mut self, b: &mut Builder, rotated: bool, cols: usize) -> Option<RotationConsts> {
+        rotated.then(|| {
+            self.rotations
+                .entry(cols)
+                .or_insert_with(|| rotation_constants(b, cols))
+                .clone()
         })
     }
 

@@ -42,6 +42,8 @@ pub struct StepOptions {
     /// The float type the program computes in.
     pub float: DType,
     pub scaling: Scaling,
+    /// The OS the program is built for.
+    pub target: crate::mil::contract::Target,
 }
 
 /// The step's dimensions.
@@ -229,6 +231,7 @@ pub fn build_part(
     let fl = opts.float;
     let alpha = opts.scaling.residual_scale;
     let mut b = Builder::new(fl);
+    b.set_target(opts.target);
     let mut weights = Weights::new(spec, weights);
 
     // Inputs, in contract order.
@@ -427,6 +430,7 @@ mod tests {
             query_len: 2,
             float: DType::F16,
             scaling,
+            target: Default::default(),
         }
     }
 

@@ -6,6 +6,7 @@
 //! against the shape the program declares and rounded to the declared dtype (fp16 stays fp16
 //! and overflows to inf, as on device), unless [`Compute::F32`] is chosen.
 
+mod constexpr18;
 mod kernels;
 pub mod limits;
 pub mod ops;
@@ -159,6 +160,8 @@ pub struct Program {
     options: Options,
     n_slots: usize,
     consts: Vec<(usize, Arc<Tensor>)>,
+    /// The slots of the kept constants, by name (validate reads weights back through them).
+    const_names: HashMap<String, usize>,
     inputs: Vec<(String, usize, TensorTypeInfo)>,
     instrs: Vec<Instr>,
     outputs: Vec<(String, usize)>,
@@ -185,7 +188,11 @@ const LAYOUT_OPS: &[Op] = &[
 const RESHAPE_OPS: &[Op] = &[Op::Reshape, Op::ExpandDims, Op::Squeeze, Op::Identity];
 
 /// Ops whose value is computed once at load.
-const CONSTEXPR: &[Op] = &[Op::Const, Op::ConstexprLutToDense];
+const CONSTEXPR: &[Op] = &[
+    Op::Const,
+    Op::ConstexprLutToDense,
+    Op::ConstexprBlockwiseShiftScale,
+];
 
 impl Program {
     /// Compile the `main` function of `pkg`, decoding every constant and constexpr weight.
@@ -209,6 +216,7 @@ impl Program {
             slots: HashMap::new(),
             const_bytes: 0,
             const_cache: HashMap::new(),
+            constants: HashMap::new(),
         };
         let mut inputs = Vec::new();
         for i in main.inputs {
@@ -232,6 +240,7 @@ impl Program {
         }
         let n_slots = ld.slots.len();
         let const_bytes = ld.const_bytes;
+        drop_unread_constants(&mut consts, &instrs, &outputs);
         schedule_frees(&mut instrs, &outputs, &consts);
         let peak = peak_live_bytes(&inputs, &instrs, const_bytes);
         limits.check_peak(peak).map_err(|msg| RuntimeError::Limit {
@@ -239,16 +248,34 @@ impl Program {
             msg,
         })?;
         store_linear_weights_half(&mut consts, &instrs);
+        let kept: std::collections::HashSet<usize> = consts.iter().map(|(s, _)| *s).collect();
+        let const_names = ld
+            .slots
+            .iter()
+            .filter(|(_, s)| kept.contains(s))
+            .map(|(n, s)| (n.clone(), *s))
+            .collect();
         Ok(Program {
             options,
             n_slots,
             consts,
+            const_names,
             inputs,
             instrs,
             outputs,
             opset: main.opset.to_string(),
             limits,
         })
+    }
+
+    /// The value of the constant (or constexpr result) named `name`, as the program computes
+    /// with it, if a kept constant has that name.
+    pub fn constant(&self, name: &str) -> Option<&Tensor> {
+        let slot = *self.const_names.get(name)?;
+        self.consts
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, t)| t.as_ref())
     }
 
     /// The limits this program was loaded under.
@@ -465,6 +492,9 @@ struct Loader<'p> {
     slots: HashMap<String, usize>,
     const_bytes: u64,
     const_cache: HashMap<ConstKey, Arc<Tensor>>,
+    /// Every constant and constexpr result so far, by name: iOS18 constexpr ops may name one
+    /// as an operand.
+    constants: HashMap<String, Arc<Tensor>>,
 }
 
 impl Loader<'_> {
@@ -531,12 +561,16 @@ impl Loader<'_> {
             outs.push((o.name.clone(), ty));
         }
         let kind = OpKind::parse(&op.r#type);
-        if let OpKind::Known(constant @ (Op::Const | Op::ConstexprLutToDense)) = kind {
+        if let Some(constant) = match kind {
+            OpKind::Known(k) if CONSTEXPR.contains(&k) => Some(k),
+            _ => None,
+        } {
             let (name, ty) = outs.first().ok_or_else(|| op_err("no output".into()))?;
             let t = constexpr(self, op, constant, ty).map_err(|e| match e {
                 RuntimeError::Program(msg) => op_err(msg),
                 other => other,
             })?;
+            self.constants.insert(name.clone(), t.clone());
             return Ok(Some((self.slot(name), t)));
         }
         if op.r#type.starts_with("constexpr_") {
@@ -691,7 +725,7 @@ fn run_op(op: Op, args: &Args) -> ops::OpResult<Vec<Tensor>> {
             let s: Vec<i64> = x.shape.iter().map(|&d| d as i64).collect();
             Tensor::new(DType::I32, vec![s.len()], Data::I(s))
         })),
-        Const | ConstexprLutToDense => {
+        Const | ConstexprLutToDense | ConstexprBlockwiseShiftScale => {
             Err(format!("`{op}` is computed when the program loads").into())
         }
     }
@@ -744,6 +778,11 @@ fn constexpr(
                 Tensor::from_const(ld.value(v, "const `val`")?)
             }
         }
+        Op::ConstexprLutToDense | Op::ConstexprBlockwiseShiftScale
+            if !op.attributes.contains_key("indices") =>
+        {
+            constexpr18(ld, op, kind, ty)?
+        }
         Op::ConstexprLutToDense => {
             let indices = operand("indices")?;
             let lut = operand("lut")?;
@@ -764,6 +803,80 @@ fn constexpr(
         }
     };
     checked_const(t, ty, ld.options)
+}
+
+/// An iOS18 constexpr op: operands are inputs, each a value or the name of an earlier
+/// constant. The dense result is counted with the constants before it is made.
+fn constexpr18(
+    ld: &mut Loader,
+    op: &proto::Operation,
+    kind: Op,
+    ty: &TensorTypeInfo,
+) -> Result<Tensor, RuntimeError> {
+    let mut operand = |key: &str| -> Result<Option<Arc<Tensor>>, RuntimeError> {
+        let Some(arg) = op.inputs.get(key) else {
+            return Ok(None);
+        };
+        let [b] = arg.arguments.as_slice() else {
+            return Err(RuntimeError::Program(format!(
+                "`{key}` must bind one value"
+            )));
+        };
+        match &b.binding {
+            Some(proto::binding::Binding::Value(v)) => Ok(Some(Arc::new(Tensor::from_const(
+                ld.value(v, &format!("`{key}` of {}", op.r#type))?,
+            )))),
+            Some(proto::binding::Binding::Name(n)) => match ld.constants.get(n) {
+                Some(t) => Ok(Some(t.clone())),
+                None => Err(RuntimeError::Program(format!(
+                    "`{key}` names `{n}`, which is not a constant defined before it"
+                ))),
+            },
+            None => Err(RuntimeError::Program(format!("`{key}` binds nothing"))),
+        }
+    };
+    let mut required = |key: &str| {
+        operand(key)?.ok_or_else(|| RuntimeError::Program(format!("missing input `{key}`")))
+    };
+    let result = if kind == Op::ConstexprLutToDense {
+        let (indices, lut) = (required("indices")?, required("lut")?);
+        let axis = operand("vector_axis")?.and_then(|a| a.as_i64().first().copied());
+        let total = ld.const_bytes.saturating_add(limits::type_bytes(ty));
+        ld.limits
+            .check_peak(total)
+            .map_err(|msg| ld.limit_err(&op.r#type, msg))?;
+        ld.const_bytes = total;
+        constexpr18::lut_to_dense(&indices, &lut, axis, ty)
+    } else {
+        let (data, scale) = (required("data")?, required("scale")?);
+        let offset = operand("offset")?;
+        let total = ld.const_bytes.saturating_add(limits::type_bytes(ty));
+        ld.limits
+            .check_peak(total)
+            .map_err(|msg| ld.limit_err(&op.r#type, msg))?;
+        ld.const_bytes = total;
+        constexpr18::shift_scale(&data, &scale, offset.as_deref(), ty)
+    };
+    result.map_err(|e| RuntimeError::Program(e.to_string()))
+}
+
+/// Constants no instruction reads and no output names (a LUT an iOS18 op consumed at load,
+/// the dense weight a scale op was applied to) are not kept.
+fn drop_unread_constants(
+    consts: &mut Vec<(usize, Arc<Tensor>)>,
+    instrs: &[Instr],
+    outputs: &[(String, usize)],
+) {
+    let read: std::collections::HashSet<usize> = instrs
+        .iter()
+        .flat_map(|i| i.inputs.iter().flat_map(|(_, a)| a.iter()))
+        .filter_map(|a| match a {
+            Arg::Slot(s) => Some(*s),
+            Arg::Const(_) => None,
+        })
+        .chain(outputs.iter().map(|(_, s)| *s))
+        .collect();
+    consts.retain(|(s, _)| read.contains(s));
 }
 
 /// A constant's value with its declared shape and the dtype it computes in.
