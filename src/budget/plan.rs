@@ -61,7 +61,12 @@ impl PlanInput {
             path: path.to_path_buf(),
             source,
         };
-        let config = if path.is_file() {
+        // A .json file is a configuration (the safetensors index aside); any other file is
+        // for the checkpoint reader (a weight file stands for its directory).
+        let is_config_file = path.is_file()
+            && path.extension().is_some_and(|e| e == "json")
+            && !path.to_string_lossy().ends_with(".safetensors.index.json");
+        let config = if is_config_file {
             Some(path.to_path_buf())
         } else if path.is_dir() && !has_weight_files(path) && path.join("config.json").is_file() {
             Some(path.join("config.json"))
@@ -128,6 +133,10 @@ pub fn suggest(
     for (name, text) in BUILTIN_RECIPES {
         let recipe = Recipe::parse(text, &format!("configs/recipes/{name}.toml (built in)"))
             .map_err(BudgetError::Recipe)?;
+        // The plan is for the default target (iOS17): recipes for newer OSes are not offered.
+        if recipe.target() != crate::mil::contract::Target::Ios17 {
+            continue;
+        }
         let weights = input.weights_bytes(&recipe);
         let b = compute(&input.spec, weights, max_seq_len, query_len, limit);
         let units = super::chain::ModelBytes::measure(&input.spec, &input.slots, per_part, |s| {

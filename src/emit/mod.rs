@@ -271,6 +271,11 @@ pub fn check_environment(env: &PythonEnv) -> Result<String, EmitError> {
 /// enter from different threads, as `batch --jobs N` does. One long-lived thread (with a
 /// main-thread-sized stack: the MIL builder recurses deeply) sidesteps that.
 fn on_python_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    // Already there (an error built inside a job asks for the interpreter's version): run
+    // inline, since waiting for the queue from its own thread would never return.
+    if std::thread::current().name() == Some("python") {
+        return f();
+    }
     type Job = Box<dyn FnOnce() + Send>;
     static QUEUE: std::sync::OnceLock<Mutex<Option<mpsc::Sender<Job>>>> =
         std::sync::OnceLock::new();
