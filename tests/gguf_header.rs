@@ -106,7 +106,10 @@ fn real_7b_header_is_described_and_planned() {
     let b: serde_json::Value = serde_json::from_str(&out).unwrap();
     let weights = b["weights_bytes"].as_f64().unwrap();
     assert!((5.0e9..7.0e9).contains(&weights), "{b:#}");
-    assert_eq!(code == Some(0), b["fits"] == true, "{b:#}");
+    // Exit 0 only when it fits in memory and splits into packages under the device's limit
+    // (Qwen2's fp16 embedding, 1.09 GB, is over an iPhone's 1 GB).
+    let splits = b["packages"]["parts"].is_array();
+    assert_eq!(code == Some(0), b["fits"] == true && splits, "{b:#}");
     let (_, text, _) = run(&[
         "budget".as_ref(),
         file.as_os_str(),
