@@ -178,10 +178,18 @@ fn validate_for_ci_names_its_checkpoint_and_its_verdict() {
     assert_eq!(report["checkpoint"], recorded.to_str().unwrap());
 
     // Against another model's checkpoint: named as such, not a shape error (exit 2).
-    let other = TinyModel::qwen2().write_temp().unwrap();
+    let other = TinyModel {
+        layers: 3,
+        ..TinyModel::llama()
+    }
+    .write_temp()
+    .unwrap();
     let (code, _, err) = validate_raw(&pkg, Some(other.path()));
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("was not converted from"), "{err}");
+    assert!(
+        err.contains("was not converted from") && err.contains("layers 2 vs 3"),
+        "{err}"
+    );
 
     // A recorded checkpoint that changed since is not silently used.
     let config = dir.path().join("config.json");

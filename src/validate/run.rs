@@ -43,14 +43,13 @@ pub enum ValidateError {
     #[error(transparent)]
     Lint(#[from] crate::lint::LintError),
     #[error(
-        "{package} was not converted from {checkpoint}: the package records config.json with \
-         sha256 {recorded}, this checkpoint's is {found}"
+        "{package} was not converted from {checkpoint}: the package's dimensions differ from \
+         the checkpoint's ({differ})"
     )]
     NotFromCheckpoint {
         package: std::path::PathBuf,
         checkpoint: std::path::PathBuf,
-        recorded: String,
-        found: String,
+        differ: String,
     },
     #[error("the evaluation text has fewer than 2 tokens")]
     TextTooShort,
@@ -108,26 +107,29 @@ impl StepModel for Instrumented<'_> {
     }
 }
 
-/// Refuse a checkpoint the package was not converted from, before anything is compared: the
-/// hash of its config.json differs from the one the contract records. (Weights that differ
-/// under the same config are what the gates measure.)
+/// Refuse a checkpoint the package was not converted from, before anything is compared: its
+/// dimensions differ from the ones the contract records. (A re-saved or imported config with
+/// the same model passes; weights that differ are what the gates measure.)
 fn check_source(c: &Contract, ckpt: &Checkpoint, pkg: &Path) -> Result<(), ValidateError> {
-    let Some(recorded) = c.source.files.get("config.json") else {
-        return Ok(());
-    };
-    let path = ckpt.dir().join("config.json");
-    let found = crate::fsutil::sha256_file(&path).map_err(|source| CheckpointError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    if &found == recorded {
+    let spec = ckpt.spec();
+    let pairs = [
+        ("layers", c.num_layers, spec.num_hidden_layers),
+        ("kv heads", c.num_kv_heads, spec.num_key_value_heads),
+        ("head_dim", c.head_dim, spec.head_dim),
+        ("vocab", c.vocab_size, spec.vocab_size),
+    ];
+    let differ: Vec<String> = pairs
+        .iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(k, a, b)| format!("{k} {a} vs {b}"))
+        .collect();
+    if differ.is_empty() {
         return Ok(());
     }
     Err(ValidateError::NotFromCheckpoint {
         package: pkg.to_path_buf(),
         checkpoint: ckpt.dir().to_path_buf(),
-        recorded: recorded.clone(),
-        found,
+        differ: differ.join(", "),
     })
 }
 
