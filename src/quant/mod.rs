@@ -156,21 +156,33 @@ impl PalettizedTensor {
         if self.luts.len() * group_rows != rows {
             return None;
         }
+        let nbits = self.nbits;
+        let group = |lut, packed| LutRows {
+            rows: group_rows,
+            lut: PackedLut { nbits, lut, packed },
+        };
         let per_group = self.numel() / self.luts.len().max(1);
-        let idx = self.indices();
-        let groups = self
-            .luts
-            .into_iter()
-            .zip(idx.chunks(per_group.max(1)))
-            .map(|(lut, chunk)| LutRows {
-                rows: group_rows,
-                lut: PackedLut {
-                    nbits: self.nbits,
-                    lut,
-                    packed: pack_indices(chunk, self.nbits),
-                },
-            })
-            .collect();
+        let groups = if self.luts.len() == 1 {
+            // One table: the packed indices are already the stored form (no copy: unpacking a
+            // projection's indices costs a byte per weight, and a conversion holds many).
+            let lut = self.luts.into_iter().next().unwrap_or_default();
+            vec![group(lut, self.packed_indices)]
+        } else if (per_group * nbits as usize) % 8 == 0 {
+            // Each group starts on a byte: its packed indices are a byte range.
+            let step = (per_group * nbits as usize / 8).max(1);
+            self.luts
+                .into_iter()
+                .zip(self.packed_indices.chunks(step))
+                .map(|(lut, bytes)| group(lut, bytes.to_vec()))
+                .collect()
+        } else {
+            let idx = self.indices();
+            self.luts
+                .into_iter()
+                .zip(idx.chunks(per_group.max(1)))
+                .map(|(lut, chunk)| group(lut, pack_indices(chunk, nbits)))
+                .collect()
+        };
         Some(QuantizedWeight {
             groups,
             restore: None,
@@ -467,6 +479,39 @@ mod tests {
         };
         let t = palettize_tensor(&v, &[8, 6], 2, g, None).unwrap();
         assert!(t.into_weight().is_none(), "groups along the input axis");
+    }
+
+    #[test]
+    fn row_groups_off_byte_boundaries_and_one_table_store_the_same_values() {
+        // 2 rows of 5 at 2 bits: each group's indices end mid-byte (repacked), 2 rows of 4:
+        // on a byte (sliced), one table: moved as is.
+        for (shape, group_size) in [([8, 5], 2), ([8, 4], 2), ([8, 5], 8)] {
+            let numel = shape[0] * shape[1];
+            let v = random(numel, 7);
+            let g = if group_size == shape[0] {
+                Granularity::PerTensor
+            } else {
+                Granularity::PerGroupedChannel {
+                    group_size,
+                    axis: 0,
+                }
+            };
+            let t = palettize_tensor(&v, &shape, 2, g, None).unwrap();
+            let deq = t.dequantize();
+            let w = t.into_weight().unwrap();
+            assert_eq!(w.groups.len(), shape[0] / group_size);
+            let stored: Vec<f16> = w
+                .groups
+                .iter()
+                .flat_map(|r| {
+                    r.lut
+                        .indices(r.rows * shape[1])
+                        .into_iter()
+                        .map(|i| r.lut.lut[i as usize])
+                })
+                .collect();
+            assert_eq!(stored, deq, "{shape:?} in groups of {group_size}");
+        }
     }
 
     #[test]
