@@ -350,12 +350,17 @@ fn suggest_picks_the_least_compressed_shipped_recipe_that_fits() {
     assert!(cands.iter().all(|c| u(c, "packages") >= 2), "{cands:#?}");
 
     // An explicit limit (no margin, no allowance) that holds exactly candidate k's plan.
+    let bare = ["--safety-margin", "0", "--runtime-overhead", "0"];
     let rest = u(&roomy, "kv_cache_bytes") + u(&roomy, "working_set_bytes");
     for (k, want) in [(1, "default"), (2, "calibrated-4bit"), (4, "large-model")] {
         let limit = (weights[k] + rest).to_string();
         let (code, b) = suggest(
             dir.path(),
-            &["--max-package-size", "2GiB", "--memory-limit", &limit],
+            &[
+                &bare[..],
+                &["--max-package-size", "2GiB", "--memory-limit", &limit],
+            ]
+            .concat(),
         );
         assert_eq!(code, Some(0), "{b:#}");
         assert_eq!(b["suggest"]["recipe"], want, "{b:#}");
@@ -364,7 +369,11 @@ fn suggest_picks_the_least_compressed_shipped_recipe_that_fits() {
         let limit = (weights[k] + rest - 1).to_string();
         let (_, b) = suggest(
             dir.path(),
-            &["--max-package-size", "2GiB", "--memory-limit", &limit],
+            &[
+                &bare[..],
+                &["--max-package-size", "2GiB", "--memory-limit", &limit],
+            ]
+            .concat(),
         );
         assert_ne!(b["suggest"]["recipe"], want, "{b:#}");
     }
@@ -372,7 +381,11 @@ fn suggest_picks_the_least_compressed_shipped_recipe_that_fits() {
     let limit = (weights[5] + rest - 1).to_string();
     let (code, b) = suggest(
         dir.path(),
-        &["--max-package-size", "2GiB", "--memory-limit", &limit],
+        &[
+            &bare[..],
+            &["--max-package-size", "2GiB", "--memory-limit", &limit],
+        ]
+        .concat(),
     );
     assert_eq!(code, Some(1), "{b:#}");
     assert!(b["suggest"]["recipe"].is_null());

@@ -198,16 +198,24 @@ fn budget_smollm_shaped_kv_cache() {
 fn budget_exit_codes() {
     let dir = smollm_shaped().write_temp().unwrap();
     let d = dir.path().to_str().unwrap();
-    // 40 MB cannot hold the 47 MB cache of 2048 rows.
-    let out = hf2coreml(&[
-        "budget",
-        d,
-        "--memory-limit",
-        "40MB",
-        "--max-seq-len",
-        "2048",
-        "--json",
-    ]);
+    // An explicit limit is planned with the device table's default allowances: 10% of 40 MB
+    // and 150 MiB for the runtime leave nothing for the model.
+    let out = hf2coreml(&["budget", d, "--memory-limit", "40MB", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["runtime_overhead_bytes"], 150 << 20);
+    assert_eq!(j["usable_bytes"], 36_000_000);
+    assert_eq!(j["max_seq_len_that_fits"], 0);
+    // Without them, 40 MB cannot hold the 47 MB cache of 2048 rows.
+    let bare = ["--safety-margin", "0", "--runtime-overhead", "0"];
+    let out = hf2coreml(
+        &[
+            &["budget", d, "--memory-limit", "40MB"][..],
+            &bare,
+            &["--max-seq-len", "2048", "--json"],
+        ]
+        .concat(),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["fits"], false);
@@ -215,14 +223,14 @@ fn budget_exit_codes() {
     assert!(fit > 0 && fit < 2048);
     // The largest S reported is exactly the boundary.
     let at = |s: u64| {
-        hf2coreml(&[
-            "budget",
-            d,
-            "--memory-limit",
-            "40MB",
-            "--max-seq-len",
-            &s.to_string(),
-        ])
+        let s = s.to_string();
+        hf2coreml(
+            &[
+                &["budget", d, "--memory-limit", "40MB", "--max-seq-len", &s][..],
+                &bare,
+            ]
+            .concat(),
+        )
         .status
         .code()
     };
@@ -231,6 +239,17 @@ fn budget_exit_codes() {
     assert_bad_input(
         &hf2coreml(&["budget", d, "--device", "nokia-3310", "--max-seq-len", "16"]),
         "nokia-3310",
+    );
+    assert_bad_input(
+        &hf2coreml(&[
+            "budget",
+            d,
+            "--memory-limit",
+            "1GB",
+            "--safety-margin",
+            "1.5",
+        ]),
+        "1.5",
     );
 }
 

@@ -141,6 +141,23 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
 #[derive(Debug, Clone)]
 pub struct Devices {
     pub devices: Vec<Device>,
+    /// The table's `[defaults]`: what an explicit `--memory-limit` is planned with too.
+    pub defaults: Allowances,
+}
+
+/// What a plan reserves besides the model: a fraction of the limit and the runtime's bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allowances {
+    pub safety_margin: f64,
+    pub runtime_overhead_bytes: u64,
+}
+
+impl Allowances {
+    /// Nothing reserved: the limit is what the model may use.
+    pub const NONE: Allowances = Allowances {
+        safety_margin: 0.0,
+        runtime_overhead_bytes: 0,
+    };
 }
 
 impl Devices {
@@ -188,6 +205,13 @@ impl Devices {
             Some(s) => parse_size(&s).map_err(|e| err(e.to_string()))?,
             None => DEFAULT_MAX_PACKAGE_BYTES,
         };
+        if !(0.0..1.0).contains(&def_margin) {
+            return Err(err("defaults: safety_margin must be in [0, 1)".into()));
+        }
+        let defaults = Allowances {
+            safety_margin: def_margin,
+            runtime_overhead_bytes: def_overhead,
+        };
         let mut devices = Vec::new();
         for (id, d) in raw.devices {
             let size = |s: &str| parse_size(s).map_err(|m| err(format!("device `{id}`: {m}")));
@@ -214,7 +238,7 @@ impl Devices {
                 id,
             });
         }
-        Ok(Devices { devices })
+        Ok(Devices { devices, defaults })
     }
 
     pub fn get(&self, id: &str) -> Result<&Device, BudgetError> {
@@ -265,12 +289,14 @@ impl Limit {
         }
     }
 
-    pub fn explicit(bytes: u64) -> Self {
+    /// An explicit limit, planned with the same allowances a device gets (the table's
+    /// `[defaults]`, unless the caller overrides them).
+    pub fn explicit(bytes: u64, allowances: Allowances) -> Self {
         Limit {
             device: None,
             limit_bytes: bytes,
-            safety_margin: 0.0,
-            runtime_overhead_bytes: 0,
+            safety_margin: allowances.safety_margin,
+            runtime_overhead_bytes: allowances.runtime_overhead_bytes,
             increased_memory_limit: false,
         }
     }
@@ -454,10 +480,34 @@ mod tests {
     }
 
     #[test]
+    fn an_explicit_limit_keeps_the_tables_allowances() {
+        let d = Devices::builtin();
+        assert_eq!(d.defaults.safety_margin, 0.10);
+        assert_eq!(d.defaults.runtime_overhead_bytes, 150 << 20);
+        let spec = smollm();
+        let w = weights_bytes(&expected_tensors(&spec), default_storage);
+        let limit = Limit::explicit(400 << 20, d.defaults);
+        assert_eq!(limit.usable_bytes(), ((400u64 << 20) as f64 * 0.9) as u64);
+        let b = compute(&spec, w, 512, 1, &limit);
+        assert_eq!(b.runtime_overhead_bytes, 150 << 20);
+        let bare = compute(
+            &spec,
+            w,
+            512,
+            1,
+            &Limit::explicit(400 << 20, Allowances::NONE),
+        );
+        assert!(bare.max_seq_len_that_fits > b.max_seq_len_that_fits);
+        assert!(b.max_seq_len_that_fits > 512, "{b:?}");
+        let bad = "[defaults]\nsafety_margin = 1.5\n";
+        assert!(Devices::parse(bad, Path::new("d.toml")).is_err());
+    }
+
+    #[test]
     fn max_fit_is_the_boundary() {
         let spec = smollm();
         let w = weights_bytes(&expected_tensors(&spec), default_storage);
-        let limit = Limit::explicit(w + (100 << 20));
+        let limit = Limit::explicit(w + (100 << 20), Allowances::NONE);
         let b = compute(&spec, w, 512, 1, &limit);
         assert!(b.fits);
         let s = b.max_seq_len_that_fits;
@@ -465,12 +515,12 @@ mod tests {
         assert!(compute(&spec, w, s, 1, &limit).fits);
         assert!(!compute(&spec, w, s + 1, 1, &limit).fits);
         // Memory for far more than the context still stops at the context.
-        let roomy = Limit::explicit(w + (8 << 30));
+        let roomy = Limit::explicit(w + (8 << 30), Allowances::NONE);
         assert_eq!(
             compute(&spec, w, 512, 1, &roomy).max_seq_len_that_fits,
             8192
         );
-        let tiny = Limit::explicit(w / 2);
+        let tiny = Limit::explicit(w / 2, Allowances::NONE);
         let b = compute(&spec, w, 512, 1, &tiny);
         assert!(!b.fits);
         assert_eq!(b.max_seq_len_that_fits, 0);

@@ -24,6 +24,14 @@ pub struct Args {
     /// Use the limit with the increased-memory-limit entitlement.
     #[arg(long)]
     pub increased_memory_limit: bool,
+    /// The fraction of the limit not planned into (default: the device's, else the device
+    /// table's default, 0.10).
+    #[arg(long, value_parser = parse_margin)]
+    pub safety_margin: Option<f64>,
+    /// What Core ML and the app cost besides the model (default: the device's, else the
+    /// device table's default, 150 MiB), e.g. `200MiB`.
+    #[arg(long, value_parser = budget::parse_size)]
+    pub runtime_overhead: Option<u64>,
     /// The package's fixed max_sequence_length S.
     #[arg(long, default_value_t = 512)]
     pub max_seq_len: usize,
@@ -51,6 +59,13 @@ pub struct Args {
     pub recipe: super::palettize::RecipeArgs,
 }
 
+fn parse_margin(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(m) if (0.0..1.0).contains(&m) => Ok(m),
+        _ => Err(format!("`{s}` is not a fraction in [0, 1), e.g. 0.1")),
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let devices = match &args.devices {
         Some(p) => Devices::from_file(p)?,
@@ -61,11 +76,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let dir = args.dir.as_ref().expect("clap requires dir");
     hf2coreml::pipeline::job::check_shape(args.max_seq_len, args.query_len)?;
-    let limit = match (&args.device, args.memory_limit) {
+    let mut limit = match (&args.device, args.memory_limit) {
         (Some(id), _) => Limit::for_device(devices.get(id)?, args.increased_memory_limit),
-        (None, Some(bytes)) => Limit::explicit(bytes),
+        (None, Some(bytes)) => Limit::explicit(bytes, devices.defaults),
         (None, None) => anyhow::bail!("give --device NAME or --memory-limit BYTES"),
     };
+    if let Some(m) = args.safety_margin {
+        limit.safety_margin = m;
+    }
+    if let Some(o) = args.runtime_overhead {
+        limit.runtime_overhead_bytes = o;
+    }
     let recipe = args.recipe.load()?;
     let input = PlanInput::open(dir)?;
     let spec = &input.spec;
