@@ -9,11 +9,55 @@ pub fn atomic_write(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{}.", file_name(dest)))
         .suffix(".tmp")
+        .permissions(output_permissions(0o666))
         .tempfile_in(parent)?;
     std::io::Write::write_all(&mut tmp, bytes)?;
     tmp.as_file().sync_all()?;
     tmp.persist(dest).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// Size of a directory tree in bytes (symlinks are not followed).
+pub fn dir_bytes(path: &Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+/// Copy the tree `from` into the existing directory `to` (regular files and directories; a
+/// symlink is refused: packages hold none).
+pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let t = entry.file_type()?;
+        let dest = to.join(entry.file_name());
+        if t.is_dir() {
+            std::fs::create_dir(&dest)?;
+            copy_tree(&entry.path(), &dest)?;
+        } else if t.is_file() {
+            std::fs::copy(entry.path(), &dest)?;
+        } else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{}: not a file or directory", entry.path().display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An output's mode before the umask: outputs get what any file the user creates gets
+/// (tempfile's own default, 0600 / 0700, would hide a package from the rest of a team).
+fn output_permissions(mode: u32) -> std::fs::Permissions {
+    std::os::unix::fs::PermissionsExt::from_mode(mode)
 }
 
 /// Open `path` for reading only if it is a regular file (symlinks followed). A FIFO would
@@ -171,6 +215,7 @@ impl AtomicDir {
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{}.{}.", file_name(dest), std::process::id()))
             .suffix(".partial")
+            .permissions(output_permissions(0o777))
             .tempdir_in(parent)?;
         remove_on_interrupt(tmp.path());
         Ok(AtomicDir {
@@ -500,6 +545,25 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outputs_follow_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        // Read the umask (setting it is the only way; restored at once).
+        let umask = unsafe {
+            let old = libc::umask(0o022);
+            libc::umask(old);
+            old as u32
+        };
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("x.json");
+        atomic_write(&file, b"{}").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&file), 0o666 & !umask);
+        let dest = root.path().join("m.mlpackage");
+        AtomicDir::new(&dest, false).unwrap().commit().unwrap();
+        assert_eq!(mode(&dest), 0o777 & !umask);
+    }
 
     #[test]
     fn scratch_dirs_of_dead_processes_are_removed() {

@@ -465,7 +465,19 @@ fn normalize_json(mut v: Value) -> Value {
 fn output_formats_are_pinned() {
     let root = setup(MIXED);
     let dir = root.path();
+    // A CI matrix is never built from an export whose model is missing: --list refuses it.
     let o = hf2coreml(dir, &["batch", "batch.toml", "--list"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("batch.toml:1") && err.contains("`no-model`") && err.contains("missing"),
+        "{err}"
+    );
+    let mut list = vec!["batch", "batch.toml", "--list"];
+    for name in ["good-fp16", "strict", "bad-device", "good-8bit"] {
+        list.extend(["--only", name]);
+    }
+    let o = hf2coreml(dir, &list);
     assert!(o.status.success(), "{}", text(&o));
     snapshot("batch_list.txt", &String::from_utf8_lossy(&o.stdout));
     let o = hf2coreml(
@@ -587,4 +599,41 @@ calibration = "calib.txt"
     let (status, fp3) = run("e.json");
     assert_eq!(status, "converted", "a new calibration text rebuilds");
     assert_ne!(fp2, fp3);
+}
+
+#[test]
+fn exports_that_write_the_same_package_convert_it_once() {
+    // The two iPhones share the 1 GB package limit: their packages are the same bytes, and
+    // the second is a copy. The Mac's 2 GiB limit could split differently: it converts.
+    let root = setup(
+        r#"
+[[export]]
+model = "tiny"
+output = "out/m-{device}.mlpackage"
+max_seq_len = 32
+recipe = { default = "fp16" }
+device = ["iphone-15", "iphone-16-pro", "mac-m1-16gb"]
+"#,
+    );
+    let dir = root.path();
+    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "r.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = report(&dir.join("r.json"));
+    let exports = r["exports"].as_array().unwrap();
+    let copied: Vec<&Value> = exports.iter().map(|e| &e["copied_from"]).collect();
+    assert!(copied[0].is_null() && copied[2].is_null(), "{r:#}");
+    assert_eq!(copied[1], &exports[0]["name"], "{r:#}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("copied from"));
+    let weights = |d: &str| {
+        std::fs::read(dir.join(format!(
+            "out/m-{d}.mlpackage/Data/com.apple.CoreML/weights/weight.bin"
+        )))
+        .unwrap()
+    };
+    assert_eq!(weights("iphone-15"), weights("iphone-16-pro"));
+    // The copy records its own inputs: a second run finds every package up to date.
+    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "r2.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = report(&dir.join("r2.json"));
+    assert_eq!(r["counts"]["up_to_date"], 3, "{r:#}");
 }

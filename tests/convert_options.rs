@@ -331,3 +331,27 @@ fn a_missing_python_environment_is_reported_by_the_dry_run_with_a_fix() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.contains("(coremltools 9.0)"), "{out}");
 }
+
+#[test]
+fn calibrating_without_a_tokenizer_says_so_on_one_line() {
+    // The tiny checkpoint has no tokenizer.json: calibration reads the text's bytes as tokens.
+    let dir = TinyModel::llama().write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .arg("convert")
+        .arg(dir.path())
+        .arg("-o")
+        .arg(root.path().join("m.mlpackage"))
+        .args(["--max-seq-len", "32", "--recipe", "calibrated-4bit"])
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("byte tokens"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("add tokenizer.json"), "{stderr}");
+}

@@ -115,6 +115,7 @@ impl std::fmt::Display for BatchFailed {
 impl std::error::Error for BatchFailed {}
 
 fn list(file: &BatchFile, selected: &[Export], args: &Args) -> anyhow::Result<()> {
+    file.check_models(selected)?;
     match args.json.as_deref() {
         // One line: ready for `echo "exports=$(...)" >> $GITHUB_OUTPUT` and fromJSON().
         Some(p) if p == Path::new("-") => println!("{}", serde_json::to_string(selected)?),

@@ -242,8 +242,8 @@ fn print_summary(summary: &ConvertSummary) {
     }
     let tm = &summary.times;
     println!(
-        "  time: read {:.2}s, calibrate {:.2}s, palettize {:.2}s, build {:.2}s, serialize {:.2}s, total {:.2}s",
-        tm.read, tm.calibrate, tm.palettize, tm.build, tm.serialize, tm.total
+        "  time: read {:.2}s, ranges {:.2}s, palettize {:.2}s, build {:.2}s, serialize {:.2}s, total {:.2}s",
+        tm.read, tm.ranges, tm.palettize, tm.build, tm.serialize, tm.total
     );
     let sc = &summary.contract.scaling;
     println!(

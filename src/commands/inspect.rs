@@ -3,14 +3,16 @@ use std::path::PathBuf;
 use anyhow::Context;
 use hf2coreml::checkpoint::gguf;
 use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::mil::chain::is_chain;
 use hf2coreml::pipeline::inspect as summary;
 
 use hf2coreml::util::{fmt_bytes, fmt_count};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json + *.safetensors), or a .gguf file (its header only:
-    /// no tensor data is read, so an incomplete download works too).
+    /// Checkpoint directory (config.json + *.safetensors), a .gguf file (its header only:
+    /// no tensor data is read, so an incomplete download works too), or a saved package
+    /// (an .mlpackage, ours or anyone's, or a chain directory).
     pub dir: PathBuf,
     /// Print the report as JSON.
     #[arg(long)]
@@ -20,6 +22,16 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if is_chain(&args.dir) || args.dir.join("Manifest.json").is_file() {
+        if args.recipe != super::palettize::RecipeArgs::default() {
+            anyhow::bail!(
+                "{}: a saved package has its weights stored already: recipe options apply to \
+                 checkpoints",
+                args.dir.display()
+            );
+        }
+        return super::inspect_package::run(&args.dir, args.json);
+    }
     let recipe = args.recipe.load()?;
     let s = if gguf::is_gguf_file(&args.dir) {
         let info = gguf::header::read_header(&args.dir)

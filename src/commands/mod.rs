@@ -6,6 +6,7 @@ pub mod budget;
 pub mod convert;
 pub mod import_gguf;
 pub mod inspect;
+pub mod inspect_package;
 pub mod lint;
 pub mod palettize;
 pub mod recipes;

@@ -12,7 +12,7 @@ use hf2coreml::pipeline::job;
 use hf2coreml::quant::{self, Recipe};
 
 /// The recipe flags shared by `palettize`, `budget` and `inspect`.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 pub struct RecipeArgs {
     /// The name of a shipped recipe (`hf2coreml recipes` lists them) or a recipe file (TOML).
     #[arg(long, value_name = "NAME|FILE")]

@@ -5,6 +5,7 @@
 
 pub mod blob;
 pub mod proto;
+pub mod summary;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -325,7 +326,7 @@ struct ManifestItem {
 }
 
 /// One input or output of the model description.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct FeatureInfo {
     pub name: String,
     /// `fp16`, `fp32`, `fp64`, `int32`, `int8`; or `state`/`other` for non-array features.

@@ -170,7 +170,7 @@ pub fn convert_chain(
     write_sidecars(ckpt, &mut outputs)?;
     let package_bytes = chain.parts.iter().map(|p| p.bytes).sum();
     let weight_bin_bytes = chain_weight_bytes(&package, &chain)?;
-    times.total = times.read + times.calibrate + times.palettize + start.elapsed().as_secs_f64();
+    times.total = times.read + times.ranges + times.palettize + start.elapsed().as_secs_f64();
     let mut emit: EmitReport = emit.expect("a chain has parts");
     emit.package = package;
     let summary = ConvertSummary {

@@ -201,7 +201,7 @@ pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError
 pub struct StageTimes {
     pub read: f64,
     /// Measuring activation ranges on the calibration text (fp16 range safety).
-    pub calibrate: f64,
+    pub ranges: f64,
     pub palettize: f64,
     pub build: f64,
     pub serialize: f64,
@@ -373,6 +373,9 @@ pub fn calibration_tokens(ckpt: &Checkpoint) -> Result<(Vec<u32>, String), Conve
     text_tokens(ckpt, CALIBRATION_TEXT, "calibration.txt")
 }
 
+/// How a text tokenized without a tokenizer is described: one token per byte.
+pub const BYTE_TOKENS: &str = "byte tokens";
+
 /// Token ids of any text, as [`calibration_tokens`] does it; `label` names the text.
 pub fn text_tokens(
     ckpt: &Checkpoint,
@@ -399,7 +402,10 @@ pub fn text_tokens(
     let v = ckpt.spec().vocab_size as u32;
     let ids: Vec<u32> = text.bytes().map(|b| b as u32 % v).collect();
     let n = ids.len();
-    Ok((ids, format!("{label}, {n} byte tokens (no tokenizer.json)")))
+    Ok((
+        ids,
+        format!("{label}, {n} {BYTE_TOKENS} (no tokenizer.json)"),
+    ))
 }
 
 /// Per-site residual maxima from calibration statistics.
@@ -431,20 +437,7 @@ pub fn measure_ranges(ckpt: &Checkpoint) -> Result<ActivationRanges, ConvertErro
     Ok(ranges_from_stats(&stats, source))
 }
 
-/// Size of a directory tree in bytes.
-pub fn dir_bytes(path: &Path) -> std::io::Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(path)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() {
-            dir_bytes(&entry.path())?
-        } else {
-            meta.len()
-        };
-    }
-    Ok(total)
-}
+pub use crate::fsutil::dir_bytes;
 
 /// weight.bin inside a package.
 pub fn weight_bin(package: &Path) -> PathBuf {
@@ -525,7 +518,7 @@ pub fn convert(
     let package_bytes = dir_bytes(&outputs.package).map_err(io_err(&outputs.package))?;
     let wb = weight_bin(&outputs.package);
     let weight_bin_bytes = std::fs::metadata(&wb).map_err(io_err(&wb))?.len();
-    times.total = times.read + times.calibrate + times.palettize + start.elapsed().as_secs_f64();
+    times.total = times.read + times.ranges + times.palettize + start.elapsed().as_secs_f64();
     let summary = ConvertSummary {
         outputs,
         contract,

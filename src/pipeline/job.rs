@@ -521,17 +521,17 @@ impl Job {
             return Ok(if self.no_range_scaling { None } else { given });
         }
         let t = Instant::now();
-        progress.begin("calibrate", 1);
+        progress.begin("ranges", 1);
         progress.working_on("reference forward pass on calibration text");
         let r = convert::measure_ranges(ckpt);
         progress.end();
         let r = r?;
-        times.calibrate = t.elapsed().as_secs_f64();
+        times.ranges = t.elapsed().as_secs_f64();
         progress.detail(&format!(
             "activation ranges: residual max |x| {:.0} ({}), {:.1} s",
             r.residual_max_abs.iter().fold(0.0f32, |a, &b| a.max(b)),
             r.source,
-            times.calibrate
+            times.ranges
         ));
         Ok(Some(r))
     }
@@ -546,8 +546,14 @@ impl Job {
         let t = Instant::now();
         let plan = quant::Report::plan(ckpt, &self.recipe)?;
         let (tokens, source) = calibration_tokens(self.calibration.as_deref(), &self.recipe, ckpt)?;
-        if let Some(source) = &source {
-            progress.detail(&format!("calibrating on {source}"));
+        match &source {
+            // Byte tokens are not what the model reads: say so by default, on one line.
+            Some(source) if source.contains(convert::BYTE_TOKENS) => progress.note(&format!(
+                "calibrating on {source}: without a tokenizer the statistics come from raw \
+                 bytes, not the model's tokens; add tokenizer.json for a faithful calibration"
+            )),
+            Some(source) => progress.detail(&format!("calibrating on {source}")),
+            None => {}
         }
         progress.begin("palettize", plan.totals.palettized_tensors as u64);
         if !tokens.is_empty() {

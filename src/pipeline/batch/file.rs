@@ -696,6 +696,27 @@ impl Ctx<'_> {
 pub const MAX_BATCH_FILE_BYTES: u64 = 1 << 20;
 
 impl BatchFile {
+    /// Every export's model is there (a checkpoint directory or a .gguf file): what `--list`
+    /// checks, so a CI matrix is never built from exports that cannot run. The first missing
+    /// one is the error, with its entry's line.
+    pub fn check_models<'a>(
+        &self,
+        exports: impl IntoIterator<Item = &'a Export>,
+    ) -> Result<(), BatchError> {
+        match exports.into_iter().find(|e| !e.model.exists()) {
+            None => Ok(()),
+            Some(e) => Err(BatchError::Invalid {
+                path: self.path.clone(),
+                line: e.line,
+                message: format!(
+                    "export `{}`: model {}: no such checkpoint directory or file",
+                    e.name,
+                    e.model.display()
+                ),
+            }),
+        }
+    }
+
     /// Read, check and expand a batch file.
     pub fn load(path: &Path) -> Result<BatchFile, BatchError> {
         let text =

@@ -109,6 +109,10 @@ pub struct ExportReport {
     pub seconds: Seconds,
     /// The error and its causes, when the export did not succeed.
     pub error: Option<String>,
+    /// The export of this run whose package this one copied (the same bytes: the two differ
+    /// only in what the budget checks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copied_from: Option<String>,
 }
 
 impl ExportReport {
@@ -124,6 +128,7 @@ impl ExportReport {
             validation: None,
             seconds: Seconds::default(),
             error: None,
+            copied_from: None,
         }
     }
 }
@@ -313,6 +318,9 @@ fn render_export(s: &mut String, r: &ExportReport, w: usize) {
             format!("{:.1} s", r.seconds.total)
         }
     );
+    if let Some(from) = &r.copied_from {
+        let _ = writeln!(s, "  copied from {from} (the same package)");
+    }
     if let Some(v) = v {
         let failed: Vec<String> = v
             .gates

@@ -1,6 +1,7 @@
 //! Running a batch: each export through the same [`Job`] as `convert` (+ validation), the
 //! up-to-date ones skipped, several at once when memory allows, every outcome reported.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -13,8 +14,8 @@ use super::file::{Export, Shard, ValidateSpec};
 use super::report::{BatchReport, Counts, ExportReport, Status, Validation, REPORT_SCHEMA};
 use crate::emit::when_output_is_ours;
 use crate::error::ExitCode;
-use crate::fsutil::atomic_write;
-use crate::pipeline::convert::{self, ConvertError, Inputs, Outputs};
+use crate::fsutil::{atomic_write, AtomicDir};
+use crate::pipeline::convert::{self, ConvertError, ConvertSummary, Inputs, Outputs};
 use crate::pipeline::job::{self, Job, JobError, Opened};
 use crate::progress::Progress;
 use crate::quant::QuantError;
@@ -189,6 +190,7 @@ fn run_all(
     let stop = AtomicBool::new(false);
     let done = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<ExportReport>>> = Mutex::new(vec![None; exports.len()]);
+    let converted = Converted::default();
     let total = exports.len();
     let worker = || loop {
         if stop.load(Ordering::SeqCst) {
@@ -198,7 +200,7 @@ fn run_all(
         let Some(export) = exports.get(i) else {
             break;
         };
-        let report = run_one_guarded(export, settings, progress);
+        let report = run_one_guarded(export, settings, &converted, progress);
         if !report.status.is_ok() && !settings.keep_going {
             stop.store(true, Ordering::SeqCst);
         }
@@ -251,12 +253,13 @@ fn run_all(
 pub fn run_one_guarded(
     export: &Export,
     settings: &BatchSettings,
+    converted: &Converted,
     progress: &dyn Progress,
 ) -> ExportReport {
     let start = Instant::now();
     let mut report = ExportReport::not_run(export);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_one(export, settings, progress, &mut report)
+        run_one(export, settings, converted, progress, &mut report)
     }));
     let error = match outcome {
         Ok(Ok(())) => None,
@@ -284,11 +287,73 @@ pub fn run_one_guarded(
     report
 }
 
-/// Convert one export unless its package is up to date, then validate it when asked; what
-/// happened goes into `report` as it happens.
+/// The packages converted in this run, by what decides their bytes ([`package_key`]), with the
+/// name of the export that converted each.
+pub type Converted = Mutex<HashMap<String, (String, ConvertSummary)>>;
+
+/// What decides a package's bytes: its inputs without the budget's settings (the device, the
+/// entitlement, the over-budget permission), with the package size limit the device implies
+/// instead. Exports with the same key write the same package: the second one copies it.
+fn package_key(inputs: &Inputs, package_limit: u64) -> String {
+    let mut settings = inputs.settings.clone();
+    for k in ["device", "increased_memory_limit", "allow_over_budget"] {
+        settings.remove(k);
+    }
+    settings.insert("max_package_size".into(), serde_json::json!(package_limit));
+    let i = Inputs::new(
+        inputs.sources.clone(),
+        inputs.recipe.clone(),
+        inputs.calibration.clone(),
+        settings,
+    );
+    i.fingerprint
+}
+
+/// Copy a package converted in this run (and its tokenizer files) to `to`, and write its
+/// report with this export's inputs, as a conversion would have.
+fn copy_package(
+    from: &ConvertSummary,
+    to: &Outputs,
+    inputs: Inputs,
+) -> Result<ConvertSummary, ExportError> {
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ExportError::Write { path, source }
+    };
+    let dir = AtomicDir::new(&to.package, true).map_err(write_err(&to.package))?;
+    crate::fsutil::copy_tree(&from.outputs.package, dir.path()).map_err(write_err(&to.package))?;
+    dir.commit().map_err(write_err(&to.package))?;
+    let mut outputs = to.clone();
+    let sides = [
+        (&from.outputs.tokenizer, &mut outputs.tokenizer),
+        (
+            &from.outputs.tokenizer_config,
+            &mut outputs.tokenizer_config,
+        ),
+    ];
+    for (src, dst) in sides {
+        match (src, dst.as_ref()) {
+            (Some(src), Some(d)) => {
+                let bytes = std::fs::read(src).map_err(write_err(src))?;
+                atomic_write(d, &bytes).map_err(write_err(d))?;
+            }
+            _ => *dst = None,
+        }
+    }
+    let mut summary = from.clone();
+    summary.outputs = outputs;
+    summary.inputs = Some(inputs);
+    convert::write_report(&summary)?;
+    Ok(summary)
+}
+
+/// Convert one export unless its package is up to date (or was converted by another export of
+/// this run: then it is copied), then validate it when asked; what happened goes into
+/// `report` as it happens.
 pub fn run_one(
     export: &Export,
     settings: &BatchSettings,
+    converted: &Converted,
     progress: &dyn Progress,
     report: &mut ExportReport,
 ) -> Result<(), ExportError> {
@@ -338,8 +403,23 @@ pub fn run_one(
         // A package this tool wrote from other inputs is rebuilt in place.
         job.force = true;
         let t = Instant::now();
+        // Opened (and budgeted for this export's device) even when the package is copied.
         let o = job.open(progress)?;
-        let summary = job.convert(&o, inputs.clone(), progress)?;
+        let key = package_key(&inputs, job.package_limit()?);
+        let donor = converted.lock().ok().and_then(|m| m.get(&key).cloned());
+        let summary = match donor {
+            Some((name, from)) => {
+                report.copied_from = Some(name);
+                copy_package(&from, &outputs, inputs.clone())?
+            }
+            None => {
+                let summary = job.convert(&o, inputs.clone(), progress)?;
+                if let Ok(mut m) = converted.lock() {
+                    m.insert(key, (export.name.clone(), summary.clone()));
+                }
+                summary
+            }
+        };
         report.seconds.convert = t.elapsed().as_secs_f64();
         report.package_bytes = Some(summary.package_bytes);
         report.bits_per_weight = Some(summary.bits_per_weight);
