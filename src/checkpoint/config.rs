@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::CheckpointError;
-use crate::arch::{Architecture, ModelSpec, RopeScaling};
+use crate::arch::{Architecture, GemmaSpec, ModelSpec, RopeScaling};
 
 /// What is wrong with config.json text; the message names no file ([`CheckpointError::Config`]
 /// adds the path).
@@ -152,6 +152,17 @@ const UNHONOURED: &[(&str, Accept)] = &[
     ("attention_multiplier", Accept::Null),
     ("logits_scaling", Accept::Number(1.0)),
     ("sliding_window_pattern", Accept::Null),
+    ("rope_local_base_freq", Accept::Null),
+    ("use_bidirectional_attention", Accept::False),
+];
+
+/// Keys of [`UNHONOURED`] that Gemma 3 honours (read by [`gemma`]).
+const GEMMA_KEYS: &[&str] = &[
+    "hidden_act",
+    "hidden_activation",
+    "query_pre_attn_scalar",
+    "sliding_window_pattern",
+    "rope_local_base_freq",
 ];
 
 /// Refuse any field in `rest` whose value changes the math away from what we compute.
@@ -175,6 +186,9 @@ fn check_unhonoured(raw: &RawConfig, architecture: Architecture) -> Result<(), C
         }
     }
     for &(key, accept) in UNHONOURED {
+        if architecture == Architecture::Gemma3 && GEMMA_KEYS.contains(&key) {
+            continue;
+        }
         if let Some(v) = rest.get(key) {
             if !accept.allows(v) {
                 return Err(ConfigError::Unhonoured {
@@ -239,6 +253,7 @@ impl ModelSpec {
     pub fn from_config_str(text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig =
             serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
+        refuse_multimodal_gemma(&raw)?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(list), _) if !list.is_empty() => {
                 let name = &list[0];
@@ -325,6 +340,11 @@ impl ModelSpec {
             .filter(|v| v.is_object())
             .or(rope_params);
         let rope_scaling = parse_rope_scaling(scaling_obj)?;
+        // Gemma 3 in transformers 5 nests one rope object per layer type.
+        let (rope_theta, rope_scaling) = match gemma_global_rope(&raw, rope_params, architecture)? {
+            Some((theta, scaling)) => (theta, Some(scaling)),
+            None => (rope_theta, rope_scaling),
+        };
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
             return Err(
@@ -356,8 +376,22 @@ impl ModelSpec {
             ),
         )?;
         let attention_bias = attention_bias(architecture, raw.attention_bias)?;
-        let sliding_window = sliding_window(&raw)?;
+        let mut sliding_window = sliding_window(&raw)?;
         let no_rope_layers = no_rope_layers(&raw, architecture, num_hidden_layers)?;
+        let gemma = match architecture {
+            Architecture::Gemma3 => {
+                let g = gemma(&raw, rope_params, num_hidden_layers, hidden_size)?;
+                if g.sliding_layers.is_empty() {
+                    sliding_window = None;
+                } else if sliding_window.is_none() {
+                    // Gemma3TextConfig's default window.
+                    sliding_window = Some(4096);
+                }
+                Some(g)
+            }
+            _ => None,
+        };
+        let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
         Ok(ModelSpec {
             architecture,
             num_hidden_layers,
@@ -368,20 +402,169 @@ impl ModelSpec {
             head_dim,
             vocab_size,
             rms_norm_eps,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            // Gemma3TextConfig ties by default; the other configs do not.
+            tie_word_embeddings: raw
+                .tie_word_embeddings
+                .unwrap_or(architecture == Architecture::Gemma3),
             rope_theta,
             rope_scaling,
             max_position_embeddings,
             attention_bias,
-            dtype: raw.dtype.or(raw.torch_dtype),
+            dtype,
             bos_token_id: token_ids(&raw.bos_token_id).first().copied(),
             eos_token_ids: token_ids(&raw.eos_token_id),
             sliding_window,
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
             no_rope_layers,
             partial_rotary_dim,
+            gemma,
         })
     }
+}
+
+/// The multimodal Gemma 3 config (`Gemma3ForConditionalGeneration`, model_type `gemma3`) is
+/// refused, saying what is missing: its text model's fields are nested under `text_config` and
+/// its tensors named `language_model.*` beside a vision tower.
+fn refuse_multimodal_gemma(raw: &RawConfig) -> Result<(), ConfigError> {
+    let arch = raw.architectures.as_ref().and_then(|a| a.first());
+    let multimodal = arch.is_some_and(|a| a == "Gemma3ForConditionalGeneration")
+        || (arch.is_none() && raw.model_type.as_deref() == Some("gemma3"));
+    if multimodal {
+        return Err(ConfigError::Invalid(
+            "`Gemma3ForConditionalGeneration` (model_type `gemma3`) is Gemma 3 with a vision \
+             tower: hf2coreml converts the text model only (Gemma3ForCausalLM, model_type \
+             `gemma3_text`) and does not read a nested `text_config` nor the \
+             `language_model.*` tensor names; save the text model on its own first"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Gemma 3's global RoPE from transformers 5's per-layer-type `rope_parameters`
+/// (`full_attention`), if that is how the config gives it; `None` otherwise (top-level
+/// `rope_theta` and `rope_scaling`, transformers 4: then Gemma's default base is 10^6).
+fn gemma_global_rope(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    architecture: Architecture,
+) -> Result<Option<(f64, RopeScaling)>, ConfigError> {
+    if architecture != Architecture::Gemma3 {
+        return Ok(None);
+    }
+    let Some(full) = rope_params.and_then(|p| p.get("full_attention")) else {
+        let theta = raw.rope_theta.unwrap_or(1_000_000.0);
+        let scaling = parse_rope_scaling(raw.rope_scaling.as_ref().filter(|v| v.is_object()))?;
+        // LongRoPE (None here) is Phi-3's: refused for Gemma.
+        let scaling = scaling.ok_or_else(|| gemma_unhonoured("rope_scaling", "longrope"))?;
+        return Ok(Some((theta, scaling)));
+    };
+    let theta = positive(full.get("rope_theta"), "rope_parameters.full_attention.rope_theta")?;
+    let scaling = parse_rope_scaling(Some(full))?
+        .ok_or_else(|| gemma_unhonoured("rope_parameters.full_attention", "longrope"))?;
+    Ok(Some((theta, scaling)))
+}
+
+fn gemma_unhonoured(key: &str, value: &str) -> ConfigError {
+    ConfigError::Unhonoured {
+        key: key.into(),
+        value: value.into(),
+        architecture: Architecture::Gemma3.hf_name().into(),
+        supported: "default or linear RoPE on global blocks, default on sliding blocks".into(),
+    }
+}
+
+/// A positive finite number, or an error naming `key` (absent included).
+fn positive(v: Option<&serde_json::Value>, key: &str) -> Result<f64, ConfigError> {
+    match v.and_then(|v| v.as_f64()) {
+        Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Some(x) => Err(format!("`{key}` ({x}) must be a positive number").into()),
+        None => Err(ConfigError::Missing(key.into())),
+    }
+}
+
+/// Gemma 3's own fields: the activation (tanh GELU only), `query_pre_attn_scalar`, the local
+/// RoPE base, which blocks are windowed (`layer_types`, or transformers 4's
+/// `sliding_window_pattern`: every block but each pattern-th) and the embedding scale.
+fn gemma(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    layers: usize,
+    hidden: usize,
+) -> Result<GemmaSpec, ConfigError> {
+    let rest = &raw.rest;
+    for key in ["hidden_activation", "hidden_act"] {
+        match rest.get(key) {
+            None | Some(serde_json::Value::Null) => {}
+            Some(v) if v.as_str() == Some("gelu_pytorch_tanh") => {}
+            Some(v) => {
+                return Err(ConfigError::Unhonoured {
+                    key: key.into(),
+                    value: v.to_string(),
+                    architecture: Architecture::Gemma3.hf_name().into(),
+                    supported: "gelu_pytorch_tanh".into(),
+                })
+            }
+        }
+    }
+    let scalar = match rest.get("query_pre_attn_scalar") {
+        None | Some(serde_json::Value::Null) => 256.0,
+        v => positive(v, "query_pre_attn_scalar")?,
+    };
+    let local_rope_theta = match rope_params.and_then(|p| p.get("sliding_attention")) {
+        Some(local) => {
+            let kind = local.get("rope_type").and_then(|v| v.as_str());
+            if !matches!(kind, None | Some("default")) {
+                return Err(gemma_unhonoured(
+                    "rope_parameters.sliding_attention.rope_type",
+                    kind.unwrap_or_default(),
+                ));
+            }
+            positive(
+                local.get("rope_theta"),
+                "rope_parameters.sliding_attention.rope_theta",
+            )?
+        }
+        None => match rest.get("rope_local_base_freq") {
+            None | Some(serde_json::Value::Null) => 10_000.0,
+            v => positive(v, "rope_local_base_freq")?,
+        },
+    };
+    let sliding_layers = match &raw.layer_types {
+        Some(types) if types.len() != layers => {
+            return Err(format!(
+                "`layer_types` has {} entries for {layers} layers",
+                types.len()
+            )
+            .into())
+        }
+        Some(types) => (0..layers)
+            .filter(|&l| types[l] == "sliding_attention")
+            .collect(),
+        None => {
+            let every = match rest.get("sliding_window_pattern") {
+                None | Some(serde_json::Value::Null) => 6,
+                Some(v) => match v.as_u64() {
+                    Some(n) if n > 0 => n as usize,
+                    _ => return Err(ConfigError::NotPositive("sliding_window_pattern".into())),
+                },
+            };
+            (0..layers).filter(|l| (l + 1) % every != 0).collect()
+        }
+    };
+    let root = (hidden as f64).sqrt();
+    let dtype = raw.dtype.as_deref().or(raw.torch_dtype.as_deref());
+    let embedding_scale = match dtype {
+        Some("bfloat16") => half::bf16::from_f64(root).to_f64(),
+        Some("float16") => half::f16::from_f64(root).to_f64(),
+        _ => root as f32 as f64,
+    };
+    Ok(GemmaSpec {
+        query_pre_attn_scalar: scalar,
+        local_rope_theta,
+        sliding_layers,
+        embedding_scale,
+    })
 }
 
 /// Phi-3's LongRoPE (`rope_scaling` type `longrope` or its old name `su`; other types pass
