@@ -198,13 +198,27 @@ pub(super) fn window_mask(
         "window_visible",
         vec![("x", var(&in_window)), ("y", var(&cached))],
     );
+    // coremltools' `select` takes its shape from `a` and `b`: they are [Q, S] here.
+    let n = dims.q * dims.s;
+    let open = b.constant(
+        "window_open",
+        vec![dims.q, dims.s],
+        ConstData::F16(vec![f16::ZERO; n]),
+        None,
+    );
+    let closed = b.constant(
+        "window_closed",
+        vec![dims.q, dims.s],
+        ConstData::F16(vec![f16::from_f32(MASK_VALUE); n]),
+        None,
+    );
     let cache_mask = b.op(
         Op::Select,
         "window_mask_cache",
         vec![
             ("cond", var(&visible)),
-            ("a", var(&t.open)),
-            ("b", var(&t.closed)),
+            ("a", var(&open)),
+            ("b", var(&closed)),
         ],
     );
     let block = b.constant(

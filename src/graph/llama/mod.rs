@@ -101,6 +101,9 @@ struct Shared {
     sandwich: bool,
     /// Gemma's tanh-approximated GELU in place of SiLU.
     gelu_tanh: bool,
+    /// Gemma: the norms of the residual stream divide by each token's largest |x| before
+    /// squaring ([`rms_norm_ranged`]).
+    ranged_norms: bool,
     /// Gemma's sliding blocks: their RoPE rows and banded mask.
     local: Option<(String, String, String)>,
     /// Per block: whether it is one of Gemma's sliding blocks.
@@ -294,7 +297,8 @@ pub fn build_part(
         let head = head.as_ref().expect("set above");
         let eps = spec.rms_norm_eps * alpha * alpha;
         let nw = norm_weight(&mut b, &mut weights, TensorId::FinalNorm, spec.norm_offset().into())?;
-        let hn = rms_norm(&mut b, &x, &nw, eps, "final_norm");
+        let ranged = spec.gemma.is_some();
+        let hn = residual_norm(&mut b, &x, &nw, eps, ranged, "final_norm");
         logits::logits(&mut b, head, &hn)
     } else {
         vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&x))])]
@@ -329,6 +333,7 @@ fn shared_inputs(b: &mut Builder, spec: &ModelSpec, dims: Dims, part: &Part, alp
         norm_offset: spec.norm_offset() as f64,
         sandwich: spec.gemma.is_some(),
         gelu_tanh: spec.gemma.is_some(),
+        ranged_norms: spec.gemma.is_some(),
         local,
         sliding,
         dims,
@@ -362,7 +367,8 @@ fn block(
     let id = |t| TensorId::Layer(l, t);
     let off = shared.norm_offset;
     let nw = norm_weight(b, weights, id(LayerTensor::InputNorm), off)?;
-    let hn = rms_norm(b, x, &nw, shared.eps, &format!("{tag}_input_norm"));
+    let ranged = shared.ranged_norms;
+    let hn = residual_norm(b, x, &nw, shared.eps, ranged, &format!("{tag}_input_norm"));
     let mut proj = Projections::new(shared.dims.q);
     let attn = attention::attention(b, weights, &mut proj, shared, l, &hn)?;
     let (attn_out, mlp_in) = if shared.sandwich {
@@ -377,7 +383,7 @@ fn block(
         vec![("x", var(x)), ("y", var(&attn_out))],
     );
     let nw = norm_weight(b, weights, id(mlp_in), off)?;
-    let hn = rms_norm(b, &x, &nw, shared.eps, &format!("{tag}_post_norm"));
+    let hn = residual_norm(b, &x, &nw, shared.eps, ranged, &format!("{tag}_post_norm"));
     let mut down = mlp::mlp(b, weights, &mut proj, shared, l, &hn)?;
     if shared.sandwich {
         down = out_norm(b, weights, shared, id(LayerTensor::PostFfnNorm), &down)?;
@@ -429,7 +435,89 @@ fn out_norm(
             vec![("x", var(&nw)), ("y", Arg::Float(shared.alpha))],
         );
     }
-    Ok(rms_norm(b, x, &nw, shared.eps, &format!("{name}_out")))
+    let ranged = shared.ranged_norms;
+    Ok(residual_norm(b, x, &nw, shared.eps, ranged, &format!("{name}_out")))
+}
+
+/// [`rms_norm`], or with `ranged` [`rms_norm_ranged`].
+fn residual_norm(b: &mut Builder, x: &str, w: &str, eps: f64, ranged: bool, name: &str) -> String {
+    if ranged {
+        rms_norm_ranged(b, x, w, eps, name)
+    } else {
+        rms_norm(b, x, w, eps, name)
+    }
+}
+
+/// Smallest per-token maximum |x| [`rms_norm_ranged`] divides by (fp16's smallest normal):
+/// an all-zero token stays finite.
+const RANGED_FLOOR: f64 = 6.103_515_625e-5;
+
+/// RMSNorm of a residual stream whose range outgrows fp16's squares (Gemma: from ~1 at the
+/// embedding to ~300,000 after the post-norms, a ratio no single α brings into
+/// [6.1e-5, 65,504] once squared). Each token is first divided by its largest |x| m, so every
+/// square lies in [0, 1] and their mean in [1/H, 1]; ε is divided by m² too:
+/// x/m / sqrt(mean((x/m)²) + (√ε/m)²) = x / sqrt(mean(x²) + ε), exactly RMSNorm.
+fn rms_norm_ranged(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+    let a = b.op(Op::Abs, &format!("{name}_abs"), vec![("x", var(x))]);
+    let m = b.op(
+        Op::ReduceMax,
+        &format!("{name}_max"),
+        vec![
+            ("x", var(&a)),
+            ("axes", ints(&[-1])),
+            ("keep_dims", Arg::Bool(true)),
+        ],
+    );
+    let m = b.op(
+        Op::Maximum,
+        &format!("{name}_max_floor"),
+        vec![("x", var(&m)), ("y", Arg::Float(RANGED_FLOOR))],
+    );
+    let xs = b.op(
+        Op::RealDiv,
+        &format!("{name}_ranged"),
+        vec![("x", var(x)), ("y", var(&m))],
+    );
+    let sq = b.op(
+        Op::Mul,
+        &format!("{name}_sq"),
+        vec![("x", var(&xs)), ("y", var(&xs))],
+    );
+    let ms = b.op(
+        Op::ReduceMean,
+        &format!("{name}_mean"),
+        vec![
+            ("x", var(&sq)),
+            ("axes", ints(&[-1])),
+            ("keep_dims", Arg::Bool(true)),
+        ],
+    );
+    let root_eps = b.op(
+        Op::RealDiv,
+        &format!("{name}_root_eps"),
+        vec![("x", Arg::Float(eps.sqrt())), ("y", var(&m))],
+    );
+    let e = b.op(
+        Op::Mul,
+        &format!("{name}_eps"),
+        vec![("x", var(&root_eps)), ("y", var(&root_eps))],
+    );
+    let ms = b.op(
+        Op::Add,
+        &format!("{name}_mean_eps"),
+        vec![("x", var(&ms)), ("y", var(&e))],
+    );
+    let r = b.op(
+        Op::Rsqrt,
+        &format!("{name}_rsqrt"),
+        vec![("x", var(&ms)), ("epsilon", Arg::Float(0.0))],
+    );
+    let n = b.op(
+        Op::Mul,
+        &format!("{name}_normed"),
+        vec![("x", var(&xs)), ("y", var(&r))],
+    );
+    b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
 }
 
 /// x / sqrt(mean(x²) + ε) · w, the way Hugging Face computes it (ε inside the root).
