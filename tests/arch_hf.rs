@@ -355,7 +355,7 @@ fn gemma3_reference_matches_transformers() {
     assert_eq!(g.sliding_layers, vec![0]);
     assert_eq!(spec.sliding_window, Some(6));
     assert_eq!((g.query_pre_attn_scalar, g.local_rope_theta), (24.0, 1e4));
-    assert_eq!(g.embedding_scale, 6.9375, "√48 rounded to bf16");
+    assert_eq!(g.embedding_scale, 8.9375, "√80 rounded to bf16");
     assert!(matches!(
         spec.rope_scaling,
         hf2coreml::arch::RopeScaling::Linear { factor } if factor == 8.0
@@ -450,8 +450,9 @@ fn gemma3_batch_inspect_budget() {
         !gates.is_empty() && gates.iter().all(|g| g["passed"] == true),
         "{r:#}"
     );
-    for cmd in ["inspect", "budget"] {
-        let o = Command::new(BIN).arg(cmd).arg(&model).output().unwrap();
+    for args in [&["inspect"][..], &["budget", "--device", "iphone-15", "--max-seq-len", "128"]] {
+        let cmd = args[0];
+        let o = Command::new(BIN).args(args).arg(&model).output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success(),

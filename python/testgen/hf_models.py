@@ -110,12 +110,13 @@ def phi3_longrope():
 
 def gemma3(**kw):
     """Gemma 3: (1 + w) norms, four per block, q/k norms, GeGLU, embeddings times √hidden
-    (hidden 48: √48 rounds to 6.9375 in bf16), query_pre_attn_scalar 24 (not head_dim 16), a
+    (hidden 80: √80 rounds to 8.9375 in bf16), query_pre_attn_scalar 24 (not head_dim 16), a
     sliding block with a window of 6 (the 40 tokens outgrow it) on its own RoPE base, and a
     global block with the 4B's linear RoPE scaling."""
     cfg = transformers.Gemma3TextConfig(
         **common(
-            num_hidden_layers=2, hidden_size=48, head_dim=16, rms_norm_eps=1e-6,
+            num_hidden_layers=2, hidden_size=80, intermediate_size=160, head_dim=16,
+            rms_norm_eps=1e-6,
             bos_token_id=2, eos_token_id=1,
         ),
         tie_word_embeddings=True,
