@@ -450,7 +450,10 @@ fn gemma3_batch_inspect_budget() {
         !gates.is_empty() && gates.iter().all(|g| g["passed"] == true),
         "{r:#}"
     );
-    for args in [&["inspect"][..], &["budget", "--device", "iphone-15", "--max-seq-len", "128"]] {
+    for args in [
+        &["inspect"][..],
+        &["budget", "--device", "iphone-15", "--max-seq-len", "128"],
+    ] {
         let cmd = args[0];
         let o = Command::new(BIN).args(args).arg(&model).output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout);
@@ -478,11 +481,7 @@ fn gemma3_unsupported_fields_exit_2() {
             "\"final_logit_softcapping\": 30.0",
             "final_logit_softcapping",
         ),
-        (
-            "\"gelu_pytorch_tanh\"",
-            "\"gelu\"",
-            "hidden_activation",
-        ),
+        ("\"gelu_pytorch_tanh\"", "\"gelu\"", "hidden_activation"),
         (
             "\"use_bidirectional_attention\": false",
             "\"use_bidirectional_attention\": true",
@@ -502,7 +501,11 @@ fn gemma3_unsupported_fields_exit_2() {
             dir.path().join("model.safetensors"),
         )
         .unwrap();
-        let o = Command::new(BIN).arg("inspect").arg(dir.path()).output().unwrap();
+        let o = Command::new(BIN)
+            .arg("inspect")
+            .arg(dir.path())
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{field}: {err}");
         assert!(err.contains(field), "{field}: {err}");

@@ -351,18 +351,7 @@ impl ModelSpec {
                 format!("rms_norm_eps ({rms_norm_eps}) must be a non-negative number").into(),
             );
         }
-        let max_position_embeddings = match raw.max_position_embeddings {
-            Some(0) => return Err(ConfigError::NotPositive("max_position_embeddings".into())),
-            Some(n) if n > MAX_POSITIONS => {
-                return Err(ConfigError::ExceedsLimit {
-                    key: "max_position_embeddings".into(),
-                    value: n,
-                    max: MAX_POSITIONS,
-                })
-            }
-            Some(n) => n,
-            None => 2048,
-        };
+        let max_position_embeddings = positions(raw.max_position_embeddings)?;
         check_unhonoured(&raw, architecture)?;
         let partial_rotary_dim = partial_rotary_dim(&raw, rope_params, architecture, head_dim)?;
         let rope_scaling = long_rope(
@@ -376,20 +365,17 @@ impl ModelSpec {
             ),
         )?;
         let attention_bias = attention_bias(architecture, raw.attention_bias)?;
-        let mut sliding_window = sliding_window(&raw)?;
         let no_rope_layers = no_rope_layers(&raw, architecture, num_hidden_layers)?;
-        let gemma = match architecture {
+        let (gemma, sliding_window) = match architecture {
             Architecture::Gemma3 => {
                 let g = gemma(&raw, rope_params, num_hidden_layers, hidden_size)?;
-                if g.sliding_layers.is_empty() {
-                    sliding_window = None;
-                } else if sliding_window.is_none() {
-                    // Gemma3TextConfig's default window.
-                    sliding_window = Some(4096);
-                }
-                Some(g)
+                // Gemma3TextConfig's default window is 4096.
+                let w = (!g.sliding_layers.is_empty())
+                    .then(|| sliding_window(&raw).map(|w| w.unwrap_or(4096)))
+                    .transpose()?;
+                (Some(g), w)
             }
-            _ => None,
+            _ => (None, sliding_window(&raw)?),
         };
         let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
         Ok(ModelSpec {
@@ -419,6 +405,20 @@ impl ModelSpec {
             partial_rotary_dim,
             gemma,
         })
+    }
+}
+
+/// `max_position_embeddings`: positive, within [`MAX_POSITIONS`], 2048 when absent.
+fn positions(n: Option<usize>) -> Result<usize, ConfigError> {
+    match n {
+        Some(0) => Err(ConfigError::NotPositive("max_position_embeddings".into())),
+        Some(n) if n > MAX_POSITIONS => Err(ConfigError::ExceedsLimit {
+            key: "max_position_embeddings".into(),
+            value: n,
+            max: MAX_POSITIONS,
+        }),
+        Some(n) => Ok(n),
+        None => Ok(2048),
     }
 }
 
@@ -459,7 +459,10 @@ fn gemma_global_rope(
         let scaling = scaling.ok_or_else(|| gemma_unhonoured("rope_scaling", "longrope"))?;
         return Ok(Some((theta, scaling)));
     };
-    let theta = positive(full.get("rope_theta"), "rope_parameters.full_attention.rope_theta")?;
+    let theta = positive(
+        full.get("rope_theta"),
+        "rope_parameters.full_attention.rope_theta",
+    )?;
     let scaling = parse_rope_scaling(Some(full))?
         .ok_or_else(|| gemma_unhonoured("rope_parameters.full_attention", "longrope"))?;
     Ok(Some((theta, scaling)))
@@ -961,6 +964,43 @@ mod tests {
         );
         let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
         assert!(e.contains("no_rope_layers") && e.contains("SmolLM3"), "{e}");
+    }
+
+    #[test]
+    fn gemma3_transformers4_config() {
+        // Gemma 3 4B's text config as transformers 4 writes it (shapes shrunk).
+        let v4 = r#"{"architectures":["Gemma3ForCausalLM"],"model_type":"gemma3_text",
+          "hidden_size":2560,"intermediate_size":128,"num_attention_heads":8,"num_hidden_layers":12,
+          "num_key_value_heads":4,"head_dim":256,"vocab_size":100,"query_pre_attn_scalar":256,
+          "rope_theta":1000000.0,"rope_local_base_freq":10000.0,"sliding_window":1024,
+          "sliding_window_pattern":6,"rope_scaling":{"factor":8.0,"rope_type":"linear"},
+          "hidden_activation":"gelu_pytorch_tanh","final_logit_softcapping":null,
+          "attn_logit_softcapping":null,"torch_dtype":"bfloat16"}"#;
+        let s = ModelSpec::from_config_str(v4).unwrap();
+        let g = s.gemma.clone().unwrap();
+        assert_eq!(s.architecture, Architecture::Gemma3);
+        assert!(s.tie_word_embeddings && s.qk_norm, "Gemma ties by default");
+        assert_eq!(g.sliding_layers, vec![0, 1, 2, 3, 4, 6, 7, 8, 9, 10]);
+        assert_eq!((s.sliding_window, g.local_rope_theta), (Some(1024), 1e4));
+        assert_eq!(s.rope_theta, 1e6);
+        assert_eq!(s.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!(g.embedding_scale, 50.5, "√2560 = 50.596 rounded to bf16");
+        assert_eq!(s.attention_scale(), 1.0 / 16.0);
+        assert_eq!(s.window(5), None);
+        assert_eq!(s.rope_for(0), (1e4, RopeScaling::None));
+        assert_eq!(s.unbuilt_window(), None);
+        // The same fields on another architecture are refused, naming them.
+        let llama = v4.replace("Gemma3ForCausalLM", "LlamaForCausalLM");
+        let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
+        assert!(
+            e.contains("hidden_activation") || e.contains("query_pre_attn_scalar"),
+            "{e}"
+        );
+        let multimodal = v4.replace("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration");
+        let e = ModelSpec::from_config_str(&multimodal)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("text_config"), "{e}");
     }
 
     #[test]

@@ -495,10 +495,7 @@ fn load_candle(
         Device::Cpu,
     );
     match spec.architecture {
-        Architecture::Qwen3
-        | Architecture::SmolLM3
-        | Architecture::Phi3
-        | Architecture::Gemma3 => {
+        Architecture::Qwen3 | Architecture::SmolLM3 | Architecture::Phi3 | Architecture::Gemma3 => {
             Err(ReferenceError::candle(
                 "loading",
                 candle_core::Error::Msg(candle_limitation(spec).unwrap_or_default()),

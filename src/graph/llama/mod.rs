@@ -296,7 +296,12 @@ pub fn build_part(
         }
         let head = head.as_ref().expect("set above");
         let eps = spec.rms_norm_eps * alpha * alpha;
-        let nw = norm_weight(&mut b, &mut weights, TensorId::FinalNorm, spec.norm_offset().into())?;
+        let nw = norm_weight(
+            &mut b,
+            &mut weights,
+            TensorId::FinalNorm,
+            spec.norm_offset().into(),
+        )?;
         let ranged = spec.gemma.is_some();
         let hn = residual_norm(&mut b, &x, &nw, eps, ranged, "final_norm");
         logits::logits(&mut b, head, &hn)
@@ -326,7 +331,11 @@ fn shared_inputs(b: &mut Builder, spec: &ModelSpec, dims: Dims, part: &Part, alp
         .zip(mask::window_mask(b, &tables, &position, &dims))
         .map(|((c, s), m)| (c, s, m));
     let sliding = (0..spec.num_hidden_layers)
-        .map(|l| spec.gemma.as_ref().is_some_and(|g| g.sliding_layers.contains(&l)))
+        .map(|l| {
+            spec.gemma
+                .as_ref()
+                .is_some_and(|g| g.sliding_layers.contains(&l))
+        })
         .collect();
     Shared {
         q_scale: spec.attention_scale(),
@@ -436,7 +445,14 @@ fn out_norm(
         );
     }
     let ranged = shared.ranged_norms;
-    Ok(residual_norm(b, x, &nw, shared.eps, ranged, &format!("{name}_out")))
+    Ok(residual_norm(
+        b,
+        x,
+        &nw,
+        shared.eps,
+        ranged,
+        &format!("{name}_out"),
+    ))
 }
 
 /// [`rms_norm`], or with `ranged` [`rms_norm_ranged`].
