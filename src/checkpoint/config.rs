@@ -299,25 +299,7 @@ impl ModelSpec {
                 "num_key_value_heads ({num_key_value_heads}) does not divide num_attention_heads ({num_attention_heads})"
             ).into());
         }
-        let head_dim = match raw.head_dim {
-            Some(0) => return Err(ConfigError::NotPositive("head_dim".into())),
-            Some(d) if d > MAX_HEAD_DIM => {
-                return Err(ConfigError::ExceedsLimit {
-                    key: "head_dim".into(),
-                    value: d,
-                    max: MAX_HEAD_DIM,
-                })
-            }
-            Some(d) => d,
-            None => {
-                if hidden_size % num_attention_heads != 0 {
-                    return Err(format!(
-                        "num_attention_heads ({num_attention_heads}) does not divide hidden_size ({hidden_size}) and no head_dim is given"
-                    ).into());
-                }
-                hidden_size / num_attention_heads
-            }
-        };
+        let head_dim = head_dim(raw.head_dim, hidden_size, num_attention_heads)?;
         if head_dim % 2 != 0 {
             return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings").into());
         }
@@ -405,6 +387,29 @@ impl ModelSpec {
             partial_rotary_dim,
             gemma,
         })
+    }
+}
+
+/// The explicit `head_dim`, or hidden / heads when they divide.
+fn head_dim(
+    head_dim: Option<usize>,
+    hidden_size: usize,
+    num_attention_heads: usize,
+) -> Result<usize, ConfigError> {
+    match head_dim {
+        Some(0) => Err(ConfigError::NotPositive("head_dim".into())),
+        Some(d) if d > MAX_HEAD_DIM => Err(ConfigError::ExceedsLimit {
+            key: "head_dim".into(),
+            value: d,
+            max: MAX_HEAD_DIM,
+        }),
+        Some(d) => Ok(d),
+        None if hidden_size % num_attention_heads != 0 => Err(format!(
+            "num_attention_heads ({num_attention_heads}) does not divide hidden_size \
+             ({hidden_size}) and no head_dim is given"
+        )
+        .into()),
+        None => Ok(hidden_size / num_attention_heads),
     }
 }
 
