@@ -257,15 +257,6 @@ impl ModelSpec {
         }
     }
 
-    /// Block `l`'s RoPE base and scaling: Gemma's sliding blocks have their own base and no
-    /// scaling; every other block the config's.
-    pub fn rope_for(&self, l: usize) -> (f64, RopeScaling) {
-        match &self.gemma {
-            Some(g) if g.sliding_layers.contains(&l) => (g.local_rope_theta, RopeScaling::None),
-            _ => (self.rope_theta, self.rope_scaling.clone()),
-        }
-    }
-
     /// The tensor a block's MLP input norm is: Gemma's `pre_feedforward_layernorm` (its
     /// `post_attention_layernorm` normalises the attention output), else
     /// `post_attention_layernorm`.

@@ -992,7 +992,6 @@ mod tests {
         assert_eq!(g.embedding_scale, 50.5, "√2560 = 50.596 rounded to bf16");
         assert_eq!(s.attention_scale(), 1.0 / 16.0);
         assert_eq!(s.window(5), None);
-        assert_eq!(s.rope_for(0), (1e4, RopeScaling::None));
         assert_eq!(s.unbuilt_window(), None);
         // The same fields on another architecture are refused, naming them.
         let llama = v4.replace("Gemma3ForCausalLM", "LlamaForCausalLM");
