@@ -103,7 +103,7 @@ fn reference_matches_transformers(arch: &str) {
     }
 }
 
-fn convert(dir: &Path, out: &Path, max_seq_len: usize, flags: &[&str]) {
+fn convert(dir: &Path, out: &Path, max_seq_len: usize, flags: &[&str]) -> String {
     let o = Command::new(BIN)
         .arg("convert")
         .arg(dir)
@@ -119,6 +119,7 @@ fn convert(dir: &Path, out: &Path, max_seq_len: usize, flags: &[&str]) {
         "convert {flags:?} failed:\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::Value, String) {
@@ -341,4 +342,172 @@ fn phi3_longrope_reference_matches_transformers() {
 #[test]
 fn phi3_longrope_packages_validate() {
     packages_validate_at("phi3_longrope", 128, 128);
+}
+
+/// Gemma 3 (text): (1 + w) norms, sandwich norms, q/k norms, GeGLU, √hidden embedding scale
+/// rounded to bf16, query_pre_attn_scalar, a sliding block (window 6, its own RoPE base) and a
+/// global one (linear RoPE scaling): transformers' logits over 40 tokens, past the window.
+#[test]
+fn gemma3_reference_matches_transformers() {
+    let spec = Checkpoint::open(fixture("gemma3")).unwrap().spec().clone();
+    let g = spec.gemma.clone().expect("Gemma's numerics");
+    assert!(spec.qk_norm && spec.tie_word_embeddings);
+    assert_eq!(g.sliding_layers, vec![0]);
+    assert_eq!(spec.sliding_window, Some(6));
+    assert_eq!((g.query_pre_attn_scalar, g.local_rope_theta), (24.0, 1e4));
+    assert_eq!(g.embedding_scale, 8.9375, "√80 rounded to bf16");
+    assert!(matches!(
+        spec.rope_scaling,
+        hf2coreml::arch::RopeScaling::Linear { factor } if factor == 8.0
+    ));
+    reference_matches_transformers("gemma3");
+}
+
+/// The fp16 and calibrated 4-bit packages pass their gates over 128 and 256 positions: the
+/// sliding block's banded mask in the graph, past the window of 6.
+#[test]
+fn gemma3_packages_validate_and_run() {
+    let out = packages_validate("gemma3");
+    let want = expected(&fixture("gemma3"));
+    let pkg = out.path().join("fp16.mlpackage");
+    let mut checked = 0;
+    for k in [3, 9, 17, 33] {
+        let row = &want.logits[k - 1];
+        if !hf2coreml::testing::top1_is_decided(row, 0.05) {
+            continue;
+        }
+        let argmax = (0..row.len())
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap();
+        let ids: Vec<String> = want.tokens[..k].iter().map(|t| t.to_string()).collect();
+        let o = Command::new(BIN)
+            .arg("run")
+            .arg(&pkg)
+            .args(["--prompt-ids", &ids.join(",")])
+            .args(["--max-new-tokens", "2", "--temperature", "0", "--json"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "run: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["generated_ids"][0], argmax, "after {k} tokens: {v}");
+        checked += 1;
+    }
+    assert!(checked >= 2, "too few decided positions ({checked})");
+}
+
+/// Post-norm weights of 30,000 push Gemma's residual stream past fp16's 65,504: the reference
+/// still matches transformers, and the fp16 package passes the fp16 gates through range
+/// safety (a residual scale α folded into o_proj, down_proj, the post-norms and the
+/// embedding).
+#[test]
+fn gemma3_beyond_fp16_range_passes_through_range_safety() {
+    reference_matches_transformers("gemma3_big");
+    let dir = fixture("gemma3_big");
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("fp16.mlpackage");
+    let stdout = convert(&dir, &pkg, 128, &["--keep-fp16", "*"]);
+    let alpha: f64 = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("residual scale "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no residual scale in:\n{stdout}"));
+    eprintln!("gemma3_big: residual scale {alpha}");
+    // α ≤ 2^-10 is chosen only for a measured |residual| above √(65,504/1.5)·2^9 ≈ 107,000.
+    assert!(alpha <= 1.0 / 1024.0, "α = {alpha}: {stdout}");
+    let (code, report, err) = validate(&pkg, &dir, 128);
+    assert_eq!(code, Some(0), "gemma3_big fp16: {err}\n{report:#}");
+    let gates = report["gates"].as_array().unwrap();
+    assert!(!gates.is_empty() && gates.iter().all(|g| g["passed"] == true));
+}
+
+/// `batch` converts and validates the Gemma 3 fixture; `inspect` and `budget` read it.
+#[test]
+fn gemma3_batch_inspect_budget() {
+    let root = tempfile::tempdir().unwrap();
+    let model = fixture("gemma3");
+    let toml = format!(
+        "[[export]]\nname = \"gemma\"\nmodel = \"{}\"\noutput = \"out/g.mlpackage\"\n\
+         max_seq_len = 64\nrecipe = {{ default = \"fp16\" }}\nvalidate = {{ max_tokens = 40 }}\n",
+        model.display()
+    );
+    std::fs::write(root.path().join("batch.toml"), toml).unwrap();
+    let o = Command::new(BIN)
+        .current_dir(root.path())
+        .args(["batch", "batch.toml", "--json", "r.json"])
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "batch: {err}");
+    let text = std::fs::read_to_string(root.path().join("r.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let e = &r["exports"][0];
+    assert_eq!(e["status"], "converted", "{r:#}");
+    let gates = e["validation"]["gates"].as_array().expect("validated");
+    assert!(
+        !gates.is_empty() && gates.iter().all(|g| g["passed"] == true),
+        "{r:#}"
+    );
+    for args in [
+        &["inspect"][..],
+        &["budget", "--device", "iphone-15", "--max-seq-len", "128"],
+    ] {
+        let cmd = args[0];
+        let o = Command::new(BIN).args(args).arg(&model).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(out.contains("Gemma3ForCausalLM"), "{cmd}: {out}");
+    }
+}
+
+/// A Gemma variant field hf2coreml cannot honour exits 2 naming it.
+#[test]
+fn gemma3_unsupported_fields_exit_2() {
+    let base = std::fs::read_to_string(fixture("gemma3").join("config.json")).unwrap();
+    for (from, to, field) in [
+        (
+            "\"attn_logit_softcapping\": null",
+            "\"attn_logit_softcapping\": 50.0",
+            "attn_logit_softcapping",
+        ),
+        (
+            "\"final_logit_softcapping\": null",
+            "\"final_logit_softcapping\": 30.0",
+            "final_logit_softcapping",
+        ),
+        ("\"gelu_pytorch_tanh\"", "\"gelu\"", "hidden_activation"),
+        (
+            "\"use_bidirectional_attention\": false",
+            "\"use_bidirectional_attention\": true",
+            "use_bidirectional_attention",
+        ),
+        (
+            "\"Gemma3ForCausalLM\"",
+            "\"Gemma3ForConditionalGeneration\"",
+            "text_config",
+        ),
+    ] {
+        assert!(base.contains(from), "{from}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), base.replace(from, to)).unwrap();
+        std::fs::copy(
+            fixture("gemma3").join("model.safetensors"),
+            dir.path().join("model.safetensors"),
+        )
+        .unwrap();
+        let o = Command::new(BIN)
+            .arg("inspect")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{field}: {err}");
+        assert!(err.contains(field), "{field}: {err}");
+    }
 }

@@ -108,29 +108,67 @@ def phi3_longrope():
     return transformers.Phi3ForCausalLM, cfg
 
 
+def gemma3(**kw):
+    """Gemma 3: (1 + w) norms, four per block, q/k norms, GeGLU, embeddings times √hidden
+    (hidden 80: √80 rounds to 8.9375 in bf16), query_pre_attn_scalar 24 (not head_dim 16), a
+    sliding block with a window of 6 (the 40 tokens outgrow it) on its own RoPE base, and a
+    global block with the 4B's linear RoPE scaling."""
+    cfg = transformers.Gemma3TextConfig(
+        **common(
+            num_hidden_layers=2, hidden_size=80, intermediate_size=160, head_dim=16,
+            rms_norm_eps=1e-6,
+            bos_token_id=2, eos_token_id=1,
+        ),
+        tie_word_embeddings=True,
+        query_pre_attn_scalar=24,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 8.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+        **kw,
+    )
+    return transformers.Gemma3ForCausalLM, cfg
+
+
 ARCHS = {
     "qwen3": qwen3,
     "smollm3": smollm3,
     "phi3": phi3,
     "phi3_partial": phi3_partial,
     "phi3_longrope": phi3_longrope,
+    "gemma3": gemma3,
+    "gemma3_big": gemma3,
 }
+# Fixtures whose post-attention and post-feed-forward norm weights are this large: Gemma's
+# residual stream then passes fp16's 65,504 (the real models reach ~300,000).
+POST_NORM = {"gemma3_big": 30_000.0}
 # Fixtures whose reference.json also holds "prefix_logits": transformers' logits for a separate
 # forward pass over the first n TOKENS (LongRoPE: within the original context).
 PREFIX = {"phi3_longrope": 24}
 
 
-def randomize(model, gain):
+def randomize(model, gain, arch):
     """Weights that make a peaked next-token distribution, like a trained model's: N(0, 0.08)
-    matrices, norms near 1, the final norm times `gain`."""
+    matrices, norms near 1 (Gemma: its w near 0, as it multiplies by 1 + w), the final norm
+    times `gain`."""
     gen = torch.Generator().manual_seed(1234)
+    gemma = arch.startswith("gemma3")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+                p.copy_((0.0 if gemma else 1.0) + 0.1 * torch.randn(p.shape, generator=gen))
+                big = POST_NORM.get(arch)
+                if big and ("post_attention" in name or "post_feedforward" in name):
+                    p.add_(big)
             else:
                 p.copy_(0.08 * torch.randn(p.shape, generator=gen))
-        model.model.norm.weight.mul_(gain)
+        w = model.model.norm.weight
+        if gemma:
+            w.copy_((1.0 + w) * gain - 1.0)
+        else:
+            w.mul_(gain)
         # Round to bf16 once: the saved weights and the float32 logits below agree exactly.
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
@@ -141,9 +179,14 @@ def write(out_dir, arch):
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = cls(cfg).to(torch.float32).eval()
-    randomize(model, gain=8.0)
+    randomize(model, gain=8.0, arch=arch)
     if cfg.tie_word_embeddings:
         model.tie_weights()
+    if arch.startswith("gemma3"):
+        # transformers multiplies by √hidden in the weights' dtype: the bf16 checkpoint's
+        # normalizer, also in this float32 pass.
+        embed = model.model.embed_tokens
+        embed.embed_scale.copy_(embed.embed_scale.to(torch.bfloat16).to(torch.float32))
     tokens = [(i * 37 + 11) % VOCAB for i in range(LENGTH.get(arch, len(TOKENS)))]
     with torch.no_grad():
         logits = model(torch.tensor([tokens])).logits[0].to(torch.float32)

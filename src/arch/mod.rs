@@ -4,13 +4,14 @@
 //! biases (Qwen2), per-head q/k norms (Qwen3), blocks without RoPE (SmolLM3), partial RoPE
 //! (Phi-4-mini), tied embeddings and rope details, all carried by [`ModelSpec`]. Phi-3 stores
 //! q/k/v and gate/up fused ([`fused_tensors`]); the checkpoint splits them at load, so every
-//! later stage sees the one layout.
+//! later stage sees the one layout. Gemma 3 adds a norm before and after the MLP
+//! ([`LayerTensor::PreFfnNorm`], [`LayerTensor::PostFfnNorm`]).
 
 use serde::{Deserialize, Serialize};
 
 mod spec;
 
-pub use spec::{Architecture, ModelSpec, RopeScaling};
+pub use spec::{Architecture, GemmaSpec, ModelSpec, RopeScaling};
 
 /// What a tensor does in the model; recipes match on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -153,16 +154,22 @@ pub enum LayerTensor {
     QNorm,
     KNorm,
     O,
+    /// `post_attention_layernorm`: the MLP's input norm, except in Gemma, where it normalises
+    /// the attention output before the residual add.
     PostNorm,
+    /// Gemma's MLP input norm.
+    PreFfnNorm,
     Gate,
     Up,
     Down,
+    /// Gemma's norm of the MLP output, before the residual add.
+    PostFfnNorm,
 }
 
 impl LayerTensor {
     /// Every block tensor, in model order (the biases exist only with `attention_bias`, the
     /// q/k norms only with `qk_norm`).
-    pub const ALL: [LayerTensor; 14] = [
+    pub const ALL: [LayerTensor; 16] = [
         LayerTensor::InputNorm,
         LayerTensor::Q,
         LayerTensor::K,
@@ -174,9 +181,11 @@ impl LayerTensor {
         LayerTensor::KNorm,
         LayerTensor::O,
         LayerTensor::PostNorm,
+        LayerTensor::PreFfnNorm,
         LayerTensor::Gate,
         LayerTensor::Up,
         LayerTensor::Down,
+        LayerTensor::PostFfnNorm,
     ];
 
     /// The name inside the block, after `model.layers.{l}.`.
@@ -193,6 +202,8 @@ impl LayerTensor {
             LayerTensor::KNorm => "self_attn.k_norm.weight",
             LayerTensor::O => "self_attn.o_proj.weight",
             LayerTensor::PostNorm => "post_attention_layernorm.weight",
+            LayerTensor::PreFfnNorm => "pre_feedforward_layernorm.weight",
+            LayerTensor::PostFfnNorm => "post_feedforward_layernorm.weight",
             LayerTensor::Gate => "mlp.gate_proj.weight",
             LayerTensor::Up => "mlp.up_proj.weight",
             LayerTensor::Down => "mlp.down_proj.weight",
@@ -203,6 +214,8 @@ impl LayerTensor {
         match self {
             LayerTensor::InputNorm
             | LayerTensor::PostNorm
+            | LayerTensor::PreFfnNorm
+            | LayerTensor::PostFfnNorm
             | LayerTensor::QNorm
             | LayerTensor::KNorm => Role::Norm,
             LayerTensor::Q => Role::Q,
@@ -235,6 +248,7 @@ impl LayerTensor {
         match self {
             LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias => spec.attention_bias,
             LayerTensor::QNorm | LayerTensor::KNorm => spec.qk_norm,
+            LayerTensor::PreFfnNorm | LayerTensor::PostFfnNorm => spec.gemma.is_some(),
             _ => true,
         }
     }
@@ -248,7 +262,10 @@ impl LayerTensor {
             spec.intermediate_size,
         );
         match self {
-            LayerTensor::InputNorm | LayerTensor::PostNorm => vec![h],
+            LayerTensor::InputNorm
+            | LayerTensor::PostNorm
+            | LayerTensor::PreFfnNorm
+            | LayerTensor::PostFfnNorm => vec![h],
             LayerTensor::Q => vec![q, h],
             LayerTensor::K | LayerTensor::V => vec![kv, h],
             LayerTensor::QBias => vec![q],

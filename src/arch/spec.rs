@@ -23,16 +23,22 @@ pub enum Architecture {
     /// (`partial_rotary_factor`).
     #[serde(rename = "Phi3ForCausalLM")]
     Phi3,
+    /// Gemma 3 (text): RMSNorm times (1 + w), four norms per block, q/k norms, GeGLU (tanh
+    /// GELU), embeddings times √hidden, `query_pre_attn_scalar`, sliding-window blocks with
+    /// their own RoPE base interleaved with global ones ([`GemmaSpec`]).
+    #[serde(rename = "Gemma3ForCausalLM")]
+    Gemma3,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 6] = [
+    pub const ALL: [Architecture; 7] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
         Self::Qwen3,
         Self::SmolLM3,
         Self::Phi3,
+        Self::Gemma3,
     ];
 
     /// The name transformers uses in `architectures`.
@@ -44,6 +50,7 @@ impl Architecture {
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::Phi3 => "Phi3ForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -56,6 +63,7 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::SmolLM3 => "smollm3",
             Self::Phi3 => "phi3",
+            Self::Gemma3 => "gemma3_text",
         }
     }
 
@@ -114,6 +122,26 @@ impl RopeScaling {
     }
 }
 
+/// What Gemma 3 computes beyond the shared decoder layout. Every norm (the four of a block, the
+/// q/k norms and the final one) multiplies by (1 + w); blocks are input norm → attention →
+/// post-attention norm → residual, pre-feed-forward norm → GeGLU (tanh GELU) → post-feed-forward
+/// norm → residual; the embedding rows are multiplied by [`GemmaSpec::embedding_scale`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GemmaSpec {
+    /// The softmax scale is `query_pre_attn_scalar`^-½ (not head_dim^-½).
+    pub query_pre_attn_scalar: f64,
+    /// The RoPE base of the sliding-window blocks (`rope_local_base_freq`, or
+    /// `rope_parameters.sliding_attention.rope_theta`); they have no rope scaling. Global
+    /// blocks use `rope_theta` and `rope_scaling`.
+    pub local_rope_theta: f64,
+    /// The blocks whose attention is windowed (`sliding_attention`), ascending: token i sees
+    /// keys j with i - window < j <= i (`sliding_window`).
+    pub sliding_layers: Vec<usize>,
+    /// √hidden rounded to the float type the config declares, as transformers multiplies it
+    /// in the embedding's dtype (bf16: √1152 = 33.94 → 34.0).
+    pub embedding_scale: f64,
+}
+
 /// Everything the pipeline needs to know about a checkpoint's shape and numerics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
@@ -149,6 +177,9 @@ pub struct ModelSpec {
     /// (Phi-4-mini's `partial_rotary_factor` 0.75); the rest pass through. `None`: all.
     #[serde(default)]
     pub partial_rotary_dim: Option<usize>,
+    /// Gemma 3's numerics; `None` for every other architecture.
+    #[serde(default)]
+    pub gemma: Option<GemmaSpec>,
 }
 
 impl ModelSpec {
@@ -182,6 +213,58 @@ impl ModelSpec {
                 ..
             } => n.min(self.max_position_embeddings),
             _ => self.max_position_embeddings,
+        }
+    }
+
+    /// What every RMSNorm adds to its weight: 1 for Gemma's x·(1 + w), else 0.
+    pub fn norm_offset(&self) -> f32 {
+        if self.gemma.is_some() {
+            1.0
+        } else {
+            0.0
+        }
+    }
+
+    /// The softmax scale of q·k: `query_pre_attn_scalar`^-½ for Gemma, else head_dim^-½.
+    pub fn attention_scale(&self) -> f64 {
+        match &self.gemma {
+            Some(g) => 1.0 / g.query_pre_attn_scalar.sqrt(),
+            None => 1.0 / (self.head_dim as f64).sqrt(),
+        }
+    }
+
+    /// What the embedding rows are multiplied by (Gemma: √hidden, else 1).
+    pub fn embedding_scale(&self) -> f64 {
+        self.gemma.as_ref().map_or(1.0, |g| g.embedding_scale)
+    }
+
+    /// The attention window of block `l`, if it has one. Gemma: its sliding blocks; other
+    /// architectures: every block when `sliding_window` is set.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match &self.gemma {
+            Some(g) if !g.sliding_layers.contains(&l) => None,
+            _ => self.sliding_window,
+        }
+    }
+
+    /// The sequence length past which the references and the graph refuse to compute because
+    /// they do not build the window: `sliding_window` except for Gemma, whose banded masks
+    /// are built (None: no limit).
+    pub fn unbuilt_window(&self) -> Option<usize> {
+        match self.gemma {
+            Some(_) => None,
+            None => self.sliding_window,
+        }
+    }
+
+    /// The tensor a block's MLP input norm is: Gemma's `pre_feedforward_layernorm` (its
+    /// `post_attention_layernorm` normalises the attention output), else
+    /// `post_attention_layernorm`.
+    pub fn mlp_norm(&self) -> super::LayerTensor {
+        if self.gemma.is_some() {
+            super::LayerTensor::PreFfnNorm
+        } else {
+            super::LayerTensor::PostNorm
         }
     }
 

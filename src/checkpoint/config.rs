@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::CheckpointError;
-use crate::arch::{Architecture, ModelSpec, RopeScaling};
+use crate::arch::{Architecture, GemmaSpec, ModelSpec, RopeScaling};
 
 /// What is wrong with config.json text; the message names no file ([`CheckpointError::Config`]
 /// adds the path).
@@ -152,6 +152,17 @@ const UNHONOURED: &[(&str, Accept)] = &[
     ("attention_multiplier", Accept::Null),
     ("logits_scaling", Accept::Number(1.0)),
     ("sliding_window_pattern", Accept::Null),
+    ("rope_local_base_freq", Accept::Null),
+    ("use_bidirectional_attention", Accept::False),
+];
+
+/// Keys of [`UNHONOURED`] that Gemma 3 honours (read by [`gemma`]).
+const GEMMA_KEYS: &[&str] = &[
+    "hidden_act",
+    "hidden_activation",
+    "query_pre_attn_scalar",
+    "sliding_window_pattern",
+    "rope_local_base_freq",
 ];
 
 /// Refuse any field in `rest` whose value changes the math away from what we compute.
@@ -175,6 +186,9 @@ fn check_unhonoured(raw: &RawConfig, architecture: Architecture) -> Result<(), C
         }
     }
     for &(key, accept) in UNHONOURED {
+        if architecture == Architecture::Gemma3 && GEMMA_KEYS.contains(&key) {
+            continue;
+        }
         if let Some(v) = rest.get(key) {
             if !accept.allows(v) {
                 return Err(ConfigError::Unhonoured {
@@ -239,6 +253,7 @@ impl ModelSpec {
     pub fn from_config_str(text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig =
             serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
+        refuse_multimodal_gemma(&raw)?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(list), _) if !list.is_empty() => {
                 let name = &list[0];
@@ -284,25 +299,7 @@ impl ModelSpec {
                 "num_key_value_heads ({num_key_value_heads}) does not divide num_attention_heads ({num_attention_heads})"
             ).into());
         }
-        let head_dim = match raw.head_dim {
-            Some(0) => return Err(ConfigError::NotPositive("head_dim".into())),
-            Some(d) if d > MAX_HEAD_DIM => {
-                return Err(ConfigError::ExceedsLimit {
-                    key: "head_dim".into(),
-                    value: d,
-                    max: MAX_HEAD_DIM,
-                })
-            }
-            Some(d) => d,
-            None => {
-                if hidden_size % num_attention_heads != 0 {
-                    return Err(format!(
-                        "num_attention_heads ({num_attention_heads}) does not divide hidden_size ({hidden_size}) and no head_dim is given"
-                    ).into());
-                }
-                hidden_size / num_attention_heads
-            }
-        };
+        let head_dim = head_dim(raw.head_dim, hidden_size, num_attention_heads)?;
         if head_dim % 2 != 0 {
             return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings").into());
         }
@@ -325,24 +322,18 @@ impl ModelSpec {
             .filter(|v| v.is_object())
             .or(rope_params);
         let rope_scaling = parse_rope_scaling(scaling_obj)?;
+        // Gemma 3 in transformers 5 nests one rope object per layer type.
+        let (rope_theta, rope_scaling) = match gemma_global_rope(&raw, rope_params, architecture)? {
+            Some((theta, scaling)) => (theta, Some(scaling)),
+            None => (rope_theta, rope_scaling),
+        };
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
             return Err(
                 format!("rms_norm_eps ({rms_norm_eps}) must be a non-negative number").into(),
             );
         }
-        let max_position_embeddings = match raw.max_position_embeddings {
-            Some(0) => return Err(ConfigError::NotPositive("max_position_embeddings".into())),
-            Some(n) if n > MAX_POSITIONS => {
-                return Err(ConfigError::ExceedsLimit {
-                    key: "max_position_embeddings".into(),
-                    value: n,
-                    max: MAX_POSITIONS,
-                })
-            }
-            Some(n) => n,
-            None => 2048,
-        };
+        let max_position_embeddings = positions(raw.max_position_embeddings)?;
         check_unhonoured(&raw, architecture)?;
         let partial_rotary_dim = partial_rotary_dim(&raw, rope_params, architecture, head_dim)?;
         let rope_scaling = long_rope(
@@ -356,8 +347,19 @@ impl ModelSpec {
             ),
         )?;
         let attention_bias = attention_bias(architecture, raw.attention_bias)?;
-        let sliding_window = sliding_window(&raw)?;
         let no_rope_layers = no_rope_layers(&raw, architecture, num_hidden_layers)?;
+        let (gemma, sliding_window) = match architecture {
+            Architecture::Gemma3 => {
+                let g = gemma(&raw, rope_params, num_hidden_layers, hidden_size)?;
+                // Gemma3TextConfig's default window is 4096.
+                let w = (!g.sliding_layers.is_empty())
+                    .then(|| sliding_window(&raw).map(|w| w.unwrap_or(4096)))
+                    .transpose()?;
+                (Some(g), w)
+            }
+            _ => (None, sliding_window(&raw)?),
+        };
+        let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
         Ok(ModelSpec {
             architecture,
             num_hidden_layers,
@@ -368,20 +370,209 @@ impl ModelSpec {
             head_dim,
             vocab_size,
             rms_norm_eps,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            // Gemma3TextConfig ties by default; the other configs do not.
+            tie_word_embeddings: raw
+                .tie_word_embeddings
+                .unwrap_or(architecture == Architecture::Gemma3),
             rope_theta,
             rope_scaling,
             max_position_embeddings,
             attention_bias,
-            dtype: raw.dtype.or(raw.torch_dtype),
+            dtype,
             bos_token_id: token_ids(&raw.bos_token_id).first().copied(),
             eos_token_ids: token_ids(&raw.eos_token_id),
             sliding_window,
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
             no_rope_layers,
             partial_rotary_dim,
+            gemma,
         })
     }
+}
+
+/// The explicit `head_dim`, or hidden / heads when they divide.
+fn head_dim(
+    head_dim: Option<usize>,
+    hidden_size: usize,
+    num_attention_heads: usize,
+) -> Result<usize, ConfigError> {
+    match head_dim {
+        Some(0) => Err(ConfigError::NotPositive("head_dim".into())),
+        Some(d) if d > MAX_HEAD_DIM => Err(ConfigError::ExceedsLimit {
+            key: "head_dim".into(),
+            value: d,
+            max: MAX_HEAD_DIM,
+        }),
+        Some(d) => Ok(d),
+        None if hidden_size % num_attention_heads != 0 => Err(format!(
+            "num_attention_heads ({num_attention_heads}) does not divide hidden_size \
+             ({hidden_size}) and no head_dim is given"
+        )
+        .into()),
+        None => Ok(hidden_size / num_attention_heads),
+    }
+}
+
+/// `max_position_embeddings`: positive, within [`MAX_POSITIONS`], 2048 when absent.
+fn positions(n: Option<usize>) -> Result<usize, ConfigError> {
+    match n {
+        Some(0) => Err(ConfigError::NotPositive("max_position_embeddings".into())),
+        Some(n) if n > MAX_POSITIONS => Err(ConfigError::ExceedsLimit {
+            key: "max_position_embeddings".into(),
+            value: n,
+            max: MAX_POSITIONS,
+        }),
+        Some(n) => Ok(n),
+        None => Ok(2048),
+    }
+}
+
+/// The multimodal Gemma 3 config (`Gemma3ForConditionalGeneration`, model_type `gemma3`) is
+/// refused, saying what is missing: its text model's fields are nested under `text_config` and
+/// its tensors named `language_model.*` beside a vision tower.
+fn refuse_multimodal_gemma(raw: &RawConfig) -> Result<(), ConfigError> {
+    let arch = raw.architectures.as_ref().and_then(|a| a.first());
+    let multimodal = arch.is_some_and(|a| a == "Gemma3ForConditionalGeneration")
+        || (arch.is_none() && raw.model_type.as_deref() == Some("gemma3"));
+    if multimodal {
+        return Err(ConfigError::Invalid(
+            "`Gemma3ForConditionalGeneration` (model_type `gemma3`) is Gemma 3 with a vision \
+             tower: hf2coreml converts the text model only (Gemma3ForCausalLM, model_type \
+             `gemma3_text`) and does not read a nested `text_config` nor the \
+             `language_model.*` tensor names; save the text model on its own first"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Gemma 3's global RoPE from transformers 5's per-layer-type `rope_parameters`
+/// (`full_attention`), if that is how the config gives it; `None` otherwise (top-level
+/// `rope_theta` and `rope_scaling`, transformers 4: then Gemma's default base is 10^6).
+fn gemma_global_rope(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    architecture: Architecture,
+) -> Result<Option<(f64, RopeScaling)>, ConfigError> {
+    if architecture != Architecture::Gemma3 {
+        return Ok(None);
+    }
+    let Some(full) = rope_params.and_then(|p| p.get("full_attention")) else {
+        let theta = raw.rope_theta.unwrap_or(1_000_000.0);
+        let scaling = parse_rope_scaling(raw.rope_scaling.as_ref().filter(|v| v.is_object()))?;
+        // LongRoPE (None here) is Phi-3's: refused for Gemma.
+        let scaling = scaling.ok_or_else(|| gemma_unhonoured("rope_scaling", "longrope"))?;
+        return Ok(Some((theta, scaling)));
+    };
+    let theta = positive(
+        full.get("rope_theta"),
+        "rope_parameters.full_attention.rope_theta",
+    )?;
+    let scaling = parse_rope_scaling(Some(full))?
+        .ok_or_else(|| gemma_unhonoured("rope_parameters.full_attention", "longrope"))?;
+    Ok(Some((theta, scaling)))
+}
+
+fn gemma_unhonoured(key: &str, value: &str) -> ConfigError {
+    ConfigError::Unhonoured {
+        key: key.into(),
+        value: value.into(),
+        architecture: Architecture::Gemma3.hf_name().into(),
+        supported: "default or linear RoPE on global blocks, default on sliding blocks".into(),
+    }
+}
+
+/// A positive finite number, or an error naming `key` (absent included).
+fn positive(v: Option<&serde_json::Value>, key: &str) -> Result<f64, ConfigError> {
+    match v.and_then(|v| v.as_f64()) {
+        Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Some(x) => Err(format!("`{key}` ({x}) must be a positive number").into()),
+        None => Err(ConfigError::Missing(key.into())),
+    }
+}
+
+/// Gemma 3's own fields: the activation (tanh GELU only), `query_pre_attn_scalar`, the local
+/// RoPE base, which blocks are windowed (`layer_types`, or transformers 4's
+/// `sliding_window_pattern`: every block but each pattern-th) and the embedding scale.
+fn gemma(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    layers: usize,
+    hidden: usize,
+) -> Result<GemmaSpec, ConfigError> {
+    let rest = &raw.rest;
+    for key in ["hidden_activation", "hidden_act"] {
+        match rest.get(key) {
+            None | Some(serde_json::Value::Null) => {}
+            Some(v) if v.as_str() == Some("gelu_pytorch_tanh") => {}
+            Some(v) => {
+                return Err(ConfigError::Unhonoured {
+                    key: key.into(),
+                    value: v.to_string(),
+                    architecture: Architecture::Gemma3.hf_name().into(),
+                    supported: "gelu_pytorch_tanh".into(),
+                })
+            }
+        }
+    }
+    let scalar = match rest.get("query_pre_attn_scalar") {
+        None | Some(serde_json::Value::Null) => 256.0,
+        v => positive(v, "query_pre_attn_scalar")?,
+    };
+    let local_rope_theta = match rope_params.and_then(|p| p.get("sliding_attention")) {
+        Some(local) => {
+            let kind = local.get("rope_type").and_then(|v| v.as_str());
+            if !matches!(kind, None | Some("default")) {
+                return Err(gemma_unhonoured(
+                    "rope_parameters.sliding_attention.rope_type",
+                    kind.unwrap_or_default(),
+                ));
+            }
+            positive(
+                local.get("rope_theta"),
+                "rope_parameters.sliding_attention.rope_theta",
+            )?
+        }
+        None => match rest.get("rope_local_base_freq") {
+            None | Some(serde_json::Value::Null) => 10_000.0,
+            v => positive(v, "rope_local_base_freq")?,
+        },
+    };
+    let sliding_layers = match &raw.layer_types {
+        Some(types) if types.len() != layers => {
+            return Err(format!(
+                "`layer_types` has {} entries for {layers} layers",
+                types.len()
+            )
+            .into())
+        }
+        Some(types) => (0..layers)
+            .filter(|&l| types[l] == "sliding_attention")
+            .collect(),
+        None => {
+            let every = match rest.get("sliding_window_pattern") {
+                None | Some(serde_json::Value::Null) => 6,
+                Some(v) => match v.as_u64() {
+                    Some(n) if n > 0 => n as usize,
+                    _ => return Err(ConfigError::NotPositive("sliding_window_pattern".into())),
+                },
+            };
+            (0..layers).filter(|l| (l + 1) % every != 0).collect()
+        }
+    };
+    let root = (hidden as f64).sqrt();
+    let dtype = raw.dtype.as_deref().or(raw.torch_dtype.as_deref());
+    let embedding_scale = match dtype {
+        Some("bfloat16") => half::bf16::from_f64(root).to_f64(),
+        Some("float16") => half::f16::from_f64(root).to_f64(),
+        _ => root as f32 as f64,
+    };
+    Ok(GemmaSpec {
+        query_pre_attn_scalar: scalar,
+        local_rope_theta,
+        sliding_layers,
+        embedding_scale,
+    })
 }
 
 /// Phi-3's LongRoPE (`rope_scaling` type `longrope` or its old name `su`; other types pass
@@ -778,6 +969,42 @@ mod tests {
         );
         let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
         assert!(e.contains("no_rope_layers") && e.contains("SmolLM3"), "{e}");
+    }
+
+    #[test]
+    fn gemma3_transformers4_config() {
+        // Gemma 3 4B's text config as transformers 4 writes it (shapes shrunk).
+        let v4 = r#"{"architectures":["Gemma3ForCausalLM"],"model_type":"gemma3_text",
+          "hidden_size":2560,"intermediate_size":128,"num_attention_heads":8,"num_hidden_layers":12,
+          "num_key_value_heads":4,"head_dim":256,"vocab_size":100,"query_pre_attn_scalar":256,
+          "rope_theta":1000000.0,"rope_local_base_freq":10000.0,"sliding_window":1024,
+          "sliding_window_pattern":6,"rope_scaling":{"factor":8.0,"rope_type":"linear"},
+          "hidden_activation":"gelu_pytorch_tanh","final_logit_softcapping":null,
+          "attn_logit_softcapping":null,"torch_dtype":"bfloat16"}"#;
+        let s = ModelSpec::from_config_str(v4).unwrap();
+        let g = s.gemma.clone().unwrap();
+        assert_eq!(s.architecture, Architecture::Gemma3);
+        assert!(s.tie_word_embeddings && s.qk_norm, "Gemma ties by default");
+        assert_eq!(g.sliding_layers, vec![0, 1, 2, 3, 4, 6, 7, 8, 9, 10]);
+        assert_eq!((s.sliding_window, g.local_rope_theta), (Some(1024), 1e4));
+        assert_eq!(s.rope_theta, 1e6);
+        assert_eq!(s.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!(g.embedding_scale, 50.5, "√2560 = 50.596 rounded to bf16");
+        assert_eq!(s.attention_scale(), 1.0 / 16.0);
+        assert_eq!(s.window(5), None);
+        assert_eq!(s.unbuilt_window(), None);
+        // The same fields on another architecture are refused, naming them.
+        let llama = v4.replace("Gemma3ForCausalLM", "LlamaForCausalLM");
+        let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
+        assert!(
+            e.contains("hidden_activation") || e.contains("query_pre_attn_scalar"),
+            "{e}"
+        );
+        let multimodal = v4.replace("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration");
+        let e = ModelSpec::from_config_str(&multimodal)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("text_config"), "{e}");
     }
 
     #[test]

@@ -490,7 +490,7 @@ pub fn calibrate(
             }
         }
     }
-    if let Some(window) = spec.sliding_window {
+    if let Some(window) = spec.unbuilt_window() {
         if let Some(&(s, e)) = bounds.iter().find(|&&(s, e)| e - s > window) {
             return Err(ReferenceError::SlidingWindow { len: e - s, window });
         }

@@ -13,6 +13,7 @@
 //!
 //! Sliding-window attention (Mistral, Qwen2 with `use_sliding_window`) is not modelled by
 //! either backend: a sequence longer than the window is refused rather than computed wrongly.
+//! Gemma 3's sliding blocks are: the plain backend builds their banded masks.
 
 pub mod calibrate;
 pub mod plain;
@@ -172,6 +173,13 @@ pub fn candle_limitation(spec: &ModelSpec) -> Option<String> {
         Architecture::Qwen3 => {
             return Some(
                 "candle's qwen3 is not wired here: the plain forward pass computes it".into(),
+            )
+        }
+        Architecture::Gemma3 => {
+            return Some(
+                "candle's gemma3 is not wired here: the plain forward pass computes it (with the \
+                 sliding blocks' banded masks)"
+                    .into(),
             )
         }
         Architecture::SmolLM3 => {
@@ -340,7 +348,7 @@ impl Reference {
                 max: self.spec.max_position_embeddings,
             });
         }
-        if let Some(window) = self.spec.sliding_window {
+        if let Some(window) = self.spec.unbuilt_window() {
             if len > window {
                 return Err(ReferenceError::SlidingWindow { len, window });
             }
@@ -487,7 +495,7 @@ fn load_candle(
         Device::Cpu,
     );
     match spec.architecture {
-        Architecture::Qwen3 | Architecture::SmolLM3 | Architecture::Phi3 => {
+        Architecture::Qwen3 | Architecture::SmolLM3 | Architecture::Phi3 | Architecture::Gemma3 => {
             Err(ReferenceError::candle(
                 "loading",
                 candle_core::Error::Msg(candle_limitation(spec).unwrap_or_default()),

@@ -78,14 +78,19 @@ struct Layer {
     q_bias: Option<Tensor>,
     k_bias: Option<Tensor>,
     v_bias: Option<Tensor>,
-    /// Qwen3's per-head norms on q and k, [D].
+    /// Qwen3's and Gemma's per-head norms on q and k, [D].
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     o: Tensor,
+    /// Gemma's norm of the attention output (`post_attention_layernorm`).
+    attn_out_norm: Option<Tensor>,
+    /// The MLP's input norm (`spec.mlp_norm()`).
     post_norm: Tensor,
     gate: Tensor,
     up: Tensor,
     down: Tensor,
+    /// Gemma's norm of the MLP output (`post_feedforward_layernorm`).
+    mlp_out_norm: Option<Tensor>,
 }
 
 /// The plain f32 model with its own growing KV cache.
@@ -117,20 +122,40 @@ fn load(ckpt: &Checkpoint, name: &str, device: &Device) -> Result<Tensor, super:
         .map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))
 }
 
-/// Block `l`'s weights in f32.
+/// An RMSNorm weight as the norm multiplies by: w, or Gemma's 1 + w (in f32, as transformers).
+fn load_norm(
+    ckpt: &Checkpoint,
+    name: &str,
+    device: &Device,
+) -> Result<Tensor, super::ReferenceError> {
+    let w = load(ckpt, name, device)?;
+    let offset = ckpt.spec().norm_offset() as f64;
+    if offset == 0.0 {
+        return Ok(w);
+    }
+    (w + offset).map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))
+}
+
+/// Block `l`'s weights in f32 (norms as they multiply: Gemma's 1 + w).
 fn load_layer(
     ckpt: &Checkpoint,
     l: usize,
     device: &Device,
 ) -> Result<Layer, super::ReferenceError> {
     let get = |t: LayerTensor| load(ckpt, &arch::tensor_name(l, t), device);
+    let norm = |t: LayerTensor| load_norm(ckpt, &arch::tensor_name(l, t), device);
     let optional = |t: LayerTensor, present: bool| -> Result<Option<Tensor>, _> {
         present.then(|| get(t)).transpose()
     };
-    let bias = |t: LayerTensor| optional(t, ckpt.spec().attention_bias);
-    let qk_norm = |t: LayerTensor| optional(t, ckpt.spec().qk_norm);
+    let optional_norm = |t: LayerTensor, present: bool| -> Result<Option<Tensor>, _> {
+        present.then(|| norm(t)).transpose()
+    };
+    let spec = ckpt.spec();
+    let bias = |t: LayerTensor| optional(t, spec.attention_bias);
+    let qk_norm = |t: LayerTensor| optional_norm(t, spec.qk_norm);
+    let gemma = spec.gemma.is_some();
     Ok(Layer {
-        input_norm: get(LayerTensor::InputNorm)?,
+        input_norm: norm(LayerTensor::InputNorm)?,
         q: get(LayerTensor::Q)?,
         k: get(LayerTensor::K)?,
         v: get(LayerTensor::V)?,
@@ -140,10 +165,12 @@ fn load_layer(
         q_norm: qk_norm(LayerTensor::QNorm)?,
         k_norm: qk_norm(LayerTensor::KNorm)?,
         o: get(LayerTensor::O)?,
-        post_norm: get(LayerTensor::PostNorm)?,
+        attn_out_norm: optional_norm(LayerTensor::PostNorm, gemma)?,
+        post_norm: norm(spec.mlp_norm())?,
         gate: get(LayerTensor::Gate)?,
         up: get(LayerTensor::Up)?,
         down: get(LayerTensor::Down)?,
+        mlp_out_norm: optional_norm(LayerTensor::PostFfnNorm, gemma)?,
     })
 }
 
@@ -154,8 +181,8 @@ fn loaded(layers: &[Option<Layer>], l: usize) -> candle_core::Result<&Layer> {
         .ok_or_else(|| candle_core::Error::Msg(format!("block {l} is not in memory")))
 }
 
-/// The embedding rows [T, H] of `tokens` in f32, read from the checkpoint (one row at a time,
-/// never the whole table).
+/// The embedding rows [T, H] of `tokens` in f32 (times Gemma's embedding scale), read from the
+/// checkpoint (one row at a time, never the whole table).
 pub(crate) fn embed_rows(
     ckpt: &Checkpoint,
     tokens: &[u32],
@@ -173,6 +200,10 @@ pub(crate) fn embed_rows(
         })?;
         values.extend(row.to_f32());
     }
+    let scale = ckpt.spec().embedding_scale() as f32;
+    if scale != 1.0 {
+        values.iter_mut().for_each(|v| *v *= scale);
+    }
     Tensor::from_vec(values, (tokens.len(), hidden), &Device::Cpu)
         .map_err(|e| super::ReferenceError::candle(format!("reading `{name}`"), e))
 }
@@ -182,13 +213,14 @@ pub(crate) fn embed_rows(
 /// outgrows the original context, as transformers' `dynamic_rope_update` switches them).
 /// Computed in f64 and rounded once: HF computes them in f32, the difference is far below the
 /// tolerances anyone compares references with.
-pub(crate) fn inverse_frequencies(spec: &ModelSpec, seq_len: usize) -> Vec<f32> {
+/// Base `theta` and `scaling` are the block's (Gemma's sliding blocks have their own).
+fn frequencies(spec: &ModelSpec, theta: f64, scaling: &RopeScaling, seq_len: usize) -> Vec<f32> {
     // Partial RoPE (Phi-4-mini): the exponents run over the rotated dimensions only.
     let d = spec.rotary_dim() as f64;
     let base: Vec<f64> = (0..spec.rotary_dim() / 2)
-        .map(|i| 1.0 / spec.rope_theta.powf(2.0 * i as f64 / d))
+        .map(|i| 1.0 / theta.powf(2.0 * i as f64 / d))
         .collect();
-    let scaled: Vec<f64> = match spec.rope_scaling {
+    let scaled: Vec<f64> = match *scaling {
         RopeScaling::None => base,
         RopeScaling::Linear { factor } => base.into_iter().map(|f| f / factor).collect(),
         RopeScaling::Llama3 {
@@ -267,7 +299,7 @@ impl PlainModel {
         Ok(PlainModel {
             cache: vec![None; spec.num_hidden_layers],
             cached: 0,
-            norm: load(ckpt, &TensorId::FinalNorm.hf_name(), &device)?,
+            norm: load_norm(ckpt, &TensorId::FinalNorm.hf_name(), &device)?,
             spec,
             device,
             embed,
@@ -349,12 +381,12 @@ impl PlainModel {
     ) -> candle_core::Result<Tensor> {
         let t = tokens.len();
         let position = if use_cache { self.cached } else { 0 };
-        let ids = Tensor::from_slice(tokens, t, &self.device)?;
-        let mut x = Self::resident(&self.embed, "embedding")?.index_select(&ids, 0)?;
+        let mut x = self.embed(tokens)?;
         obs.observe(None, Point::Embedding, &x)?;
-        let (cos, sin) = self.rope_tables(position, t)?;
+        let tables = self.rope_tables(position, t)?;
         for l in 0..self.layers.len() {
-            x = self.layer(l, &x, &cos, &sin, use_cache, obs)?;
+            let (cos, sin) = tables.layer(&self.spec, l);
+            x = self.layer(l, &x, cos, sin, use_cache, obs)?;
         }
         obs.observe(None, Point::NormInput, &x)?;
         if use_cache {
@@ -373,10 +405,26 @@ impl PlainModel {
         hidden.matmul(&Self::resident(&self.lm_head, "lm_head")?.t()?)
     }
 
-    /// cos/sin [T, D/2] for positions `start .. start + t`.
-    fn rope_tables(&self, start: usize, t: usize) -> candle_core::Result<(Tensor, Tensor)> {
-        let inv_freq = inverse_frequencies(&self.spec, start + t);
-        let scale = self.spec.rope_scaling.attention_factor() as f32;
+    /// cos/sin [T, D/2] for positions `start .. start + t`: the model's, and Gemma's sliding
+    /// blocks' own.
+    fn rope_tables(&self, start: usize, t: usize) -> candle_core::Result<RopeTables> {
+        let global = self.rope_table(&self.spec.rope_theta, &self.spec.rope_scaling, start, t)?;
+        let local = match &self.spec.gemma {
+            Some(g) => Some(self.rope_table(&g.local_rope_theta, &RopeScaling::None, start, t)?),
+            None => None,
+        };
+        Ok(RopeTables { global, local })
+    }
+
+    fn rope_table(
+        &self,
+        theta: &f64,
+        scaling: &RopeScaling,
+        start: usize,
+        t: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let inv_freq = frequencies(&self.spec, *theta, scaling, start + t);
+        let scale = scaling.attention_factor() as f32;
         let half = inv_freq.len();
         let mut cos = Vec::with_capacity(t * half);
         let mut sin = Vec::with_capacity(t * half);
@@ -421,6 +469,7 @@ impl PlainModel {
         obs.observe(lo, Point::OInput, &attn)?;
         let o = linear(&attn, &w.o, None)?;
         obs.observe(lo, Point::O, &o)?;
+        let o = out_norm(spec, w.attn_out_norm.as_ref(), o, lo, obs)?;
         let x = (x + o)?;
         obs.observe(lo, Point::ResidualAfterAttention, &x)?;
         obs.observe(lo, Point::NormInput, &x)?;
@@ -430,21 +479,24 @@ impl PlainModel {
         let up = linear(&h, &w.up, None)?;
         obs.observe(lo, Point::Gate, &gate)?;
         obs.observe(lo, Point::Up, &up)?;
-        // silu(g) = g · sigmoid(g) = g / (1 + e^-g)
-        let silu = (&gate / (gate.neg()?.exp()? + 1.0)?)?;
-        let act = (silu * up)?;
+        let act = (activation(spec, &gate)? * up)?;
         obs.observe(lo, Point::SiluUp, &act)?;
         let down = linear(&act, &w.down, None)?;
         obs.observe(lo, Point::Down, &down)?;
+        let down = out_norm(spec, w.mlp_out_norm.as_ref(), down, lo, obs)?;
         let x = (x + down)?;
         obs.observe(lo, Point::ResidualAfterMlp, &x)?;
         Ok(x)
     }
 
-    /// The embedding rows [T, H] of `tokens`.
+    /// The embedding rows [T, H] of `tokens` (times Gemma's embedding scale).
     pub(crate) fn embed(&self, tokens: &[u32]) -> candle_core::Result<Tensor> {
         let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
-        Self::resident(&self.embed, "embedding")?.index_select(&ids, 0)
+        let x = Self::resident(&self.embed, "embedding")?.index_select(&ids, 0)?;
+        match self.spec.embedding_scale() {
+            1.0 => Ok(x),
+            scale => x * scale as f32 as f64,
+        }
     }
 
     /// Decoder block `l` on x [T, H] as a fresh sequence (positions 0..T, no cache): the
@@ -456,7 +508,9 @@ impl PlainModel {
         obs: &mut dyn Observer,
     ) -> candle_core::Result<Tensor> {
         let t = x.dim(0)?;
-        let (cos, sin) = self.rope_tables(0, t)?;
+        let tables = self.rope_tables(0, t)?;
+        let (cos, sin) = tables.layer(&self.spec, l);
+        let (cos, sin) = (cos.clone(), sin.clone());
         self.layer(l, x, &cos, &sin, false, obs)
     }
 
@@ -469,14 +523,15 @@ impl PlainModel {
     /// The o_proj input from the q/k/v input h.
     pub(crate) fn step_attention(&self, l: usize, h: &Tensor) -> candle_core::Result<Tensor> {
         let t = h.dim(0)?;
-        let (cos, sin) = self.rope_tables(0, t)?;
+        let tables = self.rope_tables(0, t)?;
+        let (cos, sin) = tables.layer(&self.spec, l);
         let w = self.weights(l)?;
         attention(
             &self.spec,
             w,
             h,
-            &cos,
-            &sin,
+            cos,
+            sin,
             None,
             &self.device,
             Some(l),
@@ -492,7 +547,9 @@ impl PlainModel {
         attn: &Tensor,
     ) -> candle_core::Result<(Tensor, Tensor)> {
         let w = self.weights(l)?;
-        let x = (x + linear(attn, &w.o, None)?)?;
+        let o = linear(attn, &w.o, None)?;
+        let o = out_norm(&self.spec, w.attn_out_norm.as_ref(), o, None, &mut Blind)?;
+        let x = (x + o)?;
         let h = rms_norm(&x, &w.post_norm, self.spec.rms_norm_eps)?;
         Ok((x, h))
     }
@@ -502,7 +559,7 @@ impl PlainModel {
         let w = self.weights(l)?;
         let gate = linear(h, &w.gate, None)?;
         let up = linear(h, &w.up, None)?;
-        (&gate / (gate.neg()?.exp()? + 1.0)?)? * up
+        activation(&self.spec, &gate)? * up
     }
 
     /// The block output from the residual after attention and the down_proj input.
@@ -512,7 +569,9 @@ impl PlainModel {
         x: &Tensor,
         act: &Tensor,
     ) -> candle_core::Result<Tensor> {
-        x + linear(act, &self.weights(l)?.down, None)?
+        let w = self.weights(l)?;
+        let down = linear(act, &w.down, None)?;
+        x + out_norm(&self.spec, w.mlp_out_norm.as_ref(), down, None, &mut Blind)?
     }
 
     /// Logits [T, V] of a fresh sequence, without touching the cache.
@@ -523,6 +582,15 @@ impl PlainModel {
         }
         let h = rms_norm(&x, &self.norm, self.spec.rms_norm_eps)?;
         self.logits(&h)
+    }
+
+    /// Which RMSNorm `weight_mut(l, Role::Norm, post)` returns, by its checkpoint tensor.
+    pub(crate) fn norm_tensor(&self, post: bool) -> LayerTensor {
+        if post {
+            self.spec.mlp_norm()
+        } else {
+            LayerTensor::InputNorm
+        }
     }
 
     /// The f32 weight of projection `role` ([out, in]) or RMSNorm (`Role::Norm`: `post`
@@ -591,7 +659,60 @@ fn honoured(spec: &ModelSpec) {
         dtype: _,
         bos_token_id: _,
         eos_token_ids: _,
+        // `load_norm` (1 + w), `embed`/`embed_rows`, `attention` (scale, window),
+        // `rope_tables` (local base), `out_norm`, `activation`.
+        gemma: _,
     } = spec;
+}
+
+/// cos/sin [T, R/2] of the model's RoPE and of Gemma's sliding blocks.
+struct RopeTables {
+    global: (Tensor, Tensor),
+    local: Option<(Tensor, Tensor)>,
+}
+
+impl RopeTables {
+    fn layer(&self, spec: &ModelSpec, l: usize) -> (&Tensor, &Tensor) {
+        let sliding = spec
+            .gemma
+            .as_ref()
+            .is_some_and(|g| g.sliding_layers.contains(&l));
+        let (cos, sin) = match (&self.local, sliding) {
+            (Some(local), true) => local,
+            _ => &self.global,
+        };
+        (cos, sin)
+    }
+}
+
+/// Gemma's post-attention / post-feed-forward norm of a sublayer output `x` before the residual
+/// add (its input shown as a norm input: the graph folds α into it); `x` itself elsewhere.
+fn out_norm(
+    spec: &ModelSpec,
+    w: Option<&Tensor>,
+    x: Tensor,
+    lo: Option<usize>,
+    obs: &mut dyn Observer,
+) -> candle_core::Result<Tensor> {
+    match w {
+        Some(w) => {
+            obs.observe(lo, Point::NormInput, &x)?;
+            rms_norm(&x, w, spec.rms_norm_eps)
+        }
+        None => Ok(x),
+    }
+}
+
+/// The gate's activation: Gemma's tanh-approximated GELU (`gelu_pytorch_tanh`), else SiLU.
+fn activation(spec: &ModelSpec, gate: &Tensor) -> candle_core::Result<Tensor> {
+    if spec.gemma.is_some() {
+        // 0.5 · g · (1 + tanh(√(2/π) · (g + 0.044715 · g³)))
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let inner = ((gate + (gate.powf(3.0)? * 0.044715)?)? * c)?;
+        return (gate * 0.5)? * (inner.tanh()? + 1.0)?;
+    }
+    // silu(g) = g · sigmoid(g) = g / (1 + e^-g)
+    gate / (gate.neg()?.exp()? + 1.0)?
 }
 
 /// Self-attention of block weights `w` on its normalised input h [T, H]: q/k/v, rope, the KV
@@ -650,10 +771,12 @@ fn attention(
     // heads of one kv head into one batched matmul.
     let groups = hq / hkv;
     let qg = q.reshape((hkv, groups * t, d))?;
-    let scale = 1.0 / (d as f64).sqrt();
+    let scale = spec.attention_scale();
     let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((hq, t, tk))?;
-    // The new tokens are the last t of the tk positions: token i sees keys 0..=tk - t + i.
-    let visible = causal_mask(t, tk - t, device)?.broadcast_as((hq, t, tk))?;
+    // The new tokens are the last t of the tk positions: token i sees keys 0..=tk - t + i
+    // (within the block's window, if it has one).
+    let window = lo.and_then(|l| spec.window(l));
+    let visible = causal_mask(t, tk - t, window, device)?.broadcast_as((hq, t, tk))?;
     if obs.wants(Point::Scores) {
         obs.observe(
             lo,
@@ -718,11 +841,20 @@ fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
     e.broadcast_div(&s)
 }
 
-/// u8 [T, position + T]: 1 where new token i may see cache/new position j (j <= position + i).
-fn causal_mask(t: usize, position: usize, device: &Device) -> candle_core::Result<Tensor> {
+/// u8 [T, position + T]: 1 where new token i may see cache/new position j (j <= position + i,
+/// and with a window W, j > position + i - W as transformers' `sliding_window_overlay`).
+fn causal_mask(
+    t: usize,
+    position: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
     let tk = position + t;
     let m: Vec<u8> = (0..t)
-        .flat_map(|i| (0..tk).map(move |j| u8::from(j <= position + i)))
+        .flat_map(|i| {
+            let p = position + i;
+            (0..tk).map(move |j| u8::from(j <= p && window.map_or(true, |w| j + w > p)))
+        })
         .collect();
     Tensor::from_vec(m, (t, tk), device)
 }

@@ -1214,6 +1214,14 @@ fn apply_scales(
     replaced: &mut BTreeMap<String, Vec<f32>>,
     slots: &[TensorSlot],
 ) -> Result<(), QuantError> {
+    if spec.gemma.is_some() {
+        // The reference holds Gemma's norms as 1 + w; the package stores w.
+        return Err(QuantError::Calibration {
+            message: "AWQ folds scales into RMSNorm weights, which Gemma stores as w in \
+                      x·(1 + w): not supported for Gemma3ForCausalLM (use awq = false)"
+                .into(),
+        });
+    }
     let inv: Vec<f64> = s.iter().map(|v| 1.0 / v).collect();
     let cols_scale = expand_o_scales(spec, site, s);
     let missing = || QuantError::Calibration {
@@ -1236,13 +1244,9 @@ fn apply_scales(
     match site {
         0 | 2 => {
             let post = site == 2;
+            let norm = model.norm_tensor(post);
             let w = model.weight_mut(l, Role::Norm, post).ok_or_else(missing)?;
             scale_tensor(w, &inv, true)?;
-            let norm = if post {
-                LayerTensor::PostNorm
-            } else {
-                LayerTensor::InputNorm
-            };
             let name = name_of(norm).ok_or_else(missing)?;
             replaced.insert(name, to_vec(w)?);
         }

@@ -813,6 +813,9 @@ pub fn gguf_name(id: crate::arch::TensorId) -> String {
                 T::QBias => ("attn_q", "bias"),
                 T::KBias => ("attn_k", "bias"),
                 T::VBias => ("attn_v", "bias"),
+                // llama.cpp's gemma3 names (a Gemma GGUF is not imported: testing only).
+                T::PreFfnNorm => ("ffn_norm", "weight"),
+                T::PostFfnNorm => ("post_ffw_norm", "weight"),
                 T::QNorm => ("attn_q_norm", "weight"),
                 T::KNorm => ("attn_k_norm", "weight"),
             };

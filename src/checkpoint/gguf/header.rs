@@ -87,6 +87,7 @@ impl LlamaHParams {
             qk_norm: false,
             no_rope_layers: Vec::new(),
             partial_rotary_dim: None,
+            gemma: None,
         })
     }
 }

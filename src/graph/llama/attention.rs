@@ -48,7 +48,11 @@ pub(super) fn attention(
     let values = join(b, &vc, &v, &format!("{tag}_values"));
     let keys = expand_kv(b, &keys, dims, &format!("{tag}_keys"));
     let values = expand_kv(b, &values, dims, &format!("{tag}_values"));
-    let ctx = attend(b, &qs, &keys, &values, &shared.mask, dims, &tag);
+    let mask = match (&shared.local, shared.sliding[l]) {
+        (Some((_, _, window_mask)), true) => window_mask,
+        _ => &shared.mask,
+    };
+    let ctx = attend(b, &qs, &keys, &values, mask, dims, &tag);
     let wo = weights.linear(b, TensorId::Layer(l, LayerTensor::O), shared.alpha)?;
     let out = proj.apply(b, wo, None, &ctx, &format!("{tag}_attn_out"));
     Ok(Attention {
@@ -87,16 +91,21 @@ fn qkv(
     let mut kh = heads(b, &out[1], dims.hkv, dims, &format!("{tag}_k"));
     let vh = heads(b, &out[2], dims.hkv, dims, &format!("{tag}_v"));
     if let Some(eps) = shared.qk_norm_eps {
-        let qw = weights.single(b, TensorId::Layer(l, LayerTensor::QNorm))?;
-        let kw = weights.single(b, TensorId::Layer(l, LayerTensor::KNorm))?;
+        let off = shared.norm_offset;
+        let qw = super::norm_weight(b, weights, TensorId::Layer(l, LayerTensor::QNorm), off)?;
+        let kw = super::norm_weight(b, weights, TensorId::Layer(l, LayerTensor::KNorm), off)?;
         qh = head_norm(b, &qh, &qw, eps, &format!("{tag}_q_norm"));
         kh = head_norm(b, &kh, &kw, eps, &format!("{tag}_k_norm"));
     }
     if !shared.rope_in_layer[l] {
         return Ok((qh, kh, vh));
     }
-    let qr = apply_rope(b, &qh, dims.h, shared, &format!("{tag}_q_rope"));
-    let kr = apply_rope(b, &kh, dims.hkv, shared, &format!("{tag}_k_rope"));
+    let rope = match (&shared.local, shared.sliding[l]) {
+        (Some((cos, sin, _)), true) => (cos.as_str(), sin.as_str()),
+        _ => (shared.cos.as_str(), shared.sin.as_str()),
+    };
+    let qr = apply_rope(b, &qh, dims.h, shared, rope, &format!("{tag}_q_rope"));
+    let kr = apply_rope(b, &kh, dims.hkv, shared, rope, &format!("{tag}_k_rope"));
     Ok((qr, kr, vh))
 }
 
@@ -136,7 +145,14 @@ fn heads(b: &mut Builder, t: &str, n: usize, dims: &Dims, name: &str) -> String 
 /// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the last axis of x
 /// [1, n, Q, D]. With partial RoPE only the first R dimensions form [a, b]; the rest are
 /// carried along into the rotated copy, where the table's sin 0 (and cos 1) leave x's own.
-fn apply_rope(b: &mut Builder, x: &str, n: usize, shared: &Shared, name: &str) -> String {
+fn apply_rope(
+    b: &mut Builder,
+    x: &str,
+    n: usize,
+    shared: &Shared,
+    (cos, sin): (&str, &str),
+    name: &str,
+) -> String {
     let (d, r) = (shared.dims.d, shared.rotary);
     let pieces: Vec<String> = if r == d {
         b.op_multi(
@@ -186,12 +202,12 @@ fn apply_rope(b: &mut Builder, x: &str, n: usize, shared: &Shared, name: &str) -
     let xc = b.op(
         Op::Mul,
         &format!("{name}_cos"),
-        vec![("x", var(x)), ("y", var(&shared.cos))],
+        vec![("x", var(x)), ("y", var(cos))],
     );
     let rs = b.op(
         Op::Mul,
         &format!("{name}_sin"),
-        vec![("x", var(&rot)), ("y", var(&shared.sin))],
+        vec![("x", var(&rot)), ("y", var(sin))],
     );
     b.op(Op::Add, name, vec![("x", var(&xc)), ("y", var(&rs))])
 }

@@ -11,6 +11,8 @@ use crate::graph::{ints, rope, var, Arg, Builder, ConstData, Op};
 pub(super) struct Tables {
     cos: String,
     sin: String,
+    /// Gemma's sliding blocks: their RoPE tables and window W.
+    local: Option<(String, String, usize)>,
     arange_q: String,
     arange_s: String,
     open: String,
@@ -20,13 +22,16 @@ pub(super) struct Tables {
 
 impl Tables {
     pub(super) fn new(b: &mut Builder, spec: &ModelSpec, dims: &Dims) -> Self {
-        let (s, q, d) = (dims.s, dims.q, dims.d);
-        let inv = rope::inv_freq(spec.rotary_dim(), spec.rope_theta, &spec.rope_scaling);
-        let scale = spec.rope_scaling.attention_factor();
-        let (cos_t, sin_t) = rope::tables(s, d, &inv, scale);
-        let to16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<_>>();
-        let cos = b.constant("rope_cos", vec![s, d], ConstData::F16(to16(cos_t)), None);
-        let sin = b.constant("rope_sin", vec![s, d], ConstData::F16(to16(sin_t)), None);
+        let (s, q) = (dims.s, dims.q);
+        let (cos, sin) = rope_table(b, spec, dims, spec.rope_theta, &spec.rope_scaling, "rope");
+        let local = match (&spec.gemma, spec.sliding_window) {
+            (Some(g), Some(w)) if !g.sliding_layers.is_empty() => {
+                let none = crate::arch::RopeScaling::None;
+                let (c, s) = rope_table(b, spec, dims, g.local_rope_theta, &none, "rope_local");
+                Some((c, s, w))
+            }
+            _ => None,
+        };
         let arange_q = b.constant(
             "arange_q",
             vec![q],
@@ -54,12 +59,13 @@ impl Tables {
         let causal = b.constant(
             "mask_causal",
             vec![q, q],
-            ConstData::F16(causal_block(q)),
+            ConstData::F16(causal_block(q, None)),
             None,
         );
         Tables {
             cos,
             sin,
+            local,
             arange_q,
             arange_s,
             open,
@@ -69,12 +75,40 @@ impl Tables {
     }
 }
 
-/// [Q, Q]: new token k visible from query i iff k <= i.
-fn causal_block(q: usize) -> Vec<f16> {
+/// The cos and sin tables [S, D] of RoPE base `theta` with `scaling`, named `name_cos`/`_sin`.
+fn rope_table(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    dims: &Dims,
+    theta: f64,
+    scaling: &crate::arch::RopeScaling,
+    name: &str,
+) -> (String, String) {
+    let (s, d) = (dims.s, dims.d);
+    let inv = rope::inv_freq(spec.rotary_dim(), theta, scaling);
+    let (cos_t, sin_t) = rope::tables(s, d, &inv, scaling.attention_factor());
+    let to16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<_>>();
+    let cos = b.constant(
+        &format!("{name}_cos"),
+        vec![s, d],
+        ConstData::F16(to16(cos_t)),
+        None,
+    );
+    let sin = b.constant(
+        &format!("{name}_sin"),
+        vec![s, d],
+        ConstData::F16(to16(sin_t)),
+        None,
+    );
+    (cos, sin)
+}
+
+/// [Q, Q]: new token k visible from query i iff k <= i (and i - k < W within a window W).
+fn causal_block(q: usize, window: Option<usize>) -> Vec<f16> {
     (0..q)
         .flat_map(|i| {
             (0..q).map(move |k| {
-                if k <= i {
+                if k <= i && window.map_or(true, |w| i - k < w) {
                     f16::ZERO
                 } else {
                     f16::from_f32(MASK_VALUE)
@@ -84,11 +118,22 @@ fn causal_block(q: usize) -> Vec<f16> {
         .collect()
 }
 
-/// Positions p .. p+Q-1 → the cos and sin rows [Q, D].
-pub(super) fn rope_rows(b: &mut Builder, t: &Tables, position: &str) -> (String, String) {
+/// Positions p .. p+Q-1 → the cos and sin rows [Q, D] (`local`: of Gemma's sliding blocks'
+/// tables, if the model has them).
+pub(super) fn rope_rows(
+    b: &mut Builder,
+    t: &Tables,
+    position: &str,
+    local: bool,
+) -> Option<(String, String)> {
+    let (cos, sin, tag) = match (&t.local, local) {
+        (_, false) => (&t.cos, &t.sin, "rope"),
+        (Some((cos, sin, _)), true) => (cos, sin, "rope_local"),
+        (None, true) => return None,
+    };
     let pos_ids = b.op(
         Op::Add,
-        "position_ids",
+        &format!("{tag}_position_ids"),
         vec![("x", var(position)), ("y", var(&t.arange_q))],
     );
     let mut rows = |table: &str, name: &str| {
@@ -102,9 +147,95 @@ pub(super) fn rope_rows(b: &mut Builder, t: &Tables, position: &str) -> (String,
             ],
         )
     };
-    let cos = rows(&t.cos, "rope_cos_rows");
-    let sin = rows(&t.sin, "rope_sin_rows");
-    (cos, sin)
+    let cos = rows(cos, &format!("{tag}_cos_rows"));
+    let sin = rows(sin, &format!("{tag}_sin_rows"));
+    Some((cos, sin))
+}
+
+/// Gemma's sliding blocks' mask [Q, S+Q], if the model has them: query i (position p + i) sees
+/// cache row j iff p + i - W < j < p, and new token k iff i - W < k <= i (transformers'
+/// `sliding_window_overlay`: kv > q - W).
+pub(super) fn window_mask(
+    b: &mut Builder,
+    t: &Tables,
+    position: &str,
+    dims: &Dims,
+) -> Option<String> {
+    let (_, _, w) = t.local.as_ref()?;
+    let (s, q) = (dims.s as i64, dims.q as i64);
+    let pos = b.op(
+        Op::Add,
+        "window_position_ids",
+        vec![("x", var(position)), ("y", var(&t.arange_q))],
+    );
+    let lower = b.op(
+        Op::Add,
+        "window_lowest_row",
+        vec![("x", var(&pos)), ("y", Arg::Int(1 - *w as i64))],
+    );
+    let lower = b.op(
+        Op::Reshape,
+        "window_lowest_row_2d",
+        vec![("x", var(&lower)), ("shape", ints(&[q, 1]))],
+    );
+    let rows = b.op(
+        Op::Reshape,
+        "window_rows_2d",
+        vec![("x", var(&t.arange_s)), ("shape", ints(&[1, s]))],
+    );
+    let in_window = b.op(
+        Op::GreaterEqual,
+        "window_in",
+        vec![("x", var(&rows)), ("y", var(&lower))],
+    );
+    let cached = b.op(
+        Op::Less,
+        "window_cached",
+        vec![("x", var(&t.arange_s)), ("y", var(position))],
+    );
+    let visible = b.op(
+        Op::LogicalAnd,
+        "window_visible",
+        vec![("x", var(&in_window)), ("y", var(&cached))],
+    );
+    // coremltools' `select` takes its shape from `a` and `b`: they are [Q, S] here.
+    let n = dims.q * dims.s;
+    let open = b.constant(
+        "window_open",
+        vec![dims.q, dims.s],
+        ConstData::F16(vec![f16::ZERO; n]),
+        None,
+    );
+    let closed = b.constant(
+        "window_closed",
+        vec![dims.q, dims.s],
+        ConstData::F16(vec![f16::from_f32(MASK_VALUE); n]),
+        None,
+    );
+    let cache_mask = b.op(
+        Op::Select,
+        "window_mask_cache",
+        vec![
+            ("cond", var(&visible)),
+            ("a", var(&open)),
+            ("b", var(&closed)),
+        ],
+    );
+    let block = b.constant(
+        "window_mask_causal",
+        vec![dims.q, dims.q],
+        ConstData::F16(causal_block(dims.q, Some(*w))),
+        None,
+    );
+    Some(b.op(
+        Op::Concat,
+        "window_mask",
+        vec![
+            ("values", Arg::Vars(vec![cache_mask, block])),
+            ("axis", Arg::Int(-1)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    ))
 }
 
 /// The mask [Q, S+Q]: cache row j visible iff j < p; new token k visible from i iff k <= i.

@@ -93,8 +93,21 @@ struct Shared {
     alpha: f64,
     /// The norms' ε, times α² (RMSNorm(αx) with ε·α² equals RMSNorm(x) with ε).
     eps: f64,
-    /// 1/√D.
+    /// 1/√D (Gemma: `query_pre_attn_scalar`^-½).
     q_scale: f64,
+    /// What every norm adds to its weight (Gemma's 1 + w).
+    norm_offset: f64,
+    /// Gemma: the sublayer outputs pass through their own norms before the residual add.
+    sandwich: bool,
+    /// Gemma's tanh-approximated GELU in place of SiLU.
+    gelu_tanh: bool,
+    /// Gemma: the norms of the residual stream divide by each token's largest |x| before
+    /// squaring ([`rms_norm_ranged`]).
+    ranged_norms: bool,
+    /// Gemma's sliding blocks: their RoPE rows and banded mask.
+    local: Option<(String, String, String)>,
+    /// Per block: whether it is one of Gemma's sliding blocks.
+    sliding: Vec<bool>,
     attention_bias: bool,
     /// Qwen3's per-head q/k norms: their ε (the model's, unscaled: q and k do not carry α).
     qk_norm_eps: Option<f64>,
@@ -146,7 +159,11 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         dtype: _,
         bos_token_id: _,
         eos_token_ids: _,
-        sliding_window,
+        sliding_window: _,
+        // Gemma: (1 + w) norms (`norm_weight`), sandwich norms (`block`), GeGLU (`mlp`), the
+        // embedding scale (`build_part`), q scale, local RoPE tables and banded masks
+        // (`shared_inputs`, `mask::window_mask`).
+        gemma: _,
     } = spec;
     // LongRoPE switches to its long factors once the sequence outgrows the original
     // context; a package's tables are fixed, so its context stays within it.
@@ -164,8 +181,8 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
             )));
         }
     }
-    // No windowed mask: a window only matters once the context outgrows it.
-    if let Some(window) = *sliding_window {
+    // No windowed mask outside Gemma: a window only matters once the context outgrows it.
+    if let Some(window) = spec.unbuilt_window() {
         if max_seq_len > window {
             return Err(GraphError::Unsupported(format!(
                 "`sliding_window` = {window} is shorter than the package's context of \
@@ -251,7 +268,7 @@ pub fn build_part(
             &mut weights,
             spec.tie_word_embeddings,
             &first,
-            alpha,
+            alpha * spec.embedding_scale(),
             part.head,
         )?;
         (x, head)
@@ -279,8 +296,14 @@ pub fn build_part(
         }
         let head = head.as_ref().expect("set above");
         let eps = spec.rms_norm_eps * alpha * alpha;
-        let nw = weights.single(&mut b, TensorId::FinalNorm)?;
-        let hn = rms_norm(&mut b, &x, &nw, eps, "final_norm");
+        let nw = norm_weight(
+            &mut b,
+            &mut weights,
+            TensorId::FinalNorm,
+            spec.norm_offset().into(),
+        )?;
+        let ranged = spec.gemma.is_some();
+        let hn = residual_norm(&mut b, &x, &nw, eps, ranged, "final_norm");
         logits::logits(&mut b, head, &hn)
     } else {
         vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&x))])]
@@ -302,10 +325,26 @@ fn shared_inputs(b: &mut Builder, spec: &ModelSpec, dims: Dims, part: &Part, alp
     let key_cache = b.input(contract::KEY_CACHE, fl, cache_shape.clone());
     let value_cache = b.input(contract::VALUE_CACHE, fl, cache_shape);
     let tables = mask::Tables::new(b, spec, &dims);
-    let (cos, sin) = mask::rope_rows(b, &tables, &position);
+    let (cos, sin) = mask::rope_rows(b, &tables, &position, false).expect("global tables");
     let mask = mask::mask(b, &tables, &position, &dims);
+    let local = mask::rope_rows(b, &tables, &position, true)
+        .zip(mask::window_mask(b, &tables, &position, &dims))
+        .map(|((c, s), m)| (c, s, m));
+    let sliding = (0..spec.num_hidden_layers)
+        .map(|l| {
+            spec.gemma
+                .as_ref()
+                .is_some_and(|g| g.sliding_layers.contains(&l))
+        })
+        .collect();
     Shared {
-        q_scale: 1.0 / (dims.d as f64).sqrt(),
+        q_scale: spec.attention_scale(),
+        norm_offset: spec.norm_offset() as f64,
+        sandwich: spec.gemma.is_some(),
+        gelu_tanh: spec.gemma.is_some(),
+        ranged_norms: spec.gemma.is_some(),
+        local,
+        sliding,
         dims,
         alpha,
         eps: spec.rms_norm_eps * alpha * alpha,
@@ -334,24 +373,167 @@ fn block(
     x: &str,
 ) -> Result<(String, String, String), GraphError> {
     let tag = format!("layers_{l}");
-    let nw = weights.single(b, TensorId::Layer(l, LayerTensor::InputNorm))?;
-    let hn = rms_norm(b, x, &nw, shared.eps, &format!("{tag}_input_norm"));
+    let id = |t| TensorId::Layer(l, t);
+    let off = shared.norm_offset;
+    let nw = norm_weight(b, weights, id(LayerTensor::InputNorm), off)?;
+    let ranged = shared.ranged_norms;
+    let hn = residual_norm(b, x, &nw, shared.eps, ranged, &format!("{tag}_input_norm"));
     let mut proj = Projections::new(shared.dims.q);
     let attn = attention::attention(b, weights, &mut proj, shared, l, &hn)?;
+    let (attn_out, mlp_in) = if shared.sandwich {
+        let out = out_norm(b, weights, shared, id(LayerTensor::PostNorm), &attn.out)?;
+        (out, LayerTensor::PreFfnNorm)
+    } else {
+        (attn.out, LayerTensor::PostNorm)
+    };
     let x = b.op(
         Op::Add,
         &format!("{tag}_residual_attn"),
-        vec![("x", var(x)), ("y", var(&attn.out))],
+        vec![("x", var(x)), ("y", var(&attn_out))],
     );
-    let nw = weights.single(b, TensorId::Layer(l, LayerTensor::PostNorm))?;
-    let hn = rms_norm(b, &x, &nw, shared.eps, &format!("{tag}_post_norm"));
-    let down = mlp::mlp(b, weights, &mut proj, shared, l, &hn)?;
+    let nw = norm_weight(b, weights, id(mlp_in), off)?;
+    let hn = residual_norm(b, &x, &nw, shared.eps, ranged, &format!("{tag}_post_norm"));
+    let mut down = mlp::mlp(b, weights, &mut proj, shared, l, &hn)?;
+    if shared.sandwich {
+        down = out_norm(b, weights, shared, id(LayerTensor::PostFfnNorm), &down)?;
+    }
     let x = b.op(
         Op::Add,
         &format!("{tag}_residual_mlp"),
         vec![("x", var(&x)), ("y", var(&down))],
     );
     Ok((x, attn.key_row, attn.value_row))
+}
+
+/// A norm's weight as it multiplies: w, or with Gemma's offset 1 + w (an `add` on the stored
+/// weight, so a package stores the checkpoint's w).
+fn norm_weight(
+    b: &mut Builder,
+    weights: &mut Weights,
+    id: TensorId,
+    offset: f64,
+) -> Result<String, GraphError> {
+    let w = weights.single(b, id)?;
+    if offset == 0.0 {
+        return Ok(w);
+    }
+    Ok(b.op(
+        Op::Add,
+        &format!("{}_plus_one", crate::arch::mil_name(&id.hf_name())),
+        vec![("x", var(&w)), ("y", Arg::Float(offset))],
+    ))
+}
+
+/// Gemma's norm `id` of a sublayer output `x` (o_proj's or down_proj's, which carry α, so ε
+/// is scaled by α² as on the residual stream), its weight times α again: the normalised output
+/// joins a residual stream that carries α, and Gemma's large post-norm weights would overflow
+/// fp16 before a later scale.
+fn out_norm(
+    b: &mut Builder,
+    weights: &mut Weights,
+    shared: &Shared,
+    id: TensorId,
+    x: &str,
+) -> Result<String, GraphError> {
+    let name = crate::arch::mil_name(&id.hf_name());
+    let mut nw = norm_weight(b, weights, id, shared.norm_offset)?;
+    if shared.alpha != 1.0 {
+        nw = b.op(
+            Op::Mul,
+            &format!("{name}_scaled"),
+            vec![("x", var(&nw)), ("y", Arg::Float(shared.alpha))],
+        );
+    }
+    let ranged = shared.ranged_norms;
+    Ok(residual_norm(
+        b,
+        x,
+        &nw,
+        shared.eps,
+        ranged,
+        &format!("{name}_out"),
+    ))
+}
+
+/// [`rms_norm`], or with `ranged` [`rms_norm_ranged`].
+fn residual_norm(b: &mut Builder, x: &str, w: &str, eps: f64, ranged: bool, name: &str) -> String {
+    if ranged {
+        rms_norm_ranged(b, x, w, eps, name)
+    } else {
+        rms_norm(b, x, w, eps, name)
+    }
+}
+
+/// Smallest per-token maximum |x| [`rms_norm_ranged`] divides by (fp16's smallest normal):
+/// an all-zero token stays finite.
+const RANGED_FLOOR: f64 = 6.103_515_625e-5;
+
+/// RMSNorm of a residual stream whose range outgrows fp16's squares (Gemma: from ~1 at the
+/// embedding to ~300,000 after the post-norms, a ratio no single α brings into
+/// [6.1e-5, 65,504] once squared). Each token is first divided by its largest |x| m, so every
+/// square lies in [0, 1] and their mean in [1/H, 1]; ε is divided by m² too:
+/// x/m / sqrt(mean((x/m)²) + (√ε/m)²) = x / sqrt(mean(x²) + ε), exactly RMSNorm.
+fn rms_norm_ranged(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+    let a = b.op(Op::Abs, &format!("{name}_abs"), vec![("x", var(x))]);
+    let m = b.op(
+        Op::ReduceMax,
+        &format!("{name}_max"),
+        vec![
+            ("x", var(&a)),
+            ("axes", ints(&[-1])),
+            ("keep_dims", Arg::Bool(true)),
+        ],
+    );
+    let m = b.op(
+        Op::Maximum,
+        &format!("{name}_max_floor"),
+        vec![("x", var(&m)), ("y", Arg::Float(RANGED_FLOOR))],
+    );
+    let xs = b.op(
+        Op::RealDiv,
+        &format!("{name}_ranged"),
+        vec![("x", var(x)), ("y", var(&m))],
+    );
+    let sq = b.op(
+        Op::Mul,
+        &format!("{name}_sq"),
+        vec![("x", var(&xs)), ("y", var(&xs))],
+    );
+    let ms = b.op(
+        Op::ReduceMean,
+        &format!("{name}_mean"),
+        vec![
+            ("x", var(&sq)),
+            ("axes", ints(&[-1])),
+            ("keep_dims", Arg::Bool(true)),
+        ],
+    );
+    let root_eps = b.op(
+        Op::RealDiv,
+        &format!("{name}_root_eps"),
+        vec![("x", Arg::Float(eps.sqrt())), ("y", var(&m))],
+    );
+    let e = b.op(
+        Op::Mul,
+        &format!("{name}_eps"),
+        vec![("x", var(&root_eps)), ("y", var(&root_eps))],
+    );
+    let ms = b.op(
+        Op::Add,
+        &format!("{name}_mean_eps"),
+        vec![("x", var(&ms)), ("y", var(&e))],
+    );
+    let r = b.op(
+        Op::Rsqrt,
+        &format!("{name}_rsqrt"),
+        vec![("x", var(&ms)), ("epsilon", Arg::Float(0.0))],
+    );
+    let n = b.op(
+        Op::Mul,
+        &format!("{name}_normed"),
+        vec![("x", var(&xs)), ("y", var(&r))],
+    );
+    b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
 }
 
 /// x / sqrt(mean(x²) + ε) · w, the way Hugging Face computes it (ε inside the root).
