@@ -158,3 +158,78 @@ fn unknown_layout_exits_2_and_recipes_carry_the_layout() {
     assert_eq!(p.contract().layout, Layout::Ane);
     assert!(p.contract().recipe["toml"].as_str().unwrap().contains("layout = \"ane\""));
 }
+
+/// SmolLM2-135M (from `make model`) in the ane layout: an 8-bit data-free package passes
+/// `validate`'s default gates (with its lint: nothing at error or fallback level), and its
+/// logits over the first tokens equal the default layout's within fp16 tolerance.
+#[test]
+fn smollm2_ane_passes_the_default_gates_and_matches_the_default_layout() {
+    let model = hf2coreml::testing::model_dir();
+    let root = tempfile::tempdir().unwrap();
+    let flags = ["--recipe", "data-free-4bit", "--nbits", "8"];
+    let mut pkgs = Vec::new();
+    for layout in ["default", "ane"] {
+        let pkg = root.path().join(format!("{layout}.mlpackage"));
+        let o = Command::new(BIN)
+            .arg("convert")
+            .arg(&model)
+            .arg("-o")
+            .arg(&pkg)
+            .args(["--max-seq-len", "64", "--layout", layout])
+            .args(flags)
+            .env("HF2COREML_PYTHON_ENV", python_env())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{layout}: {}", String::from_utf8_lossy(&o.stderr));
+        pkgs.push(pkg);
+    }
+    let o = Command::new(BIN)
+        .arg("validate")
+        .arg(&pkgs[1])
+        .arg("--against")
+        .arg(&model)
+        .args(["--max-tokens", "24", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    eprintln!("validate --layout ane: {}", report["behaviour"]);
+    let lint = lint(&pkgs[1], &Policy::default()).unwrap();
+    assert_eq!((lint.counts.error, lint.counts.fallback), (0, 0), "{:?}", lint.findings);
+
+    // Both layouts, 6 decode steps on the same tokens.
+    let logits: Vec<Vec<f32>> = pkgs
+        .iter()
+        .map(|p| {
+            let mut pkg = Package::load(p, Options::default()).unwrap();
+            let c = pkg.contract().clone();
+            let n = c.num_layers * c.num_kv_heads * c.max_seq_len * c.head_dim;
+            let (mut kc, mut vc) = (vec![f16::ZERO; n], vec![f16::ZERO; n]);
+            let mut all = Vec::new();
+            for (pos, tok) in [1, 9690, 314, 260, 2365, 30].into_iter().enumerate() {
+                let out = pkg.step(&[tok], pos, &kc, &vc).unwrap();
+                let (s, d) = (c.max_seq_len, c.head_dim);
+                for lh in 0..c.num_layers * c.num_kv_heads {
+                    let dst = (lh * s + pos) * d;
+                    kc[dst..dst + d].copy_from_slice(&out.key_update[lh * d..(lh + 1) * d]);
+                    vc[dst..dst + d].copy_from_slice(&out.value_update[lh * d..(lh + 1) * d]);
+                }
+                all.extend(out.logits);
+            }
+            all
+        })
+        .collect();
+    let worst = logits[0]
+        .iter()
+        .zip(&logits[1])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let same = logits[0].iter().zip(&logits[1]).filter(|(a, b)| a.to_bits() == b.to_bits());
+    eprintln!(
+        "SmolLM2 default vs ane: worst |Δlogit| {worst}, bit-identical {}/{}",
+        same.count(),
+        logits[0].len()
+    );
+    assert!(worst <= FP16_LOGIT_TOL, "layouts differ by {worst}");
+}
