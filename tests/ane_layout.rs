@@ -74,7 +74,11 @@ fn layouts_agree(model: TinyModel, q: usize, flags: &[&str]) -> f64 {
         let mut all = flags.to_vec();
         all.extend(["--layout", layout]);
         let o = convert(dir.path(), &pkg, q, &all);
-        assert!(o.status.success(), "{arch} {layout}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{arch} {layout}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         results.push(run(&pkg, q));
         if layout == "ane" {
             check_ane_package(&pkg, &root.path().join("default.mlpackage"));
@@ -82,11 +86,29 @@ fn layouts_agree(model: TinyModel, q: usize, flags: &[&str]) -> f64 {
     }
     let ((la, ra), (lb, rb)) = (&results[0], &results[1]);
     assert_eq!((la.len(), ra.len()), (lb.len(), rb.len()));
-    let worst = la.iter().zip(lb).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert!(worst <= FP16_LOGIT_TOL, "{arch} {flags:?} q={q}: logits differ by {worst}");
-    let worst_row = ra.iter().zip(rb).map(|(a, b)| (a.to_f32() - b.to_f32()).abs()).fold(0f32, f32::max);
-    assert!(worst_row <= FP16_LOGIT_TOL, "{arch}: cache rows differ by {worst_row}");
-    let same = la.iter().zip(lb).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+    let worst = la
+        .iter()
+        .zip(lb)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= FP16_LOGIT_TOL,
+        "{arch} {flags:?} q={q}: logits differ by {worst}"
+    );
+    let worst_row = ra
+        .iter()
+        .zip(rb)
+        .map(|(a, b)| (a.to_f32() - b.to_f32()).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst_row <= FP16_LOGIT_TOL,
+        "{arch}: cache rows differ by {worst_row}"
+    );
+    let same = la
+        .iter()
+        .zip(lb)
+        .filter(|(a, b)| a.to_bits() == b.to_bits())
+        .count();
     let share = same as f64 / la.len() as f64;
     eprintln!("{arch} {flags:?} q={q}: worst |Δlogit| {worst}, bit-identical {share:.3}");
     share
@@ -98,10 +120,17 @@ fn check_ane_package(ane: &Path, default: &Path) {
     let ops = |p: &Path| -> Vec<String> {
         let pkg = MlPackage::open(p).unwrap();
         let main = pkg.main_function().unwrap();
-        main.block.operations.iter().map(|o| o.r#type.clone()).collect()
+        main.block
+            .operations
+            .iter()
+            .map(|o| o.r#type.clone())
+            .collect()
     };
     let ane_ops = ops(ane);
-    assert!(ane_ops.iter().any(|o| o == "conv"), "no conv in {ane_ops:?}");
+    assert!(
+        ane_ops.iter().any(|o| o == "conv"),
+        "no conv in {ane_ops:?}"
+    );
     assert!(!ane_ops.iter().any(|o| o == "linear"), "a linear is left");
     let (a, d) = (
         Package::load(ane, Options::default()).unwrap(),
@@ -149,14 +178,22 @@ fn unknown_layout_exits_2_and_recipes_carry_the_layout() {
     let recipe = root.path().join("r.toml");
     std::fs::write(&recipe, "layout = \"sideways\"\ndefault = \"fp16\"\n").unwrap();
     let o = convert(dir.path(), &pkg, 1, &["--recipe", recipe.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(String::from_utf8_lossy(&o.stderr).contains("layout"));
     std::fs::write(&recipe, "layout = \"ane\"\ndefault = \"fp16\"\n").unwrap();
     let o = convert(dir.path(), &pkg, 1, &["--recipe", recipe.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let p = Package::load(&pkg, Options::default()).unwrap();
     assert_eq!(p.contract().layout, Layout::Ane);
-    assert!(p.contract().recipe["toml"].as_str().unwrap().contains("layout = \"ane\""));
+    assert!(p.contract().recipe["toml"]
+        .as_str()
+        .unwrap()
+        .contains("layout = \"ane\""));
 }
 
 /// SmolLM2-135M (from `make model`) in the ane layout: an 8-bit data-free package passes
@@ -180,7 +217,11 @@ fn smollm2_ane_passes_the_default_gates_and_matches_the_default_layout() {
             .env("HF2COREML_PYTHON_ENV", python_env())
             .output()
             .unwrap();
-        assert!(o.status.success(), "{layout}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{layout}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         pkgs.push(pkg);
     }
     let o = Command::new(BIN)
@@ -196,7 +237,12 @@ fn smollm2_ane_passes_the_default_gates_and_matches_the_default_layout() {
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     eprintln!("validate --layout ane: {}", report["behaviour"]);
     let lint = lint(&pkgs[1], &Policy::default()).unwrap();
-    assert_eq!((lint.counts.error, lint.counts.fallback), (0, 0), "{:?}", lint.findings);
+    assert_eq!(
+        (lint.counts.error, lint.counts.fallback),
+        (0, 0),
+        "{:?}",
+        lint.findings
+    );
 
     // Both layouts, 6 decode steps on the same tokens.
     let logits: Vec<Vec<f32>> = pkgs
@@ -225,7 +271,10 @@ fn smollm2_ane_passes_the_default_gates_and_matches_the_default_layout() {
         .zip(&logits[1])
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
-    let same = logits[0].iter().zip(&logits[1]).filter(|(a, b)| a.to_bits() == b.to_bits());
+    let same = logits[0]
+        .iter()
+        .zip(&logits[1])
+        .filter(|(a, b)| a.to_bits() == b.to_bits());
     eprintln!(
         "SmolLM2 default vs ane: worst |Δlogit| {worst}, bit-identical {}/{}",
         same.count(),

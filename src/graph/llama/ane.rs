@@ -79,8 +79,20 @@ pub(super) fn build_part(
             }
         };
         let nw = norm_weight(&mut b, &mut weights, TensorId::FinalNorm)?;
-        let hn = rms_norm(&mut b, &x, &nw, spec.rms_norm_eps * alpha * alpha, "final_norm");
-        logits_parts(&mut b, &parts, &contract::logits_widths(spec.vocab_size), &hn, q)
+        let hn = rms_norm(
+            &mut b,
+            &x,
+            &nw,
+            spec.rms_norm_eps * alpha * alpha,
+            "final_norm",
+        );
+        logits_parts(
+            &mut b,
+            &parts,
+            &contract::logits_widths(spec.vocab_size),
+            &hn,
+            q,
+        )
     } else {
         let t = tokens_first(&mut b, &x, spec.hidden_size, q, "hidden_out_bqc");
         vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&t))])]
@@ -103,8 +115,7 @@ fn check(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
     }
     if spec.qk_norm {
         return Err(GraphError::Unsupported(
-            "per-head q/k norms (Qwen3) are not built in --layout ane: use --layout default"
-                .into(),
+            "per-head q/k norms (Qwen3) are not built in --layout ane: use --layout default".into(),
         ));
     }
     if spec.rotary_dim() != spec.head_dim {
@@ -512,7 +523,14 @@ fn attention(
     let key_row = rows(b, &k, &format!("{tag}_k_rows"));
     let value_row = rows(b, &v, &format!("{tag}_v_rows"));
     let at = l - shared.first_layer;
-    let keys = cached_and_new(b, &shared.key_cache, &key_row, dims, at, &format!("{tag}_keys"));
+    let keys = cached_and_new(
+        b,
+        &shared.key_cache,
+        &key_row,
+        dims,
+        at,
+        &format!("{tag}_keys"),
+    );
     let values = cached_and_new(
         b,
         &shared.value_cache,
@@ -620,14 +638,7 @@ fn cached_and_new(
 /// Attention one key/value group at a time: queries [1, G, D, Q] · keys [1, 1, S+Q, D] →
 /// scores [1, G, S+Q, Q], masked, soft-maxed over the keys, times the values → [1, G, D, Q];
 /// the groups joined and laid out as [1, H·D, 1, Q].
-fn per_group(
-    b: &mut Builder,
-    cf: &Cf,
-    qs: &str,
-    keys: &str,
-    values: &str,
-    tag: &str,
-) -> String {
+fn per_group(b: &mut Builder, cf: &Cf, qs: &str, keys: &str, values: &str, tag: &str) -> String {
     let dims = &cf.shared.dims;
     let (g, n) = (dims.h / dims.hkv, dims.s + dims.q);
     let (d, q) = (dims.d as i64, dims.q as i64);

@@ -1170,7 +1170,11 @@ pub fn conv(args: &Args) -> OpResult<Tensor> {
     let mut out = Vec::with_capacity(n * oc * positions);
     for b in 0..n {
         // [C_in, P] → P rows of C_in: gemv_rows' output [C_out, P] is the conv's layout.
-        let rows = transpose2(&xv[b * ic * positions..(b + 1) * ic * positions], ic, positions);
+        let rows = transpose2(
+            &xv[b * ic * positions..(b + 1) * ic * positions],
+            ic,
+            positions,
+        );
         let t = match &w.data {
             Data::Half(wv) => gemv_rows(&rows, wv, bias.as_deref(), oc, ic, dot_f16),
             _ => gemv_rows(&rows, &w.as_f32(), bias.as_deref(), oc, ic, dot),
