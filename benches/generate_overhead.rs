@@ -30,6 +30,7 @@ impl FixedModel {
         let contract = Contract {
             version: CONTRACT_VERSION,
             target: Default::default(),
+            layout: Default::default(),
             max_seq_len: S,
             query_len: 1,
             num_layers: L,

@@ -637,3 +637,36 @@ device = ["iphone-15", "iphone-16-pro", "mac-m1-16gb"]
     let r = report(&dir.join("r2.json"));
     assert_eq!(r["counts"]["up_to_date"], 3, "{r:#}");
 }
+
+/// A recipe's `layout` reaches the package through batch (issue 23 item 4): the ane export's
+/// contract records it, the default one's records nothing, and a bad layout names its line.
+#[test]
+fn batch_recipes_carry_the_layout() {
+    use hf2coreml::mil::contract::Layout;
+    use hf2coreml::runtime::interp::{Options, Package};
+    use hf2coreml::runtime::StepModel;
+    let root = setup(
+        "[defaults]\nmodel = \"tiny\"\nmax_seq_len = 16\n\n[[export]]\nname = \"{recipe}\"\n\
+         output = \"out/{recipe}.mlpackage\"\nrecipe = [{ name = \"ane\", layout = \"ane\", \
+         default = \"fp16\" }, { name = \"plain\", default = \"fp16\" }]\n",
+    );
+    let dir = root.path();
+    let o = hf2coreml(dir, &["batch", "batch.toml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for (name, layout) in [("ane", Layout::Ane), ("plain", Layout::Default)] {
+        let p = Package::load(
+            &dir.join(format!("out/{name}.mlpackage")),
+            Options::default(),
+        );
+        assert_eq!(p.unwrap().contract().layout, layout, "{name}");
+    }
+    std::fs::write(
+        dir.join("bad.toml"),
+        "[[export]]\nmodel = \"tiny\"\noutput = \"out/b.mlpackage\"\n\
+         recipe = { layout = \"tpu\", default = \"fp16\" }\n",
+    )
+    .unwrap();
+    let o = hf2coreml(dir, &["batch", "bad.toml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("layout"), "{}", text(&o));
+}

@@ -167,6 +167,25 @@ fn matmul_linear() {
 }
 
 #[test]
+fn conv_1x1() {
+    check("conv");
+}
+
+/// A conv other than 1×1 / unit stride is refused with a message naming what is missing,
+/// never computed wrong.
+#[test]
+fn conv_other_than_1x1_is_refused() {
+    let case = load_case("conv_3x3", Options::default());
+    let inputs = case
+        .inputs
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.clone()))
+        .collect();
+    let err = case.program.run(inputs, None).unwrap_err().to_string();
+    assert!(err.contains("only 1×1 kernels"), "{err}");
+}
+
+#[test]
 fn compare_select() {
     check("compare_select");
 }

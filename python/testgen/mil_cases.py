@@ -185,6 +185,42 @@ def matmul_linear():
 
 
 @case
+def conv():
+    """1×1 convs over (B, C, 1, S) and (B, C, S) (--layout ane's projections), with and without
+    a bias, and pad_type "same" (the same thing for a 1×1 kernel)."""
+    x = rand((2, 4, 1, 3))
+    x1 = rand((1, 4, 5))
+    w = rand((6, 4, 1, 1))
+    bias = rand((6,))
+
+    @mb.program(input_specs=[mb.TensorSpec((2, 4, 1, 3), F32), mb.TensorSpec((1, 4, 5), F32)],
+                opset_version=ct.target.iOS17)
+    def prog(x, x1):
+        return (mb.conv(x=x, weight=w, bias=bias, name="o_conv"),
+                mb.conv(x=x, weight=w, pad_type="same", name="o_conv_same"),
+                mb.conv(x=x1, weight=w[:, :, :, 0], name="o_conv1d"))
+
+    w2 = w[:, :, 0, 0]
+    exp = {"o_conv": np.einsum("oc,bchw->bohw", w2, x) + bias[None, :, None, None],
+           "o_conv_same": np.einsum("oc,bchw->bohw", w2, x),
+           "o_conv1d": np.einsum("oc,bcw->bow", w2, x1)}
+    return prog, {"x": x, "x1": x1}, exp, "fp32", 1e-5, 1e-5
+
+
+@case
+def conv_3x3():
+    """A conv the interpreter does not compute (3×3 kernel, stride 2): refused by name."""
+    x = rand((1, 2, 5, 5))
+    w = rand((3, 2, 3, 3))
+
+    @mb.program(input_specs=[mb.TensorSpec((1, 2, 5, 5), F32)], opset_version=ct.target.iOS17)
+    def prog(x):
+        return mb.conv(x=x, weight=w, strides=[2, 2], name="o_conv")
+
+    return prog, {"x": x}, {}, "fp32", 1e-5, 1e-5
+
+
+@case
 def compare_select():
     x = rand((3, 4))
     y = rand((3, 4))

@@ -28,6 +28,11 @@ pub struct Args {
     pub query_len: usize,
     #[command(flatten)]
     pub recipe: RecipeArgs,
+    /// The graph's layout, overriding the recipe's `layout` (default: default). `ane` builds
+    /// the Neural Engine's (B, C, 1, S) form: 1×1 convs, per-head attention, the same inputs
+    /// and outputs (README, "The Neural Engine layout").
+    #[arg(long, value_enum, value_name = "LAYOUT")]
+    pub layout: Option<super::palettize::LayoutArg>,
     /// Precision the program computes in: fp16 (all compute units) or fp32 (CPU/GPU only).
     #[arg(long, value_enum, default_value_t = Precision::Fp16)]
     pub compute_precision: Precision,
@@ -73,7 +78,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         output: args.output.clone(),
         max_seq_len: args.max_seq_len,
         query_len: args.query_len,
-        recipe: args.recipe.load()?,
+        recipe: match args.layout {
+            Some(l) => args.recipe.load()?.with_layout(l.into()),
+            None => args.recipe.load()?,
+        },
         calibration: args.recipe.calibration.clone(),
         compute_precision: args.compute_precision.into(),
         activation_ranges: args.activation_ranges.clone(),

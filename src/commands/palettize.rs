@@ -7,7 +7,7 @@ use crate::printer::progress_bar;
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::fsutil::atomic_write;
-use hf2coreml::mil::contract::Target;
+use hf2coreml::mil::contract::{Layout, Target};
 use hf2coreml::pipeline::job;
 use hf2coreml::quant::{self, Recipe};
 
@@ -42,6 +42,22 @@ pub struct RecipeArgs {
     /// per-channel scales and 3-bit tables as single constexpr ops; ios17 refuses them.
     #[arg(long, value_enum, value_name = "OS")]
     pub target: Option<TargetArg>,
+}
+
+/// `--layout`: the graph's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LayoutArg {
+    Default,
+    Ane,
+}
+
+impl From<LayoutArg> for Layout {
+    fn from(l: LayoutArg) -> Self {
+        match l {
+            LayoutArg::Default => Layout::Default,
+            LayoutArg::Ane => Layout::Ane,
+        }
+    }
 }
 
 /// `--target`: the deployment target.

@@ -383,6 +383,31 @@ impl Builder {
         name
     }
 
+    /// Give constant `name` the shape `to(its shape)`, with the same number of elements (a
+    /// projection's [out, in] weight as a 1×1 conv's [out, in, 1, 1]: no stored value moves).
+    /// Returns the new shape.
+    pub fn reshape_const(
+        &mut self,
+        name: &str,
+        to: impl FnOnce(&[usize]) -> Vec<usize>,
+    ) -> Result<Vec<usize>, GraphError> {
+        let c = self
+            .graph
+            .consts
+            .iter_mut()
+            .find(|c| c.name == name)
+            .ok_or_else(|| GraphError::MissingOutput(name.to_string()))?;
+        let shape = to(&c.shape);
+        if shape.iter().product::<usize>() != c.numel() {
+            return Err(GraphError::Unsupported(format!(
+                "constant `{name}` {:?} cannot be laid out as {shape:?}",
+                c.shape
+            )));
+        }
+        c.shape = shape.clone();
+        Ok(shape)
+    }
+
     /// Append `op` with one output named `name` (made unique); returns the output name.
     pub fn op(&mut self, op: Op, name: &str, args: Vec<(&str, Arg)>) -> String {
         let out = self.claim(name);

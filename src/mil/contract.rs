@@ -65,6 +65,43 @@ impl Target {
     }
 }
 
+/// How the graph lays out its hidden state (docs/design.md, "The Neural Engine layout"). The
+/// package's inputs and outputs are the same in both: only what is inside the program differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// (B, S, C): `linear` projections, attention over all heads at once.
+    #[default]
+    Default,
+    /// (B, C, 1, S): 1×1 `conv` projections, norms over the channel axis, attention one head
+    /// at a time, as Apple's Neural Engine rules describe.
+    Ane,
+}
+
+impl Layout {
+    /// `default` or `ane`, as flags, recipes and the contract spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::Default => "default",
+            Layout::Ane => "ane",
+        }
+    }
+
+    /// The flag or recipe spelling.
+    pub fn parse(s: &str) -> Option<Layout> {
+        match s {
+            "default" => Some(Layout::Default),
+            "ane" => Some(Layout::Ane),
+            _ => None,
+        }
+    }
+
+    /// The default layout (not recorded, so packages made before layouts keep their bytes).
+    pub fn is_default(&self) -> bool {
+        *self == Layout::Default
+    }
+}
+
 /// The Neural Engine compiler's largest last axis (W ≤ 16384, docs/design.md "Neural Engine
 /// readiness"): a logits part is never wider.
 pub const MAX_LOGITS_WIDTH: usize = 16_384;
@@ -119,6 +156,9 @@ pub struct Contract {
     /// The OS the package is built for (absent in packages from before iOS18 support: iOS17).
     #[serde(default)]
     pub target: Target,
+    /// The graph's layout (absent: the default layout; the I/O is the same in both).
+    #[serde(default, skip_serializing_if = "Layout::is_default")]
+    pub layout: Layout,
     /// S: max_sequence_length; cache rows.
     pub max_seq_len: usize,
     /// Q: tokens per step.

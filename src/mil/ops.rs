@@ -112,6 +112,8 @@ ops! {
     // Linear algebra.
     Matmul = "matmul",
     Linear = "linear",
+    /// A convolution; the `--layout ane` projections are 1×1 ones over (B, C, 1, S).
+    Conv = "conv",
 }
 
 impl std::fmt::Display for Op {
@@ -131,6 +133,7 @@ mod tests {
             assert_eq!(Op::from_name(op.as_str()), Some(op));
             assert!(seen.insert(op.as_str()), "{op} declared twice");
         }
-        assert_eq!(Op::from_name("conv"), None);
+        assert_eq!(Op::from_name("conv"), Some(Op::Conv));
+        assert_eq!(Op::from_name("conv_transpose"), None);
     }
 }

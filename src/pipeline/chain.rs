@@ -123,6 +123,7 @@ pub fn convert_chain(
         float: opts.precision.dtype(),
         scaling: scaling.clone(),
         target: opts.target,
+        layout: opts.layout,
     };
     let dir = AtomicDir::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let n = job.plan.parts.len();

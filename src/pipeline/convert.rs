@@ -72,6 +72,8 @@ pub struct ConvertOptions {
     pub max_package_size: Option<u64>,
     /// The OS the package is built for.
     pub target: Target,
+    /// The graph's layout (`--layout`, the recipe's `layout`).
+    pub layout: contract::Layout,
 }
 
 /// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
@@ -325,6 +327,7 @@ pub fn contract_for(
     Ok(Contract {
         version: contract::CONTRACT_VERSION,
         target: opts.target,
+        layout: opts.layout,
         max_seq_len: opts.max_seq_len,
         query_len: opts.query_len,
         num_layers: spec.num_hidden_layers,
@@ -492,6 +495,7 @@ pub fn convert(
             float: opts.precision.dtype(),
             scaling: scaling.clone(),
             target: opts.target,
+            layout: opts.layout,
         },
     )?;
     let predicted_weight_bytes = graph.const_bytes();

@@ -465,6 +465,7 @@ impl Job {
             inputs: Some(inputs),
             max_package_size: Some(self.package_limit()?),
             target: self.recipe.target(),
+            layout: self.recipe.layout(),
         };
         Ok(convert::convert(
             ckpt,

@@ -28,7 +28,7 @@ use serde::Serialize;
 use super::kmeans::check_nbits;
 use super::{Granularity, QuantError, SUPPORTED_NBITS};
 use crate::arch::{Role, TensorSlot};
-use crate::mil::contract::Target;
+use crate::mil::contract::{Layout, Target};
 
 /// What is wrong with a recipe: the message after `{origin}: ` in [`QuantError::Recipe`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -204,6 +204,8 @@ pub struct Recipe {
     calibration: Option<Calibration>,
     /// `target = "ios17" | "ios18"` (`--target` overrides it).
     target: Target,
+    /// `layout = "default" | "ane"` (`--layout` overrides it).
+    layout: Layout,
 }
 
 /// The `[calibration]` table: palettized projections are fitted to what they compute on
@@ -473,6 +475,7 @@ impl Recipe {
             nbits_override: None,
             calibration: None,
             target: Target::Ios17,
+            layout: Layout::Default,
         };
         for (key, value) in &table {
             match key.as_str() {
@@ -545,10 +548,17 @@ impl Recipe {
                         ))
                     })?
                 }
+                "layout" => {
+                    recipe.layout = value.as_str().and_then(Layout::parse).ok_or_else(|| {
+                        err(RecipeError::Invalid(
+                            "layout must be \"default\" or \"ane\"".into(),
+                        ))
+                    })?
+                }
                 other => {
                     return Err(err(RecipeError::Invalid(format!(
-                        "unknown key `{other}` (expected target, default, roles, tensors, \
-                         calibration)"
+                        "unknown key `{other}` (expected target, layout, default, roles, \
+                         tensors, calibration)"
                     ))))
                 }
             }
@@ -626,6 +636,17 @@ impl Recipe {
     /// The recipe building for `target` instead (`--target`).
     pub fn with_target(mut self, target: Target) -> Self {
         self.target = target;
+        self
+    }
+
+    /// The graph layout the recipe builds.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The recipe building `layout` instead (`--layout`).
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
         self
     }
 
@@ -758,6 +779,10 @@ impl Recipe {
             Target::Ios17 => String::new(),
             t => format!("target = \"{}\"\n", t.as_str()),
         };
+        // Written only when not the default, so recipes from before layouts keep their text.
+        if self.layout != Layout::Default {
+            out.push_str(&format!("layout = \"{}\"\n", self.layout.as_str()));
+        }
         out.push_str(&format!(
             "default = {}\n\n[roles]\n",
             fold(self.default).to_toml()

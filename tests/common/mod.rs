@@ -20,6 +20,7 @@ pub fn contract(s: usize, q: usize, v: usize, eos: Vec<u32>) -> Contract {
     Contract {
         version: CONTRACT_VERSION,
         target: Default::default(),
+        layout: Default::default(),
         max_seq_len: s,
         query_len: q,
         num_layers: l,

@@ -25,6 +25,20 @@ pub(super) struct LinearWeight {
 }
 
 impl LinearWeight {
+    /// Its constants, one per row group (the `--layout ane` builder lays them out as convs).
+    pub(super) fn parts(&self) -> &[String] {
+        &self.parts
+    }
+
+    /// The row order of its groups, its per-row scale, whether its input is rotated.
+    pub(super) fn restore_and_scale(&self) -> (Option<&String>, Option<&String>, bool) {
+        (
+            self.restore.as_ref(),
+            self.scale.as_ref(),
+            self.rotation.is_some(),
+        )
+    }
+
     /// The single constant of a weight that must not be grouped or scaled (norms, biases,
     /// embeddings).
     fn single(self, name: &str) -> Result<String, GraphError> {

@@ -16,7 +16,7 @@ use crate::quant::{PackedLut, QuantizedWeight};
 
 /// The lm_head as the graph holds it: one constant per logits part.
 pub(super) struct Head {
-    parts: Vec<String>,
+    pub(super) parts: Vec<String>,
 }
 
 /// The embedded tokens times α, and the lm_head (the same constants when tied) when
@@ -184,7 +184,7 @@ fn calibrated(name: &str) -> GraphError {
 
 /// The weight's rows split into consecutive parts of `widths` rows (`NAME_g0`, ...), or one
 /// constant named `NAME` when one part covers them all.
-fn row_parts(
+pub(super) fn row_parts(
     b: &mut Builder,
     name: &str,
     shape: &[usize],

@@ -12,6 +12,7 @@
 //! norm → MLP → residual, then the final norm and the lm_head. Weights are looked up by their
 //! place in the model ([`TensorId`]).
 
+mod ane;
 mod attention;
 mod linear;
 mod logits;
@@ -44,6 +45,8 @@ pub struct StepOptions {
     pub scaling: Scaling,
     /// The OS the program is built for.
     pub target: crate::mil::contract::Target,
+    /// The hidden state's layout (`--layout`): [`ane`] builds the (B, C, 1, S) form.
+    pub layout: crate::mil::contract::Layout,
 }
 
 /// The step's dimensions.
@@ -238,6 +241,9 @@ pub fn build_part(
     part: &Part,
 ) -> Result<Graph, GraphError> {
     check_spec(spec, opts.max_seq_len)?;
+    if opts.layout == crate::mil::contract::Layout::Ane {
+        return ane::build_part(spec, weights, opts, part);
+    }
     if part.layers.end > spec.num_hidden_layers {
         return Err(GraphError::Unsupported(format!(
             "layers {:?} of a {}-layer model",
@@ -613,6 +619,7 @@ mod tests {
             float: DType::F16,
             scaling,
             target: Default::default(),
+            layout: Default::default(),
         }
     }
 

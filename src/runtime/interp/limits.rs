@@ -210,6 +210,18 @@ fn result_elements(op: Op, args: &Args) -> Option<u64> {
         }
         Range1d => range_elements(args),
         Matmul => matmul_elements(args),
+        // A 1×1 conv maps every spatial position's C_in channels to C_out (the only conv the
+        // kernel runs; it refuses others before computing anything).
+        Conv => {
+            let (x, w) = (get("x")?, get("weight")?);
+            // Other kernels are refused by the kernel, by name, before it allocates anything.
+            if w.shape.get(2..)?.iter().any(|&k| k != 1) {
+                return None;
+            }
+            let ic = *w.shape.get(1)? as u64;
+            let positions = (x.len() as u64).checked_div(ic).unwrap_or(0);
+            Some(positions.saturating_mul(w.shape[0] as u64))
+        }
         Linear => {
             let (x, w) = (get("x")?, get("weight")?);
             let ic = *w.shape.get(1)? as u64;

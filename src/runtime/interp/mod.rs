@@ -720,6 +720,7 @@ fn run_op(op: Op, args: &Args) -> ops::OpResult<Vec<Tensor>> {
         Range1d => one(ops::range_1d(args)),
         Matmul => one(ops::matmul(args)),
         Linear => one(ops::linear(args)),
+        Conv => one(ops::conv(args)),
         Cast => one(ops::cast(args)),
         Shape => one(x().map(|x| {
             let s: Vec<i64> = x.shape.iter().map(|&d| d as i64).collect();
@@ -944,14 +945,14 @@ fn lut_to_dense(
     Ok(Tensor::new(lut.dtype, out_shape, data))
 }
 
-/// fp16 `linear` weights stay fp16 in memory (they are exact there): a decode step is bound by
+/// fp16 `linear` (and `conv`) weights stay fp16 in memory (they are exact there): a decode step is bound by
 /// reading the weights, and half the bytes is nearly half the time. Every op reads fp16 data;
 /// `linear` and `gather` (a tied embedding shares the lm_head's storage) read it without
 /// widening the whole tensor.
 fn store_linear_weights_half(consts: &mut [(usize, Arc<Tensor>)], instrs: &[Instr]) {
     let weight_slots: std::collections::HashSet<usize> = instrs
         .iter()
-        .filter(|ins| ins.op == OpKind::Known(Op::Linear))
+        .filter(|ins| matches!(ins.op, OpKind::Known(Op::Linear | Op::Conv)))
         .flat_map(|ins| ins.inputs.iter().filter(|(k, _)| k == "weight"))
         .flat_map(|(_, a)| a.iter())
         .filter_map(|a| match a {

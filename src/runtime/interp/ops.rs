@@ -1148,6 +1148,83 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
     Ok(Tensor::new(DType::F32, shape, Data::F(out)))
 }
 
+/// MIL `conv` with a 1×1 kernel: x [N, C_in, *spatial] (1 to 3 spatial axes), weight
+/// [C_out, C_in, 1, ...], groups 1, strides and dilations 1, zero padding. Each spatial
+/// position's channels go through the same dot products as `linear`'s, in the same order, so
+/// a 1×1 conv over (B, C, 1, S) computes what `linear` computes over (B, S, C) bit for bit.
+/// Anything else is refused: with a 1×1 kernel, unit strides and no padding, `pad_type`
+/// valid, same and custom compute the same thing, so the kernel need not read it.
+pub fn conv(args: &Args) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    let w = args.get("weight")?;
+    check_conv(args, x, w)?;
+    let (n, ic, oc) = (x.shape[0], x.shape[1], w.shape[0]);
+    let positions: usize = x.shape[2..].iter().product();
+    let bias = args.opt("bias").map(|b| b.as_f32());
+    if let Some(b) = &bias {
+        if b.len() != oc {
+            return Err(format!("bias has {} elements for {oc} outputs", b.len()).into());
+        }
+    }
+    let xv = x.as_f32();
+    let mut out = Vec::with_capacity(n * oc * positions);
+    for b in 0..n {
+        // [C_in, P] → P rows of C_in: gemv_rows' output [C_out, P] is the conv's layout.
+        let rows = transpose2(
+            &xv[b * ic * positions..(b + 1) * ic * positions],
+            ic,
+            positions,
+        );
+        let t = match &w.data {
+            Data::Half(wv) => gemv_rows(&rows, wv, bias.as_deref(), oc, ic, dot_f16),
+            _ => gemv_rows(&rows, &w.as_f32(), bias.as_deref(), oc, ic, dot),
+        };
+        out.extend_from_slice(&t);
+    }
+    let mut shape = x.shape.clone();
+    shape[1] = oc;
+    Ok(Tensor::new(DType::F32, shape, Data::F(out)))
+}
+
+/// Refuse a `conv` the kernel does not compute: not a 1×1 kernel, grouped, strided, dilated
+/// or padded, or shapes that do not match.
+fn check_conv(args: &Args, x: &Tensor, w: &Tensor) -> OpResult<()> {
+    if !(3..=5).contains(&x.rank()) || w.rank() != x.rank() {
+        return Err(format!(
+            "x {:?} and weight {:?} must have the same rank, 3 to 5 (MIL conv)",
+            x.shape, w.shape
+        )
+        .into());
+    }
+    if w.shape[2..].iter().any(|&k| k != 1) {
+        return Err(format!(
+            "only 1×1 kernels are interpreted; weight has shape {:?}",
+            w.shape
+        )
+        .into());
+    }
+    if w.shape[1] != x.shape[1] {
+        return Err(format!("x {:?} does not match weight {:?}", x.shape, w.shape).into());
+    }
+    let groups = args.int_or("groups", 1)?;
+    if groups != 1 {
+        return Err(format!("only groups = 1 is interpreted, not {groups}").into());
+    }
+    for (key, unit) in [("strides", 1), ("dilations", 1), ("pad", 0)] {
+        if let Some(t) = args.opt(key) {
+            if t.as_i64().iter().any(|&v| v != unit) {
+                return Err(format!(
+                    "`{key}` {:?}: only {unit}s are interpreted (1×1 kernel, unit stride, no \
+                     padding)",
+                    t.as_i64()
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Output-major `x @ w.T + bias` for `rows` rows of x: output features are split across
 /// threads, and each thread reads its weight rows once for all rows of x.
 fn gemv_rows<W: Sync>(

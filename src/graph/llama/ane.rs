@@ -1,0 +1,716 @@
+//! `--layout ane`: the same decode/chunk step laid out for the Neural Engine, as Apple's rules
+//! and ml-ane-transformers describe it (docs/design.md, "The Neural Engine layout").
+//!
+//! The hidden state is (B, C, 1, Q), channels first. Every projection is a 1×1 `conv` whose
+//! weight is the checkpoint's [out, in] constant given the shape [out, in, 1, 1] (the same
+//! values, dense or palettized: only the declared shape differs). RMSNorm reduces over the
+//! channel axis. Attention runs one key/value group at a time: the group's queries [1, G, D, Q]
+//! against its keys [1, 1, S+Q, D] give scores [1, G, S+Q, Q] (keys before queries, as
+//! ml-ane-transformers' `bchq,bkhc->bkhq`), masked, soft-maxed over the keys and applied to
+//! the values; no fused attention op. RoPE uses the tables as the default layout does.
+//!
+//! The package's inputs and outputs are the default layout's ([`crate::mil::contract`]): token
+//! ids, position, the [L, Hkv, S, D] caches in, the logits parts [1, Q, w] and the key/value
+//! rows [L, Hkv, Q, D] out, so the runner, `validate`, chains and apps cannot tell the layouts
+//! apart. The transposes this takes sit at the graph's edges.
+
+use std::collections::BTreeMap;
+
+use super::linear::{LinearWeight, Weights};
+use super::{logits, shared_inputs, stack, Dims, Part, Shared, StepOptions};
+use crate::arch::{LayerTensor, ModelSpec, TensorId};
+use crate::graph::{ints, var, Arg, Builder, Graph, GraphError, Op, Weight};
+use crate::mil::chain::{HIDDEN_IN, HIDDEN_OUT};
+use crate::mil::contract;
+use crate::mil::DType;
+
+/// The shared values in the channels-first form: RoPE rows [D, Q] and the mask [S+Q, Q].
+struct Cf<'a> {
+    shared: &'a Shared,
+    cos: String,
+    sin: String,
+    mask: String,
+}
+
+/// Build one part's step graph in the Neural Engine layout (see the module doc).
+pub(super) fn build_part(
+    spec: &ModelSpec,
+    weights: BTreeMap<String, Weight>,
+    opts: &StepOptions,
+    part: &Part,
+) -> Result<Graph, GraphError> {
+    check(spec, part)?;
+    let dims = Dims::new(spec, opts)?;
+    let (fl, q) = (opts.float, dims.q);
+    let alpha = opts.scaling.residual_scale;
+    let mut b = Builder::new(fl);
+    b.set_target(opts.target);
+    let mut weights = Weights::new(spec, weights);
+
+    let first = if part.embedding {
+        b.input(contract::INPUT_IDS, DType::I32, vec![1, q])
+    } else {
+        b.input(HIDDEN_IN, fl, vec![1, q, spec.hidden_size])
+    };
+    let shared = (!part.layers.is_empty()).then(|| shared_inputs(&mut b, spec, dims, part, alpha));
+    let (x, mut head) = if part.embedding {
+        embedding(&mut b, &mut weights, spec, (&first, q), alpha, part.head)?
+    } else {
+        (first, None)
+    };
+    let mut x = channels_first(&mut b, &x, spec.hidden_size, q, "hidden_cf");
+    let mut key_rows = Vec::with_capacity(part.layers.len());
+    let mut value_rows = Vec::with_capacity(part.layers.len());
+    if let Some(shared) = &shared {
+        let cf = Cf::new(&mut b, shared);
+        for l in part.layers.clone() {
+            let (out, k, v) = block(&mut b, &mut weights, &cf, l, &x)?;
+            x = out;
+            key_rows.push(k);
+            value_rows.push(v);
+        }
+    }
+    let mut outputs = if part.head {
+        let parts = match head.take() {
+            Some(p) => p,
+            None => {
+                let h = logits::head(&mut b, &mut weights, spec.tie_word_embeddings)?;
+                conv_head(&mut b, h)?
+            }
+        };
+        let nw = norm_weight(&mut b, &mut weights, TensorId::FinalNorm)?;
+        let hn = rms_norm(
+            &mut b,
+            &x,
+            &nw,
+            spec.rms_norm_eps * alpha * alpha,
+            "final_norm",
+        );
+        logits_parts(
+            &mut b,
+            &parts,
+            &contract::logits_widths(spec.vocab_size),
+            &hn,
+            q,
+        )
+    } else {
+        let t = tokens_first(&mut b, &x, spec.hidden_size, q, "hidden_out_bqc");
+        vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&t))])]
+    };
+    if shared.is_some() {
+        outputs.push(stack(&mut b, key_rows, contract::KEY_UPDATE));
+        outputs.push(stack(&mut b, value_rows, contract::VALUE_UPDATE));
+    }
+    weights.finish()?;
+    b.finish(outputs)
+}
+
+/// What this layout does not build (yet): refused, never silently computed otherwise.
+fn check(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
+    if part.layers.end > spec.num_hidden_layers {
+        return Err(GraphError::Unsupported(format!(
+            "layers {:?} of a {}-layer model",
+            part.layers, spec.num_hidden_layers
+        )));
+    }
+    if spec.qk_norm {
+        return Err(GraphError::Unsupported(
+            "per-head q/k norms (Qwen3) are not built in --layout ane: use --layout default".into(),
+        ));
+    }
+    if spec.rotary_dim() != spec.head_dim {
+        return Err(GraphError::Unsupported(
+            "partial RoPE (Phi-4-mini) is not built in --layout ane: use --layout default".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl<'a> Cf<'a> {
+    fn new(b: &mut Builder, shared: &'a Shared) -> Self {
+        let t = |b: &mut Builder, x: &str, name: &str| {
+            b.op(
+                Op::Transpose,
+                name,
+                vec![("x", var(x)), ("perm", ints(&[1, 0]))],
+            )
+        };
+        Cf {
+            cos: t(b, &shared.cos, "rope_cos_cf"),
+            sin: t(b, &shared.sin, "rope_sin_cf"),
+            mask: t(b, &shared.mask, "mask_cf"),
+            shared,
+        }
+    }
+}
+
+/// [1, Q, C] → [1, C, 1, Q].
+fn channels_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &str) -> String {
+    let t = b.op(
+        Op::Transpose,
+        &format!("{name}_t"),
+        vec![("x", var(x)), ("perm", ints(&[0, 2, 1]))],
+    );
+    b.op(
+        Op::Reshape,
+        name,
+        vec![("x", var(&t)), ("shape", ints(&[1, c as i64, 1, q as i64]))],
+    )
+}
+
+/// [1, C, 1, Q] → [1, Q, C].
+fn tokens_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &str) -> String {
+    let r = b.op(
+        Op::Reshape,
+        &format!("{name}_r"),
+        vec![("x", var(x)), ("shape", ints(&[1, c as i64, q as i64]))],
+    );
+    b.op(
+        Op::Transpose,
+        name,
+        vec![("x", var(&r)), ("perm", ints(&[0, 2, 1]))],
+    )
+}
+
+/// The embedded tokens [1, Q, C] times α, and the lm_head as conv weights when `with_head`.
+/// A tied table is stored once, as the [w, C, 1, 1] parts the head's convs read; the embedding
+/// gathers its rows from them as [`logits`] does from the [w, C] parts.
+fn embedding(
+    b: &mut Builder,
+    weights: &mut Weights,
+    spec: &ModelSpec,
+    (input_ids, q): (&str, usize),
+    alpha: f64,
+    with_head: bool,
+) -> Result<(String, Option<Vec<String>>), GraphError> {
+    if !spec.tie_word_embeddings {
+        let (x, _) = logits::embedding_and_head(b, weights, false, input_ids, alpha, false)?;
+        let head = match with_head {
+            true => {
+                let h = logits::head(b, weights, false)?;
+                Some(conv_head(b, h)?)
+            }
+            false => None,
+        };
+        return Ok((x, head));
+    }
+    let (name, shape, table) = weights.take(TensorId::Embedding)?;
+    let widths = contract::logits_widths(shape[0]);
+    let parts = logits::row_parts(b, &name, &shape, table, &widths)?;
+    let head = conv_head(b, logits::Head { parts })?;
+    let mut x = gather_rows(b, &head, &widths, input_ids, (q, shape[1]))?;
+    if alpha != 1.0 {
+        x = b.op(
+            Op::Mul,
+            "embed_scaled",
+            vec![("x", var(&x)), ("y", Arg::Float(alpha))],
+        );
+    }
+    Ok((x, with_head.then_some(head)))
+}
+
+/// The lm_head's parts as conv weights [w, C, 1, 1].
+fn conv_head(b: &mut Builder, head: logits::Head) -> Result<Vec<String>, GraphError> {
+    for p in &head.parts {
+        b.reshape_const(p, conv_shape)?;
+    }
+    Ok(head.parts)
+}
+
+/// [out, in] → [out, in, 1, 1].
+fn conv_shape(s: &[usize]) -> Vec<usize> {
+    s.iter().copied().chain([1, 1]).collect()
+}
+
+/// The rows of `input_ids` [1, Q] from the [w, C, 1, 1] parts: each part is gathered at the
+/// token's row clamped into it, and `select` keeps the part that holds the token.
+fn gather_rows(
+    b: &mut Builder,
+    parts: &[String],
+    widths: &[usize],
+    input_ids: &str,
+    (q, c): (usize, usize),
+) -> Result<String, GraphError> {
+    let mut x = String::new();
+    let mut offset = 0usize;
+    for (i, (part, &w)) in parts.iter().zip(widths).enumerate() {
+        let row = if parts.len() == 1 {
+            input_ids.to_string()
+        } else {
+            let local = b.op(
+                Op::Sub,
+                &format!("embed_part{i}_local"),
+                vec![("x", var(input_ids)), ("y", Arg::Int(offset as i64))],
+            );
+            let below = b.op(
+                Op::Minimum,
+                &format!("embed_part{i}_below"),
+                vec![("x", var(&local)), ("y", Arg::Int(w as i64 - 1))],
+            );
+            b.op(
+                Op::Maximum,
+                &format!("embed_part{i}_row"),
+                vec![("x", var(&below)), ("y", Arg::Int(0))],
+            )
+        };
+        let got = b.op(
+            Op::Gather,
+            &format!("embed_part{i}_rows"),
+            vec![
+                ("x", var(part)),
+                ("indices", var(&row)),
+                ("axis", Arg::Int(0)),
+            ],
+        );
+        let last = i + 1 == parts.len();
+        let name = match (i, last) {
+            (0, true) => "embed".to_string(),
+            _ => format!("embed_part{i}"),
+        };
+        let got = b.op(
+            Op::Reshape,
+            &name,
+            vec![("x", var(&got)), ("shape", ints(&[1, q as i64, c as i64]))],
+        );
+        x = if i == 0 {
+            got
+        } else {
+            let inside = b.op(
+                Op::GreaterEqual,
+                &format!("embed_part{i}_holds"),
+                vec![("x", var(input_ids)), ("y", Arg::Int(offset as i64))],
+            );
+            let inside = b.op(
+                Op::ExpandDims,
+                &format!("embed_part{i}_holds_3d"),
+                vec![("x", var(&inside)), ("axes", ints(&[-1]))],
+            );
+            let name = if last {
+                "embed".to_string()
+            } else {
+                format!("embed_upto{i}")
+            };
+            b.op(
+                Op::Select,
+                &name,
+                vec![("cond", var(&inside)), ("a", var(&got)), ("b", var(&x))],
+            )
+        };
+        offset += w;
+    }
+    Ok(x)
+}
+
+/// One conv per logits part, each [1, w, 1, Q] → [1, Q, w], named as the contract's outputs.
+fn logits_parts(
+    b: &mut Builder,
+    parts: &[String],
+    widths: &[usize],
+    hn: &str,
+    q: usize,
+) -> Vec<String> {
+    let n = parts.len();
+    parts
+        .iter()
+        .zip(widths)
+        .enumerate()
+        .map(|(i, (w, &width))| {
+            let name = contract::logits_name(i, n);
+            let y = conv(b, hn, w, None, &format!("{name}_cf"));
+            tokens_first(b, &y, width, q, &name)
+        })
+        .collect()
+}
+
+/// A 1×1 conv: unit strides and dilations, no padding, one group.
+fn conv(b: &mut Builder, x: &str, w: &str, bias: Option<&String>, name: &str) -> String {
+    let mut args = vec![
+        ("x", var(x)),
+        ("weight", var(w)),
+        ("strides", ints(&[1, 1])),
+        ("pad", ints(&[0, 0, 0, 0])),
+        ("dilations", ints(&[1, 1])),
+        ("groups", Arg::Int(1)),
+    ];
+    if let Some(bn) = bias {
+        args.push(("bias", var(bn)));
+    }
+    b.op(Op::Conv, name, args)
+}
+
+/// `W·x (+ bias)` over [1, in, 1, Q] for a dense, palettized or calibrated weight (row
+/// groups concatenated along the channels, restored to row order, scaled per row). A rotated
+/// input is refused: its x·Q is written for the tokens-first layout.
+fn project(
+    b: &mut Builder,
+    w: LinearWeight,
+    bias: Option<String>,
+    x: &str,
+    out: &str,
+) -> Result<String, GraphError> {
+    let (restore, scale, rotated) = w.restore_and_scale();
+    if rotated {
+        return Err(GraphError::Unsupported(format!(
+            "`{out}`: rotated inputs (calibration.rotate) are not built in --layout ane"
+        )));
+    }
+    for p in w.parts() {
+        b.reshape_const(p, conv_shape)?;
+    }
+    let (restore, scale) = (restore.cloned(), scale.cloned());
+    let plain = w.parts().len() == 1 && scale.is_none();
+    if plain {
+        return Ok(conv(b, x, &w.parts()[0], bias.as_ref(), out));
+    }
+    let mut y = if w.parts().len() == 1 {
+        conv(b, x, &w.parts()[0], None, &format!("{out}_unscaled"))
+    } else {
+        let outs: Vec<String> = (w.parts().iter().enumerate())
+            .map(|(g, p)| conv(b, x, p, None, &format!("{out}_g{g}")))
+            .collect();
+        b.op(
+            Op::Concat,
+            &format!("{out}_grouped"),
+            vec![
+                ("values", Arg::Vars(outs)),
+                ("axis", Arg::Int(1)),
+                ("interleave", Arg::Bool(false)),
+            ],
+        )
+    };
+    if let Some(at) = restore {
+        y = b.op(
+            Op::Gather,
+            &format!("{out}_restored"),
+            vec![("x", var(&y)), ("indices", var(&at)), ("axis", Arg::Int(1))],
+        );
+    }
+    if let Some(sc) = scale {
+        b.reshape_const(&sc, conv_bias_shape)?;
+        let name = match bias {
+            Some(_) => format!("{out}_scaled"),
+            None => out.to_string(),
+        };
+        y = b.op(Op::Mul, &name, vec![("x", var(&y)), ("y", var(&sc))]);
+    } else if bias.is_none() {
+        y = b.op(Op::Identity, out, vec![("x", var(&y))]);
+    }
+    if let Some(bn) = bias {
+        b.reshape_const(&bn, conv_bias_shape)?;
+        y = b.op(Op::Add, out, vec![("x", var(&y)), ("y", var(&bn))]);
+    }
+    Ok(y)
+}
+
+/// [n] → [n, 1, 1]: a per-channel vector broadcasting over (1, n, 1, Q).
+fn conv_bias_shape(s: &[usize]) -> Vec<usize> {
+    s.iter().copied().chain([1, 1]).collect()
+}
+
+/// A norm's weight [C] as [C, 1, 1].
+fn norm_weight(b: &mut Builder, weights: &mut Weights, id: TensorId) -> Result<String, GraphError> {
+    let w = weights.single(b, id)?;
+    b.reshape_const(&w, conv_bias_shape)?;
+    Ok(w)
+}
+
+/// RMSNorm over the channel axis of [1, C, 1, Q], computed as the default layout computes it
+/// (ε inside the root).
+fn rms_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+    let sq = b.op(
+        Op::Mul,
+        &format!("{name}_sq"),
+        vec![("x", var(x)), ("y", var(x))],
+    );
+    let ms = b.op(
+        Op::ReduceMean,
+        &format!("{name}_mean"),
+        vec![
+            ("x", var(&sq)),
+            ("axes", ints(&[1])),
+            ("keep_dims", Arg::Bool(true)),
+        ],
+    );
+    let r = b.op(
+        Op::Rsqrt,
+        &format!("{name}_rsqrt"),
+        vec![("x", var(&ms)), ("epsilon", Arg::Float(eps))],
+    );
+    let n = b.op(
+        Op::Mul,
+        &format!("{name}_normed"),
+        vec![("x", var(x)), ("y", var(&r))],
+    );
+    b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
+}
+
+/// Decoder block `l` on [1, C, 1, Q]: the new stream and the layer's key and value rows
+/// [1, Hkv, Q, D] (the contract's cache form).
+fn block(
+    b: &mut Builder,
+    weights: &mut Weights,
+    cf: &Cf,
+    l: usize,
+    x: &str,
+) -> Result<(String, String, String), GraphError> {
+    let shared = cf.shared;
+    let tag = format!("layers_{l}");
+    let nw = norm_weight(b, weights, TensorId::Layer(l, LayerTensor::InputNorm))?;
+    let hn = rms_norm(b, x, &nw, shared.eps, &format!("{tag}_input_norm"));
+    let (attn, k, v) = attention(b, weights, cf, l, &hn)?;
+    let x = b.op(
+        Op::Add,
+        &format!("{tag}_residual_attn"),
+        vec![("x", var(x)), ("y", var(&attn))],
+    );
+    let nw = norm_weight(b, weights, TensorId::Layer(l, LayerTensor::PostNorm))?;
+    let hn = rms_norm(b, &x, &nw, shared.eps, &format!("{tag}_post_norm"));
+    let id = |t: LayerTensor| TensorId::Layer(l, t);
+    let wg = weights.linear(b, id(LayerTensor::Gate), 1.0)?;
+    let wu = weights.linear(b, id(LayerTensor::Up), 1.0)?;
+    let wd = weights.linear(b, id(LayerTensor::Down), shared.alpha)?;
+    let g = project(b, wg, None, &hn, &format!("{tag}_gate"))?;
+    let g = b.op(Op::Silu, &format!("{tag}_gate_act"), vec![("x", var(&g))]);
+    let u = project(b, wu, None, &hn, &format!("{tag}_up"))?;
+    let gu = b.op(
+        Op::Mul,
+        &format!("{tag}_gate_up"),
+        vec![("x", var(&g)), ("y", var(&u))],
+    );
+    let down = project(b, wd, None, &gu, &format!("{tag}_mlp_out"))?;
+    let x = b.op(
+        Op::Add,
+        &format!("{tag}_residual_mlp"),
+        vec![("x", var(&x)), ("y", var(&down))],
+    );
+    Ok((x, k, v))
+}
+
+/// Self-attention of block `l` over [1, C, 1, Q]: the o projection's output and the layer's
+/// key and value rows.
+fn attention(
+    b: &mut Builder,
+    weights: &mut Weights,
+    cf: &Cf,
+    l: usize,
+    hn: &str,
+) -> Result<(String, String, String), GraphError> {
+    let (shared, tag) = (cf.shared, format!("layers_{l}"));
+    let dims = &shared.dims;
+    let mut proj = Vec::with_capacity(3);
+    let ts = [LayerTensor::Q, LayerTensor::K, LayerTensor::V];
+    let bs = [LayerTensor::QBias, LayerTensor::KBias, LayerTensor::VBias];
+    for ((t, bt), n) in ts.into_iter().zip(bs).zip(["q", "k", "v"]) {
+        let w = weights.linear(b, TensorId::Layer(l, t), 1.0)?;
+        let bias = match shared.attention_bias {
+            true => Some(weights.single(b, TensorId::Layer(l, bt))?),
+            false => None,
+        };
+        proj.push(project(b, w, bias, hn, &format!("{tag}_{n}"))?);
+    }
+    let mut q = heads(b, &proj[0], dims.h, dims, &format!("{tag}_q"));
+    let mut k = heads(b, &proj[1], dims.hkv, dims, &format!("{tag}_k"));
+    let v = heads(b, &proj[2], dims.hkv, dims, &format!("{tag}_v"));
+    if shared.rope_in_layer[l] {
+        q = rope(b, cf, &q, &format!("{tag}_q_rope"));
+        k = rope(b, cf, &k, &format!("{tag}_k_rope"));
+    }
+    let qs = b.op(
+        Op::Mul,
+        &format!("{tag}_q_scaled"),
+        vec![("x", var(&q)), ("y", Arg::Float(shared.q_scale))],
+    );
+    let key_row = rows(b, &k, &format!("{tag}_k_rows"));
+    let value_row = rows(b, &v, &format!("{tag}_v_rows"));
+    let at = l - shared.first_layer;
+    let keys = cached_and_new(
+        b,
+        &shared.key_cache,
+        &key_row,
+        dims,
+        at,
+        &format!("{tag}_keys"),
+    );
+    let values = cached_and_new(
+        b,
+        &shared.value_cache,
+        &value_row,
+        dims,
+        at,
+        &format!("{tag}_values"),
+    );
+    let ctx = per_group(b, cf, &qs, &keys, &values, &tag);
+    let wo = weights.linear(b, TensorId::Layer(l, LayerTensor::O), shared.alpha)?;
+    let out = project(b, wo, None, &ctx, &format!("{tag}_attn_out"))?;
+    Ok((out, key_row, value_row))
+}
+
+/// [1, n·D, 1, Q] → [1, n, D, Q]: each head's D channels (a reshape: the channels of head i are
+/// contiguous).
+fn heads(b: &mut Builder, x: &str, n: usize, dims: &Dims, name: &str) -> String {
+    b.op(
+        Op::Reshape,
+        &format!("{name}_heads"),
+        vec![
+            ("x", var(x)),
+            ("shape", ints(&[1, n as i64, dims.d as i64, dims.q as i64])),
+        ],
+    )
+}
+
+/// x·cos + rotate_half(x)·sin over the D axis of [1, n, D, Q], with the tables as [D, Q].
+fn rope(b: &mut Builder, cf: &Cf, x: &str, name: &str) -> String {
+    let halves = b.op_multi(
+        Op::Split,
+        &[&format!("{name}_lo"), &format!("{name}_hi")],
+        vec![
+            ("x", var(x)),
+            ("num_splits", Arg::Int(2)),
+            ("axis", Arg::Int(2)),
+        ],
+    );
+    let neg_hi = b.op(
+        Op::Mul,
+        &format!("{name}_neg_hi"),
+        vec![("x", var(&halves[1])), ("y", Arg::Float(-1.0))],
+    );
+    let rot = b.op(
+        Op::Concat,
+        &format!("{name}_rotated"),
+        vec![
+            ("values", Arg::Vars(vec![neg_hi, halves[0].clone()])),
+            ("axis", Arg::Int(2)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    );
+    let xc = b.op(
+        Op::Mul,
+        &format!("{name}_cos"),
+        vec![("x", var(x)), ("y", var(&cf.cos))],
+    );
+    let rs = b.op(
+        Op::Mul,
+        &format!("{name}_sin"),
+        vec![("x", var(&rot)), ("y", var(&cf.sin))],
+    );
+    b.op(Op::Add, name, vec![("x", var(&xc)), ("y", var(&rs))])
+}
+
+/// [1, Hkv, D, Q] → [1, Hkv, Q, D]: the contract's key/value rows.
+fn rows(b: &mut Builder, x: &str, name: &str) -> String {
+    b.op(
+        Op::Transpose,
+        name,
+        vec![("x", var(x)), ("perm", ints(&[0, 1, 3, 2]))],
+    )
+}
+
+/// Layer `at`'s cached rows [1, Hkv, S, D] followed by the new ones: [1, Hkv, S+Q, D].
+fn cached_and_new(
+    b: &mut Builder,
+    cache: &str,
+    new: &str,
+    dims: &Dims,
+    at: usize,
+    name: &str,
+) -> String {
+    let (hkv, s, d) = (dims.hkv as i64, dims.s as i64, dims.d as i64);
+    let cached = b.op(
+        Op::SliceByIndex,
+        &format!("{name}_cached"),
+        vec![
+            ("x", var(cache)),
+            ("begin", ints(&[at as i64, 0, 0, 0])),
+            ("end", ints(&[at as i64 + 1, hkv, s, d])),
+        ],
+    );
+    b.op(
+        Op::Concat,
+        name,
+        vec![
+            ("values", Arg::Vars(vec![cached, new.to_string()])),
+            ("axis", Arg::Int(2)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    )
+}
+
+/// Attention one key/value group at a time: queries [1, G, D, Q] · keys [1, 1, S+Q, D] →
+/// scores [1, G, S+Q, Q], masked, soft-maxed over the keys, times the values → [1, G, D, Q];
+/// the groups joined and laid out as [1, H·D, 1, Q].
+fn per_group(b: &mut Builder, cf: &Cf, qs: &str, keys: &str, values: &str, tag: &str) -> String {
+    let dims = &cf.shared.dims;
+    let (g, n) = (dims.h / dims.hkv, dims.s + dims.q);
+    let (d, q) = (dims.d as i64, dims.q as i64);
+    let slice = |b: &mut Builder, x: &str, from: usize, len: usize, last: [i64; 2], name: &str| {
+        b.op(
+            Op::SliceByIndex,
+            name,
+            vec![
+                ("x", var(x)),
+                ("begin", ints(&[0, from as i64, 0, 0])),
+                ("end", ints(&[1, (from + len) as i64, last[0], last[1]])),
+            ],
+        )
+    };
+    let mut ctxs = Vec::with_capacity(dims.hkv);
+    for grp in 0..dims.hkv {
+        let t = format!("{tag}_group{grp}");
+        let qg = match dims.hkv {
+            1 => qs.to_string(),
+            _ => slice(b, qs, grp * g, g, [d, q], &format!("{t}_q")),
+        };
+        let (kg, vg) = match dims.hkv {
+            1 => (keys.to_string(), values.to_string()),
+            _ => (
+                slice(b, keys, grp, 1, [n as i64, d], &format!("{t}_k")),
+                slice(b, values, grp, 1, [n as i64, d], &format!("{t}_v")),
+            ),
+        };
+        let scores = matmul(b, &kg, &qg, false, &format!("{t}_scores"));
+        let masked = b.op(
+            Op::Add,
+            &format!("{t}_scores_masked"),
+            vec![("x", var(&scores)), ("y", var(&cf.mask))],
+        );
+        let probs = b.op(
+            Op::Softmax,
+            &format!("{t}_probs"),
+            vec![("x", var(&masked)), ("axis", Arg::Int(2))],
+        );
+        ctxs.push(matmul(b, &vg, &probs, true, &format!("{t}_context")));
+    }
+    let ctx = match ctxs.len() {
+        1 => ctxs.remove(0),
+        _ => b.op(
+            Op::Concat,
+            &format!("{tag}_context"),
+            vec![
+                ("values", Arg::Vars(ctxs)),
+                ("axis", Arg::Int(1)),
+                ("interleave", Arg::Bool(false)),
+            ],
+        ),
+    };
+    b.op(
+        Op::Reshape,
+        &format!("{tag}_context_cf"),
+        vec![
+            ("x", var(&ctx)),
+            ("shape", ints(&[1, (dims.h * dims.d) as i64, 1, q])),
+        ],
+    )
+}
+
+fn matmul(b: &mut Builder, x: &str, y: &str, transpose_x: bool, name: &str) -> String {
+    b.op(
+        Op::Matmul,
+        name,
+        vec![
+            ("x", var(x)),
+            ("y", var(y)),
+            ("transpose_x", Arg::Bool(transpose_x)),
+            ("transpose_y", Arg::Bool(false)),
+        ],
+    )
+}
