@@ -60,6 +60,11 @@ pub fn info(message: impl std::fmt::Display) {
     }
 }
 
+/// A warning on stderr, shown even with `--quiet` (what ended a session early).
+pub fn warn(message: impl std::fmt::Display) {
+    eprintln!("warning: {}", escape_controls(&message.to_string()));
+}
+
 /// A detail on stderr, shown with `--verbose` only.
 pub fn detail(message: impl std::fmt::Display) {
     if is_verbose() {
