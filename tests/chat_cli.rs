@@ -304,6 +304,14 @@ fn damaged_or_foreign_cache_files_are_refused() {
     let kv = KvFile::load(&cache, contract.contract()).unwrap();
     assert_eq!(kv.tokens.len(), 7 + 2);
     assert_eq!(kv.position, 7 + 1);
+    // The hash an app computes: sha256 of the contract metadata string as the package stores it.
+    let pkg = hf2coreml::mlpackage::MlPackage::open(&f.one).unwrap();
+    let stored = &pkg.description().user_defined[hf2coreml::mil::contract::METADATA_KEY];
+    let digest: [u8; 32] = {
+        use sha2::Digest;
+        sha2::Sha256::digest(stored.as_bytes()).into()
+    };
+    assert_eq!(kv.contract_hash, digest);
 
     let refused = |bytes: &[u8], pkg: &Path, what: &str| {
         let bad = dir.path().join("bad.bin");

@@ -299,7 +299,7 @@ fn one_shot(
     }
     let sequence = [generation.prompt.as_slice(), &generation.tokens].concat();
     if let (Some(conv), Some(text)) = (conversation.as_mut(), &args.prompt) {
-        conv.push_turn(text, &generation.tokens)?;
+        conv.push_turn(text, generation.reply_tokens())?;
     }
     let messages = conversation.as_ref().map(|c| c.messages.as_slice());
     save_cache(args, generator, &sequence, messages)?;

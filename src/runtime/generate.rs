@@ -146,6 +146,16 @@ pub struct Generation {
     pub timing: Timing,
 }
 
+impl Generation {
+    /// The generated tokens without the eos that stopped generation.
+    pub fn reply_tokens(&self) -> &[u32] {
+        match self.stop {
+            StopReason::Eos(_) => &self.tokens[..self.tokens.len().saturating_sub(1)],
+            _ => &self.tokens,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
     #[error("the model's contract is unusable: {0}")]

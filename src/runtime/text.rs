@@ -160,15 +160,17 @@ impl<'t> Conversation<'t> {
     ) -> Result<Generation, TextError> {
         let ids = self.ids_with(user)?;
         let generation = stream_extend(generator, &ids, opts, Some(self.tokenizer), out)?;
-        self.push_turn(user, &generation.tokens)?;
+        self.push_turn(user, generation.reply_tokens())?;
         Ok(generation)
     }
 
-    /// Keep `user`'s message and the reply made of `reply` ids (special tokens dropped).
+    /// Keep `user`'s message and the reply made of `reply` ids (without the eos that ended
+    /// it). Special tokens inside the reply are kept as text, which the tokenizer reads back
+    /// as the same ids: the next turn's rendering then starts with the tokens in the cache.
     pub fn push_turn(&mut self, user: &str, reply: &[u32]) -> Result<(), TextError> {
         let reply = self
             .tokenizer
-            .decode(reply, true)
+            .decode(reply, false)
             .map_err(|e| TextError::Decode(e.to_string()))?;
         self.messages.push(Message::new("user", user));
         self.messages.push(Message::new("assistant", &reply));
