@@ -1,7 +1,8 @@
 //! Progress on a terminal (issue 28, item 1), through a pseudo-terminal: during calibration
 //! the "calibrate" bar advances block by block, shows the elapsed time and an ETA, and ends at
 //! 100%; the "palettize" bar ends at 100%; `-v` logs each calibrated block. `palettize` and
-//! `convert` draw the same stages (one library `Progress`).
+//! `convert` draw the same stages (one library `Progress`); `validate` counts the tokens it
+//! scores.
 
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -173,7 +174,7 @@ fn convert_draws_calibration_block_by_block_to_100_percent() {
             "-o",
             pkg.to_str().unwrap(),
             "--max-seq-len",
-            "16",
+            "32",
         ],
         out.path(),
     );
@@ -182,4 +183,23 @@ fn convert_draws_calibration_block_by_block_to_100_percent() {
     let f = frames(&raw);
     let ser = positions(&f, "serialize");
     assert_eq!(ser.last(), Some(&(1, 1)), "{f:#?}");
+
+    // validate: the tokens scored, one by one (Q = 1), to all of them.
+    let (raw, _) = on_terminal(
+        &[
+            "validate",
+            pkg.to_str().unwrap(),
+            "--against",
+            src.path().to_str().unwrap(),
+            "--max-tokens",
+            "24",
+        ],
+        out.path(),
+    );
+    let f = frames(&raw);
+    let mut score: Vec<usize> = positions(&f, "score").iter().map(|p| p.0).collect();
+    score.dedup();
+    assert_eq!(score.last(), Some(&24), "{f:#?}");
+    assert!(score.len() > 12, "the bar moves token by token: {score:?}");
+    assert_eq!(positions(&f, "reference").last(), Some(&(1, 1)), "{f:#?}");
 }
