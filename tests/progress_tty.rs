@@ -17,6 +17,10 @@ const BLOCKS: usize = 6;
 /// Run the binary with stderr on a pseudo-terminal (120 × 40); returns what the terminal
 /// received and whether the command succeeded.
 fn on_terminal(args: &[&str], dir: &Path) -> (String, bool) {
+    on_terminal_with(args, dir, &[])
+}
+
+fn on_terminal_with(args: &[&str], dir: &Path, env: &[(&str, &Path)]) -> (String, bool) {
     let (mut master, mut slave) = (0, 0);
     let size = libc::winsize {
         ws_row: 40,
@@ -44,6 +48,7 @@ fn on_terminal(args: &[&str], dir: &Path) -> (String, bool) {
         .env_remove("NO_COLOR")
         .env("TERM", "xterm")
         .env("HF2COREML_PYTHON_ENV", python_env())
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(slave))
@@ -202,4 +207,40 @@ fn convert_draws_calibration_block_by_block_to_100_percent() {
     assert_eq!(score.last(), Some(&24), "{f:#?}");
     assert!(score.len() > 12, "the bar moves token by token: {score:?}");
     assert_eq!(positions(&f, "reference").last(), Some(&(1, 1)), "{f:#?}");
+}
+
+#[test]
+fn a_gguf_import_bar_finishes_whether_imported_or_cached() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("tiny.gguf");
+    hf2coreml::testing::gguf::TinyGguf::llama()
+        .build()
+        .writer
+        .write(&src)
+        .unwrap();
+    let cache = root.path().join("cache");
+    let convert = |name: &str| {
+        let pkg = root.path().join(name);
+        let args = [
+            "convert",
+            src.to_str().unwrap(),
+            "-o",
+            pkg.to_str().unwrap(),
+            "--max-seq-len",
+            "16",
+            "--keep-fp16",
+            "*",
+        ];
+        let (raw, ok) = on_terminal_with(&args, root.path(), &[("HF2COREML_CACHE", &cache)]);
+        assert!(ok, "{raw}");
+        frames(&raw)
+    };
+    // First: the per-tensor import stage, to 100%.
+    let f = convert("a.mlpackage");
+    let &(k, n) = positions(&f, "importing").last().expect("an importing bar");
+    assert!(k == n && n > 1, "{f:#?}");
+    // Then from the cache: the one-step stage, to 100%.
+    let f = convert("b.mlpackage");
+    assert!(positions(&f, "importing").is_empty(), "{f:#?}");
+    assert_eq!(positions(&f, "import").last(), Some(&(1, 1)), "{f:#?}");
 }
