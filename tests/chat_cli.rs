@@ -61,11 +61,7 @@ fn fixture() -> &'static Fixture {
         )
         .unwrap();
         let config = serde_json::json!({"chat_template": CHATML, "eos_token": "<|im_end|>"});
-        std::fs::write(
-            src.path().join("tokenizer_config.json"),
-            config.to_string(),
-        )
-        .unwrap();
+        std::fs::write(src.path().join("tokenizer_config.json"), config.to_string()).unwrap();
         let root = tempfile::tempdir().unwrap();
         let one = root.path().join("one.mlpackage");
         let chain = root.path().join("chain.mlpackage");
@@ -280,7 +276,11 @@ fn a_chat_saved_at_exit_resumes_where_it_stopped() {
     let c = cache.to_str().unwrap();
     let whole = ok(&run(&f.one, CHAT, "hi\nhow are you\n"));
     let first = ok(&run(&f.one, &[CHAT, &["--save-cache", c]].concat(), "hi\n"));
-    let o = run(&f.one, &[CHAT, &["--load-cache", c]].concat(), "how are you\n");
+    let o = run(
+        &f.one,
+        &[CHAT, &["--load-cache", c]].concat(),
+        "how are you\n",
+    );
     let second = ok(&o);
     assert_eq!(format!("{first}{second}"), whole);
     // Only the new turn was fed: the restored rows were not recomputed.
@@ -296,7 +296,14 @@ fn damaged_or_foreign_cache_files_are_refused() {
     let c = cache.to_str().unwrap();
     ok(&run(
         &f.one,
-        &["--prompt-ids", A, "--save-cache", c, "--max-new-tokens", "2"],
+        &[
+            "--prompt-ids",
+            A,
+            "--save-cache",
+            c,
+            "--max-new-tokens",
+            "2",
+        ],
         "",
     ));
     let good = std::fs::read(&cache).unwrap();
@@ -323,7 +330,10 @@ fn damaged_or_foreign_cache_files_are_refused() {
         );
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{what}: {err}");
-        assert!(err.contains(what) && err.contains("bad.bin"), "{what}: {err}");
+        assert!(
+            err.contains(what) && err.contains("bad.bin"),
+            "{what}: {err}"
+        );
         assert!(!err.contains("panicked"), "{err}");
     };
     let mut flipped = good.clone();

@@ -73,7 +73,9 @@ fn a_two_turn_chat_reuses_the_cache_and_equals_a_one_shot_run() {
     // A one-shot run of the same ids: the same reply, and the same logits for every position
     // turn 2 computed.
     let mut fresh = Generator::new(Saved::load(&pkg, Default::default()).unwrap()).unwrap();
-    let once = fresh.generate(&second.prompt, &opts(), &mut |_| Ok(())).unwrap();
+    let once = fresh
+        .generate(&second.prompt, &opts(), &mut |_| Ok(()))
+        .unwrap();
     assert_eq!(once.tokens, second.tokens);
     let (a, b) = (second.logits.unwrap(), once.logits.unwrap());
     assert!(a.rows() > second.timing.prompt_tokens);

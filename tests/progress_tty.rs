@@ -129,7 +129,10 @@ fn check_stages(raw: &str) {
         .into_iter()
         .filter(|&(_, n)| n == BLOCKS)
         .collect();
-    assert!(!cal.is_empty(), "no calibrate bar of {BLOCKS} blocks: {f:#?}");
+    assert!(
+        !cal.is_empty(),
+        "no calibrate bar of {BLOCKS} blocks: {f:#?}"
+    );
     // Every block drawn, in order, from the first to the last: the bar moves and ends at 100%.
     // (0/N shows only if the ticker draws before the first block is done.)
     let mut seen: Vec<usize> = cal.iter().map(|&(k, _)| k).filter(|&k| k > 0).collect();
@@ -154,7 +157,10 @@ fn check_stages(raw: &str) {
 #[test]
 fn palettize_draws_calibration_block_by_block_to_100_percent() {
     let src = model();
-    let (raw, ok) = on_terminal(&["palettize", src.path().to_str().unwrap(), "-v"], src.path());
+    let (raw, ok) = on_terminal(
+        &["palettize", src.path().to_str().unwrap(), "-v"],
+        src.path(),
+    );
     assert!(ok, "{raw}");
     check_stages(&raw);
     // -v: one line per block between "calibrating on" and the report.

@@ -242,8 +242,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         return super::chat::repl(&args, &mut generator, conv, &opts);
     }
-    let ids = prompt_ids(&args, tokenizer.as_ref(), conversation.as_ref(), kv.as_ref())?;
-    one_shot(&args, &mut generator, &ids, &opts, tokenizer.as_ref(), conversation)
+    let ids = prompt_ids(
+        &args,
+        tokenizer.as_ref(),
+        conversation.as_ref(),
+        kv.as_ref(),
+    )?;
+    one_shot(
+        &args,
+        &mut generator,
+        &ids,
+        &opts,
+        tokenizer.as_ref(),
+        conversation,
+    )
 }
 
 /// Generate once from `ids`, streaming (or collecting for --json), then the report, the

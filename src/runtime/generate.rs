@@ -387,7 +387,11 @@ impl<M: StepModel> Generator<M> {
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), GenerateError> {
-        match ids.iter().enumerate().find(|(_, &id)| id as usize >= self.v) {
+        match ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= self.v)
+        {
             Some((index, &id)) => Err(GenerateError::TokenOutOfRange {
                 index,
                 id,

@@ -187,7 +187,10 @@ impl KvFile {
         let len = f.metadata().map_err(read)?.len();
         let mut header = [0u8; HEADER];
         if len < HEADER as u64 {
-            return Err(invalid(path, format!("{len} bytes is shorter than the header")));
+            return Err(invalid(
+                path,
+                format!("{len} bytes is shorter than the header"),
+            ));
         }
         f.read_exact(&mut header).map_err(read)?;
         let layout = Layout::parse(path, &header, len, contract)?;

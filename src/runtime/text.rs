@@ -122,7 +122,11 @@ pub struct Conversation<'t> {
 }
 
 impl<'t> Conversation<'t> {
-    pub fn new(tokenizer: &'t Tokenizer, template: &'t ChatTemplate, system: Option<String>) -> Self {
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        template: &'t ChatTemplate,
+        system: Option<String>,
+    ) -> Self {
         let mut c = Conversation {
             tokenizer,
             template,

@@ -18,11 +18,11 @@ use crate::mlpackage::PackageError;
 use crate::mlpackage::{MlPackage, Values};
 use crate::model::Reference;
 use crate::model::ReferenceError;
+use crate::progress::Progress;
 use crate::runtime::chain::Saved;
 use crate::runtime::generate::GenerateError;
 use crate::runtime::generate::{GenerateOptions, Generator};
 use crate::runtime::interp::{Options, Stats};
-use crate::progress::Progress;
 use crate::runtime::{RuntimeError, StepModel, StepOutput};
 
 /// Why validation could not run to a verdict (a failed gate is not an error: it is in the
