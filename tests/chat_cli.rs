@@ -364,4 +364,18 @@ fn damaged_or_foreign_cache_files_are_refused() {
     };
     other_hash[n..].copy_from_slice(&sum);
     refused(&other_hash, &f.one, "different package");
+
+    // A chat resumes only a chat's cache; a session cannot honour --json or --logits-out.
+    let o = run(&f.one, &["--chat", "--load-cache", c], "hi\n");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("saved without --chat"),
+        "{}",
+        stderr(&o)
+    );
+    for flag in [&["--json"][..], &["--logits-out", "x.npy"]] {
+        let o = run(&f.one, &[&["--chat"][..], flag].concat(), "hi\n");
+        assert_eq!(o.status.code(), Some(2), "{flag:?}");
+        assert!(stderr(&o).contains("need --prompt"), "{}", stderr(&o));
+    }
 }

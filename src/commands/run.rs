@@ -220,22 +220,40 @@ pub(super) fn generate_options(args: &Args) -> anyhow::Result<GenerateOptions> {
     })
 }
 
+/// Flags a session cannot honour, refused rather than ignored.
+fn check_session(args: &Args) -> anyhow::Result<()> {
+    if args.chat && args.prompt.is_none() && (args.json || args.logits_out.is_some()) {
+        anyhow::bail!("--json and --logits-out need --prompt: an interactive --chat streams text");
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    check_session(&args)?;
     let opts = generate_options(&args)?;
     let (tokenizer, tokenizer_path) = tokenizer(&args)?;
     let template = template(&args, &tokenizer_path)?;
     let (mut generator, kv) = load(&args)?;
-    let mut conversation = match (&template, &tokenizer) {
-        (Some(t), Some(tok)) => {
-            let mut c = Conversation::new(tok, t, args.system.clone());
-            let restored = restored_messages(kv.as_ref())?;
-            if !restored.is_empty() {
-                c.messages = restored;
+    let mut conversation =
+        match (&template, &tokenizer) {
+            (Some(t), Some(tok)) => {
+                let mut c = Conversation::new(tok, t, args.system.clone());
+                let restored = restored_messages(kv.as_ref())?;
+                if let (Some(kv), true) = (&kv, restored.is_empty()) {
+                    if !kv.tokens.is_empty() {
+                        anyhow::bail!(
+                        "--chat continues a conversation: the cache {} was saved without --chat",
+                        args.load_cache.as_deref().unwrap_or(Path::new("")).display()
+                    );
+                    }
+                }
+                if !restored.is_empty() {
+                    c.messages = restored;
+                }
+                Some(c)
             }
-            Some(c)
-        }
-        _ => None,
-    };
+            _ => None,
+        };
     if args.prompt.is_none() && args.chat {
         let Some(conv) = conversation.as_mut() else {
             anyhow::bail!("--chat needs a tokenizer");
