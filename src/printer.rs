@@ -60,6 +60,11 @@ pub fn info(message: impl std::fmt::Display) {
     }
 }
 
+/// A warning on stderr, shown even with `--quiet` (what ended a session early).
+pub fn warn(message: impl std::fmt::Display) {
+    eprintln!("warning: {}", escape_controls(&message.to_string()));
+}
+
 /// A detail on stderr, shown with `--verbose` only.
 pub fn detail(message: impl std::fmt::Display) {
     if is_verbose() {
@@ -108,11 +113,15 @@ pub fn progress_bar(len: u64, label: &str) -> indicatif::ProgressBar {
     }
     let pb = indicatif::ProgressBar::new(len);
     pb.set_style(
-        indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "{prefix:>12} [{bar:30}] {pos}/{len} {elapsed} (eta {eta}) {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
     pb.set_prefix(label.to_string());
+    // The elapsed time moves while one long step (a decoder block) runs.
+    pb.enable_steady_tick(std::time::Duration::from_millis(500));
     pb
 }
 
@@ -153,23 +162,37 @@ impl hf2coreml::progress::Progress for Bars {
         self.with(|b| {
             if let Some(b) = b {
                 b.inc(steps);
+                // Every step shows, however quickly the steps come (stages have few).
+                b.force_draw();
             }
         });
     }
 
+    /// A finished stage's bar stays on the terminal at 100%, with the stage's time; an
+    /// abandoned one (an error) is cleared.
     fn end(&self) {
         self.with(|b| {
             if let Some(b) = b.take() {
-                b.finish_and_clear();
+                if b.length().is_some_and(|n| b.position() >= n) {
+                    b.finish();
+                } else {
+                    b.finish_and_clear();
+                }
             }
         });
     }
 
     fn note(&self, message: &str) {
-        info(message);
+        self.with(|b| match b {
+            Some(b) => b.suspend(|| info(message)),
+            None => info(message),
+        });
     }
 
     fn detail(&self, message: &str) {
-        detail(message);
+        self.with(|b| match b {
+            Some(b) => b.suspend(|| detail(message)),
+            None => detail(message),
+        });
     }
 }

@@ -174,6 +174,47 @@ fn caches_are_allocated_once_and_reused_across_calls() {
     }
 }
 
+/// `extend` continues from the cached tokens (every Q, including a chunk that slides back at
+/// the end of the context), a diverging sequence recomputes from where it diverges, and rows
+/// moved to another generator with `valid_rows`/`restore` continue the same way: the text and
+/// logits of one `generate` over the whole sequence.
+#[test]
+fn extend_and_restore_continue_the_cached_sequence() {
+    let first = [3u32, 1, 4, 1, 5];
+    for q in [1, 2, 3, 4] {
+        let mut g = generator(24, q, vec![]);
+        let (r, _) = run(&mut g, &first, &greedy(4));
+        let one = r.unwrap();
+        // The last sampled token has no row yet.
+        let cached = [&first[..], &one.tokens[..3]].concat();
+        assert_eq!(g.cached_tokens(), &cached[..], "Q = {q}");
+        let whole = [&first[..], &one.tokens[..], &[9, 2, 6]].concat();
+        let (keys, values) = g.valid_rows();
+        let two = g.extend(&whole, &greedy(8), &mut |_| Ok(())).unwrap();
+        assert_eq!(two.timing.prompt_tokens, whole.len() - cached.len());
+        assert_eq!(two.tokens, reference_greedy(&whole, 8, V), "Q = {q}");
+        let rows = two.logits.as_ref().unwrap();
+        assert_eq!(rows.rows(), whole.len() - cached.len() + 7);
+
+        // Rows moved into fresh (zeroed) caches: the model only sees what `restore` wrote.
+        let mut first_gen = generator(24, q, vec![]);
+        run(&mut first_gen, &first, &greedy(4)).0.unwrap();
+        let mut other = Generator::new(first_gen.into_model()).unwrap();
+        other.restore(&cached, &keys, &values).unwrap();
+        let again = other.extend(&whole, &greedy(8), &mut |_| Ok(())).unwrap();
+        assert_eq!(again.tokens, two.tokens);
+        assert_eq!(again.logits, two.logits);
+        // Restored rows must fit the cache.
+        assert!(other.restore(&cached, &keys[1..], &values).is_err());
+
+        // A sequence that diverges at position 2 recomputes from there.
+        let fork = [3u32, 1, 7, 7];
+        let three = g.extend(&fork, &greedy(3), &mut |_| Ok(())).unwrap();
+        assert_eq!(three.timing.prompt_tokens, 2);
+        assert_eq!(three.tokens, reference_greedy(&fork, 3, V));
+    }
+}
+
 #[test]
 fn seeded_sampling_is_reproducible() {
     let prompt = [2, 7, 1, 8];

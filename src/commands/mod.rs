@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod budget;
+pub mod chat;
 pub mod convert;
 pub mod import_gguf;
 pub mod inspect;

@@ -3,13 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::printer::progress_bar;
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::fsutil::atomic_write;
 use hf2coreml::mil::contract::{Layout, Target};
 use hf2coreml::pipeline::job;
-use hf2coreml::quant::{self, Recipe};
+use hf2coreml::quant::Recipe;
 
 /// The recipe flags shared by `palettize`, `budget` and `inspect`.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args)]
@@ -147,18 +146,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let recipe = args.recipe.load()?;
     let ckpt = Checkpoint::open(&args.dir)
         .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
-    let plan = quant::Report::plan(&ckpt, &recipe)?;
     let (tokens, source) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
     if let Some(source) = &source {
         crate::printer::info(format_args!("calibrating on {source}"));
     }
-    let pb = progress_bar(plan.totals.palettized_tensors as u64, "palettize");
+    let bars = crate::printer::Bars::default();
     let (_, report) =
-        hf2coreml::pipeline::weights::prepare_weights(&ckpt, &recipe, &tokens, &|line| {
-            pb.set_message(line.name.clone());
-            pb.inc(1);
-        })?;
-    pb.finish_and_clear();
+        hf2coreml::pipeline::weights::prepare_weights(&ckpt, &recipe, &tokens, &bars)?;
     if args.json.as_deref() == Some(Path::new("-")) {
         return super::print_json(&report);
     }

@@ -5,13 +5,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use hf2coreml::runtime::chain::Saved;
-use hf2coreml::runtime::chat::ChatTemplate;
+use hf2coreml::runtime::chat::{ChatTemplate, Message};
 use hf2coreml::runtime::generate::{
     GenerateError, GenerateOptions, Generation, Generator, StopReason,
 };
 use hf2coreml::runtime::interp::{Compute, Options};
+use hf2coreml::runtime::kvfile::KvFile;
 use hf2coreml::runtime::sampling::SamplingParams;
-use hf2coreml::runtime::text::{self, Prompt, TextError};
+use hf2coreml::runtime::text::{self, Conversation, Prompt, TextError};
 use tokenizers::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -29,16 +30,27 @@ pub struct Args {
     /// Text to continue (tokenized with the package's tokenizer).
     #[arg(
         long,
-        required_unless_present = "prompt_ids",
+        required_unless_present_any = ["prompt_ids", "chat"],
         conflicts_with = "prompt_ids"
     )]
     pub prompt: Option<String>,
     /// Token ids to continue, comma-separated, e.g. `1,2,3` (no tokenizer needed).
     #[arg(long, value_delimiter = ',', num_args = 1)]
     pub prompt_ids: Option<Vec<u32>>,
-    /// Send --prompt as a user message through the checkpoint's chat template.
-    #[arg(long, requires = "prompt")]
+    /// Chat through the checkpoint's chat template: with --prompt, one user message; without,
+    /// an interactive session reading stdin line by line (`/reset`, `/exit`).
+    #[arg(long, conflicts_with = "prompt_ids")]
     pub chat: bool,
+    /// The system message a --chat conversation starts with.
+    #[arg(long, requires = "chat", value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Continue from a KV cache saved by --save-cache (the same package only): the prompt, or
+    /// the chat, carries on after it.
+    #[arg(long, value_name = "FILE")]
+    pub load_cache: Option<PathBuf>,
+    /// Save the KV cache's valid rows at the end (README: "Saving and restoring the KV cache").
+    #[arg(long, value_name = "FILE")]
+    pub save_cache: Option<PathBuf>,
     /// Tokens to generate; 0 processes the prompt only.
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
@@ -82,54 +94,70 @@ fn config_beside(tokenizer: &Path) -> Option<PathBuf> {
     Some(tokenizer.with_file_name(format!("{stem}tokenizer_config.json")))
 }
 
-/// The prompt's token ids, and the tokenizer (none for `--prompt-ids` without one), through
-/// the chat template with `--chat`.
-fn prompt(args: &Args) -> anyhow::Result<(Vec<u32>, Option<Tokenizer>)> {
-    let prompt = match (&args.prompt, &args.prompt_ids) {
-        (Some(text), _) if args.chat => Prompt::Chat(text.clone()),
-        (Some(text), _) => Prompt::Text(text.clone()),
-        (None, Some(ids)) => Prompt::Ids(ids.clone()),
-        (None, None) => anyhow::bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
-    };
-    let tokenizer_path = args
+/// The tokenizer (none for `--prompt-ids` without one) and its path.
+fn tokenizer(args: &Args) -> anyhow::Result<(Option<Tokenizer>, PathBuf)> {
+    let path = args
         .tokenizer
         .clone()
         .unwrap_or_else(|| text::beside_package(&args.package, "tokenizer.json"));
     // Ids need no tokenizer; with one, the output is text instead of ids.
-    let tokenizer =
-        if matches!(prompt, Prompt::Ids(_)) && args.tokenizer.is_none() && !tokenizer_path.exists()
-        {
-            None
-        } else {
-            Some(text::load_tokenizer(&tokenizer_path).context(
-                "a text prompt needs the tokenizer saved beside the package (or --tokenizer PATH)",
-            )?)
-        };
-    let template = if args.chat {
-        let path = match &args.tokenizer_config {
-            Some(p) => p.clone(),
-            None => config_beside(&tokenizer_path)
-                .unwrap_or_else(|| text::beside_package(&args.package, "tokenizer_config.json")),
-        };
-        Some(ChatTemplate::from_tokenizer_config(&path).context("--chat needs a chat template")?)
-    } else {
-        None
-    };
-    let ids = text::prompt_ids(&prompt, tokenizer.as_ref(), template.as_ref())?;
-    Ok((ids, tokenizer))
+    if args.prompt_ids.is_some() && args.tokenizer.is_none() && !path.exists() {
+        return Ok((None, path));
+    }
+    let tok = text::load_tokenizer(&path).context(
+        "a text prompt needs the tokenizer saved beside the package (or --tokenizer PATH)",
+    )?;
+    Ok((Some(tok), path))
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
+/// The chat template, with --chat.
+pub(super) fn template(args: &Args, tokenizer_path: &Path) -> anyhow::Result<Option<ChatTemplate>> {
+    if !args.chat {
+        return Ok(None);
+    }
+    let path = match &args.tokenizer_config {
+        Some(p) => p.clone(),
+        None => config_beside(tokenizer_path)
+            .unwrap_or_else(|| text::beside_package(&args.package, "tokenizer_config.json")),
     };
-    sampling.validate()?;
+    Ok(Some(
+        ChatTemplate::from_tokenizer_config(&path).context("--chat needs a chat template")?,
+    ))
+}
 
-    let (ids, tokenizer) = prompt(&args)?;
+/// A conversation restored from a cache file's JSON (empty outside --chat).
+pub(super) fn restored_messages(kv: Option<&KvFile>) -> anyhow::Result<Vec<Message>> {
+    match kv {
+        Some(kv) if !kv.conversation.is_empty() => serde_json::from_str(&kv.conversation)
+            .context("the cache file's conversation is not a list of messages"),
+        _ => Ok(Vec::new()),
+    }
+}
 
+/// The prompt's token ids: after the restored cache's tokens, if any; a chat renders the whole
+/// conversation (the restored one, then --prompt).
+fn prompt_ids(
+    args: &Args,
+    tokenizer: Option<&Tokenizer>,
+    conversation: Option<&Conversation>,
+    kv: Option<&KvFile>,
+) -> anyhow::Result<Vec<u32>> {
+    if let (Some(conv), Some(text)) = (conversation, &args.prompt) {
+        return Ok(conv.ids_with(text)?);
+    }
+    let prompt = match (&args.prompt, &args.prompt_ids) {
+        (Some(text), _) if kv.is_some() => Prompt::More(text.clone()),
+        (Some(text), _) => Prompt::Text(text.clone()),
+        (None, Some(ids)) => Prompt::Ids(ids.clone()),
+        (None, None) => anyhow::bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    let new = text::prompt_ids(&prompt, tokenizer, None)?;
+    let before = kv.map(|k| k.tokens.as_slice()).unwrap_or_default();
+    Ok([before, &new].concat())
+}
+
+/// The package, with the cache --load-cache names restored into its generator.
+pub(super) fn load(args: &Args) -> anyhow::Result<(Generator<Saved>, Option<KvFile>)> {
     let options = Options {
         compute: match args.compute {
             ComputeArg::Fp16 => Compute::Declared,
@@ -139,26 +167,132 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let package = Saved::load(&args.package, options)
         .with_context(|| format!("cannot load {}", args.package.display()))?;
     let mut generator = Generator::new(package)?;
-    let opts = GenerateOptions {
+    let kv = match &args.load_cache {
+        Some(path) => {
+            let kv = KvFile::load(path, generator.model().contract())?;
+            kv.restore(&mut generator)
+                .with_context(|| format!("cannot restore {}", path.display()))?;
+            Some(kv)
+        }
+        None => None,
+    };
+    Ok((generator, kv))
+}
+
+/// Write --save-cache: the cached rows, the tokens of `sequence`, the conversation as JSON.
+pub(super) fn save_cache(
+    args: &Args,
+    generator: &Generator<Saved>,
+    sequence: &[u32],
+    messages: Option<&[Message]>,
+) -> anyhow::Result<()> {
+    let Some(path) = &args.save_cache else {
+        return Ok(());
+    };
+    let conversation = match messages {
+        Some(m) => serde_json::to_string(m)?,
+        None => String::new(),
+    };
+    let kv = KvFile::from_generator(generator, sequence, conversation);
+    kv.save(path)?;
+    crate::printer::info(format_args!(
+        "cache: {} positions ({} tokens) → {}",
+        kv.position,
+        kv.tokens.len(),
+        path.display()
+    ));
+    Ok(())
+}
+
+pub(super) fn generate_options(args: &Args) -> anyhow::Result<GenerateOptions> {
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    sampling.validate()?;
+    Ok(GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         sampling,
         stop_at_eos: !args.ignore_eos,
         record_logits: args.logits_out.is_some(),
-    };
+    })
+}
 
+/// Flags a session cannot honour, refused rather than ignored.
+fn check_session(args: &Args) -> anyhow::Result<()> {
+    if args.chat && args.prompt.is_none() && (args.json || args.logits_out.is_some()) {
+        anyhow::bail!("--json and --logits-out need --prompt: an interactive --chat streams text");
+    }
+    Ok(())
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    check_session(&args)?;
+    let opts = generate_options(&args)?;
+    let (tokenizer, tokenizer_path) = tokenizer(&args)?;
+    let template = template(&args, &tokenizer_path)?;
+    let (mut generator, kv) = load(&args)?;
+    let mut conversation =
+        match (&template, &tokenizer) {
+            (Some(t), Some(tok)) => {
+                let mut c = Conversation::new(tok, t, args.system.clone());
+                let restored = restored_messages(kv.as_ref())?;
+                if let (Some(kv), true) = (&kv, restored.is_empty()) {
+                    if !kv.tokens.is_empty() {
+                        anyhow::bail!(
+                        "--chat continues a conversation: the cache {} was saved without --chat",
+                        args.load_cache.as_deref().unwrap_or(Path::new("")).display()
+                    );
+                    }
+                }
+                if !restored.is_empty() {
+                    c.messages = restored;
+                }
+                Some(c)
+            }
+            _ => None,
+        };
+    if args.prompt.is_none() && args.chat {
+        let Some(conv) = conversation.as_mut() else {
+            anyhow::bail!("--chat needs a tokenizer");
+        };
+        return super::chat::repl(&args, &mut generator, conv, &opts);
+    }
+    let ids = prompt_ids(
+        &args,
+        tokenizer.as_ref(),
+        conversation.as_ref(),
+        kv.as_ref(),
+    )?;
+    one_shot(
+        &args,
+        &mut generator,
+        &ids,
+        &opts,
+        tokenizer.as_ref(),
+        conversation,
+    )
+}
+
+/// Generate once from `ids`, streaming (or collecting for --json), then the report, the
+/// logits file and the cache file.
+fn one_shot(
+    args: &Args,
+    generator: &mut Generator<Saved>,
+    ids: &[u32],
+    opts: &GenerateOptions,
+    tokenizer: Option<&Tokenizer>,
+    mut conversation: Option<Conversation>,
+) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut streamed = Vec::new();
     let result = if args.json {
-        text::stream_to(
-            &mut generator,
-            &ids,
-            &opts,
-            tokenizer.as_ref(),
-            &mut streamed,
-        )
+        text::stream_extend(generator, ids, opts, tokenizer, &mut streamed)
     } else {
         let mut out = stdout.lock();
-        let r = text::stream_to(&mut generator, &ids, &opts, tokenizer.as_ref(), &mut out);
+        let r = text::stream_extend(generator, ids, opts, tokenizer, &mut out);
         out.flush().context("writing to stdout")?;
         r
     };
@@ -181,25 +315,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     report(&generation);
     if args.json {
-        let text = String::from_utf8_lossy(&streamed);
-        let t = &generation.timing;
-        super::print_json(&serde_json::json!({
-            "schema": "hf2coreml.run/1",
-            "package": args.package,
-            "prompt_ids": generation.prompt,
-            "generated_ids": generation.tokens,
-            // Decoded text, or the ids space-separated without a tokenizer.
-            "text": text.strip_suffix('\n').unwrap_or(&text),
-            "stop": stop_reason(&generation),
-            "timing": {
-                "prompt_tokens": t.prompt_tokens,
-                "prompt_seconds": t.prompt_time.as_secs_f64(),
-                "decode_tokens": t.decode_tokens,
-                "decode_seconds": t.decode_time.as_secs_f64(),
-                "decode_tokens_per_second": t.decode_tokens_per_sec(),
-            },
-            "error": error.as_ref().map(|e| e.to_string()),
-        }))?;
+        print_json(args, &generation, &streamed, error.as_ref())?;
     }
     if let (Some(path), Some(rows)) = (&args.logits_out, &generation.logits) {
         hf2coreml::fsutil::atomic_write(path, &rows.to_npy())
@@ -211,10 +327,43 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             path.display()
         ));
     }
+    let sequence = [generation.prompt.as_slice(), &generation.tokens].concat();
+    if let (Some(conv), Some(text)) = (conversation.as_mut(), &args.prompt) {
+        conv.push_turn(text, generation.reply_tokens())?;
+    }
+    let messages = conversation.as_ref().map(|c| c.messages.as_slice());
+    save_cache(args, generator, &sequence, messages)?;
     match error {
         Some(e) => Err(e.into()),
         None => Ok(()),
     }
+}
+
+fn print_json(
+    args: &Args,
+    generation: &Generation,
+    streamed: &[u8],
+    error: Option<&TextError>,
+) -> anyhow::Result<()> {
+    let text = String::from_utf8_lossy(streamed);
+    let t = &generation.timing;
+    super::print_json(&serde_json::json!({
+        "schema": "hf2coreml.run/1",
+        "package": args.package,
+        "prompt_ids": generation.prompt,
+        "generated_ids": generation.tokens,
+        // Decoded text, or the ids space-separated without a tokenizer.
+        "text": text.strip_suffix('\n').unwrap_or(&text),
+        "stop": stop_reason(generation),
+        "timing": {
+            "prompt_tokens": t.prompt_tokens,
+            "prompt_seconds": t.prompt_time.as_secs_f64(),
+            "decode_tokens": t.decode_tokens,
+            "decode_seconds": t.decode_time.as_secs_f64(),
+            "decode_tokens_per_second": t.decode_tokens_per_sec(),
+        },
+        "error": error.map(|e| e.to_string()),
+    }))
 }
 
 fn stop_reason(g: &Generation) -> String {
@@ -225,7 +374,7 @@ fn stop_reason(g: &Generation) -> String {
     }
 }
 
-fn report(g: &Generation) {
+pub(super) fn report(g: &Generation) {
     let t = &g.timing;
     let stop = stop_reason(g);
     crate::printer::info(format_args!(

@@ -6,7 +6,7 @@ use hf2coreml::error::CheckFailed;
 use hf2coreml::mil::contract::{self, Contract};
 use hf2coreml::runtime::interp::{Compute, Options};
 use hf2coreml::validate::gates::Gate;
-use hf2coreml::validate::run::{validate, ValidateOptions};
+use hf2coreml::validate::run::{validate_with_progress, ValidateOptions};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum ComputeArg {
@@ -84,7 +84,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         max_tokens: args.max_tokens,
     };
-    let report = validate(&args.package, &ckpt, &opts)
+    let bars = crate::printer::Bars::default();
+    let report = validate_with_progress(&args.package, &ckpt, &opts, &bars)
         .with_context(|| format!("cannot validate {}", args.package.display()))?;
     if args.json {
         // The report's fields, with the verdict and the schema beside them.

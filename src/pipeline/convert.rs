@@ -513,6 +513,9 @@ pub fn convert(
     progress.begin("serialize", 1);
     progress.working_on("coremltools");
     let emit = crate::emit::emit(graph, &meta, &opts.python_env, &opts.output, opts.force);
+    if emit.is_ok() {
+        progress.advance(1);
+    }
     progress.end();
     let emit = emit?;
     times.serialize = t.elapsed().as_secs_f64();

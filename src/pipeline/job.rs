@@ -290,6 +290,11 @@ impl Job {
         progress.begin("import", 1);
         progress.working_on("GGUF → checkpoint");
         let done = gguf::cache::import_cached(&self.source, progress);
+        // A cached import has no stage of its own: this one finishes (a fresh import's
+        // per-tensor stage replaced it).
+        if done.is_ok() {
+            progress.advance(1);
+        }
         progress.end();
         let cached = done.map_err(import_err)?;
         let floor = match &header.projection_type {
@@ -525,6 +530,9 @@ impl Job {
         progress.begin("ranges", 1);
         progress.working_on("reference forward pass on calibration text");
         let r = convert::measure_ranges(ckpt);
+        if r.is_ok() {
+            progress.advance(1);
+        }
         progress.end();
         let r = r?;
         times.ranges = t.elapsed().as_secs_f64();
@@ -545,7 +553,6 @@ impl Job {
         progress: &dyn Progress,
     ) -> Result<(BTreeMap<String, Weight>, quant::Report), JobError> {
         let t = Instant::now();
-        let plan = quant::Report::plan(ckpt, &self.recipe)?;
         let (tokens, source) = calibration_tokens(self.calibration.as_deref(), &self.recipe, ckpt)?;
         match &source {
             // Byte tokens are not what the model reads: say so by default, on one line.
@@ -556,20 +563,11 @@ impl Job {
             Some(source) => progress.detail(&format!("calibrating on {source}")),
             None => {}
         }
-        progress.begin("palettize", plan.totals.palettized_tensors as u64);
-        if !tokens.is_empty() {
-            progress.working_on("calibrating");
-        }
-        let prepared = super::weights::prepare_weights(ckpt, &self.recipe, &tokens, &|line| {
-            progress.working_on(&line.name);
-            progress.advance(1);
-        });
-        progress.end();
-        let prepared = prepared?;
+        let prepared = super::weights::prepare_weights(ckpt, &self.recipe, &tokens, progress)?;
         times.palettize = t.elapsed().as_secs_f64();
         progress.detail(&format!(
             "palettized {} tensors in {:.1} s",
-            plan.totals.palettized_tensors, times.palettize
+            prepared.1.totals.palettized_tensors, times.palettize
         ));
         Ok(prepared)
     }

@@ -8,17 +8,48 @@ use half::f16;
 use super::convert::ConvertError;
 use crate::checkpoint::Checkpoint;
 use crate::graph::Weight;
+use crate::progress::Progress;
 use crate::quant::{self, Decision, Granularity, Recipe};
 
-/// Palettize what `recipe` selects and read the rest as dense fp16. `progress` is called once
-/// per palettized tensor, from worker threads. A recipe with `[calibration]` fits its
-/// palettized projections on `calibration` tokens ([`quant::sequential`]); other palettized
-/// tensors (an embedding, say) are palettized data-free either way.
+/// The calibration passes as a "calibrate" stage: one step per block, with the time so far.
+fn calibrate(
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    method_for: &(dyn Fn(&crate::arch::TensorSlot) -> Option<quant::calibrated::LinearMethod>
+          + Sync),
+    options: &quant::sequential::SequentialOptions,
+    progress: &dyn Progress,
+) -> Result<quant::sequential::CalibratedWeights, ConvertError> {
+    let blocks = ckpt.spec().num_hidden_layers;
+    let t = std::time::Instant::now();
+    progress.begin("calibrate", blocks as u64);
+    progress.working_on(&format!("block 1/{blocks}"));
+    let block_done = |done: usize, total: usize| {
+        progress.advance(1);
+        progress.detail(&format!(
+            "calibrated block {done}/{total} ({:.1} s)",
+            t.elapsed().as_secs_f64()
+        ));
+        if done < total {
+            progress.working_on(&format!("block {}/{total}", done + 1));
+        }
+    };
+    let w = quant::sequential::quantize_streaming(ckpt, tokens, method_for, options, &block_done);
+    progress.end();
+    Ok(w?)
+}
+
+/// Palettize what `recipe` selects and read the rest as dense fp16. A recipe with
+/// `[calibration]` fits its palettized projections on `calibration` tokens
+/// ([`quant::sequential`]), reported to `progress` as a "calibrate" stage of one step per
+/// decoder block (a detail line per block); then a "palettize" stage advances once per
+/// palettized tensor, from worker threads. Other palettized tensors (an embedding, say) are
+/// palettized data-free either way.
 pub fn prepare_weights(
     ckpt: &Checkpoint,
     recipe: &Recipe,
     calibration: &[u32],
-    progress: &(dyn Fn(&quant::TensorReport) + Sync),
+    progress: &dyn Progress,
 ) -> Result<(BTreeMap<String, Weight>, quant::Report), ConvertError> {
     let method_for = |slot: &crate::arch::TensorSlot| {
         let cal = recipe.calibration()?;
@@ -41,13 +72,7 @@ pub fn prepare_weights(
                 chunk_rows: cal.allocation_rows,
                 ..Default::default()
             };
-            let w = quant::sequential::quantize_streaming(
-                ckpt,
-                calibration,
-                &method_for,
-                &options,
-                &|_, _| {},
-            )?;
+            let w = calibrate(ckpt, calibration, &method_for, &options, progress)?;
             crate::fsutil::release_free_memory();
             Some(w)
         }
@@ -57,7 +82,20 @@ pub fn prepare_weights(
         .as_ref()
         .map(|c| c.linears.keys().cloned().collect())
         .unwrap_or_default();
-    let out = quant::palettize_checkpoint_skipping(ckpt, recipe, &skip, progress)?;
+    let planned = quant::Report::plan(ckpt, recipe)?.totals.palettized_tensors;
+    progress.begin("palettize", planned as u64);
+    let tensor_done = |line: &quant::TensorReport| {
+        progress.working_on(&line.name);
+        progress.advance(1);
+    };
+    let out = quant::palettize_checkpoint_skipping(ckpt, recipe, &skip, &tensor_done);
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => {
+            progress.end();
+            return Err(e.into());
+        }
+    };
     let mut report = out.report;
     if let (Some(c), Some(target)) = (
         calibrated.as_ref(),
@@ -93,7 +131,7 @@ pub fn prepare_weights(
                     + q.row_scale.as_ref().map_or(0, |s| 2 * s.len() as u64);
                 line.mse = Some(q.mse);
                 line.snr_db = Some(q.snr_db);
-                progress(line);
+                tensor_done(line);
             }
             weights.insert(name, Weight::Quantized(q.into()));
             continue;

@@ -11,7 +11,7 @@ use minijinja::{Environment, Error, ErrorKind, State};
 use serde::Serialize;
 
 /// One chat turn.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Message {
     pub role: String,
     pub content: String,

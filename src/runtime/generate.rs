@@ -146,6 +146,16 @@ pub struct Generation {
     pub timing: Timing,
 }
 
+impl Generation {
+    /// The generated tokens without the eos that stopped generation.
+    pub fn reply_tokens(&self) -> &[u32] {
+        match self.stop {
+            StopReason::Eos(_) => &self.tokens[..self.tokens.len().saturating_sub(1)],
+            _ => &self.tokens,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
     #[error("the model's contract is unusable: {0}")]
@@ -223,6 +233,11 @@ pub fn next_chunk(done: usize, total: usize, q: usize, s: usize) -> Chunk {
     }
 }
 
+/// How many leading tokens `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// Runs a [`StepModel`] token by token with a static KV cache.
 pub struct Generator<M> {
     model: M,
@@ -236,6 +251,8 @@ pub struct Generator<M> {
     key_cache: Vec<f16>,
     value_cache: Vec<f16>,
     input: Vec<i32>,
+    /// The tokens whose cache rows are valid, in position order (rows `[0, cached.len())`).
+    cached: Vec<u32>,
 }
 
 impl<M: StepModel> Generator<M> {
@@ -286,6 +303,7 @@ impl<M: StepModel> Generator<M> {
             key_cache: vec![f16::ZERO; cache_len],
             value_cache: vec![f16::ZERO; cache_len],
             input: Vec::with_capacity(q),
+            cached: Vec::new(),
         })
     }
 
@@ -306,6 +324,83 @@ impl<M: StepModel> Generator<M> {
         &self.value_cache
     }
 
+    /// The dimensions of the cache: [L, Hkv, S, D].
+    pub fn cache_shape(&self) -> [usize; 4] {
+        let hkv = self.model.contract().num_kv_heads;
+        [self.layers_heads / hkv, hkv, self.s, self.d]
+    }
+
+    /// The tokens whose cache rows are valid (the position the next step starts from is their
+    /// count).
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// Forget the cached tokens: the next call starts at position 0.
+    pub fn reset(&mut self) {
+        self.cached.clear();
+    }
+
+    /// The valid rows of both caches, `[L, Hkv, P, D]` each with P = `cached_tokens().len()`.
+    pub fn valid_rows(&self) -> (Vec<f16>, Vec<f16>) {
+        let p = self.cached.len();
+        let take = |cache: &[f16]| {
+            let mut out = Vec::with_capacity(self.layers_heads * p * self.d);
+            for lh in 0..self.layers_heads {
+                let at = lh * self.s * self.d;
+                out.extend_from_slice(&cache[at..at + p * self.d]);
+            }
+            out
+        };
+        (take(&self.key_cache), take(&self.value_cache))
+    }
+
+    /// Put back rows [`valid_rows`](Self::valid_rows) returned for `tokens`: the next call
+    /// continues after them as if they had just been processed.
+    pub fn restore(
+        &mut self,
+        tokens: &[u32],
+        keys: &[f16],
+        values: &[f16],
+    ) -> Result<(), GenerateError> {
+        let p = tokens.len();
+        let want = self.layers_heads * p * self.d;
+        if p > self.s || keys.len() != want || values.len() != want {
+            return Err(GenerateError::BadContract(format!(
+                "restoring {p} positions of {} key and {} value values into a cache of {} rows                  of {} values",
+                keys.len(),
+                values.len(),
+                self.s,
+                self.layers_heads * self.d
+            )));
+        }
+        self.check_ids(tokens)?;
+        let block = p * self.d;
+        for lh in 0..self.layers_heads {
+            let dst = lh * self.s * self.d;
+            self.key_cache[dst..dst + block].copy_from_slice(&keys[lh * block..(lh + 1) * block]);
+            self.value_cache[dst..dst + block]
+                .copy_from_slice(&values[lh * block..(lh + 1) * block]);
+        }
+        self.cached = tokens.to_vec();
+        Ok(())
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), GenerateError> {
+        match ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= self.v)
+        {
+            Some((index, &id)) => Err(GenerateError::TokenOutOfRange {
+                index,
+                id,
+                vocab_size: self.v,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Process `prompt`, then sample up to `max_new_tokens`, handing each sampled token to
     /// `on_token` as soon as it is chosen. The cache is reused: each call starts at position 0.
     pub fn generate(
@@ -314,20 +409,24 @@ impl<M: StepModel> Generator<M> {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> std::io::Result<()>,
     ) -> Result<Generation, GenerateError> {
+        self.reset();
+        self.extend(prompt, opts, on_token)
+    }
+
+    /// As [`generate`](Self::generate) for the whole sequence `prompt`, but the longest prefix
+    /// of it whose rows are already in the cache (from the calls before, or
+    /// [`restore`](Self::restore)) is not processed again: a chat feeds only its new turn.
+    /// `Generation::timing.prompt_tokens` counts the tokens processed.
+    pub fn extend(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> std::io::Result<()>,
+    ) -> Result<Generation, GenerateError> {
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
-        if let Some((index, &id)) = prompt
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= self.v)
-        {
-            return Err(GenerateError::TokenOutOfRange {
-                index,
-                id,
-                vocab_size: self.v,
-            });
-        }
+        self.check_ids(prompt)?;
         if prompt.len() > self.s {
             return Err(GenerateError::PromptTooLong {
                 prompt_len: prompt.len(),
@@ -344,14 +443,17 @@ impl<M: StepModel> Generator<M> {
             vocab_size: self.v,
             data: Vec::new(),
         });
+        // At least the last prompt token is processed: its logits choose the first new token.
+        let reused = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
+        self.cached.truncate(reused);
         let mut timing = Timing {
-            prompt_tokens: prompt.len(),
+            prompt_tokens: prompt.len() - reused,
             ..Timing::default()
         };
         let mut last = vec![0f32; self.v];
 
         let t0 = Instant::now();
-        self.process(&seq, 0, &mut last, logits.as_mut(), &mut timing)?;
+        self.process(&seq, reused, &mut last, logits.as_mut(), &mut timing)?;
         timing.prompt_time = t0.elapsed();
 
         let t1 = Instant::now();
@@ -455,6 +557,7 @@ impl<M: StepModel> Generator<M> {
             if c.end == total {
                 last.copy_from_slice(row(total - 1));
             }
+            self.cached.extend_from_slice(&seq[done..c.end]);
             done = c.end;
         }
         Ok(())

@@ -39,5 +39,6 @@ pub struct StepOutput {
 pub mod chain;
 pub mod chat;
 pub mod generate;
+pub mod kvfile;
 pub mod sampling;
 pub mod text;

@@ -62,6 +62,9 @@ pub enum Prompt {
     Chat(String),
     /// Used as given.
     Ids(Vec<u32>),
+    /// Text continuing a restored cache: tokenized without the tokenizer's special tokens (a
+    /// bos in the middle of a sequence would change it).
+    More(String),
 }
 
 /// The ids to feed the model.
@@ -80,16 +83,102 @@ pub fn prompt_ids(
     match prompt {
         Prompt::Ids(ids) => Ok(ids.clone()),
         Prompt::Text(text) => encode(text, true),
+        Prompt::More(text) => encode(text, false),
         Prompt::Chat(text) => {
             let template = template.ok_or_else(|| {
                 TextError::Chat(ChatError::NoTemplate {
                     origin: "the tokenizer config".into(),
                 })
             })?;
-            let rendered = template.render(&[Message::new("user", text)], true)?;
-            // The template wrote the special tokens itself; adding them again would double bos.
-            encode(&rendered, false)
+            let tok = tokenizer.ok_or(TextError::NoTokenizer)?;
+            chat_ids(&[Message::new("user", text)], tok, template)
         }
+    }
+}
+
+/// The ids of `messages` rendered through the template, ending with the generation prompt.
+pub fn chat_ids(
+    messages: &[Message],
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+) -> Result<Vec<u32>, TextError> {
+    let rendered = template.render(messages, true)?;
+    // The template wrote the special tokens itself; adding them again would double bos.
+    let enc = tokenizer
+        .encode(rendered, false)
+        .map_err(|e| TextError::Encode(e.to_string()))?;
+    Ok(enc.get_ids().to_vec())
+}
+
+/// A chat whose turns share the generator's cache: each turn renders the whole conversation
+/// through the template, and [`Generator::extend`] feeds only the tokens past the ones already
+/// cached (the new turn, when the template renders earlier turns as they were generated).
+pub struct Conversation<'t> {
+    pub tokenizer: &'t Tokenizer,
+    pub template: &'t ChatTemplate,
+    /// The system message the conversation starts with, if any.
+    pub system: Option<String>,
+    pub messages: Vec<Message>,
+}
+
+impl<'t> Conversation<'t> {
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        template: &'t ChatTemplate,
+        system: Option<String>,
+    ) -> Self {
+        let mut c = Conversation {
+            tokenizer,
+            template,
+            system,
+            messages: Vec::new(),
+        };
+        c.clear();
+        c
+    }
+
+    /// Back to the system message alone.
+    pub fn clear(&mut self) {
+        self.messages.clear();
+        if let Some(s) = &self.system {
+            self.messages.push(Message::new("system", s));
+        }
+    }
+
+    /// The ids of the conversation with `user` as the next turn.
+    pub fn ids_with(&self, user: &str) -> Result<Vec<u32>, TextError> {
+        let mut messages = self.messages.clone();
+        messages.push(Message::new("user", user));
+        chat_ids(&messages, self.tokenizer, self.template)
+    }
+
+    /// One turn: `user`'s message, the reply streamed to `out`, both kept in the conversation.
+    /// On an error the conversation is left as it was (a full context keeps the partial reply
+    /// in the error only).
+    pub fn turn<M: StepModel>(
+        &mut self,
+        generator: &mut Generator<M>,
+        user: &str,
+        opts: &GenerateOptions,
+        out: &mut dyn Write,
+    ) -> Result<Generation, TextError> {
+        let ids = self.ids_with(user)?;
+        let generation = stream_extend(generator, &ids, opts, Some(self.tokenizer), out)?;
+        self.push_turn(user, generation.reply_tokens())?;
+        Ok(generation)
+    }
+
+    /// Keep `user`'s message and the reply made of `reply` ids (without the eos that ended
+    /// it). Special tokens inside the reply are kept as text, which the tokenizer reads back
+    /// as the same ids: the next turn's rendering then starts with the tokens in the cache.
+    pub fn push_turn(&mut self, user: &str, reply: &[u32]) -> Result<(), TextError> {
+        let reply = self
+            .tokenizer
+            .decode(reply, false)
+            .map_err(|e| TextError::Decode(e.to_string()))?;
+        self.messages.push(Message::new("user", user));
+        self.messages.push(Message::new("assistant", &reply));
+        Ok(())
     }
 }
 
@@ -174,6 +263,19 @@ pub fn stream_to<M: StepModel>(
     tokenizer: Option<&Tokenizer>,
     out: &mut dyn Write,
 ) -> Result<Generation, TextError> {
+    generator.reset();
+    stream_extend(generator, ids, opts, tokenizer, out)
+}
+
+/// [`stream_to`] through [`Generator::extend`]: the cached prefix of `ids` is not processed
+/// again.
+pub fn stream_extend<M: StepModel>(
+    generator: &mut Generator<M>,
+    ids: &[u32],
+    opts: &GenerateOptions,
+    tokenizer: Option<&Tokenizer>,
+    out: &mut dyn Write,
+) -> Result<Generation, TextError> {
     let mut stream = tokenizer.map(|t| TextStream::new(t, true));
     let mut decode_error = None;
     let mut on_token = |id: u32| -> std::io::Result<()> {
@@ -189,7 +291,7 @@ pub fn stream_to<M: StepModel>(
         }
         out.flush()
     };
-    let result = generator.generate(ids, opts, &mut on_token);
+    let result = generator.extend(ids, opts, &mut on_token);
     if let Some(e) = decode_error {
         return Err(e);
     }

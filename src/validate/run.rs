@@ -18,6 +18,7 @@ use crate::mlpackage::PackageError;
 use crate::mlpackage::{MlPackage, Values};
 use crate::model::Reference;
 use crate::model::ReferenceError;
+use crate::progress::Progress;
 use crate::runtime::chain::Saved;
 use crate::runtime::generate::GenerateError;
 use crate::runtime::generate::{GenerateOptions, Generator};
@@ -84,6 +85,9 @@ pub struct ValidateOptions<'a> {
 struct Instrumented<'p> {
     pkg: &'p Saved,
     stats: Stats,
+    progress: &'p dyn Progress,
+    /// Text tokens not scored yet: each step scores up to Q of them.
+    unscored: usize,
 }
 
 impl StepModel for Instrumented<'_> {
@@ -97,13 +101,17 @@ impl StepModel for Instrumented<'_> {
         key_cache: &[f16],
         value_cache: &[f16],
     ) -> Result<StepOutput, RuntimeError> {
-        self.pkg.step_with_stats(
+        let out = self.pkg.step_with_stats(
             input_ids,
             position,
             key_cache,
             value_cache,
             Some(&mut self.stats),
-        )
+        )?;
+        let scored = input_ids.len().min(self.unscored);
+        self.unscored -= scored;
+        self.progress.advance(scored as u64);
+        Ok(out)
     }
 }
 
@@ -138,6 +146,17 @@ pub fn validate(
     pkg_path: &Path,
     ckpt: &Checkpoint,
     opts: &ValidateOptions,
+) -> Result<ValidationReport, ValidateError> {
+    validate_with_progress(pkg_path, ckpt, opts, &crate::progress::Silent)
+}
+
+/// [`validate`], reporting its long stages to `progress`: the reference's logits ("reference",
+/// one step) and the package's over the text ("score", one step per token).
+pub fn validate_with_progress(
+    pkg_path: &Path,
+    ckpt: &Checkpoint,
+    opts: &ValidateOptions,
+    progress: &dyn Progress,
 ) -> Result<ValidationReport, ValidateError> {
     let package = Saved::load(pkg_path, opts.interp)?;
     let raws = match &package {
@@ -184,11 +203,22 @@ pub fn validate(
         return Err(ValidateError::TextTooShort);
     }
 
-    let expected = reference.logits_all(&tokens)?;
+    progress.begin("reference", 1);
+    progress.working_on(&format!("{} tokens", tokens.len()));
+    let expected = reference.logits_all(&tokens);
+    if expected.is_ok() {
+        progress.advance(1);
+    }
+    progress.end();
+    let expected = expected?;
     let mut gen = Generator::new(Instrumented {
         pkg: &package,
         stats: Stats::default(),
+        progress,
+        unscored: tokens.len(),
     })?;
+    progress.begin("score", tokens.len() as u64);
+    progress.working_on("tokens through the package");
     let out = gen.generate(
         &tokens,
         &GenerateOptions {
@@ -197,8 +227,9 @@ pub fn validate(
             ..GenerateOptions::default()
         },
         &mut |_| Ok(()),
-    )?;
-    let rows = out.logits.ok_or(ValidateError::NoLogits)?;
+    );
+    progress.end();
+    let rows = out?.logits.ok_or(ValidateError::NoLogits)?;
     let got: Vec<Vec<f32>> = (0..rows.rows())
         .filter_map(|t| rows.row(t).map(|r| r.to_vec()))
         .collect();
