@@ -12,6 +12,7 @@ use super::convert::{
     self, ComputePrecision, ConvertError, ConvertOptions, ConvertSummary, Inputs, Outputs,
     StageTimes,
 };
+use super::weights::WeightStream;
 use crate::arch::ModelSpec;
 use crate::budget::{self, Budget, BudgetError, Devices, Limit};
 use crate::checkpoint::gguf::{self, GgufError};
@@ -19,7 +20,6 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, PythonEnv};
 use crate::error::{CheckFailed, ExitCode};
 use crate::graph::scaling::ActivationRanges;
-use crate::graph::Weight;
 use crate::progress::Progress;
 use crate::quant::{self, QuantError, Recipe};
 use crate::util::{fmt_bytes, fmt_count};
@@ -443,11 +443,17 @@ impl Job {
             ..StageTimes::default()
         };
         let ranges = self.ranges(ckpt, given, &mut times, progress)?;
-        let (weights, report) = self.weights(ckpt, &mut times, progress)?;
+        // Each palettized tensor, as it is done (from worker threads).
+        let tensor_done = |line: &quant::TensorReport| {
+            progress.working_on(&line.name);
+            progress.advance(1);
+        };
+        let weights = self.weights(ckpt, progress, &tensor_done)?;
         let applied = serde_json::json!({
             "origin": self.recipe.origin(),
             "toml": self.recipe.to_toml(),
-            "tensors": report
+            "tensors": weights
+                .report()
                 .tensors
                 .iter()
                 .map(|l| (l.name.clone(), l.decision.to_string()))
@@ -467,13 +473,7 @@ impl Job {
             target: self.recipe.target(),
         };
         Ok(convert::convert(
-            ckpt,
-            &opts,
-            weights,
-            applied,
-            Some(report),
-            times,
-            progress,
+            ckpt, &opts, weights, applied, times, progress,
         )?)
     }
 
@@ -536,35 +536,37 @@ impl Job {
         Ok(Some(r))
     }
 
-    /// Palettize (calibrated when the recipe says so) and read the rest as fp16.
-    fn weights(
+    /// The weights, to be read and palettized package by package; a calibrated recipe fits
+    /// its projections here, block by block, with a bar over the blocks.
+    fn weights<'a>(
         &self,
-        ckpt: &Checkpoint,
-        times: &mut StageTimes,
+        ckpt: &'a Checkpoint,
         progress: &dyn Progress,
-    ) -> Result<(BTreeMap<String, Weight>, quant::Report), JobError> {
-        let t = Instant::now();
-        let plan = quant::Report::plan(ckpt, &self.recipe)?;
+        tensor_done: &'a (dyn Fn(&quant::TensorReport) + Sync),
+    ) -> Result<WeightStream<'a>, JobError> {
         let (tokens, source) = calibration_tokens(self.calibration.as_deref(), &self.recipe, ckpt)?;
         if let Some(source) = &source {
             progress.detail(&format!("calibrating on {source}"));
         }
-        progress.begin("palettize", plan.totals.palettized_tensors as u64);
-        if !tokens.is_empty() {
-            progress.working_on("calibrating");
+        let t = Instant::now();
+        let calibrates = !tokens.is_empty() && self.recipe.calibrates(&ckpt.slots());
+        if calibrates {
+            progress.begin("calibrate", ckpt.spec().num_hidden_layers as u64);
+            progress.working_on("fitting the projections, block by block");
         }
-        let prepared = super::weights::prepare_weights(ckpt, &self.recipe, &tokens, &|line| {
-            progress.working_on(&line.name);
-            progress.advance(1);
-        });
-        progress.end();
-        let prepared = prepared?;
-        times.palettize = t.elapsed().as_secs_f64();
-        progress.detail(&format!(
-            "palettized {} tensors in {:.1} s",
-            plan.totals.palettized_tensors, times.palettize
-        ));
-        Ok(prepared)
+        let blocks = |_: usize, _: usize| progress.advance(1);
+        let stream = WeightStream::new(ckpt, &self.recipe, &tokens, &blocks, tensor_done);
+        if calibrates {
+            progress.end();
+        }
+        let stream = stream?;
+        if calibrates {
+            progress.detail(&format!(
+                "fitted the calibrated projections in {:.1} s",
+                t.elapsed().as_secs_f64()
+            ));
+        }
+        Ok(stream)
     }
 }
 
