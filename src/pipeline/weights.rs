@@ -146,11 +146,21 @@ impl<'a> WeightStream<'a> {
                 progress(line)
             }
         };
+        // Calibration's results come first: its fitted projections and the tensors it changed
+        // are not palettized data-free.
+        let data_free: Vec<usize> = indices
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let name = &self.slots[i].name;
+                !self.fitted.contains_key(name) && !self.replaced.contains_key(name)
+            })
+            .collect();
         let done = quant::palettize_slots(
             self.ckpt,
             &self.slots,
             &self.report,
-            &indices,
+            &data_free,
             &|_| None,
             &report_first,
         )?;
