@@ -8,7 +8,8 @@
 # usage: benches/big_model.sh [PRESET] [extra convert flags...]
 #   PRESET: llama-3.2-1b (default; 2.5 GB of bf16), llama-3.2-3b (6.4 GB), llama-3.1-8b,
 #           qwen2.5-7b, mistral-7b (15-16 GB: check the free disk first)
-# env: RECIPE (default data-free-4bit), S (default 2048), WORK (default a temp dir under /tmp,
+# env: RECIPE (default data-free-4bit), S (default 2048), LIMIT (the package size each part is
+#      checked against, default 10^9 bytes), WORK (default a temp dir under /tmp,
 #      removed at exit with the checkpoint unless KEEP=1), HF2COREML_PYTHON_ENV,
 #      BIN (default target/release/hf2coreml), GEN (default
 #      target/release/examples/synthetic_checkpoint), VALIDATE=0 to skip the runner.
@@ -52,9 +53,13 @@ echo "convert $PRESET (${RECIPE:-data-free-4bit}, S=${S:-2048}): wall $WALL, pea
   "$((RSS_KB / 1024)) MiB, peak anonymous $((PEAK_ANON / 1024)) MiB"
 echo "checkpoint $(( $(du -sbL "$CKPT" | cut -f1) / 1048576 )) MiB"
 if [ -f "$OUT/chain.json" ]; then
+  # Each package against the package limit (LIMIT, default 10^9 bytes: pass the same value as
+  # any --max-package-size given) and each weight file against the compiler's 2 GiB.
   for p in "$OUT"/part-*.mlpackage; do
-    echo "  $(basename "$p"): $(( $(du -sb "$p" | cut -f1) / 1048576 )) MiB, weight.bin" \
-      "$(( $(stat -c %s "$p/Data/com.apple.CoreML/weights/weight.bin") / 1048576 )) MiB"
+    PB=$(du -sb "$p" | cut -f1)
+    WB=$(stat -c %s "$p/Data/com.apple.CoreML/weights/weight.bin")
+    echo "  $(basename "$p"): $PB bytes ($((PB / 1048576)) MiB), weight.bin $WB bytes" \
+      "$([ "$PB" -le "${LIMIT:-1000000000}" ] && [ "$WB" -lt 2147483648 ] && echo ok || echo OVER)"
   done
 else
   echo "  one package: $(( $(du -sb "$OUT" | cut -f1) / 1048576 )) MiB"

@@ -28,12 +28,18 @@ const SPLIT: &str = "1200000";
 const TOO_SMALL: &str = "1100000";
 
 fn convert(src: &Path, out: &Path, extra: &[&str], ranges: &Path) -> Output {
+    let mut args = vec!["--keep-fp16", "*"];
+    args.extend(extra);
+    convert_with(src, out, &args, ranges)
+}
+
+fn convert_with(src: &Path, out: &Path, extra: &[&str], ranges: &Path) -> Output {
     Command::new(BIN)
         .arg("convert")
         .arg(src)
         .arg("-o")
         .arg(out)
-        .args(["--max-seq-len", "32", "--keep-fp16", "*", "-q"])
+        .args(["--max-seq-len", "32", "-q"])
         .arg("--activation-ranges")
         .arg(ranges)
         .args(extra)
@@ -149,6 +155,88 @@ fn a_chain_computes_what_one_package_computes_bit_for_bit() {
     let r2: serde_json::Value = serde_json::from_slice(&l2.stdout).unwrap();
     assert_eq!(l1.status.code(), l2.status.code());
     assert!(r2["summary"]["ops"].as_u64().unwrap() > 0, "{r2:#}");
+}
+
+/// Data-free 4-bit projections and an 8-bit tied table: every part palettizes its own tensors
+/// when it is built (the streaming convert), the tied table in the first and the last part.
+const STREAMED_RECIPE: &str = r#"
+default = "fp16"
+[roles]
+embedding = { palettize = { nbits = 8 } }
+lm_head = { palettize = { nbits = 8 } }
+q = { palettize = { nbits = 4 } }
+k = { palettize = { nbits = 4 } }
+v = { palettize = { nbits = 4 } }
+o = { palettize = { nbits = 4 } }
+gate = { palettize = { nbits = 4 } }
+up = { palettize = { nbits = 4 } }
+down = { palettize = { nbits = 4 } }
+"#;
+
+/// The per-part allowance (1 MiB + RoPE tables) plus about two 4-bit blocks (18.6 kB each):
+/// the 4-block model at 4 bits splits into 3 parts.
+const STREAMED_SPLIT: &str = "1090000";
+
+#[test]
+fn a_streamed_palettized_chain_stores_what_one_package_stores() {
+    let src = model().write_temp().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let ranges = root.path().join("ranges.json");
+    std::fs::write(
+        &ranges,
+        r#"{"residual_max_abs": [1000, 1000, 1000, 1000, 1000, 1000], "source": "test"}"#,
+    )
+    .unwrap();
+    let recipe = root.path().join("streamed.toml");
+    std::fs::write(&recipe, STREAMED_RECIPE).unwrap();
+    let recipe = recipe.to_str().unwrap();
+    let one = root.path().join("one.mlpackage");
+    let chain = root.path().join("chain.mlpackage");
+    ok(
+        &convert_with(src.path(), &one, &["--recipe", recipe], &ranges),
+        "convert (one)",
+    );
+    let split = ["--recipe", recipe, "--max-package-size", STREAMED_SPLIT];
+    ok(
+        &convert_with(src.path(), &chain, &split, &ranges),
+        "convert (chain)",
+    );
+    let desc = ChainFile::read(&chain).unwrap();
+    assert!(desc.parts.len() >= 3, "{desc:#?}");
+    for p in &desc.parts {
+        assert!(p.bytes <= 1_090_000, "{}: {} bytes", p.path, p.bytes);
+    }
+    let report = |name: &str| -> serde_json::Value {
+        let text = std::fs::read(root.path().join(name)).unwrap();
+        serde_json::from_slice(&text).unwrap()
+    };
+    let (r1, r2) = (report("one.report.json"), report("chain.report.json"));
+    assert_eq!(r1["tensors"]["model.embed_tokens.weight"], "lut8", "{r1:#}");
+    let q = "model.layers.3.self_attn.q_proj.weight";
+    assert_eq!(r1["tensors"][q], "lut4", "{r1:#}");
+    assert_eq!(r1["tensors"], r2["tensors"]);
+    // Every palettized tensor's error, measured as each part was built, is the whole model's.
+    let lines = |r: &serde_json::Value| r["palettize"]["tensors"].clone();
+    assert_eq!(lines(&r1), lines(&r2));
+    assert_eq!(r1["palettize"]["totals"], r2["palettize"]["totals"]);
+    let measured = lines(&r2)
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["snr_db"].is_number())
+        .count();
+    assert_eq!(
+        measured,
+        4 * 7 + 1,
+        "every projection and the table: {r2:#}"
+    );
+
+    let a = run_logits(&one, &root.path().join("one.npy"));
+    let b = run_logits(&chain, &root.path().join("chain.npy"));
+    assert!(
+        a == b,
+        "the streamed chain's logits differ from the package's"
+    );
 }
 
 #[test]

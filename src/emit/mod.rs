@@ -449,6 +449,14 @@ pub fn emit(
                 let counts: BTreeMap<String, usize> = get("op_counts")?
                     .extract()
                     .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+                drop(res);
+                // coremltools' program objects refer to each other: the weights handed over
+                // are freed only when Python's cycle collector runs, which it may not do
+                // before the next part of a chain is built (docs/design.md, "Streaming
+                // convert").
+                py.import("gc")
+                    .and_then(|gc| gc.call_method0("collect"))
+                    .map_err(|e| python_err(py, "freeing the program", e))?;
                 Ok((version, spec_version, counts))
             },
         )

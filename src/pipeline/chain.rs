@@ -2,7 +2,7 @@
 //! packages"): plan the split, build and serialize each part in turn (each released before
 //! the next is built), describe the chain, and move the whole directory into place at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
@@ -10,43 +10,27 @@ use super::convert::{
     contract_for, dir_bytes, io_err, scaling_for, source_hashes, weight_bin, write_report,
     write_sidecars, ConvertError, ConvertOptions, ConvertSummary, Outputs, StageTimes,
 };
-use crate::arch::{tensor_ids, TensorId};
+use super::weights::WeightStream;
+use crate::arch::{tensor_ids, ModelSpec, TensorId, TensorSlot};
 use crate::budget::chain::{self as planner, ChainPlan, ModelBytes, PartPlan};
 use crate::checkpoint::Checkpoint;
 use crate::emit::{EmitReport, Metadata};
 use crate::fsutil::AtomicDir;
 use crate::graph::llama::{self, Part, StepOptions};
-use crate::graph::Weight;
 use crate::mil::chain::{ChainFile, ChainPart, CHAIN_FILE, CHAIN_FORMAT};
 use crate::mil::contract::Contract;
 use crate::progress::Progress;
-use crate::quant;
-
-/// Bytes `w` takes in weight.bin.
-fn weight_bytes(w: &Weight) -> u64 {
-    match w {
-        Weight::Dense(v) => v.len() as u64 * 2,
-        Weight::Quantized(q) => {
-            let luts: u64 = q.groups.iter().map(|g| g.lut.bytes()).sum();
-            let scales = q.row_scale.as_ref().map_or(0, |s| s.len() as u64 * 2);
-            let restore = q.restore.as_ref().map_or(0, |r| r.len() as u64 * 4);
-            luts + scales + restore
-        }
-    }
-}
 
 /// The split of this model's weights under `limit` bytes per package.
 pub fn plan(
     ckpt: &Checkpoint,
     opts: &ConvertOptions,
-    weights: &BTreeMap<String, Weight>,
+    weights: &WeightStream<'_>,
     limit: u64,
 ) -> Result<ChainPlan, ConvertError> {
     let spec = ckpt.spec();
     let per_part = planner::part_overhead_bytes(spec, opts.max_seq_len);
-    let bytes = ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| {
-        weights.get(&s.name).map_or(0, weight_bytes)
-    });
+    let bytes = ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| weights.bytes(s));
     planner::plan(&bytes, limit).map_err(|source| ConvertError::Chain {
         path: opts.output.clone(),
         source,
@@ -56,28 +40,20 @@ pub fn plan(
 /// What [`convert_chain`] needs besides the checkpoint and its weights.
 pub struct ChainJob {
     pub plan: ChainPlan,
-    /// Per-tensor storage labels, for the report.
-    pub tensors: BTreeMap<String, String>,
     pub parameters: u64,
     /// The applied recipe, as the contract records it.
     pub recipe: serde_json::Value,
-    pub palettize: Option<quant::Report>,
 }
 
-/// The weights each part uses, in part order: its blocks', the embedding in the first, the
-/// final norm and lm_head in the last, and a tied table in both.
-fn split_weights(
-    spec: &crate::arch::ModelSpec,
-    mut weights: BTreeMap<String, Weight>,
-    plan: &ChainPlan,
-) -> Vec<BTreeMap<String, Weight>> {
+/// The checkpoint tensors each part uses, in part order: its blocks', the embedding in the
+/// first, the final norm and lm_head in the last, and a tied table in both.
+fn part_names(spec: &ModelSpec, slots: &[TensorSlot], plan: &ChainPlan) -> Vec<Vec<String>> {
     let last = plan.parts.len() - 1;
-    let mut out: Vec<BTreeMap<String, Weight>> = vec![BTreeMap::new(); plan.parts.len()];
+    let mut out: Vec<Vec<String>> = vec![Vec::new(); plan.parts.len()];
+    let mut known = HashSet::new();
     for id in tensor_ids(spec) {
         let name = id.hf_name();
-        let Some(w) = weights.remove(&name) else {
-            continue;
-        };
+        known.insert(name.clone());
         let at = match id {
             TensorId::Layer(l, _) => plan
                 .parts
@@ -88,12 +64,13 @@ fn split_weights(
             TensorId::FinalNorm | TensorId::LmHead => last,
         };
         if id == TensorId::Embedding && spec.tie_word_embeddings && last != 0 {
-            out[last].insert(name.clone(), w.clone());
+            out[last].push(name.clone());
         }
-        out[at].insert(name, w);
+        out[at].push(name);
     }
-    // Anything left has no place in the architecture: the builder of the last part says so.
-    out[last].extend(weights);
+    // Anything else has no place in the architecture: the builder of the last part says so.
+    let unknown = slots.iter().filter(|s| !known.contains(&s.name));
+    out[last].extend(unknown.map(|s| s.name.clone()));
     out
 }
 
@@ -102,7 +79,7 @@ fn split_weights(
 pub fn convert_chain(
     ckpt: &Checkpoint,
     opts: &ConvertOptions,
-    weights: BTreeMap<String, Weight>,
+    mut weights: WeightStream<'_>,
     job: ChainJob,
     mut times: StageTimes,
     progress: &dyn Progress,
@@ -130,9 +107,13 @@ pub fn convert_chain(
     let mut parts = Vec::with_capacity(n);
     let mut predicted = 0;
     let mut emit = None;
-    progress.begin("serialize", n as u64);
-    let by_part = split_weights(&spec, weights, &job.plan);
-    for (i, (pp, w)) in job.plan.parts.iter().zip(by_part).enumerate() {
+    // One step per palettized tensor and one per part serialized.
+    let tensors = weights.report().totals.palettized_tensors as u64;
+    progress.begin("convert", tensors + n as u64);
+    let names = part_names(&spec, &ckpt.slots(), &job.plan);
+    for (i, (pp, names)) in job.plan.parts.iter().zip(names).enumerate() {
+        progress.working_on(&format!("part {}/{n}: reading and palettizing", i + 1));
+        let w = weights.take(&names)?;
         progress.working_on(&format!("part {}/{n}: coremltools", i + 1));
         let t = Instant::now();
         let graph = llama::build_part(&spec, w, &step, &graph_part(pp))?;
@@ -171,7 +152,9 @@ pub fn convert_chain(
     write_sidecars(ckpt, &mut outputs)?;
     let package_bytes = chain.parts.iter().map(|p| p.bytes).sum();
     let weight_bin_bytes = chain_weight_bytes(&package, &chain)?;
-    times.total = times.read + times.ranges + times.palettize + start.elapsed().as_secs_f64();
+    let streamed = weights.finish();
+    times.palettize = streamed.secs;
+    times.total = times.read + times.ranges + streamed.fit_secs + start.elapsed().as_secs_f64();
     let mut emit: EmitReport = emit.expect("a chain has parts");
     emit.package = package;
     let summary = ConvertSummary {
@@ -184,8 +167,8 @@ pub fn convert_chain(
         bits_per_weight: weight_bin_bytes as f64 * 8.0 / job.parameters.max(1) as f64,
         times,
         emit,
-        tensors: job.tensors,
-        palettize: job.palettize,
+        tensors: streamed.labels,
+        palettize: Some(streamed.report),
         inputs: opts.inputs.clone(),
         source: std::path::absolute(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf()),
         chain: Some(chain),

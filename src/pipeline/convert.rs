@@ -9,13 +9,13 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+use super::weights::WeightStream;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, EmitReport, Metadata, PythonEnv};
 use crate::fsutil::{atomic_write, read_input};
 use crate::graph::llama::{self, StepOptions};
 use crate::graph::scaling::{ActivationRanges, Scaling};
 use crate::graph::GraphError;
-use crate::graph::Weight;
 use crate::mil::contract::{self, Contract, Source, Target};
 use crate::mil::DType;
 use crate::model::calibrate::{self, ActivationStats, CalibrationOptions};
@@ -447,15 +447,14 @@ pub fn weight_bin(package: &Path) -> PathBuf {
     package.join("Data/com.apple.CoreML/weights/weight.bin")
 }
 
-/// Run the conversion. `weights` maps every checkpoint slot to how it is stored (dense fp16 or
-/// palettized); `recipe` is the applied recipe as recorded in the contract; `palettize_secs`
-/// is the time the caller spent producing `weights` beyond reading.
+/// Run the conversion. `weights` reads and palettizes each checkpoint tensor when a package
+/// needs it (a chain takes them part by part); `recipe` is the applied recipe as recorded in
+/// the contract.
 pub fn convert(
     ckpt: &Checkpoint,
     opts: &ConvertOptions,
-    weights: BTreeMap<String, Weight>,
+    mut weights: WeightStream<'_>,
     recipe: serde_json::Value,
-    palettize: Option<quant::Report>,
     mut times: StageTimes,
     progress: &dyn Progress,
 ) -> Result<ConvertSummary, ConvertError> {
@@ -465,30 +464,35 @@ pub fn convert(
         return Err(ConvertError::Exists(opts.output.clone()));
     }
     let spec = ckpt.spec().clone();
-    let tensors: BTreeMap<String, String> = weights
-        .iter()
-        .map(|(k, w)| (k.clone(), w.label()))
-        .collect();
     let parameters: u64 = ckpt.slots().iter().map(|s| s.numel() as u64).sum();
     if let Some(limit) = opts.max_package_size {
         let plan = super::chain::plan(ckpt, opts, &weights, limit)?;
         if !plan.is_single() {
             let job = super::chain::ChainJob {
                 plan,
-                tensors,
                 parameters,
                 recipe,
-                palettize,
             };
             return super::chain::convert_chain(ckpt, opts, weights, job, times, progress);
         }
     }
+    // One package: it is under the size limit, so all its weights are held at once.
+    progress.begin(
+        "palettize",
+        weights.report().totals.palettized_tensors as u64,
+    );
+    let taken = weights.take_all();
+    progress.end();
+    let taken = taken?;
+    let streamed = weights.finish();
+    times.palettize = streamed.secs;
+    let (tensors, palettize) = (streamed.labels, Some(streamed.report));
 
     let t = Instant::now();
     let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
     let graph = llama::build(
         &spec,
-        weights,
+        taken,
         &StepOptions {
             max_seq_len: opts.max_seq_len,
             query_len: opts.query_len,
@@ -525,7 +529,7 @@ pub fn convert(
     let package_bytes = dir_bytes(&outputs.package).map_err(io_err(&outputs.package))?;
     let wb = weight_bin(&outputs.package);
     let weight_bin_bytes = std::fs::metadata(&wb).map_err(io_err(&wb))?.len();
-    times.total = times.read + times.ranges + times.palettize + start.elapsed().as_secs_f64();
+    times.total = times.read + times.ranges + streamed.fit_secs + start.elapsed().as_secs_f64();
     let summary = ConvertSummary {
         outputs,
         contract,

@@ -12,6 +12,7 @@ use super::convert::{
     self, ComputePrecision, ConvertError, ConvertOptions, ConvertSummary, Inputs, Outputs,
     StageTimes,
 };
+use super::weights::WeightStream;
 use crate::arch::ModelSpec;
 use crate::budget::{self, Budget, BudgetError, Devices, Limit};
 use crate::checkpoint::gguf::{self, GgufError};
@@ -19,7 +20,6 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, PythonEnv};
 use crate::error::{CheckFailed, ExitCode};
 use crate::graph::scaling::ActivationRanges;
-use crate::graph::Weight;
 use crate::progress::Progress;
 use crate::quant::{self, QuantError, Recipe};
 use crate::util::{fmt_bytes, fmt_count};
@@ -448,11 +448,17 @@ impl Job {
             ..StageTimes::default()
         };
         let ranges = self.ranges(ckpt, given, &mut times, progress)?;
-        let (weights, report) = self.weights(ckpt, &mut times, progress)?;
+        // Each palettized tensor, as it is done (from worker threads).
+        let tensor_done = |line: &quant::TensorReport| {
+            progress.working_on(&line.name);
+            progress.advance(1);
+        };
+        let weights = self.weights(ckpt, progress, &tensor_done)?;
         let applied = serde_json::json!({
             "origin": self.recipe.origin(),
             "toml": self.recipe.to_toml(),
-            "tensors": report
+            "tensors": weights
+                .report()
                 .tensors
                 .iter()
                 .map(|l| (l.name.clone(), l.decision.to_string()))
@@ -473,13 +479,7 @@ impl Job {
             layout: self.recipe.layout(),
         };
         Ok(convert::convert(
-            ckpt,
-            &opts,
-            weights,
-            applied,
-            Some(report),
-            times,
-            progress,
+            ckpt, &opts, weights, applied, times, progress,
         )?)
     }
 
@@ -545,14 +545,14 @@ impl Job {
         Ok(Some(r))
     }
 
-    /// Palettize (calibrated when the recipe says so) and read the rest as fp16.
-    fn weights(
+    /// The weights, to be read and palettized package by package; a calibrated recipe fits
+    /// its projections here, block by block, with a bar over the blocks.
+    fn weights<'a>(
         &self,
-        ckpt: &Checkpoint,
-        times: &mut StageTimes,
+        ckpt: &'a Checkpoint,
         progress: &dyn Progress,
-    ) -> Result<(BTreeMap<String, Weight>, quant::Report), JobError> {
-        let t = Instant::now();
+        tensor_done: &'a (dyn Fn(&quant::TensorReport) + Sync),
+    ) -> Result<WeightStream<'a>, JobError> {
         let (tokens, source) = calibration_tokens(self.calibration.as_deref(), &self.recipe, ckpt)?;
         match &source {
             // Byte tokens are not what the model reads: say so by default, on one line.
@@ -563,13 +563,16 @@ impl Job {
             Some(source) => progress.detail(&format!("calibrating on {source}")),
             None => {}
         }
-        let prepared = super::weights::prepare_weights(ckpt, &self.recipe, &tokens, progress)?;
-        times.palettize = t.elapsed().as_secs_f64();
-        progress.detail(&format!(
-            "palettized {} tensors in {:.1} s",
-            prepared.1.totals.palettized_tensors, times.palettize
-        ));
-        Ok(prepared)
+        let t = Instant::now();
+        let stream =
+            super::weights::calibrated_stream(ckpt, &self.recipe, &tokens, progress, tensor_done)?;
+        if !tokens.is_empty() && self.recipe.calibrates(&ckpt.slots()) {
+            progress.detail(&format!(
+                "fitted the calibrated projections in {:.1} s",
+                t.elapsed().as_secs_f64()
+            ));
+        }
+        Ok(stream)
     }
 }
 

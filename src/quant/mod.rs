@@ -364,31 +364,10 @@ fn palettize_inner(
 ) -> Result<PalettizeOutput, QuantError> {
     let plan = Report::plan(ckpt, recipe)?;
     let slots = ckpt.slots();
-    let mut order: Vec<usize> = (0..slots.len())
-        .filter(|&i| matches!(plan.tensors[i].decision, Decision::Palettize { .. }))
+    let order: Vec<usize> = (0..slots.len())
         .filter(|&i| !skip.contains(&slots[i].name))
         .collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(slots[i].numel()));
-    let done: Vec<(usize, PalettizedTensor)> = order
-        .par_iter()
-        .map(|&i| {
-            let slot = &slots[i];
-            let Decision::Palettize { nbits, granularity } = plan.tensors[i].decision else {
-                unreachable!("filtered to palettize decisions above")
-            };
-            let view = ckpt.tensor(&slot.name)?;
-            let values = view.to_f16();
-            let weights = importance(slot);
-            let p = palettize_tensor(&values, &slot.shape, nbits, granularity, weights.as_deref())
-                .map_err(|e| e.in_tensor(&slot.name))?;
-            drop(values);
-            let mut line = plan.tensors[i].clone();
-            line.mse = Some(p.mse);
-            line.snr_db = Some(p.snr_db);
-            progress(&line);
-            Ok((i, p))
-        })
-        .collect::<Result<_, QuantError>>()?;
+    let done = palettize_slots(ckpt, &slots, &plan, &order, importance, progress)?;
     let mut palettized: Vec<Option<PalettizedTensor>> = vec![None; slots.len()];
     for (i, p) in done {
         palettized[i] = Some(p);
@@ -412,6 +391,46 @@ fn palettize_inner(
         })
         .collect();
     Ok(PalettizeOutput { tensors, report })
+}
+
+/// Palettize the slots at `indices` (into `slots` and `plan.tensors`) that `plan` palettizes,
+/// in parallel across tensors, largest first; the others are left out. Each worker reads its
+/// tensor from the mmap only when its turn comes. The streaming convert calls this once per
+/// package with that package's tensors (docs/design.md, "Streaming convert").
+pub fn palettize_slots(
+    ckpt: &Checkpoint,
+    slots: &[TensorSlot],
+    plan: &Report,
+    indices: &[usize],
+    importance: Importance<'_>,
+    progress: &(dyn Fn(&TensorReport) + Sync),
+) -> Result<Vec<(usize, PalettizedTensor)>, QuantError> {
+    let mut order: Vec<usize> = indices
+        .iter()
+        .copied()
+        .filter(|&i| matches!(plan.tensors[i].decision, Decision::Palettize { .. }))
+        .collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(slots[i].numel()));
+    order
+        .par_iter()
+        .map(|&i| {
+            let slot = &slots[i];
+            let Decision::Palettize { nbits, granularity } = plan.tensors[i].decision else {
+                unreachable!("filtered to palettize decisions above")
+            };
+            let view = ckpt.tensor(&slot.name)?;
+            let values = view.to_f16();
+            let weights = importance(slot);
+            let p = palettize_tensor(&values, &slot.shape, nbits, granularity, weights.as_deref())
+                .map_err(|e| e.in_tensor(&slot.name))?;
+            drop(values);
+            let mut line = plan.tensors[i].clone();
+            line.mse = Some(p.mse);
+            line.snr_db = Some(p.snr_db);
+            progress(&line);
+            Ok((i, p))
+        })
+        .collect()
 }
 
 #[cfg(test)]
