@@ -510,4 +510,23 @@ fn gemma3_unsupported_fields_exit_2() {
         assert_eq!(o.status.code(), Some(2), "{field}: {err}");
         assert!(err.contains(field), "{field}: {err}");
     }
+    // The ane layout does not build Gemma 3: refused by name, nothing written.
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("g.mlpackage");
+    let o = Command::new(BIN)
+        .args(["-q", "convert"])
+        .arg(fixture("gemma3"))
+        .arg("-o")
+        .arg(&out)
+        .args(["--layout", "ane", "--max-seq-len", "16"])
+        .env("HF2COREML_PYTHON_ENV", hf2coreml::testing::python_env())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("Gemma 3 is not built in --layout ane"),
+        "{err}"
+    );
+    assert!(!out.exists());
 }

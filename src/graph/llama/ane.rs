@@ -113,6 +113,13 @@ fn check(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
             part.layers, spec.num_hidden_layers
         )));
     }
+    // Gemma 3's (1 + w) and extra norms, scaled embedding, GeGLU and windowed layers are
+    // built by the default layout only.
+    if spec.gemma.is_some() {
+        return Err(GraphError::Unsupported(
+            "Gemma 3 is not built in --layout ane: use --layout default".into(),
+        ));
+    }
     if spec.qk_norm {
         return Err(GraphError::Unsupported(
             "per-head q/k norms (Qwen3) are not built in --layout ane: use --layout default".into(),
