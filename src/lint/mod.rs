@@ -235,7 +235,7 @@ pub fn lint(path: &Path, policy: &Policy) -> Result<LintReport, LintError> {
     let pkg = MlPackage::open(path)?;
     let main = pkg.main_function()?;
     let mut ops = Vec::new();
-    flatten(main.block, &mut ops);
+    crate::mlpackage::summary::flatten(main.block, &mut ops);
     let mut c = Collector {
         allow: policy.allow.iter().cloned().collect(),
         found: Vec::new(),
@@ -268,16 +268,6 @@ pub fn lint(path: &Path, policy: &Policy) -> Result<LintReport, LintError> {
         &weight_bytes,
         package_bytes,
     ))
-}
-
-/// Every op of `block`, nested blocks included, in program order.
-fn flatten<'a>(block: &'a proto::Block, out: &mut Vec<&'a proto::Operation>) {
-    for op in &block.operations {
-        out.push(op);
-        for b in &op.blocks {
-            flatten(b, out);
-        }
-    }
 }
 
 fn value_types<'a>(

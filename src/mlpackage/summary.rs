@@ -142,8 +142,8 @@ pub fn summarize(path: &Path) -> Result<PackageSummary, PackageError> {
     })
 }
 
-/// Every op of `block`, nested blocks included, in program order.
-fn flatten<'a>(block: &'a proto::Block, out: &mut Vec<&'a proto::Operation>) {
+/// Every op of `block`, nested blocks included, in program order (the lint walks them too).
+pub fn flatten<'a>(block: &'a proto::Block, out: &mut Vec<&'a proto::Operation>) {
     for op in &block.operations {
         out.push(op);
         for b in &op.blocks {
