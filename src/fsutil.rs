@@ -212,8 +212,13 @@ impl AtomicDir {
         let parent = parent_dir(dest);
         std::fs::create_dir_all(parent)?;
         remove_stale_partials(parent, &file_name(dest));
+        let prefix = format!(".{}.{}.", file_name(dest), std::process::id());
+        PARTIALS_ON_INTERRUPT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((parent.to_path_buf(), prefix.clone()));
         let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{}.{}.", file_name(dest), std::process::id()))
+            .prefix(&prefix)
             .suffix(".partial")
             .permissions(output_permissions(0o777))
             .tempdir_in(parent)?;
@@ -333,6 +338,50 @@ impl Drop for AtomicDir {
 /// Directories to delete if the process is interrupted (SIGINT, SIGTERM, SIGHUP).
 static ON_INTERRUPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
+/// (folder, prefix): entries of the folder named `prefix*.partial` are this process's own
+/// partial outputs (the prefix holds the PID), removed on interruption too. Registered before
+/// the directory exists, so a signal between its creation and [`remove_on_interrupt`] finds it.
+static PARTIALS_ON_INTERRUPT: std::sync::Mutex<Vec<(PathBuf, String)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Set by the interrupt cleanup before it removes anything: the process is ending with
+/// 128 + the signal, whatever the main thread meets meanwhile.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Called by the binary before it exits: when an interruption is being handled (the main
+/// thread may have failed only because its output directory was just removed), wait for the
+/// cleanup to end the process with 128 + the signal instead of exiting with another code.
+pub fn wait_if_interrupted() {
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_secs(5));
+    }
+}
+
+/// Everything to remove on interruption: the registered directories and the partial outputs
+/// their patterns match now.
+fn interrupt_targets() -> Vec<PathBuf> {
+    let mut dirs = ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let patterns = PARTIALS_ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    for (parent, prefix) in patterns {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) && name.ends_with(".partial") {
+                dirs.push(e.path());
+            }
+        }
+    }
+    dirs
+}
+
 /// Delete `dir` (recursively) if the process gets SIGINT, SIGTERM or SIGHUP before
 /// [`keep_on_interrupt`] is called for it; the process then exits with 128 + the signal.
 /// Without this, Ctrl-C kills the process on the spot (the embedded Python installs no
@@ -412,17 +461,24 @@ mod signals {
                     if n != 1 {
                         return;
                     }
-                    let dirs = super::ON_INTERRUPT
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone();
-                    for d in dirs {
-                        // The main thread may still be writing into it: retry a few times.
-                        for _ in 0..3 {
-                            if std::fs::remove_dir_all(&d).is_ok() || !d.exists() {
-                                break;
-                            }
+                    super::INTERRUPTED.store(true, Ordering::SeqCst);
+                    // The main thread keeps running meanwhile and may still be writing into a
+                    // directory, even recreating one just removed (a writer's makedirs): look
+                    // again for 100 ms, until nothing is left.
+                    let mut quiet = 0;
+                    for _ in 0..40 {
+                        let dirs: Vec<_> = super::interrupt_targets()
+                            .into_iter()
+                            .filter(|d| d.exists())
+                            .collect();
+                        quiet = if dirs.is_empty() { quiet + 1 } else { 0 };
+                        if quiet > 20 {
+                            break;
                         }
+                        for d in dirs {
+                            let _ = std::fs::remove_dir_all(&d);
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(5));
                     }
                     // SAFETY: _exit(2) ends the process without running destructors or
                     // atexit handlers, which could block on locks the main thread holds.

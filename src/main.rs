@@ -22,7 +22,10 @@ fn main() {
     hf2coreml::fsutil::handle_interrupts();
     let cli = cli::Cli::parse();
     crate::printer::set_output_mode(cli.quiet, cli.verbose);
-    let code = match cli.command.run() {
+    let result = cli.command.run();
+    // An interrupted run exits with 128 + the signal, not with the error its cleanup caused.
+    hf2coreml::fsutil::wait_if_interrupted();
+    let code = match result {
         Ok(()) => ExitCode::Success,
         Err(err) => {
             let code = match err.downcast_ref::<commands::batch::BatchFailed>() {
