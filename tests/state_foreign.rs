@@ -12,7 +12,10 @@ use hf2coreml::runtime::interp::{Options, Program, Tensor};
 use serde_json::Value;
 
 fn dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_case"))
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/state_case"
+    ))
 }
 
 fn tensor(j: &Value) -> Tensor {
@@ -26,11 +29,16 @@ fn tensor(j: &Value) -> Tensor {
     match j["dtype"].as_str().unwrap() {
         "fp16" => Tensor::f16(
             shape,
-            data.iter().map(|v| f16::from_f64(v.as_f64().unwrap())).collect(),
+            data.iter()
+                .map(|v| f16::from_f64(v.as_f64().unwrap()))
+                .collect(),
         ),
         "int32" => Tensor::i32(
             shape,
-            &data.iter().map(|v| v.as_i64().unwrap() as i32).collect::<Vec<_>>(),
+            &data
+                .iter()
+                .map(|v| v.as_i64().unwrap() as i32)
+                .collect::<Vec<_>>(),
         ),
         other => panic!("dtype {other}"),
     }
@@ -57,26 +65,43 @@ fn a_coremltools_stateful_program_runs_call_after_call() {
     let (program, doc) = load();
     let ops = doc["ops"].as_array().unwrap();
     assert!(ops.iter().any(|o| o == "slice_update") && ops.iter().any(|o| o == "read_state"));
-    let declared: Vec<_> = program.states().map(|(n, t)| (n.to_string(), t.shape.clone())).collect();
+    let declared: Vec<_> = program
+        .states()
+        .map(|(n, t)| (n.to_string(), t.shape.clone()))
+        .collect();
     assert_eq!(declared, [("cache".to_string(), vec![2, 3, 32, 8])]);
     let inputs_declared: Vec<&str> = program.inputs().map(|(n, _)| n).collect();
-    assert!(!inputs_declared.contains(&"cache"), "a state is not an input");
-    let (rtol, atol) = (doc["rtol"].as_f64().unwrap() as f32, doc["atol"].as_f64().unwrap() as f32);
+    assert!(
+        !inputs_declared.contains(&"cache"),
+        "a state is not an input"
+    );
+    let (rtol, atol) = (
+        doc["rtol"].as_f64().unwrap() as f32,
+        doc["atol"].as_f64().unwrap() as f32,
+    );
     let mut states = program.new_states();
     for (i, step) in doc["steps"].as_array().unwrap().iter().enumerate() {
-        let out = program.run_with_states(inputs(step), &mut states, None).unwrap();
+        let out = program
+            .run_with_states(inputs(step), &mut states, None)
+            .unwrap();
         for (name, want) in step["outputs"].as_object().unwrap() {
             let want = tensor(want).as_f32().into_owned();
             let got = out[name].as_f32().into_owned();
             assert_eq!(got.len(), want.len());
             for (g, w) in got.iter().zip(&want) {
-                assert!((g - w).abs() <= atol + rtol * w.abs(), "step {i} `{name}`: {g} vs {w}");
+                assert!(
+                    (g - w).abs() <= atol + rtol * w.abs(),
+                    "step {i} `{name}`: {g} vs {w}"
+                );
             }
         }
     }
     // The state holds the three rows written, nothing else.
     let cache = states.get("cache").unwrap().as_f32().into_owned();
-    let written = cache.chunks(8).filter(|row| row.iter().any(|&v| v != 0.0)).count();
+    let written = cache
+        .chunks(8)
+        .filter(|row| row.iter().any(|&v| v != 0.0))
+        .count();
     assert_eq!(written, 3 * 2 * 3);
 }
 
@@ -88,8 +113,12 @@ fn states_start_at_zero_and_run_drops_them() {
     let out = program.run(inputs(&steps[1]), None).unwrap();
     assert!(out["seen"].as_f32().iter().all(|&v| v == 0.0));
     let mut states = program.new_states();
-    program.run_with_states(inputs(&steps[0]), &mut states, None).unwrap();
-    let out = program.run_with_states(inputs(&steps[1]), &mut states, None).unwrap();
+    program
+        .run_with_states(inputs(&steps[0]), &mut states, None)
+        .unwrap();
+    let out = program
+        .run_with_states(inputs(&steps[1]), &mut states, None)
+        .unwrap();
     assert!(out["seen"].as_f32().iter().any(|&v| v != 0.0));
 }
 
@@ -98,7 +127,9 @@ fn a_window_outside_the_state_is_refused() {
     let (program, doc) = load();
     let step = &doc["steps"].as_array().unwrap()[0];
     let mut states = program.new_states();
-    program.run_with_states(inputs(step), &mut states, None).unwrap();
+    program
+        .run_with_states(inputs(step), &mut states, None)
+        .unwrap();
     for p in [32, 1000, -1, i32::MAX] {
         let mut ins = inputs(step);
         ins.retain(|(n, _)| *n != "position");

@@ -24,7 +24,15 @@ fn convert(root: &Path, name: &str, extra: &[&str]) -> PathBuf {
         .arg("-o")
         .arg(&pkg)
         // fp16: a model that writes sentences (data-free 4-bit SmolLM2 does not keep it).
-        .args(["--max-seq-len", "200", "--keep-fp16", "*", "--target", "ios18", "-q"])
+        .args([
+            "--max-seq-len",
+            "200",
+            "--keep-fp16",
+            "*",
+            "--target",
+            "ios18",
+            "-q",
+        ])
         .args(extra)
         .arg("--python-env")
         .arg(python_env())
@@ -55,10 +63,16 @@ fn the_stateful_package_writes_the_io_packages_text() {
     let text = tok.decode(&out[0].tokens, true).unwrap();
     assert!(text.split_whitespace().count() >= 8, "a sentence: {text:?}");
     assert_eq!(out[0].tokens, out[1].tokens, "io: {text:?}");
-    let (a, b) = (out[0].logits.as_ref().unwrap(), out[1].logits.as_ref().unwrap());
+    let (a, b) = (
+        out[0].logits.as_ref().unwrap(),
+        out[1].logits.as_ref().unwrap(),
+    );
     assert_eq!(a.rows(), prompt.len() + NEW - 1);
     assert!(
-        a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits()),
+        a.data
+            .iter()
+            .zip(&b.data)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
         "logits differ"
     );
 }

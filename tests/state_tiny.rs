@@ -77,17 +77,37 @@ fn stateful_packages_compute_what_io_packages_compute() {
     let recipe = fp16_recipe(tmp.path());
     for q in ["1", "3"] {
         let flags = ["--target", "ios18", "--recipe", &recipe, "--query-len", q];
-        let io = converted(dir.path(), &tmp.path().join(format!("io{q}.mlpackage")), &flags);
+        let io = converted(
+            dir.path(),
+            &tmp.path().join(format!("io{q}.mlpackage")),
+            &flags,
+        );
         let st_flags = [&flags[..], &["--kv-cache", "state"]].concat();
-        let st = converted(dir.path(), &tmp.path().join(format!("st{q}.mlpackage")), &st_flags);
+        let st = converted(
+            dir.path(),
+            &tmp.path().join(format!("st{q}.mlpackage")),
+            &st_flags,
+        );
 
         let pkg = Package::load(&st, Default::default()).unwrap();
         let c = hf2coreml::runtime::StepModel::contract(&pkg);
         assert_eq!(c.kv_cache, KvCache::State);
-        let shape = vec![2 * spec.num_hidden_layers, spec.num_key_value_heads, 64, spec.head_dim];
+        let shape = vec![
+            2 * spec.num_hidden_layers,
+            spec.num_key_value_heads,
+            64,
+            spec.head_dim,
+        ];
         assert_eq!(c.states.len(), 1);
-        assert_eq!((c.states[0].name.as_str(), &c.states[0].shape), (KV_STATE, &shape));
-        let declared: Vec<_> = pkg.program().states().map(|(n, t)| (n, t.shape.clone())).collect();
+        assert_eq!(
+            (c.states[0].name.as_str(), &c.states[0].shape),
+            (KV_STATE, &shape)
+        );
+        let declared: Vec<_> = pkg
+            .program()
+            .states()
+            .map(|(n, t)| (n, t.shape.clone()))
+            .collect();
         assert_eq!(declared, [(KV_STATE, shape.clone())]);
         let d = pkg.description();
         assert_eq!(d.states.len(), 1, "the model description lists the state");
@@ -96,7 +116,11 @@ fn stateful_packages_compute_what_io_packages_compute() {
         assert_eq!(d.outputs.len(), 1, "the logits only");
         let ops: Vec<&str> = pkg_ops(&st);
         for op in ["read_state", "slice_update", "write_state"] {
-            assert_eq!(ops.iter().filter(|o| **o == op).count(), 1, "{op} in {ops:?}");
+            assert_eq!(
+                ops.iter().filter(|o| **o == op).count(),
+                1,
+                "{op} in {ops:?}"
+            );
         }
 
         let (io_tokens, io_logits, io_rows) = generate(&io);
@@ -105,11 +129,17 @@ fn stateful_packages_compute_what_io_packages_compute() {
         // The same ops in the same order: the padded rows add exact zeros (masked scores are
         // -30,000 below the row's maximum, whose exponential is 0 in fp16 and f32).
         assert!(
-            io_logits.iter().zip(&st_logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+            io_logits
+                .iter()
+                .zip(&st_logits)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "Q = {q}: logits differ"
         );
         assert_eq!(io_tokens, st_tokens);
-        assert_eq!(io_rows, st_rows, "Q = {q}: the state holds the io cache's rows");
+        assert_eq!(
+            io_rows, st_rows,
+            "Q = {q}: the state holds the io cache's rows"
+        );
     }
 }
 
@@ -129,7 +159,14 @@ fn restored_state_rows_continue_like_the_io_cache() {
     let dir = model.write_temp().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let recipe = fp16_recipe(tmp.path());
-    let flags = ["--target", "ios18", "--recipe", &recipe, "--kv-cache", "state"];
+    let flags = [
+        "--target",
+        "ios18",
+        "--recipe",
+        &recipe,
+        "--kv-cache",
+        "state",
+    ];
     let st = converted(dir.path(), &tmp.path().join("st.mlpackage"), &flags);
     let load = || Generator::new(Package::load(&st, Default::default()).unwrap()).unwrap();
     let mut a = load();
@@ -178,7 +215,13 @@ fn validate_and_run_take_a_stateful_package() {
         let o = Command::new(BIN)
             .arg("run")
             .arg(pkg)
-            .args(["--prompt-ids", "1,17,5,90,42", "--max-new-tokens", "8", "--ignore-eos"])
+            .args([
+                "--prompt-ids",
+                "1,17,5,90,42",
+                "--max-new-tokens",
+                "8",
+                "--ignore-eos",
+            ])
             .args(extra)
             .output()
             .unwrap();
@@ -192,7 +235,14 @@ fn validate_and_run_take_a_stateful_package() {
     let o = Command::new(BIN)
         .arg("run")
         .arg(&st)
-        .args(["--load-cache", cache.to_str().unwrap(), "--prompt-ids", "3,4", "--max-new-tokens", "2"])
+        .args([
+            "--load-cache",
+            cache.to_str().unwrap(),
+            "--prompt-ids",
+            "3,4",
+            "--max-new-tokens",
+            "2",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -209,9 +259,28 @@ fn what_a_stateful_package_cannot_be_is_refused() {
     let fp16 = fp16_recipe(tmp.path());
     let cases: [(&[&str], &str); 4] = [
         (&["--kv-cache", "state"], "needs --target ios18"),
-        (&["--target", "ios18", "--kv-cache", "state", "--layout", "ane"], "drop --layout ane"),
         (
-            &["--target", "ios18", "--kv-cache", "state", "--recipe", &fp16, "--max-package-size", "1200000"],
+            &[
+                "--target",
+                "ios18",
+                "--kv-cache",
+                "state",
+                "--layout",
+                "ane",
+            ],
+            "drop --layout ane",
+        ),
+        (
+            &[
+                "--target",
+                "ios18",
+                "--kv-cache",
+                "state",
+                "--recipe",
+                &fp16,
+                "--max-package-size",
+                "1200000",
+            ],
             "chain of stateful parts",
         ),
         (&["--recipe", recipe.to_str().unwrap()], "kv_cache must be"),

@@ -400,7 +400,10 @@ fn check_states(c: &mut Collector, inputs: &[proto::NamedValueType]) {
         let tail = &t.dims[t.dims.len().saturating_sub(2)..];
         let aligned = |d: &Option<u64>| d.is_some_and(|d| d % 32 == 0);
         if !tail.iter().all(aligned) {
-            let detail = format!("state {}: last two dimensions not multiples of 32", shape_text(&t));
+            let detail = format!(
+                "state {}: last two dimensions not multiples of 32",
+                shape_text(&t)
+            );
             c.add(None, "state-dims", "state", &i.name, detail);
         }
         if let Some((first, ft)) = shapes.first() {

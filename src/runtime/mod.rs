@@ -30,7 +30,9 @@ pub trait StepModel {
     /// values. Models without a state have none.
     fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
         let _ = rows;
-        Err(RuntimeError::Program("the model holds no cache state".into()))
+        Err(RuntimeError::Program(
+            "the model holds no cache state".into(),
+        ))
     }
 
     /// A stateful model: put `keys` and `values` ([L, Hkv, rows, D]) into its cache's first
@@ -42,7 +44,9 @@ pub trait StepModel {
         values: &[f16],
     ) -> Result<(), RuntimeError> {
         let _ = (rows, keys, values);
-        Err(RuntimeError::Program("the model holds no cache state".into()))
+        Err(RuntimeError::Program(
+            "the model holds no cache state".into(),
+        ))
     }
 }
 

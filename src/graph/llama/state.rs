@@ -66,11 +66,7 @@ pub(super) fn read(b: &mut Builder, layers: usize, dims: &Dims) -> StateCache {
     let fl = b.float();
     let shape = vec![2 * layers, dims.hkv, dims.s, dims.d];
     let state = b.state_input(KV_STATE, fl, shape);
-    let read = b.op(
-        Op::ReadState,
-        "kv_cache_read",
-        vec![("input", var(&state))],
-    );
+    let read = b.op(Op::ReadState, "kv_cache_read", vec![("input", var(&state))]);
     StateCache {
         state,
         read,
@@ -98,8 +94,18 @@ pub(super) fn write(
             ("interleave", Arg::Bool(false)),
         ],
     );
-    let zeros2 = b.constant("kv_cache_begin_lead", vec![2], ConstData::I32(vec![0, 0]), None);
-    let zero1 = b.constant("kv_cache_begin_tail", vec![1], ConstData::I32(vec![0]), None);
+    let zeros2 = b.constant(
+        "kv_cache_begin_lead",
+        vec![2],
+        ConstData::I32(vec![0, 0]),
+        None,
+    );
+    let zero1 = b.constant(
+        "kv_cache_begin_tail",
+        vec![1],
+        ConstData::I32(vec![0]),
+        None,
+    );
     let begin = b.op(
         Op::Concat,
         "kv_cache_begin",

@@ -354,7 +354,11 @@ impl Program {
         stats: Option<&mut Stats>,
     ) -> Result<HashMap<String, Tensor>, RuntimeError> {
         if states.names.len() != self.states.len()
-            || states.names.iter().zip(&self.states).any(|(a, (b, _, _))| a != b)
+            || states
+                .names
+                .iter()
+                .zip(&self.states)
+                .any(|(a, (b, _, _))| a != b)
         {
             return Err(RuntimeError::Program(
                 "states of another program".to_string(),

@@ -333,7 +333,12 @@ impl super::Program {
         let Some(state) = ins.in_place else {
             return Ok(None);
         };
-        let x = match ins.inputs.iter().find(|(k, _)| k == "x").map(|(_, a)| a.as_slice()) {
+        let x = match ins
+            .inputs
+            .iter()
+            .find(|(k, _)| k == "x")
+            .map(|(_, a)| a.as_slice())
+        {
             Some([Arg::Slot(s)]) if ins.frees.contains(s) => *s,
             _ => return Ok(None),
         };
@@ -423,7 +428,7 @@ impl super::Package {
         let guard = states.lock().unwrap_or_else(|p| p.into_inner());
         let t = guard
             .get(crate::mil::contract::KV_STATE)
-            .ok_or_else(|| no_state())?;
+            .ok_or_else(no_state)?;
         let all = t.to_f16_vec();
         let mut out = [Vec::new(), Vec::new()];
         for (half, dst) in out.iter_mut().enumerate() {
@@ -459,7 +464,7 @@ impl super::Package {
         let mut guard = states.lock().unwrap_or_else(|p| p.into_inner());
         let t = guard
             .get_mut(crate::mil::contract::KV_STATE)
-            .ok_or_else(|| no_state())?;
+            .ok_or_else(no_state)?;
         let block = rows * d;
         for (half, src) in [keys, values].into_iter().enumerate() {
             for lh in 0..l * hkv {
