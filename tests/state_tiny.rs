@@ -211,6 +211,28 @@ fn validate_and_run_take_a_stateful_package() {
         .find(|i| i["what"].as_str() == Some("state `kv_cache`"))
         .unwrap_or_else(|| panic!("no state check in {items:?}"));
     assert_eq!(state_item["ok"], true, "{state_item}");
+    // lint: the tiny model's head_dim 16 is not a multiple of 32 (its rows are padded to 64).
+    let lint = |pkg: &Path| -> Vec<String> {
+        let o = Command::new(BIN)
+            .arg("lint")
+            .arg(pkg)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let f = r["findings"].as_array().unwrap();
+        f.iter()
+            .map(|x| format!("{} {}", x["rule"], x["detail"]))
+            .collect()
+    };
+    let st_lint = lint(&st);
+    let dims: Vec<_> = st_lint
+        .iter()
+        .filter(|f| f.contains("state-dims"))
+        .collect();
+    assert_eq!(dims.len(), 1, "{st_lint:?}");
+    assert!(dims[0].contains("64, 16"), "{dims:?}");
+    assert!(!lint(&io).iter().any(|f| f.contains("state-")));
     let run = |pkg: &Path, extra: &[&str]| {
         let o = Command::new(BIN)
             .arg("run")
