@@ -59,9 +59,12 @@ fn greedy(n: usize) -> GenerateOptions {
 
 const PROMPT: [u32; 11] = [1, 17, 5, 90, 42, 3, 25, 8, 8, 71, 12];
 
+/// The valid cache rows: keys and values.
+type Rows = (Vec<half::f16>, Vec<half::f16>);
+
 /// Prompt + 12 greedy tokens through a generator; (tokens, logits of every position, the
 /// valid cache rows).
-fn generate(pkg: &Path) -> (Vec<u32>, Vec<f32>, (Vec<half::f16>, Vec<half::f16>)) {
+fn generate(pkg: &Path) -> (Vec<u32>, Vec<f32>, Rows) {
     let mut g = Generator::new(Package::load(pkg, Default::default()).unwrap()).unwrap();
     let out = g.generate(&PROMPT, &greedy(12), &mut |_| Ok(())).unwrap();
     let rows = g.valid_rows().unwrap();
