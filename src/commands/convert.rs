@@ -33,6 +33,12 @@ pub struct Args {
     /// and outputs (README, "The Neural Engine layout").
     #[arg(long, value_enum, value_name = "LAYOUT")]
     pub layout: Option<super::palettize::LayoutArg>,
+    /// iOS18: one package with a `prefill` function of Q tokens a call (for prompts) and a
+    /// `decode` function of one token (the default function), sharing every weight; overrides
+    /// the recipe's `prefill_len`. Default with --target ios18: 64 (at most --max-seq-len);
+    /// 0 keeps one function. iOS17 packages have one function: refused there.
+    #[arg(long, value_name = "Q")]
+    pub prefill_len: Option<usize>,
     /// Precision the program computes in: fp16 (all compute units) or fp32 (CPU/GPU only).
     #[arg(long, value_enum, default_value_t = Precision::Fp16)]
     pub compute_precision: Precision,
@@ -78,9 +84,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         output: args.output.clone(),
         max_seq_len: args.max_seq_len,
         query_len: args.query_len,
-        recipe: match args.layout {
-            Some(l) => args.recipe.load()?.with_layout(l.into()),
-            None => args.recipe.load()?,
+        recipe: {
+            let recipe = match args.layout {
+                Some(l) => args.recipe.load()?.with_layout(l.into()),
+                None => args.recipe.load()?,
+            };
+            match args.prefill_len {
+                Some(q) => recipe.with_prefill_len(q),
+                None => recipe,
+            }
         },
         calibration: args.recipe.calibration.clone(),
         compute_precision: args.compute_precision.into(),
@@ -158,6 +170,7 @@ fn print_plan(
             "architecture": spec.architecture.hf_name(),
             "max_seq_len": job.max_seq_len,
             "query_len": job.query_len,
+            "prefill_len": job.prefill_len()?,
             "compute_precision": job.compute_precision.as_str(),
             "recipe": job.recipe.origin(),
             "range_scaling": range_scaling,
@@ -204,6 +217,10 @@ fn print_plan(
         );
     }
     println!("  range scaling {range_scaling}");
+    match job.prefill_len()? {
+        0 => {}
+        q => println!("  functions     prefill (Q={q}) and decode (Q=1, the default)"),
+    }
     match python {
         Ok((env, version)) => println!(
             "  python env    {} (coremltools {version})",

@@ -206,7 +206,13 @@ pub struct Recipe {
     target: Target,
     /// `layout = "default" | "ane"` (`--layout` overrides it).
     layout: Layout,
+    /// `prefill_len = Q` (`--prefill-len` overrides it): a `prefill` function of Q tokens
+    /// beside `decode` (iOS18); `None`: the target's default, 0: one function.
+    prefill_len: Option<usize>,
 }
+
+/// The largest `prefill_len` a recipe may ask for (the package's S bounds it too).
+pub const MAX_PREFILL_LEN: usize = 65_536;
 
 /// The `[calibration]` table: palettized projections are fitted to what they compute on
 /// calibration text (issue 7; see [`super::sequential`]). Absent = data-free palettization.
@@ -476,6 +482,7 @@ impl Recipe {
             calibration: None,
             target: Target::Ios17,
             layout: Layout::Default,
+            prefill_len: None,
         };
         for (key, value) in &table {
             match key.as_str() {
@@ -555,10 +562,22 @@ impl Recipe {
                         ))
                     })?
                 }
+                "prefill_len" => {
+                    let q = value
+                        .as_integer()
+                        .and_then(|q| usize::try_from(q).ok())
+                        .filter(|&q| q <= MAX_PREFILL_LEN)
+                        .ok_or_else(|| {
+                            err(RecipeError::Invalid(format!(
+                                "prefill_len must be an integer in 0..={MAX_PREFILL_LEN}"
+                            )))
+                        })?;
+                    recipe.prefill_len = Some(q);
+                }
                 other => {
                     return Err(err(RecipeError::Invalid(format!(
-                        "unknown key `{other}` (expected target, layout, default, roles, \
-                         tensors, calibration)"
+                        "unknown key `{other}` (expected target, layout, prefill_len, default, \
+                         roles, tensors, calibration)"
                     ))))
                 }
             }
@@ -647,6 +666,18 @@ impl Recipe {
     /// The recipe building `layout` instead (`--layout`).
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
+        self
+    }
+
+    /// The `prefill_len` asked for (`None`: the target's default, see
+    /// [`crate::mil::contract::resolve_prefill_len`]).
+    pub fn prefill_len(&self) -> Option<usize> {
+        self.prefill_len
+    }
+
+    /// The recipe asking for a `prefill` function of `q` tokens (`--prefill-len`).
+    pub fn with_prefill_len(mut self, q: usize) -> Self {
+        self.prefill_len = Some(q);
         self
     }
 
@@ -782,6 +813,9 @@ impl Recipe {
         // Written only when not the default, so recipes from before layouts keep their text.
         if self.layout != Layout::Default {
             out.push_str(&format!("layout = \"{}\"\n", self.layout.as_str()));
+        }
+        if let Some(q) = self.prefill_len {
+            out.push_str(&format!("prefill_len = {q}\n"));
         }
         out.push_str(&format!(
             "default = {}\n\n[roles]\n",

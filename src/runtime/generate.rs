@@ -64,6 +64,8 @@ pub struct Timing {
     pub decode_tokens: usize,
     pub decode_time: Duration,
     pub model_calls: usize,
+    /// Of `model_calls`, those through the prefill function (a multifunction package).
+    pub prefill_calls: usize,
 }
 
 impl Timing {
@@ -243,6 +245,8 @@ pub struct Generator<M> {
     model: M,
     s: usize,
     q: usize,
+    /// Q of the model's prefill function, if it has one (see [`Generator::call_len`]).
+    prefill: Option<usize>,
     layers_heads: usize,
     d: usize,
     v: usize,
@@ -291,10 +295,17 @@ impl<M: StepModel> Generator<M> {
         }
         let eos = c.eos_token_ids.clone();
         let pad = eos.first().copied().unwrap_or(0);
+        let prefill = model.prefill_len();
+        if let Some(p) = prefill.filter(|&p| p == 0 || p > s) {
+            return Err(GenerateError::BadContract(format!(
+                "prefill length {p} is not within 1..=S={s}"
+            )));
+        }
         Ok(Generator {
             model,
             s,
             q,
+            prefill,
             layers_heads: l * hkv,
             d,
             v,
@@ -302,7 +313,7 @@ impl<M: StepModel> Generator<M> {
             eos,
             key_cache: vec![f16::ZERO; cache_len],
             value_cache: vec![f16::ZERO; cache_len],
-            input: Vec::with_capacity(q),
+            input: Vec::with_capacity(q.max(prefill.unwrap_or(0))),
             cached: Vec::new(),
         })
     }
@@ -497,6 +508,16 @@ impl<M: StepModel> Generator<M> {
         Ok(finish(tokens, stop, logits, timing))
     }
 
+    /// How many tokens the next call takes when `left` positions remain: the prefill
+    /// function's Q while at least two remain (a prompt, or a chat turn; the last chunk is
+    /// padded), else the contract's Q (one generated token: `decode`).
+    pub fn call_len(&self, left: usize) -> usize {
+        match self.prefill {
+            Some(p) if left >= 2 => p,
+            _ => self.q,
+        }
+    }
+
     /// Run the model over positions `[done, seq.len())`, writing cache rows in place and
     /// leaving the logits of the last position in `last`.
     fn process(
@@ -509,11 +530,12 @@ impl<M: StepModel> Generator<M> {
     ) -> Result<(), GenerateError> {
         let total = seq.len();
         while done < total {
-            let c = next_chunk(done, total, self.q, self.s);
+            let q = self.call_len(total - done);
+            let c = next_chunk(done, total, q, self.s);
             self.input.clear();
             self.input
                 .extend(seq[c.start..c.end].iter().map(|&t| t as i32));
-            self.input.resize(self.q, self.pad as i32);
+            self.input.resize(q, self.pad as i32);
             let out = self
                 .model
                 .step(&self.input, c.start, &self.key_cache, &self.value_cache)
@@ -522,7 +544,10 @@ impl<M: StepModel> Generator<M> {
                     source: e.into(),
                 })?;
             timing.model_calls += 1;
-            let rows = self.layers_heads * self.q * self.d;
+            if q != self.q {
+                timing.prefill_calls += 1;
+            }
+            let rows = self.layers_heads * q * self.d;
             let check = |what, got: usize, expected| {
                 if got == expected {
                     Ok(())
@@ -535,12 +560,12 @@ impl<M: StepModel> Generator<M> {
                     })
                 }
             };
-            check("logits", out.logits.len(), self.q * self.v)?;
+            check("logits", out.logits.len(), q * self.v)?;
             check("key_update", out.key_update.len(), rows)?;
             check("value_update", out.value_update.len(), rows)?;
             // key_update[l, h] is a contiguous [Q, D] block that lands on cache rows
             // [start, start + Q) of the contiguous [S, D] block cache[l, h].
-            let block = self.q * self.d;
+            let block = q * self.d;
             for lh in 0..self.layers_heads {
                 let dst = (lh * self.s + c.start) * self.d;
                 let src = lh * block;
