@@ -317,6 +317,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn prefill_len_defaults_to_64_for_ios18_one_token_steps_only() {
+        let r = resolve_prefill_len;
+        assert_eq!(r(None, Target::Ios18, 1, 512), 64);
+        assert_eq!(r(None, Target::Ios18, 1, 32), 32);
+        assert_eq!(r(None, Target::Ios18, 1, 1), 0);
+        assert_eq!(r(None, Target::Ios18, 4, 512), 0);
+        assert_eq!(r(None, Target::Ios17, 1, 512), 0);
+        assert_eq!(r(Some(0), Target::Ios18, 1, 512), 0);
+        assert_eq!(r(Some(16), Target::Ios17, 1, 512), 16);
+    }
+
+    #[test]
     fn logits_parts_cover_the_vocabulary_within_the_limit() {
         assert_eq!(logits_widths(49_152), vec![16_384; 3]);
         assert_eq!(logits_widths(16_384), vec![16_384]);

@@ -1070,6 +1070,20 @@ mod tests {
     }
 
     #[test]
+    fn prefill_len_key_round_trips_and_refuses_nonsense() {
+        let r = Recipe::parse("target = \"ios18\"\nprefill_len = 32\n", "r").unwrap();
+        assert_eq!(r.prefill_len(), Some(32));
+        let back = Recipe::parse(&r.to_toml(), "x").unwrap();
+        assert_eq!(back.prefill_len(), Some(32));
+        assert_eq!(Recipe::default().prefill_len(), None);
+        assert!(!Recipe::default().to_toml().contains("prefill_len"));
+        assert_eq!(Recipe::default().with_prefill_len(0).prefill_len(), Some(0));
+        for bad in ["prefill_len = -1", "prefill_len = \"64\"", "prefill_len = 1e9"] {
+            assert!(Recipe::parse(bad, "r").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn target_key_and_what_ios17_refuses() {
         let grouped = "{ palettize = { nbits = 3, granularity = \"per_grouped_channel\", \
                        group_size = 8 } }";

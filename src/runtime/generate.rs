@@ -13,6 +13,12 @@
 //! to end exactly at S instead: it recomputes rows `[S - Q, done)` that are already in the cache
 //! from the same inputs, so they come out the same, and only the logits of new positions are
 //! kept. Hence any context up to S tokens fits, whatever Q is.
+//!
+//! A model with a prefill function ([`StepModel::prefill_len`] P) takes calls of P tokens too:
+//! [`Generator::call_len`] picks P while at least two positions remain (the prompt, a chat
+//! turn; the last chunk padded by the same rule) and the contract's Q for each generated
+//! token. Rows a prefill chunk recomputes when it slides back are then computed by the other
+//! function, which agrees with decode to fp16 rounding (`validate` checks it).
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,5 @@
-//! The MIL interpreter: runs the `main` function of a saved ML Program on the CPU.
+//! The MIL interpreter: runs the `main` function of a saved ML Program on the CPU (or, for a
+//! multifunction package, each function by name: [`Package`] picks one per call).
 //!
 //! At load the program is compiled once: names become slots, `const` values and constexpr
 //! weights (`constexpr_lut_to_dense`) are decoded to f32 and shared, and the last use of every
