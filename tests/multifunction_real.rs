@@ -48,7 +48,14 @@ fn smollm2_prefill_and_decode_generate_what_decode_alone_generates() {
         .arg(model_dir())
         .arg("-o")
         .arg(&pkg)
-        .args(["--target", "ios18", "--prefill-len", "16", "--max-seq-len", "64"])
+        .args([
+            "--target",
+            "ios18",
+            "--prefill-len",
+            "16",
+            "--max-seq-len",
+            "64",
+        ])
         .args(["--keep-fp16", "*", "-q"])
         .arg("--activation-ranges")
         .arg(&ranges)

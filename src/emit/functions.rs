@@ -104,8 +104,9 @@ fn describe(functions: Vec<(String, Graph)>, default: &str) -> Result<Described,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::{var, Builder, ConstData, DType, Op};
+    use crate::graph::{var, Builder, ConstData};
     use crate::mil::contract::Target;
+    use crate::mil::{DType, Op};
     use half::f16;
 
     fn graph(q: usize, mask: f32) -> Graph {

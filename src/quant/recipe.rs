@@ -1078,7 +1078,11 @@ mod tests {
         assert_eq!(Recipe::default().prefill_len(), None);
         assert!(!Recipe::default().to_toml().contains("prefill_len"));
         assert_eq!(Recipe::default().with_prefill_len(0).prefill_len(), Some(0));
-        for bad in ["prefill_len = -1", "prefill_len = \"64\"", "prefill_len = 1e9"] {
+        for bad in [
+            "prefill_len = -1",
+            "prefill_len = \"64\"",
+            "prefill_len = 1e9",
+        ] {
             assert!(Recipe::parse(bad, "r").is_err(), "{bad}");
         }
     }
