@@ -257,6 +257,7 @@ fn one_package_prefill_and_decode_share_weights_and_agree() {
         "1,2,3,4,5,6,7,8,9,10",
         "--max-new-tokens",
         "3",
+        "--ignore-eos",
         "--json",
     ]);
     let run: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
