@@ -87,11 +87,27 @@ def _lut18(mb, np, types, c, arrays, float_np):
     return mb.constexpr_blockwise_shift_scale(data=dense, scale=scale, name=name)
 
 
-def _build(desc, dense, luts):
+def _share(var, weight_id):
+    """Give the const ops behind `var` (itself, or a constexpr op's const operands) the blob
+    identity `weight_id`: coremltools then writes one blob that every function's op points
+    to (its `weight_id` is what `ct.utils.save_multifunction` sets on equal constants)."""
+    op = var.op
+    if op.op_type == "const":
+        if op.weight_id is None:
+            op.weight_id = weight_id
+        return
+    for key, operand in op.inputs.items():
+        if operand.op is not None:
+            _share(operand, f"{weight_id}:{key}")
+
+
+def _function(desc, dense, luts, shared):
+    """One MIL function from its description. Constants are read from `dense`/`luts` (not
+    removed: a later function may share them); those named in `shared` get a weight_id."""
     import numpy as np
     import coremltools as ct
     from coremltools.converters.mil import Builder as mb
-    from coremltools.converters.mil.mil import Function, Program, types
+    from coremltools.converters.mil.mil import Function, types
 
     float_np, _, mil_types = _dtypes(np, types, desc["float"])
     specs = {}
@@ -110,11 +126,13 @@ def _build(desc, dense, luts):
     with Function(specs, opset_version=_target(ct, desc)) as func:
         env = dict(func.inputs)
         for c in desc["consts"]:
-            name = c["name"]
+            # `key`: where the arrays are when another function has a different constant of
+            # the same name.
+            name, key = c["name"], c.get("key", c["name"])
             if c["kind"] == "lut" and ios18:
-                env[name] = _lut18(mb, np, types, c, luts.pop(name), float_np)
+                env[name] = _lut18(mb, np, types, c, luts[key], float_np)
             elif c["kind"] == "lut":
-                packed, lut = luts.pop(name)
+                packed, lut = luts[key]
                 env[name] = mb.constexpr_lut_to_dense(
                     indices=packed,
                     lut=lut.view(np.float16).astype(float_np, copy=False),
@@ -122,10 +140,12 @@ def _build(desc, dense, luts):
                     name=name,
                 )
             else:
-                arr = dense.pop(name)
+                arr = dense[key]
                 if c["kind"] == "f16":
                     arr = arr.view(np.float16).astype(float_np, copy=False)
                 env[name] = mb.const(val=arr.reshape(c["shape"]), name=name)
+            if name in shared:
+                _share(env[name], name)
 
         def arg(a):
             kind, value = a["kind"], a.get("value")
@@ -151,6 +171,8 @@ def _build(desc, dense, luts):
             n = weight.shape[0]
             if n not in zero_bias:
                 zero_bias[n] = mb.const(val=np.zeros(n, dtype=float_np), name=f"zero_bias_{n}")
+                if shared:
+                    _share(zero_bias[n], f"zero_bias_{n}")
             return zero_bias[n]
 
         for op in desc["ops"]:
@@ -171,9 +193,28 @@ def _build(desc, dense, luts):
                 for n, r in zip(outs, res):
                     env[n] = r
         func.set_outputs([env[o] for o in desc["outputs"]])
+    return func
+
+
+def _build(desc, dense, luts):
+    """The program: one function `main`, or (a description with `functions`) one function per
+    entry, constants marked `shared` stored once for all of them (iOS18 multifunction)."""
+    from coremltools.converters.mil.mil import Program
 
     prog = Program()
-    prog.add_function("main", func)
+    if "functions" not in desc:
+        prog.add_function("main", _function(desc, dense, luts, set()))
+        dense.clear()
+        luts.clear()
+        return prog
+    shared = {c["name"] for f in desc["functions"] for c in f["graph"]["consts"] if c.get("shared")}
+    for f in desc["functions"]:
+        # A shared constant is handed over once, with the first function's constants.
+        prog.add_function(f["name"], _function(f["graph"], dense, luts, shared))
+    dense.clear()
+    luts.clear()
+    prog.default_function_name = desc["default_function"]
+    prog.export_as_multifunction = True
     return prog
 
 
@@ -287,6 +328,23 @@ def _emit(desc_json, dense, luts, meta_json, precision, out_dir):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _describe_features(model, meta):
+    """The inputs' and outputs' descriptions; a multifunction model declares its features per
+    function (ModelDescription.functions), each of which gets them."""
+    functions = model._spec.description.functions
+    if not functions:
+        for k, v in meta["input_descriptions"].items():
+            model.input_description[k] = v
+        for k, v in meta["output_descriptions"].items():
+            model.output_description[k] = v
+        return
+    for f in functions:
+        for features, texts in ((f.input, meta["input_descriptions"]), (f.output, meta["output_descriptions"])):
+            for feature in features:
+                if feature.name in texts:
+                    feature.shortDescription = texts[feature.name]
+
+
 def _emit_in(desc_json, dense, luts, meta_json, precision, out_dir):
     desc = json.loads(desc_json)
     meta = json.loads(meta_json)
@@ -317,16 +375,14 @@ def _emit_in(desc_json, dense, luts, meta_json, precision, out_dir):
             model.license = meta.get("license", "")
             for k, v in meta["user_defined"].items():
                 model.user_defined_metadata[k] = v
-            for k, v in meta["input_descriptions"].items():
-                model.input_description[k] = v
-            for k, v in meta["output_descriptions"].items():
-                model.output_description[k] = v
+            _describe_features(model, meta)
             path = os.path.join(out_dir, "model.mlpackage")
             model.save(path)
             _make_deterministic(path)
             counts = {}
-            for op in model._mil_program.functions["main"].operations:
-                counts[op.op_type] = counts.get(op.op_type, 0) + 1
+            for func in model._mil_program.functions.values():
+                for op in func.operations:
+                    counts[op.op_type] = counts.get(op.op_type, 0) + 1
             spec_version = model.get_spec().specificationVersion
             # ct.convert leaves its package in a temp dir that coremltools only removes when
             # the MLModel is garbage-collected at interpreter exit, which an embedded

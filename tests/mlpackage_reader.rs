@@ -42,6 +42,7 @@ fn model(ops: Vec<proto::Operation>, outputs: Vec<String>) -> proto::Model {
                 user_defined: HashMap::from([("k".to_string(), "v".to_string())]),
                 ..Default::default()
             }),
+            ..Default::default()
         }),
         ml_program: Some(proto::Program {
             version: 1,

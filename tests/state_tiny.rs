@@ -95,6 +95,8 @@ fn stateful_packages_compute_what_io_packages_compute() {
         let pkg = Package::load(&st, Default::default()).unwrap();
         let c = hf2coreml::runtime::StepModel::contract(&pkg);
         assert_eq!(c.kv_cache, KvCache::State);
+        // iOS18 with Q = 1 has a prefill function by default: the stateful one shares the state.
+        assert_eq!(pkg.prefill_len().is_some(), q == "1", "Q = {q}");
         let shape = vec![
             2 * spec.num_hidden_layers,
             spec.num_key_value_heads,

@@ -38,6 +38,12 @@ pub struct Args {
     /// (`MLState`), for GPU and Mac targets (README, "Stateful KV cache").
     #[arg(long, value_enum, value_name = "MODE")]
     pub kv_cache: Option<KvCacheArg>,
+    /// iOS18: one package with a `prefill` function of Q tokens a call (for prompts) and a
+    /// `decode` function of one token (the default function), sharing every weight; overrides
+    /// the recipe's `prefill_len`. Default with --target ios18: 64 (at most --max-seq-len);
+    /// 0 keeps one function. iOS17 packages have one function: refused there.
+    #[arg(long, value_name = "Q")]
+    pub prefill_len: Option<usize>,
     /// Precision the program computes in: fp16 (all compute units) or fp32 (CPU/GPU only).
     #[arg(long, value_enum, default_value_t = Precision::Fp16)]
     pub compute_precision: Precision,
@@ -106,6 +112,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             if let Some(k) = args.kv_cache {
                 r = r.with_kv_cache(k.into());
+            }
+            if let Some(q) = args.prefill_len {
+                r = r.with_prefill_len(q);
             }
             r
         },
@@ -185,6 +194,7 @@ fn print_plan(
             "architecture": spec.architecture.hf_name(),
             "max_seq_len": job.max_seq_len,
             "query_len": job.query_len,
+            "prefill_len": job.prefill_len()?,
             "compute_precision": job.compute_precision.as_str(),
             "recipe": job.recipe.origin(),
             "range_scaling": range_scaling,
@@ -231,6 +241,10 @@ fn print_plan(
         );
     }
     println!("  range scaling {range_scaling}");
+    match job.prefill_len()? {
+        0 => {}
+        q => println!("  functions     prefill (Q={q}) and decode (Q=1, the default)"),
+    }
     match python {
         Ok((env, version)) => println!(
             "  python env    {} (coremltools {version})",

@@ -361,6 +361,10 @@ fn print_json(
             "decode_tokens": t.decode_tokens,
             "decode_seconds": t.decode_time.as_secs_f64(),
             "decode_tokens_per_second": t.decode_tokens_per_sec(),
+            // Model calls by function: `prefill` (a multifunction package's prompt chunks)
+            // and the one-token step (`decode`, or `main`).
+            "prefill_calls": t.prefill_calls,
+            "decode_calls": t.model_calls - t.prefill_calls,
         },
         "error": error.map(|e| e.to_string()),
     }))
@@ -385,5 +389,10 @@ pub(super) fn report(g: &Generation) {
         t.prompt_tokens_per_sec(),
         g.tokens.len(),
         t.decode_tokens_per_sec(),
+    ));
+    crate::printer::detail(format_args!(
+        "model calls: {} prefill, {} decode",
+        t.prefill_calls,
+        t.model_calls - t.prefill_calls
     ));
 }

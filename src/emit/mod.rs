@@ -7,6 +7,7 @@
 //! (no copy on the Rust side). The package is written into an [`AtomicDir`] beside the
 //! destination and renamed into place only when complete.
 
+mod functions;
 pub mod metadata;
 
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ use crate::graph::{ConstData, Graph};
 use crate::mil::contract::Target;
 use crate::mil::DType;
 
+pub use functions::emit_functions;
 pub use metadata::Metadata;
 
 /// The bridge module's source, compiled in.
@@ -397,11 +399,42 @@ pub fn emit(
     force: bool,
 ) -> Result<EmitReport, EmitError> {
     graph.validate()?;
-    let out = AtomicDir::new(dest, force).map_err(|e| EmitError::io(dest, e))?;
     let desc = serde_json::to_string(&graph.description())
         .map_err(|e| EmitError::Protocol(e.to_string()))?;
+    let program = Described {
+        desc,
+        consts: graph.consts,
+        target: graph.target,
+        float: graph.float,
+    };
+    emit_described(program, meta, env, dest, force)
+}
+
+/// A program as it crosses to Python: its description (one graph's, or several functions')
+/// and the constants it hands over, once each.
+struct Described {
+    desc: String,
+    consts: Vec<crate::graph::Const>,
+    target: Target,
+    float: DType,
+}
+
+fn emit_described(
+    program: Described,
+    meta: &Metadata,
+    env: &PythonEnv,
+    dest: &Path,
+    force: bool,
+) -> Result<EmitReport, EmitError> {
+    let Described {
+        desc,
+        consts,
+        target,
+        float,
+    } = program;
+    let out = AtomicDir::new(dest, force).map_err(|e| EmitError::io(dest, e))?;
     let meta_json = serde_json::to_string(meta).map_err(|e| EmitError::Protocol(e.to_string()))?;
-    let precision = match graph.float {
+    let precision = match float {
         DType::F32 => "fp32",
         _ => "fp16",
     };
@@ -419,8 +452,7 @@ pub fn emit(
             |py| -> Result<(String, i64, BTreeMap<String, usize>), EmitError> {
                 let bridge = load_bridge(py, env)?;
                 let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
-                let (dense, luts) =
-                    consts_to_python(py, graph.consts, graph.target).map_err(to_py)?;
+                let (dense, luts) = consts_to_python(py, consts, target).map_err(to_py)?;
                 let res = bridge
                     .call_method1(
                         "emit",

@@ -229,11 +229,44 @@ pub fn lint_saved(path: &Path, policy: &Policy) -> Result<LintReport, LintError>
     Ok(all)
 }
 
-/// Lint the package at `path`.
+/// Lint the package at `path`: every function of it (a multifunction package's other
+/// functions add their findings, named `function: value`, to the default function's report;
+/// the package's files and its states are checked once).
 pub fn lint(path: &Path, policy: &Policy) -> Result<LintReport, LintError> {
     policy.check()?;
     let pkg = MlPackage::open(path)?;
     let main = pkg.main_function()?;
+    let mut all = lint_function(path, &pkg, main, policy)?;
+    for name in pkg.function_names()? {
+        if name == main.name {
+            continue;
+        }
+        let r = lint_function(path, &pkg, pkg.function(name)?, policy)?;
+        all.passed &= r.passed;
+        for mut f in r.findings {
+            // Package files and the states (every function declares the same ones; `validate`
+            // checks each function's against the contract) are reported once.
+            if matches!(f.op_type.as_str(), "package" | "weight-file" | "state") {
+                continue;
+            }
+            match f.severity {
+                Severity::Error => all.counts.error += 1,
+                Severity::Fallback => all.counts.fallback += 1,
+                Severity::Cost => all.counts.cost += 1,
+            }
+            f.value = format!("{name}: {}", f.value);
+            all.findings.push(f);
+        }
+    }
+    Ok(all)
+}
+
+fn lint_function(
+    path: &Path,
+    pkg: &MlPackage,
+    main: crate::mlpackage::MainFunction<'_>,
+    policy: &Policy,
+) -> Result<LintReport, LintError> {
     let mut ops = Vec::new();
     crate::mlpackage::summary::flatten(main.block, &mut ops);
     let mut c = Collector {
@@ -257,7 +290,7 @@ pub fn lint(path: &Path, policy: &Policy) -> Result<LintReport, LintError> {
     let mut weight_bytes = vec![0u64; ops.len()];
     for (i, op) in ops.iter().enumerate() {
         check_op(&mut c, i, op, &types);
-        weight_bytes[i] = scan_constants(&mut c, &pkg, i, op)?;
+        weight_bytes[i] = scan_constants(&mut c, pkg, i, op)?;
     }
     let package_bytes = check_sizes(&mut c, path)?;
     Ok(report(

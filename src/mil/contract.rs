@@ -242,6 +242,50 @@ pub struct Contract {
     pub source: Source,
     pub tool: String,
     pub tool_version: String,
+    /// A multifunction package's functions (iOS18 `--prefill-len`), each with its own Q and
+    /// I/O; absent: one function, `main`. The fields above describe the default function,
+    /// [`DECODE`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub functions: Vec<FunctionSpec>,
+}
+
+/// The function of a multifunction package that processes the prompt, Q tokens a call.
+pub const PREFILL: &str = "prefill";
+/// The function that generates, one token a call: the package's default function.
+pub const DECODE: &str = "decode";
+/// `--prefill-len`'s default when targeting iOS18 (Apple's Core AI exports prefill in chunks
+/// of 64).
+pub const DEFAULT_PREFILL_LEN: usize = 64;
+
+/// One function of a multifunction package: its name, Q and I/O (the contract's I/O at that Q).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionSpec {
+    pub name: String,
+    pub query_len: usize,
+    pub inputs: Vec<IoSpec>,
+    pub outputs: Vec<IoSpec>,
+}
+
+/// `--prefill-len` as resolved for a target and decode length: an explicit value, else
+/// [`DEFAULT_PREFILL_LEN`] (at most S) for iOS18 with Q = 1, else 0 (one function).
+pub fn resolve_prefill_len(
+    explicit: Option<usize>,
+    target: Target,
+    query_len: usize,
+    max_seq_len: usize,
+) -> usize {
+    match explicit {
+        Some(q) => q,
+        None if target == Target::Ios18 && query_len == 1 => {
+            let q = DEFAULT_PREFILL_LEN.min(max_seq_len);
+            if q > 1 {
+                q
+            } else {
+                0
+            }
+        }
+        None => 0,
+    }
 }
 
 impl Contract {
@@ -327,6 +371,31 @@ impl Contract {
         }
     }
 
+    /// The names of the package's functions: `main` alone, or each of [`Contract::functions`].
+    pub fn function_names(&self) -> Vec<&str> {
+        if self.functions.is_empty() {
+            vec!["main"]
+        } else {
+            self.functions.iter().map(|f| f.name.as_str()).collect()
+        }
+    }
+
+    /// The contract as function `name` follows it: Q and I/O are that function's (the contract
+    /// itself for `main` of a single-function package). `None`: no such function.
+    pub fn for_function(&self, name: &str) -> Option<Contract> {
+        if self.functions.is_empty() {
+            return (name == "main").then(|| self.clone());
+        }
+        let f = self.functions.iter().find(|f| f.name == name)?;
+        Some(Contract {
+            query_len: f.query_len,
+            inputs: f.inputs.clone(),
+            outputs: f.outputs.clone(),
+            functions: Vec::new(),
+            ..self.clone()
+        })
+    }
+
     /// The logits outputs in vocabulary order, with their widths; the host concatenates them
     /// along the last axis.
     pub fn logits_outputs(&self) -> Vec<(String, usize)> {
@@ -351,6 +420,18 @@ fn logits_parts(v: usize) -> Vec<(String, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefill_len_defaults_to_64_for_ios18_one_token_steps_only() {
+        let r = resolve_prefill_len;
+        assert_eq!(r(None, Target::Ios18, 1, 512), 64);
+        assert_eq!(r(None, Target::Ios18, 1, 32), 32);
+        assert_eq!(r(None, Target::Ios18, 1, 1), 0);
+        assert_eq!(r(None, Target::Ios18, 4, 512), 0);
+        assert_eq!(r(None, Target::Ios17, 1, 512), 0);
+        assert_eq!(r(Some(0), Target::Ios18, 1, 512), 0);
+        assert_eq!(r(Some(16), Target::Ios17, 1, 512), 16);
+    }
 
     #[test]
     fn logits_parts_cover_the_vocabulary_within_the_limit() {

@@ -345,6 +345,20 @@ pub struct Description {
     pub author: String,
     pub license: String,
     pub user_defined: HashMap<String, String>,
+    /// A multifunction model's functions with their own features, in declared order (empty for
+    /// a single-function model); `inputs`/`outputs`/`states` are then the default function's.
+    pub functions: Vec<FunctionFeatures>,
+    /// The function run when an app names none (`defaultFunctionName`; empty: `main`).
+    pub default_function: String,
+}
+
+/// One function's declared features (ModelDescription.functions).
+#[derive(Debug, Clone, Default)]
+pub struct FunctionFeatures {
+    pub name: String,
+    pub inputs: Vec<FeatureInfo>,
+    pub outputs: Vec<FeatureInfo>,
+    pub states: Vec<FeatureInfo>,
 }
 
 fn array_dtype_name(code: i32) -> &'static str {
@@ -388,9 +402,10 @@ pub struct MlPackage {
     blobs: Mutex<HashMap<PathBuf, Arc<BlobFile>>>,
 }
 
-/// The `main` function of the program.
+/// One function of the program (`main`, or a multifunction model's `prefill`/`decode`).
 #[derive(Debug, Clone, Copy)]
 pub struct MainFunction<'a> {
+    pub name: &'a str,
     pub opset: &'a str,
     pub inputs: &'a [proto::NamedValueType],
     pub block: &'a proto::Block,
@@ -499,10 +514,34 @@ impl MlPackage {
             return Description::default();
         };
         let md = d.metadata.clone().unwrap_or_default();
+        let functions: Vec<FunctionFeatures> = d
+            .functions
+            .iter()
+            .map(|f| FunctionFeatures {
+                name: f.name.clone(),
+                inputs: f.input.iter().map(feature_info).collect(),
+                outputs: f.output.iter().map(feature_info).collect(),
+                states: f.state.iter().map(feature_info).collect(),
+            })
+            .collect();
+        // A multifunction model declares its features per function: the top-level lists are
+        // the default function's, as an app that names no function sees them.
+        let default = functions
+            .iter()
+            .find(|f| f.name == d.default_function_name && d.input.is_empty());
+        let features = |own: &[proto::FeatureDescription],
+                        of: fn(&FunctionFeatures) -> &Vec<FeatureInfo>| {
+            match default {
+                Some(f) => of(f).clone(),
+                None => own.iter().map(feature_info).collect(),
+            }
+        };
         Description {
-            inputs: d.input.iter().map(feature_info).collect(),
-            outputs: d.output.iter().map(feature_info).collect(),
-            states: d.state.iter().map(feature_info).collect(),
+            inputs: features(&d.input, |f| &f.inputs),
+            outputs: features(&d.output, |f| &f.outputs),
+            states: features(&d.state, |f| &f.states),
+            functions,
+            default_function: d.default_function_name.clone(),
             short_description: md.short_description,
             version: md.version_string,
             author: md.author,
@@ -526,20 +565,52 @@ impl MlPackage {
             .ok_or_else(|| self.model_err("not an ML Program (no mlProgram field)"))
     }
 
-    /// The `main` function with its opset and the block specialized for that opset.
+    /// The function an app runs when it names none: `main`, or for a multifunction model the
+    /// description's `defaultFunctionName`; with its opset and the block for that opset.
     pub fn main_function(&self) -> Result<MainFunction<'_>, PackageError> {
-        let f = self
+        let program = self.program()?;
+        if program.functions.contains_key("main") {
+            return self.function("main");
+        }
+        let default = self
+            .model
+            .description
+            .as_ref()
+            .map(|d| d.default_function_name.as_str())
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                self.model_err("the program has no `main` function and names no default function")
+            })?;
+        self.function(default)
+    }
+
+    /// The program's function names, sorted.
+    pub fn function_names(&self) -> Result<Vec<&str>, PackageError> {
+        let mut names: Vec<&str> = self
             .program()?
             .functions
-            .get("main")
-            .ok_or_else(|| self.model_err("the program has no `main` function"))?;
+            .keys()
+            .map(String::as_str)
+            .collect();
+        names.sort_unstable();
+        Ok(names)
+    }
+
+    /// The function `name` with its opset and the block specialized for that opset.
+    pub fn function(&self, name: &str) -> Result<MainFunction<'_>, PackageError> {
+        let (name, f) = self
+            .program()?
+            .functions
+            .get_key_value(name)
+            .ok_or_else(|| self.model_err(format!("the program has no `{name}` function")))?;
         let block = f.block_specializations.get(&f.opset).ok_or_else(|| {
             self.model_err(format!(
-                "function `main` has no block for its opset {:?}",
+                "function `{name}` has no block for its opset {:?}",
                 f.opset
             ))
         })?;
         Ok(MainFunction {
+            name,
             opset: &f.opset,
             inputs: &f.inputs,
             block,

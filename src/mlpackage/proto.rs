@@ -25,6 +25,24 @@ pub struct ModelDescription {
     pub state: Vec<FeatureDescription>,
     #[prost(message, optional, tag = "100")]
     pub metadata: Option<Metadata>,
+    /// A multifunction program's functions (iOS18); `input`/`output` are then empty.
+    #[prost(message, repeated, tag = "20")]
+    pub functions: Vec<FunctionDescription>,
+    #[prost(string, tag = "21")]
+    pub default_function_name: String,
+}
+
+/// One function of a multifunction model: its name and features.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FunctionDescription {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(message, repeated, tag = "2")]
+    pub input: Vec<FeatureDescription>,
+    #[prost(message, repeated, tag = "3")]
+    pub output: Vec<FeatureDescription>,
+    #[prost(message, repeated, tag = "6")]
+    pub state: Vec<FeatureDescription>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -78,6 +78,7 @@ pub fn summarize(path: &Path) -> Result<PackageSummary, PackageError> {
         .and_then(|s| serde_json::from_str(s).ok());
     let mut functions = Vec::new();
     let mut kinds: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
     if let Some(program) = pkg.model().ml_program.as_ref() {
         for (name, f) in &program.functions {
             let Some(block) = f.block_specializations.get(&f.opset) else {
@@ -88,7 +89,7 @@ pub fn summarize(path: &Path) -> Result<PackageSummary, PackageError> {
             let mut ops_by_type = BTreeMap::new();
             for op in &ops {
                 *ops_by_type.entry(op.r#type.clone()).or_insert(0) += 1;
-                if let Some((kind, bytes)) = stored(&pkg, op)? {
+                if let Some((kind, bytes)) = stored(&pkg, op, &mut seen)? {
                     let e = kinds.entry(kind).or_insert((0, 0));
                     e.0 += 1;
                     e.1 += bytes;
@@ -153,7 +154,14 @@ pub fn flatten<'a>(block: &'a proto::Block, out: &mut Vec<&'a proto::Operation>)
 }
 
 /// A constant op's storage kind and the bytes it keeps in weight files; `None` for other ops.
-fn stored(pkg: &MlPackage, op: &proto::Operation) -> Result<Option<(String, u64)>, PackageError> {
+/// The storage kind and blob bytes of a constant op; `None` for other ops and for an op whose
+/// blobs were all counted already (`seen`: a multifunction package's functions point to the
+/// same blobs, stored once).
+fn stored(
+    pkg: &MlPackage,
+    op: &proto::Operation,
+    seen: &mut std::collections::HashSet<(String, u64)>,
+) -> Result<Option<(String, u64)>, PackageError> {
     let kind = match op.r#type.as_str() {
         "const" => {
             let dtype = op
@@ -178,12 +186,19 @@ fn stored(pkg: &MlPackage, op: &proto::Operation) -> Result<Option<(String, u64)
             Some(proto::binding::Binding::Value(v)) => Some(v),
             _ => None,
         });
-    let mut bytes = 0u64;
+    let (mut bytes, mut blobs, mut new) = (0u64, 0, 0);
     for v in op.attributes.values().chain(immediates) {
         if let Some(proto::value::Value::BlobFileValue(b)) = &v.value {
-            let file = pkg.blob_file(&b.file_name)?;
-            bytes += file.record(b.offset)?.data.len() as u64;
+            blobs += 1;
+            if seen.insert((b.file_name.clone(), b.offset)) {
+                new += 1;
+                let file = pkg.blob_file(&b.file_name)?;
+                bytes += file.record(b.offset)?.data.len() as u64;
+            }
         }
+    }
+    if blobs > 0 && new == 0 {
+        return Ok(None);
     }
     Ok(Some((kind, bytes)))
 }

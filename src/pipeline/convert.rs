@@ -10,12 +10,13 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use super::weights::WeightStream;
+use crate::arch::ModelSpec;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, EmitReport, Metadata, PythonEnv};
 use crate::fsutil::{atomic_write, read_input};
 use crate::graph::llama::{self, StepOptions};
 use crate::graph::scaling::{ActivationRanges, Scaling};
-use crate::graph::GraphError;
+use crate::graph::{Graph, GraphError, Weight};
 use crate::mil::contract::{self, Contract, Source, Target};
 use crate::mil::DType;
 use crate::model::calibrate::{self, ActivationStats, CalibrationOptions};
@@ -76,6 +77,9 @@ pub struct ConvertOptions {
     pub layout: contract::Layout,
     /// How the cache is passed (`--kv-cache`, the recipe's `kv_cache`).
     pub kv_cache: contract::KvCache,
+    /// Q of a `prefill` function beside the `decode` one (iOS18 `--prefill-len`); 0: one
+    /// function, `main`.
+    pub prefill_len: usize,
 }
 
 /// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
@@ -188,6 +192,13 @@ pub enum ConvertError {
         #[source]
         source: crate::budget::chain::ChainError,
     },
+    /// A prefill function was asked for a model that needs a chain of packages.
+    #[error(
+        "the model needs a chain of {parts} packages under the package size limit, and chains \
+         are built with one function per part: use --prefill-len 0, or a larger \
+         --max-package-size to keep one package with prefill and decode functions"
+    )]
+    PrefillChain { parts: usize },
     /// The recipe asks for what its target cannot store (grouped or 3-bit LUTs on iOS17).
     #[error("{0} (use --target ios18, or target = \"ios18\" in the recipe)")]
     Target(String),
@@ -364,7 +375,48 @@ pub fn contract_for(
         },
         tool: "hf2coreml".to_string(),
         tool_version: crate::VERSION.to_string(),
+        functions: function_specs(opts, spec),
     })
+}
+
+/// The functions a multifunction package declares: `prefill` then `decode`, each with its Q
+/// and I/O; none for one function.
+fn function_specs(opts: &ConvertOptions, spec: &ModelSpec) -> Vec<contract::FunctionSpec> {
+    if opts.prefill_len == 0 {
+        return Vec::new();
+    }
+    [
+        (contract::PREFILL, opts.prefill_len),
+        (contract::DECODE, opts.query_len),
+    ]
+    .into_iter()
+    .map(|(name, q)| {
+        // A stateful package's functions declare the one state the contract lists.
+        let dims = (
+            opts.max_seq_len,
+            q,
+            spec.num_hidden_layers,
+            spec.num_key_value_heads,
+            spec.head_dim,
+            spec.vocab_size,
+        );
+        let (s, q, l, hkv, d, v) = dims;
+        let precision = opts.precision.as_str();
+        let (inputs, outputs) = match opts.kv_cache {
+            contract::KvCache::Io => Contract::io(s, q, l, hkv, d, v, precision),
+            contract::KvCache::State => {
+                let (i, o, _) = Contract::state_io(s, q, l, hkv, d, v, precision);
+                (i, o)
+            }
+        };
+        contract::FunctionSpec {
+            name: name.to_string(),
+            query_len: q,
+            inputs,
+            outputs,
+        }
+    })
+    .collect()
 }
 
 /// The residual scale for these options: none for fp32 programs or without measurements.
@@ -482,6 +534,11 @@ pub fn convert(
         if !plan.is_single() {
             // Refused before anything is built: a chain of stateful parts is not supported.
             crate::graph::llama::check_kv_cache(opts.kv_cache, opts.target, opts.layout, false)?;
+            if opts.prefill_len > 0 {
+                return Err(ConvertError::PrefillChain {
+                    parts: plan.parts.len(),
+                });
+            }
             let job = super::chain::ChainJob {
                 plan,
                 parameters,
@@ -504,20 +561,17 @@ pub fn convert(
 
     let t = Instant::now();
     let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
-    let graph = llama::build(
-        &spec,
-        taken,
-        &StepOptions {
-            max_seq_len: opts.max_seq_len,
-            query_len: opts.query_len,
-            float: opts.precision.dtype(),
-            scaling: scaling.clone(),
-            target: opts.target,
-            layout: opts.layout,
-            kv_cache: opts.kv_cache,
-        },
-    )?;
-    let predicted_weight_bytes = graph.const_bytes();
+    let step = StepOptions {
+        max_seq_len: opts.max_seq_len,
+        query_len: opts.query_len,
+        float: opts.precision.dtype(),
+        scaling: scaling.clone(),
+        target: opts.target,
+        layout: opts.layout,
+        kv_cache: opts.kv_cache,
+    };
+    let graphs = build_functions(&spec, taken, &step, opts.prefill_len)?;
+    let predicted_weight_bytes = graphs[0].1.const_bytes();
     let files = source_hashes(ckpt)?;
     let contract = contract_for(ckpt, opts, &scaling, recipe, files)?;
     let model_name = ckpt
@@ -531,7 +585,20 @@ pub fn convert(
     let t = Instant::now();
     progress.begin("serialize", 1);
     progress.working_on("coremltools");
-    let emit = crate::emit::emit(graph, &meta, &opts.python_env, &opts.output, opts.force);
+    let emit = match graphs.len() {
+        1 => {
+            let (_, graph) = graphs.into_iter().next().expect("one graph");
+            crate::emit::emit(graph, &meta, &opts.python_env, &opts.output, opts.force)
+        }
+        _ => crate::emit::emit_functions(
+            graphs,
+            contract::DECODE,
+            &meta,
+            &opts.python_env,
+            &opts.output,
+            opts.force,
+        ),
+    };
     if emit.is_ok() {
         progress.advance(1);
     }
@@ -563,6 +630,34 @@ pub fn convert(
     };
     write_report(&summary)?;
     Ok(summary)
+}
+
+/// The program's functions: `main` alone, or with `prefill_len` > 0 `prefill` (Q =
+/// `prefill_len`) and `decode` (Q = `step.query_len`), built from the same weights. The decode
+/// graph is built from a copy of them, so they are held twice while the graphs are built;
+/// the emitter hands every constant the two share to coremltools once.
+fn build_functions(
+    spec: &ModelSpec,
+    weights: BTreeMap<String, Weight>,
+    step: &StepOptions,
+    prefill_len: usize,
+) -> Result<Vec<(String, Graph)>, ConvertError> {
+    if prefill_len == 0 {
+        return Ok(vec![(
+            "main".to_string(),
+            llama::build(spec, weights, step)?,
+        )]);
+    }
+    let decode = llama::build(spec, weights.clone(), step)?;
+    let prefill_step = StepOptions {
+        query_len: prefill_len,
+        ..step.clone()
+    };
+    let prefill = llama::build(spec, weights, &prefill_step)?;
+    Ok(vec![
+        (contract::PREFILL.to_string(), prefill),
+        (contract::DECODE.to_string(), decode),
+    ])
 }
 
 /// The tokenizer and its config beside the package, each written atomically after the package;

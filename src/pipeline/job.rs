@@ -48,6 +48,58 @@ pub enum ShapeError {
          use --max-seq-len {context} or less"
     )]
     BeyondContext { max_seq_len: usize, context: usize },
+    #[error(
+        "--prefill-len {prefill_len}: a package with prefill and decode functions needs \
+         --target ios18 (an iOS17 package has one function); drop --prefill-len or target ios18"
+    )]
+    PrefillNeedsIos18 { prefill_len: usize },
+    #[error(
+        "--prefill-len {prefill_len} builds a decode function of one token: --query-len must \
+         be 1 (it is {query_len}); use --prefill-len 0 for one function of {query_len} tokens"
+    )]
+    PrefillWithQuery {
+        prefill_len: usize,
+        query_len: usize,
+    },
+    #[error(
+        "--prefill-len {prefill_len}: the prefill function needs 2 to --max-seq-len \
+         ({max_seq_len}) tokens a call (0: no prefill function)"
+    )]
+    PrefillLength {
+        prefill_len: usize,
+        max_seq_len: usize,
+    },
+}
+
+/// The prefill function's Q for these settings (0: one function), or why it cannot be built:
+/// an explicit length needs iOS18, a decode function of one token, and 2 <= Q <= S.
+pub fn check_prefill(
+    target: crate::mil::contract::Target,
+    explicit: Option<usize>,
+    query_len: usize,
+    max_seq_len: usize,
+) -> Result<usize, ShapeError> {
+    use crate::mil::contract::{resolve_prefill_len, Target};
+    let q = resolve_prefill_len(explicit, target, query_len, max_seq_len);
+    if q == 0 {
+        return Ok(0);
+    }
+    if target != Target::Ios18 {
+        return Err(ShapeError::PrefillNeedsIos18 { prefill_len: q });
+    }
+    if query_len != 1 {
+        return Err(ShapeError::PrefillWithQuery {
+            prefill_len: q,
+            query_len,
+        });
+    }
+    if q < 2 || q > max_seq_len {
+        return Err(ShapeError::PrefillLength {
+            prefill_len: q,
+            max_seq_len,
+        });
+    }
+    Ok(q)
 }
 
 /// A max_sequence_length within the model's trained context.
@@ -265,12 +317,23 @@ impl Job {
         let r = &self.recipe;
         crate::graph::llama::check_kv_cache(r.kv_cache(), r.target(), r.layout(), true)
             .map_err(ConvertError::Graph)?;
+        self.prefill_len()?;
         crate::fsutil::refuse_output_over_input(&self.source, &self.output)
             .map_err(JobError::Unwritable)?;
         Outputs::for_package(&self.output)?;
         // Refuse an output that cannot be written before minutes of work, not after.
         crate::fsutil::check_writable(&self.output).map_err(JobError::Unwritable)?;
         Ok(())
+    }
+
+    /// The prefill function's Q (0: one function), see [`check_prefill`].
+    pub fn prefill_len(&self) -> Result<usize, ShapeError> {
+        check_prefill(
+            self.recipe.target(),
+            self.recipe.prefill_len(),
+            self.query_len,
+            self.max_seq_len,
+        )
     }
 
     fn is_gguf(&self) -> bool {
@@ -481,6 +544,7 @@ impl Job {
             target: self.recipe.target(),
             layout: self.recipe.layout(),
             kv_cache: self.recipe.kv_cache(),
+            prefill_len: self.prefill_len()?,
         };
         Ok(convert::convert(
             ckpt, &opts, weights, applied, times, progress,

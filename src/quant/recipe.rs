@@ -208,7 +208,13 @@ pub struct Recipe {
     layout: Layout,
     /// `kv_cache = "io" | "state"` (`--kv-cache` overrides it).
     kv_cache: KvCache,
+    /// `prefill_len = Q` (`--prefill-len` overrides it): a `prefill` function of Q tokens
+    /// beside `decode` (iOS18); `None`: the target's default, 0: one function.
+    prefill_len: Option<usize>,
 }
+
+/// The largest `prefill_len` a recipe may ask for (the package's S bounds it too).
+pub const MAX_PREFILL_LEN: usize = 65_536;
 
 /// The `[calibration]` table: palettized projections are fitted to what they compute on
 /// calibration text (issue 7; see [`super::sequential`]). Absent = data-free palettization.
@@ -479,6 +485,7 @@ impl Recipe {
             target: Target::Ios17,
             layout: Layout::Default,
             kv_cache: KvCache::Io,
+            prefill_len: None,
         };
         for (key, value) in &table {
             match key.as_str() {
@@ -565,9 +572,21 @@ impl Recipe {
                         ))
                     })?
                 }
+                "prefill_len" => {
+                    let q = value
+                        .as_integer()
+                        .and_then(|q| usize::try_from(q).ok())
+                        .filter(|&q| q <= MAX_PREFILL_LEN)
+                        .ok_or_else(|| {
+                            err(RecipeError::Invalid(format!(
+                                "prefill_len must be an integer in 0..={MAX_PREFILL_LEN}"
+                            )))
+                        })?;
+                    recipe.prefill_len = Some(q);
+                }
                 other => {
                     return Err(err(RecipeError::Invalid(format!(
-                        "unknown key `{other}` (expected target, layout, kv_cache, default, \
+                        "unknown key `{other}` (expected target, layout, kv_cache, prefill_len, default, \
                          roles, tensors, calibration)"
                     ))))
                 }
@@ -668,6 +687,18 @@ impl Recipe {
     /// The recipe passing the cache as `kv_cache` instead (`--kv-cache`).
     pub fn with_kv_cache(mut self, kv_cache: KvCache) -> Self {
         self.kv_cache = kv_cache;
+        self
+    }
+
+    /// The `prefill_len` asked for (`None`: the target's default, see
+    /// [`crate::mil::contract::resolve_prefill_len`]).
+    pub fn prefill_len(&self) -> Option<usize> {
+        self.prefill_len
+    }
+
+    /// The recipe asking for a `prefill` function of `q` tokens (`--prefill-len`).
+    pub fn with_prefill_len(mut self, q: usize) -> Self {
+        self.prefill_len = Some(q);
         self
     }
 
@@ -806,6 +837,9 @@ impl Recipe {
         }
         if self.kv_cache != KvCache::Io {
             out.push_str(&format!("kv_cache = \"{}\"\n", self.kv_cache.as_str()));
+        }
+        if let Some(q) = self.prefill_len {
+            out.push_str(&format!("prefill_len = {q}\n"));
         }
         out.push_str(&format!(
             "default = {}\n\n[roles]\n",
@@ -1057,6 +1091,24 @@ mod tests {
             .all(|&role| all.decide(&slot("a.b", role)) == Decision::Fp16));
         assert!(Recipe::default().with_nbits(5).is_err());
         assert!(Recipe::default().keep_fp16("a[").is_err());
+    }
+
+    #[test]
+    fn prefill_len_key_round_trips_and_refuses_nonsense() {
+        let r = Recipe::parse("target = \"ios18\"\nprefill_len = 32\n", "r").unwrap();
+        assert_eq!(r.prefill_len(), Some(32));
+        let back = Recipe::parse(&r.to_toml(), "x").unwrap();
+        assert_eq!(back.prefill_len(), Some(32));
+        assert_eq!(Recipe::default().prefill_len(), None);
+        assert!(!Recipe::default().to_toml().contains("prefill_len"));
+        assert_eq!(Recipe::default().with_prefill_len(0).prefill_len(), Some(0));
+        for bad in [
+            "prefill_len = -1",
+            "prefill_len = \"64\"",
+            "prefill_len = 1e9",
+        ] {
+            assert!(Recipe::parse(bad, "r").is_err(), "{bad}");
+        }
     }
 
     #[test]

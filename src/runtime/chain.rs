@@ -206,6 +206,13 @@ impl StepModel for Saved {
         Saved::contract(self)
     }
 
+    fn prefill_len(&self) -> Option<usize> {
+        match self {
+            Saved::Package(p) => p.prefill_len(),
+            Saved::Chain(_) => None,
+        }
+    }
+
     fn step(
         &mut self,
         input_ids: &[i32],

@@ -13,6 +13,12 @@
 //! to end exactly at S instead: it recomputes rows `[S - Q, done)` that are already in the cache
 //! from the same inputs, so they come out the same, and only the logits of new positions are
 //! kept. Hence any context up to S tokens fits, whatever Q is.
+//!
+//! A model with a prefill function ([`StepModel::prefill_len`] P) takes calls of P tokens too:
+//! [`Generator::call_len`] picks P while at least two positions remain (the prompt, a chat
+//! turn; the last chunk padded by the same rule) and the contract's Q for each generated
+//! token. Rows a prefill chunk recomputes when it slides back are then computed by the other
+//! function, which agrees with decode to fp16 rounding (`validate` checks it).
 
 use std::time::{Duration, Instant};
 
@@ -64,6 +70,8 @@ pub struct Timing {
     pub decode_tokens: usize,
     pub decode_time: Duration,
     pub model_calls: usize,
+    /// Of `model_calls`, those through the prefill function (a multifunction package).
+    pub prefill_calls: usize,
 }
 
 impl Timing {
@@ -243,6 +251,8 @@ pub struct Generator<M> {
     model: M,
     s: usize,
     q: usize,
+    /// Q of the model's prefill function, if it has one (see [`Generator::call_len`]).
+    prefill: Option<usize>,
     layers_heads: usize,
     d: usize,
     v: usize,
@@ -296,10 +306,17 @@ impl<M: StepModel> Generator<M> {
         let pad = eos.first().copied().unwrap_or(0);
         let stateful = c.kv_cache == crate::mil::contract::KvCache::State;
         let host_cache = if stateful { 0 } else { cache_len };
+        let prefill = model.prefill_len();
+        if let Some(p) = prefill.filter(|&p| p == 0 || p > s) {
+            return Err(GenerateError::BadContract(format!(
+                "prefill length {p} is not within 1..=S={s}"
+            )));
+        }
         Ok(Generator {
             model,
             s,
             q,
+            prefill,
             layers_heads: l * hkv,
             d,
             v,
@@ -308,7 +325,7 @@ impl<M: StepModel> Generator<M> {
             key_cache: vec![f16::ZERO; host_cache],
             value_cache: vec![f16::ZERO; host_cache],
             stateful,
-            input: Vec::with_capacity(q),
+            input: Vec::with_capacity(q.max(prefill.unwrap_or(0))),
             cached: Vec::new(),
         })
     }
@@ -521,6 +538,16 @@ impl<M: StepModel> Generator<M> {
         Ok(finish(tokens, stop, logits, timing))
     }
 
+    /// How many tokens the next call takes when `left` positions remain: the prefill
+    /// function's Q while at least two remain (a prompt, or a chat turn; the last chunk is
+    /// padded), else the contract's Q (one generated token: `decode`).
+    pub fn call_len(&self, left: usize) -> usize {
+        match self.prefill {
+            Some(p) if left >= 2 => p,
+            _ => self.q,
+        }
+    }
+
     /// Run the model over positions `[done, seq.len())`, writing cache rows in place and
     /// leaving the logits of the last position in `last`.
     fn process(
@@ -533,11 +560,12 @@ impl<M: StepModel> Generator<M> {
     ) -> Result<(), GenerateError> {
         let total = seq.len();
         while done < total {
-            let c = next_chunk(done, total, self.q, self.s);
+            let q = self.call_len(total - done);
+            let c = next_chunk(done, total, q, self.s);
             self.input.clear();
             self.input
                 .extend(seq[c.start..c.end].iter().map(|&t| t as i32));
-            self.input.resize(self.q, self.pad as i32);
+            self.input.resize(q, self.pad as i32);
             let out = self
                 .model
                 .step(&self.input, c.start, &self.key_cache, &self.value_cache)
@@ -546,7 +574,10 @@ impl<M: StepModel> Generator<M> {
                     source: e.into(),
                 })?;
             timing.model_calls += 1;
-            let rows = self.layers_heads * self.q * self.d;
+            if q != self.q {
+                timing.prefill_calls += 1;
+            }
+            let rows = self.layers_heads * q * self.d;
             let check = |what, got: usize, expected| {
                 if got == expected {
                     Ok(())
@@ -559,14 +590,14 @@ impl<M: StepModel> Generator<M> {
                     })
                 }
             };
-            check("logits", out.logits.len(), self.q * self.v)?;
+            check("logits", out.logits.len(), q * self.v)?;
             // A stateful model wrote its rows itself and returns none.
             let rows = if self.stateful { 0 } else { rows };
             check("key_update", out.key_update.len(), rows)?;
             check("value_update", out.value_update.len(), rows)?;
             // key_update[l, h] is a contiguous [Q, D] block that lands on cache rows
             // [start, start + Q) of the contiguous [S, D] block cache[l, h].
-            let block = self.q * self.d;
+            let block = q * self.d;
             for lh in 0..self.layers_heads * usize::from(!self.stateful) {
                 let dst = (lh * self.s + c.start) * self.d;
                 let src = lh * block;

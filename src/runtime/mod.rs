@@ -14,8 +14,14 @@ pub trait StepModel {
     /// The dimensions and token ids the model was built with.
     fn contract(&self) -> &crate::mil::contract::Contract;
 
-    /// Run tokens `input_ids` (exactly Q of them) at absolute positions `position ..
-    /// position + Q`, reading cache rows `[0, position)` of `key_cache`/`value_cache`
+    /// The Q of a second function for prompts (a multifunction package's `prefill`): `step`
+    /// then also takes exactly that many tokens. `None`: every call takes the contract's Q.
+    fn prefill_len(&self) -> Option<usize> {
+        None
+    }
+
+    /// Run tokens `input_ids` (exactly Q of them, or [`StepModel::prefill_len`]) at absolute
+    /// positions `position .. position + Q`, reading cache rows `[0, position)` of `key_cache`/`value_cache`
     /// ([L, Hkv, S, D], row-major).
     fn step(
         &mut self,

@@ -145,6 +145,7 @@ pub fn model(
                 author: "hf2coreml fixture".into(),
                 ..Default::default()
             }),
+            ..Default::default()
         }),
         ml_program: Some(proto::Program {
             version: 1,

@@ -178,7 +178,11 @@ pub fn validate_with_progress(
         opts.text_name,
     );
     report.contract = match &package {
-        Saved::Package(_) => check_contract(&raws[0], &c, ckpt),
+        Saved::Package(_) => {
+            let mut items = check_contract(&raws[0], &c, ckpt);
+            items.extend(super::functions::check_functions(&raws[0], &c));
+            items
+        }
         Saved::Chain(ch) => {
             let mut items = check_chain(ch.chain(), &raws, ckpt);
             items.extend(check_hashes(pkg_path, ch.chain()));
@@ -234,6 +238,9 @@ pub fn validate_with_progress(
         .filter_map(|t| rows.row(t).map(|r| r.to_vec()))
         .collect();
     let comparison = compare_logits(&expected, &got, &tokens)?;
+    report
+        .contract
+        .extend(super::functions::check_prefill(&package, &tokens, &got)?);
     let stats = gen.into_model().stats;
     report.activations = stats
         .ops

@@ -40,6 +40,7 @@ pub fn contract(s: usize, q: usize, v: usize, eos: Vec<u32>) -> Contract {
         source: Source::default(),
         tool: "test".into(),
         tool_version: "0".into(),
+        functions: Vec::new(),
     }
 }
 

@@ -1,4 +1,5 @@
-//! The MIL interpreter: runs the `main` function of a saved ML Program on the CPU.
+//! The MIL interpreter: runs the `main` function of a saved ML Program on the CPU (or, for a
+//! multifunction package, each function by name: [`Package`] picks one per call).
 //!
 //! At load the program is compiled once: names become slots, `const` values and constexpr
 //! weights (`constexpr_lut_to_dense`) are decoded to f32 and shared, and the last use of every
@@ -216,7 +217,26 @@ impl Program {
         options: Options,
         limits: Limits,
     ) -> Result<Self, RuntimeError> {
-        let main = pkg.main_function()?;
+        Self::compile(pkg, pkg.main_function()?, options, limits)
+    }
+
+    /// Compile the function `name` of `pkg` (a multifunction package's `prefill` or
+    /// `decode`), under the same limits as [`Program::load`].
+    pub fn load_function(
+        pkg: &MlPackage,
+        name: &str,
+        options: Options,
+    ) -> Result<Self, RuntimeError> {
+        let limits = Limits::for_package(pkg.model_dir());
+        Self::compile(pkg, pkg.function(name)?, options, limits)
+    }
+
+    fn compile(
+        pkg: &MlPackage,
+        main: mlpackage::MainFunction<'_>,
+        options: Options,
+        limits: Limits,
+    ) -> Result<Self, RuntimeError> {
         let mut ld = Loader {
             pkg,
             options,
@@ -1104,6 +1124,17 @@ pub struct Package {
     description: mlpackage::Description,
     /// A stateful package's cache (`kv_cache = "state"`), kept between steps.
     states: Option<std::sync::Mutex<States>>,
+    /// A multifunction package's other functions (`prefill`), each with the contract as it
+    /// follows it; `program` and `contract` are the default function's (`decode`).
+    others: Vec<Function>,
+}
+
+/// One more function of a multifunction package.
+#[derive(Debug)]
+pub struct Function {
+    pub name: String,
+    pub program: Program,
+    pub contract: Contract,
 }
 
 impl Package {
@@ -1127,10 +1158,15 @@ impl Package {
                 path: path.display().to_string(),
                 msg: e.to_string(),
             })?;
-        let program = Program::load(&pkg, options)?;
-        check_contract_inputs(&program, &contract).map_err(|msg| RuntimeError::Contract {
+        let bad = |msg: String| RuntimeError::Contract {
             path: path.display().to_string(),
             msg,
+        };
+        let program = Program::load(&pkg, options)?;
+        check_contract_inputs(&program, &contract).map_err(bad)?;
+        let others = load_other_functions(&pkg, &contract, options).map_err(|e| match e {
+            RuntimeError::Contract { msg, .. } => bad(msg),
+            other => other,
         })?;
         let states = (contract.kv_cache == contract::KvCache::State)
             .then(|| std::sync::Mutex::new(program.new_states()));
@@ -1139,7 +1175,56 @@ impl Package {
             contract,
             description,
             states,
+            others,
         })
+    }
+
+    /// Every function: its name, program and the contract as it follows it; the default
+    /// function first.
+    pub fn functions(&self) -> Vec<(&str, &Program, &Contract)> {
+        let default = if self.contract.functions.is_empty() {
+            "main"
+        } else {
+            contract::DECODE
+        };
+        std::iter::once((default, &self.program, &self.contract))
+            .chain(
+                self.others
+                    .iter()
+                    .map(|f| (f.name.as_str(), &f.program, &f.contract)),
+            )
+            .collect()
+    }
+
+    /// The Q of the `prefill` function, if the package has one.
+    pub fn prefill_len(&self) -> Option<usize> {
+        self.others
+            .iter()
+            .find(|f| f.name == contract::PREFILL)
+            .map(|f| f.contract.query_len)
+    }
+
+    /// The function that takes `n` tokens a call, with its contract: how a step picks
+    /// `decode` or `prefill` (the inputs it is then given do not matter here).
+    fn function_for(&self, n: usize) -> Result<(&Program, &Contract), RuntimeError> {
+        if n == self.contract.query_len {
+            return Ok((&self.program, &self.contract));
+        }
+        self.others
+            .iter()
+            .find(|f| f.contract.query_len == n)
+            .map(|f| (&f.program, &f.contract))
+            .ok_or_else(|| RuntimeError::Input {
+                name: contract::INPUT_IDS.into(),
+                msg: format!(
+                    "{n} tokens; the package's functions take {}",
+                    self.functions()
+                        .iter()
+                        .map(|(name, _, c)| format!("{} ({name})", c.query_len))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            })
     }
 
     pub fn program(&self) -> &Program {
@@ -1159,10 +1244,10 @@ impl Package {
         value_cache: &[f16],
         stats: Option<&mut Stats>,
     ) -> Result<super::StepOutput, RuntimeError> {
-        let c = &self.contract;
         if let Some(states) = &self.states {
             return self.state_step(states, input_ids, position, stats);
         }
+        let (program, c) = self.function_for(input_ids.len())?;
         let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
         let pos = check_step(c, input_ids, position, key_cache, value_cache)?;
         let inputs = vec![
@@ -1180,8 +1265,8 @@ impl Package {
                 Tensor::f16(cache_shape, value_cache.to_vec()),
             ),
         ];
-        let mut out = self.program.run(inputs, stats)?;
-        let logits = self.logits(&mut out)?;
+        let mut out = program.run(inputs, stats)?;
+        let logits = Self::logits(c, &mut out)?;
         let mut take = |name: &str| take_output(&mut out, name);
         let k = take(contract::KEY_UPDATE)?;
         let v = take(contract::VALUE_UPDATE)?;
@@ -1259,6 +1344,58 @@ pub(crate) fn check_step(
     Ok(pos)
 }
 
+/// A multifunction package's functions besides the default one, each checked against the
+/// contract as it follows it. The program's functions must be the contract's: the default
+/// (`decode`) and the others, no more, no fewer.
+fn load_other_functions(
+    pkg: &MlPackage,
+    c: &Contract,
+    options: Options,
+) -> Result<Vec<Function>, RuntimeError> {
+    let bad = |msg: String| RuntimeError::Contract {
+        path: String::new(),
+        msg,
+    };
+    let declared: Vec<&str> = pkg.function_names()?;
+    let mut listed = c.function_names();
+    listed.sort_unstable();
+    if declared != listed {
+        return Err(bad(format!(
+            "the contract lists the functions {listed:?}, the program has {declared:?}"
+        )));
+    }
+    if c.functions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let default = pkg.main_function()?.name;
+    if default != contract::DECODE
+        || c.for_function(contract::DECODE).as_ref()
+            != Some(&Contract {
+                functions: Vec::new(),
+                ..c.clone()
+            })
+    {
+        return Err(bad(format!(
+            "the default function is `{default}` and the contract's own Q and I/O must be \
+             `{}`'s",
+            contract::DECODE
+        )));
+    }
+    let mut out = Vec::new();
+    for f in c.functions.iter().filter(|f| f.name != contract::DECODE) {
+        let program = Program::load_function(pkg, &f.name, options)?;
+        let view = c.for_function(&f.name).expect("listed");
+        check_contract_inputs(&program, &view)
+            .map_err(|msg| bad(format!("function `{}`: {msg}", f.name)))?;
+        out.push(Function {
+            name: f.name.clone(),
+            program,
+            contract: view,
+        });
+    }
+    Ok(out)
+}
+
 /// The contract's dimensions must be the ones the program declares for its inputs (which the
 /// loader bounded): the runner sizes its caches from the contract, so a contract that claims
 /// more than the program takes would otherwise allocate it.
@@ -1304,6 +1441,10 @@ pub(crate) fn concat_rows(parts: &[(Tensor, usize)], q: usize) -> Vec<f32> {
 impl super::StepModel for Package {
     fn contract(&self) -> &Contract {
         &self.contract
+    }
+
+    fn prefill_len(&self) -> Option<usize> {
+        Package::prefill_len(self)
     }
 
     fn step(

@@ -372,10 +372,9 @@ impl super::Program {
 impl super::Package {
     /// The logits parts of a step's outputs joined: [Q, V].
     pub(super) fn logits(
-        &self,
+        c: &crate::mil::contract::Contract,
         out: &mut std::collections::HashMap<String, Tensor>,
     ) -> Result<Vec<f32>, super::RuntimeError> {
-        let c = &self.contract;
         let parts = c
             .logits_outputs()
             .into_iter()
@@ -401,7 +400,8 @@ impl super::Package {
         stats: Option<&mut super::Stats>,
     ) -> Result<crate::runtime::StepOutput, super::RuntimeError> {
         use crate::mil::contract;
-        let c = &self.contract;
+        // Every function of a multifunction package reads and writes the same state.
+        let (program, c) = self.function_for(input_ids.len())?;
         let pos = super::check_step(c, input_ids, position, &[], &[])?;
         let inputs = vec![
             (
@@ -411,9 +411,9 @@ impl super::Package {
             (contract::POSITION, Tensor::i32(vec![1], &[pos])),
         ];
         let mut guard = states.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = self.program.run_with_states(inputs, &mut guard, stats)?;
+        let mut out = program.run_with_states(inputs, &mut guard, stats)?;
         Ok(crate::runtime::StepOutput {
-            logits: self.logits(&mut out)?,
+            logits: Self::logits(c, &mut out)?,
             key_update: Vec::new(),
             value_update: Vec::new(),
         })
