@@ -33,6 +33,7 @@ impl FixedModel {
             layout: Default::default(),
             kv_cache: Default::default(),
             states: Vec::new(),
+            functions: Vec::new(),
             max_seq_len: S,
             query_len: 1,
             num_layers: L,
