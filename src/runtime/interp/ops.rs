@@ -546,27 +546,35 @@ pub fn transpose(args: &Args) -> OpResult<Tensor> {
     Ok(Tensor::new(x.dtype, shape, data))
 }
 
-/// Offsets `sum(pos[d] * st[d])` for every position of `shape`, row-major.
+/// Offsets `sum(pos[d] * st[d])` for every position of `shape`, row-major: the innermost axis
+/// is a run of `base + i·st[last]`, the outer position moves the base.
 fn walk(shape: &[usize], st: &[usize]) -> Vec<usize> {
     let n: usize = shape.iter().product();
     let mut out = Vec::with_capacity(n);
+    let Some((&inner, outer)) = shape.split_last() else {
+        out.push(0);
+        return out;
+    };
     if n == 0 {
         return out;
     }
-    let r = shape.len();
-    let mut pos = vec![0usize; r];
+    let step = st[outer.len()];
+    let mut pos = vec![0usize; outer.len()];
+    let mut base = 0usize;
     loop {
-        out.push((0..r).map(|d| pos[d] * st[d]).sum());
-        let mut d = r;
+        out.extend((0..inner).map(|i| base + i * step));
+        let mut d = outer.len();
         loop {
             if d == 0 {
                 return out;
             }
             d -= 1;
             pos[d] += 1;
+            base += st[d];
             if pos[d] < shape[d] {
                 break;
             }
+            base -= st[d] * shape[d];
             pos[d] = 0;
         }
     }
@@ -1121,17 +1129,23 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
 }
 
 fn transpose2(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    // In 16×16 tiles: a row-by-row walk writes one element per cache line of the result.
+    const TILE: usize = 16;
     let mut t = vec![0f32; a.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = a[r * cols + c];
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    t[c * rows + r] = a[r * cols + c];
+                }
+            }
         }
     }
     t
 }
 
 pub use super::kernels::dot;
-use super::kernels::dot_f16;
+use super::kernels::{dot_f16, gemm_nt, gemm_nt_f16};
 
 /// `x @ weight.T + bias`: weight [OC, IC] row-major (pre-decoded at load), rows of x
 /// independent. Output features are split across threads; each thread reads its weight rows
@@ -1165,8 +1179,8 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
     let bias = bias.as_deref();
     let t = match &w.data {
         // fp16 weights (see Program::load) are widened in registers.
-        Data::Half(wv) => gemv_rows(&xv, wv, bias, oc, ic, dot_f16),
-        _ => gemv_rows(&xv, &w.as_f32(), bias, oc, ic, dot),
+        Data::Half(wv) => gemv_rows(&xv, Rows::Half(wv), bias, oc, ic),
+        _ => gemv_rows(&xv, Rows::Float(&w.as_f32()), bias, oc, ic),
     };
     let out = if rows == 1 {
         t
@@ -1208,8 +1222,8 @@ pub fn conv(args: &Args) -> OpResult<Tensor> {
             positions,
         );
         let t = match &w.data {
-            Data::Half(wv) => gemv_rows(&rows, wv, bias.as_deref(), oc, ic, dot_f16),
-            _ => gemv_rows(&rows, &w.as_f32(), bias.as_deref(), oc, ic, dot),
+            Data::Half(wv) => gemv_rows(&rows, Rows::Half(wv), bias.as_deref(), oc, ic),
+            _ => gemv_rows(&rows, Rows::Float(&w.as_f32()), bias.as_deref(), oc, ic),
         };
         out.extend_from_slice(&t);
     }
@@ -1257,16 +1271,19 @@ fn check_conv(args: &Args, x: &Tensor, w: &Tensor) -> OpResult<()> {
     Ok(())
 }
 
+/// The weight of a projection as the kernels read it: fp16 as loaded, or f32.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    Half(&'a [half::f16]),
+    Float(&'a [f32]),
+}
+
 /// Output-major `x @ w.T + bias` for `rows` rows of x: output features are split across
-/// threads, and each thread reads its weight rows once for all rows of x.
-fn gemv_rows<W: Sync>(
-    xv: &[f32],
-    wv: &[W],
-    bias: Option<&[f32]>,
-    oc: usize,
-    ic: usize,
-    dot: impl Fn(&[f32], &[W]) -> f32 + Sync,
-) -> Vec<f32> {
+/// threads in blocks of 32, and each thread reads its weight rows once for all rows of x. One
+/// row of x (a decode step) takes a dot product per weight row, fp16 widened in registers;
+/// several rows (a prefill chunk) run the register-blocked product, which widens each loaded
+/// weight vector once for four of them.
+fn gemv_rows(xv: &[f32], w: Rows<'_>, bias: Option<&[f32]>, oc: usize, ic: usize) -> Vec<f32> {
     const BLOCK: usize = 32;
     let rows = xv.len() / ic.max(1);
     let mut t = vec![0f32; oc * rows];
@@ -1274,16 +1291,31 @@ fn gemv_rows<W: Sync>(
     if t.is_empty() {
         return t;
     }
+    let bias_of = |o: usize| bias.map_or(0.0, |b| b[o]);
     t.par_chunks_mut(BLOCK * rows)
         .enumerate()
         .for_each(|(blk, chunk)| {
             let o0 = blk * BLOCK;
-            for (ob, o) in (o0..(o0 + BLOCK).min(oc)).enumerate() {
-                let wr = &wv[o * ic..(o + 1) * ic];
-                let b = bias.map_or(0.0, |b| b[o]);
-                for r in 0..rows {
-                    chunk[ob * rows + r] = dot(&xv[r * ic..(r + 1) * ic], wr) + b;
+            let n = chunk.len() / rows;
+            if rows == 1 {
+                for (ob, out) in chunk.iter_mut().enumerate() {
+                    let o = o0 + ob;
+                    let d = match w {
+                        Rows::Half(wv) => dot_f16(xv, &wv[o * ic..(o + 1) * ic]),
+                        Rows::Float(wv) => dot(xv, &wv[o * ic..(o + 1) * ic]),
+                    };
+                    *out = d + bias_of(o);
                 }
+                return;
+            }
+            let block = o0 * ic..(o0 + n) * ic;
+            match w {
+                Rows::Half(wv) => gemm_nt_f16(xv, rows, &wv[block], n, ic, chunk),
+                Rows::Float(wv) => gemm_nt(xv, rows, &wv[block], n, ic, chunk),
+            }
+            for (ob, outs) in chunk.chunks_mut(rows).enumerate() {
+                let b = bias_of(o0 + ob);
+                outs.iter_mut().for_each(|v| *v += b);
             }
         });
     t
@@ -1337,6 +1369,64 @@ mod tests {
             outputs: &[],
         };
         linear(&args)
+    }
+
+    #[test]
+    fn walk_lists_every_offset_in_row_major_order() {
+        // The definition: every position, the last axis fastest, Σ pos[d]·st[d].
+        fn naive(shape: &[usize], st: &[usize]) -> Vec<usize> {
+            let n: usize = shape.iter().product();
+            (0..n)
+                .map(|mut i| {
+                    let mut off = 0;
+                    for d in (0..shape.len()).rev() {
+                        off += (i % shape[d]) * st[d];
+                        i /= shape[d];
+                    }
+                    off
+                })
+                .collect()
+        }
+        let cases: [(&[usize], &[usize]); 7] = [
+            (&[], &[]),
+            (&[5], &[1]),
+            (&[3, 4], &[1, 3]),
+            (&[2, 3, 4], &[12, 0, 1]),
+            (&[2, 0, 4], &[0, 4, 1]),
+            (&[1, 3, 1, 2], &[6, 2, 2, 1]),
+            (&[4, 1, 3], &[1, 0, 4]),
+        ];
+        for (shape, st) in cases {
+            assert_eq!(walk(shape, st), naive(shape, st), "{shape:?} {st:?}");
+        }
+    }
+
+    /// Several rows of x take the blocked product, one row the dot products: both are x·Wᵀ.
+    #[test]
+    fn linear_of_many_rows_agrees_with_one_row_at_a_time() {
+        let (oc, ic, rows) = (37, 45, 7);
+        let wv: Vec<f32> = (0..oc * ic).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
+        let xv: Vec<f32> = (0..rows * ic)
+            .map(|i| ((i * 7) % 11) as f32 - 5.0)
+            .collect();
+        for w in [
+            Tensor::f32(vec![oc, ic], wv.clone()),
+            Tensor::f16(
+                vec![oc, ic],
+                wv.iter().map(|&v| half::f16::from_f32(v)).collect(),
+            ),
+        ] {
+            let all = linear_of(&Tensor::f32(vec![rows, ic], xv.clone()), &w).unwrap();
+            let all = all.as_f32().into_owned();
+            for r in 0..rows {
+                let one = linear_of(
+                    &Tensor::f32(vec![ic], xv[r * ic..(r + 1) * ic].to_vec()),
+                    &w,
+                )
+                .unwrap();
+                assert_eq!(&all[r * oc..(r + 1) * oc], &one.as_f32()[..], "row {r}");
+            }
+        }
     }
 
     /// `linear` computes x·Wᵀ over the last axis for x of rank 1 to 3 and refuses rank 4, as
