@@ -31,6 +31,8 @@ impl FixedModel {
             version: CONTRACT_VERSION,
             target: Default::default(),
             layout: Default::default(),
+            kv_cache: Default::default(),
+            states: Vec::new(),
             max_seq_len: S,
             query_len: 1,
             num_layers: L,

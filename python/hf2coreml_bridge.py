@@ -99,7 +99,12 @@ def _build(desc, dense, luts):
         dt = mil_types[i["dtype"]]
         if i["dtype"] in ("fp16", "fp32"):
             dt = mil_types[desc["float"]]
-        specs[i["name"]] = mb.placeholder(shape=tuple(i["shape"]), dtype=dt)
+        if i.get("state"):
+            # A Core ML state (iOS18, `--kv-cache state`): ct.convert lists it in the model
+            # description's states, not its inputs.
+            specs[i["name"]] = mb.state_tensor_placeholder(shape=tuple(i["shape"]), dtype=dt)
+        else:
+            specs[i["name"]] = mb.placeholder(shape=tuple(i["shape"]), dtype=dt)
 
     ios18 = desc.get("target") == "ios18"
     with Function(specs, opset_version=_target(ct, desc)) as func:

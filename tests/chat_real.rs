@@ -58,7 +58,8 @@ fn a_two_turn_chat_reuses_the_cache_and_equals_a_one_shot_run() {
     let cached = g.cached_tokens().to_vec();
     assert_eq!(cached.len(), first.prompt.len() + first.tokens.len() - 1);
     // Saved here, to resume turn 2 in another generator below.
-    let kv = KvFile::from_generator(&g, &cached, serde_json::to_string(&conv.messages).unwrap());
+    let kv = KvFile::from_generator(&g, &cached, serde_json::to_string(&conv.messages).unwrap())
+        .unwrap();
     let second = conv.turn(&mut g, TURNS[1], &opts(), &mut text).unwrap();
 
     // Turn 2 is the whole conversation rendered again; every cached token was a prefix of it

@@ -189,7 +189,7 @@ fn extend_and_restore_continue_the_cached_sequence() {
         let cached = [&first[..], &one.tokens[..3]].concat();
         assert_eq!(g.cached_tokens(), &cached[..], "Q = {q}");
         let whole = [&first[..], &one.tokens[..], &[9, 2, 6]].concat();
-        let (keys, values) = g.valid_rows();
+        let (keys, values) = g.valid_rows().unwrap();
         let two = g.extend(&whole, &greedy(8), &mut |_| Ok(())).unwrap();
         assert_eq!(two.timing.prompt_tokens, whole.len() - cached.len());
         assert_eq!(two.tokens, reference_greedy(&whole, 8, V), "Q = {q}");

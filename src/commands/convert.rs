@@ -33,6 +33,11 @@ pub struct Args {
     /// and outputs (README, "The Neural Engine layout").
     #[arg(long, value_enum, value_name = "LAYOUT")]
     pub layout: Option<super::palettize::LayoutArg>,
+    /// How the KV cache crosses the package boundary, overriding the recipe's `kv_cache`
+    /// (default: io). `state` (needs --target ios18) keeps it inside Core ML as one state
+    /// (`MLState`), for GPU and Mac targets (README, "Stateful KV cache").
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub kv_cache: Option<KvCacheArg>,
     /// Precision the program computes in: fp16 (all compute units) or fp32 (CPU/GPU only).
     #[arg(long, value_enum, default_value_t = Precision::Fp16)]
     pub compute_precision: Precision,
@@ -72,15 +77,37 @@ pub struct Args {
     pub python_env: Option<PathBuf>,
 }
 
+/// `--kv-cache`: how the cache is passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheArg {
+    Io,
+    State,
+}
+
+impl From<KvCacheArg> for hf2coreml::mil::contract::KvCache {
+    fn from(k: KvCacheArg) -> Self {
+        match k {
+            KvCacheArg::Io => Self::Io,
+            KvCacheArg::State => Self::State,
+        }
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let job = Job {
         source: args.dir.clone(),
         output: args.output.clone(),
         max_seq_len: args.max_seq_len,
         query_len: args.query_len,
-        recipe: match args.layout {
-            Some(l) => args.recipe.load()?.with_layout(l.into()),
-            None => args.recipe.load()?,
+        recipe: {
+            let mut r = args.recipe.load()?;
+            if let Some(l) = args.layout {
+                r = r.with_layout(l.into());
+            }
+            if let Some(k) = args.kv_cache {
+                r = r.with_kv_cache(k.into());
+            }
+            r
         },
         calibration: args.recipe.calibration.clone(),
         compute_precision: args.compute_precision.into(),

@@ -198,7 +198,7 @@ pub(super) fn save_cache(
         Some(m) => serde_json::to_string(m)?,
         None => String::new(),
     };
-    let kv = KvFile::from_generator(generator, sequence, conversation);
+    let kv = KvFile::from_generator(generator, sequence, conversation)?;
     kv.save(path)?;
     crate::printer::info(format_args!(
         "cache: {} positions ({} tokens) → {}",

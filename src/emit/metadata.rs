@@ -39,7 +39,7 @@ impl Metadata {
             format!("{} {}", c.tool, c.tool_version),
         );
         let d = |k: &str, v: String| (k.to_string(), v);
-        let input_descriptions = BTreeMap::from([
+        let mut input_descriptions = BTreeMap::from([
             d(
                 contract::INPUT_IDS,
                 format!("int32 [1, {q}]: token ids at positions p .. p+{q}-1"),
@@ -88,6 +88,15 @@ impl Metadata {
                 ),
             ),
         ]);
+        if c.kv_cache == contract::KvCache::State {
+            // The cache is the state `kv_cache`: no cache inputs or update outputs to describe.
+            for k in [contract::KEY_CACHE, contract::VALUE_CACHE] {
+                input_descriptions.remove(k);
+            }
+            for k in [contract::KEY_UPDATE, contract::VALUE_UPDATE] {
+                output_descriptions.remove(k);
+            }
+        }
         Ok(Metadata {
             author: format!("{} {}", c.tool, c.tool_version),
             short_description: format!(

@@ -41,6 +41,10 @@ pub struct Input {
     #[serde(serialize_with = "dtype_name")]
     pub dtype: DType,
     pub shape: Vec<usize>,
+    /// A Core ML state (iOS18) rather than a tensor input: read with `read_state`, written
+    /// with `coreml_update_state`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub state: bool,
 }
 
 /// A weight as a builder takes it: dense fp16 values, or quantized as a package stores it.
@@ -362,7 +366,18 @@ impl Builder {
             name: name.clone(),
             dtype,
             shape,
+            state: false,
         });
+        name
+    }
+
+    /// A state input (iOS18): the program reads it with [`Op::ReadState`] and stores a new value
+    /// with [`Op::CoremlUpdateState`].
+    pub fn state_input(&mut self, name: &str, dtype: DType, shape: Vec<usize>) -> String {
+        let name = self.input(name, dtype, shape);
+        if let Some(i) = self.graph.inputs.last_mut() {
+            i.state = true;
+        }
         name
     }
 

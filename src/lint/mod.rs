@@ -252,6 +252,7 @@ pub fn lint(path: &Path, policy: &Policy) -> Result<LintReport, LintError> {
             check_io_last_axis(&mut c, "output", name, t);
         }
     }
+    check_states(&mut c, main.inputs);
     let consumers = consumers(&ops);
     let mut weight_bytes = vec![0u64; ops.len()];
     for (i, op) in ops.iter().enumerate() {
@@ -382,6 +383,40 @@ fn check_io_last_axis(c: &mut Collector, kind: &str, name: &str, t: &TypeInfo) {
             rules::LAST_AXIS_BYTES
         );
         c.add(None, "narrow-last-axis", kind, name, detail);
+    }
+}
+
+/// States (iOS18): their last two dimensions multiples of 32, one shape for all of them.
+fn check_states(c: &mut Collector, inputs: &[proto::NamedValueType]) {
+    use proto::value_type::Type;
+    let mut shapes: Vec<(&str, TypeInfo)> = Vec::new();
+    for i in inputs {
+        let Some(Type::StateType(_)) = i.r#type.as_ref().and_then(|t| t.r#type.as_ref()) else {
+            continue;
+        };
+        let Some(t) = type_info(i.r#type.as_ref()) else {
+            continue;
+        };
+        let tail = &t.dims[t.dims.len().saturating_sub(2)..];
+        let aligned = |d: &Option<u64>| d.is_some_and(|d| d % 32 == 0);
+        if !tail.iter().all(aligned) {
+            let detail = format!(
+                "state {}: last two dimensions not multiples of 32",
+                shape_text(&t)
+            );
+            c.add(None, "state-dims", "state", &i.name, detail);
+        }
+        if let Some((first, ft)) = shapes.first() {
+            if ft.dims != t.dims {
+                let detail = format!(
+                    "state {} beside `{first}` {}",
+                    shape_text(&t),
+                    shape_text(ft)
+                );
+                c.add(None, "state-shapes", "state", &i.name, detail);
+            }
+        }
+        shapes.push((&i.name, t));
     }
 }
 

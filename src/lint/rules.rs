@@ -148,6 +148,22 @@ pub const RULES: &[Rule] = &[
         source: "coremltools docs-guides/source/mlmodel-utilities.md",
     },
     Rule {
+        id: "state-dims",
+        severity: Severity::Error,
+        why: "a Core ML state whose last two dimensions are not multiples of 32 fails to run \
+              on the Neural Engine (CPU and GPU run it)",
+        fix: "pad the state's last two axes to multiples of 32 (hf2coreml pads the cache \
+              rows; a head_dim that is not a multiple of 32 cannot be padded) or run on the GPU",
+        source: "coremltools issue #2631 (width 270 fails, 256 runs)",
+    },
+    Rule {
+        id: "state-shapes",
+        severity: Severity::Error,
+        why: "M1 and A14 Neural Engines reject a model whose states have different shapes",
+        fix: "give every state the same shape (hf2coreml stacks all keys and values in one)",
+        source: "ANEMLL 0.3.5 release notes (NEURAL_ENGINE.md)",
+    },
+    Rule {
         id: "weight-file-size",
         severity: Severity::Error,
         why: "the Neural Engine compiler refuses a weight file above 2147483648 bytes",

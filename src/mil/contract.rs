@@ -102,6 +102,56 @@ impl Layout {
     }
 }
 
+/// How the key/value cache crosses the package boundary (docs/design.md, "Stateful KV cache").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCache {
+    /// `key_cache`/`value_cache` inputs, `key_update`/`value_update` outputs: the host keeps
+    /// the cache and writes the new rows (every target; the default).
+    #[default]
+    Io,
+    /// iOS18: one Core ML state, [`KV_STATE`], holding every layer's keys then values; the
+    /// program reads it, writes the new rows at `position` and stores it back.
+    State,
+}
+
+impl KvCache {
+    /// `io` or `state`, as flags, recipes and the contract spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvCache::Io => "io",
+            KvCache::State => "state",
+        }
+    }
+
+    /// The flag or recipe spelling.
+    pub fn parse(s: &str) -> Option<KvCache> {
+        match s {
+            "io" => Some(KvCache::Io),
+            "state" => Some(KvCache::State),
+            _ => None,
+        }
+    }
+
+    /// The default (not recorded, so io packages keep their bytes).
+    pub fn is_io(&self) -> bool {
+        *self == KvCache::Io
+    }
+}
+
+/// The name of the one state of a `--kv-cache state` package.
+pub const KV_STATE: &str = "kv_cache";
+
+/// State dimensions the Neural Engine takes are multiples of this (coremltools #2631).
+pub const STATE_ALIGN: usize = 32;
+
+/// The shape of [`KV_STATE`]: [2·L, Hkv, S rounded up to a multiple of [`STATE_ALIGN`], D];
+/// layer l's keys at index l, its values at L + l. Rows from S on are never written and always
+/// masked (a step at `position` attends to rows below it, and `position + Q <= S`).
+pub fn kv_state_shape(s: usize, l: usize, hkv: usize, d: usize) -> Vec<usize> {
+    vec![2 * l, hkv, s.next_multiple_of(STATE_ALIGN), d]
+}
+
 /// The Neural Engine compiler's largest last axis (W ≤ 16384, docs/design.md "Neural Engine
 /// readiness"): a logits part is never wider.
 pub const MAX_LOGITS_WIDTH: usize = 16_384;
@@ -159,6 +209,12 @@ pub struct Contract {
     /// The graph's layout (absent: the default layout; the I/O is the same in both).
     #[serde(default, skip_serializing_if = "Layout::is_default")]
     pub layout: Layout,
+    /// How the cache is passed (absent: `io`, inputs and outputs).
+    #[serde(default, skip_serializing_if = "KvCache::is_io")]
+    pub kv_cache: KvCache,
+    /// The states a `kv_cache = "state"` package declares (name, dtype, shape).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<IoSpec>,
     /// S: max_sequence_length; cache rows.
     pub max_seq_len: usize,
     /// Q: tokens per step.
@@ -222,6 +278,55 @@ impl Contract {
         )
     }
 
+    /// The inputs, outputs and states of a `--kv-cache state` package: `input_ids` and
+    /// `position` in, the logits parts out, one state [`KV_STATE`] ([`kv_state_shape`]).
+    pub fn state_io(
+        s: usize,
+        q: usize,
+        l: usize,
+        hkv: usize,
+        d: usize,
+        v: usize,
+        float: &str,
+    ) -> (Vec<IoSpec>, Vec<IoSpec>, Vec<IoSpec>) {
+        let (inputs, outputs) = Self::io(s, q, l, hkv, d, v, float);
+        let keep = |specs: Vec<IoSpec>, drop: [&str; 2]| -> Vec<IoSpec> {
+            specs
+                .into_iter()
+                .filter(|i| !drop.contains(&i.name.as_str()))
+                .collect()
+        };
+        let state = IoSpec {
+            name: KV_STATE.into(),
+            dtype: float.into(),
+            shape: kv_state_shape(s, l, hkv, d),
+        };
+        (
+            keep(inputs, [KEY_CACHE, VALUE_CACHE]),
+            keep(outputs, [KEY_UPDATE, VALUE_UPDATE]),
+            vec![state],
+        )
+    }
+
+    /// This contract's inputs, outputs and states as its dimensions and cache mode give them.
+    pub fn expected_io(&self, float: &str) -> (Vec<IoSpec>, Vec<IoSpec>, Vec<IoSpec>) {
+        let (s, q, l, hkv, d, v) = (
+            self.max_seq_len,
+            self.query_len,
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            self.vocab_size,
+        );
+        match self.kv_cache {
+            KvCache::Io => {
+                let (i, o) = Self::io(s, q, l, hkv, d, v, float);
+                (i, o, Vec::new())
+            }
+            KvCache::State => Self::state_io(s, q, l, hkv, d, v, float),
+        }
+    }
+
     /// The logits outputs in vocabulary order, with their widths; the host concatenates them
     /// along the last axis.
     pub fn logits_outputs(&self) -> Vec<(String, usize)> {
@@ -263,5 +368,18 @@ mod tests {
         assert_eq!(logits_widths(151_936).len(), 10);
         assert_eq!(logits_name(0, 1), "logits");
         assert_eq!(logits_name(2, 3), "logits_2");
+    }
+
+    #[test]
+    fn state_io_drops_the_cache_features_and_pads_the_rows() {
+        let (i, o, st) = Contract::state_io(100, 1, 3, 2, 64, 300, "fp16");
+        let names = |v: &[IoSpec]| v.iter().map(|x| x.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&i), ["input_ids", "position"]);
+        assert_eq!(names(&o), ["logits"]);
+        assert_eq!(st[0].name, KV_STATE);
+        assert_eq!(st[0].shape, vec![6, 2, 128, 64]);
+        assert_eq!(kv_state_shape(64, 1, 1, 8)[2], 64);
+        assert_eq!(KvCache::parse("state"), Some(KvCache::State));
+        assert_eq!(KvCache::parse("States"), None);
     }
 }

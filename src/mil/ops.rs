@@ -114,6 +114,16 @@ ops! {
     Linear = "linear",
     /// A convolution; the `--layout ane` projections are 1×1 ones over (B, C, 1, S).
     Conv = "conv",
+    // States (iOS18): a Core ML state read, written, and a window of a tensor replaced.
+    /// iOS18: the current value of a state (`input`).
+    ReadState = "read_state",
+    /// iOS18: `data` becomes the state's (`input`) value; no outputs.
+    WriteState = "write_state",
+    /// The builder's spelling of `write_state` (coremltools' `coreml_update_state`, saved as
+    /// `write_state` and, when its result is read, a `read_state`).
+    CoremlUpdateState = "coreml_update_state",
+    /// iOS18: `x` with the window `begin..end` (slice_by_index's arguments) replaced by `update`.
+    SliceUpdate = "slice_update",
 }
 
 impl std::fmt::Display for Op {

@@ -101,6 +101,7 @@ pub fn convert_chain(
         scaling: scaling.clone(),
         target: opts.target,
         layout: opts.layout,
+        kv_cache: opts.kv_cache,
     };
     let dir = AtomicDir::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let n = job.plan.parts.len();

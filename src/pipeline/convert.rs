@@ -74,6 +74,8 @@ pub struct ConvertOptions {
     pub target: Target,
     /// The graph's layout (`--layout`, the recipe's `layout`).
     pub layout: contract::Layout,
+    /// How the cache is passed (`--kv-cache`, the recipe's `kv_cache`).
+    pub kv_cache: contract::KvCache,
 }
 
 /// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
@@ -315,19 +317,29 @@ pub fn contract_for(
     files: BTreeMap<String, String>,
 ) -> Result<Contract, ConvertError> {
     let spec = ckpt.spec();
-    let (inputs, outputs) = Contract::io(
+    let dims = (
         opts.max_seq_len,
         opts.query_len,
         spec.num_hidden_layers,
         spec.num_key_value_heads,
         spec.head_dim,
         spec.vocab_size,
-        opts.precision.as_str(),
     );
+    let (s, q, l, hkv, d, v) = dims;
+    let precision = opts.precision.as_str();
+    let (inputs, outputs, states) = match opts.kv_cache {
+        contract::KvCache::Io => {
+            let (i, o) = Contract::io(s, q, l, hkv, d, v, precision);
+            (i, o, Vec::new())
+        }
+        contract::KvCache::State => Contract::state_io(s, q, l, hkv, d, v, precision),
+    };
     Ok(Contract {
         version: contract::CONTRACT_VERSION,
         target: opts.target,
         layout: opts.layout,
+        kv_cache: opts.kv_cache,
+        states,
         max_seq_len: opts.max_seq_len,
         query_len: opts.query_len,
         num_layers: spec.num_hidden_layers,
@@ -468,6 +480,8 @@ pub fn convert(
     if let Some(limit) = opts.max_package_size {
         let plan = super::chain::plan(ckpt, opts, &weights, limit)?;
         if !plan.is_single() {
+            // Refused before anything is built: a chain of stateful parts is not supported.
+            crate::graph::llama::check_kv_cache(opts.kv_cache, opts.target, opts.layout, false)?;
             let job = super::chain::ChainJob {
                 plan,
                 parameters,
@@ -500,6 +514,7 @@ pub fn convert(
             scaling: scaling.clone(),
             target: opts.target,
             layout: opts.layout,
+            kv_cache: opts.kv_cache,
         },
     )?;
     let predicted_weight_bytes = graph.const_bytes();

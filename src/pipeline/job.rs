@@ -262,6 +262,9 @@ impl Job {
     /// Checks that need no input file: the shape, the output name, a writable output place.
     pub fn check(&self) -> Result<(), JobError> {
         check_shape(self.max_seq_len, self.query_len)?;
+        let r = &self.recipe;
+        crate::graph::llama::check_kv_cache(r.kv_cache(), r.target(), r.layout(), true)
+            .map_err(ConvertError::Graph)?;
         crate::fsutil::refuse_output_over_input(&self.source, &self.output)
             .map_err(JobError::Unwritable)?;
         Outputs::for_package(&self.output)?;
@@ -496,6 +499,7 @@ impl Job {
             max_package_size: Some(self.package_limit()?),
             target: self.recipe.target(),
             layout: self.recipe.layout(),
+            kv_cache: self.recipe.kv_cache(),
         };
         Ok(convert::convert(
             ckpt, &opts, weights, applied, times, progress,

@@ -149,4 +149,25 @@ mod tests {
             vec![15, 15, 15]
         );
     }
+
+    #[test]
+    fn three_bit_stream_by_hand() {
+        // Element k at bits 3k..3k+3: Σ v_k·8^k = 0x88E1DD for these eight values.
+        let idx = [5, 3, 7, 0, 6, 1, 2, 4];
+        assert_eq!(pack_indices(&idx, 3), vec![0xDD, 0xE1, 0x88]);
+        assert_eq!(unpack_indices(&[0xDD, 0xE1, 0x88], 3, 8), idx.to_vec());
+    }
+
+    #[test]
+    fn unpack_stops_at_n_with_bits_left_over() {
+        // One byte holds four 2-bit and eight 1-bit indices: asking for fewer returns exactly
+        // that many, the low bits first.
+        assert_eq!(unpack_indices(&[0b1110_0110], 2, 1), vec![0b10]);
+        assert_eq!(unpack_indices(&[0b1110_0110], 2, 3), vec![0b10, 0b01, 0b10]);
+        assert_eq!(
+            unpack_indices(&[0x8D, 0x01], 1, 9),
+            vec![1, 0, 1, 1, 0, 0, 0, 1, 1]
+        );
+        assert_eq!(unpack_indices(&[0xAB, 0xCD], 8, 1), vec![0xAB]);
+    }
 }

@@ -28,7 +28,7 @@ use serde::Serialize;
 use super::kmeans::check_nbits;
 use super::{Granularity, QuantError, SUPPORTED_NBITS};
 use crate::arch::{Role, TensorSlot};
-use crate::mil::contract::{Layout, Target};
+use crate::mil::contract::{KvCache, Layout, Target};
 
 /// What is wrong with a recipe: the message after `{origin}: ` in [`QuantError::Recipe`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -206,6 +206,8 @@ pub struct Recipe {
     target: Target,
     /// `layout = "default" | "ane"` (`--layout` overrides it).
     layout: Layout,
+    /// `kv_cache = "io" | "state"` (`--kv-cache` overrides it).
+    kv_cache: KvCache,
 }
 
 /// The `[calibration]` table: palettized projections are fitted to what they compute on
@@ -476,6 +478,7 @@ impl Recipe {
             calibration: None,
             target: Target::Ios17,
             layout: Layout::Default,
+            kv_cache: KvCache::Io,
         };
         for (key, value) in &table {
             match key.as_str() {
@@ -555,10 +558,17 @@ impl Recipe {
                         ))
                     })?
                 }
+                "kv_cache" => {
+                    recipe.kv_cache = value.as_str().and_then(KvCache::parse).ok_or_else(|| {
+                        err(RecipeError::Invalid(
+                            "kv_cache must be \"io\" or \"state\"".into(),
+                        ))
+                    })?
+                }
                 other => {
                     return Err(err(RecipeError::Invalid(format!(
-                        "unknown key `{other}` (expected target, layout, default, roles, \
-                         tensors, calibration)"
+                        "unknown key `{other}` (expected target, layout, kv_cache, default, \
+                         roles, tensors, calibration)"
                     ))))
                 }
             }
@@ -647,6 +657,17 @@ impl Recipe {
     /// The recipe building `layout` instead (`--layout`).
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
+        self
+    }
+
+    /// How the packages this recipe builds pass their cache.
+    pub fn kv_cache(&self) -> KvCache {
+        self.kv_cache
+    }
+
+    /// The recipe passing the cache as `kv_cache` instead (`--kv-cache`).
+    pub fn with_kv_cache(mut self, kv_cache: KvCache) -> Self {
+        self.kv_cache = kv_cache;
         self
     }
 
@@ -782,6 +803,9 @@ impl Recipe {
         // Written only when not the default, so recipes from before layouts keep their text.
         if self.layout != Layout::Default {
             out.push_str(&format!("layout = \"{}\"\n", self.layout.as_str()));
+        }
+        if self.kv_cache != KvCache::Io {
+            out.push_str(&format!("kv_cache = \"{}\"\n", self.kv_cache.as_str()));
         }
         out.push_str(&format!(
             "default = {}\n\n[roles]\n",

@@ -215,4 +215,23 @@ impl StepModel for Saved {
     ) -> Result<StepOutput, RuntimeError> {
         self.step_with_stats(input_ids, position, key_cache, value_cache, None)
     }
+
+    fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
+        match self {
+            Saved::Package(p) => p.state_rows(rows),
+            Saved::Chain(_) => Err(RuntimeError::Program("a chain holds no cache state".into())),
+        }
+    }
+
+    fn restore_state_rows(
+        &mut self,
+        rows: usize,
+        keys: &[f16],
+        values: &[f16],
+    ) -> Result<(), RuntimeError> {
+        match self {
+            Saved::Package(p) => p.restore_state_rows(rows, keys, values),
+            Saved::Chain(_) => Err(RuntimeError::Program("a chain holds no cache state".into())),
+        }
+    }
 }

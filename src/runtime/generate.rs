@@ -248,8 +248,11 @@ pub struct Generator<M> {
     v: usize,
     pad: u32,
     eos: Vec<u32>,
+    /// Empty for a stateful model (`kv_cache = "state"`), which holds its cache itself.
     key_cache: Vec<f16>,
     value_cache: Vec<f16>,
+    /// The model holds the cache: no host copy, no update rows to write.
+    stateful: bool,
     input: Vec<i32>,
     /// The tokens whose cache rows are valid, in position order (rows `[0, cached.len())`).
     cached: Vec<u32>,
@@ -291,6 +294,8 @@ impl<M: StepModel> Generator<M> {
         }
         let eos = c.eos_token_ids.clone();
         let pad = eos.first().copied().unwrap_or(0);
+        let stateful = c.kv_cache == crate::mil::contract::KvCache::State;
+        let host_cache = if stateful { 0 } else { cache_len };
         Ok(Generator {
             model,
             s,
@@ -300,8 +305,9 @@ impl<M: StepModel> Generator<M> {
             v,
             pad,
             eos,
-            key_cache: vec![f16::ZERO; cache_len],
-            value_cache: vec![f16::ZERO; cache_len],
+            key_cache: vec![f16::ZERO; host_cache],
+            value_cache: vec![f16::ZERO; host_cache],
+            stateful,
             input: Vec::with_capacity(q),
             cached: Vec::new(),
         })
@@ -316,7 +322,8 @@ impl<M: StepModel> Generator<M> {
     pub fn into_model(self) -> M {
         self.model
     }
-    /// The key cache, [L, Hkv, S, D]; rows below the last processed position are valid.
+    /// The key cache, [L, Hkv, S, D]; rows below the last processed position are valid. Empty
+    /// for a stateful model (see [`valid_rows`](Self::valid_rows)).
     pub fn key_cache(&self) -> &[f16] {
         &self.key_cache
     }
@@ -341,9 +348,16 @@ impl<M: StepModel> Generator<M> {
         self.cached.clear();
     }
 
-    /// The valid rows of both caches, `[L, Hkv, P, D]` each with P = `cached_tokens().len()`.
-    pub fn valid_rows(&self) -> (Vec<f16>, Vec<f16>) {
+    /// The valid rows of both caches, `[L, Hkv, P, D]` each with P = `cached_tokens().len()`
+    /// (a stateful model's are read from its state).
+    pub fn valid_rows(&self) -> Result<(Vec<f16>, Vec<f16>), GenerateError> {
         let p = self.cached.len();
+        if self.stateful {
+            return self.model.state_rows(p).map_err(|e| GenerateError::Step {
+                position: p,
+                source: e.into(),
+            });
+        }
         let take = |cache: &[f16]| {
             let mut out = Vec::with_capacity(self.layers_heads * p * self.d);
             for lh in 0..self.layers_heads {
@@ -352,7 +366,7 @@ impl<M: StepModel> Generator<M> {
             }
             out
         };
-        (take(&self.key_cache), take(&self.value_cache))
+        Ok((take(&self.key_cache), take(&self.value_cache)))
     }
 
     /// Put back rows [`valid_rows`](Self::valid_rows) returned for `tokens`: the next call
@@ -375,6 +389,16 @@ impl<M: StepModel> Generator<M> {
             )));
         }
         self.check_ids(tokens)?;
+        if self.stateful {
+            self.model
+                .restore_state_rows(p, keys, values)
+                .map_err(|e| GenerateError::Step {
+                    position: 0,
+                    source: e.into(),
+                })?;
+            self.cached = tokens.to_vec();
+            return Ok(());
+        }
         let block = p * self.d;
         for lh in 0..self.layers_heads {
             let dst = lh * self.s * self.d;
@@ -536,12 +560,14 @@ impl<M: StepModel> Generator<M> {
                 }
             };
             check("logits", out.logits.len(), self.q * self.v)?;
+            // A stateful model wrote its rows itself and returns none.
+            let rows = if self.stateful { 0 } else { rows };
             check("key_update", out.key_update.len(), rows)?;
             check("value_update", out.value_update.len(), rows)?;
             // key_update[l, h] is a contiguous [Q, D] block that lands on cache rows
             // [start, start + Q) of the contiguous [S, D] block cache[l, h].
             let block = self.q * self.d;
-            for lh in 0..self.layers_heads {
+            for lh in 0..self.layers_heads * usize::from(!self.stateful) {
                 let dst = (lh * self.s + c.start) * self.d;
                 let src = lh * block;
                 self.key_cache[dst..dst + block].copy_from_slice(&out.key_update[src..src + block]);

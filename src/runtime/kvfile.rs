@@ -98,15 +98,15 @@ impl KvFile {
         g: &Generator<M>,
         tokens: &[u32],
         conversation: String,
-    ) -> Self {
-        let (keys, values) = g.valid_rows();
+    ) -> Result<Self, super::generate::GenerateError> {
+        let (keys, values) = g.valid_rows()?;
         let cached = g.cached_tokens();
         let tokens = if tokens.starts_with(cached) {
             tokens.to_vec()
         } else {
             cached.to_vec()
         };
-        KvFile {
+        Ok(KvFile {
             contract_hash: contract_hash(g.model().contract()),
             shape: g.cache_shape(),
             position: cached.len(),
@@ -114,7 +114,7 @@ impl KvFile {
             conversation,
             keys,
             values,
-        }
+        })
     }
 
     /// Put the rows back into `g` (after [`check`](Self::check)).

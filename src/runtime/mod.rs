@@ -24,6 +24,30 @@ pub trait StepModel {
         key_cache: &[f16],
         value_cache: &[f16],
     ) -> Result<StepOutput, RuntimeError>;
+
+    /// A stateful model (`kv_cache = "state"`, which ignores the caches `step` is given and
+    /// returns no update rows): the first `rows` rows of its cache, [L, Hkv, rows, D] keys and
+    /// values. Models without a state have none.
+    fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
+        let _ = rows;
+        Err(RuntimeError::Program(
+            "the model holds no cache state".into(),
+        ))
+    }
+
+    /// A stateful model: put `keys` and `values` ([L, Hkv, rows, D]) into its cache's first
+    /// rows, as [`state_rows`](Self::state_rows) returned them.
+    fn restore_state_rows(
+        &mut self,
+        rows: usize,
+        keys: &[f16],
+        values: &[f16],
+    ) -> Result<(), RuntimeError> {
+        let _ = (rows, keys, values);
+        Err(RuntimeError::Program(
+            "the model holds no cache state".into(),
+        ))
+    }
 }
 
 /// What one step returns.

@@ -348,4 +348,58 @@ mod tests {
         assert_eq!(RecipeKind::from_min_bits(Some(4)), RecipeKind::Bits4);
         assert_eq!(RecipeKind::from_min_bits(Some(2)), RecipeKind::Bits4);
     }
+
+    /// Each operator below, at and above its threshold, from its definition: a gate whose
+    /// operator flipped or widened would pass or fail the wrong packages.
+    #[test]
+    fn each_operator_below_at_and_above_the_threshold() {
+        // (operator, holds for 0.5, for 1.0, for 1.5) against a threshold of 1.0.
+        let table = [
+            (Cmp::Lt, true, false, false),
+            (Cmp::Le, true, true, false),
+            (Cmp::Gt, false, false, true),
+            (Cmp::Ge, false, true, true),
+        ];
+        for (cmp, below, at, above) in table {
+            assert_eq!(cmp.holds(0.5, 1.0), below, "{cmp:?} below");
+            assert_eq!(cmp.holds(1.0, 1.0), at, "{cmp:?} at");
+            assert_eq!(cmp.holds(1.5, 1.0), above, "{cmp:?} above");
+            assert!(!cmp.holds(f64::NAN, 1.0), "{cmp:?} passed NaN");
+        }
+    }
+
+    /// A gate reads its own metric: every field of the comparison holds a different value.
+    #[test]
+    fn gates_read_their_own_metric() {
+        let c = LogitComparison {
+            positions: 7,
+            kl_mean: 0.125,
+            kl_max: 2.5,
+            kl_argmax: 3,
+            top1: 0.875,
+            top5: 0.9375,
+            ppl_reference: 10.0,
+            ppl_package: 10.5,
+            ppl_ratio: 1.05,
+            max_abs_dlogit: 4.25,
+            nonfinite_rows: 0,
+            kl: vec![0.125; 7],
+        };
+        let expected = [
+            ("kl_mean", 0.125),
+            ("kl_max", 2.5),
+            ("top1", 0.875),
+            ("top5", 0.9375),
+            ("ppl_ratio", 1.05),
+            ("max_dlogit", 4.25),
+        ];
+        for (name, value) in expected {
+            let pass: Gate = format!("{name}<={value}").parse().unwrap();
+            let r = pass.evaluate(&c);
+            assert_eq!((r.value, r.passed), (value, true), "{name}");
+            assert_eq!(r.gate, format!("{name}<={value}"));
+            let fail: Gate = format!("{name}>{value}").parse().unwrap();
+            assert!(!fail.evaluate(&c).passed, "{name}");
+        }
+    }
 }

@@ -284,20 +284,16 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
     } else {
         "fp16"
     };
-    let (inputs, outputs) = Contract::io(
-        c.max_seq_len,
-        c.query_len,
-        c.num_layers,
-        c.num_kv_heads,
-        c.head_dim,
-        c.vocab_size,
-        float,
-    );
+    // An io package has the cache inputs and update outputs; a stateful one (`kv_cache =
+    // "state"`) has neither, and its one state instead.
+    let (inputs, outputs, states) = c.expected_io(float);
     let desc = pkg.description();
     for (kind, want, have) in [
         ("input", inputs, &desc.inputs),
         ("output", outputs, &desc.outputs),
+        ("state", states, &desc.states),
     ] {
+        let count = want.len();
         for w in want {
             let found = have.iter().find(|f| f.name == w.name);
             let shape = |s: &[i64]| format!("{s:?}");
@@ -311,11 +307,6 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
                 None => item(&format!("{kind} `{}`", w.name), "present", "missing"),
             });
         }
-        let count = if kind == "output" {
-            2 + c.logits_outputs().len()
-        } else {
-            4
-        };
         items.push(item(&format!("{kind} count"), count, have.len()));
     }
     items.push(item(

@@ -21,6 +21,8 @@ pub fn contract(s: usize, q: usize, v: usize, eos: Vec<u32>) -> Contract {
         version: CONTRACT_VERSION,
         target: Default::default(),
         layout: Default::default(),
+        kv_cache: Default::default(),
+        states: Vec::new(),
         max_seq_len: s,
         query_len: q,
         num_layers: l,

@@ -225,4 +225,89 @@ mod tests {
             f16::ONE.to_le_bytes().to_vec()
         );
     }
+
+    /// Every tensor name of a llama GGUF (llama.cpp's `LLM_TENSOR_NAMES`) and its name in
+    /// transformers' `LlamaForCausalLM`, written out.
+    #[test]
+    fn every_llama_name_maps() {
+        let table = [
+            ("token_embd.weight", "model.embed_tokens.weight"),
+            ("output_norm.weight", "model.norm.weight"),
+            ("output.weight", "lm_head.weight"),
+            (
+                "blk.3.attn_norm.weight",
+                "model.layers.3.input_layernorm.weight",
+            ),
+            (
+                "blk.3.ffn_norm.weight",
+                "model.layers.3.post_attention_layernorm.weight",
+            ),
+            (
+                "blk.3.attn_q.weight",
+                "model.layers.3.self_attn.q_proj.weight",
+            ),
+            (
+                "blk.3.attn_k.weight",
+                "model.layers.3.self_attn.k_proj.weight",
+            ),
+            (
+                "blk.3.attn_v.weight",
+                "model.layers.3.self_attn.v_proj.weight",
+            ),
+            (
+                "blk.3.attn_output.weight",
+                "model.layers.3.self_attn.o_proj.weight",
+            ),
+            (
+                "blk.3.ffn_gate.weight",
+                "model.layers.3.mlp.gate_proj.weight",
+            ),
+            ("blk.3.ffn_up.weight", "model.layers.3.mlp.up_proj.weight"),
+            (
+                "blk.3.ffn_down.weight",
+                "model.layers.3.mlp.down_proj.weight",
+            ),
+            (
+                "blk.10.attn_q.bias",
+                "model.layers.10.self_attn.q_proj.bias",
+            ),
+            (
+                "blk.10.attn_k.bias",
+                "model.layers.10.self_attn.k_proj.bias",
+            ),
+            (
+                "blk.10.attn_v.bias",
+                "model.layers.10.self_attn.v_proj.bias",
+            ),
+        ];
+        for (gguf, hf) in table {
+            assert_eq!(hf_tensor_name(gguf).as_deref(), Some(hf), "{gguf}");
+        }
+        // Layer numbers are canonical decimals only (`+1` and ` 1` parse as 1 in Rust).
+        for bad in [
+            "blk.+1.attn_q.weight",
+            "blk.1x.attn_q.weight",
+            "blk.-1.attn_q.weight",
+            "blk.1.attn_q.scale",
+            "blk.1.ffn_down.bias",
+        ] {
+            assert_eq!(hf_tensor_name(bad), None, "{bad}");
+        }
+    }
+
+    /// Two heads of six rows, as llama.cpp's converter writes them:
+    /// `w.reshape(n_head, 2, d/2, cols).swapaxes(1, 2)` puts Hugging Face row `h·d + j·d/2 + i`
+    /// at GGUF row `h·d + 2i + j`, i.e. rows 0 3 1 4 2 5 | 6 9 7 10 8 11.
+    #[test]
+    fn two_heads_in_llama_cpp_order() {
+        let gguf_order = [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11];
+        let cols = 2;
+        let hf: Vec<f32> = (0..12 * cols).map(|v| v as f32).collect();
+        let gguf: Vec<f32> = gguf_order
+            .iter()
+            .flat_map(|&r| [(r * cols) as f32, (r * cols + 1) as f32])
+            .collect();
+        assert_eq!(unpermute_rows(&gguf, 12, cols, 2), hf);
+        assert_eq!(permute_rows(&hf, 12, cols, 2), gguf);
+    }
 }

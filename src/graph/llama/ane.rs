@@ -52,7 +52,9 @@ pub(super) fn build_part(
     } else {
         b.input(HIDDEN_IN, fl, vec![1, q, spec.hidden_size])
     };
-    let shared = (!part.layers.is_empty()).then(|| shared_inputs(&mut b, spec, dims, part, alpha));
+    // The io cache only: `--kv-cache state` is refused for this layout (`state::check`).
+    let shared =
+        (!part.layers.is_empty()).then(|| shared_inputs(&mut b, spec, dims, part, alpha, opts).0);
     let (x, mut head) = if part.embedding {
         embedding(&mut b, &mut weights, spec, (&first, q), alpha, part.head)?
     } else {

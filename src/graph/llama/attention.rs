@@ -41,7 +41,7 @@ pub(super) fn attention(
         b,
         &shared.value_cache,
         dims,
-        at,
+        at + shared.value_offset,
         &format!("{tag}_value_cache"),
     );
     let keys = join(b, &kc, &k, &format!("{tag}_keys"));

@@ -18,6 +18,9 @@ mod linear;
 mod logits;
 mod mask;
 mod mlp;
+mod state;
+
+pub use state::check as check_kv_cache;
 
 use std::collections::BTreeMap;
 
@@ -47,6 +50,8 @@ pub struct StepOptions {
     pub target: crate::mil::contract::Target,
     /// The hidden state's layout (`--layout`): [`ane`] builds the (B, C, 1, S) form.
     pub layout: crate::mil::contract::Layout,
+    /// How the cache is passed (`--kv-cache`): inputs/outputs, or one state ([`state`]).
+    pub kv_cache: crate::mil::contract::KvCache,
 }
 
 /// The step's dimensions.
@@ -85,6 +90,8 @@ impl Dims {
                 opts.float.name()
             )));
         }
+        // A state's rows are padded to a multiple of 32 (always masked: see [`state`]).
+        let s = state::rows(opts);
         Ok(Dims { s, q, h, hkv, d })
     }
 }
@@ -127,6 +134,10 @@ struct Shared {
     mask: String,
     key_cache: String,
     value_cache: String,
+    /// Where layer 0's values start in `value_cache`: 0 for the io inputs, L in the state.
+    value_offset: usize,
+    /// The `position` input.
+    position: String,
 }
 
 /// Refuse a spec this builder would not compute exactly at cache length `max_seq_len`.
@@ -241,6 +252,8 @@ pub fn build_part(
     part: &Part,
 ) -> Result<Graph, GraphError> {
     check_spec(spec, opts.max_seq_len)?;
+    let whole = *part == Part::whole(spec);
+    state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
     if opts.layout == crate::mil::contract::Layout::Ane {
         return ane::build_part(spec, weights, opts, part);
     }
@@ -263,10 +276,11 @@ pub fn build_part(
     } else {
         b.input(HIDDEN_IN, fl, vec![1, dims.q, spec.hidden_size])
     };
-    let shared = if part.layers.is_empty() {
-        None
+    let (shared, state) = if part.layers.is_empty() {
+        (None, None)
     } else {
-        Some(shared_inputs(&mut b, spec, dims, part, alpha))
+        let (shared, state) = shared_inputs(&mut b, spec, dims, part, alpha, opts);
+        (Some(shared), state)
     };
     let (mut x, mut head) = if part.embedding {
         let (x, head) = logits::embedding_and_head(
@@ -314,22 +328,43 @@ pub fn build_part(
     } else {
         vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&x))])]
     };
-    if shared.is_some() {
-        outputs.push(stack(&mut b, key_rows, contract::KEY_UPDATE));
-        outputs.push(stack(&mut b, value_rows, contract::VALUE_UPDATE));
+    match (&shared, &state) {
+        (Some(sh), Some(st)) => {
+            let position = sh.position.clone();
+            state::write(&mut b, st, key_rows, value_rows, &position, &sh.dims);
+        }
+        (Some(_), None) => {
+            outputs.push(stack(&mut b, key_rows, contract::KEY_UPDATE));
+            outputs.push(stack(&mut b, value_rows, contract::VALUE_UPDATE));
+        }
+        _ => {}
     }
     weights.finish()?;
     b.finish(outputs)
 }
 
-/// The position, the caches (this part's layers), RoPE rows and the mask: what every block
-/// reads besides its weights.
-fn shared_inputs(b: &mut Builder, spec: &ModelSpec, dims: Dims, part: &Part, alpha: f64) -> Shared {
+/// The position, the caches (this part's layers: inputs, or the state read), RoPE rows and the
+/// mask: what every block reads besides its weights.
+fn shared_inputs(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    dims: Dims,
+    part: &Part,
+    alpha: f64,
+    opts: &StepOptions,
+) -> (Shared, Option<state::StateCache>) {
     let fl = b.float();
     let position = b.input(contract::POSITION, DType::I32, vec![1]);
-    let cache_shape = vec![part.layers.len(), dims.hkv, dims.s, dims.d];
-    let key_cache = b.input(contract::KEY_CACHE, fl, cache_shape.clone());
-    let value_cache = b.input(contract::VALUE_CACHE, fl, cache_shape);
+    let (key_cache, value_cache, value_offset, state) =
+        if opts.kv_cache == crate::mil::contract::KvCache::State {
+            let st = state::read(b, part.layers.len(), &dims);
+            (st.read.clone(), st.read.clone(), st.layers, Some(st))
+        } else {
+            let cache_shape = vec![part.layers.len(), dims.hkv, dims.s, dims.d];
+            let k = b.input(contract::KEY_CACHE, fl, cache_shape.clone());
+            let v = b.input(contract::VALUE_CACHE, fl, cache_shape);
+            (k, v, 0, None)
+        };
     let tables = mask::Tables::new(b, spec, &dims);
     let (cos, sin) = mask::rope_rows(b, &tables, &position, false).expect("global tables");
     let mask = mask::mask(b, &tables, &position, &dims);
@@ -343,7 +378,7 @@ fn shared_inputs(b: &mut Builder, spec: &ModelSpec, dims: Dims, part: &Part, alp
                 .is_some_and(|g| g.sliding_layers.contains(&l))
         })
         .collect();
-    Shared {
+    let shared = Shared {
         q_scale: spec.attention_scale(),
         norm_offset: spec.norm_offset() as f64,
         sandwich: spec.gemma.is_some(),
@@ -366,7 +401,10 @@ fn shared_inputs(b: &mut Builder, spec: &ModelSpec, dims: Dims, part: &Part, alp
         mask,
         key_cache,
         value_cache,
-    }
+        value_offset,
+        position,
+    };
+    (shared, state)
 }
 
 /// Decoder block `l` on the residual stream `x`: returns the new stream and the layer's new
@@ -620,6 +658,7 @@ mod tests {
             scaling,
             target: Default::default(),
             layout: Default::default(),
+            kv_cache: Default::default(),
         }
     }
 

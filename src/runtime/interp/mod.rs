@@ -12,6 +12,7 @@ mod kernels;
 pub mod limits;
 pub mod ops;
 pub mod packed;
+mod state;
 pub mod tensor;
 
 use std::borrow::Cow;
@@ -26,6 +27,7 @@ use crate::mil::{DType, Op};
 use crate::mlpackage::{self, proto, MlPackage, PackageError, TensorTypeInfo, Values};
 use limits::Limits;
 use ops::{Args, OpError};
+pub use state::States;
 pub use tensor::{Data, Tensor};
 
 /// What can go wrong loading or running a program.
@@ -158,6 +160,9 @@ struct Instr {
     out_names: Vec<String>,
     /// Slots whose last use is this instruction.
     frees: Vec<usize>,
+    /// A `slice_update` of a state's value that may write into the state's storage: the
+    /// state's slot (see [`state`]).
+    in_place: Option<usize>,
 }
 
 /// A compiled `main` function.
@@ -171,6 +176,8 @@ pub struct Program {
     /// The slots of the kept constants, by name (validate reads weights back through them).
     const_names: HashMap<String, usize>,
     inputs: Vec<(String, usize, TensorTypeInfo)>,
+    /// Core ML states (iOS18): name, slot, the wrapped tensor type.
+    states: Vec<(String, usize, TensorTypeInfo)>,
     instrs: Vec<Instr>,
     outputs: Vec<(String, usize)>,
     opset: String,
@@ -190,6 +197,7 @@ const LAYOUT_OPS: &[Op] = &[
     Op::SliceBySize,
     Op::Tile,
     Op::Gather,
+    Op::SliceUpdate,
 ];
 
 /// Ops that give their input a new shape without touching its elements.
@@ -229,10 +237,15 @@ impl Program {
             packed_names: HashMap::new(),
         };
         let mut inputs = Vec::new();
+        let mut states = Vec::new();
         for i in main.inputs {
-            let ty = ld.declared(i.r#type.as_ref(), &format!("input `{}`", i.name))?;
+            let (vt, list) = match state_wrapped(i.r#type.as_ref()) {
+                Some(w) => (Some(w), &mut states),
+                None => (i.r#type.as_ref(), &mut inputs),
+            };
+            let ty = ld.declared(vt, &format!("input `{}`", i.name))?;
             let s = ld.slot(&i.name);
-            inputs.push((i.name.clone(), s, ty));
+            list.push((i.name.clone(), s, ty));
         }
         let mut consts = Vec::new();
         let mut instrs = Vec::new();
@@ -252,8 +265,17 @@ impl Program {
         let packed = settle_packed(&mut ld, &instrs, &outputs, &mut consts)?;
         let const_bytes = ld.const_bytes;
         drop_unread_constants(&mut consts, &instrs, &outputs);
-        schedule_frees(&mut instrs, &outputs, &consts);
-        let peak = peak_live_bytes(&inputs, &instrs, const_bytes);
+        // States stay live across the whole call, like the outputs.
+        let kept: Vec<(String, usize)> = outputs
+            .iter()
+            .cloned()
+            .chain(states.iter().map(|(n, s, _)| (n.clone(), *s)))
+            .collect();
+        schedule_frees(&mut instrs, &kept, &consts);
+        let state_slots: Vec<usize> = states.iter().map(|(_, s, _)| *s).collect();
+        state::in_place_updates(&mut instrs, &state_slots);
+        let live_in: Vec<_> = inputs.iter().chain(&states).cloned().collect();
+        let peak = peak_live_bytes(&live_in, &instrs, const_bytes);
         limits.check_peak(peak).map_err(|msg| RuntimeError::Limit {
             what: format!("{}", pkg.model_path().display()),
             msg,
@@ -277,6 +299,7 @@ impl Program {
             packed,
             const_names,
             inputs,
+            states,
             instrs,
             outputs,
             opset: main.opset.to_string(),
@@ -317,19 +340,75 @@ impl Program {
         self.inputs.iter().map(|(n, _, t)| (n.as_str(), t))
     }
 
+    /// Declared states (iOS18): name, dtype and shape of the tensor each wraps.
+    pub fn states(&self) -> impl Iterator<Item = (&str, &TensorTypeInfo)> {
+        self.states.iter().map(|(n, _, t)| (n.as_str(), t))
+    }
+
+    /// Fresh values for this program's states: zeros, as Core ML's `makeState()` gives.
+    pub fn new_states(&self) -> States {
+        let float = effective_dtype(DType::F16, self.options);
+        States::zeros(&self.states, float)
+    }
+
     /// Output names in order.
     pub fn output_names(&self) -> impl Iterator<Item = &str> {
         self.outputs.iter().map(|(n, _)| n.as_str())
     }
 
     /// Run once. `inputs` must hold every declared input with its declared shape; a float
-    /// input may be given as f32 or fp16 data. Returns the block outputs by name.
+    /// input may be given as f32 or fp16 data. Returns the block outputs by name. A program
+    /// with states runs on fresh (zero) ones, which are then dropped: see
+    /// [`run_with_states`](Self::run_with_states) to keep them.
     pub fn run(
         &self,
         inputs: Vec<(&str, Tensor)>,
+        stats: Option<&mut Stats>,
+    ) -> Result<HashMap<String, Tensor>, RuntimeError> {
+        self.run_with_states(inputs, &mut self.new_states(), stats)
+    }
+
+    /// Run once on `states` (from [`new_states`](Self::new_states) or an earlier call), which
+    /// hold what the program wrote into them afterwards. A call that fails leaves the states
+    /// it was updating zeroed.
+    pub fn run_with_states(
+        &self,
+        inputs: Vec<(&str, Tensor)>,
+        states: &mut States,
+        stats: Option<&mut Stats>,
+    ) -> Result<HashMap<String, Tensor>, RuntimeError> {
+        if states.names.len() != self.states.len()
+            || states
+                .names
+                .iter()
+                .zip(&self.states)
+                .any(|(a, (b, _, _))| a != b)
+        {
+            return Err(RuntimeError::Program(
+                "states of another program".to_string(),
+            ));
+        }
+        let mut env: Vec<Option<Arc<Tensor>>> = vec![None; self.n_slots];
+        // The states' values move into their slots for the call and back after it.
+        for (v, (_, s, _)) in states.values.iter_mut().zip(&self.states) {
+            env[*s] = v.take();
+        }
+        let result = self.run_env(inputs, &mut env, stats);
+        for (v, (_, s, _)) in states.values.iter_mut().zip(&self.states) {
+            *v = env[*s].take();
+        }
+        if result.is_err() {
+            states.refill(effective_dtype(DType::F16, self.options));
+        }
+        result
+    }
+
+    fn run_env(
+        &self,
+        inputs: Vec<(&str, Tensor)>,
+        env: &mut [Option<Arc<Tensor>>],
         mut stats: Option<&mut Stats>,
     ) -> Result<HashMap<String, Tensor>, RuntimeError> {
-        let mut env: Vec<Option<Arc<Tensor>>> = vec![None; self.n_slots];
         for (s, t) in &self.consts {
             env[*s] = Some(t.clone());
         }
@@ -363,9 +442,18 @@ impl Program {
         }
         for ins in &self.instrs {
             let started = stats.is_some().then(std::time::Instant::now);
-            let results = match self.reshape_in_place(ins, &mut env) {
+            if self.state_op(ins, env)? {
+                for &f in &ins.frees {
+                    env[f] = None;
+                }
+                continue;
+            }
+            let results = match self.reshape_in_place(ins, env) {
                 Some(t) => vec![t],
-                None => self.exec(ins, &env)?,
+                None => match self.update_in_place(ins, env)? {
+                    Some(t) => vec![t],
+                    None => self.exec(ins, env)?,
+                },
             };
             for ((s, ty), (mut t, name)) in ins
                 .outputs
@@ -460,24 +548,7 @@ impl Program {
             [Arg::Slot(s)] => self.packed.get(s).map(|p| (k.as_str(), p)),
             _ => None,
         });
-        let mut map: HashMap<&str, Vec<&Tensor>> = HashMap::new();
-        for (k, a) in &ins.inputs {
-            if weight.is_some_and(|(w, _)| w == k) {
-                continue;
-            }
-            let mut v = Vec::with_capacity(a.len());
-            for b in a {
-                v.push(match b {
-                    Arg::Const(t) => t.as_ref(),
-                    Arg::Slot(s) => env[*s].as_deref().ok_or_else(|| RuntimeError::Op {
-                        op_type: ins.op.name().to_string(),
-                        output: output.clone(),
-                        msg: format!("argument `{k}` has no value (freed or never computed)"),
-                    })?,
-                });
-            }
-            map.insert(k.as_str(), v);
-        }
+        let map = arguments(ins, env, weight.map(|(k, _)| k))?;
         let types: Vec<TensorTypeInfo> = ins.outputs.iter().map(|(_, t)| t.clone()).collect();
         let args = Args {
             map,
@@ -521,6 +592,38 @@ impl Program {
             });
         }
         Ok(res)
+    }
+}
+
+/// An instruction's arguments by name, from the constants and `env` (all but `skip`).
+fn arguments<'e>(
+    ins: &'e Instr,
+    env: &'e [Option<Arc<Tensor>>],
+    skip: Option<&str>,
+) -> Result<HashMap<&'e str, Vec<&'e Tensor>>, RuntimeError> {
+    let mut map: HashMap<&str, Vec<&Tensor>> = HashMap::new();
+    for (k, a) in ins.inputs.iter().filter(|(k, _)| Some(k.as_str()) != skip) {
+        let mut v = Vec::with_capacity(a.len());
+        for b in a {
+            v.push(match b {
+                Arg::Const(t) => t.as_ref(),
+                Arg::Slot(s) => env[*s].as_deref().ok_or_else(|| RuntimeError::Op {
+                    op_type: ins.op.name().to_string(),
+                    output: ins.out_names.first().cloned().unwrap_or_default(),
+                    msg: format!("argument `{k}` has no value (freed or never computed)"),
+                })?,
+            });
+        }
+        map.insert(k.as_str(), v);
+    }
+    Ok(map)
+}
+
+/// The tensor type a state type wraps, if `vt` is a state type.
+fn state_wrapped(vt: Option<&proto::ValueType>) -> Option<&proto::ValueType> {
+    match vt?.r#type.as_ref()? {
+        proto::value_type::Type::StateType(s) => s.wrapped_type.as_ref(),
+        _ => None,
     }
 }
 
@@ -679,6 +782,7 @@ impl Loader<'_> {
             outputs,
             out_names,
             frees: Vec::new(),
+            in_place: None,
         });
         Ok(None)
     }
@@ -850,8 +954,12 @@ fn run_op(op: Op, args: &Args) -> ops::OpResult<Vec<Tensor>> {
             let s: Vec<i64> = x.shape.iter().map(|&d| d as i64).collect();
             Tensor::new(DType::I32, vec![s.len()], Data::I(s))
         })),
+        SliceUpdate => one(state::slice_update(args)),
         Const | ConstexprLutToDense | ConstexprBlockwiseShiftScale => {
             Err(format!("`{op}` is computed when the program loads").into())
+        }
+        ReadState | WriteState | CoremlUpdateState => {
+            Err(format!("`{op}` reads or writes a state: the run loop executes it").into())
         }
     }
 }
@@ -1118,6 +1226,8 @@ pub struct Package {
     program: Program,
     contract: Contract,
     description: mlpackage::Description,
+    /// A stateful package's cache (`kv_cache = "state"`), kept between steps.
+    states: Option<std::sync::Mutex<States>>,
 }
 
 impl Package {
@@ -1146,10 +1256,13 @@ impl Package {
             path: path.display().to_string(),
             msg,
         })?;
+        let states = (contract.kv_cache == contract::KvCache::State)
+            .then(|| std::sync::Mutex::new(program.new_states()));
         Ok(Package {
             program,
             contract,
             description,
+            states,
         })
     }
 
@@ -1171,6 +1284,9 @@ impl Package {
         stats: Option<&mut Stats>,
     ) -> Result<super::StepOutput, RuntimeError> {
         let c = &self.contract;
+        if let Some(states) = &self.states {
+            return self.state_step(states, input_ids, position, stats);
+        }
         let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
         let pos = check_step(c, input_ids, position, key_cache, value_cache)?;
         let inputs = vec![
@@ -1189,18 +1305,8 @@ impl Package {
             ),
         ];
         let mut out = self.program.run(inputs, stats)?;
-        let mut take = |name: &str| {
-            out.remove(name).ok_or_else(|| RuntimeError::Contract {
-                path: String::new(),
-                msg: format!("the program has no output `{name}`"),
-            })
-        };
-        let parts = c
-            .logits_outputs()
-            .into_iter()
-            .map(|(name, width)| take(&name).map(|t| (t, width)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let logits = concat_rows(&parts, c.query_len);
+        let logits = self.logits(&mut out)?;
+        let mut take = |name: &str| take_output(&mut out, name);
         let k = take(contract::KEY_UPDATE)?;
         let v = take(contract::VALUE_UPDATE)?;
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
@@ -1216,6 +1322,13 @@ impl Package {
             value_update: v.to_f16_vec(),
         })
     }
+}
+
+fn take_output(out: &mut HashMap<String, Tensor>, name: &str) -> Result<Tensor, RuntimeError> {
+    out.remove(name).ok_or_else(|| RuntimeError::Contract {
+        path: String::new(),
+        msg: format!("the program has no output `{name}`"),
+    })
 }
 
 /// The step's arguments against the contract: Q tokens, a position that leaves room for them,
@@ -1248,11 +1361,12 @@ pub(crate) fn check_step(
             ),
         });
     }
+    let io = c.kv_cache == contract::KvCache::Io;
     for (name, cache) in [
         (contract::KEY_CACHE, key_cache),
         (contract::VALUE_CACHE, value_cache),
     ] {
-        if cache.len() != cache_len {
+        if io && cache.len() != cache_len {
             return Err(RuntimeError::Input {
                 name: name.into(),
                 msg: format!(
@@ -1273,21 +1387,17 @@ pub(crate) fn check_step(
 /// loader bounded): the runner sizes its caches from the contract, so a contract that claims
 /// more than the program takes would otherwise allocate it.
 fn check_contract_inputs(program: &Program, c: &Contract) -> Result<(), String> {
-    let (inputs, _) = Contract::io(
-        c.max_seq_len,
-        c.query_len,
-        c.num_layers,
-        c.num_kv_heads,
-        c.head_dim,
-        c.vocab_size,
-        "",
-    );
-    for want in inputs {
-        let (_, _, ty) = program
-            .inputs
+    let (inputs, _, states) = c.expected_io("");
+    let declared = [("input", &program.inputs), ("state", &program.states)];
+    for (want, (kind, have)) in inputs
+        .into_iter()
+        .map(|w| (w, declared[0]))
+        .chain(states.into_iter().map(|w| (w, declared[1])))
+    {
+        let (_, _, ty) = have
             .iter()
             .find(|(n, _, _)| *n == want.name)
-            .ok_or_else(|| format!("the program has no input `{}`", want.name))?;
+            .ok_or_else(|| format!("the program has no {kind} `{}`", want.name))?;
         if ty.shape != want.shape {
             return Err(format!(
                 "the contract's dimensions give input `{}` the shape {:?}, the program declares \
@@ -1328,5 +1438,18 @@ impl super::StepModel for Package {
         value_cache: &[f16],
     ) -> Result<super::StepOutput, RuntimeError> {
         self.step_with_stats(input_ids, position, key_cache, value_cache, None)
+    }
+
+    fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
+        self.read_state_rows(rows)
+    }
+
+    fn restore_state_rows(
+        &mut self,
+        rows: usize,
+        keys: &[f16],
+        values: &[f16],
+    ) -> Result<(), RuntimeError> {
+        self.write_state_rows(rows, keys, values)
     }
 }

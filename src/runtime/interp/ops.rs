@@ -717,7 +717,36 @@ fn strided(x: &Tensor, start: &[i64], step: &[i64], shape: Vec<usize>) -> OpResu
 
 pub fn slice_by_index(args: &Args) -> OpResult<Tensor> {
     let x = args.get("x")?;
-    let r = x.rank();
+    let w = slice_window(&x.shape, args)?;
+    let mut t = strided(x, &w.start, &w.stride, w.shape.clone())?;
+    t.shape = w.squeezed();
+    Ok(t)
+}
+
+/// The elements `slice_by_index` (and iOS18 `slice_update`) address in a tensor of `shape`:
+/// per axis a start, a stride and a length, and the axes squeezed away.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub start: Vec<i64>,
+    pub stride: Vec<i64>,
+    pub shape: Vec<usize>,
+    pub squeeze: Vec<bool>,
+}
+
+impl Window {
+    /// The result's shape with the squeezed axes dropped.
+    pub fn squeezed(&self) -> Vec<usize> {
+        (0..self.shape.len())
+            .filter(|&d| !self.squeeze[d])
+            .map(|d| self.shape[d])
+            .collect()
+    }
+}
+
+/// `begin`, `end`, `stride` and the masks of a slice over `shape`, resolved as MIL does
+/// (negative indices from the end, clamped to the axis).
+pub fn slice_window(shape: &[usize], args: &Args) -> OpResult<Window> {
+    let r = shape.len();
     let begin = args.ints("begin")?;
     let end = args.ints("end")?;
     let stride = match args.opt("stride") {
@@ -749,9 +778,9 @@ pub fn slice_by_index(args: &Args) -> OpResult<Tensor> {
         return Err(format!("slice parameters do not match rank {r}").into());
     }
     let mut start = vec![0i64; r];
-    let mut shape = vec![0usize; r];
+    let mut out = vec![0usize; r];
     for d in 0..r {
-        let n = x.shape[d] as i64;
+        let n = shape[d] as i64;
         let s = stride[d];
         if s == 0 {
             return Err("stride 0".into());
@@ -782,11 +811,14 @@ pub fn slice_by_index(args: &Args) -> OpResult<Tensor> {
             ((b - e).max(0) + (-s) - 1) / (-s)
         };
         start[d] = b;
-        shape[d] = len as usize;
+        out[d] = len as usize;
     }
-    let mut t = strided(x, &start, &stride, shape.clone())?;
-    t.shape = (0..r).filter(|&d| !sm[d]).map(|d| shape[d]).collect();
-    Ok(t)
+    Ok(Window {
+        start,
+        stride,
+        shape: out,
+        squeeze: sm,
+    })
 }
 
 pub fn slice_by_size(args: &Args) -> OpResult<Tensor> {
