@@ -29,6 +29,73 @@ pub fn dot_f16(x: &[f32], w: &[f16]) -> f32 {
     dot_f16_portable(x, w)
 }
 
+/// A table of LUT entries, padded to 256 so that an index byte needs no bound check.
+pub type Table<T> = [T; 256];
+
+/// `out[i] = table[index of element e0 + i]`, the `nbits`-bit indices (1-8) packed
+/// LSB-first in `data` (Core ML's packing), for fp16 entries: on AVX2 with F16C, 4-bit
+/// indices are looked up 32 at a time with byte shuffles.
+pub fn unpack_f16(data: &[u8], e0: usize, nbits: u32, table: &Table<f16>, out: &mut [f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if nbits == 4 && avx2() {
+        assert!(
+            data.len() * 2 >= e0 + out.len(),
+            "4-bit indices past the data"
+        );
+        // SAFETY: the CPU has AVX2 (checked above), and data holds every index read.
+        return unsafe { x86::unpack4_f16(data, e0, table, out) };
+    }
+    unpack(data, e0, nbits, table, out)
+}
+
+/// The same for any entries, in portable code: whole groups of 8 indices (`nbits` bytes)
+/// at a time, the group's bytes read as one little-endian word.
+pub fn unpack<T: Copy>(data: &[u8], e0: usize, nbits: u32, table: &Table<T>, out: &mut [T]) {
+    match nbits {
+        1 => unpack_n::<1, T>(data, e0, table, out),
+        2 => unpack_n::<2, T>(data, e0, table, out),
+        3 => unpack_n::<3, T>(data, e0, table, out),
+        4 => unpack_n::<4, T>(data, e0, table, out),
+        5 => unpack_n::<5, T>(data, e0, table, out),
+        6 => unpack_n::<6, T>(data, e0, table, out),
+        7 => unpack_n::<7, T>(data, e0, table, out),
+        _ => unpack_n::<8, T>(data, e0, table, out),
+    }
+}
+
+/// Index `e` of a stream of `NB`-bit indices, one at a time (the head and tail of a run).
+#[inline(always)]
+fn index_at<const NB: usize>(data: &[u8], e: usize) -> u8 {
+    let bit = e * NB;
+    let lo = data[bit / 8] as u16;
+    let hi = data.get(bit / 8 + 1).copied().unwrap_or(0) as u16;
+    (((lo | hi << 8) >> (bit % 8)) & ((1 << NB) - 1)) as u8
+}
+
+fn unpack_n<const NB: usize, T: Copy>(data: &[u8], e0: usize, table: &Table<T>, out: &mut [T]) {
+    let n = out.len();
+    // Element e0 + head starts a byte: a group of 8 indices is NB whole bytes from there.
+    let head = ((8 - e0 % 8) % 8).min(n);
+    for (i, o) in out[..head].iter_mut().enumerate() {
+        *o = table[index_at::<NB>(data, e0 + i) as usize];
+    }
+    let mut byte = (e0 + head) * NB / 8;
+    let mut groups = out[head..].chunks_exact_mut(8);
+    for g in &mut groups {
+        let mut w = [0u8; 8];
+        w[..NB].copy_from_slice(&data[byte..byte + NB]);
+        let w = u64::from_le_bytes(w);
+        for (k, o) in g.iter_mut().enumerate() {
+            *o = table[((w >> (k * NB)) & ((1 << NB) - 1)) as u8 as usize];
+        }
+        byte += NB;
+    }
+    let done = n - groups.into_remainder().len();
+    for (i, o) in out[done..].iter_mut().enumerate() {
+        *o = table[index_at::<NB>(data, e0 + done + i) as usize];
+    }
+}
+
 /// Largest finite |x| and the count of inf/NaN (range statistics of every op's result).
 pub fn scan_f32(v: &[f32]) -> (f32, u64) {
     #[cfg(target_arch = "x86_64")]
@@ -223,6 +290,54 @@ mod x86 {
         s
     }
 
+    /// 4-bit indices looked up 32 at a time: the 16 fp16 entries split into a table of low
+    /// bytes and one of high bytes, each indexed by `_mm256_shuffle_epi8`, interleaved back.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `data` must hold the indices of elements `e0..e0 + out.len()`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn unpack4_f16(data: &[u8], e0: usize, table: &super::Table<f16>, out: &mut [f16]) {
+        let n = out.len();
+        let nibble = |e: usize| table[((data[e / 2] >> (4 * (e % 2))) & 15) as usize];
+        let mut i = 0;
+        if e0 % 2 == 1 && n > 0 {
+            out[0] = nibble(e0);
+            i = 1;
+        }
+        let (mut lo, mut hi) = ([0u8; 16], [0u8; 16]);
+        for (k, t) in table[..16].iter().enumerate() {
+            [lo[k], hi[k]] = t.to_bits().to_le_bytes();
+        }
+        let tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(lo.as_ptr() as *const __m128i));
+        let thi = _mm256_broadcastsi128_si256(_mm_loadu_si128(hi.as_ptr() as *const __m128i));
+        let m = _mm_set1_epi8(0x0f);
+        let po = out.as_mut_ptr();
+        while i + 32 <= n {
+            // Bytes b0..b15 hold elements 2k (low nibble) and 2k + 1 (high nibble).
+            let v = _mm_loadu_si128(data.as_ptr().add((e0 + i) / 2) as *const __m128i);
+            let (a, b) = (
+                _mm_and_si128(v, m),
+                _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+            );
+            let idx = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+            let (l, h) = (_mm256_shuffle_epi8(tlo, idx), _mm256_shuffle_epi8(thi, idx));
+            // Per 128-bit lane: elements 0-7 | 16-23, then 8-15 | 24-31.
+            let (p0, p1) = (_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h));
+            _mm256_storeu_si256(
+                po.add(i) as *mut __m256i,
+                _mm256_permute2x128_si256::<0x20>(p0, p1),
+            );
+            _mm256_storeu_si256(
+                po.add(i + 16) as *mut __m256i,
+                _mm256_permute2x128_si256::<0x31>(p0, p1),
+            );
+            i += 32;
+        }
+        for (k, o) in out[i..].iter_mut().enumerate() {
+            *o = nibble(e0 + i + k);
+        }
+    }
+
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -299,6 +414,67 @@ mod tests {
                 // -1e30 overflows fp16 to -inf.
                 assert_eq!(scan_f16(&h).1, 3, "n={n}");
                 assert_eq!(scan_f16(&h), scan_f16_lanes(&h), "n={n}");
+            }
+        }
+    }
+
+    /// Indices spread over the whole table, packed as Core ML packs them.
+    fn packed_indices(n: usize, nbits: u32) -> (Vec<u32>, Vec<u8>) {
+        let idx: Vec<u32> = (0..n)
+            .map(|i| ((i * 37 + i / 3 + i * i) % (1 << nbits)) as u32)
+            .collect();
+        let bytes = crate::mlpackage::pack_bits(&idx, nbits);
+        (idx, bytes)
+    }
+
+    fn table16() -> Table<f16> {
+        let mut t = [f16::ZERO; 256];
+        for (i, v) in t.iter_mut().enumerate() {
+            // Distinct bit patterns in both bytes: a swapped or shifted byte shows.
+            *v = f16::from_f32((i as f32 - 100.3) * 1.37);
+        }
+        t
+    }
+
+    #[test]
+    fn unpacking_reads_every_bit_width_at_every_offset() {
+        let t = table16();
+        let tf: Table<f32> = t.map(|v| v.to_f32());
+        for nbits in 1..=8 {
+            let (idx, bytes) = packed_indices(203, nbits);
+            for e0 in [0, 1, 3, 7, 8, 13] {
+                for n in [0, 1, 5, 8, 31, 32, 33, 64, 65, 190 - e0] {
+                    let want: Vec<f16> = idx[e0..e0 + n].iter().map(|&i| t[i as usize]).collect();
+                    let mut got = vec![f16::ZERO; n];
+                    unpack(&bytes, e0, nbits, &t, &mut got);
+                    assert_eq!(got, want, "portable, {nbits} bits, e0={e0}, n={n}");
+                    unpack_f16(&bytes, e0, nbits, &t, &mut got);
+                    assert_eq!(got, want, "unpack_f16, {nbits} bits, e0={e0}, n={n}");
+                    let mut full = vec![0f32; n];
+                    unpack(&bytes, e0, nbits, &tf, &mut full);
+                    let wf: Vec<f32> = want.iter().map(|v| v.to_f32()).collect();
+                    assert_eq!(full, wf, "f32 entries, {nbits} bits, e0={e0}, n={n}");
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_4bit_lookup_matches_the_portable_one() {
+        if !avx2() {
+            eprintln!("no AVX2 here: the portable path is the only one");
+            return;
+        }
+        let t = table16();
+        let (_, bytes) = packed_indices(1000, 4);
+        for e0 in [0, 1, 2, 31, 32, 33] {
+            for n in [0, 1, 31, 32, 33, 63, 64, 65, 96, 900] {
+                let (mut a, mut b) = (vec![f16::ZERO; n], vec![f16::ONE; n]);
+                unpack(&bytes, e0, 4, &t, &mut a);
+                // SAFETY: AVX2 checked above; 1000 indices cover e0 + n.
+                unsafe { x86::unpack4_f16(&bytes, e0, &t, &mut b) };
+                assert_eq!(a, b, "e0={e0}, n={n}");
             }
         }
     }

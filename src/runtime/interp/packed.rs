@@ -11,11 +11,10 @@
 use std::sync::Arc;
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::constexpr18::index_bits;
-use super::kernels::{dot, dot_f16};
+use super::kernels::{dot, dot_f16, unpack, unpack_f16, Table};
 use super::ops::{self, Args, OpResult};
 use super::tensor::{Data, Tensor};
 use super::{effective_dtype, Loader, RuntimeError};
@@ -84,7 +83,7 @@ impl Packed {
                 (1..=8).contains(&l.nbits)
                     && rows % l.rows_per_table == 0
                     && l.tables.len() == tables.checked_mul(entries)?
-                    && l.scale.as_ref().is_none_or(|s| s.len() == rows)
+                    && l.scale.as_ref().map_or(true, |s| s.len() == rows)
                     && rec.data.len() >= numel.checked_mul(l.nbits as usize)?.div_ceil(8)
             }
         };
@@ -120,7 +119,7 @@ impl Packed {
             .map_err(|e| e.to_string().into())
     }
 
-    /// Rows `r0..r1` as f32, appended to `out` (cleared first).
+    /// Rows `r0..r1` as f32 into `out` (cleared first).
     fn rows_f32(&self, data: &[u8], r0: usize, r1: usize, out: &mut Vec<f32>) {
         let cols = self.cols();
         out.clear();
@@ -133,32 +132,49 @@ impl Packed {
                 );
             }
             Form::Lut(l) => {
-                for r in r0..r1 {
-                    l.decode_row(data, r, cols, out);
+                out.resize((r1 - r0) * cols, 0.0);
+                let mut t = RowTable::new();
+                for (r, o) in (r0..r1).zip(out.chunks_exact_mut(cols.max(1))) {
+                    l.fill_table(r, &mut t);
+                    unpack(data, r * cols, l.nbits, &t.f32, o);
                 }
             }
         }
     }
 
-    /// Rows `r0..r1` as fp16: borrowed from the map when it holds them as they are, else
-    /// decoded into `half` (through `scratch`) with the rounding the dense weight had.
-    fn rows_f16<'a>(
-        &self,
-        data: &'a [u8],
-        r0: usize,
-        r1: usize,
-        scratch: &mut Vec<f32>,
-        half: &'a mut Vec<f16>,
-    ) -> &'a [f16] {
+    /// Row `r` as fp16: borrowed from the map when it holds it as it is, else decoded into
+    /// `s.half` with the rounding the dense weight had.
+    fn row_f16<'a>(&self, data: &'a [u8], r: usize, s: &'a mut Scratch) -> &'a [f16] {
         let cols = self.cols();
-        if let (Form::Half, Some(all)) = (&self.form, as_f16(data)) {
-            return &all[r0 * cols..r1 * cols];
+        match (&self.form, as_f16(data)) {
+            (Form::Half, Some(all)) => &all[r * cols..(r + 1) * cols],
+            (Form::Half, None) => {
+                s.half.clear();
+                let b = &data[r * cols * 2..(r + 1) * cols * 2];
+                s.half
+                    .extend(b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])));
+                &s.half
+            }
+            (Form::Lut(l), _) => {
+                l.fill_table(r, &mut s.table);
+                s.half.resize(cols, f16::ZERO);
+                unpack_f16(data, r * cols, l.nbits, &s.table.f16, &mut s.half);
+                &s.half
+            }
         }
-        self.rows_f32(data, r0, r1, scratch);
-        half.clear();
-        half.resize(scratch.len(), f16::ZERO);
-        half.convert_from_f32_slice(scratch);
-        half
+    }
+
+    /// Row `r` as f32, decoded into `s.full`.
+    fn row_f32<'a>(&self, data: &[u8], r: usize, s: &'a mut Scratch) -> &'a [f32] {
+        match &self.form {
+            Form::Lut(l) => {
+                l.fill_table(r, &mut s.table);
+                s.full.resize(self.cols(), 0.0);
+                unpack(data, r * self.cols(), l.nbits, &s.table.f32, &mut s.full);
+            }
+            Form::Half => self.rows_f32(data, r, r + 1, &mut s.full),
+        }
+        &s.full
     }
 
     /// The whole weight, decoded as the dense constexpr decoders decode it.
@@ -187,16 +203,24 @@ impl Packed {
             return Ok(t);
         }
         let half = self.dtype == DType::F16;
+        // Each weight row is decoded once per call, into a buffer that stays in cache, and
+        // multiplied with every row of x there (the dense kernel's loop order and dots).
         t.par_chunks_mut(BLOCK * rows).enumerate().for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(scratch, hbuf), (blk, chunk)| {
-                let (o0, o1) = (blk * BLOCK, ((blk + 1) * BLOCK).min(oc));
-                if half {
-                    let w = self.rows_f16(data, o0, o1, scratch, hbuf);
-                    fill(chunk, xv, w, bias, o0..o1, ic, dot_f16);
-                } else {
-                    self.rows_f32(data, o0, o1, scratch);
-                    fill(chunk, xv, scratch, bias, o0..o1, ic, dot);
+            Scratch::default,
+            |s, (blk, chunk)| {
+                let o0 = blk * BLOCK;
+                for (o, out) in (o0..oc).zip(chunk.chunks_exact_mut(rows)) {
+                    let b = bias.map_or(0.0, |b| b[o]);
+                    let xs = xv.chunks_exact(ic.max(1));
+                    if half {
+                        let w = self.row_f16(data, o, s);
+                        out.iter_mut()
+                            .zip(xs)
+                            .for_each(|(y, x)| *y = dot_f16(x, w) + b);
+                    } else {
+                        let w = self.row_f32(data, o, s);
+                        out.iter_mut().zip(xs).for_each(|(y, x)| *y = dot(x, w) + b);
+                    }
                 }
             },
         );
@@ -219,32 +243,66 @@ impl Packed {
     }
 }
 
+/// A row's table as the dense weight holds its values: scaled, and as fp16 for the fp16
+/// kernel; `key` names the table (or the row, when rows are scaled) it was made for.
+#[derive(Clone)]
+struct RowTable {
+    key: Option<usize>,
+    f32: Table<f32>,
+    f16: Table<f16>,
+}
+
+impl RowTable {
+    fn new() -> Self {
+        RowTable {
+            key: None,
+            f32: [0.0; 256],
+            f16: [f16::ZERO; 256],
+        }
+    }
+}
+
+/// One thread's buffers for [`Packed::gemv`]: the row's table and the decoded row.
+struct Scratch {
+    table: RowTable,
+    half: Vec<f16>,
+    full: Vec<f32>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch {
+            table: RowTable::new(),
+            half: Vec::new(),
+            full: Vec::new(),
+        }
+    }
+}
+
 impl Lut {
-    /// Row `r` (of `cols` values) appended to `out`.
-    fn decode_row(&self, data: &[u8], r: usize, cols: usize, out: &mut Vec<f32>) {
+    /// Make `t` the table of row `r` (unless it already is): `scale · (entry − offset)` in
+    /// f32, as `constexpr_blockwise_shift_scale` computes it, and rounded to fp16.
+    fn fill_table(&self, r: usize, t: &mut RowTable) {
+        let group = r / self.rows_per_table;
+        let key = if self.scale.is_some() { r } else { group };
+        if t.key == Some(key) {
+            return;
+        }
         let entries = 1usize << self.nbits;
-        let table = &self.tables[(r / self.rows_per_table) * entries..][..entries];
+        let table = &self.tables[group * entries..][..entries];
         let (scale, offset) = self
             .scale
             .as_ref()
             .map_or((None, 0.0), |s| (Some(s[r].0), s[r].1));
-        let mask = (entries - 1) as u16;
-        let first = r * cols;
-        out.extend((first..first + cols).map(|e| {
-            let i = if self.nbits == 8 {
-                data[e] as usize
-            } else {
-                let bit = e * self.nbits as usize;
-                let lo = data[bit / 8] as u16;
-                let hi = data.get(bit / 8 + 1).copied().unwrap_or(0) as u16;
-                (((lo | hi << 8) >> (bit % 8)) & mask) as usize
-            };
-            let v = table[i];
-            match scale {
+        for (i, &v) in table.iter().enumerate() {
+            let v = match scale {
                 Some(s) => s * (v - offset),
                 None => v,
-            }
-        }));
+            };
+            t.f32[i] = v;
+            t.f16[i] = f16::from_f32(v);
+        }
+        t.key = Some(key);
     }
 }
 
@@ -256,28 +314,6 @@ fn as_f16(data: &[u8]) -> Option<&[f16]> {
     // SAFETY: the pointer is aligned for f16 (checked above), the length is whole values,
     // every bit pattern is a valid f16, and the bytes are little-endian like the machine.
     Some(unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f16, data.len() / 2) })
-}
-
-/// One block of output rows `os` of `x @ wᵀ + bias` into `chunk` ([os.len(), rows]), `w`
-/// holding those weight rows.
-fn fill<W>(
-    chunk: &mut [f32],
-    xv: &[f32],
-    w: &[W],
-    bias: Option<&[f32]>,
-    os: std::ops::Range<usize>,
-    ic: usize,
-    dot: impl Fn(&[f32], &[W]) -> f32,
-) {
-    let rows = xv.len() / ic.max(1);
-    let o0 = os.start;
-    for o in os {
-        let wr = &w[(o - o0) * ic..(o - o0 + 1) * ic];
-        let b = bias.map_or(0.0, |b| b[o]);
-        for r in 0..rows {
-            chunk[(o - o0) * rows + r] = dot(&xv[r * ic..(r + 1) * ic], wr) + b;
-        }
-    }
 }
 
 /// Refuse a product of `x` with `w` larger than the declared output (what
@@ -687,7 +723,7 @@ mod tests {
                 let p =
                     Packed::new(file.clone(), off[0], dtype, vec![oc, ic], form.clone()).unwrap();
                 let d = Tensor::new(dtype, dense.shape.clone(), dense.data.clone());
-                for rows in [1, 3] {
+                for rows in [1, 3, 64] {
                     assert_same(d.clone(), &p, rows);
                 }
             }
@@ -696,11 +732,23 @@ mod tests {
 
     #[test]
     fn ios18_grouped_luts_and_row_scales_give_the_dense_results_bit_for_bit() {
-        for (nbits, oc, ic, groups, scales) in
-            [(4, 36, 13, 4, 36), (3, 70, 5, 2, 35), (2, 6, 3, 3, 1)]
-        {
+        for (nbits, oc, ic, groups, scales) in [
+            (4, 36, 13, 4, 36),
+            (3, 70, 5, 2, 35),
+            (2, 6, 3, 3, 1),
+            (1, 9, 17, 3, 9),
+            (6, 66, 7, 2, 66),
+            (8, 40, 5, 1, 4),
+        ] {
             let n = oc * ic;
-            let idx_dtype = [DType::U1, DType::U2, DType::U3, DType::U4][nbits as usize - 1];
+            let idx_dtype = match nbits {
+                1 => DType::U1,
+                2 => DType::U2,
+                3 => DType::U3,
+                4 => DType::U4,
+                6 => DType::U6,
+                _ => DType::U8,
+            };
             let raw = indices(n, nbits);
             let (_d, file, off) = blob_file(&[(idx_dtype, pack_bits(&raw, nbits))]);
             let idx = Tensor::new(
@@ -751,7 +799,10 @@ mod tests {
                 Form::Lut(scaled),
             )
             .unwrap();
-            assert_same(dense, &p, 1);
+            // One row (a decode step) and a prefill's 64 rows, each weight row decoded once.
+            for rows in [1, 64] {
+                assert_same(dense.clone(), &p, rows);
+            }
         }
     }
 
