@@ -14,7 +14,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::constexpr18::index_bits;
-use super::kernels::{dot, dot_f16, unpack, unpack_f16, Table};
+use super::kernels::{dot, dot_f16, dot_lut_f16, unpack, unpack_f16, Table};
 use super::ops::{self, Args, OpResult};
 use super::tensor::{Data, Tensor};
 use super::{effective_dtype, Loader, RuntimeError};
@@ -202,7 +202,6 @@ impl Packed {
         if t.is_empty() {
             return Ok(t);
         }
-        let half = self.dtype == DType::F16;
         // Each weight row is decoded once per call, into a buffer that stays in cache, and
         // multiplied with every row of x there (the dense kernel's loop order and dots).
         t.par_chunks_mut(BLOCK * rows).enumerate().for_each_init(
@@ -211,20 +210,41 @@ impl Packed {
                 let o0 = blk * BLOCK;
                 for (o, out) in (o0..oc).zip(chunk.chunks_exact_mut(rows)) {
                     let b = bias.map_or(0.0, |b| b[o]);
-                    let xs = xv.chunks_exact(ic.max(1));
-                    if half {
-                        let w = self.row_f16(data, o, s);
-                        out.iter_mut()
-                            .zip(xs)
-                            .for_each(|(y, x)| *y = dot_f16(x, w) + b);
-                    } else {
-                        let w = self.row_f32(data, o, s);
-                        out.iter_mut().zip(xs).for_each(|(y, x)| *y = dot(x, w) + b);
-                    }
+                    self.row_dots(data, o, xv, ic, s, out);
+                    out.iter_mut().for_each(|y| *y += b);
                 }
             },
         );
         Ok(t)
+    }
+
+    /// `out[r] = x_r · w_o` for every row `x_r` of `xv`, as the dense kernel computes it
+    /// (fp16 rows with `dot_f16`, f32 rows with `dot`); a single row of x and a LUT row are
+    /// looked up as they are multiplied.
+    fn row_dots(
+        &self,
+        data: &[u8],
+        o: usize,
+        xv: &[f32],
+        ic: usize,
+        s: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        let xs = xv.chunks_exact(ic.max(1));
+        match (&self.form, self.dtype == DType::F16) {
+            (Form::Lut(l), true) if out.len() == 1 => {
+                l.fill_table(o, &mut s.table);
+                out[0] = dot_lut_f16(xv, data, o * ic, l.nbits, &s.table.f16, &mut s.half);
+            }
+            (_, true) => {
+                let w = self.row_f16(data, o, s);
+                out.iter_mut().zip(xs).for_each(|(y, x)| *y = dot_f16(x, w));
+            }
+            (_, false) => {
+                let w = self.row_f32(data, o, s);
+                out.iter_mut().zip(xs).for_each(|(y, x)| *y = dot(x, w));
+            }
+        }
     }
 
     /// Rows `idx` (already in range), one after the other.
