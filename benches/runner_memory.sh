@@ -10,7 +10,8 @@
 #   PACKAGE: a package or chain (e.g. made by benches/big_model.sh with KEEP=1, or
 #            `hf2coreml convert CKPT -o OUT --recipe data-free-4bit --max-seq-len 2048`)
 #   CHECKPOINT: the checkpoint it came from; when given, validate is measured too.
-# env: BIN (default target/release/hf2coreml), TOKENS (new tokens to generate, default 4)
+# env: BIN (default target/release/hf2coreml), TOKENS (new tokens to generate, default 4),
+#      ROUNDS (runs of each mode, alternating; default 1)
 set -euo pipefail
 PKG=${1:?usage: benches/runner_memory.sh PACKAGE [CHECKPOINT]}
 CKPT=${2:-}
@@ -19,7 +20,7 @@ BIN=${BIN:-target/release/hf2coreml}
 WORK=$(mktemp -d /tmp/runner_memory.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-# Run "$@" under /usr/bin/time -v, sampling the child's anonymous memory (as big_model.sh).
+# Run "$@" under /usr/bin/time -v, sampling the child's anonymous memory every 0.1 s.
 measure() {
   /usr/bin/time -v "$@" >"$WORK/stdout" 2>"$WORK/time" &
   local tpid=$! pid
@@ -33,6 +34,7 @@ measure() {
         break
       fi
     done <"/proc/$pid/status"; } 2>/dev/null || true
+    sleep 0.1 # a sampler without a pause took one of the 2 cores from the run it measured
   done
   wait "$tpid" || { cat "$WORK/time" >&2; return 1; }
   RSS_KB=$(awk -F: '/Maximum resident set size/ {gsub(/ /,"",$2); print $2}' "$WORK/time")
@@ -43,15 +45,25 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 echo "weights on disk: $(( $(du -sbL "$PKG" | cut -f1) / 1048576 )) MiB"
-declare -A WALL RSS ANON TPS
+declare -A WALL RSS ANON TPS ALL
+# ROUNDS rounds, the two modes alternating, so a change of load on a shared machine hits both:
+# the decode speed reported is each mode's median over the rounds.
+for round in $(seq "${ROUNDS:-1}"); do
+  for mode in dense mapped; do
+    flag=(); [ "$mode" = dense ] && flag=(--dense-weights)
+    measure "$BIN" run "$PKG" --prompt-ids 1,2,3,4 --max-new-tokens "${TOKENS:-4}" --ignore-eos \
+      --json --logits-out "$WORK/logits-$mode.npy" "${flag[@]}"
+    WALL[$mode]=$SECS RSS[$mode]=$((RSS_KB / 1024)) ANON[$mode]=$((PEAK_ANON / 1024))
+    TPS[$mode]=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["timing"]["decode_tokens_per_second"])' <"$WORK/stdout")
+    ALL[$mode]="${ALL[$mode]:-} ${TPS[$mode]}"
+    echo "run ($mode, round $round): wall ${WALL[$mode]} s, decode ${TPS[$mode]} tok/s," \
+      "peak RSS ${RSS[$mode]} MiB, peak anonymous ${ANON[$mode]} MiB"
+  done
+done
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 for mode in dense mapped; do
-  flag=(); [ "$mode" = dense ] && flag=(--dense-weights)
-  measure "$BIN" run "$PKG" --prompt-ids 1,2,3,4 --max-new-tokens "${TOKENS:-4}" --ignore-eos \
-    --json --logits-out "$WORK/logits-$mode.npy" "${flag[@]}"
-  WALL[$mode]=$SECS RSS[$mode]=$((RSS_KB / 1024)) ANON[$mode]=$((PEAK_ANON / 1024))
-  TPS[$mode]=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["timing"]["decode_tokens_per_second"])' <"$WORK/stdout")
-  echo "run ($mode): wall ${WALL[$mode]} s, decode ${TPS[$mode]} tok/s, peak RSS ${RSS[$mode]} MiB," \
-    "peak anonymous ${ANON[$mode]} MiB"
+  TPS[$mode]=$(echo "${ALL[$mode]}" | median)
+  echo "run ($mode): median decode ${TPS[$mode]} tok/s over ${ROUNDS:-1} round(s)"
 done
 cmp -s "$WORK/logits-dense.npy" "$WORK/logits-mapped.npy" \
   && echo "logits: identical, byte for byte ($(stat -c %s "$WORK/logits-mapped.npy") bytes)" \
