@@ -4,7 +4,8 @@
 //! for x of 1 row (a decode step) and of 64 rows (a prefill chunk: each weight row is decoded
 //! once per call for all rows). The two kernels alternate within every round, so both run
 //! under the same load; it prints the median time per call of each, the ratio packed/dense,
-//! and checks that both gave the same bits.
+//! and checks that both gave the same bits. The last case is an fp16 weight of half a 1B's
+//! lm_head, read from the map against the same values in anonymous memory.
 //!
 //! Run: `cargo bench --profile dev --bench packed_kernel` (env ROUNDS, default 9).
 
@@ -44,21 +45,34 @@ fn time<T>(f: impl FnOnce() -> T) -> (f64, T) {
 
 fn case(dir: &std::path::Path, oc: usize, ic: usize, nbits: u32, rows: usize, rounds: usize) {
     let n = oc * ic;
-    let idx: Vec<u32> = lcg(n, 7).map(|v| v % (1 << nbits)).collect();
-    let table: Vec<f32> = lcg(1 << nbits, 3)
+    let entries = 1usize << nbits.min(8);
+    let idx: Vec<u32> = lcg(n, 7).map(|v| v % entries as u32).collect();
+    let table: Vec<f32> = lcg(entries, 3)
         .map(|v| f16::from_f32(v as f32 / u32::MAX as f32 - 0.25).to_f32())
         .collect();
     let mut w = BlobWriter::new();
-    let off = w.push(DType::U8, &pack_bits(&idx, nbits));
+    // nbits 16: an fp16 weight (the tied embedding and lm_head) read in place.
+    let off = if nbits == 16 {
+        let raw: Vec<u8> = idx
+            .iter()
+            .flat_map(|&i| f16::from_f32(table[i as usize]).to_le_bytes())
+            .collect();
+        w.push(DType::F16, &raw)
+    } else {
+        w.push(DType::U8, &pack_bits(&idx, nbits))
+    };
     let path = dir.join(format!("w{oc}x{ic}b{nbits}.bin"));
     std::fs::write(&path, w.finish()).expect("write weight file");
     let file = Arc::new(BlobFile::open(&path).expect("map weight file"));
-    let form = Form::Lut(Lut {
-        nbits,
-        tables: table.clone(),
-        rows_per_table: oc,
-        scale: None,
-    });
+    let form = match nbits {
+        16 => Form::Half,
+        _ => Form::Lut(Lut {
+            nbits,
+            tables: table.clone(),
+            rows_per_table: oc,
+            scale: None,
+        }),
+    };
     let p = Packed::new(file, off, DType::F16, vec![oc, ic], form).expect("packed weight");
     // The dense loader's weight: decoded, stored as fp16 for linear.
     let half: Vec<f16> = idx
@@ -92,7 +106,8 @@ fn case(dir: &std::path::Path, oc: usize, ic: usize, nbits: u32, rows: usize, ro
     }
     let (d, q) = (median(td), median(tp));
     println!(
-        "linear {oc}x{ic}, {nbits}-bit LUT, x {rows} row(s): dense fp16 {:.2} ms, packed {:.2} ms, packed/dense {:.2}",
+        "linear {oc}x{ic}, {}, x {rows} row(s): dense fp16 {:.2} ms, packed {:.2} ms, packed/dense {:.2}",
+        if nbits == 16 { "fp16 in the map".to_string() } else { format!("{nbits}-bit LUT") },
         d * 1e3,
         q * 1e3,
         q / d
@@ -119,6 +134,7 @@ fn main() {
         (8192, 2048, 2, 1),
         (8192, 2048, 4, 64),
         (2048, 8192, 4, 64),
+        (65536, 2048, 16, 1),
     ] {
         case(&dir, oc, ic, nbits, rows, rounds);
     }
