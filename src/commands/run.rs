@@ -234,6 +234,7 @@ fn check_session(args: &Args) -> anyhow::Result<()> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::tune_allocator_for_the_runner();
     check_session(&args)?;
     let opts = generate_options(&args)?;
     let (tokenizer, tokenizer_path) = tokenizer(&args)?;

@@ -54,6 +54,7 @@ fn parse_gate(s: &str) -> Result<Gate, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::tune_allocator_for_the_runner();
     let against = match &args.against {
         Some(dir) => dir.clone(),
         None => recorded_checkpoint(&args.package)?,
