@@ -260,6 +260,7 @@ fn compute_f32_keeps_range() {
         "fp16_overflow",
         Options {
             compute: Compute::F32,
+            ..Options::default()
         },
     );
     let got = run(&case, None);

@@ -86,12 +86,27 @@ fn argmax(v: &[f32]) -> usize {
 
 fn check(model: TinyModel, q: usize, compute: Compute, tol: f32) {
     let (ckpt, out) = convert(&model, q);
-    let mut pkg = Package::load(&out.path().join("m.mlpackage"), Options { compute }).unwrap();
+    let load = |dense_weights| {
+        let opts = Options {
+            compute,
+            dense_weights,
+        };
+        Package::load(&out.path().join("m.mlpackage"), opts).unwrap()
+    };
+    let mut pkg = load(false);
     let v = pkg.contract().vocab_size;
     let tokens: Vec<i32> = (0..12).map(|i| ((i * 7 + 3) % v) as i32).collect();
     let mut stats = Stats::default();
     let got = drive(&mut pkg, &tokens, Some(&mut stats));
     assert!(!stats.any_non_finite(), "{stats:?}");
+    // Weights read in place and weights decoded at load: the same logits, bit for bit.
+    let dense = drive(&mut load(true), &tokens, None);
+    let bits =
+        |rows: &[Vec<f32>]| -> Vec<u32> { rows.iter().flatten().map(|x| x.to_bits()).collect() };
+    assert!(
+        bits(&got) == bits(&dense),
+        "packed and dense weights differ"
+    );
     let mut reference = Reference::load(&Checkpoint::open(ckpt.path()).unwrap()).unwrap();
     let want = reference
         .logits_all(&tokens.iter().map(|&t| t as u32).collect::<Vec<_>>())

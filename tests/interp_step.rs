@@ -159,6 +159,7 @@ fn compute_f32_is_tighter() {
     let r = reference(dir);
     let opts = Options {
         compute: Compute::F32,
+        ..Options::default()
     };
     let mut pkg = Package::load(&dir.join("q1/model.mlpackage"), opts).unwrap();
     let got = drive(&mut pkg, &r.tokens, None);

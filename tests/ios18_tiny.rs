@@ -47,6 +47,38 @@ fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) 
     (o.status.code(), report, stderr)
 }
 
+/// `run PKG --logits-out` with the weights read in place (the default) and with
+/// `--dense-weights`: the same logits file, byte for byte.
+fn assert_packed_matches_dense(pkg: &Path, dir: &Path) {
+    let logits = |flags: &[&str], name: &str| {
+        let file = dir.join(name);
+        let o = Command::new(BIN)
+            .arg("run")
+            .arg(pkg)
+            .args([
+                "--prompt-ids",
+                "1,2,3,4,5",
+                "--max-new-tokens",
+                "4",
+                "--ignore-eos",
+            ])
+            .arg("--logits-out")
+            .arg(&file)
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(&file).unwrap()
+    };
+    let packed = logits(&[], "packed.npy");
+    assert!(packed.len() > 128, "a logits file");
+    assert!(
+        packed == logits(&["--dense-weights"], "dense.npy"),
+        "{}: packed and dense weights give different logits",
+        pkg.display()
+    );
+}
+
 fn write_recipe(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -123,6 +155,7 @@ fn ios18_grouped_packages_validate_and_ios17_refuses_them() {
         .filter(|op| op.r#type == "constexpr_blockwise_shift_scale")
         .count();
     assert_eq!(scales, 2 * 7, "one per-row scale per projection");
+    assert_packed_matches_dense(&pkg, out.path());
     let (code, report, err) = validate(&pkg, dir.path());
     assert_eq!(code, Some(0), "{err}\n{report:#}");
     assert!(report["behaviour"]["kl_mean"].as_f64().unwrap() < 0.05);
@@ -169,6 +202,7 @@ fn ios18_grouped_packages_validate_and_ios17_refuses_them() {
         assert_eq!(dtype, DType::U3);
         assert_eq!(lut, vec![idx[0] / 16, 1, 8, 1]);
     }
+    assert_packed_matches_dense(&df3, out.path());
     let (_, report, err) = validate(&df3, dir.path());
     eprintln!("data-free 3-bit g16: kl {}", report["behaviour"]["kl_mean"]);
     let c = report["contract"].as_array().expect(&err);

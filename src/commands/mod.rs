@@ -14,6 +14,23 @@ pub mod recipes;
 pub mod run;
 pub mod validate;
 
+/// The interpreter allocates and frees buffers of 0.1-32 MB every step (activations, the
+/// KV cache widened to f32). glibc hands out blocks above its mmap threshold (128 KiB until a
+/// block that large is freed) as fresh mappings: each is faulted in and zeroed page by page and
+/// unmapped when freed. With the weights in place nothing large is freed at load, so the
+/// threshold never rises and a 1B chain's decode step took 2× as long, more system time than
+/// user time (docs/design.md, "The runner's memory"). Fixing the threshold at glibc's dynamic maximum
+/// (32 MiB, and the trim threshold at twice that, its own rule) keeps those blocks in the heap.
+pub fn tune_allocator_for_the_runner() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; it is called before any thread starts
+    // allocating these buffers, and an unaccepted value is reported (0), not undefined.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+    }
+}
+
 /// Print `value` as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);

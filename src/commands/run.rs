@@ -78,6 +78,10 @@ pub struct Args {
     /// Float precision of the CPU interpreter.
     #[arg(long, value_enum, default_value_t = ComputeArg::Fp16)]
     pub compute: ComputeArg,
+    /// Decode every weight when the package loads instead of reading packed weights in place
+    /// from the memory-mapped weight files (the same results, bit for bit; more memory).
+    #[arg(long)]
+    pub dense_weights: bool,
     /// Write the logits of every processed position as float32 [T, V] .npy.
     #[arg(long, value_name = "FILE.npy")]
     pub logits_out: Option<PathBuf>,
@@ -163,6 +167,7 @@ pub(super) fn load(args: &Args) -> anyhow::Result<(Generator<Saved>, Option<KvFi
             ComputeArg::Fp16 => Compute::Declared,
             ComputeArg::F32 => Compute::F32,
         },
+        dense_weights: args.dense_weights,
     };
     let package = Saved::load(&args.package, options)
         .with_context(|| format!("cannot load {}", args.package.display()))?;
@@ -229,6 +234,7 @@ fn check_session(args: &Args) -> anyhow::Result<()> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::tune_allocator_for_the_runner();
     check_session(&args)?;
     let opts = generate_options(&args)?;
     let (tokenizer, tokenizer_path) = tokenizer(&args)?;

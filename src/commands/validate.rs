@@ -35,6 +35,10 @@ pub struct Args {
     pub max_tokens: Option<usize>,
     #[arg(long, value_enum, default_value = "fp16")]
     pub compute: ComputeArg,
+    /// Decode every weight when the package loads instead of reading packed weights in place
+    /// from the memory-mapped weight files (the same results, bit for bit; more memory).
+    #[arg(long)]
+    pub dense_weights: bool,
     /// Tokenizer (default: the checkpoint's tokenizer.json; without one, the text's bytes
     /// modulo the vocabulary, as `convert` calibrates).
     #[arg(long)]
@@ -50,6 +54,7 @@ fn parse_gate(s: &str) -> Result<Gate, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::tune_allocator_for_the_runner();
     let against = match &args.against {
         Some(dir) => dir.clone(),
         None => recorded_checkpoint(&args.package)?,
@@ -81,6 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ComputeArg::Fp16 => Compute::Declared,
                 ComputeArg::F32 => Compute::F32,
             },
+            dense_weights: args.dense_weights,
         },
         max_tokens: args.max_tokens,
     };

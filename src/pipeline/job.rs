@@ -393,6 +393,7 @@ impl Job {
         check_context(spec, self.max_seq_len)?;
         crate::graph::llama::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
         let predicted = self.recipe.weights_bytes(&ckpt.slots());
+        self.check_split(ckpt)?;
         let budget = match &self.device {
             Some(id) => {
                 let devices = Devices::builtin();
@@ -415,6 +416,24 @@ impl Job {
             predicted_weight_bytes: predicted,
             budget,
         })
+    }
+
+    /// Refuse, before any expensive stage, a model the chain planner cannot split under the
+    /// package limit (a unit larger than the limit): the recipe predicts every tensor's
+    /// stored bytes, the same figures the planner splits after palettizing.
+    fn check_split(&self, ckpt: &Checkpoint) -> Result<(), JobError> {
+        let spec = ckpt.spec();
+        let per_part = budget::chain::part_overhead_bytes(spec, self.max_seq_len);
+        let bytes = budget::chain::ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| {
+            self.recipe.storage(s).bytes(s.numel())
+        });
+        budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
+            ConvertError::Chain {
+                path: self.output.clone(),
+                source,
+            }
+        })?;
+        Ok(())
     }
 
     /// What the package will be made from: hashes of the source files and of the calibration
@@ -686,6 +705,17 @@ mod tests {
             ..job.clone()
         };
         assert!(on_device.plan(&opened.ckpt).unwrap().budget.is_some());
+        // A model no split fits is refused by the plan, before any expensive stage.
+        let unsplittable = Job {
+            max_package_size: Some(64),
+            ..job.clone()
+        };
+        let err = unsplittable.plan(&opened.ckpt).unwrap_err();
+        assert!(
+            matches!(err, JobError::Convert(ConvertError::Chain { .. })),
+            "{err}"
+        );
+        assert!(err.to_string().contains("cannot split"), "{err}");
         let inputs = job.inputs().unwrap();
         assert_eq!(inputs, job.inputs().unwrap());
         let longer = Job {

@@ -495,6 +495,7 @@ fn validation(
         gates,
         interp: Options {
             compute: Compute::Declared,
+            ..Options::default()
         },
         max_tokens: spec.max_tokens,
     };

@@ -27,7 +27,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 }
 
 /// The width of an iOS18 LUT index type.
-fn index_bits(dtype: DType) -> Result<u32, OpError> {
+pub(super) fn index_bits(dtype: DType) -> Result<u32, OpError> {
     match dtype {
         DType::U1 => Ok(1),
         DType::U2 => Ok(2),

@@ -57,6 +57,131 @@ pub fn gemm_nt_f16(x: &[f32], rows: usize, w: &[f16], wrows: usize, k: usize, ou
     gemm_nt_portable(x, rows, w, wrows, k, out, f16::to_f32)
 }
 
+/// A table of LUT entries, padded to 256 so that an index byte needs no bound check.
+pub type Table<T> = [T; 256];
+
+/// `out[i] = table[index of element e0 + i]`, the `nbits`-bit indices (1-8) packed
+/// LSB-first in `data` (Core ML's packing), for fp16 entries: on AVX2 with F16C, 4-bit
+/// indices are looked up 32 at a time with byte shuffles.
+pub fn unpack_f16(data: &[u8], e0: usize, nbits: u32, table: &Table<f16>, out: &mut [f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if nbits == 4 && avx2() {
+        assert!(
+            data.len() * 2 >= e0 + out.len(),
+            "4-bit indices past the data"
+        );
+        // SAFETY: the CPU has AVX2 (checked above), and data holds every index read.
+        return unsafe { x86::unpack4_f16(data, e0, table, out) };
+    }
+    unpack(data, e0, nbits, table, out)
+}
+
+/// `dot_f16(x, w)` for the row `w` of `x.len()` fp16 values that `unpack_f16` would decode
+/// (elements `e0..`), the same bits: on AVX2, 4-bit rows starting on a byte are looked up and
+/// multiplied in one pass; otherwise the row is decoded into `row` first.
+pub fn dot_lut_f16(
+    x: &[f32],
+    data: &[u8],
+    e0: usize,
+    nbits: u32,
+    table: &Table<f16>,
+    row: &mut Vec<f16>,
+) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if nbits == 4 && e0 % 2 == 0 && avx2() {
+        assert!(
+            data.len() * 2 >= e0 + x.len(),
+            "4-bit indices past the data"
+        );
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above), and data holds every index.
+        return unsafe { x86::dot_lut4_f16(x, data, e0, table) };
+    }
+    row.resize(x.len(), f16::ZERO);
+    unpack_f16(data, e0, nbits, table, row);
+    dot_f16(x, row)
+}
+
+/// The same for any entries, in portable code: whole groups of 8 indices (`nbits` bytes)
+/// at a time, the group's bytes read as one little-endian word.
+pub fn unpack<T: Copy>(data: &[u8], e0: usize, nbits: u32, table: &Table<T>, out: &mut [T]) {
+    match nbits {
+        1 => unpack_n::<1, T>(data, e0, table, out),
+        2 => unpack_n::<2, T>(data, e0, table, out),
+        3 => unpack_n::<3, T>(data, e0, table, out),
+        4 => unpack_n::<4, T>(data, e0, table, out),
+        5 => unpack_n::<5, T>(data, e0, table, out),
+        6 => unpack_n::<6, T>(data, e0, table, out),
+        7 => unpack_n::<7, T>(data, e0, table, out),
+        _ => unpack_n::<8, T>(data, e0, table, out),
+    }
+}
+
+/// Index `e` of a stream of `NB`-bit indices, one at a time (the head and tail of a run).
+#[inline(always)]
+fn index_at<const NB: usize>(data: &[u8], e: usize) -> u8 {
+    let bit = e * NB;
+    let lo = data[bit / 8] as u16;
+    let hi = data.get(bit / 8 + 1).copied().unwrap_or(0) as u16;
+    (((lo | hi << 8) >> (bit % 8)) & ((1 << NB) - 1)) as u8
+}
+
+fn unpack_n<const NB: usize, T: Copy>(data: &[u8], e0: usize, table: &Table<T>, out: &mut [T]) {
+    let n = out.len();
+    // Element e0 + head starts a byte: a group of 8 indices is NB whole bytes from there.
+    let head = ((8 - e0 % 8) % 8).min(n);
+    for (i, o) in out[..head].iter_mut().enumerate() {
+        *o = table[index_at::<NB>(data, e0 + i) as usize];
+    }
+    let first = (e0 + head) * NB / 8;
+    let done = head
+        + match NB {
+            1 => bytes::<1, 8, T>(&data[first..], table, &mut out[head..]),
+            2 => bytes::<2, 4, T>(&data[first..], table, &mut out[head..]),
+            4 => bytes::<4, 2, T>(&data[first..], table, &mut out[head..]),
+            8 => bytes::<8, 1, T>(&data[first..], table, &mut out[head..]),
+            _ => words::<NB, T>(&data[first..], table, &mut out[head..]),
+        };
+    for (i, o) in out[done..].iter_mut().enumerate() {
+        *o = table[index_at::<NB>(data, e0 + done + i) as usize];
+    }
+}
+
+/// Whole bytes of `PER` indices each (NB · PER = 8) from the first byte of `data`; the count
+/// of values written.
+#[inline(always)]
+fn bytes<const NB: usize, const PER: usize, T: Copy>(
+    data: &[u8],
+    table: &Table<T>,
+    out: &mut [T],
+) -> usize {
+    let mut n = 0;
+    for (o, &b) in out.chunks_exact_mut(PER).zip(data) {
+        let o: &mut [T; PER] = o.try_into().expect("chunks of PER");
+        for (k, v) in o.iter_mut().enumerate() {
+            *v = table[((b as usize) >> (k * NB)) & ((1 << NB) - 1)];
+        }
+        n += PER;
+    }
+    n
+}
+
+/// Groups of 8 indices, NB bytes read as one little-endian word (widths that split bytes).
+#[inline(always)]
+fn words<const NB: usize, T: Copy>(data: &[u8], table: &Table<T>, out: &mut [T]) -> usize {
+    let mut n = 0;
+    for (g, b) in out.chunks_exact_mut(8).zip(data.chunks_exact(NB)) {
+        let mut w = [0u8; 8];
+        w[..NB].copy_from_slice(b);
+        let w = u64::from_le_bytes(w);
+        let g: &mut [T; 8] = g.try_into().expect("chunks of 8");
+        for (k, o) in g.iter_mut().enumerate() {
+            *o = table[((w >> (k * NB)) & ((1 << NB) - 1)) as usize];
+        }
+        n += 8;
+    }
+    n
+}
+
 /// Largest finite |x| and the count of inf/NaN (range statistics of every op's result).
 pub fn scan_f32(v: &[f32]) -> (f32, u64) {
     #[cfg(target_arch = "x86_64")]
@@ -304,6 +429,119 @@ mod x86 {
         s
     }
 
+    /// The 16 fp16 entries of `table` as a table of low bytes and one of high bytes, in
+    /// both 128-bit lanes.
+    #[target_feature(enable = "avx2")]
+    unsafe fn split_table(table: &super::Table<f16>) -> (__m256i, __m256i) {
+        let (mut lo, mut hi) = ([0u8; 16], [0u8; 16]);
+        for (k, t) in table[..16].iter().enumerate() {
+            [lo[k], hi[k]] = t.to_bits().to_le_bytes();
+        }
+        let tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(lo.as_ptr() as *const __m128i));
+        let thi = _mm256_broadcastsi128_si256(_mm_loadu_si128(hi.as_ptr() as *const __m128i));
+        (tlo, thi)
+    }
+
+    /// The 32 fp16 values of the 32 4-bit indices in the 16 bytes at `p`, in order, as two
+    /// vectors of 16.
+    #[target_feature(enable = "avx2")]
+    unsafe fn lookup32(p: *const u8, tlo: __m256i, thi: __m256i) -> (__m256i, __m256i) {
+        let m = _mm_set1_epi8(0x0f);
+        // Byte k holds element 2k (low nibble) and 2k + 1 (high nibble).
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let (a, b) = (
+            _mm_and_si128(v, m),
+            _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+        );
+        let idx = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+        let (l, h) = (_mm256_shuffle_epi8(tlo, idx), _mm256_shuffle_epi8(thi, idx));
+        // Per 128-bit lane: elements 0-7 | 16-23, then 8-15 | 24-31.
+        let (p0, p1) = (_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h));
+        (
+            _mm256_permute2x128_si256::<0x20>(p0, p1),
+            _mm256_permute2x128_si256::<0x31>(p0, p1),
+        )
+    }
+
+    /// `dot_f16` over the 4-bit row at element `e0` (even), looked up as it is multiplied:
+    /// the same accumulators, in the same order, as `dot_f16` over the decoded row.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `data` must hold the indices of elements
+    /// `e0..e0 + x.len()`, and `e0` must be even.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_lut4_f16(
+        x: &[f32],
+        data: &[u8],
+        e0: usize,
+        table: &super::Table<f16>,
+    ) -> f32 {
+        let n = x.len();
+        let px = x.as_ptr();
+        let (tlo, thi) = split_table(table);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            let (a, b) = lookup32(data.as_ptr().add((e0 + i) / 2), tlo, thi);
+            let w = [
+                _mm256_castsi256_si128(a),
+                _mm256_extracti128_si256::<1>(a),
+                _mm256_castsi256_si128(b),
+                _mm256_extracti128_si256::<1>(b),
+            ];
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(px.add(i + 8 * k));
+                *acc = _mm256_fmadd_ps(xv, _mm256_cvtph_ps(w[k]), *acc);
+            }
+            i += 32;
+        }
+        // The last (< 32) values decoded, then dot_f16's 8-wide steps and scalar tail.
+        let r = n - i;
+        let mut rest = [f16::ZERO; 32];
+        super::unpack_n::<4, f16>(data, e0 + i, table, &mut rest[..r]);
+        let pw = rest.as_ptr() as *const u16;
+        let mut j = 0;
+        while j + 8 <= r {
+            let wv = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(j) as *const __m128i));
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i + j)), wv, acc[0]);
+            j += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum(v);
+        while j < r {
+            s += x[i + j] * rest[j].to_f32();
+            j += 1;
+        }
+        s
+    }
+
+    /// 4-bit indices looked up 32 at a time: the 16 fp16 entries split into a table of low
+    /// bytes and one of high bytes, each indexed by `_mm256_shuffle_epi8`, interleaved back.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `data` must hold the indices of elements `e0..e0 + out.len()`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn unpack4_f16(data: &[u8], e0: usize, table: &super::Table<f16>, out: &mut [f16]) {
+        let n = out.len();
+        let nibble = |e: usize| table[((data[e / 2] >> (4 * (e % 2))) & 15) as usize];
+        let mut i = 0;
+        if e0 % 2 == 1 && n > 0 {
+            out[0] = nibble(e0);
+            i = 1;
+        }
+        let (tlo, thi) = split_table(table);
+        let po = out.as_mut_ptr();
+        while i + 32 <= n {
+            let (a, b) = lookup32(data.as_ptr().add((e0 + i) / 2), tlo, thi);
+            _mm256_storeu_si256(po.add(i) as *mut __m256i, a);
+            _mm256_storeu_si256(po.add(i + 16) as *mut __m256i, b);
+            i += 32;
+        }
+        for (k, o) in out[i..].iter_mut().enumerate() {
+            *o = nibble(e0 + i + k);
+        }
+    }
+
     /// # Safety
     /// The CPU must support AVX2 and FMA; x, w and out must hold rows·k, wrows·k and
     /// rows·wrows elements.
@@ -475,6 +713,92 @@ mod tests {
                 // -1e30 overflows fp16 to -inf.
                 assert_eq!(scan_f16(&h).1, 3, "n={n}");
                 assert_eq!(scan_f16(&h), scan_f16_lanes(&h), "n={n}");
+            }
+        }
+    }
+
+    /// Indices spread over the whole table, packed as Core ML packs them.
+    fn packed_indices(n: usize, nbits: u32) -> (Vec<u32>, Vec<u8>) {
+        let idx: Vec<u32> = (0..n)
+            .map(|i| ((i * 37 + i / 3 + i * i) % (1 << nbits)) as u32)
+            .collect();
+        let bytes = crate::mlpackage::pack_bits(&idx, nbits);
+        (idx, bytes)
+    }
+
+    fn table16() -> Table<f16> {
+        let mut t = [f16::ZERO; 256];
+        for (i, v) in t.iter_mut().enumerate() {
+            // Distinct bit patterns in both bytes: a swapped or shifted byte shows.
+            *v = f16::from_f32((i as f32 - 100.3) * 1.37);
+        }
+        t
+    }
+
+    #[test]
+    fn unpacking_reads_every_bit_width_at_every_offset() {
+        let t = table16();
+        let tf: Table<f32> = t.map(|v| v.to_f32());
+        for nbits in 1..=8 {
+            let (idx, bytes) = packed_indices(203, nbits);
+            for e0 in [0, 1, 3, 7, 8, 13] {
+                for n in [0, 1, 5, 8, 31, 32, 33, 64, 65, 190 - e0] {
+                    let want: Vec<f16> = idx[e0..e0 + n].iter().map(|&i| t[i as usize]).collect();
+                    let mut got = vec![f16::ZERO; n];
+                    unpack(&bytes, e0, nbits, &t, &mut got);
+                    assert_eq!(got, want, "portable, {nbits} bits, e0={e0}, n={n}");
+                    unpack_f16(&bytes, e0, nbits, &t, &mut got);
+                    assert_eq!(got, want, "unpack_f16, {nbits} bits, e0={e0}, n={n}");
+                    let mut full = vec![0f32; n];
+                    unpack(&bytes, e0, nbits, &tf, &mut full);
+                    let wf: Vec<f32> = want.iter().map(|v| v.to_f32()).collect();
+                    assert_eq!(full, wf, "f32 entries, {nbits} bits, e0={e0}, n={n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dot_over_a_lut_row_gives_the_bits_of_dot_over_the_decoded_row() {
+        let t = table16();
+        for nbits in 1..=8 {
+            let (_, bytes) = packed_indices(1200, nbits);
+            for e0 in [0, 1, 2, 8, 64] {
+                for n in [0, 1, 7, 8, 31, 32, 33, 40, 63, 64, 65, 575, 1100] {
+                    // Not exact in f32: a different summation order would show.
+                    let x: Vec<f32> = (0..n)
+                        .map(|i| ((i * 7919) % 1013) as f32 / 97.1 - 5.0)
+                        .collect();
+                    let mut w = vec![f16::ZERO; n];
+                    unpack(&bytes, e0, nbits, &t, &mut w);
+                    let want = dot_f16(&x, &w);
+                    let got = dot_lut_f16(&x, &bytes, e0, nbits, &t, &mut Vec::new());
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{nbits} bits, e0={e0}, n={n}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_4bit_lookup_matches_the_portable_one() {
+        if !avx2() {
+            eprintln!("no AVX2 here: the portable path is the only one");
+            return;
+        }
+        let t = table16();
+        let (_, bytes) = packed_indices(1000, 4);
+        for e0 in [0, 1, 2, 31, 32, 33] {
+            for n in [0, 1, 31, 32, 33, 63, 64, 65, 96, 900] {
+                let (mut a, mut b) = (vec![f16::ZERO; n], vec![f16::ONE; n]);
+                unpack(&bytes, e0, 4, &t, &mut a);
+                // SAFETY: AVX2 checked above; 1000 indices cover e0 + n.
+                unsafe { x86::unpack4_f16(&bytes, e0, &t, &mut b) };
+                assert_eq!(a, b, "e0={e0}, n={n}");
             }
         }
     }

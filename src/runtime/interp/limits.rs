@@ -134,9 +134,15 @@ pub fn type_bytes(ty: &TensorTypeInfo) -> u64 {
 /// Only ops whose result size is not bounded by one input are computed here; the count is
 /// exact for valid arguments (so a valid program is never refused) and saturates.
 pub fn guard(op: Op, args: &Args) -> OpResult<()> {
-    let Some(n) = result_elements(op, args) else {
-        return Ok(());
-    };
+    match result_elements(op, args) {
+        Some(n) => check_elements(n, args),
+        None => Ok(()),
+    }
+}
+
+/// Refuse a result of `n` elements above the first declared output (the kernels of packed
+/// weights call it: their weight is not among the arguments [`guard`] reads).
+pub fn check_elements(n: u64, args: &Args) -> OpResult<()> {
     let declared: u64 = args
         .out(0)?
         .shape

@@ -2,7 +2,8 @@
 //! multifunction package, each function by name: [`Package`] picks one per call).
 //!
 //! At load the program is compiled once: names become slots, `const` values and constexpr
-//! weights (`constexpr_lut_to_dense`) are decoded to f32 and shared, and the last use of every
+//! weights (`constexpr_lut_to_dense`) are decoded to f32 and shared, except the weights that
+//! stay packed in the memory-mapped weight file ([`packed`]), and the last use of every
 //! intermediate is recorded so it is freed as soon as possible. Each op's result is checked
 //! against the shape the program declares and rounded to the declared dtype (fp16 stays fp16
 //! and overflows to inf, as on device), unless [`Compute::F32`] is chosen.
@@ -11,9 +12,11 @@ mod constexpr18;
 mod kernels;
 pub mod limits;
 pub mod ops;
+pub mod packed;
 mod state;
 pub mod tensor;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
@@ -66,6 +69,9 @@ pub enum Compute {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
     pub compute: Compute,
+    /// Decode every weight when the program loads, as before packed weights (the same
+    /// results, bit for bit; benches compare the two).
+    pub dense_weights: bool,
 }
 
 /// Range statistics of one op kind.
@@ -166,6 +172,8 @@ pub struct Program {
     options: Options,
     n_slots: usize,
     consts: Vec<(usize, Arc<Tensor>)>,
+    /// Weights left in the weight file, by slot: only `linear`, `conv` and `gather` read them.
+    packed: HashMap<usize, Arc<packed::Packed>>,
     /// The slots of the kept constants, by name (validate reads weights back through them).
     const_names: HashMap<String, usize>,
     inputs: Vec<(String, usize, TensorTypeInfo)>,
@@ -245,6 +253,8 @@ impl Program {
             const_bytes: 0,
             const_cache: HashMap::new(),
             constants: HashMap::new(),
+            packed: Vec::new(),
+            packed_names: HashMap::new(),
         };
         let mut inputs = Vec::new();
         let mut states = Vec::new();
@@ -272,6 +282,7 @@ impl Program {
             outputs.push((name.clone(), s));
         }
         let n_slots = ld.slots.len();
+        let packed = settle_packed(&mut ld, &instrs, &outputs, &mut consts)?;
         let const_bytes = ld.const_bytes;
         drop_unread_constants(&mut consts, &instrs, &outputs);
         // States stay live across the whole call, like the outputs.
@@ -290,7 +301,11 @@ impl Program {
             msg,
         })?;
         store_linear_weights_half(&mut consts, &instrs);
-        let kept: std::collections::HashSet<usize> = consts.iter().map(|(s, _)| *s).collect();
+        let kept: std::collections::HashSet<usize> = consts
+            .iter()
+            .map(|(s, _)| *s)
+            .chain(packed.keys().copied())
+            .collect();
         let const_names = ld
             .slots
             .iter()
@@ -301,6 +316,7 @@ impl Program {
             options,
             n_slots,
             consts,
+            packed,
             const_names,
             inputs,
             states,
@@ -312,13 +328,21 @@ impl Program {
     }
 
     /// The value of the constant (or constexpr result) named `name`, as the program computes
-    /// with it, if a kept constant has that name.
-    pub fn constant(&self, name: &str) -> Option<&Tensor> {
+    /// with it, if a kept constant has that name (a packed weight is decoded for the caller).
+    pub fn constant(&self, name: &str) -> Option<Cow<'_, Tensor>> {
         let slot = *self.const_names.get(name)?;
+        if let Some(p) = self.packed.get(&slot) {
+            return p.dense().ok().map(Cow::Owned);
+        }
         self.consts
             .iter()
             .find(|(s, _)| *s == slot)
-            .map(|(_, t)| t.as_ref())
+            .map(|(_, t)| Cow::Borrowed(t.as_ref()))
+    }
+
+    /// Bytes of weights left packed in the weight files (read in place, not held).
+    pub fn packed_weights(&self) -> usize {
+        self.packed.len()
     }
 
     /// The limits this program was loaded under.
@@ -540,12 +564,28 @@ impl Program {
 
     fn exec(&self, ins: &Instr, env: &[Option<Arc<Tensor>>]) -> Result<Vec<Tensor>, RuntimeError> {
         let output = ins.out_names.first().cloned().unwrap_or_default();
-        let map = arguments(ins, env, None)?;
+        let weight = ins.inputs.iter().find_map(|(k, a)| match a.as_slice() {
+            [Arg::Slot(s)] => self.packed.get(s).map(|p| (k.as_str(), p)),
+            _ => None,
+        });
+        let map = arguments(ins, env, weight.map(|(k, _)| k))?;
         let types: Vec<TensorTypeInfo> = ins.outputs.iter().map(|(_, t)| t.clone()).collect();
         let args = Args {
             map,
             outputs: &types,
         };
+        if let Some((_, w)) = weight {
+            let res = match ins.op {
+                OpKind::Known(Op::Linear) => packed::linear(&args, w),
+                OpKind::Known(Op::Conv) => packed::conv(&args, w),
+                _ => packed::gather(&args, w),
+            };
+            return res.map(|t| vec![t]).map_err(|e| RuntimeError::Op {
+                op_type: ins.op.name().to_string(),
+                output,
+                msg: e.to_string(),
+            });
+        }
         let op = match &ins.op {
             OpKind::Known(op) if !CONSTEXPR.contains(op) => *op,
             other => {
@@ -621,6 +661,10 @@ struct Loader<'p> {
     /// Every constant and constexpr result so far, by name: iOS18 constexpr ops may name one
     /// as an operand.
     constants: HashMap<String, Arc<Tensor>>,
+    /// The weights left packed so far, by slot and by name ([`settle_packed`] decides which
+    /// stay so).
+    packed: Vec<(usize, Arc<packed::Packed>)>,
+    packed_names: HashMap<String, Arc<packed::Packed>>,
 }
 
 impl Loader<'_> {
@@ -665,6 +709,16 @@ impl Loader<'_> {
         Ok(self.pkg.value(v, what)?)
     }
 
+    /// A packed weight decoded whole, counted with the constants first.
+    fn unpack(&mut self, p: &packed::Packed, what: &str) -> Result<Tensor, RuntimeError> {
+        let total = self.const_bytes.saturating_add(p.dense_bytes());
+        self.limits
+            .check_peak(total)
+            .map_err(|msg| self.limit_err(what, msg))?;
+        self.const_bytes = total;
+        p.dense().map_err(|e| RuntimeError::Program(e.to_string()))
+    }
+
     /// Compile one operation: a constant (returned, to be stored) or an instruction (pushed).
     fn instr(
         &mut self,
@@ -692,6 +746,12 @@ impl Loader<'_> {
             _ => None,
         } {
             let (name, ty) = outs.first().ok_or_else(|| op_err("no output".into()))?;
+            if let Some(p) = packed::try_pack(self, op, constant, ty)? {
+                let (p, s) = (Arc::new(p), self.slot(name));
+                self.packed.push((s, p.clone()));
+                self.packed_names.insert(name.clone(), p);
+                return Ok(None);
+            }
             let t = constexpr(self, op, constant, ty).map_err(|e| match e {
                 RuntimeError::Program(msg) => op_err(msg),
                 other => other,
@@ -746,6 +806,67 @@ impl Loader<'_> {
         });
         Ok(None)
     }
+}
+
+/// Keep packed the weights only `linear` and `conv` (as `weight`) and `gather` (as `x`,
+/// along axis 0) read; decode the others, counted with the constants, as dense constants.
+/// A packed weight nothing reads (a LUT a scale op was applied to) is dropped.
+fn settle_packed(
+    ld: &mut Loader,
+    instrs: &[Instr],
+    outputs: &[(String, usize)],
+    consts: &mut Vec<(usize, Arc<Tensor>)>,
+) -> Result<HashMap<usize, Arc<packed::Packed>>, RuntimeError> {
+    let mut kept = HashMap::new();
+    for (s, p) in std::mem::take(&mut ld.packed) {
+        let reads = |i: &&Instr| {
+            i.inputs
+                .iter()
+                .any(|(_, a)| a.iter().any(|b| matches!(b, Arg::Slot(x) if *x == s)))
+        };
+        let readers: Vec<&Instr> = instrs.iter().filter(reads).collect();
+        let output = outputs.iter().any(|(_, o)| *o == s);
+        if readers.is_empty() && !output {
+            continue;
+        }
+        if !output && readers.iter().all(|i| reads_packed_in_place(i, s)) {
+            let linear = readers
+                .iter()
+                .any(|i| matches!(i.op, OpKind::Known(Op::Linear | Op::Conv)));
+            let p = if linear && p.dtype == DType::F16 {
+                let mut half = (*p).clone();
+                half.gathers_half = true;
+                Arc::new(half)
+            } else {
+                p
+            };
+            kept.insert(s, p);
+            continue;
+        }
+        let t = ld.unpack(&p, "a weight read by other ops")?;
+        consts.push((s, Arc::new(t)));
+    }
+    Ok(kept)
+}
+
+/// Whether `ins` reads slot `s` only where a packed weight can be read in place.
+fn reads_packed_in_place(ins: &Instr, s: usize) -> bool {
+    let key = match ins.op {
+        OpKind::Known(Op::Linear | Op::Conv) => "weight",
+        OpKind::Known(Op::Gather) => "x",
+        _ => return false,
+    };
+    let zero = |k: &str| {
+        ins.inputs.iter().all(|(n, a)| {
+            n != k || matches!(a.as_slice(), [Arg::Const(t)] if t.as_i64().iter().all(|&v| v == 0))
+        })
+    };
+    let gather_ok = key != "x" || (zero("axis") && zero("batch_dims"));
+    gather_ok
+        && ins.inputs.iter().all(|(k, a)| {
+            let here = a.iter().any(|b| matches!(b, Arg::Slot(x) if *x == s));
+            !here || (k == key && a.len() == 1)
+        })
 }
 
 /// Free each computed value after its last reader; outputs and constants are kept. A value
@@ -960,9 +1081,12 @@ fn constexpr18(
             )))),
             Some(proto::binding::Binding::Name(n)) => match ld.constants.get(n) {
                 Some(t) => Ok(Some(t.clone())),
-                None => Err(RuntimeError::Program(format!(
-                    "`{key}` names `{n}`, which is not a constant defined before it"
-                ))),
+                None => match ld.packed_names.get(n).cloned() {
+                    Some(p) => Ok(Some(Arc::new(ld.unpack(&p, key)?))),
+                    None => Err(RuntimeError::Program(format!(
+                        "`{key}` names `{n}`, which is not a constant defined before it"
+                    ))),
+                },
             },
             None => Err(RuntimeError::Program(format!("`{key}` binds nothing"))),
         }

@@ -897,18 +897,7 @@ pub fn gather(args: &Args) -> OpResult<Tensor> {
     let n = x.shape[ax];
     let outer: usize = x.shape[..ax].iter().product();
     let inner: usize = x.shape[ax + 1..].iter().product();
-    let idx: Vec<usize> = ind
-        .as_i64()
-        .iter()
-        .map(|&i| {
-            let j = if i < 0 { i + n as i64 } else { i };
-            if j < 0 || j >= n as i64 {
-                Err(format!("index {i} out of range for axis {ax} of size {n}").into())
-            } else {
-                Ok(j as usize)
-            }
-        })
-        .collect::<OpResult<_>>()?;
+    let idx = gather_indices(&ind.as_i64(), n, ax)?;
     let mut shape = x.shape[..ax].to_vec();
     shape.extend_from_slice(&ind.shape);
     shape.extend_from_slice(&x.shape[ax + 1..]);
@@ -926,6 +915,20 @@ pub fn gather(args: &Args) -> OpResult<Tensor> {
     }
     let data = map_data!(&x.data, |v| g!(v));
     Ok(Tensor::new(x.dtype, shape, data))
+}
+
+/// Gather indices into an axis of size `n` (negative ones count from the end), checked.
+pub fn gather_indices(ind: &[i64], n: usize, ax: usize) -> OpResult<Vec<usize>> {
+    ind.iter()
+        .map(|&i| {
+            let j = if i < 0 { i + n as i64 } else { i };
+            if j < 0 || j >= n as i64 {
+                Err(format!("index {i} out of range for axis {ax} of size {n}").into())
+            } else {
+                Ok(j as usize)
+            }
+        })
+        .collect()
 }
 
 pub fn select(args: &Args) -> OpResult<Tensor> {
@@ -1151,10 +1154,26 @@ use super::kernels::{dot_f16, gemm_nt, gemm_nt_f16};
 /// independent. Output features are split across threads; each thread reads its weight rows
 /// once for all rows of x.
 pub fn linear(args: &Args) -> OpResult<Tensor> {
-    let x = args.get("x")?;
     let w = args.get("weight")?;
-    if w.rank() != 2 {
-        return Err(format!("weight must be rank 2, has shape {:?}", w.shape).into());
+    linear_with(args, &w.shape, |xv, bias, oc, ic| {
+        Ok(match &w.data {
+            // fp16 weights (see Program::load) are widened in registers.
+            Data::Half(wv) => gemv_rows(xv, Rows::Half(wv), bias, oc, ic),
+            _ => gemv_rows(xv, Rows::Float(&w.as_f32()), bias, oc, ic),
+        })
+    })
+}
+
+/// `linear` for a weight of shape `w`: the checks, then `gemv(x, bias, oc, ic)` computes the
+/// output-major product (the dense weight above, a packed one in `packed`).
+pub fn linear_with(
+    args: &Args,
+    w: &[usize],
+    gemv: impl FnOnce(&[f32], Option<&[f32]>, usize, usize) -> OpResult<Vec<f32>>,
+) -> OpResult<Tensor> {
+    let x = args.get("x")?;
+    if w.len() != 2 {
+        return Err(format!("weight must be rank 2, has shape {w:?}").into());
     }
     // MIL's `linear` takes x of rank 1 to 3 (coremltools does not check it; Core ML may).
     if !(1..=3).contains(&x.rank()) {
@@ -1164,9 +1183,9 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
         )
         .into());
     }
-    let (oc, ic) = (w.shape[0], w.shape[1]);
+    let (oc, ic) = (w[0], w[1]);
     if x.shape.last() != Some(&ic) {
-        return Err(format!("x {:?} does not match weight {:?}", x.shape, w.shape).into());
+        return Err(format!("x {:?} does not match weight {w:?}", x.shape).into());
     }
     let bias = args.opt("bias").map(|b| b.as_f32());
     if let Some(b) = &bias {
@@ -1176,12 +1195,7 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
     }
     let xv = x.as_f32();
     let rows = xv.len() / ic.max(1);
-    let bias = bias.as_deref();
-    let t = match &w.data {
-        // fp16 weights (see Program::load) are widened in registers.
-        Data::Half(wv) => gemv_rows(&xv, Rows::Half(wv), bias, oc, ic),
-        _ => gemv_rows(&xv, Rows::Float(&w.as_f32()), bias, oc, ic),
-    };
+    let t = gemv(&xv, bias.as_deref(), oc, ic)?;
     let out = if rows == 1 {
         t
     } else {
@@ -1201,10 +1215,25 @@ pub fn linear(args: &Args) -> OpResult<Tensor> {
 /// Anything else is refused: with a 1×1 kernel, unit strides and no padding, `pad_type`
 /// valid, same and custom compute the same thing, so the kernel need not read it.
 pub fn conv(args: &Args) -> OpResult<Tensor> {
-    let x = args.get("x")?;
     let w = args.get("weight")?;
+    conv_with(args, &w.shape, |rows, bias, oc, ic| {
+        Ok(match &w.data {
+            Data::Half(wv) => gemv_rows(rows, Rows::Half(wv), bias, oc, ic),
+            _ => gemv_rows(rows, Rows::Float(&w.as_f32()), bias, oc, ic),
+        })
+    })
+}
+
+/// `conv` for a weight of shape `w`, `gemv` computing each batch's product as in
+/// [`linear_with`].
+pub fn conv_with(
+    args: &Args,
+    w: &[usize],
+    gemv: impl Fn(&[f32], Option<&[f32]>, usize, usize) -> OpResult<Vec<f32>>,
+) -> OpResult<Tensor> {
+    let x = args.get("x")?;
     check_conv(args, x, w)?;
-    let (n, ic, oc) = (x.shape[0], x.shape[1], w.shape[0]);
+    let (n, ic, oc) = (x.shape[0], x.shape[1], w[0]);
     let positions: usize = x.shape[2..].iter().product();
     let bias = args.opt("bias").map(|b| b.as_f32());
     if let Some(b) = &bias {
@@ -1215,17 +1244,13 @@ pub fn conv(args: &Args) -> OpResult<Tensor> {
     let xv = x.as_f32();
     let mut out = Vec::with_capacity(n * oc * positions);
     for b in 0..n {
-        // [C_in, P] → P rows of C_in: gemv_rows' output [C_out, P] is the conv's layout.
+        // [C_in, P] → P rows of C_in: the gemv's output [C_out, P] is the conv's layout.
         let rows = transpose2(
             &xv[b * ic * positions..(b + 1) * ic * positions],
             ic,
             positions,
         );
-        let t = match &w.data {
-            Data::Half(wv) => gemv_rows(&rows, Rows::Half(wv), bias.as_deref(), oc, ic),
-            _ => gemv_rows(&rows, Rows::Float(&w.as_f32()), bias.as_deref(), oc, ic),
-        };
-        out.extend_from_slice(&t);
+        out.extend_from_slice(&gemv(&rows, bias.as_deref(), oc, ic)?);
     }
     let mut shape = x.shape.clone();
     shape[1] = oc;
@@ -1234,23 +1259,19 @@ pub fn conv(args: &Args) -> OpResult<Tensor> {
 
 /// Refuse a `conv` the kernel does not compute: not a 1×1 kernel, grouped, strided, dilated
 /// or padded, or shapes that do not match.
-fn check_conv(args: &Args, x: &Tensor, w: &Tensor) -> OpResult<()> {
-    if !(3..=5).contains(&x.rank()) || w.rank() != x.rank() {
+fn check_conv(args: &Args, x: &Tensor, w: &[usize]) -> OpResult<()> {
+    if !(3..=5).contains(&x.rank()) || w.len() != x.rank() {
         return Err(format!(
-            "x {:?} and weight {:?} must have the same rank, 3 to 5 (MIL conv)",
-            x.shape, w.shape
+            "x {:?} and weight {w:?} must have the same rank, 3 to 5 (MIL conv)",
+            x.shape
         )
         .into());
     }
-    if w.shape[2..].iter().any(|&k| k != 1) {
-        return Err(format!(
-            "only 1×1 kernels are interpreted; weight has shape {:?}",
-            w.shape
-        )
-        .into());
+    if w[2..].iter().any(|&k| k != 1) {
+        return Err(format!("only 1×1 kernels are interpreted; weight has shape {w:?}").into());
     }
-    if w.shape[1] != x.shape[1] {
-        return Err(format!("x {:?} does not match weight {:?}", x.shape, w.shape).into());
+    if w[1] != x.shape[1] {
+        return Err(format!("x {:?} does not match weight {w:?}", x.shape).into());
     }
     let groups = args.int_or("groups", 1)?;
     if groups != 1 {

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The runner at size (issue 22 item 6): `run` (and `validate --max-tokens 8`) on a converted
+# package or chain, once with the weights read in place from the memory-mapped weight files
+# (the default) and once with --dense-weights (every weight decoded when the package loads:
+# the interpreter before packed weights), in the same run, under the same load. Prints wall
+# time, decode speed, peak RSS and peak anonymous memory of each and the ratios, and checks
+# that both wrote the same logits, byte for byte.
+#
+# usage: benches/runner_memory.sh PACKAGE [CHECKPOINT]
+#   PACKAGE: a package or chain (e.g. made by benches/big_model.sh with KEEP=1, or
+#            `hf2coreml convert CKPT -o OUT --recipe data-free-4bit --max-seq-len 2048`)
+#   CHECKPOINT: the checkpoint it came from; when given, validate is measured too.
+# env: BIN (default target/release/hf2coreml), TOKENS (new tokens to generate, default 4),
+#      ROUNDS (runs of each mode, alternating; default 1)
+set -euo pipefail
+PKG=${1:?usage: benches/runner_memory.sh PACKAGE [CHECKPOINT]}
+CKPT=${2:-}
+BIN=${BIN:-target/release/hf2coreml}
+[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 3; }
+WORK=$(mktemp -d /tmp/runner_memory.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+# Run "$@" under /usr/bin/time -v, sampling the child's anonymous memory every 0.1 s.
+measure() {
+  /usr/bin/time -v "$@" >"$WORK/stdout" 2>"$WORK/time" &
+  local tpid=$! pid
+  sleep 0.2
+  pid=$(pgrep -P "$tpid" | head -1 || true)
+  PEAK_ANON=0
+  while kill -0 "$tpid" 2>/dev/null; do
+    { while read -r KEY VALUE _; do
+      if [ "$KEY" = "RssAnon:" ]; then
+        [ "$VALUE" -gt "$PEAK_ANON" ] && PEAK_ANON=$VALUE
+        break
+      fi
+    done <"/proc/$pid/status"; } 2>/dev/null || true
+    sleep 0.1 # a sampler without a pause took one of the 2 cores from the run it measured
+  done
+  wait "$tpid" || { cat "$WORK/time" >&2; return 1; }
+  RSS_KB=$(awk -F: '/Maximum resident set size/ {gsub(/ /,"",$2); print $2}' "$WORK/time")
+  SECS=$(awk '/Elapsed \(wall clock\)/ {n=split($NF,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$WORK/time")
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+echo "weights on disk: $(( $(du -sbL "$PKG" | cut -f1) / 1048576 )) MiB"
+declare -A WALL RSS ANON TPS ALL
+# ROUNDS rounds, the two modes alternating, so a change of load on a shared machine hits both:
+# the decode speed reported is each mode's median over the rounds.
+for round in $(seq "${ROUNDS:-1}"); do
+  for mode in dense mapped; do
+    flag=(); [ "$mode" = dense ] && flag=(--dense-weights)
+    measure "$BIN" run "$PKG" --prompt-ids 1,2,3,4 --max-new-tokens "${TOKENS:-4}" --ignore-eos \
+      --json --logits-out "$WORK/logits-$mode.npy" "${flag[@]}"
+    WALL[$mode]=$SECS RSS[$mode]=$((RSS_KB / 1024)) ANON[$mode]=$((PEAK_ANON / 1024))
+    TPS[$mode]=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["timing"]["decode_tokens_per_second"])' <"$WORK/stdout")
+    ALL[$mode]="${ALL[$mode]:-} ${TPS[$mode]}"
+    echo "run ($mode, round $round): wall ${WALL[$mode]} s, decode ${TPS[$mode]} tok/s," \
+      "peak RSS ${RSS[$mode]} MiB, peak anonymous ${ANON[$mode]} MiB"
+  done
+done
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+for mode in dense mapped; do
+  TPS[$mode]=$(echo "${ALL[$mode]}" | median)
+  echo "run ($mode): median decode ${TPS[$mode]} tok/s over ${ROUNDS:-1} round(s)"
+done
+cmp -s "$WORK/logits-dense.npy" "$WORK/logits-mapped.npy" \
+  && echo "logits: identical, byte for byte ($(stat -c %s "$WORK/logits-mapped.npy") bytes)" \
+  || { echo "logits DIFFER between mapped and dense weights" >&2; exit 1; }
+echo "run mapped/dense: wall $(ratio "${WALL[mapped]}" "${WALL[dense]}"), decode speed" \
+  "$(ratio "${TPS[mapped]}" "${TPS[dense]}"), peak RSS $(ratio "${RSS[mapped]}" "${RSS[dense]}")," \
+  "peak anonymous $(ratio "${ANON[mapped]}" "${ANON[dense]}")"
+if [ -n "$CKPT" ]; then
+  for mode in dense mapped; do
+    flag=(); [ "$mode" = dense ] && flag=(--dense-weights)
+    measure "$BIN" validate "$PKG" --against "$CKPT" --max-tokens 8 --json "${flag[@]}" || true
+    WALL[$mode]=$SECS RSS[$mode]=$((RSS_KB / 1024)) ANON[$mode]=$((PEAK_ANON / 1024))
+    echo "validate --max-tokens 8 ($mode): wall ${WALL[$mode]} s, peak RSS ${RSS[$mode]} MiB," \
+      "peak anonymous ${ANON[$mode]} MiB"
+  done
+  echo "validate mapped/dense: wall $(ratio "${WALL[mapped]}" "${WALL[dense]}"), peak RSS" \
+    "$(ratio "${RSS[mapped]}" "${RSS[dense]}"), peak anonymous $(ratio "${ANON[mapped]}" "${ANON[dense]}")"
+fi
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
