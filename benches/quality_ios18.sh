@@ -33,11 +33,11 @@ datafree() { # name, group size
     done
   } > "$OUT/$1.toml"
 }
-ALLTOK='/^tokens = /d'
+ALLTOK='/^tokens = /d'   # all of the calibration text (the recipe's default)
 datafree df-g8 8
 datafree df-g16 16
 datafree df-g32 32
-variant g16-2048 ''
+variant g16-2048 '$a tokens = 2048'
 variant g16 "$ALLTOK"
 variant g8 "$ALLTOK; s/^group_size = 16/group_size = 8/"
 variant g32 "$ALLTOK; s/^group_size = 16/group_size = 32/"
@@ -58,6 +58,8 @@ ROWS=(
   "4-bit, calibrated, LUT per 32 rows, no row scale|--recipe $OUT/g32-nors.toml"
   "3-bit, calibrated, LUT per 16 rows + row scale|--recipe $OUT/g16.toml --nbits 3"
   "mixed 4/6/8 at 4.5 bpw, LUT per 16 rows + row scale|--recipe $OUT/g16.toml --target-bpw 4.5"
+  "iOS17 baseline: 4-bit, calibrated, one LUT per tensor + row scale (calibrated-4bit)|--recipe calibrated-4bit"
+  "mixed 4/6/8 at 4.3 bpw, LUT per 16 rows + row scale|--recipe $OUT/g16.toml --target-bpw 4.3"
 )
 
 TABLE="$OUT/quality.md"
