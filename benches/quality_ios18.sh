@@ -33,17 +33,16 @@ datafree() { # name, group size
     done
   } > "$OUT/$1.toml"
 }
-ALLTOK='/^tokens = /d'   # all of the calibration text (the recipe's default)
 datafree df-g8 8
 datafree df-g16 16
 datafree df-g32 32
 variant g16-2048 '$a tokens = 2048'
-variant g16 "$ALLTOK"
-variant g8 "$ALLTOK; s/^group_size = 16/group_size = 8/"
-variant g32 "$ALLTOK; s/^group_size = 16/group_size = 32/"
-variant g16-nors "$ALLTOK; s/^row_scale = true/row_scale = false/"
-variant g8-nors "$ALLTOK; s/^row_scale = true/row_scale = false/; s/^group_size = 16/group_size = 8/"
-variant g32-nors "$ALLTOK; s/^row_scale = true/row_scale = false/; s/^group_size = 16/group_size = 32/"
+variant g16 ''
+variant g8 "s/^group_size = 16/group_size = 8/"
+variant g32 "s/^group_size = 16/group_size = 32/"
+variant g16-nors "s/^row_scale = true/row_scale = false/"
+variant g8-nors "s/^row_scale = true/row_scale = false/; s/^group_size = 16/group_size = 8/"
+variant g32-nors "s/^row_scale = true/row_scale = false/; s/^group_size = 16/group_size = 32/"
 
 ROWS=(
   "4-bit, data-free, LUT per 8 rows|--recipe $OUT/df-g8.toml"
