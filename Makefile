@@ -127,6 +127,13 @@ bench-palettize: model $(BENCH_VENV)/.complete
 quality: build setup model
 	BIN=$(BIN) benches/quality.sh $(MODEL_DIR) out/quality
 
+# Issue 24 item 6: iOS18 grouped LUTs (group sizes, row scale, data-free/calibrated, 3-bit, mixes)
+# as real packages, each validated on prose and code (6-10 minutes per row on 2 cores).
+# Writes out/quality_ios18/quality.md.
+.PHONY: quality-ios18
+quality-ios18: build setup model
+	BIN=$(BIN) benches/quality_ios18.sh $(MODEL_DIR) out/quality_ios18
+
 # End-to-end convert of the real model at S=512: wall time and peak RSS (/usr/bin/time -v), for
 # data-free 4-bit (issue 5's targets: 15 s, 1.5 GB) and for the default (calibrated) recipe.
 .PHONY: bench-convert
