@@ -31,8 +31,8 @@ pub fn dot_f16(x: &[f32], w: &[f16]) -> f32 {
 
 /// `out[o·rows + r] = Σ_k x[r·k + kk] · w[o·k + kk]` for every row r of x (`rows` rows of k)
 /// and every row o of w (`wrows` rows of k): the projections of several tokens at once
-/// (prefill), where `dot` would read each weight row once per token. Register-blocked, 4 rows
-/// of x by 2 of w, one 8-lane accumulator per pair, so each loaded weight vector serves four
+/// (prefill), where `dot` would read each weight row once per token. Register-blocked, 6 rows
+/// of x by 2 of w, one 8-lane accumulator per pair, so each loaded weight vector serves six
 /// tokens. The summation order is not `dot`'s: results agree with it to f32 rounding, not bit
 /// for bit.
 pub fn gemm_nt(x: &[f32], rows: usize, w: &[f32], wrows: usize, k: usize, out: &mut [f32]) {
@@ -314,8 +314,8 @@ fn dot_f16_portable(x: &[f32], w: &[f16]) -> f32 {
     s
 }
 
-/// The blocked product's driver: tiles of T rows of x by R rows of w, the tail rows of each
-/// in tiles of one. `tile(t, r, T, R)` computes one tile.
+/// The blocked product's driver: tiles of T rows of x (6, then 4, then 1) by R rows of w (2,
+/// then 1). `tile(t, r, T, R)` computes one tile.
 #[inline(always)]
 fn gemm_tiles(rows: usize, wrows: usize, mut tile: impl FnMut(usize, usize, usize, usize)) {
     let mut o = 0;
@@ -323,7 +323,11 @@ fn gemm_tiles(rows: usize, wrows: usize, mut tile: impl FnMut(usize, usize, usiz
         let r_n = if o + 2 <= wrows { 2 } else { 1 };
         let mut t = 0;
         while t < rows {
-            let t_n = if t + 4 <= rows { 4 } else { 1 };
+            let t_n = match rows - t {
+                6.. => 6,
+                4 | 5 => 4,
+                _ => 1,
+            };
             tile(t, o, t_n, r_n);
             t += t_n;
         }
@@ -591,6 +595,8 @@ mod x86 {
         super::gemm_tiles(rows, wrows, |t, o, t_n, r_n| {
             let (x, w, out) = (px.add(t * k), w.add(o * k), po.add(o * rows + t));
             match (t_n, r_n) {
+                (6, 2) => tile::<W, 6, 2>(x, w, k, out, rows, load, one),
+                (6, _) => tile::<W, 6, 1>(x, w, k, out, rows, load, one),
                 (4, 2) => tile::<W, 4, 2>(x, w, k, out, rows, load, one),
                 (1, 2) => tile::<W, 1, 2>(x, w, k, out, rows, load, one),
                 (4, _) => tile::<W, 4, 1>(x, w, k, out, rows, load, one),

@@ -1091,7 +1091,18 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         } else {
             xb
         };
-        if ty {
+        if m >= 2 {
+            // Several rows of x (a prefill chunk's attention): the blocked product over the
+            // rows of yᵀ, which writes x @ y row-major ([m, n]) as gemm_nt's output-major form.
+            let yt;
+            let y_rows: &[f32] = if ty {
+                yb
+            } else {
+                yt = transpose2(yb, k, n);
+                &yt
+            };
+            gemm_nt(y_rows, n, xb, m, k, ob);
+        } else if ty {
             // y is [n, k]: every output is a dot of two contiguous rows.
             for i in 0..m {
                 let xr = &xb[i * k..(i + 1) * k];
@@ -1390,6 +1401,64 @@ mod tests {
             outputs: &[],
         };
         linear(&args)
+    }
+
+    /// Every combination of transposes, one row of x (dot products) and several (the blocked
+    /// product), batched: the definition of x @ y on small integers (exact in any order).
+    #[test]
+    fn matmul_is_the_definition_at_every_transpose() {
+        let (b, k, n) = (2, 11, 5);
+        for m in [1, 2, 7] {
+            let x: Vec<f32> = (0..b * m * k)
+                .map(|i| ((i * 7) % 11) as f32 - 5.0)
+                .collect();
+            let y: Vec<f32> = (0..b * k * n)
+                .map(|i| ((i * 5) % 13) as f32 - 6.0)
+                .collect();
+            let want: Vec<f32> = (0..b * m * n)
+                .map(|o| {
+                    let (bb, i, j) = (o / (m * n), o / n % m, o % n);
+                    (0..k)
+                        .map(|kk| x[bb * m * k + i * k + kk] * y[bb * k * n + kk * n + j])
+                        .sum()
+                })
+                .collect();
+            for (tx, ty) in [(false, false), (false, true), (true, false), (true, true)] {
+                let store = |v: &[f32], rows: usize, cols: usize, t: bool| {
+                    let data: Vec<f32> = (0..b)
+                        .flat_map(|bb| {
+                            let blk = &v[bb * rows * cols..(bb + 1) * rows * cols];
+                            if t {
+                                transpose2(blk, rows, cols)
+                            } else {
+                                blk.to_vec()
+                            }
+                        })
+                        .collect();
+                    let shape = if t {
+                        vec![b, cols, rows]
+                    } else {
+                        vec![b, rows, cols]
+                    };
+                    Tensor::f32(shape, data)
+                };
+                let flag = |v: bool| Tensor::new(DType::Bool, vec![], Data::B(vec![v]));
+                let (xt, yt, fx, fy) =
+                    (store(&x, m, k, tx), store(&y, k, n, ty), flag(tx), flag(ty));
+                let args = Args {
+                    map: HashMap::from([
+                        ("x", vec![&xt]),
+                        ("y", vec![&yt]),
+                        ("transpose_x", vec![&fx]),
+                        ("transpose_y", vec![&fy]),
+                    ]),
+                    outputs: &[],
+                };
+                let got = matmul(&args).unwrap();
+                assert_eq!(got.shape, vec![b, m, n]);
+                assert_eq!(got.as_f32().into_owned(), want, "m={m} tx={tx} ty={ty}");
+            }
+        }
     }
 
     #[test]
