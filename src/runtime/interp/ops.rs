@@ -1091,17 +1091,12 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         } else {
             xb
         };
-        if m >= 2 {
-            // Several rows of x (a prefill chunk's attention): the blocked product over the
-            // rows of yᵀ, which writes x @ y row-major ([m, n]) as gemm_nt's output-major form.
-            let yt;
-            let y_rows: &[f32] = if ty {
-                yb
-            } else {
-                yt = transpose2(yb, k, n);
-                &yt
-            };
-            gemm_nt(y_rows, n, xb, m, k, ob);
+        if ty && m >= 2 {
+            // Several rows of x against the rows of y (a prefill chunk's scores, q·kᵀ): the
+            // blocked product, whose output-major form over y's rows is x @ yᵀ row-major.
+            // (Only here: the other forms keep their summation order, which the Neural Engine
+            // layout's decode step shares with the default layout's.)
+            gemm_nt(yb, n, xb, m, k, ob);
         } else if ty {
             // y is [n, k]: every output is a dot of two contiguous rows.
             for i in 0..m {
