@@ -249,6 +249,21 @@ fn zip_broadcast<A: Copy, B: Copy, R>(
             a.iter().enumerate().map(|(i, &x)| f(x, b[i % n])).collect(),
         ));
     }
+    // Leading broadcast (e.g. [.., Q, N] op [.., Q, 1]): each element of `b` applies to a
+    // contiguous block of `a`.
+    if ash == out.as_slice() && !b.is_empty() && a.len() % b.len() == 0 {
+        let lead = bsh.len() - bsh.iter().rev().take_while(|&&d| d == 1).count();
+        let block = a.len() / b.len();
+        if bsh[..lead] == out[out.len() - bsh.len()..][..lead]
+            && out[..out.len() - bsh.len()].iter().all(|&d| d == 1)
+        {
+            let mut v = Vec::with_capacity(a.len());
+            for (xs, &y) in a.chunks(block.max(1)).zip(b) {
+                v.extend(xs.iter().map(|&x| f(x, y)));
+            }
+            return Ok((out, v));
+        }
+    }
     let ia = broadcast_indices(ash, &out);
     let ib = broadcast_indices(bsh, &out);
     Ok((
@@ -284,19 +299,21 @@ pub fn binary(op: Op, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         return Ok(Tensor::new(DType::I64, shape, Data::I(v)));
     }
     let (x, y) = (a.as_f32(), b.as_f32());
-    let f: fn(f32, f32) -> f32 = match op {
-        Op::Add => |x, y| x + y,
-        Op::Sub => |x, y| x - y,
-        Op::Mul => |x, y| x * y,
-        Op::RealDiv => |x, y| x / y,
-        Op::Pow => |x, y| x.powf(y),
-        Op::Maximum => |x, y| x.max(y),
-        Op::Minimum => |x, y| x.min(y),
-        Op::FloorDiv => |x, y| (x / y).floor(),
-        Op::Mod => |x, y| x - (x / y).floor() * y,
+    // One closure per op (not a fn pointer), so each loop is compiled for its op and
+    // vectorised: the elementwise ops of a prefill chunk run over [Q, hidden] tensors.
+    let (ash, bsh) = (&a.shape, &b.shape);
+    let (shape, v) = match op {
+        Op::Add => zip_broadcast(&x, ash, &y, bsh, |x, y| x + y),
+        Op::Sub => zip_broadcast(&x, ash, &y, bsh, |x, y| x - y),
+        Op::Mul => zip_broadcast(&x, ash, &y, bsh, |x, y| x * y),
+        Op::RealDiv => zip_broadcast(&x, ash, &y, bsh, |x, y| x / y),
+        Op::Pow => zip_broadcast(&x, ash, &y, bsh, f32::powf),
+        Op::Maximum => zip_broadcast(&x, ash, &y, bsh, f32::max),
+        Op::Minimum => zip_broadcast(&x, ash, &y, bsh, f32::min),
+        Op::FloorDiv => zip_broadcast(&x, ash, &y, bsh, |x, y| (x / y).floor()),
+        Op::Mod => zip_broadcast(&x, ash, &y, bsh, |x, y| x - (x / y).floor() * y),
         _ => return Err(format!("unknown binary op `{op}`").into()),
-    };
-    let (shape, v) = zip_broadcast(&x, &a.shape, &y, &b.shape, f)?;
+    }?;
     Ok(Tensor::new(DType::F32, shape, Data::F(v)))
 }
 
@@ -367,7 +384,15 @@ pub fn unary(op: Op, args: &Args) -> OpResult<Tensor> {
         _ => (0.0, 0.0),
     };
     let v = x.as_f32();
-    let apply = |f: &dyn Fn(f32) -> f32| -> Vec<f32> { v.iter().map(|&x| f(x)).collect() };
+    let apply = |f: &(dyn Fn(f32) -> f32 + Sync)| -> Vec<f32> {
+        if v.len() >= 1 << 15 {
+            // Elementwise, so threads give the same values (silu over a prefill chunk's
+            // [Q, intermediate] is the big one).
+            v.par_iter().with_min_len(1 << 13).map(|&x| f(x)).collect()
+        } else {
+            v.iter().map(|&x| f(x)).collect()
+        }
+    };
     let out = match op {
         Op::Rsqrt => apply(&|x| 1.0 / (x + eps).sqrt()),
         Op::Sqrt => apply(&|x| x.sqrt()),
@@ -497,26 +522,42 @@ pub fn softmax(args: &Args) -> OpResult<Tensor> {
     let n = x.shape.get(ax).copied().unwrap_or(1);
     let inner: usize = x.shape[ax + 1..].iter().product();
     let mut v = x.as_f32().into_owned();
-    let outer = v.len() / (n * inner).max(1);
-    for o in 0..outer {
+    let work = |block: &mut [f32]| {
         for i in 0..inner {
-            let at = |k: usize| o * n * inner + k * inner + i;
-            let mut m = f32::NEG_INFINITY;
-            for k in 0..n {
-                m = m.max(v[at(k)]);
-            }
-            let mut s = 0.0f32;
-            for k in 0..n {
-                let e = (v[at(k)] - m).exp();
-                v[at(k)] = e;
-                s += e;
-            }
-            for k in 0..n {
-                v[at(k)] /= s;
-            }
+            softmax_strided(&mut block[i..], n, inner);
         }
+    };
+    let chunk = (n * inner).max(1);
+    if v.len() >= 1 << 15 {
+        // Rows are independent: a prefill chunk's [heads, Q, S] probabilities split across
+        // threads give the same values.
+        v.par_chunks_mut(chunk).for_each(work);
+    } else {
+        v.chunks_mut(chunk).for_each(work);
     }
     Ok(Tensor::new(x.dtype, x.shape.clone(), Data::F(v)))
+}
+
+/// Below this, `exp` rounds to +0.0 in f32 (e^-103.97 is half the smallest subnormal):
+/// masked scores (the mask adds -inf or -65504) skip the call and get the same zero.
+const EXP_UNDERFLOW: f32 = -110.0;
+
+/// softmax over the `n` elements `v[0], v[stride], …`.
+fn softmax_strided(v: &mut [f32], n: usize, stride: usize) {
+    let mut m = f32::NEG_INFINITY;
+    for k in 0..n {
+        m = m.max(v[k * stride]);
+    }
+    let mut s = 0.0f32;
+    for k in 0..n {
+        let d = v[k * stride] - m;
+        let e = if d < EXP_UNDERFLOW { 0.0 } else { d.exp() };
+        v[k * stride] = e;
+        s += e;
+    }
+    for k in 0..n {
+        v[k * stride] /= s;
+    }
 }
 
 /// `x` with a new shape of the same element count (reshape, expand_dims, squeeze, identity).
@@ -1091,11 +1132,18 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         } else {
             xb
         };
-        if ty && m >= 2 {
-            // Several rows of x against the rows of y (a prefill chunk's scores, q·kᵀ): the
-            // blocked product, whose output-major form over y's rows is x @ yᵀ row-major.
-            // (Only here: the other forms keep their summation order, which the Neural Engine
-            // layout's decode step shares with the default layout's.)
+        if m >= 2 && n >= 2 {
+            // A product of two matrices (a prefill chunk's attention: q·kᵀ and probs·v): the
+            // blocked product, whose output-major form over yᵀ's rows is x @ y row-major.
+            // (Only here: a decode step's products have m = 1, or n = 1 in the Neural Engine
+            // layout, and keep their summation order, which the two layouts share.)
+            let yt;
+            let yb: &[f32] = if ty {
+                yb
+            } else {
+                yt = transpose2(yb, k, n);
+                &yt
+            };
             gemm_nt(yb, n, xb, m, k, ob);
         } else if ty {
             // y is [n, k]: every output is a dot of two contiguous rows.
@@ -1453,6 +1501,99 @@ mod tests {
                 assert_eq!(got.shape, vec![b, m, n]);
                 assert_eq!(got.as_f32().into_owned(), want, "m={m} tx={tx} ty={ty}");
             }
+        }
+    }
+
+    /// Every broadcast form the fast paths take (same shape, a scalar, a trailing vector, a
+    /// per-row value as RMSNorm's scale, a leading 1) and one they do not (a middle axis),
+    /// against the definition: each output reads its own coordinates, clamped where b has 1.
+    #[test]
+    fn binary_ops_broadcast_by_the_definition() {
+        let ash = [2usize, 3, 4];
+        let a: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+        for bsh in [
+            vec![2, 3, 4],
+            vec![1],
+            vec![4],
+            vec![2, 3, 1],
+            vec![1, 3, 1],
+            vec![1, 2, 3, 1],
+            vec![3, 1],
+            vec![2, 1, 4],
+        ] {
+            let nb: usize = bsh.iter().product();
+            let b: Vec<f32> = (0..nb).map(|i| i as f32 + 1.5).collect();
+            let full: Vec<usize> = std::iter::repeat_n(1, 3usize.saturating_sub(bsh.len()))
+                .chain(bsh.iter().copied())
+                .collect();
+            let lead = full.len() - 3;
+            let want: Vec<f32> = (0..24)
+                .map(|o| {
+                    let c = [o / 12, o / 4 % 3, o % 4];
+                    let j =
+                        (0..3).fold(0, |j, d| j * full[lead + d] + c[d].min(full[lead + d] - 1));
+                    a[o] * b[j] - b[j]
+                })
+                .collect();
+            let (ta, tb) = (
+                Tensor::f32(ash.to_vec(), a.clone()),
+                Tensor::f32(bsh.clone(), b),
+            );
+            let prod = binary(Op::Mul, &ta, &tb).unwrap();
+            let got = binary(Op::Sub, &prod, &tb).unwrap();
+            let shape: Vec<usize> = std::iter::repeat_n(1, lead).chain(ash).collect();
+            assert_eq!(got.shape, shape, "b {bsh:?}");
+            assert_eq!(got.as_f32().into_owned(), want, "b {bsh:?}");
+        }
+    }
+
+    /// Masked scores (-inf, fp16's lowest) get exactly zero without calling exp, and the rest
+    /// are the definition's, along the last axis and along a middle one, in large tensors
+    /// (split across threads) as in small.
+    #[test]
+    fn softmax_is_the_definition_with_masked_entries() {
+        for (shape, ax) in [
+            (vec![3, 5], 1i64),
+            (vec![2, 6, 3], 1),
+            (vec![64, 9, 80], -1),
+        ] {
+            let len: usize = shape.iter().product();
+            let x: Vec<f32> = (0..len)
+                .map(|i| match i % 7 {
+                    0 => f32::NEG_INFINITY,
+                    3 => -65504.0,
+                    _ => ((i * 37) % 101) as f32 / 9.0 - 5.0,
+                })
+                .collect();
+            let axis_len = shape[ax.rem_euclid(shape.len() as i64) as usize];
+            let inner: usize = if ax == 1 && shape.len() == 3 {
+                shape[2]
+            } else {
+                1
+            };
+            let mut want = x.clone();
+            for o in 0..len / (axis_len * inner) {
+                for i in 0..inner {
+                    let at = |k: usize| o * axis_len * inner + k * inner + i;
+                    let m = (0..axis_len)
+                        .map(|k| x[at(k)])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    let e: Vec<f32> = (0..axis_len).map(|k| (x[at(k)] - m).exp()).collect();
+                    let s: f32 = e.iter().sum();
+                    for k in 0..axis_len {
+                        want[at(k)] = e[k] / s;
+                    }
+                }
+            }
+            let t = Tensor::f32(shape.clone(), x);
+            let a = Tensor::i32(vec![], &[ax as i32]);
+            let args = Args {
+                map: HashMap::from([("x", vec![&t]), ("axis", vec![&a])]),
+                outputs: &[],
+            };
+            let got = softmax(&args).unwrap().as_f32().into_owned();
+            assert_eq!(got, want, "shape {shape:?} axis {ax}");
+            assert!(got.iter().step_by(7).all(|&p| p == 0.0));
         }
     }
 
