@@ -77,6 +77,7 @@ for row in "${ROWS[@]}"; do
   top1=$(jq -r '.behaviour.top1 | . * 1000 | round / 1000' "$OUT/q$i.validate.json")
   printf '| %s | %s MiB | %s | %s (ref %s) | %s | %s | %s s |\n' \
     "$name" "$size" "$bpw" "$ppl" "$pplr" "$kl" "$top1" "$secs" | tee -a "$TABLE"
-  rm -rf "$pkg"
+  # The package and what convert writes beside it (tokenizer files, report).
+  rm -rf "$pkg" "$OUT/q$i".tokenizer*.json "$OUT/q$i".report.json
 done
 echo "wrote $TABLE" >&2

@@ -16,7 +16,7 @@ use crate::budget::chain::{self as planner, ChainPlan, ModelBytes, PartPlan};
 use crate::checkpoint::Checkpoint;
 use crate::emit::{EmitReport, Metadata};
 use crate::fsutil::AtomicDir;
-use crate::graph::llama::{self, Part, StepOptions};
+use crate::graph::llama::{self, Part};
 use crate::mil::chain::{ChainFile, ChainPart, CHAIN_FILE, CHAIN_FORMAT};
 use crate::mil::contract::Contract;
 use crate::progress::Progress;
@@ -94,15 +94,7 @@ pub fn convert_chain(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let step = StepOptions {
-        max_seq_len: opts.max_seq_len,
-        query_len: opts.query_len,
-        float: opts.precision.dtype(),
-        scaling: scaling.clone(),
-        target: opts.target,
-        layout: opts.layout,
-        kv_cache: opts.kv_cache,
-    };
+    let step = opts.step_options(&scaling);
     let dir = AtomicDir::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let n = job.plan.parts.len();
     let mut parts = Vec::with_capacity(n);

@@ -82,6 +82,22 @@ pub struct ConvertOptions {
     pub prefill_len: usize,
 }
 
+impl ConvertOptions {
+    /// The graph builder's options for these settings and the chosen residual scaling (one
+    /// package and every part of a chain are built with the same).
+    pub(super) fn step_options(&self, scaling: &Scaling) -> StepOptions {
+        StepOptions {
+            max_seq_len: self.max_seq_len,
+            query_len: self.query_len,
+            float: self.precision.dtype(),
+            scaling: scaling.clone(),
+            target: self.target,
+            layout: self.layout,
+            kv_cache: self.kv_cache,
+        }
+    }
+}
+
 /// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
 /// package records the same fingerprint. The output path, `--force` and the Python
 /// environment are not inputs (they do not change the bytes written).
@@ -561,15 +577,7 @@ pub fn convert(
 
     let t = Instant::now();
     let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
-    let step = StepOptions {
-        max_seq_len: opts.max_seq_len,
-        query_len: opts.query_len,
-        float: opts.precision.dtype(),
-        scaling: scaling.clone(),
-        target: opts.target,
-        layout: opts.layout,
-        kv_cache: opts.kv_cache,
-    };
+    let step = opts.step_options(&scaling);
     let graphs = build_functions(&spec, taken, &step, opts.prefill_len)?;
     let predicted_weight_bytes = graphs[0].1.const_bytes();
     let files = source_hashes(ckpt)?;
