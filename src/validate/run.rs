@@ -16,6 +16,7 @@ use crate::mil::chain::{ChainFile, ChainPart};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::PackageError;
 use crate::mlpackage::{MlPackage, Values};
+use crate::model::layerwise::{logits_layerwise, ReferencePath, LAYERWISE_BACKEND};
 use crate::model::Reference;
 use crate::model::ReferenceError;
 use crate::progress::Progress;
@@ -79,6 +80,9 @@ pub struct ValidateOptions<'a> {
     pub interp: Options,
     /// Evaluate at most this many tokens (also capped by the package's S).
     pub max_tokens: Option<usize>,
+    /// f32 weights above which the reference runs block by block
+    /// ([`crate::model::layerwise::REFERENCE_BUDGET`] by default; 0: always).
+    pub reference_budget: u64,
 }
 
 /// A package (or chain) step that also collects range statistics.
@@ -170,11 +174,12 @@ pub fn validate_with_progress(
     };
     let c = package.contract().clone();
     check_source(&c, ckpt, pkg_path)?;
-    let mut reference = Reference::load(ckpt)?;
+    let tokens = text_tokens(&c, opts)?;
+    let (backend, expected) = reference_logits(ckpt, &tokens, opts.reference_budget, progress)?;
     let mut report = ValidationReport::new(
         &pkg_path.display().to_string(),
         &ckpt.dir().display().to_string(),
-        reference.backend().as_str(),
+        &backend,
         opts.text_name,
     );
     report.contract = match &package {
@@ -197,24 +202,6 @@ pub fn validate_with_progress(
     let (weights, min_bits) = check_weights(&raws, ckpt, &programs)?;
     report.weights = weights;
 
-    let mut tokens: Vec<u32> = opts.tokens.to_vec();
-    if let Some(bos) = c.bos_token_id {
-        tokens.insert(0, bos);
-    }
-    let cap = opts.max_tokens.unwrap_or(usize::MAX).min(c.max_seq_len);
-    tokens.truncate(cap);
-    if tokens.len() < 2 {
-        return Err(ValidateError::TextTooShort);
-    }
-
-    progress.begin("reference", 1);
-    progress.working_on(&format!("{} tokens", tokens.len()));
-    let expected = reference.logits_all(&tokens);
-    if expected.is_ok() {
-        progress.advance(1);
-    }
-    progress.end();
-    let expected = expected?;
     let mut gen = Generator::new(Instrumented {
         pkg: &package,
         stats: Stats::default(),
@@ -259,6 +246,54 @@ pub fn validate_with_progress(
     };
     report.set_behaviour(comparison, &gates);
     Ok(report)
+}
+
+/// The evaluation tokens: BOS (when the contract has one), then the text, at most
+/// `max_tokens` and the package's S.
+fn text_tokens(c: &Contract, opts: &ValidateOptions) -> Result<Vec<u32>, ValidateError> {
+    let mut tokens: Vec<u32> = opts.tokens.to_vec();
+    if let Some(bos) = c.bos_token_id {
+        tokens.insert(0, bos);
+    }
+    let cap = opts.max_tokens.unwrap_or(usize::MAX).min(c.max_seq_len);
+    tokens.truncate(cap);
+    if tokens.len() < 2 {
+        return Err(ValidateError::TextTooShort);
+    }
+    Ok(tokens)
+}
+
+/// The float reference's logits at every position of `tokens`, and what computed them: the
+/// whole model in f32 (candle-transformers where it can express the checkpoint) while its f32
+/// weights fit `budget`, else block by block, one block's weights alive
+/// ([`logits_layerwise`]). The reference is dropped on return, before the package runs, so
+/// the two peaks do not add.
+fn reference_logits(
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    budget: u64,
+    progress: &dyn Progress,
+) -> Result<(String, Vec<Vec<f32>>), ValidateError> {
+    match ReferencePath::choose(ckpt, budget) {
+        ReferencePath::Whole => {
+            let mut reference = Reference::load(ckpt)?;
+            progress.begin("reference", 1);
+            progress.working_on(&format!("{} tokens", tokens.len()));
+            let expected = reference.logits_all(tokens);
+            if expected.is_ok() {
+                progress.advance(1);
+            }
+            progress.end();
+            Ok((reference.backend().as_str().to_string(), expected?))
+        }
+        ReferencePath::Layerwise => {
+            progress.begin("reference", ckpt.spec().num_hidden_layers as u64);
+            progress.working_on(&format!("{} tokens, block by block", tokens.len()));
+            let expected = logits_layerwise(ckpt, tokens, &mut |_| progress.advance(1));
+            progress.end();
+            Ok((LAYERWISE_BACKEND.to_string(), expected?))
+        }
+    }
 }
 
 fn item(what: &str, expected: impl ToString, found: impl ToString) -> ContractItem {
