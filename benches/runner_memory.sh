@@ -4,13 +4,16 @@
 # (the default) and once with --dense-weights (every weight decoded when the package loads:
 # the interpreter before packed weights), in the same run, under the same load. Prints wall
 # time, decode speed, peak RSS and peak anonymous memory of each and the ratios, and checks
-# that both wrote the same logits, byte for byte.
+# that both wrote the same logits, byte for byte. With CHECKPOINT, `validate` the same way,
+# its float reference once whole and once block by block.
 #
 # usage: benches/runner_memory.sh PACKAGE [CHECKPOINT]
 #   PACKAGE: a package or chain (e.g. made by benches/big_model.sh with KEEP=1, or
 #            `hf2coreml convert CKPT -o OUT --recipe data-free-4bit --max-seq-len 2048`)
-#   CHECKPOINT: the checkpoint it came from; when given, validate is measured too.
+#   CHECKPOINT: the checkpoint it came from; when given, validate is measured too, with its
+#               float reference of the whole model in f32 and block by block (the default).
 # env: BIN (default target/release/hf2coreml), TOKENS (new tokens to generate, default 4),
+#      VTOKENS (validate's --max-tokens, default 8),
 #      ROUNDS (runs of each mode, alternating; default 1)
 set -euo pipefail
 PKG=${1:?usage: benches/runner_memory.sh PACKAGE [CHECKPOINT]}
@@ -72,14 +75,20 @@ echo "run mapped/dense: wall $(ratio "${WALL[mapped]}" "${WALL[dense]}"), decode
   "$(ratio "${TPS[mapped]}" "${TPS[dense]}"), peak RSS $(ratio "${RSS[mapped]}" "${RSS[dense]}")," \
   "peak anonymous $(ratio "${ANON[mapped]}" "${ANON[dense]}")"
 if [ -n "$CKPT" ]; then
-  for mode in dense mapped; do
-    flag=(); [ "$mode" = dense ] && flag=(--dense-weights)
-    measure "$BIN" validate "$PKG" --against "$CKPT" --max-tokens 8 --json "${flag[@]}" || true
+  # validate (weights in place) with the float reference computed two ways: the whole model
+  # loaded in f32 (`--reference-budget 1TiB`: what validate did before the block-by-block
+  # reference) and the default (block by block once the f32 weights pass 2 GiB).
+  for mode in whole default; do
+    flag=(); [ "$mode" = whole ] && flag=(--reference-budget 1TiB)
+    measure "$BIN" validate "$PKG" --against "$CKPT" --max-tokens "${VTOKENS:-8}" --json \
+      "${flag[@]}" || true
     WALL[$mode]=$SECS RSS[$mode]=$((RSS_KB / 1024)) ANON[$mode]=$((PEAK_ANON / 1024))
-    echo "validate --max-tokens 8 ($mode): wall ${WALL[$mode]} s, peak RSS ${RSS[$mode]} MiB," \
-      "peak anonymous ${ANON[$mode]} MiB"
+    REF=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["reference"])' <"$WORK/stdout")
+    echo "validate --max-tokens ${VTOKENS:-8} ($mode: $REF): wall ${WALL[$mode]} s," \
+      "peak RSS ${RSS[$mode]} MiB, peak anonymous ${ANON[$mode]} MiB"
   done
-  echo "validate mapped/dense: wall $(ratio "${WALL[mapped]}" "${WALL[dense]}"), peak RSS" \
-    "$(ratio "${RSS[mapped]}" "${RSS[dense]}"), peak anonymous $(ratio "${ANON[mapped]}" "${ANON[dense]}")"
+  echo "validate default/whole reference: wall $(ratio "${WALL[default]}" "${WALL[whole]}")," \
+    "peak RSS $(ratio "${RSS[default]}" "${RSS[whole]}"), peak anonymous" \
+    "$(ratio "${ANON[default]}" "${ANON[whole]}")"
 fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
