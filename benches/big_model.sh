@@ -69,8 +69,11 @@ else
   echo "  one package: $(( $(du -sb "$OUT" | cut -f1) / 1048576 )) MiB"
 fi
 if [ "${VALIDATE:-1}" = 1 ]; then
-  measure "$BIN" validate "$OUT" --against "$CKPT" --max-tokens 8 --json || true
-  echo "validate --max-tokens 8: wall $WALL, peak RSS $((RSS_KB / 1024)) MiB, peak anonymous" \
-    "$((PEAK_ANON / 1024)) MiB (random weights: the gates are meaningless, the mechanics not)"
+  if measure "$BIN" validate "$OUT" --against "$CKPT" --max-tokens 8 --json; then
+    echo "validate --max-tokens 8: wall $WALL, peak RSS $((RSS_KB / 1024)) MiB, peak anonymous" \
+      "$((PEAK_ANON / 1024)) MiB (random weights: the gates are meaningless, the mechanics not)"
+  else
+    echo "validate --max-tokens 8 did not finish (above)"
+  fi
 fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

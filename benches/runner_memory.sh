@@ -87,7 +87,7 @@ if [ -n "$CKPT" ]; then
   for mode in whole default; do
     flag=(); [ "$mode" = whole ] && flag=(--reference-budget 1000GB)
     measure "$BIN" validate "$PKG" --against "$CKPT" --max-tokens "${VTOKENS:-8}" --json \
-      "${flag[@]}" || true
+      "${flag[@]}" || exit 1
     WALL[$mode]=$SECS RSS[$mode]=$((RSS_KB / 1024)) ANON[$mode]=$((PEAK_ANON / 1024))
     REF=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["reference"])' <"$WORK/stdout")
     echo "validate --max-tokens ${VTOKENS:-8} ($mode: $REF): wall ${WALL[$mode]} s," \
