@@ -117,9 +117,12 @@ pub fn progress_bar(len: u64, label: &str) -> indicatif::ProgressBar {
             "{prefix:>12} [{bar:30}] {pos}/{len} {elapsed} (eta {eta}) {msg}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .with_key("eta", |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-            let _ = w.write_str(&eta(s.elapsed(), s.pos(), s.len().unwrap_or(0)));
-        })
+        .with_key(
+            "eta",
+            |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&eta(s.elapsed(), s.pos(), s.len().unwrap_or(0)));
+            },
+        )
         .progress_chars("=> "),
     );
     pb.set_prefix(label.to_string());
