@@ -104,3 +104,34 @@ fn fixture_texts_have_their_intended_lengths() {
     assert!((4000..=6000).contains(&calibration), "{calibration}");
     assert!((900..=1300).contains(&evaluation), "{evaluation}");
 }
+
+#[test]
+fn layerwise_reference_agrees_on_the_real_model() {
+    // Validation's bounded reference (block by block, lm_head in vocabulary slices) against
+    // the whole model loaded at once: the plain backend (the same arithmetic) to f32 rounding,
+    // candle (another implementation) as closely as the plain backend itself agrees with it.
+    let (ckpt, tok) = open_model();
+    let tokens = encode(&tok, include_str!("../fixtures/evaluation_code.txt"));
+    let tokens = &tokens[..tokens.len().min(160)];
+    let got = hf2coreml::model::layerwise::logits_layerwise(&ckpt, tokens, &mut |_| {}).unwrap();
+    let plain = Reference::load_with(&ckpt, BackendChoice::Plain)
+        .unwrap()
+        .logits_all(tokens)
+        .unwrap();
+    let d = plain
+        .iter()
+        .flatten()
+        .zip(got.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    // |logit| ~ 20-40: a few f32 ulps after the massive activations (|x| ~ 2.5e4).
+    assert!(d < 1e-2, "layerwise vs plain: max |Δlogit| {d}");
+    let candle = Reference::load(&ckpt).unwrap().logits_all(tokens).unwrap();
+    let cmp = hf2coreml::validate::compare_logits(&candle, &got, tokens).unwrap();
+    eprintln!(
+        "layerwise vs plain: max |Δlogit| {d}; vs candle: KL max {:e}, max |Δlogit| {}",
+        cmp.kl_max, cmp.max_abs_dlogit
+    );
+    assert!(cmp.kl_max < 1e-6, "{cmp:?}");
+    assert_eq!(cmp.top1, 1.0);
+}

@@ -4,6 +4,9 @@
 use hf2coreml::arch::Role;
 use hf2coreml::arch::{ModelSpec, RopeScaling};
 use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::model::layerwise::{
+    f32_weight_bytes, logits_layerwise, logits_layerwise_sliced, ReferencePath, REFERENCE_BUDGET,
+};
 use hf2coreml::model::{
     argmax, calibrate, ActivationStats, BackendChoice, BackendKind, CalibrationOptions,
     GramSelection, Reference, ReferenceError,
@@ -530,4 +533,90 @@ fn fp16_residual_scale_keeps_squares_in_range() {
         assert!(alpha == 1.0 || (2.0 * alpha * m).powi(2) * margin > 65504.0);
         assert_eq!(alpha.log2().fract(), 0.0);
     }
+}
+
+/// Validation's bounded reference (issue 22): block by block over the whole sequence, the
+/// lm_head a slice of the vocabulary at a time, equals the whole model's forward pass (the
+/// plain backend's, the same code loaded at once) to f32 rounding and candle's to TOL.
+fn check_layerwise(model: TinyModel) {
+    let dir = model.write_temp().unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let mut blocks = Vec::new();
+    let got = logits_layerwise(&ckpt, &TOKENS, &mut |l| blocks.push(l)).unwrap();
+    let layers = ckpt.spec().num_hidden_layers;
+    assert_eq!(
+        blocks,
+        (0..layers).collect::<Vec<_>>(),
+        "one call per block"
+    );
+    // The lm_head in slices of 7 rows (the last one shorter): the same logits.
+    let rows7 = 7 * 4 * ckpt.spec().hidden_size;
+    assert_ne!(ckpt.spec().vocab_size % 7, 0);
+    let sliced = logits_layerwise_sliced(&ckpt, &TOKENS, rows7, &mut |_| {}).unwrap();
+    // (the product's blocking differs with the slice's width: f32 rounding, not more)
+    let d = max_diff(&sliced, &got);
+    assert!(d < 1e-5, "lm_head in 7-row slices: max |Δ| {d}");
+    assert_eq!(got.len(), TOKENS.len());
+    assert!(got.iter().all(|r| r.len() == ckpt.spec().vocab_size));
+    let mut plain = Reference::load_with(&ckpt, BackendChoice::Plain).unwrap();
+    let d = max_diff(&plain.logits_all(&TOKENS).unwrap(), &got);
+    assert!(d < 1e-5, "layerwise vs plain: max |Δ| {d}");
+    let d = max_diff(
+        &Reference::load(&ckpt).unwrap().logits_all(&TOKENS).unwrap(),
+        &got,
+    );
+    assert!(d < TOL, "layerwise vs auto: max |Δ| {d}");
+    let naive = Naive::open(dir.path()).logits(&TOKENS, &mut NaiveProbe::default());
+    let d = max_diff(&naive, &got);
+    assert!(d < TOL, "layerwise vs naive: max |Δ| {d}");
+}
+
+#[test]
+fn layerwise_reference_equals_the_whole_model() {
+    check_layerwise(TinyModel::llama());
+    check_layerwise(TinyModel::qwen2());
+    check_layerwise(TinyModel::mistral());
+    check_layerwise(TinyModel {
+        tied: true,
+        ..TinyModel::qwen2()
+    });
+}
+
+#[test]
+fn layerwise_reference_refuses_what_the_whole_one_refuses() {
+    let dir = TinyModel::llama().write_temp().unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let vocab = ckpt.spec().vocab_size as u32;
+    let err = logits_layerwise(&ckpt, &[1, vocab], &mut |_| {}).unwrap_err();
+    assert!(
+        matches!(err, ReferenceError::TokenOutOfRange { index: 1, .. }),
+        "{err}"
+    );
+    let err = logits_layerwise(&ckpt, &[], &mut |_| {}).unwrap_err();
+    assert!(matches!(err, ReferenceError::Empty), "{err}");
+}
+
+#[test]
+fn reference_path_follows_the_f32_weight_budget() {
+    let model = TinyModel::llama();
+    let dir = model.write_temp().unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    // Every stored element in f32, counted from the files' headers here.
+    let elements: usize = ckpt
+        .tensor_names()
+        .map(|n| ckpt.tensor(n).unwrap().numel())
+        .sum();
+    let bytes = f32_weight_bytes(&ckpt);
+    assert_eq!(bytes, 4 * elements as u64);
+    assert!(bytes > 0);
+    assert_eq!(ReferencePath::choose(&ckpt, bytes), ReferencePath::Whole);
+    assert_eq!(
+        ReferencePath::choose(&ckpt, bytes - 1),
+        ReferencePath::Layerwise
+    );
+    assert_eq!(ReferencePath::choose(&ckpt, 0), ReferencePath::Layerwise);
+    assert_eq!(
+        ReferencePath::choose(&ckpt, REFERENCE_BUDGET),
+        ReferencePath::Whole
+    );
 }

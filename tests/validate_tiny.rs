@@ -202,3 +202,61 @@ fn validate_for_ci_names_its_checkpoint_and_its_verdict() {
         "{err}"
     );
 }
+
+/// `validate --json` with `--reference-budget SIZE`.
+fn validate_budget(pkg: &Path, dir: &Path, budget: &str) -> serde_json::Value {
+    let o = Command::new(BIN)
+        .args(["validate", "--json", "--reference-budget", budget])
+        .arg(pkg)
+        .arg("--against")
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "--reference-budget {budget}: {stderr}"
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("no JSON report ({e}): {stderr}"))
+}
+
+#[test]
+fn a_checkpoint_over_the_reference_budget_is_validated_block_by_block() {
+    // Issue 22: a model whose f32 weights exceed the budget (here every model: budget 0) gets
+    // the block-by-block reference, and its verdict and metrics are the whole model's.
+    let model = peaked(TinyModel::llama());
+    let dir = model.write_temp().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("m.mlpackage");
+    convert(
+        dir.path(),
+        &pkg,
+        &["--recipe", "data-free-4bit", "--nbits", "8"],
+    );
+    let whole = validate_budget(&pkg, dir.path(), "2GiB");
+    let layerwise = validate_budget(&pkg, dir.path(), "0");
+    assert_eq!(whole["reference"], "candle-transformers llama", "{whole:#}");
+    assert_eq!(
+        layerwise["reference"],
+        "hf2coreml plain f32, block by block"
+    );
+    for name in ["kl_mean", "kl_max", "top1", "ppl_ratio"] {
+        let (a, b) = (metric(&whole, name), metric(&layerwise, name));
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs().max(1e-3),
+            "{name}: {a} vs {b}"
+        );
+    }
+    assert!(
+        metric(&whole, "kl_mean") > 0.0,
+        "8-bit weights differ from the reference"
+    );
+    // A size that is not one is refused before anything runs.
+    let o = Command::new(BIN)
+        .args(["validate", "--reference-budget", "lots"])
+        .arg(&pkg)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -39,6 +39,11 @@ pub struct Args {
     /// from the memory-mapped weight files (the same results, bit for bit; more memory).
     #[arg(long)]
     pub dense_weights: bool,
+    /// Compute the float reference block by block (one block's weights in f32 in memory)
+    /// when the checkpoint's weights in f32 exceed SIZE (900MB, 2GiB; 0: always); below it,
+    /// the whole model is loaded (candle-transformers where it can express the checkpoint).
+    #[arg(long, value_name = "SIZE", default_value = "2GiB", value_parser = parse_budget)]
+    pub reference_budget: u64,
     /// Tokenizer (default: the checkpoint's tokenizer.json; without one, the text's bytes
     /// modulo the vocabulary, as `convert` calibrates).
     #[arg(long)]
@@ -46,6 +51,10 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    hf2coreml::budget::parse_size(s).map_err(|e| e.to_string())
 }
 
 fn parse_gate(s: &str) -> Result<Gate, String> {
@@ -89,6 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             dense_weights: args.dense_weights,
         },
         max_tokens: args.max_tokens,
+        reference_budget: args.reference_budget,
     };
     let bars = crate::printer::Bars::default();
     let report = validate_with_progress(&args.package, &ckpt, &opts, &bars)

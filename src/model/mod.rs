@@ -16,6 +16,7 @@
 //! Gemma 3's sliding blocks are: the plain backend builds their banded masks.
 
 pub mod calibrate;
+pub mod layerwise;
 pub mod plain;
 
 pub use calibrate::{
@@ -327,33 +328,7 @@ impl Reference {
     }
 
     fn check_tokens(&self, tokens: &[u32], start: usize) -> Result<(), ReferenceError> {
-        if tokens.is_empty() {
-            return Err(ReferenceError::Empty);
-        }
-        if let Some((index, &token)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= self.spec.vocab_size)
-        {
-            return Err(ReferenceError::TokenOutOfRange {
-                token,
-                index,
-                vocab: self.spec.vocab_size,
-            });
-        }
-        let len = start + tokens.len();
-        if len > self.spec.max_position_embeddings {
-            return Err(ReferenceError::ContextTooLong {
-                len,
-                max: self.spec.max_position_embeddings,
-            });
-        }
-        if let Some(window) = self.spec.unbuilt_window() {
-            if len > window {
-                return Err(ReferenceError::SlidingWindow { len, window });
-            }
-        }
-        Ok(())
+        check_tokens(&self.spec, tokens, start)
     }
 
     /// Process `tokens` at positions `position ..`, continuing the KV cache (or restarting it
@@ -472,6 +447,38 @@ impl Reference {
         }
         Ok(out)
     }
+}
+
+/// `tokens` at positions `start ..` are ones the reference can compute: not empty, in the
+/// vocabulary, within the context and any sliding window it does not model.
+fn check_tokens(spec: &ModelSpec, tokens: &[u32], start: usize) -> Result<(), ReferenceError> {
+    if tokens.is_empty() {
+        return Err(ReferenceError::Empty);
+    }
+    if let Some((index, &token)) = tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= spec.vocab_size)
+    {
+        return Err(ReferenceError::TokenOutOfRange {
+            token,
+            index,
+            vocab: spec.vocab_size,
+        });
+    }
+    let len = start + tokens.len();
+    if len > spec.max_position_embeddings {
+        return Err(ReferenceError::ContextTooLong {
+            len,
+            max: spec.max_position_embeddings,
+        });
+    }
+    if let Some(window) = spec.unbuilt_window() {
+        if len > window {
+            return Err(ReferenceError::SlidingWindow { len, window });
+        }
+    }
+    Ok(())
 }
 
 /// Index of the largest value (the first on ties; NaN never wins).

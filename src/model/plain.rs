@@ -395,6 +395,11 @@ impl PlainModel {
         rms_norm(&x, &self.norm, self.spec.rms_norm_eps)
     }
 
+    /// The final RMSNorm of the last block's output [T, H].
+    pub(crate) fn final_norm(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        rms_norm(x, &self.norm, self.spec.rms_norm_eps)
+    }
+
     /// Logits [T, V] from the last block's output [T, H] (the final RMSNorm, then lm_head).
     pub(crate) fn head(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         self.logits(&rms_norm(x, &self.norm, self.spec.rms_norm_eps)?)

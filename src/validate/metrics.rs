@@ -253,29 +253,53 @@ impl WeightError {
     /// Compare `decoded` against `original` (same length; extra values on either side are
     /// compared as far as both go and make the result +∞ error).
     pub fn measure(tensor: &str, original: &[f32], decoded: &[f32]) -> Self {
-        let (mut signal, mut noise, mut max_err) = (0.0f64, 0.0f64, 0.0f64);
+        let mut sum = ErrorSum::default();
+        sum.add(original, decoded);
+        if original.len() != decoded.len() {
+            sum.noise = f64::NAN;
+        }
+        sum.finish(tensor)
+    }
+}
+
+/// [`WeightError::measure`] a piece at a time (the same sums in the same order): `add` the
+/// pieces in order, then `finish`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ErrorSum {
+    signal: f64,
+    noise: f64,
+    max_err: f64,
+}
+
+impl ErrorSum {
+    /// The next piece of the original and the decoded tensor (compared as far as both go).
+    pub fn add(&mut self, original: &[f32], decoded: &[f32]) {
         for (&w, &q) in original.iter().zip(decoded) {
             let e = w as f64 - q as f64;
-            signal += (w as f64) * (w as f64);
-            noise += e * e;
-            max_err = max_err.max(if e.is_nan() { f64::INFINITY } else { e.abs() });
+            self.signal += (w as f64) * (w as f64);
+            self.noise += e * e;
+            let err = if e.is_nan() { f64::INFINITY } else { e.abs() };
+            self.max_err = self.max_err.max(err);
         }
-        if original.len() != decoded.len() || noise.is_nan() {
+    }
+
+    pub fn finish(self, tensor: &str) -> WeightError {
+        if self.noise.is_nan() {
             return WeightError {
                 tensor: tensor.to_string(),
                 snr_db: f64::NEG_INFINITY,
                 max_abs_error: f64::INFINITY,
             };
         }
-        let snr_db = if noise == 0.0 {
+        let snr_db = if self.noise == 0.0 {
             f64::INFINITY
         } else {
-            10.0 * (signal / noise).log10()
+            10.0 * (self.signal / self.noise).log10()
         };
         WeightError {
             tensor: tensor.to_string(),
             snr_db,
-            max_abs_error: max_err,
+            max_abs_error: self.max_err,
         }
     }
 }

@@ -8,14 +8,15 @@ use half::f16;
 
 use super::gates::{default_gates, Gate, RecipeKind};
 use super::metrics::MetricError;
-use super::metrics::{compare_logits, WeightError};
+use super::metrics::{compare_logits, ErrorSum, WeightError};
 use super::report::{ActivationRange, ContractItem, ValidationReport};
-use crate::checkpoint::Checkpoint;
 use crate::checkpoint::CheckpointError;
+use crate::checkpoint::{Checkpoint, TensorView};
 use crate::mil::chain::{ChainFile, ChainPart};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::PackageError;
 use crate::mlpackage::{MlPackage, Values};
+use crate::model::layerwise::{logits_layerwise, ReferencePath, LAYERWISE_BACKEND};
 use crate::model::Reference;
 use crate::model::ReferenceError;
 use crate::progress::Progress;
@@ -79,6 +80,9 @@ pub struct ValidateOptions<'a> {
     pub interp: Options,
     /// Evaluate at most this many tokens (also capped by the package's S).
     pub max_tokens: Option<usize>,
+    /// f32 weights above which the reference runs block by block
+    /// ([`crate::model::layerwise::REFERENCE_BUDGET`] by default; 0: always).
+    pub reference_budget: u64,
 }
 
 /// A package (or chain) step that also collects range statistics.
@@ -170,11 +174,12 @@ pub fn validate_with_progress(
     };
     let c = package.contract().clone();
     check_source(&c, ckpt, pkg_path)?;
-    let mut reference = Reference::load(ckpt)?;
+    let tokens = text_tokens(&c, opts)?;
+    let (backend, expected) = reference_logits(ckpt, &tokens, opts.reference_budget, progress)?;
     let mut report = ValidationReport::new(
         &pkg_path.display().to_string(),
         &ckpt.dir().display().to_string(),
-        reference.backend().as_str(),
+        &backend,
         opts.text_name,
     );
     report.contract = match &package {
@@ -197,24 +202,6 @@ pub fn validate_with_progress(
     let (weights, min_bits) = check_weights(&raws, ckpt, &programs)?;
     report.weights = weights;
 
-    let mut tokens: Vec<u32> = opts.tokens.to_vec();
-    if let Some(bos) = c.bos_token_id {
-        tokens.insert(0, bos);
-    }
-    let cap = opts.max_tokens.unwrap_or(usize::MAX).min(c.max_seq_len);
-    tokens.truncate(cap);
-    if tokens.len() < 2 {
-        return Err(ValidateError::TextTooShort);
-    }
-
-    progress.begin("reference", 1);
-    progress.working_on(&format!("{} tokens", tokens.len()));
-    let expected = reference.logits_all(&tokens);
-    if expected.is_ok() {
-        progress.advance(1);
-    }
-    progress.end();
-    let expected = expected?;
     let mut gen = Generator::new(Instrumented {
         pkg: &package,
         stats: Stats::default(),
@@ -259,6 +246,54 @@ pub fn validate_with_progress(
     };
     report.set_behaviour(comparison, &gates);
     Ok(report)
+}
+
+/// The evaluation tokens: BOS (when the contract has one), then the text, at most
+/// `max_tokens` and the package's S.
+fn text_tokens(c: &Contract, opts: &ValidateOptions) -> Result<Vec<u32>, ValidateError> {
+    let mut tokens: Vec<u32> = opts.tokens.to_vec();
+    if let Some(bos) = c.bos_token_id {
+        tokens.insert(0, bos);
+    }
+    let cap = opts.max_tokens.unwrap_or(usize::MAX).min(c.max_seq_len);
+    tokens.truncate(cap);
+    if tokens.len() < 2 {
+        return Err(ValidateError::TextTooShort);
+    }
+    Ok(tokens)
+}
+
+/// The float reference's logits at every position of `tokens`, and what computed them: the
+/// whole model in f32 (candle-transformers where it can express the checkpoint) while its f32
+/// weights fit `budget`, else block by block, one block's weights alive
+/// ([`logits_layerwise`]). The reference is dropped on return, before the package runs, so
+/// the two peaks do not add.
+fn reference_logits(
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    budget: u64,
+    progress: &dyn Progress,
+) -> Result<(String, Vec<Vec<f32>>), ValidateError> {
+    match ReferencePath::choose(ckpt, budget) {
+        ReferencePath::Whole => {
+            let mut reference = Reference::load(ckpt)?;
+            progress.begin("reference", 1);
+            progress.working_on(&format!("{} tokens", tokens.len()));
+            let expected = reference.logits_all(tokens);
+            if expected.is_ok() {
+                progress.advance(1);
+            }
+            progress.end();
+            Ok((reference.backend().as_str().to_string(), expected?))
+        }
+        ReferencePath::Layerwise => {
+            progress.begin("reference", ckpt.spec().num_hidden_layers as u64);
+            progress.working_on(&format!("{} tokens, block by block", tokens.len()));
+            let expected = logits_layerwise(ckpt, tokens, &mut |_| progress.advance(1));
+            progress.end();
+            Ok((LAYERWISE_BACKEND.to_string(), expected?))
+        }
+    }
 }
 
 fn item(what: &str, expected: impl ToString, found: impl ToString) -> ContractItem {
@@ -474,7 +509,7 @@ fn check_weights(
         if parts.is_empty() {
             continue;
         }
-        let mut decoded: Vec<f32> = Vec::with_capacity(slot.numel());
+        let mut decoded: Vec<f32> = Vec::new();
         let mut scaled18 = false;
         for (part, numel) in &parts {
             let Some((at, op)) = find_at(part) else {
@@ -498,7 +533,9 @@ fn check_weights(
             }
             match op.r#type.as_str() {
                 "const" => match op.attributes.get("val") {
-                    Some(v) => decoded.extend(floats(pkg.value(v, part)?.values)),
+                    // The first part's values become `decoded` (an fp16 embedding is its
+                    // model's largest tensor: not copied once more).
+                    Some(v) => append(&mut decoded, floats(pkg.value(v, part)?.values)),
                     None => continue,
                 },
                 "constexpr_lut_to_dense" => {
@@ -535,21 +572,27 @@ fn check_weights(
                 }
             }
         }
-        let original = ckpt.tensor(&slot.name)?.to_f32();
-        if decoded.len() != original.len() {
+        // The checkpoint's tensor is widened to f32 a piece at a time ([`in_pieces`]): an 8B's
+        // embedding is 2.1 GB in f32, and the decoded copy is the only whole one held.
+        let original = ckpt.tensor(&slot.name)?;
+        if decoded.len() != original.numel() {
             return Err(ValidateError::WeightSize {
                 package: name.to_string(),
                 tensor: slot.name.clone(),
                 got: decoded.len(),
-                expected: original.len(),
+                expected: original.numel(),
             });
         }
-        let rescaled = if calibrated {
-            factor_column_scales(&decoded, &original, cols)
+        if calibrated {
+            factor_column_scales(&mut decoded, &original, cols);
         } else {
-            factor_scale(&decoded, &original)
-        };
-        out.push(WeightError::measure(&slot.name, &original, &rescaled));
+            factor_scale(&mut decoded, &original);
+        }
+        let mut sum = ErrorSum::default();
+        in_pieces(&original, &mut |at, w| {
+            sum.add(w, &decoded[at..at + w.len()])
+        });
+        out.push(sum.finish(&slot.name));
     }
     Ok((out, min_bits))
 }
@@ -573,35 +616,66 @@ fn ios18_weight(op: &crate::mlpackage::proto::Operation) -> Option<Option<u32>> 
     }
 }
 
-/// `decoded` times the least-squares scalar that best matches `original`.
-fn factor_scale(decoded: &[f32], original: &[f32]) -> Vec<f32> {
-    let dot: f64 = decoded
-        .iter()
-        .zip(original)
-        .map(|(a, b)| *a as f64 * *b as f64)
-        .sum();
-    let norm: f64 = decoded.iter().map(|a| (*a as f64).powi(2)).sum();
-    let scale = if norm > 0.0 { dot / norm } else { 1.0 };
-    decoded.iter().map(|a| (*a as f64 * scale) as f32).collect()
+/// Elements of a checkpoint tensor widened to f32 at a time by [`in_pieces`] (16 MiB).
+const PIECE: usize = 1 << 22;
+
+/// `f(offset, values)` over `view`'s elements in f32, in order, [`PIECE`] at a time.
+fn in_pieces(view: &TensorView, f: &mut dyn FnMut(usize, &[f32])) {
+    let n = view.numel();
+    let width = view.data.len() / n.max(1);
+    for at in (0..n).step_by(PIECE) {
+        let len = PIECE.min(n - at);
+        let shape = [len];
+        let piece = TensorView {
+            name: view.name,
+            dtype: view.dtype,
+            shape: &shape,
+            data: &view.data[at * width..(at + len) * width],
+        };
+        f(at, &piece.to_f32());
+    }
 }
 
-/// `decoded` [rows, cols] with each column times its least-squares scale against `original`.
-fn factor_column_scales(decoded: &[f32], original: &[f32], cols: usize) -> Vec<f32> {
+/// `decoded` times the least-squares scalar that best matches `original`, in place.
+fn factor_scale(decoded: &mut [f32], original: &TensorView) {
+    let (mut dot, mut norm) = (0.0f64, 0.0f64);
+    in_pieces(original, &mut |at, w| {
+        for (a, b) in decoded[at..].iter().zip(w) {
+            dot += *a as f64 * *b as f64;
+            norm += (*a as f64).powi(2);
+        }
+    });
+    let scale = if norm > 0.0 { dot / norm } else { 1.0 };
+    decoded
+        .iter_mut()
+        .for_each(|a| *a = (*a as f64 * scale) as f32);
+}
+
+/// `decoded` [rows, cols] with each column times its least-squares scale against `original`,
+/// in place.
+fn factor_column_scales(decoded: &mut [f32], original: &TensorView, cols: usize) {
     let mut dot = vec![0.0f64; cols];
     let mut norm = vec![0.0f64; cols];
-    for (i, (a, b)) in decoded.iter().zip(original).enumerate() {
-        dot[i % cols] += *a as f64 * *b as f64;
-        norm[i % cols] += (*a as f64).powi(2);
+    in_pieces(original, &mut |at, w| {
+        for (i, (a, b)) in decoded[at..].iter().zip(w).enumerate() {
+            dot[(at + i) % cols] += *a as f64 * *b as f64;
+            norm[(at + i) % cols] += (*a as f64).powi(2);
+        }
+    });
+    decoded.iter_mut().enumerate().for_each(|(i, a)| {
+        let j = i % cols;
+        let s = if norm[j] > 0.0 { dot[j] / norm[j] } else { 1.0 };
+        *a = (*a as f64 * s) as f32;
+    });
+}
+
+/// `more` after `into`'s values, moved rather than copied when `into` is empty.
+fn append(into: &mut Vec<f32>, more: Vec<f32>) {
+    if into.is_empty() {
+        *into = more;
+    } else {
+        into.extend(more);
     }
-    decoded
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let j = i % cols;
-            let s = if norm[j] > 0.0 { dot[j] / norm[j] } else { 1.0 };
-            (*a as f64 * s) as f32
-        })
-        .collect()
 }
 
 fn floats(v: Values) -> Vec<f32> {

@@ -498,6 +498,7 @@ fn validation(
             ..Options::default()
         },
         max_tokens: spec.max_tokens,
+        reference_budget: crate::model::layerwise::REFERENCE_BUDGET,
     };
     let r = validate(&outputs.package, &opened.ckpt, &opts).map_err(|source| {
         ExportError::Validate {
