@@ -661,6 +661,12 @@ mod tests {
 
     /// Plain O(k·n²) DP without any monotonicity pruning.
     fn quadratic_dp_cost(points: &[(f64, f64)], k: usize) -> f64 {
+        quadratic_dp_rows(points, k)[points.len()]
+    }
+
+    /// `F_k(j)` for every `j`: the best cost of the first `j` points in `k` clusters, by the
+    /// plain O(k·n²) DP.
+    fn quadratic_dp_rows(points: &[(f64, f64)], k: usize) -> Vec<f64> {
         let pre = Prefix::new(points, 0.0);
         let n = points.len();
         let mut prev: Vec<f64> = (0..=n).map(|j| pre.cost(0, j)).collect();
@@ -673,7 +679,39 @@ mod tests {
             }
             prev = cur;
         }
-        prev[n]
+        prev
+    }
+
+    /// Every row of a half-DP, not just the ones an optimum goes through, is the plain DP's
+    /// `F_c(j)`, with and without the cost cut (rows the cut keeps are exact, and every row
+    /// the plain DP puts at or below the cut is kept); its splits give partitions of that cost.
+    #[test]
+    fn half_dp_rows_match_the_quadratic_dp() {
+        for (seed, n) in [(11, 3), (12, 9), (13, 40), (14, 131), (15, 400)] {
+            let points = weighted_points(seed, n);
+            let n = points.len();
+            let total_w: f64 = points.iter().map(|p| p.1).sum();
+            let shift = points.iter().map(|p| p.0 * p.1).sum::<f64>() / total_w;
+            let pre = Prefix::new(&points, shift);
+            let tol = DP_REL_TOL * pre.cost(0, n) + 1e-15;
+            for layers in 1..=n.min(9) {
+                let reference = quadratic_dp_rows(&points, layers);
+                let bound = lloyd_upper_bound(&pre, &points, shift, layers);
+                for cutoff in [f64::INFINITY, bound] {
+                    let half = Half::solve(&pre, layers, cutoff);
+                    for (j, &want) in reference.iter().enumerate().skip(layers) {
+                        let ours = half.last[j];
+                        let at = format!("n={n} layers={layers} cutoff={cutoff} j={j}");
+                        if ours.is_finite() || want <= cutoff - tol {
+                            assert!((ours - want).abs() <= tol, "{at}: {ours} vs {want}");
+                            let b = half.backtrack(j, n);
+                            let cost: f64 = b.windows(2).map(|s| pre.cost(s[0], s[1])).sum();
+                            assert!((cost - want).abs() <= tol, "{at}: splits cost {cost}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -1002,6 +1040,33 @@ mod tests {
         let p = palettize_f16(&v, 1, None).unwrap();
         assert_eq!(p.lut, vec![f16::ZERO, f16::from_f32(1.5)]);
         assert_eq!(p.indices, vec![0, 1, 1]);
+    }
+
+    /// `Rows::min` returns the leftmost of equal minima, on the short path (< 4 candidates),
+    /// within a lane, across lanes and in the tail. With `s1` all zero the searched value is
+    /// `a[i]` exactly, so the expected index can be read off each row.
+    #[test]
+    fn rows_min_is_the_leftmost_minimum() {
+        let cases: [(&[f64], usize, usize); 8] = [
+            (&[1., 1., 1., 1.], 0, 0),
+            (&[5., 5., 1., 1.], 0, 2),
+            (&[1., 5., 1., 5.], 0, 0),
+            (&[5., 5., 1., 5., 5., 5., 5., 1., 5., 5., 5.], 0, 2),
+            (&[5., 5., 1., 5., 5., 5., 5., 1., 5., 5., 5.], 1, 2),
+            (&[5., 5., 1., 5., 5., 1., 5., 5., 5., 5., 5.], 0, 2),
+            (&[5., 5., 5., 1., 5., 5., 5., 1., 5., 5., 5.], 0, 3),
+            (&[5., 5., 1., 5., 5., 5., 5., 5., 5., 1., 5.], 0, 2),
+        ];
+        for (a, lo, want) in cases {
+            let w: Vec<f64> = (0..=a.len()).map(|i| i as f64).collect();
+            let s1 = vec![0.0; a.len() + 1];
+            let rows = Rows { w: &w, s1: &s1, a };
+            assert_eq!(
+                rows.min(lo, a.len() - 1, a.len()),
+                (1.0, want),
+                "{a:?} from {lo}"
+            );
+        }
     }
 
     /// The reported error figures against a fit solved by hand: {0, 1, 4} in two clusters is
