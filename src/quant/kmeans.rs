@@ -661,6 +661,12 @@ mod tests {
 
     /// Plain O(k·n²) DP without any monotonicity pruning.
     fn quadratic_dp_cost(points: &[(f64, f64)], k: usize) -> f64 {
+        quadratic_dp_rows(points, k)[points.len()]
+    }
+
+    /// `F_k(j)` for every `j`: the best cost of the first `j` points in `k` clusters, by the
+    /// plain O(k·n²) DP.
+    fn quadratic_dp_rows(points: &[(f64, f64)], k: usize) -> Vec<f64> {
         let pre = Prefix::new(points, 0.0);
         let n = points.len();
         let mut prev: Vec<f64> = (0..=n).map(|j| pre.cost(0, j)).collect();
@@ -673,7 +679,39 @@ mod tests {
             }
             prev = cur;
         }
-        prev[n]
+        prev
+    }
+
+    /// Every row of a half-DP, not just the ones an optimum goes through, is the plain DP's
+    /// `F_c(j)`, with and without the cost cut (rows the cut keeps are exact, and every row
+    /// the plain DP puts at or below the cut is kept); its splits give partitions of that cost.
+    #[test]
+    fn half_dp_rows_match_the_quadratic_dp() {
+        for (seed, n) in [(11, 3), (12, 9), (13, 40), (14, 131), (15, 400)] {
+            let points = weighted_points(seed, n);
+            let n = points.len();
+            let total_w: f64 = points.iter().map(|p| p.1).sum();
+            let shift = points.iter().map(|p| p.0 * p.1).sum::<f64>() / total_w;
+            let pre = Prefix::new(&points, shift);
+            let tol = DP_REL_TOL * pre.cost(0, n) + 1e-15;
+            for layers in 1..=n.min(9) {
+                let reference = quadratic_dp_rows(&points, layers);
+                let bound = lloyd_upper_bound(&pre, &points, shift, layers);
+                for cutoff in [f64::INFINITY, bound] {
+                    let half = Half::solve(&pre, layers, cutoff);
+                    for (j, &want) in reference.iter().enumerate().skip(layers) {
+                        let ours = half.last[j];
+                        let at = format!("n={n} layers={layers} cutoff={cutoff} j={j}");
+                        if ours.is_finite() || want <= cutoff - tol {
+                            assert!((ours - want).abs() <= tol, "{at}: {ours} vs {want}");
+                            let b = half.backtrack(j, n);
+                            let cost: f64 = b.windows(2).map(|s| pre.cost(s[0], s[1])).sum();
+                            assert!((cost - want).abs() <= tol, "{at}: splits cost {cost}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -901,6 +939,134 @@ mod tests {
         let p = palettize_f16(&[], 4, None).unwrap();
         assert!(p.indices.is_empty());
         assert_eq!(p.lut.len(), 16);
+    }
+
+    /// `dequantize` is `lut[indices]`, element by element, on a fit written by hand.
+    #[test]
+    fn dequantize_is_lut_of_indices() {
+        let [a, b] = [f16::from_f32(-0.5), f16::from_f32(2.0)];
+        let fit = LutFit {
+            nbits: 1,
+            lut: vec![a, b],
+            indices: vec![1, 0, 1, 1],
+            mse: 0.0,
+            snr_db: f64::INFINITY,
+        };
+        assert_eq!(fit.dequantize(), vec![b, a, b, b]);
+    }
+
+    /// A weight-0 element stays out of the LUT even when the LUT has room for it (3 values,
+    /// 4 entries): the entries are the two weighted values, the tail repeats the largest. It is
+    /// still assigned, to its nearest entry.
+    #[test]
+    fn zero_weight_values_get_no_entry_of_their_own() {
+        let v: Vec<f16> = [0.0f32, 0.25, 1.0].map(f16::from_f32).to_vec();
+        let p = palettize_f16(&v, 2, Some(&[1.0, 1.0, 0.0])).unwrap();
+        let quarter = f16::from_f32(0.25);
+        assert_eq!(p.lut, vec![f16::ZERO, quarter, quarter, quarter]);
+        assert_eq!(p.indices, vec![0, 1, 1]);
+    }
+
+    /// A value exactly between two entries goes to the lower one: {0, 2} weighted, 1 of weight
+    /// 0 at distance 1 from both.
+    #[test]
+    fn ties_go_to_the_lower_entry() {
+        let v: Vec<f16> = [0.0f32, 1.0, 2.0].map(f16::from_f32).to_vec();
+        let p = palettize_f16(&v, 1, Some(&[1.0, 0.0, 1.0])).unwrap();
+        assert_eq!(p.lut, vec![f16::ZERO, f16::from_f32(2.0)]);
+        assert_eq!(p.indices, vec![0, 0, 1]);
+        // Unweighted mse: only the middle element is off, by 1.
+        assert!((p.mse - 1.0 / 3.0).abs() < 1e-15, "mse {}", p.mse);
+    }
+
+    /// −0 and +0 are one value: its weight and count are the sum of both patterns'.
+    #[test]
+    fn signed_zeros_are_one_value() {
+        let zeros = [f16::NEG_ZERO, f16::ZERO];
+        // Two distinct values for four entries: one entry for both zeros, then 1 (repeated).
+        let v = vec![zeros[0], zeros[1], f16::ONE];
+        let p = palettize_f16(&v, 2, None).unwrap();
+        assert_eq!(p.indices, vec![0, 0, 1]);
+        assert_eq!(p.lut[1..], [f16::ONE; 3]);
+        // {0, 0, 1} | {10} (cost 2/3, against 40.5 for {0, 0} | {1, 10}): the first centre is
+        // the mean 1/3 only if the zeros weigh 2, and the mse counts both zeros.
+        let v = vec![zeros[0], zeros[1], f16::ONE, f16::from_f32(10.0)];
+        let p = palettize_f16(&v, 1, None).unwrap();
+        let c = f16::from_f64(1.0 / 3.0);
+        assert_eq!(p.lut, vec![c, f16::from_f32(10.0)]);
+        assert_eq!(p.indices, vec![0, 0, 0, 1]);
+        let c = c.to_f64();
+        let mse = (2.0 * c * c + (1.0 - c) * (1.0 - c)) / 4.0;
+        assert!((p.mse - mse).abs() < 1e-15, "mse {} vs {mse}", p.mse);
+    }
+
+    /// Scaling every importance weight by the same factor is the same problem: {16, 17, 20} in
+    /// two clusters is {16, 17} | {20} (cost 0.5, against 4.5 for {16} | {17, 20}) at any
+    /// uniform weight, so the centres are 16.5 and 20 (exact in f16), also at weights of 1e-30
+    /// and 1e30.
+    #[test]
+    fn uniform_weights_of_any_scale_give_the_unweighted_fit() {
+        let v: Vec<f16> = [16.0f32, 17.0, 20.0].map(f16::from_f32).to_vec();
+        let lut = vec![f16::from_f32(16.5), f16::from_f32(20.0)];
+        for w in [None, Some(1e-30f32), Some(1.0), Some(1e30)] {
+            let weights = w.map(|w| vec![w; 3]);
+            let p = palettize_f16(&v, 1, weights.as_deref()).unwrap();
+            assert_eq!(p.lut, lut, "weights {w:?}");
+            assert_eq!(p.indices, vec![0, 0, 1], "weights {w:?}");
+        }
+    }
+
+    /// Lloyd's bound on a problem solved by hand: {5} | {10, 10.1, …, 10.5} is optimal at two
+    /// clusters (cost 0.01·Σ(i − 2.5)² = 0.175). The weighted-quantile start {5, 10, 10.1,
+    /// 10.2} | {10.3, 10.4, 10.5} costs 19.5475; one Lloyd step (midpoint 9.6125) moves to the
+    /// optimum and the next one keeps it.
+    #[test]
+    fn lloyd_bound_reaches_the_optimum_from_a_bad_start() {
+        let points: Vec<(f64, f64)> = [5.0, 10.0, 10.1, 10.2, 10.3, 10.4, 10.5]
+            .map(|x| (x, 1.0))
+            .to_vec();
+        let shift = points.iter().map(|p| p.0).sum::<f64>() / 7.0;
+        let pre = Prefix::new(&points, shift);
+        let bound = lloyd_upper_bound(&pre, &points, shift, 2);
+        assert!((bound - 0.175).abs() < 1e-12, "bound {bound}");
+    }
+
+    /// Equal-cost optima are broken the same way every time: {0, 1, 2} in two clusters costs
+    /// 0.5 as {0} | {1, 2} and as {0, 1} | {2} (exactly, in the prefix sums centred on 1); the
+    /// first meeting point of the two half-DPs wins, which is {0} | {1, 2}.
+    #[test]
+    fn equal_cost_partitions_break_ties_to_the_first_split() {
+        let v: Vec<f16> = [0.0f32, 1.0, 2.0].map(f16::from_f32).to_vec();
+        let p = palettize_f16(&v, 1, None).unwrap();
+        assert_eq!(p.lut, vec![f16::ZERO, f16::from_f32(1.5)]);
+        assert_eq!(p.indices, vec![0, 1, 1]);
+    }
+
+    /// `Rows::min` returns the leftmost of equal minima, on the short path (< 4 candidates),
+    /// within a lane, across lanes and in the tail. With `s1` all zero the searched value is
+    /// `a[i]` exactly, so the expected index can be read off each row.
+    #[test]
+    fn rows_min_is_the_leftmost_minimum() {
+        let cases: [(&[f64], usize, usize); 8] = [
+            (&[1., 1., 1., 1.], 0, 0),
+            (&[5., 5., 1., 1.], 0, 2),
+            (&[1., 5., 1., 5.], 0, 0),
+            (&[5., 5., 1., 5., 5., 5., 5., 1., 5., 5., 5.], 0, 2),
+            (&[5., 5., 1., 5., 5., 5., 5., 1., 5., 5., 5.], 1, 2),
+            (&[5., 5., 1., 5., 5., 1., 5., 5., 5., 5., 5.], 0, 2),
+            (&[5., 5., 5., 1., 5., 5., 5., 1., 5., 5., 5.], 0, 3),
+            (&[5., 5., 1., 5., 5., 5., 5., 5., 5., 1., 5.], 0, 2),
+        ];
+        for (a, lo, want) in cases {
+            let w: Vec<f64> = (0..=a.len()).map(|i| i as f64).collect();
+            let s1 = vec![0.0; a.len() + 1];
+            let rows = Rows { w: &w, s1: &s1, a };
+            assert_eq!(
+                rows.min(lo, a.len() - 1, a.len()),
+                (1.0, want),
+                "{a:?} from {lo}"
+            );
+        }
     }
 
     /// The reported error figures against a fit solved by hand: {0, 1, 4} in two clusters is
