@@ -192,9 +192,9 @@ mutants:
 
 # The whole campaign in minutes: each mutant of the same list applied to a scratch copy of its
 # file, compiled alone with rustc against the dependencies' rlibs and judged by the file's unit
-# tests (scripts/mutants_scratch.py; ~1-6 s a mutant). It can only over-report survivors:
+# tests (python/mutants_scratch.py; ~1-6 s a mutant). It can only over-report survivors:
 # confirm each with `make mutants MUTANTS_ARGS='--re ...'`. Results in mutants-scratch/.
 .PHONY: mutants-fast
 mutants-fast:
 	$(CARGO) test --lib --no-run
-	nice -n 10 $(PYTHON) scripts/mutants_scratch.py $(MUTANTS_FILES)
+	nice -n 10 $(PYTHON) python/mutants_scratch.py $(MUTANTS_FILES)

@@ -8,7 +8,7 @@ sources, see SCRATCH below) and nothing else, so one mutant costs seconds instea
 crate's rebuild. It runs only the file's unit tests, so it can over-report survivors (never
 under-report): confirm each survivor with `cargo mutants --in-place --file F --re FN`.
 
-Usage: scripts/mutants_scratch.py [--jobs N] [--only NAME_SUBSTRING] FILE...  (from the repo root;
+Usage: python/mutants_scratch.py [--jobs N] [--only NAME_SUBSTRING] FILE...  (from the repo root;
 CARGO_TARGET_DIR must hold a debug build of the crate's dependencies). Results: one line per
 mutant on stdout and a JSON summary in mutants-scratch/<file stem>.json.
 """
