@@ -252,6 +252,39 @@ fn shard_index_names_a_file_outside_the_checkpoint() {
     );
 }
 
+/// The Safety section's cap of 2^20 tensors per checkpoint. One file cannot reach it (its
+/// header is capped at 16 MiB, about 270,000 tensors), so it is reached across shards: four
+/// more shards of 262,145 empty tensors each, listed in the index, are refused by the count,
+/// naming the shard where it was passed.
+#[test]
+fn more_tensors_than_the_cap_across_shards() {
+    let s = Scratch::new();
+    let dir = write_model(&s, TinyModel::qwen2());
+    let idx = dir.join("model.safetensors.index.json");
+    let mut j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&idx).unwrap()).unwrap();
+    let per_shard = (1usize << 20) / 4 + 1;
+    for n in 0..4 {
+        let mut header = String::from("{");
+        for i in 0..per_shard {
+            if i > 0 {
+                header.push(',');
+            }
+            header.push_str(&format!(
+                r#""x{n}_{i}":{{"dtype":"F16","shape":[0],"data_offsets":[0,0]}}"#
+            ));
+        }
+        header.push('}');
+        let name = format!("extra-{n}.safetensors");
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        std::fs::write(dir.join(&name), bytes).unwrap();
+        j["weight_map"][format!("x{n}_0")] = name.into();
+    }
+    std::fs::write(&idx, j.to_string()).unwrap();
+    convert(&s, &dir, &["extra-", "more than 1048576 tensors in all"]);
+}
+
 #[test]
 fn a_tensor_in_two_shards() {
     let s = Scratch::new();
@@ -650,6 +683,30 @@ fn package_without_manifest() {
     let pkg = write_pkg(&s, &m, &w);
     std::fs::remove_file(pkg.join("Manifest.json")).unwrap();
     run(&s, &pkg, &["Manifest.json", "No such file"]);
+}
+
+/// The Safety section's cap on model.mlmodel (256 MiB): a (sparse) file one byte over it is
+/// refused by its size, naming the file, before anything is read or allocated.
+#[test]
+fn package_model_over_the_size_cap() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(model_file(&pkg))
+        .unwrap();
+    f.set_len(hf2coreml::mlpackage::MAX_MODEL_BYTES + 1)
+        .unwrap();
+    assert_eq!(hf2coreml::mlpackage::MAX_MODEL_BYTES, 256 << 20);
+    run(
+        &s,
+        &pkg,
+        &[
+            "model.mlmodel",
+            "268435457 bytes exceeds the 268435456-byte limit",
+        ],
+    );
 }
 
 #[test]
