@@ -594,6 +594,15 @@ fn layerwise_reference_refuses_what_the_whole_one_refuses() {
     );
     let err = logits_layerwise(&ckpt, &[], &mut |_| {}).unwrap_err();
     assert!(matches!(err, ReferenceError::Empty), "{err}");
+    // The calibration pass checks the same vocabulary.
+    let opts = CalibrationOptions::default();
+    let err = calibrate(&ckpt, &[1, 2, vocab], &opts).unwrap_err();
+    assert!(
+        matches!(err, ReferenceError::TokenOutOfRange { index: 2, .. }),
+        "{err}"
+    );
+    let err = calibrate(&ckpt, &[], &opts).unwrap_err();
+    assert!(matches!(err, ReferenceError::Empty), "{err}");
 }
 
 #[test]

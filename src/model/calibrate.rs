@@ -454,22 +454,9 @@ pub fn calibrate(
     tokens: &[u32],
     options: &CalibrationOptions,
 ) -> Result<ActivationStats, ReferenceError> {
-    if tokens.is_empty() {
-        return Err(ReferenceError::Empty);
-    }
+    super::check_vocabulary(ckpt.spec(), tokens)?;
     let mut model = PlainModel::streaming(ckpt)?;
     let spec = model.spec().clone();
-    if let Some((index, &token)) = tokens
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t as usize >= spec.vocab_size)
-    {
-        return Err(ReferenceError::TokenOutOfRange {
-            token,
-            index,
-            vocab: spec.vocab_size,
-        });
-    }
     let seg = options.segment_len.clamp(1, spec.package_context().max(1));
     let mut bounds: Vec<(usize, usize)> = Vec::new();
     let mut start = 0;

@@ -452,20 +452,7 @@ impl Reference {
 /// `tokens` at positions `start ..` are ones the reference can compute: not empty, in the
 /// vocabulary, within the context and any sliding window it does not model.
 fn check_tokens(spec: &ModelSpec, tokens: &[u32], start: usize) -> Result<(), ReferenceError> {
-    if tokens.is_empty() {
-        return Err(ReferenceError::Empty);
-    }
-    if let Some((index, &token)) = tokens
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t as usize >= spec.vocab_size)
-    {
-        return Err(ReferenceError::TokenOutOfRange {
-            token,
-            index,
-            vocab: spec.vocab_size,
-        });
-    }
+    check_vocabulary(spec, tokens)?;
     let len = start + tokens.len();
     if len > spec.max_position_embeddings {
         return Err(ReferenceError::ContextTooLong {
@@ -479,6 +466,26 @@ fn check_tokens(spec: &ModelSpec, tokens: &[u32], start: usize) -> Result<(), Re
         }
     }
     Ok(())
+}
+
+/// `tokens` is not empty and every token is in the vocabulary (calibration's check: its text
+/// is cut into segments, so the context is not the whole list's length).
+fn check_vocabulary(spec: &ModelSpec, tokens: &[u32]) -> Result<(), ReferenceError> {
+    if tokens.is_empty() {
+        return Err(ReferenceError::Empty);
+    }
+    match tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= spec.vocab_size)
+    {
+        Some((index, &token)) => Err(ReferenceError::TokenOutOfRange {
+            token,
+            index,
+            vocab: spec.vocab_size,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Index of the largest value (the first on ties; NaN never wins).
