@@ -3,7 +3,7 @@
 //! passes the 4-bit defaults, and a package whose LUT entry was flipped fails (exit 1).
 //! The checkpoints ship no tokenizer, so the evaluation text goes in as bytes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
@@ -155,10 +155,9 @@ fn validate_raw(pkg: &Path, against: Option<&Path>) -> (Option<i32>, String, Str
     )
 }
 
-#[test]
-fn validate_for_ci_names_its_checkpoint_and_its_verdict() {
-    let model = peaked(TinyModel::llama());
-    let dir = model.write_temp().unwrap();
+/// The peaked tiny Llama's checkpoint, and its 8-bit package in a directory of its own.
+fn peaked_8bit_package() -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
+    let dir = peaked(TinyModel::llama()).write_temp().unwrap();
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("m.mlpackage");
     convert(
@@ -166,6 +165,12 @@ fn validate_for_ci_names_its_checkpoint_and_its_verdict() {
         &pkg,
         &["--recipe", "data-free-4bit", "--nbits", "8"],
     );
+    (dir, out, pkg)
+}
+
+#[test]
+fn validate_for_ci_names_its_checkpoint_and_its_verdict() {
+    let (dir, _out, pkg) = peaked_8bit_package();
 
     // Without --against: the checkpoint the report records, and a JSON verdict with a schema.
     let (code, stdout, stderr) = validate_raw(&pkg, None);
@@ -225,15 +230,7 @@ fn validate_budget(pkg: &Path, dir: &Path, budget: &str) -> serde_json::Value {
 fn a_checkpoint_over_the_reference_budget_is_validated_block_by_block() {
     // Issue 22: a model whose f32 weights exceed the budget (here every model: budget 0) gets
     // the block-by-block reference, and its verdict and metrics are the whole model's.
-    let model = peaked(TinyModel::llama());
-    let dir = model.write_temp().unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let pkg = out.path().join("m.mlpackage");
-    convert(
-        dir.path(),
-        &pkg,
-        &["--recipe", "data-free-4bit", "--nbits", "8"],
-    );
+    let (dir, _out, pkg) = peaked_8bit_package();
     let whole = validate_budget(&pkg, dir.path(), "2GiB");
     let layerwise = validate_budget(&pkg, dir.path(), "0");
     assert_eq!(whole["reference"], "candle-transformers llama", "{whole:#}");
