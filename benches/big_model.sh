@@ -26,28 +26,7 @@ CKPT="$WORK/$PRESET"
 OUT="$WORK/$PRESET.mlpackage"
 [ -f "$CKPT/config.json" ] || "$GEN" "$CKPT" --preset "$PRESET"
 
-# Run "$@" under /usr/bin/time -v into $WORK/time, sampling the child's anonymous memory.
-measure() {
-  /usr/bin/time -v "$@" >"$WORK/stdout" 2>"$WORK/time" &
-  local tpid=$! pid
-  sleep 0.2
-  pid=$(pgrep -P "$tpid" | head -1 || true)
-  PEAK_ANON=0
-  while kill -0 "$tpid" 2>/dev/null; do
-    { while read -r KEY VALUE _; do
-      if [ "$KEY" = "RssAnon:" ]; then
-        [ "$VALUE" -gt "$PEAK_ANON" ] && PEAK_ANON=$VALUE
-        break
-      fi
-    done <"/proc/$pid/status"; } 2>/dev/null || true
-  done
-  # Exit 1 is validate's verdict (random weights fail the gates): measured all the same.
-  STATUS=0
-  wait "$tpid" || STATUS=$?
-  [ "$STATUS" -le 1 ] || { cat "$WORK/time" >&2; return 1; }
-  RSS_KB=$(awk -F: '/Maximum resident set size/ {gsub(/ /,"",$2); print $2}' "$WORK/time")
-  WALL=$(awk '/Elapsed \(wall clock\)/ {print $NF}' "$WORK/time")
-}
+source "$(dirname "$0")/lib.sh"
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 measure "$BIN" convert "$CKPT" -o "$OUT" --recipe "${RECIPE:-data-free-4bit}" \

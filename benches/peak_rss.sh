@@ -29,27 +29,16 @@ CKPT="$CACHE/synthetic-$SIZE"
 [ -f "$CKPT/config.json" ] || "$GEN" "$CKPT" $DIMS
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-/usr/bin/time -v "$BIN" convert "$CKPT" -o "$OUT/m.mlpackage" --recipe "${RECIPE:-data-free-4bit}" \
-    --max-seq-len 512 "$@" >"$OUT/stdout" 2>"$OUT/time" &
-TPID=$!
-sleep 0.2
-PID=$(pgrep -P "$TPID" | head -1 || true)
-PEAK_ANON=0
-# Builtins only (no fork per sample): a sample every few hundred microseconds, so a transient
-# copy of even the largest tensor is seen.
-while kill -0 "$TPID" 2>/dev/null; do
-  { while read -r KEY VALUE _; do
-    if [ "$KEY" = "RssAnon:" ]; then
-      [ "$VALUE" -gt "$PEAK_ANON" ] && PEAK_ANON=$VALUE
-      break
-    fi
-  done <"/proc/$PID/status"; } 2>/dev/null || true
-done
-wait "$TPID"
+WORK=$OUT
+source "$(dirname "$0")/lib.sh"
+# A sample every few hundred microseconds (SAMPLE=0), so a transient copy of even the largest
+# tensor is seen.
+SAMPLE=0 measure "$BIN" convert "$CKPT" -o "$OUT/m.mlpackage" --recipe "${RECIPE:-data-free-4bit}" \
+    --max-seq-len 512 "$@"
+[ "$STATUS" = 0 ] || { cat "$OUT/time" >&2; exit 1; }
 cat "$OUT/stdout"
 PKG=$(du -sb "$OUT/m.mlpackage" | cut -f1)
 CKPT_BYTES=$(du -sbL "$CKPT" | cut -f1)
-RSS_KB=$(awk -F: '/Maximum resident set size/ {gsub(/ /,"",$2); print $2}' "$OUT/time")
 # The largest tensor is the (vocab x hidden) embedding in these models.
 read -r _ HIDDEN _ VOCAB <<<"$DIMS"
 LARGEST=$((VOCAB * HIDDEN * 2))

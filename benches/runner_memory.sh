@@ -23,29 +23,7 @@ BIN=${BIN:-target/release/hf2coreml}
 WORK=$(mktemp -d /tmp/runner_memory.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-# Run "$@" under /usr/bin/time -v, sampling the child's anonymous memory every 0.1 s.
-measure() {
-  /usr/bin/time -v "$@" >"$WORK/stdout" 2>"$WORK/time" &
-  local tpid=$! pid
-  sleep 0.2
-  pid=$(pgrep -P "$tpid" | head -1 || true)
-  PEAK_ANON=0
-  while kill -0 "$tpid" 2>/dev/null; do
-    { while read -r KEY VALUE _; do
-      if [ "$KEY" = "RssAnon:" ]; then
-        [ "$VALUE" -gt "$PEAK_ANON" ] && PEAK_ANON=$VALUE
-        break
-      fi
-    done <"/proc/$pid/status"; } 2>/dev/null || true
-    sleep 0.1 # a sampler without a pause took one of the 2 cores from the run it measured
-  done
-  # Exit 1 is validate's verdict (random weights fail the gates): measured all the same.
-  STATUS=0
-  wait "$tpid" || STATUS=$?
-  [ "$STATUS" -le 1 ] || { cat "$WORK/time" >&2; return 1; }
-  RSS_KB=$(awk -F: '/Maximum resident set size/ {gsub(/ /,"",$2); print $2}' "$WORK/time")
-  SECS=$(awk '/Elapsed \(wall clock\)/ {n=split($NF,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$WORK/time")
-}
+source "$(dirname "$0")/lib.sh"
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 

@@ -7,7 +7,7 @@ use std::process::Command;
 use half::f16;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::Reference;
-use hf2coreml::runtime::interp::{Compute, Options, Package, Stats};
+use hf2coreml::runtime::interp::{Compute, ConstantReader, Options, Package, Stats};
 use hf2coreml::runtime::StepModel;
 use hf2coreml::testing::TinyModel;
 
@@ -94,6 +94,17 @@ fn check(model: TinyModel, q: usize, compute: Compute, tol: f32) {
         Package::load(&out.path().join("m.mlpackage"), opts).unwrap()
     };
     let mut pkg = load(false);
+    // The embedding stays in its weight file: its `gather` reads `axis` and `batch_dims` from
+    // named `const` ops, as coremltools writes them (the loader once looked only for inline
+    // values, and decoded an 8B's embedding to 2.1 GB of f32 at load).
+    let embed = hf2coreml::arch::mil_name("model.embed_tokens.weight");
+    assert!(
+        matches!(
+            pkg.program().constant_reader(&embed),
+            Some(ConstantReader::Packed(_))
+        ),
+        "`{embed}` was decoded at load"
+    );
     let v = pkg.contract().vocab_size;
     let tokens: Vec<i32> = (0..12).map(|i| ((i * 7 + 3) % v) as i32).collect();
     let mut stats = Stats::default();

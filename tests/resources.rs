@@ -107,14 +107,15 @@ fn convert_needs_at_most_one_and_a_half_packages_plus_the_largest_tensor() {
         bound as f64 / MIB
     );
 
-    validate_holds_one_block_and_the_largest_tensor(&m, ckpt.path(), &package);
+    validate_holds_one_block(&m, ckpt.path(), &package);
 }
 
 /// `validate` of a model treated as large (`--reference-budget` below its f32 weights, as an
 /// 8B's 32 GB are below the 2 GiB default): the float reference runs block by block and the
-/// weight check widens the checkpoint a piece at a time, so validate needs what `run` needs
-/// plus about the largest decoded tensor in f32 and a block, not the model in f32 (issue 22).
-fn validate_holds_one_block_and_the_largest_tensor(m: &TinyModel, ckpt: &Path, package: &Path) {
+/// weight check reads the checkpoint and the package a piece at a time, so validate needs what
+/// `run` needs plus a block and a slice of the lm_head in f32: not the model, and not its
+/// largest tensor, in f32 (issue 22).
+fn validate_holds_one_block(m: &TinyModel, ckpt: &Path, package: &Path) {
     let f32_model = 4 * bytes_under(ckpt) / 2; // bf16 on disk
     let prompt: Vec<String> = (1..=16).map(|t| t.to_string()).collect();
     let mut run = Command::new(BIN);
@@ -140,7 +141,11 @@ fn validate_holds_one_block_and_the_largest_tensor(m: &TinyModel, ckpt: &Path, p
     let kv_dim = m.hidden / m.heads * m.kv_heads;
     let block_f32 = 4
         * (2 * m.hidden * m.hidden + 2 * m.hidden * kv_dim + 3 * m.hidden * m.intermediate) as u64;
-    let bound = run_peak + largest_f32 + 2 * block_f32 + (32 << 20);
+    // The block-by-block reference holds one block in f32 and widens the lm_head 64 MiB of
+    // rows at a time (measured 114 MiB against a bound of 149, run 18, on 2026-12-01); the
+    // weight check after it, 16 MiB pieces of the checkpoint and of the package. Holding the
+    // 125 MiB embedding whole in f32 anywhere puts validate over the bound.
+    let bound = run_peak + block_f32 + (88 << 20);
     eprintln!(
         "validate: model in f32 {:.1} MiB, run {:.1} MiB, largest tensor in f32 {:.1} MiB, \
          block {:.1} MiB, bound {:.1} MiB, peak anonymous {:.1} MiB",
@@ -151,12 +156,14 @@ fn validate_holds_one_block_and_the_largest_tensor(m: &TinyModel, ckpt: &Path, p
         bound as f64 / MIB,
         peak as f64 / MIB
     );
-    // The bound means something: the model in f32 beside what `run` holds is over it.
+    // The bound means something: the model in f32 beside what `run` holds is over it, and so
+    // is the largest tensor held whole in f32 (the weight check before it read in pieces).
     assert!(bound < run_peak + f32_model);
+    assert!(bound < run_peak + largest_f32 + (16 << 20));
     assert!(
         peak <= bound,
-        "validate peaked at {:.1} MiB of anonymous memory, over run's peak + the largest tensor \
-         in f32 + 2 blocks + 32 MiB = {:.1} MiB",
+        "validate peaked at {:.1} MiB of anonymous memory, over run's peak + a block in f32 + \
+         88 MiB = {:.1} MiB",
         peak as f64 / MIB,
         bound as f64 / MIB
     );

@@ -509,20 +509,23 @@ fn check_weights(
         if parts.is_empty() {
             continue;
         }
-        let mut decoded: Vec<f32> = Vec::new();
+        // The decoded weight, as segments in row order, read a piece at a time: an 8B's fp16
+        // embedding is 2.1 GB in f32, and nothing here holds a whole tensor in f32.
+        let mut segments: Vec<Segment> = Vec::new();
         let mut scaled18 = false;
         for (part, numel) in &parts {
             let Some((at, op)) = find_at(part) else {
                 continue;
             };
             let pkg = &pkgs[at];
+            let reader = programs.get(at).and_then(|p| p.constant_reader(part));
             if let Some(bits) = ios18_weight(op) {
                 // iOS18 constexpr ops (grouped LUTs, per-row scales): read back as the
-                // interpreter decoded them.
-                let Some(t) = programs[at].constant(part) else {
+                // interpreter decodes them.
+                let Some(reader) = reader else {
                     continue;
                 };
-                decoded.extend(t.as_f32().iter());
+                segments.push(Segment::Reader(reader));
                 // A scale op reads the LUT op the bridge names `<part>_lut`.
                 let bits = bits.or_else(|| {
                     find(&format!("{part}_lut")).and_then(|o| ios18_weight(o).flatten())
@@ -532,12 +535,15 @@ fn check_weights(
                 continue;
             }
             match op.r#type.as_str() {
-                "const" => match op.attributes.get("val") {
-                    // The first part's values become `decoded` (an fp16 embedding is its
-                    // model's largest tensor: not copied once more).
-                    Some(v) => append(&mut decoded, floats(pkg.value(v, part)?.values)),
-                    None => continue,
-                },
+                "const" => {
+                    let Some(v) = op.attributes.get("val") else {
+                        continue;
+                    };
+                    segments.push(match reader {
+                        Some(r) => Segment::Reader(r),
+                        None => Segment::Owned(floats(pkg.value(v, part)?.values)),
+                    });
+                }
                 "constexpr_lut_to_dense" => {
                     let (Some(lut), Some(idx)) =
                         (op.attributes.get("lut"), op.attributes.get("indices"))
@@ -545,53 +551,79 @@ fn check_weights(
                         continue;
                     };
                     let lut = floats(pkg.value(lut, part)?.values);
+                    let nbits = lut.len().trailing_zeros();
+                    min_bits = Some(min_bits.map_or(nbits, |m: u32| m.min(nbits)));
+                    if let Some(r) = reader {
+                        segments.push(Segment::Reader(r));
+                        continue;
+                    }
                     let idx = pkg.value(idx, part)?;
                     let bytes: Vec<u8> = match idx.values {
                         Values::Int(v) => v.iter().map(|&x| x as u8).collect(),
                         _ => continue,
                     };
-                    let nbits = lut.len().trailing_zeros();
-                    min_bits = Some(min_bits.map_or(nbits, |m: u32| m.min(nbits)));
-                    decoded.extend(
+                    segments.push(Segment::Owned(
                         crate::quant::pack::unpack_indices(&bytes, nbits as u8, *numel)
                             .into_iter()
-                            .map(|i| lut.get(i as usize).copied().unwrap_or(f32::NAN)),
-                    );
+                            .map(|i| lut.get(i as usize).copied().unwrap_or(f32::NAN))
+                            .collect(),
+                    ));
                 }
                 _ => continue,
             }
         }
         let scale_name = format!("{name}_row_scale");
         let calibrated = parts.len() > 1 || find(&scale_name).is_some() || scaled18;
-        if let Some((pkg, op)) = find_in(&scale_name) {
-            if let Some(v) = op.attributes.get("val") {
-                let s = floats(pkg.value(v, &scale_name)?.values);
-                for (r, row) in decoded.chunks_mut(cols).enumerate() {
-                    let f = s.get(r).copied().unwrap_or(f32::NAN);
-                    row.iter_mut().for_each(|x| *x *= f);
-                }
-            }
-        }
-        // The checkpoint's tensor is widened to f32 a piece at a time ([`in_pieces`]): an 8B's
-        // embedding is 2.1 GB in f32, and the decoded copy is the only whole one held.
+        let row_scale = match find_in(&scale_name) {
+            Some((pkg, op)) => match op.attributes.get("val") {
+                Some(v) => Some(floats(pkg.value(v, &scale_name)?.values)),
+                None => None,
+            },
+            None => None,
+        };
+        let decoded = Decoded {
+            segments,
+            row_scale,
+            cols,
+        };
+        // The checkpoint's tensor is widened to f32 a piece at a time too ([`in_pieces`]).
         let original = ckpt.tensor(&slot.name)?;
-        if decoded.len() != original.numel() {
+        if decoded.numel() != original.numel() {
             return Err(ValidateError::WeightSize {
                 package: name.to_string(),
                 tensor: slot.name.clone(),
-                got: decoded.len(),
+                got: decoded.numel(),
                 expected: original.numel(),
             });
         }
-        if calibrated {
-            factor_column_scales(&mut decoded, &original, cols);
-        } else {
-            factor_scale(&mut decoded, &original);
-        }
+        // Scales folded in by the converter are factored out: one least-squares scale per
+        // input column for a calibrated projection, one per tensor otherwise.
+        let k = if calibrated { cols } else { 1 };
+        let (mut dot, mut norm) = (vec![0.0f64; k], vec![0.0f64; k]);
+        let mut buf = Vec::new();
+        in_pieces(&original, |at, w| {
+            decoded.read(at, w.len(), &mut buf)?;
+            for (i, (a, b)) in buf.iter().zip(w).enumerate() {
+                let j = (at + i) % k;
+                dot[j] += *a as f64 * *b as f64;
+                norm[j] += (*a as f64).powi(2);
+            }
+            Ok::<_, ValidateError>(())
+        })?;
+        let factors: Vec<f64> = dot
+            .iter()
+            .zip(&norm)
+            .map(|(d, n)| if *n > 0.0 { d / n } else { 1.0 })
+            .collect();
         let mut sum = ErrorSum::default();
-        in_pieces(&original, &mut |at, w| {
-            sum.add(w, &decoded[at..at + w.len()])
-        });
+        in_pieces(&original, |at, w| {
+            decoded.read(at, w.len(), &mut buf)?;
+            for (i, a) in buf.iter_mut().enumerate() {
+                *a = (*a as f64 * factors[(at + i) % k]) as f32;
+            }
+            sum.add(w, &buf);
+            Ok::<_, ValidateError>(())
+        })?;
         out.push(sum.finish(&slot.name));
     }
     Ok((out, min_bits))
@@ -620,7 +652,10 @@ fn ios18_weight(op: &crate::mlpackage::proto::Operation) -> Option<Option<u32>> 
 const PIECE: usize = 1 << 22;
 
 /// `f(offset, values)` over `view`'s elements in f32, in order, [`PIECE`] at a time.
-fn in_pieces(view: &TensorView, f: &mut dyn FnMut(usize, &[f32])) {
+fn in_pieces<E>(
+    view: &TensorView,
+    mut f: impl FnMut(usize, &[f32]) -> Result<(), E>,
+) -> Result<(), E> {
     let n = view.numel();
     let width = view.data.len() / n.max(1);
     for at in (0..n).step_by(PIECE) {
@@ -632,49 +667,63 @@ fn in_pieces(view: &TensorView, f: &mut dyn FnMut(usize, &[f32])) {
             shape: &shape,
             data: &view.data[at * width..(at + len) * width],
         };
-        f(at, &piece.to_f32());
+        f(at, &piece.to_f32())?;
+    }
+    Ok(())
+}
+
+/// One run of a weight's decoded values: read from a program, or decoded here.
+enum Segment<'a> {
+    Reader(crate::runtime::interp::ConstantReader<'a>),
+    Owned(Vec<f32>),
+}
+
+impl Segment<'_> {
+    fn numel(&self) -> usize {
+        match self {
+            Segment::Reader(r) => r.numel(),
+            Segment::Owned(v) => v.len(),
+        }
     }
 }
 
-/// `decoded` times the least-squares scalar that best matches `original`, in place.
-fn factor_scale(decoded: &mut [f32], original: &TensorView) {
-    let (mut dot, mut norm) = (0.0f64, 0.0f64);
-    in_pieces(original, &mut |at, w| {
-        for (a, b) in decoded[at..].iter().zip(w) {
-            dot += *a as f64 * *b as f64;
-            norm += (*a as f64).powi(2);
-        }
-    });
-    let scale = if norm > 0.0 { dot / norm } else { 1.0 };
-    decoded
-        .iter_mut()
-        .for_each(|a| *a = (*a as f64 * scale) as f32);
+/// A weight as the package stores it: its segments in row order, times its row scales.
+struct Decoded<'a> {
+    segments: Vec<Segment<'a>>,
+    row_scale: Option<Vec<f32>>,
+    cols: usize,
 }
 
-/// `decoded` [rows, cols] with each column times its least-squares scale against `original`,
-/// in place.
-fn factor_column_scales(decoded: &mut [f32], original: &TensorView, cols: usize) {
-    let mut dot = vec![0.0f64; cols];
-    let mut norm = vec![0.0f64; cols];
-    in_pieces(original, &mut |at, w| {
-        for (i, (a, b)) in decoded[at..].iter().zip(w).enumerate() {
-            dot[(at + i) % cols] += *a as f64 * *b as f64;
-            norm[(at + i) % cols] += (*a as f64).powi(2);
-        }
-    });
-    decoded.iter_mut().enumerate().for_each(|(i, a)| {
-        let j = i % cols;
-        let s = if norm[j] > 0.0 { dot[j] / norm[j] } else { 1.0 };
-        *a = (*a as f64 * s) as f32;
-    });
-}
+impl Decoded<'_> {
+    fn numel(&self) -> usize {
+        self.segments.iter().map(Segment::numel).sum()
+    }
 
-/// `more` after `into`'s values, moved rather than copied when `into` is empty.
-fn append(into: &mut Vec<f32>, more: Vec<f32>) {
-    if into.is_empty() {
-        *into = more;
-    } else {
-        into.extend(more);
+    /// Elements `at..at + len` into `out` (cleared first), row scales applied.
+    fn read(&self, at: usize, len: usize, out: &mut Vec<f32>) -> Result<(), ValidateError> {
+        out.clear();
+        let (end, mut start) = (at + len, 0);
+        let mut piece = Vec::new();
+        for seg in &self.segments {
+            let n = seg.numel();
+            let (lo, hi) = (at.max(start), end.min(start + n));
+            if lo < hi {
+                match seg {
+                    Segment::Reader(r) => {
+                        r.read(lo - start, hi - lo, &mut piece)?;
+                        out.extend_from_slice(&piece);
+                    }
+                    Segment::Owned(v) => out.extend_from_slice(&v[lo - start..hi - start]),
+                }
+            }
+            start += n;
+        }
+        if let Some(s) = &self.row_scale {
+            for (i, x) in out.iter_mut().enumerate() {
+                *x *= s.get((at + i) / self.cols).copied().unwrap_or(f32::NAN);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -340,7 +340,22 @@ impl Program {
             .map(|(_, t)| Cow::Borrowed(t.as_ref()))
     }
 
-    /// Bytes of weights left packed in the weight files (read in place, not held).
+    /// The constant (or constexpr result) named `name`, read a range of elements at a time: a
+    /// packed weight decodes only the rows a range covers (validate's weight check reads an
+    /// 8B's 2.1 GB embedding this way), a held one is borrowed. `None` as for
+    /// [`Program::constant`].
+    pub fn constant_reader(&self, name: &str) -> Option<ConstantReader<'_>> {
+        let slot = *self.const_names.get(name)?;
+        if let Some(p) = self.packed.get(&slot) {
+            return Some(ConstantReader::Packed(p));
+        }
+        self.consts
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, t)| ConstantReader::Held(t.as_f32()))
+    }
+
+    /// How many weights are left packed in the weight files (read in place, not held).
     pub fn packed_weights(&self) -> usize {
         self.packed.len()
     }
@@ -829,7 +844,13 @@ fn settle_packed(
         if readers.is_empty() && !output {
             continue;
         }
-        if !output && readers.iter().all(|i| reads_packed_in_place(i, s)) {
+        let known = |slot: usize| {
+            consts
+                .iter()
+                .find(|(c, _)| *c == slot)
+                .map(|(_, t)| t.clone())
+        };
+        if !output && readers.iter().all(|i| reads_packed_in_place(i, s, &known)) {
             let linear = readers
                 .iter()
                 .any(|i| matches!(i.op, OpKind::Known(Op::Linear | Op::Conv)));
@@ -849,16 +870,28 @@ fn settle_packed(
     Ok(kept)
 }
 
-/// Whether `ins` reads slot `s` only where a packed weight can be read in place.
-fn reads_packed_in_place(ins: &Instr, s: usize) -> bool {
+/// Whether `ins` reads slot `s` only where a packed weight can be read in place. A `gather`'s
+/// `axis` and `batch_dims` must be 0, given inline or as constants (`known`: a constant slot's
+/// value; coremltools writes them as named `const` ops).
+fn reads_packed_in_place(
+    ins: &Instr,
+    s: usize,
+    known: &dyn Fn(usize) -> Option<Arc<Tensor>>,
+) -> bool {
     let key = match ins.op {
         OpKind::Known(Op::Linear | Op::Conv) => "weight",
         OpKind::Known(Op::Gather) => "x",
         _ => return false,
     };
+    let is_zero = |t: &Tensor| t.as_i64().iter().all(|&v| v == 0);
     let zero = |k: &str| {
         ins.inputs.iter().all(|(n, a)| {
-            n != k || matches!(a.as_slice(), [Arg::Const(t)] if t.as_i64().iter().all(|&v| v == 0))
+            n != k
+                || match a.as_slice() {
+                    [Arg::Const(t)] => is_zero(t),
+                    [Arg::Slot(c)] => known(*c).is_some_and(|t| is_zero(&t)),
+                    _ => false,
+                }
         })
     };
     let gather_ok = key != "x" || (zero("axis") && zero("batch_dims"));
@@ -1592,5 +1625,40 @@ impl super::StepModel for Package {
         values: &[f16],
     ) -> Result<(), RuntimeError> {
         self.write_state_rows(rows, keys, values)
+    }
+}
+
+/// A program's constant, read a range of elements at a time ([`Program::constant_reader`]).
+pub enum ConstantReader<'a> {
+    /// Held decoded by the program (borrowed when it holds f32).
+    Held(Cow<'a, [f32]>),
+    /// Left in its weight file.
+    Packed(&'a packed::Packed),
+}
+
+impl ConstantReader<'_> {
+    /// Elements in all.
+    pub fn numel(&self) -> usize {
+        match self {
+            ConstantReader::Held(v) => v.len(),
+            ConstantReader::Packed(p) => p.rows() * p.cols(),
+        }
+    }
+
+    /// Elements `at..at + len` into `out` (cleared first), as [`Program::constant`] gives them.
+    pub fn read(&self, at: usize, len: usize, out: &mut Vec<f32>) -> Result<(), RuntimeError> {
+        let bad = |msg: String| RuntimeError::Program(format!("reading a constant: {msg}"));
+        match self {
+            ConstantReader::Held(v) => {
+                let piece = at
+                    .checked_add(len)
+                    .and_then(|end| v.get(at..end))
+                    .ok_or_else(|| bad(format!("elements {at}..+{len} of {}", v.len())))?;
+                out.clear();
+                out.extend_from_slice(piece);
+                Ok(())
+            }
+            ConstantReader::Packed(p) => p.read_range(at, len, out).map_err(|e| bad(e.to_string())),
+        }
     }
 }

@@ -177,6 +177,23 @@ impl Packed {
         &s.full
     }
 
+    /// Elements `at..at + len` (row-major, flattened) into `out` (cleared first), decoded as
+    /// [`Packed::dense`] decodes them: only the rows the range covers are decoded.
+    pub fn read_range(&self, at: usize, len: usize, out: &mut Vec<f32>) -> OpResult<()> {
+        let cols = self.cols().max(1);
+        let end = at
+            .checked_add(len)
+            .filter(|&e| e <= self.rows() * cols)
+            .ok_or_else(|| format!("elements {at}..+{len} of a weight {:?}", self.shape))?;
+        let (r0, r1) = (at / cols, end.div_ceil(cols));
+        let mut rows = Vec::new();
+        self.rows_f32(self.bytes()?, r0, r1, &mut rows);
+        let skip = at - r0 * cols;
+        out.clear();
+        out.extend_from_slice(&rows[skip..skip + len]);
+        Ok(())
+    }
+
     /// The whole weight, decoded as the dense constexpr decoders decode it.
     pub fn dense(&self) -> OpResult<Tensor> {
         let mut v = Vec::new();
