@@ -596,35 +596,9 @@ fn check_weights(
                 expected: original.numel(),
             });
         }
-        // Scales folded in by the converter are factored out: one least-squares scale per
-        // input column for a calibrated projection, one per tensor otherwise.
+        // Scales folded in by the converter: one per input column of a calibrated projection.
         let k = if calibrated { cols } else { 1 };
-        let (mut dot, mut norm) = (vec![0.0f64; k], vec![0.0f64; k]);
-        let mut buf = Vec::new();
-        in_pieces(&original, |at, w| {
-            decoded.read(at, w.len(), &mut buf)?;
-            for (i, (a, b)) in buf.iter().zip(w).enumerate() {
-                let j = (at + i) % k;
-                dot[j] += *a as f64 * *b as f64;
-                norm[j] += (*a as f64).powi(2);
-            }
-            Ok::<_, ValidateError>(())
-        })?;
-        let factors: Vec<f64> = dot
-            .iter()
-            .zip(&norm)
-            .map(|(d, n)| if *n > 0.0 { d / n } else { 1.0 })
-            .collect();
-        let mut sum = ErrorSum::default();
-        in_pieces(&original, |at, w| {
-            decoded.read(at, w.len(), &mut buf)?;
-            for (i, a) in buf.iter_mut().enumerate() {
-                *a = (*a as f64 * factors[(at + i) % k]) as f32;
-            }
-            sum.add(w, &buf);
-            Ok::<_, ValidateError>(())
-        })?;
-        out.push(sum.finish(&slot.name));
+        out.push(score(&decoded, &original, k)?.finish(&slot.name));
     }
     Ok((out, min_bits))
 }
@@ -646,6 +620,38 @@ fn ios18_weight(op: &crate::mlpackage::proto::Operation) -> Option<Option<u32>> 
         "constexpr_blockwise_shift_scale" => Some(None),
         _ => None,
     }
+}
+
+/// The error sums of `decoded` against `original`, with the scales the converter folded in
+/// factored out first: one least-squares scale for each of `k` column classes (element i's is
+/// i mod k: every input column of a calibrated projection, or one for the tensor).
+fn score(decoded: &Decoded, original: &TensorView, k: usize) -> Result<ErrorSum, ValidateError> {
+    let (mut dot, mut norm) = (vec![0.0f64; k], vec![0.0f64; k]);
+    let mut buf = Vec::new();
+    in_pieces(original, |at, w| {
+        decoded.read(at, w.len(), &mut buf)?;
+        for (i, (a, b)) in buf.iter().zip(w).enumerate() {
+            let j = (at + i) % k;
+            dot[j] += *a as f64 * *b as f64;
+            norm[j] += (*a as f64).powi(2);
+        }
+        Ok::<_, ValidateError>(())
+    })?;
+    let factors: Vec<f64> = dot
+        .iter()
+        .zip(&norm)
+        .map(|(d, n)| if *n > 0.0 { d / n } else { 1.0 })
+        .collect();
+    let mut sum = ErrorSum::default();
+    in_pieces(original, |at, w| {
+        decoded.read(at, w.len(), &mut buf)?;
+        for (i, a) in buf.iter_mut().enumerate() {
+            *a = (*a as f64 * factors[(at + i) % k]) as f32;
+        }
+        sum.add(w, &buf);
+        Ok::<_, ValidateError>(())
+    })?;
+    Ok(sum)
 }
 
 /// Elements of a checkpoint tensor widened to f32 at a time by [`in_pieces`] (16 MiB).
