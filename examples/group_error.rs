@@ -17,7 +17,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use hf2coreml::arch::Role;
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::model::calibrate::{calibrate, CalibrationOptions, GramSelection};
+use hf2coreml::model::calibrate::{calibrate, ActivationStats, CalibrationOptions, GramSelection};
 use hf2coreml::quant::calibrated::{quantize_linear, relative_output_error, LinearMethod};
 use hf2coreml::quant::linalg::inverse_upper_factor;
 use hf2coreml::quant::sequential::rotation_transpose;
@@ -135,12 +135,37 @@ fn main() {
             },
         ),
     ];
+    header(methods.iter().map(|(n, _)| *n));
+    for (name, rows, cols, wq, hq) in projections(&ckpt, &stats, &layers, &roles) {
+        print!("| {name} |");
+        for (_, m) in &methods {
+            let q = quantize_linear(&wq, rows, cols, Some(&hq), m).unwrap();
+            let e = relative_output_error(&wq, &q.dequantize(), rows, cols, &hq);
+            print!(" {e:.5} |");
+        }
+        println!();
+    }
+}
+
+/// A markdown table's first two lines.
+fn header<'a>(columns: impl Iterator<Item = &'a str>) {
+    let columns: Vec<&str> = columns.collect();
     print!("| projection |");
-    methods.iter().for_each(|(n, _)| print!(" {n} |"));
+    columns.iter().for_each(|n| print!(" {n} |"));
     println!();
-    println!("|---|{}", "---|".repeat(methods.len()));
-    for &l in &layers {
-        for role in roles {
+    println!("|---|{}", "---|".repeat(columns.len()));
+}
+
+/// Each projection of `roles` in `layers`: its name, rows, columns, rotated weight W·Q and
+/// rotated Gram matrix QᵀHQ.
+fn projections<'a>(
+    ckpt: &'a Checkpoint,
+    stats: &'a ActivationStats,
+    layers: &'a [usize],
+    roles: &'a [Role],
+) -> impl Iterator<Item = (String, usize, usize, Vec<f32>, Vec<f64>)> + 'a {
+    layers.iter().flat_map(move |&l| {
+        roles.iter().map(move |&role| {
             let slot = ckpt
                 .slots()
                 .into_iter()
@@ -150,24 +175,13 @@ fn main() {
             let w = ckpt.tensor(&slot.name).unwrap().to_f32();
             let gram = &stats.input(l, role).unwrap().gram.as_ref().unwrap().sum;
             let (wq, hq) = rotate(&w, rows, cols, gram);
-            print!("| {} |", slot.name);
-            for (_, m) in &methods {
-                let q = quantize_linear(&wq, rows, cols, Some(&hq), m).unwrap();
-                let e = relative_output_error(&wq, &q.dequantize(), rows, cols, &hq);
-                print!(" {e:.5} |");
-            }
-            println!();
-        }
-    }
+            (slot.name.clone(), rows, cols, wq, hq)
+        })
+    })
 }
 
 /// The VECTOR=1 table: scalar and 2-vector tables at 4 and 3 bits per weight.
-fn vector_table(
-    ckpt: &Checkpoint,
-    stats: &hf2coreml::model::calibrate::ActivationStats,
-    layers: &[usize],
-    roles: &[Role],
-) {
+fn vector_table(ckpt: &Checkpoint, stats: &ActivationStats, layers: &[usize], roles: &[Role]) {
     let scalar = |nbits: u8, act_order: bool| LinearMethod {
         act_order,
         ..LinearMethod::calibrated(nbits)
@@ -178,46 +192,32 @@ fn vector_table(
         "4-bit scalar, GPTQ, act order",
         "2-vector ×256, nearest",
         "2-vector ×256, GPTQ",
-        "3-bit scalar, GPTQ",
+        "3-bit scalar, GPTQ, act order",
         "2-vector ×64, GPTQ",
     ];
-    print!("| projection |");
-    heads.iter().for_each(|n| print!(" {n} |"));
-    println!();
-    println!("|---|{}", "---|".repeat(heads.len()));
-    for &l in layers {
-        for &role in roles {
-            let slot = ckpt
-                .slots()
-                .into_iter()
-                .find(|s| s.layer == Some(l) && s.role == role)
-                .unwrap();
-            let (rows, cols) = (slot.shape[0], slot.shape[1]);
-            let w = ckpt.tensor(&slot.name).unwrap().to_f32();
-            let gram = &stats.input(l, role).unwrap().gram.as_ref().unwrap().sum;
-            let (wq, hq) = rotate(&w, rows, cols, gram);
-            let err = |d: &[f32]| relative_output_error(&wq, d, rows, cols, &hq);
-            let sc = |m: LinearMethod| {
-                err(&quantize_linear(&wq, rows, cols, Some(&hq), &m)
-                    .unwrap()
-                    .dequantize())
-            };
-            let row = [
-                sc(LinearMethod {
-                    gptq: false,
-                    ..scalar(4, false)
-                }),
-                sc(scalar(4, false)),
-                sc(scalar(4, true)),
-                err(&vector_quantize(&wq, rows, cols, &hq, 256, false)),
-                err(&vector_quantize(&wq, rows, cols, &hq, 256, true)),
-                sc(scalar(3, true)),
-                err(&vector_quantize(&wq, rows, cols, &hq, 64, true)),
-            ];
-            print!("| {} |", slot.name);
-            row.iter().for_each(|e| print!(" {e:.5} |"));
-            println!();
-        }
+    header(heads.into_iter());
+    for (name, rows, cols, wq, hq) in projections(ckpt, stats, layers, roles) {
+        let err = |d: &[f32]| relative_output_error(&wq, d, rows, cols, &hq);
+        let sc = |m: LinearMethod| {
+            err(&quantize_linear(&wq, rows, cols, Some(&hq), &m)
+                .unwrap()
+                .dequantize())
+        };
+        let row = [
+            sc(LinearMethod {
+                gptq: false,
+                ..scalar(4, false)
+            }),
+            sc(scalar(4, false)),
+            sc(scalar(4, true)),
+            err(&vector_quantize(&wq, rows, cols, &hq, 256, false)),
+            err(&vector_quantize(&wq, rows, cols, &hq, 256, true)),
+            sc(scalar(3, true)),
+            err(&vector_quantize(&wq, rows, cols, &hq, 64, true)),
+        ];
+        print!("| {name} |");
+        row.iter().for_each(|e| print!(" {e:.5} |"));
+        println!();
     }
 }
 
