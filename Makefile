@@ -70,7 +70,7 @@ $(GGUF_7B_HEAD):
 	test -s $@
 
 # The whole product on the real model, with the default recipe (calibrated palettization; see
-# README "Quality"): budget, convert (the palettization summary), validate, and an answer.
+# docs/recipes.md): budget, convert (the palettization summary), validate, and an answer.
 DEMO_OUT   ?= out
 demo: build setup
 	$(MAKE) --no-print-directory model IMPORT_BIN=$(BIN)
@@ -106,7 +106,7 @@ fmt:
 clean-cache:
 	rm -rf $(CACHE)
 
-# The palettizer against coremltools' k-means on the real SmolLM2 projections (issue 4). The
+# The palettizer against coremltools' k-means on the real SmolLM2 projections. The
 # baseline needs kmeans1d and scikit-learn beside coremltools, so it gets its own venv.
 # HF2COREML_BENCH_SKLEARN=1 also times coremltools' scikit-learn path (minutes).
 BENCH_VENV := $(CACHE)/venv-bench-$(REQ_HASH)
@@ -122,21 +122,21 @@ $(BENCH_VENV)/.complete: python/requirements.txt
 bench-palettize: model $(BENCH_VENV)/.complete
 	HF2COREML_BENCH_PYTHON=$(BENCH_VENV)/bin/python $(CARGO) bench --locked --bench palettize_vs_coremltools
 
-# The README's quality table: every recipe/method on the real model, converted and validated
-# (about 3 minutes per row on 2 cores). Writes out/quality/quality.md.
+# The quality table of docs/recipes.md: every recipe/method on the real model, converted and
+# validated (about 3 minutes per row on 2 cores). Writes out/quality/quality.md.
 .PHONY: quality
 quality: build setup model
 	BIN=$(BIN) benches/quality.sh $(MODEL_DIR) out/quality
 
-# Issue 24 item 6: iOS18 grouped LUTs (group sizes, row scale, data-free/calibrated, 3-bit, mixes)
-# as real packages, each validated on prose and code (6-10 minutes per row on 2 cores).
+# iOS18 grouped LUTs (group sizes, row scale, data-free/calibrated, 3-bit, mixes) as real
+# packages, each validated on prose and code (6-10 minutes per row on 2 cores).
 # Writes out/quality_ios18/quality.md.
 .PHONY: quality-ios18
 quality-ios18: build setup model
 	BIN=$(BIN) benches/quality_ios18.sh $(MODEL_DIR) out/quality_ios18
 
 # End-to-end convert of the real model at S=512: wall time and peak RSS (/usr/bin/time -v), for
-# data-free 4-bit (issue 5's targets: 15 s, 1.5 GB) and for the default (calibrated) recipe.
+# data-free 4-bit (targets: 15 s, 1.5 GB) and for the default (calibrated) recipe.
 .PHONY: bench-convert
 bench-convert: build setup model
 	@echo "== data-free 4-bit"
@@ -144,7 +144,7 @@ bench-convert: build setup model
 	@echo "== default recipe"
 	BIN=$(BIN) benches/convert.sh $(MODEL_DIR)
 
-# Fuzz the readers of untrusted files (issue 10): fuzz/ is a cargo-fuzz crate outside the
+# Fuzz the readers of untrusted files (docs/testing.md): fuzz/ is a cargo-fuzz crate outside the
 # workspace. Each target runs FUZZ_SECONDS (default 180) from seeds built by examples/fuzz_seeds.rs.
 # Needs cargo-fuzz (installed here when missing); nightly, or stable with RUSTC_BOOTSTRAP=1. A crash stops the run
 # and leaves the input in fuzz/artifacts/TARGET/: copy it to tests/fuzz/TARGET/ so
@@ -170,7 +170,7 @@ fuzz:
 	  test -z "$$(ls artifacts/$$t 2>/dev/null)" || { echo "fuzz $$t: crash inputs in fuzz/artifacts/$$t" >&2; exit 1; }
 	done
 
-# Mutation testing of the core (issue 29): cargo-mutants over the k-means, the index packing, the
+# Mutation testing of the core (docs/testing.md): cargo-mutants over the k-means, the index packing, the
 # quality gates and the GGUF names and q/k permutation, each mutant judged by the unit tests of
 # those four files (`cargo test --lib`). Not part of `make test` or CI: about 560 mutants at
 # 20-40 s each on 2 cores. The sources are mutated in place (and restored): do not edit them

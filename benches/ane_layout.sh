@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# What `--layout ane` costs here (issue 23, item 4): SmolLM2-135M-Instruct converted in the
+# What `--layout ane` costs here: SmolLM2-135M-Instruct converted in the
 # default layout (the baseline) and in the ane layout in the same run, same recipe; for each:
 # ops in the program, weight bytes, package bytes (lint's summary), and the interpreter's
 # decode time per step (`run --json`, greedy, --ignore-eos, the same prompt), each median of
 # REPS runs. Prints one row per layout and the ane/default ratios. The interpreter is a CPU
 # reference: its times say what the extra ops cost here, not what either layout costs on a
-# device (no Neural Engine here; README, "The Neural Engine layout").
+# device (no Neural Engine here; docs/targets.md, "The Neural Engine layout").
 # Usage: BIN=target/debug/hf2coreml benches/ane_layout.sh MODEL_DIR [OUT_DIR]
 set -euo pipefail
 BIN=${BIN:-target/debug/hf2coreml}

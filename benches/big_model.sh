@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Convert a real-shaped preset (random bf16 weights, examples/synthetic_checkpoint --preset) into
-# a chain of packages and measure it (issue 22): wall time, peak RSS (/usr/bin/time -v) and the
+# a chain of packages and measure it: wall time, peak RSS (/usr/bin/time -v) and the
 # peak of anonymous memory (sampled from /proc/PID/status, as benches/peak_rss.sh does), the
 # parts and their sizes, then `validate --max-tokens 8` on the chain with its peak RSS.
-# The machine is shared: report the numbers with the load they were measured under.
+# The machine is shared: report the numbers with the load they were measured under
+# (docs/performance.md).
 #
 # usage: benches/big_model.sh [PRESET] [extra convert flags...]
 #   PRESET: llama-3.2-1b (default; 2.5 GB of bf16), llama-3.2-3b (6.4 GB), llama-3.1-8b,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end `convert` bench: wall time and peak RSS of converting the real model
-# (SmolLM2-135M, S=512 by default) with /usr/bin/time -v. Targets (issue 5): < 15 s, < 1.5 GB.
+# (SmolLM2-135M, S=512 by default) with /usr/bin/time -v. Targets: < 15 s, < 1.5 GB.
 #
 # usage: benches/convert.sh [MODEL_DIR] [extra convert flags...]
 # env:   HF2COREML_PYTHON_ENV (the venv with coremltools), BIN (default target/release/hf2coreml)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What palettizing the token embedding and lm_head costs (issue 22, item 4): real packages of
+# What palettizing the token embedding and lm_head costs: real packages of
 # SmolLM2-135M-Instruct (tied: one table) with the default recipe, the default with the table at
 # 8 and at 6 bits, calibrated-4bit, and large-model (calibrated-4bit with the table at 8 bits);
 # each validated against the float model on two texts of different kinds (prose:

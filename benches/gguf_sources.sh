@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What palettizing an already-quantized GGUF source costs (issue 25, item 5). SmolLM2-135M ships
+# What palettizing an already-quantized GGUF source costs. SmolLM2-135M ships
 # only as Q4_1, so its Q4_K_M-style and Q6_K-style versions are made from it with the test
 # fixtures' reference quantizers (examples/gguf_requantize.rs; llama.cpp's fallbacks apply:
 # rows of 576 are not a multiple of 256, so most q4_K become q5_0 and q6_K become q8_0).

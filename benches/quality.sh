@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make quality`: the README's quality table for a checkpoint (SmolLM2-135M-Instruct by default).
+# `make quality`: the quality table of docs/recipes.md for a checkpoint (SmolLM2-135M-Instruct by
+# default).
 # Each row converts a real package with one recipe (timed), then `validate`s it against the
 # checkpoint's float reference on the shipped evaluation text: package size, bits per weight
 # of the palettized projections, perplexity, mean KL(ref‖pkg), top-1 agreement, convert time.

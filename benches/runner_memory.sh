@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The runner at size (issue 22 item 6): `run` (and `validate --max-tokens 8`) on a converted
+# The runner at size: `run` (and `validate --max-tokens 8`) on a converted
 # package or chain, once with the weights read in place from the memory-mapped weight files
 # (the default) and once with --dense-weights (every weight decoded when the package loads:
 # the interpreter before packed weights), in the same run, under the same load. Prints wall

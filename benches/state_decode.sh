@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# What `--kv-cache state` saves in the interpreter (issue 24, item 4): SmolLM2-135M-Instruct
+# What `--kv-cache state` saves in the interpreter: SmolLM2-135M-Instruct
 # converted for iOS18 with the cache as inputs/outputs (io, the baseline) and as one state, same
 # recipe, in the same run; the interpreter's decode time per step (`run --json`, greedy,
 # --ignore-eos, the same prompt), median of REPS interleaved runs, at each S in SEQ_LENS. An io
 # step copies both caches into the program's inputs and the update rows back into the host
 # cache; a stateful step updates the state in place. Prints one row per S and mode, and the
 # state/io ratio. The interpreter is a CPU reference: on a device Core ML decides (Apple measured
-# 1.25 → 16.26 tok/s on an M1 Max GPU for Llama 3.1 8B; README, "Stateful KV cache").
+# 1.25 → 16.26 tok/s on an M1 Max GPU for Llama 3.1 8B; docs/targets.md, "Stateful KV cache").
 # Usage: BIN=target/debug/hf2coreml benches/state_decode.sh MODEL_DIR [OUT_DIR]
 set -euo pipefail
 BIN=${BIN:-target/debug/hf2coreml}

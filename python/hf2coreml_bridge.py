@@ -312,7 +312,7 @@ def _write_without_copies():
 
 # coremltools' own temporaries (ct.convert's /tmp/tmpXXXX.mlpackage, the size of the package)
 # go in this folder inside `out_dir`, the run's hidden .partial directory: Rust removes that
-# on failure and Ctrl-C, and the next run removes it after a SIGKILL (issue 27, item 10).
+# on failure and Ctrl-C, and the next run removes it after a SIGKILL (docs/safety.md).
 SCRATCH_NAME = ".coremltools-tmp"
 
 

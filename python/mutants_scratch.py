@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cheap mutation testing of the core files (issue 29): each mutant of `cargo mutants --list`
+"""Cheap mutation testing of the core files (docs/testing.md): each mutant of `cargo mutants --list`
 is applied to a scratch copy of its file, compiled alone with `rustc --test` against the
 dependency rlibs already in the target dir, and judged by that file's own unit tests.
 

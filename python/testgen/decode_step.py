@@ -1,4 +1,4 @@
-"""Build a tiny Llama-style contract-v1 decode step (docs/design.md, "The package contract") with
+"""Build a tiny Llama-style contract-v1 decode step (docs/contract.md; v1 has one logits output) with
 random weights, 4-bit LUT projections and the contract JSON in the metadata, and compute the
 float32 numpy logits of a token sequence with the same (dequantized) weights. For the
 interpreter's end-to-end StepModel test (tests/interp_step.rs).

@@ -1,4 +1,4 @@
-"""Write tiny random Hugging Face checkpoints of the 2026 architectures with transformers itself,
+"""Write tiny random Hugging Face checkpoints of the newer architectures with transformers itself,
 plus transformers' float32 logits for a fixed token sequence: the fixtures under
 tests/fixtures/hf/<arch>/ that tests/arch_*.rs hold the Rust reference and converted packages to.
 
