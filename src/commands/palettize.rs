@@ -26,7 +26,7 @@ pub struct RecipeArgs {
     /// Calibration text (UTF-8) for calibrated palettization: the reference forward pass runs
     /// over it once and the palettized projections are fitted to their real inputs. Turns
     /// calibration on (with the recipe's [calibration] settings, or all methods) and defaults
-    /// to the shipped fixtures/calibration.txt when the recipe calibrates.
+    /// to the shipped assets/calibration.txt when the recipe calibrates.
     #[arg(long, value_name = "FILE", conflicts_with = "data_free")]
     pub calibration: Option<PathBuf>,
     /// Palettize from the weights alone, ignoring the recipe's [calibration] table.

@@ -24,7 +24,7 @@ pub struct Args {
     /// files still hash as the package's contract records).
     #[arg(long)]
     pub against: Option<PathBuf>,
-    /// Text to evaluate on (default: the evaluation passage shipped in fixtures/).
+    /// Text to evaluate on (default: the evaluation passage shipped in assets/).
     #[arg(long)]
     pub text: Option<PathBuf>,
     /// A gate such as `kl_mean<0.3` or `top1>=0.85` (repeatable; default: per recipe kind).

@@ -447,7 +447,7 @@ pub fn scaling_for(precision: ComputePrecision, ranges: Option<&ActivationRanges
 }
 
 /// The calibration text shipped with the tool (also used by `reference` tests).
-pub const CALIBRATION_TEXT: &str = include_str!("../../fixtures/calibration.txt");
+pub const CALIBRATION_TEXT: &str = include_str!("../../assets/calibration.txt");
 
 /// Token ids of the calibration text: through the checkpoint's tokenizer.json when it has one;
 /// otherwise (test fixtures) its bytes modulo the vocabulary, which still drives every layer

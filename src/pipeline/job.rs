@@ -261,7 +261,7 @@ pub fn evaluation_text(path: Option<&Path>) -> Result<(String, String), JobError
         ),
         None => (
             crate::validate::run::EVALUATION_TEXT.to_string(),
-            "fixtures/evaluation.txt".to_string(),
+            "assets/evaluation.txt".to_string(),
         ),
     })
 }
