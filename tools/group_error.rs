@@ -1,4 +1,4 @@
-//! Issue 24: does a LUT per group of rows (iOS18 grouped palettization) lower a projection's
+//! Does a LUT per group of rows (iOS18 grouped palettization) lower a projection's
 //! output error against one LUT per tensor, fitted the same way? Palettizes a few real
 //! projections of a checkpoint with each method and prints the relative output error
 //! tr(ΔW·H·ΔWᵀ)/tr(W·H·Wᵀ) on the calibration text's float activations (H = XᵀX), inputs

@@ -1,4 +1,4 @@
-//! Method exploration for calibrated palettization (issue 7): quantize the checkpoint with
+//! Method exploration for calibrated palettization: quantize the checkpoint with
 //! several methods in the float model and compare each against the float reference on the
 //! evaluation text, without building packages.
 //!

@@ -31,4 +31,3 @@ fn file_name(p: &Path) -> String {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "out".into())
 }
-
