@@ -145,7 +145,7 @@ bench-convert: build setup model
 	BIN=$(BIN) benches/convert.sh $(MODEL_DIR)
 
 # Fuzz the readers of untrusted files (docs/testing.md): fuzz/ is a cargo-fuzz crate outside the
-# workspace. Each target runs FUZZ_SECONDS (default 180) from seeds built by examples/fuzz_seeds.rs.
+# workspace. Each target runs FUZZ_SECONDS (default 180) from seeds built by tools/fuzz_seeds.rs.
 # Needs cargo-fuzz (installed here when missing); nightly, or stable with RUSTC_BOOTSTRAP=1. A crash stops the run
 # and leaves the input in fuzz/artifacts/TARGET/: copy it to tests/fuzz/TARGET/ so
 # tests/fuzz_regressions.rs replays it in `make test`.

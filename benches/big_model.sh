@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Convert a real-shaped preset (random bf16 weights, examples/synthetic_checkpoint --preset) into
+# Convert a real-shaped preset (random bf16 weights, tools/synthetic_checkpoint.rs --preset) into
 # a chain of packages and measure it: wall time, peak RSS (/usr/bin/time -v) and the
 # peak of anonymous memory (sampled from /proc/PID/status, as benches/peak_rss.sh does), the
 # parts and their sizes, then `validate --max-tokens 8` on the chain with its peak RSS.

@@ -3,7 +3,7 @@
 # SmolLM2-135M-Instruct (tied: one table) with the default recipe, the default with the table at
 # 8 and at 6 bits, calibrated-4bit, and large-model (calibrated-4bit with the table at 8 bits);
 # each validated against the float model on two texts of different kinds (prose:
-# fixtures/evaluation.txt, code: fixtures/evaluation_code.txt). Prints one row per package and
+# assets/evaluation.txt, code: assets/evaluation_code.txt). Prints one row per package and
 # text: package size, mean KL, top-1, perplexity ratio, convert time.
 # Usage: BIN=target/debug/hf2coreml benches/embedding_luts.sh MODEL_DIR [OUT_DIR]
 # ROWS_ONLY="2 3" runs only those rows (1-based, in the order below).
@@ -42,7 +42,7 @@ for row in "${ROWS[@]}"; do
   "$BIN" convert "$MODEL" -o "$pkg" --max-seq-len "$S" --force --json "${flags[@]}" > "$OUT/e$i.convert.json"
   secs=$(( $(date +%s) - start ))
   size=$(jq -r '.package_bytes / 1048576 | . * 10 | round / 10' "$OUT/e$i.convert.json")
-  for text in fixtures/evaluation.txt fixtures/evaluation_code.txt; do
+  for text in assets/evaluation.txt assets/evaluation_code.txt; do
     kind=prose; [[ $text == *code* ]] && kind=code
     # validate exits 1 when a gate fails: the table reports the numbers either way.
     "$BIN" validate "$pkg" --against "$MODEL" --text "$text" --max-tokens "$TOKENS" --json \

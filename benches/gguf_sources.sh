@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # What palettizing an already-quantized GGUF source costs. SmolLM2-135M ships
 # only as Q4_1, so its Q4_K_M-style and Q6_K-style versions are made from it with the test
-# fixtures' reference quantizers (examples/gguf_requantize.rs; llama.cpp's fallbacks apply:
+# fixtures' reference quantizers (tools/gguf_requantize.rs; llama.cpp's fallbacks apply:
 # rows of 576 are not a multiple of 256, so most q4_K become q5_0 and q6_K become q8_0).
 # Each source is converted straight from its .gguf with RECIPE (default: the default recipe)
-# and validated against its own imported checkpoint, on fixtures/evaluation.txt and on a second
+# and validated against its own imported checkpoint, on assets/evaluation.txt and on a second
 # text of another kind (TEXT2, default README.md: technical prose with commands); the K
 # sources are also compared with the Q4_1 source (an all-fp16 package of each, validated
 # against the Q4_1 import: the KL between the sources themselves).
@@ -37,14 +37,14 @@ for s in q4_1 q4_k_m q6_k; do
   "$BIN" convert "$g" -o "$OUT/$s.mlpackage" --max-seq-len 512 --recipe "$RECIPE" --force 2> "$OUT/$s.convert.log"
   dir=$(entry "$g")
   for t in eval text2; do
-    text=fixtures/evaluation.txt; [ $t = text2 ] && text=$TEXT2
+    text=assets/evaluation.txt; [ $t = text2 ] && text=$TEXT2
     "$BIN" validate "$OUT/$s.mlpackage" --against "$dir" --text "$text" --max-tokens "$TOKENS" --json > "$OUT/$s.$t.json" || true
   done
   vs="-"
   if [ $s != q4_1 ]; then
     "$BIN" convert "$g" -o "$OUT/$s.fp16.mlpackage" --max-seq-len 512 --keep-fp16 '*' --force 2> /dev/null
     for t in eval text2; do
-      text=fixtures/evaluation.txt; [ $t = text2 ] && text=$TEXT2
+      text=assets/evaluation.txt; [ $t = text2 ] && text=$TEXT2
       "$BIN" validate "$OUT/$s.fp16.mlpackage" --against "$(entry "$OUT/q4_1.gguf")" --text "$text" --max-tokens "$TOKENS" --json > "$OUT/$s.src.$t.json" || true
     done
     vs="$(metrics "$OUT/$s.src.eval.json" | cut -d' ' -f1), $(metrics "$OUT/$s.src.text2.json" | cut -d' ' -f1)"

@@ -2,7 +2,7 @@
 # Issue 24 item 6: iOS18 grouped LUTs on a checkpoint (SmolLM2-135M-Instruct), as real packages.
 # Each row converts with a variant of configs/recipes/ios18-4bit.toml (timed), then `validate`s
 # the package against the checkpoint over TOKENS tokens of BOTH evaluation texts (prose:
-# fixtures/evaluation.txt, code: fixtures/evaluation_code.txt). Bits per weight are over the
+# assets/evaluation.txt, code: assets/evaluation_code.txt). Bits per weight are over the
 # palettized projections, LUTs and scales counted (the convert report's bytes_after).
 # Usage: BIN=target/release/hf2coreml benches/quality_ios18.sh MODEL_DIR [OUT_DIR]
 # ROWS_ONLY="5 3" runs only those rows (1-based numbers of the list below, in the order given) and
@@ -83,8 +83,8 @@ for i in ${ONLY:-$(seq ${#ROWS[@]})}; do
     | ($p | map(.bytes_after) | add) * 8 / ($p | map(.shape | reduce .[] as $d (1; . * $d)) | add)
     | . * 100 | round / 100' "$OUT/r$i.convert.json")
   for text in prose code; do
-    file=fixtures/evaluation.txt
-    [ "$text" = code ] && file=fixtures/evaluation_code.txt
+    file=assets/evaluation.txt
+    [ "$text" = code ] && file=assets/evaluation_code.txt
     v="$OUT/r$i.$text.json"
     # validate exits 1 when a gate fails: the table reports the numbers either way.
     "$BIN" validate "$pkg" --against "$MODEL" --max-tokens "$TOKENS" --text "$file" --json > "$v" || true

@@ -1,5 +1,5 @@
-//! hf2coreml: Hugging Face causal LMs → iOS17 Core ML ML Programs with palettized weights,
-//! a fixed max_sequence_length and a static KV cache, validated on any machine.
+//! hf2coreml: Hugging Face causal LMs → Core ML ML Programs (iOS17, iOS18) with palettized
+//! weights, a fixed max_sequence_length and a static KV cache, validated on any machine.
 //!
 //! The module tree is the pipeline, and data flows one way (docs/architecture.md):
 //! checkpoint → model → quant → graph → emit → mlpackage → runtime → validate, with
@@ -11,21 +11,35 @@ pub mod fsutil;
 pub mod progress;
 pub mod util;
 
-// The pipeline, lowest layer first.
-pub mod arch;
-pub mod budget;
-pub mod checkpoint;
-pub mod emit;
-pub mod graph;
-pub mod lint;
+// The pipeline, lowest layer first: a module imports only modules listed above it (the table
+// in docs/architecture.md says which). rustfmt sorts modules between comments, hence one each.
+// What builder, bridge and reader share: element types, ops, the contract.
 pub mod mil;
-pub mod mlpackage;
+// Architectures, tensor roles and names.
+pub mod arch;
+// Reading checkpoints: safetensors, config.json, GGUF.
+pub mod checkpoint;
+// The float reference.
 pub mod model;
-pub mod pipeline;
+// Palettization and recipes.
 pub mod quant;
+// The memory model and the split planner, beside the pipeline.
+pub mod budget;
+// The decoder-step graph.
+pub mod graph;
+// Serialization through coremltools.
+pub mod emit;
+// Reading packages back (it, lint, runtime and validate never import `graph` or `emit`).
+pub mod mlpackage;
+// Neural Engine readiness of a saved package.
+pub mod lint;
+// The interpreter and generation.
 pub mod runtime;
+// Checking a package against its checkpoint.
 pub mod validate;
-
+// Orchestration for the commands.
+pub mod pipeline;
+// Fixtures built in code and fuzz entry points (tests, benches, tools, the fuzz crate).
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 

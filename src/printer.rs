@@ -9,9 +9,9 @@ static VERBOSE: AtomicBool = AtomicBool::new(false);
 static BARS_OFF: AtomicBool = AtomicBool::new(false);
 
 /// Exit cleanly (code 3, one line on stderr) when writing results to stdout fails, e.g.
-/// `> /dev/full` (issue 27, item 13). Commands print their results with `println!`, which
-/// panics on a write error; this hook turns exactly that panic, wherever it happens, into
-/// an error message and exit code 3, and leaves every other panic to the default hook.
+/// `> /dev/full`. Commands print their results with `println!`, which panics on a write
+/// error; this hook turns exactly that panic, wherever it happens, into an error message and
+/// exit code 3, and leaves every other panic to the default hook.
 /// Outputs are committed before results are printed, so nothing is left half-written.
 pub fn exit_cleanly_on_stdout_errors() {
     let default = std::panic::take_hook();
@@ -74,9 +74,9 @@ pub fn detail(message: impl std::fmt::Display) {
 
 /// `text` with the characters a terminal would act on escaped as `\u{..}`: control
 /// characters other than newline and tab (ESC starts colour and cursor sequences, BEL rings)
-/// and the bidirectional overrides that reorder what is shown (issue 27, item 15). Messages
-/// quote names and values from files (config.json, packages, batch files): a file must not
-/// be able to drive the terminal.
+/// and the bidirectional overrides that reorder what is shown. Messages quote names and
+/// values from files (config.json, packages, batch files): a file must not be able to drive
+/// the terminal.
 pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     let acts = |c: char| {
         (c.is_control() && c != '\n' && c != '\t')

@@ -1,4 +1,5 @@
-//! Small pure helpers: a deterministic random generator, byte and count formatting.
+//! Small pure helpers: a deterministic random generator, byte and count formatting, sha256 as
+//! hex.
 
 /// A tiny deterministic generator (SplitMix64): the same numbers on every machine, for
 /// test fixtures and for fixed random choices the output depends on (the input rotation of
@@ -25,6 +26,15 @@ impl SplitMix64 {
         let u2 = self.uniform();
         (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
     }
+}
+
+/// sha256 of bytes, as lowercase hex (a file's: [`crate::fsutil::sha256_file`]).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Human-readable bytes (binary units): `1.50 GiB`.

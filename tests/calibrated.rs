@@ -10,7 +10,7 @@ use half::f16;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::plain::PlainModel;
 use hf2coreml::model::Reference;
-use hf2coreml::pipeline::convert as pipeline;
+use hf2coreml::pipeline::texts;
 use hf2coreml::quant::calibrated::LinearMethod;
 use hf2coreml::quant::sequential::{quantize_checkpoint, CalibratedWeights, SequentialOptions};
 use hf2coreml::runtime::interp::{Options, Package};
@@ -129,7 +129,7 @@ fn emitted_matches_calibrated_weights(model: TinyModel) {
     convert(dir.path(), &recipe(root.path(), cal), &pkg, &[]);
 
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+    let (calib, _) = texts::shipped_calibration_tokens(&ckpt).unwrap();
     let method = LinearMethod {
         row_groups: 2,
         ..LinearMethod::calibrated(4)
@@ -181,7 +181,7 @@ fn mixed_rows_package_matches_its_weights() {
     convert(dir.path(), &recipe(root.path(), cal), &pkg, &[]);
 
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+    let (calib, _) = texts::shipped_calibration_tokens(&ckpt).unwrap();
     let (weights, mut simulated) = every_projection(
         &ckpt,
         &calib,
@@ -242,7 +242,7 @@ fn rotated_package_matches_its_weights() {
             &[],
         );
         let ckpt = Checkpoint::open(dir.path()).unwrap();
-        let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+        let (calib, _) = texts::shipped_calibration_tokens(&ckpt).unwrap();
         let method = LinearMethod {
             rotate: true,
             ..LinearMethod::calibrated(4)
@@ -324,7 +324,7 @@ fn awq_at_8_bits_keeps_the_float_model() {
     let pkg = root.path().join("m.mlpackage");
     convert(dir.path(), &recipe, &pkg, &[]);
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+    let (calib, _) = texts::shipped_calibration_tokens(&ckpt).unwrap();
     let (weights, _) = quantize_checkpoint(
         &ckpt,
         &calib,
@@ -368,7 +368,7 @@ fn awq_folds_reach_projections_kept_fp16() {
     let pkg = root.path().join("m.mlpackage");
     convert(dir.path(), &recipe, &pkg, &[]);
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+    let (calib, _) = texts::shipped_calibration_tokens(&ckpt).unwrap();
     let palettized = |r: hf2coreml::arch::Role| {
         use hf2coreml::arch::Role;
         matches!(r, Role::Q | Role::O | Role::Down)
@@ -400,7 +400,7 @@ fn calibration_beats_data_free_at_the_same_bits() {
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let toks = tokens(model.vocab);
     let reference = Reference::load(&ckpt).unwrap().logits_all(&toks).unwrap();
-    let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
+    let (calib, _) = texts::shipped_calibration_tokens(&ckpt).unwrap();
     let kl = |method: LinearMethod| {
         let (_, mut m) = every_projection(&ckpt, &calib, method, &SequentialOptions::default());
         let rows: Vec<Vec<f32>> = m.logits_fresh(&toks).unwrap().to_vec2().unwrap();

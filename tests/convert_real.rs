@@ -57,7 +57,7 @@ fn smollm2_all_fp16_package_agrees_with_reference() {
     assert!(summary["outputs"]["tokenizer"].is_string());
 
     let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
-    let text = std::fs::read_to_string(Path::new(REPO).join("fixtures/evaluation.txt")).unwrap();
+    let text = std::fs::read_to_string(Path::new(REPO).join("assets/evaluation.txt")).unwrap();
     let mut tokens = tok.encode(text, false).unwrap().get_ids().to_vec();
     tokens.truncate(EVAL_TOKENS);
     let reference = Reference::load(&ckpt).unwrap().logits_all(&tokens).unwrap();

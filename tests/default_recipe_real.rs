@@ -20,7 +20,7 @@ const MAX_SEQ_LEN: &str = "192";
 /// fail a package whose calibration did nothing.
 const MAX_KL_MEAN: f64 = 0.02;
 const MIN_TOP1: f64 = 0.90;
-/// The same on a text of another kind, code (fixtures/evaluation_code.txt), over 160 tokens
+/// The same on a text of another kind, code (assets/evaluation_code.txt), over 160 tokens
 /// (2026-12-01): calibrated 6-bit KL 0.0207, top-1 0.956; data-free 6-bit KL 0.0735, top-1
 /// 0.863.
 const CODE_MAX_KL_MEAN: f64 = 0.035;
@@ -54,7 +54,7 @@ fn default_recipe_passes_its_gates_and_answers_paris() {
         .count();
     assert_eq!(lut, 7 * 30, "{tensors:?}");
 
-    let code = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/evaluation_code.txt");
+    let code = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/evaluation_code.txt");
     for (text, max_kl, min_top1) in [
         (None, MAX_KL_MEAN, MIN_TOP1),
         (Some(&code), CODE_MAX_KL_MEAN, CODE_MIN_TOP1),

@@ -44,7 +44,7 @@ fn greedy_answer_names_paris() {
 #[test]
 fn calibration_shows_massive_activations() {
     let (ckpt, tok) = open_model();
-    let text = include_str!("../fixtures/calibration.txt");
+    let text = include_str!("../assets/calibration.txt");
     let tokens = encode(&tok, text);
     let stats = calibrate(&ckpt, &tokens, &CalibrationOptions::default()).unwrap();
     let max = stats.max_abs_residual();
@@ -97,8 +97,8 @@ fn candle_and_plain_agree_on_the_real_model() {
 #[test]
 fn fixture_texts_have_their_intended_lengths() {
     let (_, tok) = open_model();
-    let calibration = encode(&tok, include_str!("../fixtures/calibration.txt")).len();
-    let evaluation = encode(&tok, include_str!("../fixtures/evaluation.txt")).len();
+    let calibration = encode(&tok, include_str!("../assets/calibration.txt")).len();
+    let evaluation = encode(&tok, include_str!("../assets/evaluation.txt")).len();
     eprintln!("calibration.txt {calibration} tokens, evaluation.txt {evaluation} tokens");
     // Calibrated palettization fits 2k-wide Hessians on it: thousands of tokens.
     assert!((4000..=6000).contains(&calibration), "{calibration}");
@@ -111,7 +111,7 @@ fn layerwise_reference_agrees_on_the_real_model() {
     // the whole model loaded at once: the plain backend (the same arithmetic) to f32 rounding,
     // candle (another implementation) as closely as the plain backend itself agrees with it.
     let (ckpt, tok) = open_model();
-    let tokens = encode(&tok, include_str!("../fixtures/evaluation_code.txt"));
+    let tokens = encode(&tok, include_str!("../assets/evaluation_code.txt"));
     let tokens = &tokens[..tokens.len().min(160)];
     let got = hf2coreml::model::layerwise::logits_layerwise(&ckpt, tokens, &mut |_| {}).unwrap();
     let plain = Reference::load_with(&ckpt, BackendChoice::Plain)

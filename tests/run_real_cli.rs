@@ -60,7 +60,7 @@ fn ids(v: &Value, key: &str) -> Vec<u64> {
 
 #[test]
 fn validate_rejects_data_free_4bit_and_reads_the_text_given() {
-    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/evaluation_code.txt");
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/evaluation_code.txt");
     let model = model_dir();
     let o = Command::new(BIN)
         .arg("validate")

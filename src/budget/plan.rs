@@ -10,7 +10,7 @@ use super::{compute, BudgetError, Limit};
 use crate::arch::{expected_tensors, ModelSpec, TensorSlot};
 use crate::checkpoint::gguf::{self, header::HeaderInfo};
 use crate::checkpoint::{has_weight_files, Checkpoint};
-use crate::quant::recipe::BUILTIN_RECIPES;
+use crate::quant::recipe::{RecipeFile, BUILTIN_RECIPES};
 use crate::quant::Recipe;
 
 /// Where a plan's shapes come from.
@@ -131,12 +131,13 @@ pub fn suggest(
     let per_part = super::chain::part_overhead_bytes(&input.spec, max_seq_len);
     let mut candidates = Vec::with_capacity(BUILTIN_RECIPES.len());
     for (name, text) in BUILTIN_RECIPES {
-        let recipe = Recipe::parse(text, &format!("configs/recipes/{name}.toml (built in)"))
+        let file = RecipeFile::parse(text, &format!("configs/recipes/{name}.toml (built in)"))
             .map_err(BudgetError::Recipe)?;
         // The plan is for the default target (iOS17): recipes for newer OSes are not offered.
-        if recipe.target() != crate::mil::contract::Target::Ios17 {
+        if file.package.target != crate::mil::contract::Target::Ios17 {
             continue;
         }
+        let recipe = file.recipe;
         let weights = input.weights_bytes(&recipe);
         let b = compute(&input.spec, weights, max_seq_len, query_len, limit);
         let units = super::chain::ModelBytes::measure(&input.spec, &input.slots, per_part, |s| {

@@ -56,7 +56,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub recipe: super::palettize::RecipeArgs,
+    pub recipe: super::args::RecipeArgs,
 }
 
 fn parse_margin(s: &str) -> Result<f64, String> {

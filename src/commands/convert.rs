@@ -5,11 +5,14 @@ use std::path::PathBuf;
 use crate::printer::Bars;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::emit::{EmitError, PythonEnv};
-use hf2coreml::pipeline::convert::{ComputePrecision, ConvertSummary, Outputs};
 use hf2coreml::pipeline::job::{Job, Plan};
+use hf2coreml::pipeline::options::ComputePrecision;
+use hf2coreml::pipeline::package_files::Outputs;
+use hf2coreml::pipeline::summary::ConvertSummary;
+use hf2coreml::quant::recipe::RecipeFile;
 use hf2coreml::util::{fmt_bytes, fmt_count};
 
-use super::palettize::RecipeArgs;
+use super::args::{KvCacheArg, LayoutArg, RecipeArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -32,7 +35,7 @@ pub struct Args {
     /// the Neural Engine's (B, C, 1, S) form: 1×1 convs, per-head attention, the same inputs
     /// and outputs (README, "The Neural Engine layout").
     #[arg(long, value_enum, value_name = "LAYOUT")]
-    pub layout: Option<super::palettize::LayoutArg>,
+    pub layout: Option<LayoutArg>,
     /// How the KV cache crosses the package boundary, overriding the recipe's `kv_cache`
     /// (default: io). `state` (needs --target ios18) keeps it inside Core ML as one state
     /// (`MLState`), for GPU and Mac targets (README, "Stateful KV cache").
@@ -83,41 +86,27 @@ pub struct Args {
     pub python_env: Option<PathBuf>,
 }
 
-/// `--kv-cache`: how the cache is passed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum KvCacheArg {
-    Io,
-    State,
-}
-
-impl From<KvCacheArg> for hf2coreml::mil::contract::KvCache {
-    fn from(k: KvCacheArg) -> Self {
-        match k {
-            KvCacheArg::Io => Self::Io,
-            KvCacheArg::State => Self::State,
-        }
-    }
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let RecipeFile {
+        recipe,
+        mut package,
+    } = args.recipe.load_file()?;
+    if let Some(l) = args.layout {
+        package.layout = l.into();
+    }
+    if let Some(k) = args.kv_cache {
+        package.kv_cache = k.into();
+    }
+    if let Some(q) = args.prefill_len {
+        package.prefill_len = Some(q);
+    }
     let job = Job {
         source: args.dir.clone(),
         output: args.output.clone(),
         max_seq_len: args.max_seq_len,
         query_len: args.query_len,
-        recipe: {
-            let mut r = args.recipe.load()?;
-            if let Some(l) = args.layout {
-                r = r.with_layout(l.into());
-            }
-            if let Some(k) = args.kv_cache {
-                r = r.with_kv_cache(k.into());
-            }
-            if let Some(q) = args.prefill_len {
-                r = r.with_prefill_len(q);
-            }
-            r
-        },
+        recipe,
+        package,
         calibration: args.recipe.calibration.clone(),
         compute_precision: args.compute_precision.into(),
         activation_ranges: args.activation_ranges.clone(),

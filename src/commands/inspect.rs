@@ -18,12 +18,12 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub recipe: super::palettize::RecipeArgs,
+    pub recipe: super::args::RecipeArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if is_chain(&args.dir) || args.dir.join("Manifest.json").is_file() {
-        if args.recipe != super::palettize::RecipeArgs::default() {
+        if args.recipe != super::args::RecipeArgs::default() {
             anyhow::bail!(
                 "{}: a saved package has its weights stored already: recipe options apply to \
                  checkpoints",

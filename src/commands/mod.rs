@@ -1,6 +1,7 @@
 //! One module per verb: its arguments, resolved into the library's settings; the library
 //! call; the printing.
 
+pub mod args;
 pub mod batch;
 pub mod budget;
 pub mod chat;

@@ -24,7 +24,7 @@ pub struct Args {
     /// files still hash as the package's contract records).
     #[arg(long)]
     pub against: Option<PathBuf>,
-    /// Text to evaluate on (default: the evaluation passage shipped in fixtures/).
+    /// Text to evaluate on (default: the evaluation passage shipped in assets/).
     #[arg(long)]
     pub text: Option<PathBuf>,
     /// A gate such as `kl_mean<0.3` or `top1>=0.85` (repeatable; default: per recipe kind).
@@ -70,7 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let ckpt = Checkpoint::open(&against)
         .with_context(|| format!("cannot read checkpoint {}", against.display()))?;
-    let (text, name) = hf2coreml::pipeline::job::evaluation_text(args.text.as_deref())?;
+    let (text, name) = hf2coreml::pipeline::texts::evaluation_text(args.text.as_deref())?;
     // An explicit --tokenizer, else the checkpoint's tokenizer.json, else (a checkpoint that
     // ships none, e.g. a test fixture) the text's bytes modulo the vocabulary, as `convert`
     // calibrates such checkpoints.
@@ -84,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let label = format!("{name}, {} tokens ({})", ids.len(), path.display());
             (ids, label)
         }
-        None => hf2coreml::pipeline::convert::text_tokens(&ckpt, &text, &name)?,
+        None => hf2coreml::pipeline::texts::text_tokens(&ckpt, &text, &name)?,
     };
     let opts = ValidateOptions {
         tokens: &tokens,
@@ -134,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// records them; else an error asking for `--against`.
 fn recorded_checkpoint(package: &Path) -> anyhow::Result<PathBuf> {
     let ask = |why: String| anyhow::anyhow!("{}: {why}; give --against DIR", package.display());
-    let Some(source) = hf2coreml::pipeline::convert::recorded_source(package) else {
+    let Some(source) = hf2coreml::pipeline::summary::recorded_source(package) else {
         return Err(ask(format!(
             "its report ({}) does not name the checkpoint it was converted from",
             hf2coreml::runtime::text::beside_package(package, "report.json").display()

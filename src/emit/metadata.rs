@@ -25,7 +25,7 @@ pub struct Metadata {
 pub const TOOL_KEY: &str = "hf2coreml.tool";
 
 impl Metadata {
-    /// Standard metadata for a contract-v1 package.
+    /// The metadata of a package of contract `c` (the contract's version is in it).
     pub fn for_contract(c: &Contract, model_name: &str) -> Result<Self, serde_json::Error> {
         let s = c.max_seq_len;
         let q = c.query_len;

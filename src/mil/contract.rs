@@ -41,7 +41,7 @@ impl Target {
         }
     }
 
-    /// Model.specificationVersion of its packages (FORMAT.md).
+    /// Model.specificationVersion of its packages (docs/reference/mlpackage-format.md).
     pub fn spec_version(self) -> i32 {
         match self {
             Target::Ios17 => 8,
@@ -289,7 +289,7 @@ pub fn resolve_prefill_len(
 }
 
 impl Contract {
-    /// The standard contract-v1 inputs and outputs for these dimensions.
+    /// The contract's inputs and outputs for these dimensions (the KV cache passed as I/O).
     pub fn io(
         s: usize,
         q: usize,

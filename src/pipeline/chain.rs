@@ -6,16 +6,18 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
-use super::convert::{
-    contract_for, dir_bytes, io_err, scaling_for, source_hashes, weight_bin, write_report,
-    write_sidecars, ConvertError, ConvertOptions, ConvertSummary, Outputs, StageTimes,
-};
+use super::contract::contract_for;
+use super::error::{io_err, ConvertError};
+use super::options::ConvertOptions;
+use super::package_files::{package_hashes, source_hashes, weight_bin, write_sidecars, Outputs};
+use super::ranges::scaling_for;
+use super::summary::{write_report, ConvertSummary, StageTimes};
 use super::weights::WeightStream;
 use crate::arch::{tensor_ids, ModelSpec, TensorId, TensorSlot};
 use crate::budget::chain::{self as planner, ChainPlan, ModelBytes, PartPlan};
 use crate::checkpoint::Checkpoint;
 use crate::emit::{EmitReport, Metadata};
-use crate::fsutil::AtomicDir;
+use crate::fsutil::{dir_bytes, AtomicDir};
 use crate::graph::llama::{self, Part};
 use crate::mil::chain::{ChainFile, ChainPart, CHAIN_FILE, CHAIN_FORMAT};
 use crate::mil::contract::Contract;
@@ -204,18 +206,6 @@ fn describe(
         sha256: BTreeMap::new(),
         bytes: 0,
     }
-}
-
-/// sha256 of a package's program and weights.
-fn package_hashes(package: &Path) -> Result<BTreeMap<String, String>, ConvertError> {
-    let model = package.join("Data/com.apple.CoreML/model.mlmodel");
-    let weights = weight_bin(package);
-    let mut out = BTreeMap::new();
-    out.insert("model.mlmodel".into(), super::convert::sha256_file(&model)?);
-    if weights.is_file() {
-        out.insert("weight.bin".into(), super::convert::sha256_file(&weights)?);
-    }
-    Ok(out)
 }
 
 /// Bytes of every part's weight.bin.

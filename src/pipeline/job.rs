@@ -8,10 +8,11 @@ use std::time::Instant;
 
 use thiserror::Error;
 
-use super::convert::{
-    self, ComputePrecision, ConvertError, ConvertOptions, ConvertSummary, Inputs, Outputs,
-    StageTimes,
-};
+use super::error::{io_err, ConvertError};
+use super::options::{ComputePrecision, ConvertOptions};
+use super::package_files::{source_hashes, Outputs};
+use super::summary::{ConvertSummary, Inputs, StageTimes};
+use super::texts::{self, TextError};
 use super::weights::WeightStream;
 use crate::arch::ModelSpec;
 use crate::budget::{self, Budget, BudgetError, Devices, Limit};
@@ -20,12 +21,10 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::emit::{EmitError, PythonEnv};
 use crate::error::{CheckFailed, ExitCode};
 use crate::graph::scaling::ActivationRanges;
+use crate::mil::PackageOptions;
 use crate::progress::Progress;
 use crate::quant::{self, QuantError, Recipe};
-use crate::util::{fmt_bytes, fmt_count};
-
-/// Largest `--calibration` text read (calibration uses a few thousand tokens of it).
-const MAX_CALIBRATION_BYTES: u64 = 64 << 20;
+use crate::util::{fmt_bytes, fmt_count, sha256_hex};
 
 /// A plan's shape that no package can have.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -182,18 +181,9 @@ pub enum JobError {
     Emit(#[from] EmitError),
     #[error(transparent)]
     Quant(#[from] QuantError),
-    #[error("cannot read calibration text {}", path.display())]
-    CalibrationText {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "the calibration text has {tokens} tokens; calibrated palettization needs at least \
-         {} (a few pages of varied text)",
-        MIN_CALIBRATION_TOKENS
-    )]
-    TooFewTokens { tokens: usize },
+    /// The calibration text cannot be read or is too short.
+    #[error(transparent)]
+    Text(#[from] TextError),
 }
 
 impl JobError {
@@ -207,65 +197,6 @@ impl JobError {
     }
 }
 
-/// Below this the input statistics of a 2k-wide projection are mostly noise.
-pub const MIN_CALIBRATION_TOKENS: usize = 256;
-
-/// Calibration token ids for `recipe` (empty when it does not calibrate): the `calibration`
-/// file or the shipped text, through the checkpoint's tokenizer, capped at the recipe's
-/// `[calibration] tokens`. The second value names the text, when there is one.
-pub fn calibration_tokens(
-    calibration: Option<&Path>,
-    recipe: &Recipe,
-    ckpt: &Checkpoint,
-) -> Result<(Vec<u32>, Option<String>), JobError> {
-    if !recipe.calibrates(&ckpt.slots()) {
-        return Ok((Vec::new(), None));
-    }
-    let (ids, source) = match calibration {
-        Some(path) => {
-            let text =
-                crate::fsutil::read_input_text(path, MAX_CALIBRATION_BYTES).map_err(|source| {
-                    JobError::CalibrationText {
-                        path: path.to_path_buf(),
-                        source,
-                    }
-                })?;
-            let label = path.display().to_string();
-            convert::text_tokens(ckpt, &text, &label)?
-        }
-        None => convert::calibration_tokens(ckpt)?,
-    };
-    let (ids, source) = match recipe.calibration().and_then(|c| c.tokens) {
-        Some(cap) if ids.len() > cap => {
-            (ids[..cap].to_vec(), format!("{source}, first {cap} used"))
-        }
-        _ => (ids, source),
-    };
-    if ids.len() < MIN_CALIBRATION_TOKENS {
-        return Err(JobError::TooFewTokens { tokens: ids.len() });
-    }
-    Ok((ids, Some(source)))
-}
-
-/// The evaluation text `validate` reads (the shipped passage by default) and its name.
-pub fn evaluation_text(path: Option<&Path>) -> Result<(String, String), JobError> {
-    Ok(match path {
-        Some(p) => (
-            crate::fsutil::read_input_text(p, MAX_CALIBRATION_BYTES).map_err(|source| {
-                JobError::Read {
-                    path: p.to_path_buf(),
-                    source,
-                }
-            })?,
-            p.display().to_string(),
-        ),
-        None => (
-            crate::validate::run::EVALUATION_TEXT.to_string(),
-            "fixtures/evaluation.txt".to_string(),
-        ),
-    })
-}
-
 /// One conversion, as `convert` and `batch` run it: the source, the output, the settings.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -276,6 +207,8 @@ pub struct Job {
     pub query_len: usize,
     /// The recipe with every flag applied.
     pub recipe: Recipe,
+    /// How the package is built: the recipe file's options with every flag applied.
+    pub package: PackageOptions,
     /// Calibration text (default: the shipped one), used when the recipe calibrates.
     pub calibration: Option<PathBuf>,
     pub compute_precision: ComputePrecision,
@@ -303,6 +236,11 @@ pub struct Plan {
     pub budget: Option<Budget>,
 }
 
+/// sha256 of an input file, as a [`ConvertError`] naming it when it cannot be read.
+fn hash_file(path: &Path) -> Result<String, ConvertError> {
+    crate::fsutil::sha256_file(path).map_err(io_err(path))
+}
+
 fn open_checkpoint(dir: &Path, named: &Path) -> Result<Checkpoint, JobError> {
     Checkpoint::open(dir).map_err(|source| JobError::Open {
         path: named.to_path_buf(),
@@ -314,8 +252,8 @@ impl Job {
     /// Checks that need no input file: the shape, the output name, a writable output place.
     pub fn check(&self) -> Result<(), JobError> {
         check_shape(self.max_seq_len, self.query_len)?;
-        let r = &self.recipe;
-        crate::graph::llama::check_kv_cache(r.kv_cache(), r.target(), r.layout(), true)
+        let p = &self.package;
+        crate::graph::llama::check_kv_cache(p.kv_cache, p.target, p.layout, true)
             .map_err(ConvertError::Graph)?;
         self.prefill_len()?;
         crate::fsutil::refuse_output_over_input(&self.source, &self.output)
@@ -329,8 +267,8 @@ impl Job {
     /// The prefill function's Q (0: one function), see [`check_prefill`].
     pub fn prefill_len(&self) -> Result<usize, ShapeError> {
         check_prefill(
-            self.recipe.target(),
-            self.recipe.prefill_len(),
+            self.package.target,
+            self.package.prefill_len,
             self.query_len,
             self.max_seq_len,
         )
@@ -445,19 +383,19 @@ impl Job {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            BTreeMap::from([(name, convert::sha256_file(&self.source)?)])
+            BTreeMap::from([(name, hash_file(&self.source)?)])
         } else {
             let ckpt = open_checkpoint(&self.source, &self.source)?;
-            convert::source_hashes(&ckpt)?
+            source_hashes(&ckpt)?
         };
         let calibration = match (&self.calibration, self.recipe.calibration()) {
             (_, None) => None,
-            (Some(p), Some(_)) => Some(convert::sha256_file(p)?),
-            (None, Some(_)) => Some(convert::sha256_hex(convert::CALIBRATION_TEXT.as_bytes())),
+            (Some(p), Some(_)) => Some(hash_file(p)?),
+            (None, Some(_)) => Some(sha256_hex(texts::CALIBRATION_TEXT.as_bytes())),
         };
         let ranges = match (&self.activation_ranges, self.no_range_scaling) {
             (_, true) => serde_json::json!("off"),
-            (Some(p), false) => serde_json::json!(convert::sha256_file(p)?),
+            (Some(p), false) => serde_json::json!(hash_file(p)?),
             (None, false) => serde_json::json!("measured"),
         };
         let mut settings = BTreeMap::from([
@@ -484,7 +422,7 @@ impl Job {
         }
         Ok(Inputs::new(
             sources,
-            self.recipe.to_toml(),
+            self.recipe.to_toml(&self.package),
             calibration,
             settings,
         ))
@@ -511,7 +449,10 @@ impl Job {
         }
         let ckpt = &opened.ckpt;
         self.plan(ckpt)?;
-        if let Some(conflict) = self.recipe.target_conflict(&ckpt.slots()) {
+        if let Some(conflict) = self
+            .recipe
+            .target_conflict(self.package.target, &ckpt.slots())
+        {
             return Err(ConvertError::Target(conflict).into());
         }
         // NaN/Inf weights would poison every output; refuse them before any work.
@@ -541,7 +482,7 @@ impl Job {
         let weights = self.weights(ckpt, progress, &tensor_done)?;
         let applied = serde_json::json!({
             "origin": self.recipe.origin(),
-            "toml": self.recipe.to_toml(),
+            "toml": self.recipe.to_toml(&self.package),
             "tensors": weights
                 .report()
                 .tensors
@@ -560,12 +501,12 @@ impl Job {
             python_env,
             inputs: Some(inputs),
             max_package_size: Some(self.package_limit()?),
-            target: self.recipe.target(),
-            layout: self.recipe.layout(),
-            kv_cache: self.recipe.kv_cache(),
+            target: self.package.target,
+            layout: self.package.layout,
+            kv_cache: self.package.kv_cache,
             prefill_len: self.prefill_len()?,
         };
-        Ok(convert::convert(
+        Ok(super::convert::convert(
             ckpt, &opts, weights, applied, times, progress,
         )?)
     }
@@ -616,7 +557,7 @@ impl Job {
         let t = Instant::now();
         progress.begin("ranges", 1);
         progress.working_on("reference forward pass on calibration text");
-        let r = convert::measure_ranges(ckpt);
+        let r = super::ranges::measure_ranges(ckpt);
         if r.is_ok() {
             progress.advance(1);
         }
@@ -640,10 +581,11 @@ impl Job {
         progress: &dyn Progress,
         tensor_done: &'a (dyn Fn(&quant::TensorReport) + Sync),
     ) -> Result<WeightStream<'a>, JobError> {
-        let (tokens, source) = calibration_tokens(self.calibration.as_deref(), &self.recipe, ckpt)?;
+        let (tokens, source) =
+            texts::calibration_tokens(self.calibration.as_deref(), &self.recipe, ckpt)?;
         match &source {
             // Byte tokens are not what the model reads: say so by default, on one line.
-            Some(source) if source.contains(convert::BYTE_TOKENS) => progress.note(&format!(
+            Some(source) if source.contains(texts::BYTE_TOKENS) => progress.note(&format!(
                 "calibrating on {source}: without a tokenizer the statistics come from raw \
                  bytes, not the model's tokens; add tokenizer.json for a faithful calibration"
             )),
@@ -679,6 +621,7 @@ mod tests {
             max_seq_len: 16,
             query_len: 1,
             recipe: Recipe::default(),
+            package: PackageOptions::default(),
             calibration: None,
             compute_precision: ComputePrecision::Fp16,
             activation_ranges: None,

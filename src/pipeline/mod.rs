@@ -1,10 +1,23 @@
 //! Orchestration: the library's own API for what the commands do. Typed settings in, results
 //! out, progress and notes through [`crate::progress::Progress`]; no argument parsing and no
 //! printing.
+//!
+//! Each file imports only those listed before it: `texts` (the calibration and evaluation
+//! texts), `error`, `package_files` (sidecars and hashes), `summary` (the report and the
+//! recorded inputs), `options`, `contract`, `ranges` (fp16 range safety), `weights` (what a
+//! package stores), `chain`, `convert`, `inspect`, `job` (one conversion as the commands run
+//! it), `batch`.
 
 pub mod batch;
 pub mod chain;
+pub mod contract;
 pub mod convert;
+pub mod error;
 pub mod inspect;
 pub mod job;
+pub mod options;
+pub mod package_files;
+pub mod ranges;
+pub mod summary;
+pub mod texts;
 pub mod weights;

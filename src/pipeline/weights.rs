@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use half::f16;
 
-use super::convert::ConvertError;
+use super::error::ConvertError;
 use crate::arch::TensorSlot;
 use crate::checkpoint::Checkpoint;
 use crate::graph::Weight;

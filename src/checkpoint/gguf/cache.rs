@@ -28,14 +28,6 @@ pub fn cache_root() -> PathBuf {
         .join(".cache/hf2coreml")
 }
 
-/// sha256 of a file's contents, as hex.
-pub fn sha256_file(path: &Path) -> Result<String, GgufError> {
-    crate::fsutil::sha256_file(path).map_err(|source| GgufError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
 /// Where the checkpoint imported from a file with content hash `sha256` lives.
 pub fn entry_for(sha256: &str) -> PathBuf {
     cache_root().join("imported").join(sha256)
@@ -53,7 +45,10 @@ pub struct Cached {
 /// The checkpoint imported from `src`: the cached one when its content was imported before,
 /// else imported now into the cache.
 pub fn import_cached(src: &Path, progress: &dyn Progress) -> Result<Cached, GgufError> {
-    let sha256 = sha256_file(src)?;
+    let sha256 = crate::fsutil::sha256_file(src).map_err(|source| GgufError::Io {
+        path: src.to_path_buf(),
+        source,
+    })?;
     let dir = entry_for(&sha256);
     if dir.join("config.json").is_file() {
         return Ok(Cached {

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use toml::Spanned;
 
-use crate::pipeline::convert::ComputePrecision;
+use crate::pipeline::options::ComputePrecision;
+use crate::quant::recipe::RecipeFile;
 use crate::quant::Recipe;
 use crate::validate::gates::Gate;
 
@@ -66,13 +67,13 @@ pub enum RecipeSource {
 }
 
 impl RecipeSource {
-    /// The recipe itself.
-    pub fn load(&self) -> Result<Recipe, crate::quant::QuantError> {
+    /// The recipe itself, with the package options it sets.
+    pub fn load(&self) -> Result<RecipeFile, crate::quant::QuantError> {
         match self {
-            RecipeSource::Default => Ok(Recipe::default()),
-            RecipeSource::Builtin(name) => Recipe::from_file_or_name(Path::new(name)),
-            RecipeSource::File(path) => Recipe::from_file(path),
-            RecipeSource::Inline { toml, origin } => Recipe::parse(toml, origin),
+            RecipeSource::Default => Ok(RecipeFile::default()),
+            RecipeSource::Builtin(name) => RecipeFile::from_file_or_name(Path::new(name)),
+            RecipeSource::File(path) => RecipeFile::from_file(path),
+            RecipeSource::Inline { toml, origin } => RecipeFile::parse(toml, origin),
         }
     }
 
@@ -798,8 +799,7 @@ fn check_unique(path: &Path, exports: &[Export]) -> Result<(), BatchError> {
     let mut outputs: BTreeMap<PathBuf, &Export> = BTreeMap::new();
     let mut names: BTreeMap<&str, &Export> = BTreeMap::new();
     for e in exports {
-        // Compared resolved: `o/./x/../a` and a symlinked folder name the same package
-        // (issue 27, item 11).
+        // Compared resolved: `o/./x/../a` and a symlinked folder name the same package.
         let key = crate::fsutil::resolved(&e.output).unwrap_or_else(|_| e.output.clone());
         if let Some(first) = outputs.insert(key, e) {
             return Err(BatchError::Invalid {
@@ -925,7 +925,7 @@ recipe = [{ name = "fp16", default = "fp16" }, { default = { palettize = { nbits
         .unwrap();
         let names: Vec<&str> = b.exports.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["o-fp16", "o-inline2"]);
-        let r = b.exports[1].recipe.load().unwrap();
+        let r = b.exports[1].recipe.load().unwrap().recipe;
         assert!(r
             .origin()
             .contains("batch.toml:2 (inline recipe `inline2`)"));

@@ -15,8 +15,11 @@ use super::report::{BatchReport, Counts, ExportReport, Status, Validation, REPOR
 use crate::emit::when_output_is_ours;
 use crate::error::ExitCode;
 use crate::fsutil::{atomic_write, AtomicDir};
-use crate::pipeline::convert::{self, ConvertError, ConvertSummary, Inputs, Outputs};
-use crate::pipeline::job::{self, Job, JobError, Opened};
+use crate::pipeline::error::ConvertError;
+use crate::pipeline::job::{Job, JobError, Opened};
+use crate::pipeline::package_files::Outputs;
+use crate::pipeline::summary::{write_report, ConvertSummary, Inputs};
+use crate::pipeline::texts;
 use crate::progress::Progress;
 use crate::quant::QuantError;
 use crate::runtime::interp::{Compute, Options};
@@ -343,7 +346,7 @@ fn copy_package(
     let mut summary = from.clone();
     summary.outputs = outputs;
     summary.inputs = Some(inputs);
-    convert::write_report(&summary)?;
+    write_report(&summary)?;
     Ok(summary)
 }
 
@@ -357,7 +360,7 @@ pub fn run_one(
     progress: &dyn Progress,
     report: &mut ExportReport,
 ) -> Result<(), ExportError> {
-    let recipe = export.recipe.load().map_err(|source| ExportError::Recipe {
+    let file = export.recipe.load().map_err(|source| ExportError::Recipe {
         name: export.name.clone(),
         source: Box::new(source),
     })?;
@@ -366,7 +369,8 @@ pub fn run_one(
         output: export.output.clone(),
         max_seq_len: export.max_seq_len,
         query_len: export.query_len,
-        recipe,
+        recipe: file.recipe,
+        package: file.package,
         calibration: export.calibration.clone(),
         compute_precision: export.compute_precision,
         activation_ranges: None,
@@ -462,11 +466,11 @@ fn validation(
     opened: Option<Opened>,
     progress: &dyn Progress,
 ) -> Result<Validation, ExportError> {
-    let (text, text_name) = job::evaluation_text(spec.text.as_deref())?;
+    let (text, text_name) = texts::evaluation_text(spec.text.as_deref()).map_err(JobError::from)?;
     let request = serde_json::json!({
         "gates": spec.gates,
         "max_tokens": spec.max_tokens,
-        "text": convert::sha256_hex(text.as_bytes()),
+        "text": crate::util::sha256_hex(text.as_bytes()),
     });
     let record_path = validation_path(&outputs.package);
     if let Some(previous) = std::fs::read_to_string(&record_path)
@@ -488,7 +492,8 @@ fn validation(
         .iter()
         .map(|g| g.parse::<Gate>())
         .collect::<Result<Vec<_>, _>>()?;
-    let (tokens, label) = convert::text_tokens(&opened.ckpt, &text, &text_name)?;
+    let (tokens, label) =
+        texts::text_tokens(&opened.ckpt, &text, &text_name).map_err(ConvertError::from)?;
     let opts = ValidateOptions {
         tokens: &tokens,
         text_name: &label,

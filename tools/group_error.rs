@@ -1,11 +1,11 @@
-//! Issue 24: does a LUT per group of rows (iOS18 grouped palettization) lower a projection's
+//! Does a LUT per group of rows (iOS18 grouped palettization) lower a projection's
 //! output error against one LUT per tensor, fitted the same way? Palettizes a few real
 //! projections of a checkpoint with each method and prints the relative output error
 //! tr(ΔW·H·ΔWᵀ)/tr(W·H·Wᵀ) on the calibration text's float activations (H = XᵀX), inputs
 //! rotated as `rotate = true` does (W·Q against QᵀHQ). Layer by layer, not the model.
 //!
 //! cargo run --release --example group_error -- MODEL_DIR [LAYER...]
-//! CALIB_TOKENS=N: calibrate on the first N tokens of fixtures/calibration.txt (default all).
+//! CALIB_TOKENS=N: calibrate on the first N tokens of assets/calibration.txt (default all).
 //! VECTOR=1: instead, iOS18's vector LUTs against scalar ones at the same bits per weight: one
 //! table of 2-vectors (pairs of neighbouring input channels) per tensor, 256 entries (8-bit
 //! indices: 4 bits per weight) or 64 (3 bits), fitted by k-means weighted by E[x²] per channel
@@ -55,7 +55,7 @@ fn main() {
     let ckpt = Checkpoint::open(dir).unwrap();
     let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     let mut calib = tok
-        .encode(include_str!("../fixtures/calibration.txt"), false)
+        .encode(include_str!("../assets/calibration.txt"), false)
         .unwrap()
         .get_ids()
         .to_vec();

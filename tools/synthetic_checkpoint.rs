@@ -1,4 +1,4 @@
-//! Write a random checkpoint for resource measurements (benches/peak_rss.sh, issue 22):
+//! Write a random checkpoint for resource measurements (benches/peak_rss.sh, big_model.sh):
 //!
 //! - `synthetic_checkpoint OUT_DIR LAYERS HIDDEN INTERMEDIATE VOCAB`: a Llama of a chosen
 //!   size (bf16, GQA 4:1, tied embeddings), one file.

@@ -1,4 +1,4 @@
-//! Method exploration for calibrated palettization (issue 7): quantize the checkpoint with
+//! Method exploration for calibrated palettization: quantize the checkpoint with
 //! several methods in the float model and compare each against the float reference on the
 //! evaluation text, without building packages.
 //!
@@ -37,7 +37,7 @@ fn main() {
     // the calibration data?).
     let mut calib = match std::env::var("CALIB_FILE") {
         Ok(f) => enc(&std::fs::read_to_string(f).unwrap()),
-        Err(_) => enc(include_str!("../fixtures/calibration.txt")),
+        Err(_) => enc(include_str!("../assets/calibration.txt")),
     };
     if let Ok(n) = std::env::var("CALIB_TOKENS") {
         calib.truncate(n.parse().unwrap());
@@ -45,7 +45,7 @@ fn main() {
     // EVAL_FILE: evaluate on another text (e.g. the calibration text: does a method overfit?).
     let mut eval = match std::env::var("EVAL_FILE") {
         Ok(f) => enc(&std::fs::read_to_string(f).unwrap()),
-        Err(_) => enc(include_str!("../fixtures/evaluation.txt")),
+        Err(_) => enc(include_str!("../assets/evaluation.txt")),
     };
     eval.truncate(1024);
     eprintln!(

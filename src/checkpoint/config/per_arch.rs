@@ -1,0 +1,433 @@
+//! The config.json fields only some architectures have: Gemma 3's own settings (and the
+//! refusal of its multimodal config), Phi-3's LongRoPE and partial rotary factor, SmolLM3's
+//! blocks without RoPE. The keys every architecture shares are read in [`super`].
+
+use super::{parse_rope_scaling, ConfigError, RawConfig};
+use crate::arch::{Architecture, GemmaSpec, RopeScaling};
+
+/// The multimodal Gemma 3 config (`Gemma3ForConditionalGeneration`, model_type `gemma3`) is
+/// refused, saying what is missing: its text model's fields are nested under `text_config` and
+/// its tensors named `language_model.*` beside a vision tower.
+pub(super) fn refuse_multimodal_gemma(raw: &RawConfig) -> Result<(), ConfigError> {
+    let arch = raw.architectures.as_ref().and_then(|a| a.first());
+    let multimodal = arch.is_some_and(|a| a == "Gemma3ForConditionalGeneration")
+        || (arch.is_none() && raw.model_type.as_deref() == Some("gemma3"));
+    if multimodal {
+        return Err(ConfigError::Invalid(
+            "`Gemma3ForConditionalGeneration` (model_type `gemma3`) is Gemma 3 with a vision \
+             tower: hf2coreml converts the text model only (Gemma3ForCausalLM, model_type \
+             `gemma3_text`) and does not read a nested `text_config` nor the \
+             `language_model.*` tensor names; save the text model on its own first"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Gemma 3's global RoPE from transformers 5's per-layer-type `rope_parameters`
+/// (`full_attention`), if that is how the config gives it; `None` otherwise (top-level
+/// `rope_theta` and `rope_scaling`, transformers 4: then Gemma's default base is 10^6).
+pub(super) fn gemma_global_rope(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    architecture: Architecture,
+) -> Result<Option<(f64, RopeScaling)>, ConfigError> {
+    if architecture != Architecture::Gemma3 {
+        return Ok(None);
+    }
+    let Some(full) = rope_params.and_then(|p| p.get("full_attention")) else {
+        let theta = raw.rope_theta.unwrap_or(1_000_000.0);
+        let scaling = parse_rope_scaling(raw.rope_scaling.as_ref().filter(|v| v.is_object()))?;
+        // LongRoPE (None here) is Phi-3's: refused for Gemma.
+        let scaling = scaling.ok_or_else(|| gemma_unhonoured("rope_scaling", "longrope"))?;
+        return Ok(Some((theta, scaling)));
+    };
+    let theta = positive(
+        full.get("rope_theta"),
+        "rope_parameters.full_attention.rope_theta",
+    )?;
+    let scaling = parse_rope_scaling(Some(full))?
+        .ok_or_else(|| gemma_unhonoured("rope_parameters.full_attention", "longrope"))?;
+    Ok(Some((theta, scaling)))
+}
+
+fn gemma_unhonoured(key: &str, value: &str) -> ConfigError {
+    ConfigError::Unhonoured {
+        key: key.into(),
+        value: value.into(),
+        architecture: Architecture::Gemma3.hf_name().into(),
+        supported: "default or linear RoPE on global blocks, default on sliding blocks".into(),
+    }
+}
+
+/// A positive finite number, or an error naming `key` (absent included).
+fn positive(v: Option<&serde_json::Value>, key: &str) -> Result<f64, ConfigError> {
+    match v.and_then(|v| v.as_f64()) {
+        Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Some(x) => Err(format!("`{key}` ({x}) must be a positive number").into()),
+        None => Err(ConfigError::Missing(key.into())),
+    }
+}
+
+/// Gemma 3's own fields: the activation (tanh GELU only), `query_pre_attn_scalar`, the local
+/// RoPE base, which blocks are windowed (`layer_types`, or transformers 4's
+/// `sliding_window_pattern`: every block but each pattern-th) and the embedding scale.
+pub(super) fn gemma(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    layers: usize,
+    hidden: usize,
+) -> Result<GemmaSpec, ConfigError> {
+    let rest = &raw.rest;
+    for key in ["hidden_activation", "hidden_act"] {
+        match rest.get(key) {
+            None | Some(serde_json::Value::Null) => {}
+            Some(v) if v.as_str() == Some("gelu_pytorch_tanh") => {}
+            Some(v) => {
+                return Err(ConfigError::Unhonoured {
+                    key: key.into(),
+                    value: v.to_string(),
+                    architecture: Architecture::Gemma3.hf_name().into(),
+                    supported: "gelu_pytorch_tanh".into(),
+                })
+            }
+        }
+    }
+    let scalar = match rest.get("query_pre_attn_scalar") {
+        None | Some(serde_json::Value::Null) => 256.0,
+        v => positive(v, "query_pre_attn_scalar")?,
+    };
+    let local_rope_theta = match rope_params.and_then(|p| p.get("sliding_attention")) {
+        Some(local) => {
+            let kind = local.get("rope_type").and_then(|v| v.as_str());
+            if !matches!(kind, None | Some("default")) {
+                return Err(gemma_unhonoured(
+                    "rope_parameters.sliding_attention.rope_type",
+                    kind.unwrap_or_default(),
+                ));
+            }
+            positive(
+                local.get("rope_theta"),
+                "rope_parameters.sliding_attention.rope_theta",
+            )?
+        }
+        None => match rest.get("rope_local_base_freq") {
+            None | Some(serde_json::Value::Null) => 10_000.0,
+            v => positive(v, "rope_local_base_freq")?,
+        },
+    };
+    let sliding_layers = match &raw.layer_types {
+        Some(types) if types.len() != layers => {
+            return Err(format!(
+                "`layer_types` has {} entries for {layers} layers",
+                types.len()
+            )
+            .into())
+        }
+        Some(types) => (0..layers)
+            .filter(|&l| types[l] == "sliding_attention")
+            .collect(),
+        None => {
+            let every = match rest.get("sliding_window_pattern") {
+                None | Some(serde_json::Value::Null) => 6,
+                Some(v) => match v.as_u64() {
+                    Some(n) if n > 0 => n as usize,
+                    _ => return Err(ConfigError::NotPositive("sliding_window_pattern".into())),
+                },
+            };
+            (0..layers).filter(|l| (l + 1) % every != 0).collect()
+        }
+    };
+    let root = (hidden as f64).sqrt();
+    let dtype = raw.dtype.as_deref().or(raw.torch_dtype.as_deref());
+    let embedding_scale = match dtype {
+        Some("bfloat16") => half::bf16::from_f64(root).to_f64(),
+        Some("float16") => half::f16::from_f64(root).to_f64(),
+        _ => root as f32 as f64,
+    };
+    Ok(GemmaSpec {
+        query_pre_attn_scalar: scalar,
+        local_rope_theta,
+        sliding_layers,
+        embedding_scale,
+    })
+}
+
+/// Phi-3's LongRoPE (`rope_scaling` type `longrope` or its old name `su`; other types pass
+/// through): the factors (one per rotated pair), the original context (in `rope_scaling` /
+/// `rope_parameters` or at the top level) and the attention factor, derived as transformers'
+/// `_compute_longrope_parameters` does when not given.
+pub(super) fn long_rope(
+    obj: Option<&serde_json::Value>,
+    parsed: Option<RopeScaling>,
+    raw: &RawConfig,
+    architecture: Architecture,
+    (rotary_dim, max_positions): (usize, usize),
+) -> Result<RopeScaling, ConfigError> {
+    if let Some(other) = parsed {
+        return Ok(other);
+    }
+    let obj = obj.expect("LongRoPE is only parsed from a rope object");
+    if architecture != Architecture::Phi3 {
+        return Err(ConfigError::Unhonoured {
+            key: "rope_scaling".into(),
+            value: "longrope".into(),
+            architecture: architecture.hf_name().into(),
+            supported: "none, linear, llama3 (longrope: Phi3ForCausalLM)".into(),
+        });
+    }
+    let factors = |key: &str| -> Result<Vec<f64>, ConfigError> {
+        let list = obj.get(key).and_then(|v| v.as_array());
+        let values: Option<Vec<f64>> = list.and_then(|a| a.iter().map(|v| v.as_f64()).collect());
+        match values {
+            Some(v) if v.len() == rotary_dim / 2 && v.iter().all(|f| f.is_finite() && *f > 0.0) => {
+                Ok(v)
+            }
+            _ => Err(format!(
+                "`rope_scaling.{key}` must hold {} positive numbers (one per rotated pair)",
+                rotary_dim / 2
+            )
+            .into()),
+        }
+    };
+    let original = obj
+        .get("original_max_position_embeddings")
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+        .or(raw.original_max_position_embeddings)
+        .filter(|&n| n > 1)
+        .ok_or_else(|| ConfigError::Missing("original_max_position_embeddings".into()))?;
+    let number = |key: &str| obj.get(key).and_then(|v| v.as_f64());
+    let factor = number("factor").unwrap_or(max_positions as f64 / original as f64);
+    let attention_factor = match number("attention_factor") {
+        Some(a) => a,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope {
+        short_factor: factors("short_factor")?,
+        long_factor: factors("long_factor")?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    })
+}
+
+/// Phi-3's `partial_rotary_factor` (top level in transformers 4, in `rope_parameters` in 5):
+/// RoPE rotates the first `int(head_dim × factor)` dimensions of each head, as transformers
+/// rounds it. 1.0 or absent is the whole head; another value on another architecture is refused.
+pub(super) fn partial_rotary_dim(
+    raw: &RawConfig,
+    rope_params: Option<&serde_json::Value>,
+    architecture: Architecture,
+    head_dim: usize,
+) -> Result<Option<usize>, ConfigError> {
+    let nested = rope_params
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(|v| v.as_f64());
+    let Some(factor) = raw.partial_rotary_factor.or(nested) else {
+        return Ok(None);
+    };
+    if factor == 1.0 {
+        return Ok(None);
+    }
+    if architecture != Architecture::Phi3 {
+        return Err(ConfigError::Unhonoured {
+            key: "partial_rotary_factor".into(),
+            value: factor.to_string(),
+            architecture: architecture.hf_name().into(),
+            supported: "1 or absent (partial RoPE: Phi3ForCausalLM)".into(),
+        });
+    }
+    let dim = (head_dim as f64 * factor) as usize;
+    if !(factor > 0.0 && factor < 1.0) || dim == 0 || dim % 2 != 0 {
+        return Err(format!(
+            "`partial_rotary_factor` ({factor}) must be in (0, 1] and rotate an even, non-zero \
+             number of the head's {head_dim} dimensions (it gives {dim})"
+        )
+        .into());
+    }
+    Ok(Some(dim))
+}
+
+/// SmolLM3's blocks without RoPE: `no_rope_layers` holds 1 (RoPE) or 0 (none) per block;
+/// without it, every `no_rope_layer_interval`-th block (default 4) has none, as transformers
+/// derives it.
+pub(super) fn no_rope_layers(
+    raw: &RawConfig,
+    architecture: Architecture,
+    layers: usize,
+) -> Result<Vec<usize>, ConfigError> {
+    if architecture != Architecture::SmolLM3 {
+        return Ok(Vec::new());
+    }
+    match &raw.no_rope_layers {
+        Some(flags) => {
+            if flags.len() != layers {
+                return Err(format!(
+                    "`no_rope_layers` has {} entries for {layers} layers",
+                    flags.len()
+                )
+                .into());
+            }
+            let mut out = Vec::new();
+            for (l, f) in flags.iter().enumerate() {
+                match f.as_u64() {
+                    Some(1) => {}
+                    Some(0) => out.push(l),
+                    _ => {
+                        return Err(format!(
+                            "`no_rope_layers`[{l}] = {f}: must be 1 (RoPE) or 0 (no RoPE)"
+                        )
+                        .into())
+                    }
+                }
+            }
+            Ok(out)
+        }
+        None => {
+            let every = raw.no_rope_layer_interval.unwrap_or(4);
+            if every == 0 {
+                return Err(ConfigError::NotPositive("no_rope_layer_interval".into()));
+            }
+            Ok((0..layers).filter(|l| (l + 1) % every == 0).collect())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::arch::{Architecture, ModelSpec, RopeScaling};
+
+    use super::super::tests::V4;
+
+    #[test]
+    fn qwen3_has_qk_norms_and_no_biases() {
+        let v5 = r#"{"architectures":["Qwen3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"num_key_value_heads":2,"vocab_size":100,
+          "head_dim":32,"attention_bias":false,"tie_word_embeddings":true,"use_sliding_window":false,
+          "sliding_window":null,"max_window_layers":28,"layer_types":["full_attention","full_attention"],
+          "rope_parameters":{"rope_type":"default","rope_theta":1000000.0}}"#;
+        let s = ModelSpec::from_config_str(v5).unwrap();
+        assert_eq!(s.architecture, Architecture::Qwen3);
+        assert!(s.qk_norm && !s.attention_bias && s.no_rope_layers.is_empty());
+        assert_eq!(
+            (s.head_dim, s.rope_theta, s.sliding_window),
+            (32, 1e6, None)
+        );
+        let v4 = r#"{"model_type":"qwen3","hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"rope_theta":1000000.0,
+          "rope_scaling":null,"torch_dtype":"bfloat16"}"#;
+        let s = ModelSpec::from_config_str(v4).unwrap();
+        assert!(s.qk_norm && s.head_dim == 16);
+        // Qwen3's attention_bias also biases o_proj: refused, not half-honoured.
+        let biased = v5.replace("\"attention_bias\":false", "\"attention_bias\":true");
+        let e = ModelSpec::from_config_str(&biased).unwrap_err().to_string();
+        assert!(e.contains("attention_bias"), "{e}");
+    }
+
+    #[test]
+    fn phi3_partial_rotary_and_longrope() {
+        // transformers 4 names: top-level factor and original context, `su` for longrope.
+        let v4 = r#"{"architectures":["Phi3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"partial_rotary_factor":0.75,
+          "max_position_embeddings":1024,"original_max_position_embeddings":256,
+          "rope_scaling":{"type":"su","short_factor":[1,1,1,1,1,2],"long_factor":[2,2,2,2,2,4]}}"#;
+        let s = ModelSpec::from_config_str(v4).unwrap();
+        assert_eq!((s.head_dim, s.rotary_dim()), (16, 12));
+        let RopeScaling::LongRope {
+            original_max_position_embeddings: n,
+            attention_factor: a,
+            ref long_factor,
+            ..
+        } = s.rope_scaling
+        else {
+            panic!("{:?}", s.rope_scaling)
+        };
+        assert_eq!((n, long_factor[5]), (256, 4.0));
+        assert!((a - (1.0 + 4f64.ln() / 256f64.ln()).sqrt()).abs() < 1e-12);
+        // An explicit attention factor wins; LongRoPE elsewhere is refused, naming the field.
+        let given = v4.replace(
+            "\"type\":\"su\"",
+            "\"type\":\"su\",\"attention_factor\":1.25",
+        );
+        let s = ModelSpec::from_config_str(&given).unwrap();
+        assert_eq!(s.rope_scaling.attention_factor(), 1.25);
+        let llama = v4
+            .replace("Phi3ForCausalLM", "LlamaForCausalLM")
+            .replace("\"partial_rotary_factor\":0.75,", "");
+        let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling") && e.contains("Phi3"), "{e}");
+    }
+
+    #[test]
+    fn smollm3_nope_layers() {
+        let base = r#"{"architectures":["SmolLM3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+          "num_attention_heads":4,"num_hidden_layers":8,"num_key_value_heads":2,"vocab_size":100"#;
+        // transformers' own list: 1 = RoPE, 0 = none.
+        let listed = format!("{base},\"no_rope_layers\":[1,1,1,0,1,0,1,0]}}");
+        let s = ModelSpec::from_config_str(&listed).unwrap();
+        assert_eq!(s.no_rope_layers, vec![3, 5, 7]);
+        assert!(s.uses_rope(0) && !s.uses_rope(3));
+        // Derived from the interval when the list is absent (every 4th block).
+        let derived = format!("{base}}}");
+        assert_eq!(
+            ModelSpec::from_config_str(&derived).unwrap().no_rope_layers,
+            vec![3, 7]
+        );
+        let every2 = format!("{base},\"no_rope_layer_interval\":2}}");
+        assert_eq!(
+            ModelSpec::from_config_str(&every2).unwrap().no_rope_layers,
+            vec![1, 3, 5, 7]
+        );
+        for bad in [
+            format!("{base},\"no_rope_layers\":[1,1,0]}}"),
+            format!("{base},\"no_rope_layers\":[1,1,1,2,1,1,1,1]}}"),
+        ] {
+            let e = ModelSpec::from_config_str(&bad).unwrap_err().to_string();
+            assert!(e.contains("no_rope_layers"), "{e}");
+        }
+        // Another architecture with NoPE layers is refused, naming the field.
+        let llama = format!(
+            "{},\"no_rope_layers\":[1,0]}}",
+            V4.trim_end().trim_end_matches('}')
+        );
+        let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
+        assert!(e.contains("no_rope_layers") && e.contains("SmolLM3"), "{e}");
+    }
+
+    #[test]
+    fn gemma3_transformers4_config() {
+        // Gemma 3 4B's text config as transformers 4 writes it (shapes shrunk).
+        let v4 = r#"{"architectures":["Gemma3ForCausalLM"],"model_type":"gemma3_text",
+          "hidden_size":2560,"intermediate_size":128,"num_attention_heads":8,"num_hidden_layers":12,
+          "num_key_value_heads":4,"head_dim":256,"vocab_size":100,"query_pre_attn_scalar":256,
+          "rope_theta":1000000.0,"rope_local_base_freq":10000.0,"sliding_window":1024,
+          "sliding_window_pattern":6,"rope_scaling":{"factor":8.0,"rope_type":"linear"},
+          "hidden_activation":"gelu_pytorch_tanh","final_logit_softcapping":null,
+          "attn_logit_softcapping":null,"torch_dtype":"bfloat16"}"#;
+        let s = ModelSpec::from_config_str(v4).unwrap();
+        let g = s.gemma.clone().unwrap();
+        assert_eq!(s.architecture, Architecture::Gemma3);
+        assert!(s.tie_word_embeddings && s.qk_norm, "Gemma ties by default");
+        assert_eq!(g.sliding_layers, vec![0, 1, 2, 3, 4, 6, 7, 8, 9, 10]);
+        assert_eq!((s.sliding_window, g.local_rope_theta), (Some(1024), 1e4));
+        assert_eq!(s.rope_theta, 1e6);
+        assert_eq!(s.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!(g.embedding_scale, 50.5, "√2560 = 50.596 rounded to bf16");
+        assert_eq!(s.attention_scale(), 1.0 / 16.0);
+        assert_eq!(s.window(5), None);
+        assert_eq!(s.unbuilt_window(), None);
+        // The same fields on another architecture are refused, naming them.
+        let llama = v4.replace("Gemma3ForCausalLM", "LlamaForCausalLM");
+        let e = ModelSpec::from_config_str(&llama).unwrap_err().to_string();
+        assert!(
+            e.contains("hidden_activation") || e.contains("query_pre_attn_scalar"),
+            "{e}"
+        );
+        let multimodal = v4.replace("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration");
+        let e = ModelSpec::from_config_str(&multimodal)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("text_config"), "{e}");
+    }
+}

@@ -1,0 +1,33 @@
+//! Files and the process: outputs written atomically, input files read safely, cleanup when
+//! the process is interrupted, and handing freed memory back. One idea a file; the rest of the
+//! crate uses the re-exports below.
+
+mod input;
+mod interrupt;
+mod memory;
+mod output;
+mod tree;
+
+pub use input::{open_input, read_input, read_input_text, sha256_file};
+pub use interrupt::{
+    handle_interrupts, keep_on_interrupt, reassert_interrupt_handlers, remove_on_interrupt,
+    scratch_dir, wait_if_interrupted,
+};
+pub use memory::release_free_memory;
+pub use output::{atomic_write, check_writable, refuse_output_over_input, resolved, AtomicDir};
+pub use tree::{copy_tree, dir_bytes};
+
+use std::path::Path;
+
+fn parent_dir(p: &Path) -> &Path {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into())
+}

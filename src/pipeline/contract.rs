@@ -1,0 +1,111 @@
+//! The contract a package declares for a checkpoint and the conversion's options (one package
+//! and every part of a chain record the same).
+
+use std::collections::BTreeMap;
+
+use super::error::ConvertError;
+use super::options::ConvertOptions;
+use crate::arch::ModelSpec;
+use crate::checkpoint::Checkpoint;
+use crate::graph::scaling::Scaling;
+use crate::mil::contract::{self, Contract, Source};
+
+/// The contract for a checkpoint and options.
+pub fn contract_for(
+    ckpt: &Checkpoint,
+    opts: &ConvertOptions,
+    scaling: &Scaling,
+    recipe: serde_json::Value,
+    files: BTreeMap<String, String>,
+) -> Result<Contract, ConvertError> {
+    let spec = ckpt.spec();
+    let dims = (
+        opts.max_seq_len,
+        opts.query_len,
+        spec.num_hidden_layers,
+        spec.num_key_value_heads,
+        spec.head_dim,
+        spec.vocab_size,
+    );
+    let (s, q, l, hkv, d, v) = dims;
+    let precision = opts.precision.as_str();
+    let (inputs, outputs, states) = match opts.kv_cache {
+        contract::KvCache::Io => {
+            let (i, o) = Contract::io(s, q, l, hkv, d, v, precision);
+            (i, o, Vec::new())
+        }
+        contract::KvCache::State => Contract::state_io(s, q, l, hkv, d, v, precision),
+    };
+    Ok(Contract {
+        version: contract::CONTRACT_VERSION,
+        target: opts.target,
+        layout: opts.layout,
+        kv_cache: opts.kv_cache,
+        states,
+        max_seq_len: opts.max_seq_len,
+        query_len: opts.query_len,
+        num_layers: spec.num_hidden_layers,
+        num_kv_heads: spec.num_key_value_heads,
+        head_dim: spec.head_dim,
+        vocab_size: spec.vocab_size,
+        inputs,
+        outputs,
+        bos_token_id: spec.bos_token_id,
+        eos_token_ids: spec.eos_token_ids.clone(),
+        rope: serde_json::json!({
+            "theta": spec.rope_theta,
+            "scaling": spec.rope_scaling,
+            "layout": "rotate_half",
+        }),
+        recipe,
+        scaling: serde_json::to_value(scaling)?,
+        compute_precision: opts.precision.as_str().to_string(),
+        source: Source {
+            architecture: spec.architecture.hf_name().to_string(),
+            files,
+        },
+        tool: "hf2coreml".to_string(),
+        tool_version: crate::VERSION.to_string(),
+        functions: function_specs(opts, spec),
+    })
+}
+
+/// The functions a multifunction package declares: `prefill` then `decode`, each with its Q
+/// and I/O; none for one function.
+fn function_specs(opts: &ConvertOptions, spec: &ModelSpec) -> Vec<contract::FunctionSpec> {
+    if opts.prefill_len == 0 {
+        return Vec::new();
+    }
+    [
+        (contract::PREFILL, opts.prefill_len),
+        (contract::DECODE, opts.query_len),
+    ]
+    .into_iter()
+    .map(|(name, q)| {
+        // A stateful package's functions declare the one state the contract lists.
+        let dims = (
+            opts.max_seq_len,
+            q,
+            spec.num_hidden_layers,
+            spec.num_key_value_heads,
+            spec.head_dim,
+            spec.vocab_size,
+        );
+        let (s, q, l, hkv, d, v) = dims;
+        let precision = opts.precision.as_str();
+        let (inputs, outputs) = match opts.kv_cache {
+            contract::KvCache::Io => Contract::io(s, q, l, hkv, d, v, precision),
+            contract::KvCache::State => {
+                let (i, o, _) = Contract::state_io(s, q, l, hkv, d, v, precision);
+                (i, o)
+            }
+        };
+        contract::FunctionSpec {
+            name: name.to_string(),
+            query_len: q,
+            inputs,
+            outputs,
+        }
+    })
+    .collect()
+}

@@ -1,0 +1,74 @@
+//! What stops a conversion once it has its settings: [`ConvertError`], each variant naming
+//! what it was working on.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use super::texts::TextError;
+use crate::checkpoint::CheckpointError;
+use crate::emit::EmitError;
+use crate::graph::GraphError;
+use crate::model::ReferenceError;
+use crate::quant::QuantError;
+
+/// Errors of the pipeline, each naming what it was working on.
+#[derive(Debug, Error)]
+pub enum ConvertError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Emit(#[from] EmitError),
+    #[error("building the graph: {0}")]
+    Graph(#[from] GraphError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("output {0} must end in .mlpackage")]
+    OutputName(PathBuf),
+    #[error("output {} is not valid UTF-8: coremltools cannot write it; choose a UTF-8 name", .0.display())]
+    OutputNotUtf8(PathBuf),
+    #[error("{0} already exists (use --force to replace it)")]
+    Exists(PathBuf),
+    #[error("contract JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("palettizing: {0}")]
+    Quant(#[from] QuantError),
+    #[error("measuring activation ranges: {0}")]
+    Calibration(#[from] ReferenceError),
+    /// The calibration text could not be tokenized.
+    #[error(transparent)]
+    Text(#[from] TextError),
+    #[error(
+        "tensor `{tensor}`: {granularity} palettization cannot be stored: LUT groups must run \
+         along the output channels (axis 0) and divide them"
+    )]
+    Granularity { tensor: String, granularity: String },
+    #[error("{}: cannot split into packages: {source}", .path.display())]
+    Chain {
+        path: PathBuf,
+        #[source]
+        source: crate::budget::chain::ChainError,
+    },
+    /// A prefill function was asked for a model that needs a chain of packages.
+    #[error(
+        "the model needs a chain of {parts} packages under the package size limit, and chains \
+         are built with one function per part: use --prefill-len 0, or a larger \
+         --max-package-size to keep one package with prefill and decode functions"
+    )]
+    PrefillChain { parts: usize },
+    /// The recipe asks for what its target cannot store (grouped or 3-bit LUTs on iOS17).
+    #[error("{0} (use --target ios18, or target = \"ios18\" in the recipe)")]
+    Target(String),
+}
+
+/// An I/O error about `path`, as a [`ConvertError`].
+pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError + '_ {
+    move |source| ConvertError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}

@@ -1,0 +1,137 @@
+//! The files a conversion writes and hashes: the package's sidecar names (`X.tokenizer.json`,
+//! `X.tokenizer_config.json`, `X.report.json`), the sidecars themselves, and the sha256 of the
+//! source files and of a package's program and weights.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::error::{io_err, ConvertError};
+use crate::checkpoint::Checkpoint;
+use crate::fsutil::{atomic_write, read_input, sha256_file};
+use crate::runtime::chat::MAX_CONFIG_BYTES;
+use crate::runtime::text::MAX_TOKENIZER_BYTES;
+
+/// The files a conversion writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outputs {
+    pub package: PathBuf,
+    pub tokenizer: Option<PathBuf>,
+    /// The checkpoint's tokenizer_config.json (chat template, special tokens), for `run --chat`.
+    pub tokenizer_config: Option<PathBuf>,
+    pub report: PathBuf,
+}
+
+impl Outputs {
+    /// `X.mlpackage` → `X.tokenizer.json`, `X.tokenizer_config.json`, `X.report.json`.
+    pub fn for_package(package: &Path) -> Result<Self, ConvertError> {
+        // coremltools takes the path as text: a path that is not UTF-8 is refused here,
+        // before anything is written.
+        if package.to_str().is_none() {
+            return Err(ConvertError::OutputNotUtf8(package.to_path_buf()));
+        }
+        let name = package
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(stem) = name.strip_suffix(".mlpackage").filter(|s| !s.is_empty()) else {
+            return Err(ConvertError::OutputName(package.to_path_buf()));
+        };
+        let side = |suffix: &str| package.with_file_name(format!("{stem}.{suffix}"));
+        Ok(Outputs {
+            package: package.to_path_buf(),
+            tokenizer: Some(side("tokenizer.json")),
+            tokenizer_config: Some(side("tokenizer_config.json")),
+            report: side("report.json"),
+        })
+    }
+}
+
+/// The tokenizer and its config beside the package, each written atomically after the package;
+/// `outputs` loses the ones the checkpoint does not have.
+pub(super) fn write_sidecars(ckpt: &Checkpoint, outputs: &mut Outputs) -> Result<(), ConvertError> {
+    let tokenizer_src = ckpt.dir().join("tokenizer.json");
+    if tokenizer_src.is_file() {
+        let dest = outputs.tokenizer.clone().unwrap_or_default();
+        let bytes =
+            read_input(&tokenizer_src, MAX_TOKENIZER_BYTES).map_err(io_err(&tokenizer_src))?;
+        atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
+    } else {
+        outputs.tokenizer = None;
+    }
+    let config_src = ckpt.dir().join("tokenizer_config.json");
+    match outputs.tokenizer_config.clone() {
+        Some(dest) if config_src.is_file() => {
+            let bytes = read_input(&config_src, MAX_CONFIG_BYTES).map_err(io_err(&config_src))?;
+            atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
+        }
+        _ => outputs.tokenizer_config = None,
+    }
+    Ok(())
+}
+
+/// weight.bin inside a package.
+pub fn weight_bin(package: &Path) -> PathBuf {
+    package.join("Data/com.apple.CoreML/weights/weight.bin")
+}
+
+/// The names of the files whose hashes identify the source checkpoint.
+const HASHED_FILES: [&str; 4] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+];
+
+/// sha256 of config, tokenizer and weight files, by file name.
+pub fn source_hashes(ckpt: &Checkpoint) -> Result<BTreeMap<String, String>, ConvertError> {
+    let mut out = BTreeMap::new();
+    let mut paths: Vec<PathBuf> = HASHED_FILES
+        .iter()
+        .map(|f| ckpt.dir().join(f))
+        .filter(|p| p.is_file())
+        .collect();
+    paths.extend(ckpt.files().map(Path::to_path_buf));
+    for p in paths {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        out.insert(name, sha256_file(&p).map_err(io_err(&p))?);
+    }
+    Ok(out)
+}
+
+/// sha256 of a package's program and weights (a chain part's entry in `chain.json`).
+pub(super) fn package_hashes(package: &Path) -> Result<BTreeMap<String, String>, ConvertError> {
+    let model = package.join("Data/com.apple.CoreML/model.mlmodel");
+    let weights = weight_bin(package);
+    let mut out = BTreeMap::new();
+    out.insert(
+        "model.mlmodel".into(),
+        sha256_file(&model).map_err(io_err(&model))?,
+    );
+    if weights.is_file() {
+        let hash = sha256_file(&weights).map_err(io_err(&weights))?;
+        out.insert("weight.bin".into(), hash);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidecar_names() {
+        let o = Outputs::for_package(Path::new("out/smol.mlpackage")).unwrap();
+        assert_eq!(o.report, Path::new("out/smol.report.json"));
+        assert_eq!(
+            o.tokenizer.as_deref(),
+            Some(Path::new("out/smol.tokenizer.json"))
+        );
+        assert!(Outputs::for_package(Path::new("out/smol")).is_err());
+        assert!(Outputs::for_package(Path::new(".mlpackage")).is_err());
+    }
+}
