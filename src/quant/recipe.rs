@@ -217,7 +217,7 @@ pub struct Recipe {
 pub const MAX_PREFILL_LEN: usize = 65_536;
 
 /// The `[calibration]` table: palettized projections are fitted to what they compute on
-/// calibration text (issue 7; see [`super::sequential`]). Absent = data-free palettization.
+/// calibration text (issue 7; see [`super::calibrate`]). Absent = data-free palettization.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Calibration {
     /// Per-output-row fp16 scale, one `mul` after the linear.
@@ -277,8 +277,8 @@ impl Default for Calibration {
 
 impl Calibration {
     /// The per-layer method for a projection palettized at `nbits`.
-    pub fn method(&self, nbits: u8) -> super::calibrated::LinearMethod {
-        super::calibrated::LinearMethod {
+    pub fn method(&self, nbits: u8) -> super::calibrate::LinearMethod {
+        super::calibrate::LinearMethod {
             nbits,
             row_scale: self.row_scale,
             weighted: self.weighted,
@@ -807,7 +807,7 @@ impl Recipe {
         if c.rotate {
             values += widths
                 .into_iter()
-                .map(super::sequential::Rotation::constant_values)
+                .map(super::rotation::Rotation::constant_values)
                 .sum::<u64>();
         }
         values * 2
