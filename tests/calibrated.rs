@@ -11,8 +11,9 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::plain::PlainModel;
 use hf2coreml::model::Reference;
 use hf2coreml::pipeline::texts;
-use hf2coreml::quant::calibrated::LinearMethod;
-use hf2coreml::quant::sequential::{quantize_checkpoint, CalibratedWeights, SequentialOptions};
+use hf2coreml::quant::calibrate::{
+    quantize_checkpoint, CalibratedWeights, LinearMethod, SequentialOptions,
+};
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
 use hf2coreml::testing::python_env;

@@ -18,9 +18,9 @@ use candle_core::{Device, Tensor};
 use hf2coreml::arch::Role;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::calibrate::{calibrate, ActivationStats, CalibrationOptions, GramSelection};
-use hf2coreml::quant::calibrated::{quantize_linear, relative_output_error, LinearMethod};
+use hf2coreml::quant::calibrate::{quantize_linear, relative_output_error, LinearMethod};
 use hf2coreml::quant::linalg::inverse_upper_factor;
-use hf2coreml::quant::sequential::rotation_transpose;
+use hf2coreml::quant::rotation::rotation_transpose;
 use rayon::prelude::*;
 
 /// W·Q and QᵀHQ for the rotation of `cols` input channels (Qᵀ from `rotation_transpose`).

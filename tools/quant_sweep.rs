@@ -19,8 +19,9 @@ use std::time::Instant;
 
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::plain::PlainModel;
-use hf2coreml::quant::calibrated::LinearMethod;
-use hf2coreml::quant::sequential::{quantize_checkpoint, Sensitivity, SequentialOptions};
+use hf2coreml::quant::calibrate::{
+    quantize_checkpoint, LinearMethod, Sensitivity, SequentialOptions,
+};
 use hf2coreml::validate::metrics::compare_logits;
 
 fn rows(t: &candle_core::Tensor) -> Vec<Vec<f32>> {

@@ -3,14 +3,14 @@
 //! A [`Graph`] is what the emitter hands to coremltools: typed inputs, constants (dense or
 //! palettized), a list of operations in program order, and the names of the outputs. Op types
 //! ([`crate::mil::Op`]), element types ([`crate::mil::DType`]) and argument names are the iOS17
-//! MIL ones (FORMAT.md, reference/op_specs.txt), so the bridge can call the MIL builder without
+//! MIL ones (docs/reference/mil-ops.md), so the bridge can call the MIL builder without
 //! translating anything; the JSON it reads spells them by their MIL names.
 //!
-//! Builders live in submodules: [`llama`] (Llama, Mistral, Qwen2), with [`rope`] tables and
-//! [`scaling`] (fp16 range safety) as inputs. They take [`Weight`]s: dense fp16, or the
-//! [`QuantizedWeight`] the quantizer produced.
+//! Builders live in submodules: [`decoder`] (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4-mini,
+//! Gemma 3, SmolLM3), with [`rope`] tables and [`scaling`] (fp16 range safety) as inputs. They
+//! take [`Weight`]s: dense fp16, or the [`QuantizedWeight`] the quantizer produced.
 
-pub mod llama;
+pub mod decoder;
 pub mod rope;
 pub mod scaling;
 

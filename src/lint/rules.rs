@@ -1,5 +1,5 @@
 //! The Neural Engine rules, in one table: each with its severity, why, fix and source
-//! (/work/shared/NEURAL_ENGINE.md collects them; docs/design.md, "Neural Engine readiness", says
+//! (docs/reference/neural-engine.md collects them with their sources; docs/design.md, "Neural Engine readiness", says
 //! how they are read). Adding a rule is one entry here and one check in [`super::check`].
 
 use serde::{Deserialize, Serialize};

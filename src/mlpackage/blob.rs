@@ -1,5 +1,6 @@
-//! weight.bin, MIL blob storage version 2 (FORMAT.md, "weight.bin"). The file is memory-mapped
-//! and borrowed; every offset and size is checked arithmetic against the file length.
+//! weight.bin, MIL blob storage version 2 (docs/reference/mlpackage-format.md, "weight.bin").
+//! The file is memory-mapped and borrowed; every offset and size is checked arithmetic against
+//! the file length.
 
 use std::path::{Path, PathBuf};
 

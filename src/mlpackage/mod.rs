@@ -1,7 +1,7 @@
-//! Reading saved .mlpackage directories in pure Rust (FORMAT.md): Manifest.json → the root
-//! model, model.mlmodel as hand-written prost messages ([`proto`]), weight.bin blob storage v2
-//! ([`blob`]). Everything a malformed package can say is checked and reported as a
-//! [`PackageError`] naming the file; nothing here panics on bad input.
+//! Reading saved .mlpackage directories in pure Rust (docs/reference/mlpackage-format.md):
+//! Manifest.json → the root model, model.mlmodel as hand-written prost messages ([`proto`]),
+//! weight.bin blob storage v2 ([`blob`]). Everything a malformed package can say is checked and
+//! reported as a [`PackageError`] naming the file; nothing here panics on bad input.
 
 pub mod blob;
 pub mod proto;

@@ -1,7 +1,7 @@
 //! The subset of CoreML.Specification (Model.proto, MIL.proto) a reader needs to walk an ML
-//! Program, as hand-written prost messages (FORMAT.md, reference/proto_fields.txt). Fields not
-//! listed here are skipped by prost as unknown fields; dictionaries (the `buildInfo` attribute)
-//! and list/tuple *types* are kept opaque on purpose.
+//! Program, as hand-written prost messages (docs/reference/mlpackage-format.md, "The protobuf
+//! fields walked"). Fields not listed here are skipped by prost as unknown fields; dictionaries
+//! (the `buildInfo` attribute) and list/tuple *types* are kept opaque on purpose.
 
 use std::collections::HashMap;
 

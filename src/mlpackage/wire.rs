@@ -1,10 +1,10 @@
-//! What decoding model.mlmodel would allocate, computed from the wire bytes before decoding
-//! (issue 27, item 5). A protobuf entry costs two bytes on disk but a whole Rust struct in
-//! memory (an empty `Operation` is 2 bytes and ~170 decoded), so the file-size cap alone does
-//! not bound memory: a 200 MB file of empty entries decodes to gigabytes. This walks the
-//! bytes with the schema of [`super::proto`] and sums, for every field occurrence, the size
-//! of what prost would make of it (the struct, the string, the packed elements, the map
-//! entry); unknown fields cost nothing (prost skips them). The sum is an upper bound.
+//! What decoding model.mlmodel would allocate, computed from the wire bytes before decoding. A
+//! protobuf entry costs two bytes on disk but a whole Rust struct in memory (an empty
+//! `Operation` is 2 bytes and ~170 decoded), so the file-size cap alone does not bound memory:
+//! a 200 MB file of empty entries decodes to gigabytes. This walks the bytes with the schema of
+//! [`super::proto`] and sums, for every field occurrence, the size of what prost would make of
+//! it (the struct, the string, the packed elements, the map entry); unknown fields cost nothing
+//! (prost skips them). The sum is an upper bound.
 
 use std::mem::size_of;
 
@@ -166,7 +166,7 @@ pub enum WireError {
     TooDeep,
     #[error(
         "decoding it would take more than {limit} bytes of memory ({at_byte} bytes in); \
-         a real program needs a few MB (see README, Safety)"
+         a real program needs a few MB (see docs/safety.md)"
     )]
     TooLarge { limit: u64, at_byte: usize },
 }

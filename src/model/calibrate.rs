@@ -1,6 +1,6 @@
 //! Calibration statistics: an instrumented float32 forward pass over calibration text that
 //! records, layer by layer, how large every intermediate gets (for fp16 range safety) and the
-//! second moments of every projection's input (for calibrated palettization, issue 7).
+//! second moments of every projection's input (for calibrated palettization).
 //!
 //! The text is cut into segments that each start a fresh sequence at position 0; a segment
 //! passes through the model one layer at a time with only that layer's activations alive, so

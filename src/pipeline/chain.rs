@@ -18,7 +18,7 @@ use crate::budget::chain::{self as planner, ChainPlan, ModelBytes, PartPlan};
 use crate::checkpoint::Checkpoint;
 use crate::emit::{EmitReport, Metadata};
 use crate::fsutil::{dir_bytes, AtomicDir};
-use crate::graph::llama::{self, Part};
+use crate::graph::decoder::{self, Part};
 use crate::mil::chain::{ChainFile, ChainPart, CHAIN_FILE, CHAIN_FORMAT};
 use crate::mil::contract::Contract;
 use crate::progress::Progress;
@@ -111,7 +111,7 @@ pub fn convert_chain(
         let w = weights.take(&names)?;
         progress.working_on(&format!("part {}/{n}: coremltools", i + 1));
         let t = Instant::now();
-        let graph = llama::build_part(&spec, w, &step, &graph_part(pp))?;
+        let graph = decoder::build_part(&spec, w, &step, &graph_part(pp))?;
         predicted += graph.const_bytes();
         times.build += t.elapsed().as_secs_f64();
         let t = Instant::now();

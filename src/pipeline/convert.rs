@@ -17,7 +17,7 @@ use crate::arch::ModelSpec;
 use crate::checkpoint::Checkpoint;
 use crate::emit::Metadata;
 use crate::fsutil::dir_bytes;
-use crate::graph::llama::{self, StepOptions};
+use crate::graph::decoder::{self, StepOptions};
 use crate::graph::{Graph, Weight};
 use crate::mil::contract;
 use crate::progress::Progress;
@@ -44,7 +44,7 @@ pub fn convert(
         let plan = chain::plan(ckpt, opts, &weights, limit)?;
         if !plan.is_single() {
             // Refused before anything is built: a chain of stateful parts is not supported.
-            crate::graph::llama::check_kv_cache(opts.kv_cache, opts.target, opts.layout, false)?;
+            crate::graph::decoder::check_kv_cache(opts.kv_cache, opts.target, opts.layout, false)?;
             if opts.prefill_len > 0 {
                 return Err(ConvertError::PrefillChain {
                     parts: plan.parts.len(),
@@ -148,15 +148,15 @@ fn build_functions(
     if prefill_len == 0 {
         return Ok(vec![(
             "main".to_string(),
-            llama::build(spec, weights, step)?,
+            decoder::build(spec, weights, step)?,
         )]);
     }
-    let decode = llama::build(spec, weights.clone(), step)?;
+    let decode = decoder::build(spec, weights.clone(), step)?;
     let prefill_step = StepOptions {
         query_len: prefill_len,
         ..step.clone()
     };
-    let prefill = llama::build(spec, weights, &prefill_step)?;
+    let prefill = decoder::build(spec, weights, &prefill_step)?;
     Ok(vec![
         (contract::PREFILL.to_string(), prefill),
         (contract::DECODE.to_string(), decode),

@@ -253,7 +253,7 @@ impl Job {
     pub fn check(&self) -> Result<(), JobError> {
         check_shape(self.max_seq_len, self.query_len)?;
         let p = &self.package;
-        crate::graph::llama::check_kv_cache(p.kv_cache, p.target, p.layout, true)
+        crate::graph::decoder::check_kv_cache(p.kv_cache, p.target, p.layout, true)
             .map_err(ConvertError::Graph)?;
         self.prefill_len()?;
         crate::fsutil::refuse_output_over_input(&self.source, &self.output)
@@ -329,7 +329,7 @@ impl Job {
     pub fn plan(&self, ckpt: &Checkpoint) -> Result<Plan, JobError> {
         let spec = ckpt.spec();
         check_context(spec, self.max_seq_len)?;
-        crate::graph::llama::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
+        crate::graph::decoder::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
         let predicted = self.recipe.weights_bytes(&ckpt.slots());
         self.check_split(ckpt)?;
         let budget = match &self.device {

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::summary::Inputs;
 use crate::emit::PythonEnv;
-use crate::graph::llama::StepOptions;
+use crate::graph::decoder::StepOptions;
 use crate::graph::scaling::{ActivationRanges, Scaling};
 use crate::mil::contract::{self, Target};
 use crate::mil::DType;

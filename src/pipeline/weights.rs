@@ -16,7 +16,7 @@ use crate::quant::{self, Decision, Granularity, Recipe};
 /// Palettize what `recipe` selects and read the rest as dense fp16, all at once (`palettize`
 /// reports them; `convert` takes them package by package through a [`WeightStream`]). A recipe
 /// with `[calibration]` fits its palettized projections on `calibration` tokens
-/// ([`quant::sequential`]), reported to `progress` as a "calibrate" stage of one step per
+/// ([`quant::calibrate`]), reported to `progress` as a "calibrate" stage of one step per
 /// decoder block (see [`calibrated_stream`]); then a "palettize" stage advances once per
 /// palettized tensor, from worker threads. Other palettized tensors (an embedding, say) are
 /// palettized data-free either way.
@@ -278,7 +278,7 @@ fn calibrate(
     recipe: &Recipe,
     calibration: &[u32],
     blocks: &(dyn Fn(usize, usize) + Sync),
-) -> Result<Option<quant::sequential::CalibratedWeights>, ConvertError> {
+) -> Result<Option<quant::calibrate::CalibratedWeights>, ConvertError> {
     let method_for = |slot: &TensorSlot| {
         let cal = recipe.calibration()?;
         match recipe.decide(slot) {
@@ -296,20 +296,19 @@ fn calibrate(
     else {
         return Ok(None);
     };
-    let options = quant::sequential::SequentialOptions {
+    let options = quant::calibrate::SequentialOptions {
         awq: cal.awq,
         target_bpw: cal.target_bpw,
         chunk_rows: cal.allocation_rows,
         ..Default::default()
     };
-    let w =
-        quant::sequential::quantize_streaming(ckpt, calibration, &method_for, &options, blocks)?;
+    let w = quant::calibrate::quantize_streaming(ckpt, calibration, &method_for, &options, blocks)?;
     crate::fsutil::release_free_memory();
     Ok(Some(w))
 }
 
 /// A calibrated projection's report line: its widest rows' width, bytes and error.
-fn fitted_line(line: &mut quant::TensorReport, q: &quant::calibrated::QuantizedLinear) {
+fn fitted_line(line: &mut quant::TensorReport, q: &quant::calibrate::QuantizedLinear) {
     let nbits = q.max_nbits();
     if let Decision::Palettize { granularity, .. } = line.decision {
         line.decision = Decision::Palettize { nbits, granularity };

@@ -1,4 +1,5 @@
-//! Exact weighted 1-D k-means on 16-bit values.
+//! Exact weighted 1-D k-means on 16-bit values. One idea in one file: the solver is under 600
+//! lines; its tests make up the rest.
 //!
 //! A f16 tensor holds at most 63,487 distinct finite values (±0 merged), so instead of iterating
 //! Lloyd over millions of elements we histogram the bit patterns, sort the distinct values, and

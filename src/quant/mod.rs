@@ -1,16 +1,17 @@
 //! Weight palettization: exact 1-D k-means LUTs ([`kmeans`]), index packing ([`pack`]),
-//! recipes deciding what to palettize ([`recipe`]) and the per-tensor report ([`report`]).
+//! recipes deciding what to palettize ([`recipe`]), calibrated palettization ([`calibrate`])
+//! with its input rotation ([`rotation`]) and the per-tensor report ([`report`]).
 //!
 //! Nothing here does file I/O or calls Python; [`palettize_checkpoint`] reads tensors through
 //! the memory-mapped [`Checkpoint`] one at a time per worker.
 
-pub mod calibrated;
+pub mod calibrate;
 pub mod kmeans;
 pub mod linalg;
 pub mod pack;
 pub mod recipe;
 pub mod report;
-pub mod sequential;
+pub mod rotation;
 pub mod weight;
 
 use std::path::PathBuf;
@@ -319,7 +320,7 @@ pub struct PalettizeOutput {
     pub report: Report,
 }
 
-/// Per-tensor importance weights (issue 7): given a slot, per-element weights or `None`.
+/// Per-tensor importance weights (calibrated palettization): given a slot, per-element weights or `None`.
 pub type Importance<'a> = &'a (dyn Fn(&TensorSlot) -> Option<Vec<f32>> + Sync);
 
 /// Palettize every tensor `recipe` selects, in parallel across tensors (largest first, for

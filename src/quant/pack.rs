@@ -1,7 +1,8 @@
-//! Sub-byte index packing exactly as FORMAT.md specifies for `constexpr_lut_to_dense` and
-//! blob storage: one continuous LSB-first bit stream, `ceil(n·nbits/8)` bytes. Element k occupies
-//! bits `k·nbits .. (k+1)·nbits` of the stream, bit b of the stream being bit `b % 8` of byte
-//! `b / 8`; 4-bit element 2k is the low nibble of byte k; 6-bit elements straddle bytes.
+//! Sub-byte index packing exactly as docs/reference/mlpackage-format.md specifies for
+//! `constexpr_lut_to_dense` and blob storage: one continuous LSB-first bit stream,
+//! `ceil(n·nbits/8)` bytes. Element k occupies bits `k·nbits .. (k+1)·nbits` of the stream, bit
+//! b of the stream being bit `b % 8` of byte `b / 8`; 4-bit element 2k is the low nibble of
+//! byte k; 6-bit elements straddle bytes.
 
 use super::QuantError;
 

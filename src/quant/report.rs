@@ -82,11 +82,11 @@ pub struct MixedPrecision {
     /// Rows of all allocated projections at each width.
     pub rows_by_nbits: std::collections::BTreeMap<u8, usize>,
     /// Every allocated projection, the most sensitive (largest error at 4 bits) first.
-    pub tensors: Vec<super::sequential::BitChoice>,
+    pub tensors: Vec<super::calibrate::BitChoice>,
 }
 
 impl MixedPrecision {
-    pub fn new(target_bpw: f64, choices: &[super::sequential::BitChoice]) -> Self {
+    pub fn new(target_bpw: f64, choices: &[super::calibrate::BitChoice]) -> Self {
         let (bits, numel) = choices
             .iter()
             .fold((0.0, 0.0), |(b, n), c| (b + c.spent, n + c.numel as f64));
@@ -94,7 +94,7 @@ impl MixedPrecision {
         let mut rows_by_nbits = std::collections::BTreeMap::new();
         for c in choices {
             *count_by_nbits.entry(c.nbits).or_insert(0) += 1;
-            for (&nbits, &rows) in super::sequential::MIXED_NBITS.iter().zip(&c.rows) {
+            for (&nbits, &rows) in super::calibrate::MIXED_NBITS.iter().zip(&c.rows) {
                 *rows_by_nbits.entry(nbits).or_insert(0) += rows;
             }
         }

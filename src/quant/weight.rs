@@ -5,7 +5,7 @@
 
 use half::f16;
 
-use super::calibrated::QuantizedLinear;
+use super::calibrate::QuantizedLinear;
 use super::{pack_indices, SUPPORTED_NBITS};
 
 /// Indices into one LUT, packed: `out = lut[indices]` (iOS17 `constexpr_lut_to_dense`).
@@ -14,7 +14,8 @@ pub struct PackedLut {
     pub nbits: u8,
     /// 2^nbits entries.
     pub lut: Vec<f16>,
-    /// Indices packed LSB-first, ceil(nbits × numel / 8) bytes (FORMAT.md, "weight.bin").
+    /// Indices packed LSB-first, ceil(nbits × numel / 8) bytes
+    /// (docs/reference/mlpackage-format.md, "weight.bin").
     pub packed: Vec<u8>,
 }
 
@@ -170,7 +171,7 @@ pub struct QuantizedWeight {
     pub restore: Option<Vec<u32>>,
     pub row_scale: Option<Vec<f16>>,
     /// The stored weight is W·Q for the input rotation Q of its width
-    /// ([`crate::quant::sequential::Rotation`]): the input is rotated (x·Q) first.
+    /// ([`crate::quant::rotation::Rotation`]): the input is rotated (x·Q) first.
     pub rotated: bool,
 }
 

@@ -97,7 +97,7 @@ impl ChatTemplate {
             })?;
         env.set_syntax(syntax);
         // A template is input: one that loops for ever (nested `range(100000)`) runs out of
-        // fuel instead of spinning the CPU (issue 27, item 7).
+        // fuel instead of spinning the CPU.
         env.set_fuel(Some(MAX_TEMPLATE_FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);

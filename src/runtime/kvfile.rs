@@ -1,6 +1,6 @@
 //! The KV-cache file (`run --save-cache` / `--load-cache`): the valid rows of a [`Generator`]'s
-//! static cache, so a conversation resumes exactly where it stopped (README, "Saving and
-//! restoring the KV cache").
+//! static cache, so a conversation resumes exactly where it stopped (docs/contract.md, "The
+//! KV-cache file").
 //!
 //! ## Format, version 1 (all integers little-endian)
 //! | bytes | field |

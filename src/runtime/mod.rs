@@ -7,7 +7,7 @@ pub mod interp;
 
 pub use interp::RuntimeError;
 
-/// One step of a contract-v1 model (docs/design.md, "The package contract"): the interpreted
+/// One step of a model that follows the package contract (docs/contract.md): the interpreted
 /// package implements it, and so can anything else that follows the contract (a reference, a
 /// Core ML backend on macOS).
 pub trait StepModel {

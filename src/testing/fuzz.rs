@@ -234,8 +234,8 @@ pub fn write_seeds(out: &Path) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Batch files the batch target starts from: the README's forms (axes, defaults, inline
-/// recipes, templates).
+/// Batch files the batch target starts from: the documented forms (docs/commands.md: axes,
+/// defaults, inline recipes, templates).
 pub const BATCH_SEEDS: [&str; 2] = [
     "[[export]]\nmodel = \"m\"\noutput = \"out/{model}-{max_seq_len}.mlpackage\"\nmax_seq_len = [512, 2048]\n",
     "[[export]]\nmodel = \"m\"\noutput = \"o-{recipe}.mlpackage\"\nrecipe = [{ name = \"fp16\", default = \"fp16\" }, { default = { palettize = { nbits = 8 } } }]\n",

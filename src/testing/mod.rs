@@ -275,7 +275,7 @@ impl View for Blob {
 /// The largest |Δlogit| allowed between a tiny model's package interpreted with fp16 compute
 /// (every op rounded to its declared dtype) and the f32 reference forward pass. The tiny models'
 /// logits are O(1), fp16 carries ~3 decimal digits, and ~20 rounded ops per layer accumulate
-/// over 2 layers. Measured worst cases (2026-12-01; the tests print them with `--nocapture`):
+/// over 2 layers. Measured worst cases (the tests print them with `--nocapture`):
 /// 0.0061 on the decode step coremltools saved (interp_step, logits ~2), 0.0032 on the
 /// converted tiny architectures (interp_emitted, convert_agreement), 0.0047 between calibrated
 /// packages and their simulated weights (calibrated). 0.02 leaves 3× the worst; a wrong op, a

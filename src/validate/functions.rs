@@ -13,10 +13,10 @@ use crate::runtime::chain::Saved;
 use crate::runtime::generate::{GenerateOptions, Generator};
 use crate::runtime::{RuntimeError, StepModel, StepOutput};
 
-/// The largest mean KL(decode ‖ prefill) over the compared positions: the issue's bound for
-/// "the same logits, fp16 rounding aside". Both functions run the same ops on the same
-/// weights; only the attention's reduction order over masked rows differs, so fp16 rounding
-/// is all that separates them.
+/// The largest mean KL(decode ‖ prefill) over the compared positions, the bound for "the same
+/// logits, fp16 rounding aside". Both functions run the same ops on the same weights; only the
+/// attention's reduction order over masked rows differs, so fp16 rounding is all that separates
+/// them.
 pub const PREFILL_KL_TOL: f64 = 1e-3;
 
 fn item(what: String, expected: String, found: String, ok: bool) -> ContractItem {

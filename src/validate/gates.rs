@@ -240,14 +240,14 @@ pub fn default_gates(kind: RecipeKind) -> Vec<Gate> {
             gate(PplRatio, Le, 1.01),
         ],
         RecipeKind::Bits8 => vec![
-            // 8-bit LUTs per tensor measured KL 0.004 and top-1 1.00 on SmolLM2 (issue 7);
+            // 8-bit LUTs per tensor measured KL 0.004 and top-1 1.00 on SmolLM2;
             // five times that KL leaves room for other texts.
             gate(KlMean, Le, 0.02),
             gate(Top1, Ge, 0.93),
             gate(PplRatio, Le, 1.03),
         ],
         RecipeKind::Bits6 => vec![
-            // Measured over 384 tokens of two texts (2026-12-01; docs/quality.md): the default
+            // Measured over 384 tokens of two texts (docs/quality.md): the default
             // calibrated 6-bit recipe KL 0.010 (prose) and 0.017 (code), top-1 0.94 and 0.96;
             // data-free 6-bit KL 0.041 and 0.061, top-1 0.88 and 0.89, perplexity ratio up to
             // 1.08 (over the first 160 code tokens: KL 0.074, top-1 0.86, ratio 1.105). Both
@@ -260,7 +260,7 @@ pub fn default_gates(kind: RecipeKind) -> Vec<Gate> {
             gate(PplRatio, Le, 1.15),
         ],
         RecipeKind::Bits4 => vec![
-            // Issue 7's target for an all-4-bit SmolLM2 that "keeps the model". The data-free
+            // The bounds of an all-4-bit SmolLM2 that "keeps the model". The data-free
             // per-tensor recipe measures KL 11.3 and top-1 0.00 and must fail these.
             gate(KlMean, Le, 0.20),
             gate(Top1, Ge, 0.85),

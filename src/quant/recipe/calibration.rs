@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::RecipeError;
 
 /// The `[calibration]` table: palettized projections are fitted to what they compute on
-/// calibration text (see [`crate::quant::sequential`]). Absent = data-free palettization.
+/// calibration text (see [`crate::quant::calibrate`]). Absent = data-free palettization.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Calibration {
     /// Per-output-row fp16 scale, one `mul` after the linear.
@@ -67,8 +67,8 @@ impl Default for Calibration {
 
 impl Calibration {
     /// The per-layer method for a projection palettized at `nbits`.
-    pub fn method(&self, nbits: u8) -> crate::quant::calibrated::LinearMethod {
-        crate::quant::calibrated::LinearMethod {
+    pub fn method(&self, nbits: u8) -> crate::quant::calibrate::LinearMethod {
+        crate::quant::calibrate::LinearMethod {
             nbits,
             row_scale: self.row_scale,
             weighted: self.weighted,

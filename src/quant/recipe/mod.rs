@@ -469,7 +469,7 @@ impl Recipe {
         if c.rotate {
             values += widths
                 .into_iter()
-                .map(super::sequential::Rotation::constant_values)
+                .map(super::rotation::Rotation::constant_values)
                 .sum::<u64>();
         }
         values * 2

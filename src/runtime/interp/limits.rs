@@ -1,4 +1,4 @@
-//! Resource limits of the interpreter (issue 27, items 3 and 4). A package is input: the shapes
+//! Resource limits of the interpreter. A package is input: the shapes
 //! it declares and the values its ops compute are checked against limits derived from the
 //! package (its weight files' size) and the machine (its memory) *before* anything of that
 //! size is allocated.
@@ -78,7 +78,7 @@ impl Limits {
         if bytes > self.max_tensor_bytes {
             return Err(format!(
                 "declared {} {:?} needs {bytes} bytes, above the {}-byte limit for one tensor \
-                 (see README, Safety)",
+                 (see docs/safety.md)",
                 ty.dtype.name(),
                 ty.shape,
                 self.max_tensor_bytes
@@ -92,7 +92,7 @@ impl Limits {
         if peak > self.max_live_bytes {
             return Err(format!(
                 "its declared values need {peak} bytes live at once, above the {}-byte limit \
-                 (see README, Safety)",
+                 (see docs/safety.md)",
                 self.max_live_bytes
             ));
         }

@@ -1,6 +1,9 @@
-//! Op implementations. Each takes its named arguments and returns raw results; the caller
+//! The op kernel set: one function per MIL op the interpreter runs per step, and the index
+//! arithmetic they share (broadcasting, strided windows, slices). One idea in one file, long
+//! because the ops are many. Each takes its named arguments and returns raw results; the caller
 //! ([`super::Program`]) checks shapes against the program's declared output types and rounds
-//! to the declared dtypes. Semantics follow coremltools' op definitions (iOS15..iOS17).
+//! to the declared dtypes. Semantics follow coremltools' op definitions (iOS15..iOS17;
+//! docs/reference/mil-ops.md).
 
 use std::collections::HashMap;
 

@@ -6,18 +6,19 @@
 //! rows at a time, decoded exactly as the constexpr ops decode them (the same table values,
 //! the same `scale · (value − offset)` in f32, the same rounding to fp16) and fed to the same
 //! dot products, so every result is bit for bit the one the dense weight gives. A weight any
-//! other op reads is decoded whole when the program loads, as before.
+//! other op reads is decoded whole when the program loads.
 
 use std::sync::Arc;
 
 use half::f16;
 use rayon::prelude::*;
 
-use super::constexpr18::index_bits;
+use super::constexpr::ios18::index_bits;
 use super::kernels::{dot, dot_f16, dot_lut_f16, gemm_nt, gemm_nt_f16, unpack, unpack_f16, Table};
+use super::loader::Loader;
 use super::ops::{self, Args, OpResult};
 use super::tensor::{Data, Tensor};
-use super::{effective_dtype, Loader, RuntimeError};
+use super::{effective_dtype, RuntimeError};
 use crate::mil::{DType, Op};
 use crate::mlpackage::{proto, BlobFile, TensorTypeInfo, Values};
 
@@ -662,7 +663,8 @@ mod tests {
 
     use super::*;
     use crate::mlpackage::{pack_bits, BlobWriter};
-    use crate::runtime::interp::{constexpr18, tensor};
+    use crate::runtime::interp::constexpr::{ios17, ios18};
+    use crate::runtime::interp::tensor;
 
     /// A weight file holding `blobs`, mapped; the offsets in order.
     fn blob_file(blobs: &[(DType, Vec<u8>)]) -> (tempfile::TempDir, Arc<BlobFile>, Vec<u64>) {
@@ -795,7 +797,7 @@ mod tests {
                 shape: vec![table.len()],
                 values: crate::mlpackage::decode_raw(DType::F16, &lut_bytes, table.len()).unwrap(),
             };
-            let dense = super::super::lut_to_dense(idx, lut, shape, &ty).unwrap();
+            let dense = ios17::lut_to_dense(idx, lut, shape, &ty).unwrap();
             let form = Form::Lut(Lut {
                 nbits,
                 tables: table,
@@ -849,10 +851,10 @@ mod tests {
                 dtype: DType::F16,
                 shape: vec![oc, ic],
             };
-            let lut_dense = constexpr18::lut_to_dense(&idx, &lut, None, &ty).unwrap();
+            let lut_dense = ios18::lut_to_dense(&idx, &lut, None, &ty).unwrap();
             let scale = Tensor::new(DType::F16, vec![scales, 1], Data::F(values(scales, 2)));
             let offset = Tensor::new(DType::F16, vec![scales, 1], Data::F(values(scales, 4)));
-            let dense = constexpr18::shift_scale(&lut_dense, &scale, Some(&offset), &ty).unwrap();
+            let dense = ios18::shift_scale(&lut_dense, &scale, Some(&offset), &ty).unwrap();
             let block = oc / scales;
             let (s, o) = (scale.as_f32(), offset.as_f32());
             let lut = Lut {

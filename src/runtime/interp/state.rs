@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use super::ops::{self, Args, OpResult, Window};
+use super::program::Instr;
 use super::tensor::{Data, Tensor};
 use crate::mil::DType;
 use crate::mlpackage::TensorTypeInfo;
@@ -203,16 +204,16 @@ fn write<T: Copy>(dst: &mut [T], shape: &[usize], w: &Window, src: &[T]) {
 /// `read_state` of state S returned, and the first instruction after it that names S writes
 /// this update's result into S. Nothing can then observe S's old value after the update (the
 /// run checks at the time that no other value shares the storage).
-pub(super) fn in_place_updates(instrs: &mut [super::Instr], state_slots: &[usize]) {
-    use super::{Arg, OpKind};
+pub(super) fn in_place_updates(instrs: &mut [Instr], state_slots: &[usize]) {
+    use super::program::{Arg, OpKind};
     use crate::mil::Op;
-    let slot_of = |ins: &super::Instr, key: &str| -> Option<usize> {
+    let slot_of = |ins: &Instr, key: &str| -> Option<usize> {
         match ins.inputs.iter().find(|(k, _)| k == key)?.1.as_slice() {
             [Arg::Slot(s)] => Some(*s),
             _ => None,
         }
     };
-    let names = |ins: &super::Instr, s: usize| {
+    let names = |ins: &Instr, s: usize| {
         ins.inputs
             .iter()
             .any(|(_, a)| a.iter().any(|b| matches!(b, Arg::Slot(x) if *x == s)))
@@ -255,10 +256,10 @@ impl super::Program {
     /// Execute `ins` if it reads or writes a state; `false` for any other op.
     pub(super) fn state_op(
         &self,
-        ins: &super::Instr,
+        ins: &Instr,
         env: &mut [Option<Arc<Tensor>>],
     ) -> Result<bool, super::RuntimeError> {
-        use super::{Arg, OpKind};
+        use super::program::{Arg, OpKind};
         use crate::mil::Op;
         let (state_key, data_key) = match ins.op {
             OpKind::Known(Op::ReadState) => ("input", None),
@@ -326,10 +327,10 @@ impl super::Program {
     /// storage with nothing but the state: the window is written into that storage.
     pub(super) fn update_in_place(
         &self,
-        ins: &super::Instr,
+        ins: &Instr,
         env: &mut [Option<Arc<Tensor>>],
     ) -> Result<Option<Tensor>, super::RuntimeError> {
-        use super::Arg;
+        use super::program::Arg;
         let Some(state) = ins.in_place else {
             return Ok(None);
         };
@@ -354,7 +355,7 @@ impl super::Program {
                 return Ok(None);
             }
         };
-        let map = super::arguments(ins, env, Some("x"))?;
+        let map = super::run::arguments(ins, env, Some("x"))?;
         let types: Vec<TensorTypeInfo> = ins.outputs.iter().map(|(_, t)| t.clone()).collect();
         let args = Args {
             map,
@@ -378,9 +379,9 @@ impl super::Package {
         let parts = c
             .logits_outputs()
             .into_iter()
-            .map(|(name, width)| super::take_output(out, &name).map(|t| (t, width)))
+            .map(|(name, width)| super::package::take_output(out, &name).map(|t| (t, width)))
             .collect::<Result<Vec<_>, _>>()?;
-        let logits = super::concat_rows(&parts, c.query_len);
+        let logits = super::package::concat_rows(&parts, c.query_len);
         if logits.len() != c.query_len * c.vocab_size {
             return Err(super::RuntimeError::Contract {
                 path: String::new(),
@@ -402,7 +403,7 @@ impl super::Package {
         use crate::mil::contract;
         // Every function of a multifunction package reads and writes the same state.
         let (program, c) = self.function_for(input_ids.len())?;
-        let pos = super::check_step(c, input_ids, position, &[], &[])?;
+        let pos = super::package::check_step(c, input_ids, position, &[], &[])?;
         let inputs = vec![
             (
                 contract::INPUT_IDS,

@@ -1,11 +1,11 @@
-//! Calibrated palettization of one linear layer (issue 7): the LUT fits what the layer
+//! Calibrated palettization of one linear layer: the LUT fits what the layer
 //! computes on real inputs, not the weights alone.
 //!
 //! A projection W [out, in] becomes `y = s ⊙ (Ŵ·x)` with Ŵ[r, j] = LUT_g(r)[idx[r, j]]:
 //! - `s`: an optional per-output-row fp16 scale (one `mul` after the linear on device). Rows
 //!   normalised by their largest |w| share one LUT far better than raw rows of very different
 //!   magnitudes do.
-//! - the LUT is fitted by the exact weighted k-means of [`super::kmeans`], each element weighted
+//! - the LUT is fitted by the exact weighted k-means of [`crate::quant::kmeans`], each element weighted
 //!   by E[x_j²] of its input channel (times s_r², so the error is measured in W's units).
 //! - indices are chosen by GPTQ-style error feedback: columns are quantised in turn and each
 //!   column's output error, measured through the inverse Hessian of the calibration inputs,
@@ -17,8 +17,8 @@ use half::f16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::linalg::inverse_upper_factor_owned;
-use super::{kmeans, palettize_f16, QuantError};
+use crate::quant::linalg::inverse_upper_factor_owned;
+use crate::quant::{kmeans, palettize_f16, QuantError};
 
 /// How one linear layer is palettized with calibration data.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -79,7 +79,7 @@ impl LinearMethod {
 
 /// A palettized linear layer: `y = row_scale ⊙ (LUT[idx] · x)`, each row reading the LUT of
 /// its group. Indices stay unpacked for the error feedback and evaluation; a package stores it
-/// as a [`super::QuantizedWeight`] (`From`).
+/// as a [`crate::quant::QuantizedWeight`] (`From`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizedLinear {
     pub rows: usize,
@@ -91,7 +91,7 @@ pub struct QuantizedLinear {
     /// Per-row fp16 scale multiplied into the linear's output.
     pub row_scale: Option<Vec<f16>>,
     /// The stored weight is W·Q for the input rotation Q of [`LinearMethod::rotate`]: the
-    /// graph must feed it x·Q ([`crate::quant::sequential::rotation_transpose`]).
+    /// graph must feed it x·Q ([`crate::quant::rotation::rotation_transpose`]).
     pub rotated: bool,
     /// Per-element MSE and SNR of the stored weight against the input weight.
     pub mse: f64,

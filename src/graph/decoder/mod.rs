@@ -1,12 +1,14 @@
-//! The contract-v1 decode/chunk step for the Llama family (Llama, Mistral, Qwen2).
+//! The decode/chunk step of the package contract for every decoder architecture hf2coreml
+//! converts (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4-mini, Gemma 3, SmolLM3): one builder,
+//! the differences between them read from [`ModelSpec`].
 //!
-//! Inputs and outputs follow docs/design.md's contract exactly. What the graph is made of follows
-//! FORMAT.md, "Verified here": gathered RoPE tables, the cache mask from `less(arange(S),
-//! position)` → `select` → `tile`, concatenated with a constant causal block ([`mask`]);
-//! per-layer `slice_by_index` of the caches; GQA by reshape → tile → reshape; rotate-half RoPE
-//! with `split` + `concat` ([`attention`]); the gated MLP ([`mlp`]); projections over dense,
-//! palettized or calibrated weights ([`linear`]); the key/value updates as a `concat` of
-//! per-layer rows along axis 0.
+//! Inputs and outputs follow the package contract (docs/contract.md) exactly. What the graph is
+//! made of follows docs/reference/mil-ops.md, "A decode step in iOS17 MIL": gathered RoPE
+//! tables, the cache mask from `less(arange(S), position)` → `select` → `tile`, concatenated
+//! with a constant causal block ([`mask`]); per-layer `slice_by_index` of the caches; GQA by
+//! reshape → tile → reshape; rotate-half RoPE with `split` + `concat` ([`attention`]); the
+//! gated MLP ([`mlp`]); projections over dense, palettized or calibrated weights ([`linear`]);
+//! the key/value updates as a `concat` of per-layer rows along axis 0.
 //!
 //! [`build`] reads like the model: embedding, then per block norm → attention → residual →
 //! norm → MLP → residual, then the final norm and the lm_head. Weights are looked up by their

@@ -1,0 +1,319 @@
+//! The block driver: the calibration text runs through the model one decoder block at a time,
+//! each block's projections are palettized on the inputs its quantized predecessors produce, and
+//! the block then runs with its quantized weights to give the next block's inputs.
+
+use std::collections::BTreeMap;
+
+use candle_core::{Device, Tensor};
+
+use super::allocate::allocate_bits;
+use super::awq::{apply_scales, awq_scales, awq_search, expand_o_scales, site_scales};
+use super::linear::LinearMethod;
+use super::site::{Grams, SiteFit, SiteProjection, SlotMethod, SITES};
+use super::{calib_err, fetch, to_vec, CalibratedWeights, SequentialOptions};
+use crate::arch::{expected_tensors, Role, TensorSlot};
+use crate::checkpoint::Checkpoint;
+use crate::model::calibrate::Gram;
+use crate::model::plain::{embed_rows, Blind, PlainModel};
+use crate::quant::QuantError;
+
+/// Calibrate on `tokens` and palettize what `method_for` selects, block by block, on `model`
+/// (loaded whole or streaming: each block is fetched before and released after its turn).
+pub(super) fn quantize_model(
+    model: &mut PlainModel,
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
+    options: &SequentialOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<CalibratedWeights, QuantError> {
+    let spec = ckpt.spec().clone();
+    if tokens.is_empty() {
+        return Err(QuantError::Calibration {
+            message: "no calibration tokens".into(),
+        });
+    }
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= spec.vocab_size) {
+        return Err(QuantError::Calibration {
+            message: format!("token {t} is outside the vocabulary ({})", spec.vocab_size),
+        });
+    }
+    let seg = options
+        .segment_len
+        .clamp(16, spec.package_context().max(16));
+    let mut xs: Vec<Tensor> = tokens
+        .chunks(seg)
+        .map(|c| embed_rows(ckpt, c))
+        .collect::<Result<_, _>>()
+        .map_err(|e| QuantError::Calibration {
+            message: format!("embedding the calibration text: {e}"),
+        })?;
+    let slots = expected_tensors(&spec);
+    let dims = block_dims(&spec);
+    let mut out = CalibratedWeights {
+        linears: BTreeMap::new(),
+        replaced: BTreeMap::new(),
+        awq: Vec::new(),
+        allocation: Vec::new(),
+        tokens: tokens.len(),
+    };
+    let mut chosen: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    if let Some(target) = options.target_bpw {
+        out.allocation = allocate_bits(model, ckpt, &xs, &slots, method_for, target, options)?;
+        chosen = out
+            .allocation
+            .iter()
+            .map(|c| (c.tensor.clone(), c.row_bits.clone()))
+            .collect();
+    }
+    let method_for = |slot: &TensorSlot| {
+        method_for(slot).map(|m| {
+            let bits = chosen.get(&slot.name);
+            let m = LinearMethod {
+                nbits: bits
+                    .and_then(|b| b.iter().copied().min())
+                    .unwrap_or(m.nbits),
+                ..m
+            };
+            (m, bits.cloned())
+        })
+    };
+    let n_layers = spec.num_hidden_layers;
+    if options.true_sequential && !options.awq {
+        for l in 0..n_layers {
+            fetch(model, ckpt, l)?;
+            xs = true_sequential_block(model, l, &xs, &slots, &method_for, &dims, &mut out)?;
+            model.release_layer(l);
+            progress(l + 1, n_layers);
+        }
+        return Ok(out);
+    }
+    for l in 0..n_layers {
+        fetch(model, ckpt, l)?;
+        xs = calibrate_block(model, l, &xs, &slots, &method_for, options, &mut out)?;
+        model.release_layer(l);
+        progress(l + 1, n_layers);
+    }
+    Ok(out)
+}
+
+/// One block of calibration: each input site's XᵀX is accumulated from the block's float
+/// inputs, AWQ scales (if enabled) are folded, then the site's projections are palettized.
+/// Returns the block outputs with the palettized weights (the next block's inputs).
+fn calibrate_block(
+    model: &mut PlainModel,
+    l: usize,
+    xs: &[Tensor],
+    slots: &[TensorSlot],
+    method_for: &dyn Fn(&TensorSlot) -> Option<SlotMethod>,
+    options: &SequentialOptions,
+    out: &mut CalibratedWeights,
+) -> Result<Vec<Tensor>, QuantError> {
+    let spec = &model.spec().clone();
+    let dims = block_dims(spec);
+    let mut obs = Grams {
+        layer: l,
+        grams: dims.iter().map(|&d| Gram::new(d)).collect(),
+    };
+    for x in xs {
+        model
+            .block(l, x, &mut obs)
+            .map_err(|e| calib_err(format!("block {l}"), e))?;
+    }
+    let slot_of = |role: Role| {
+        slots
+            .iter()
+            .find(|s| s.layer == Some(l) && s.role == role)
+            .cloned()
+    };
+    // Per site: the projections to palettize and the XᵀX they are fitted with.
+    let mut work: Vec<(usize, Vec<f64>, Vec<SiteProjection>)> = Vec::new();
+    for (site, (_, roles)) in SITES.iter().enumerate() {
+        let methods: Vec<SiteProjection> = roles
+            .iter()
+            .filter_map(|&r| {
+                let slot = slot_of(r)?;
+                method_for(&slot).map(|(m, bits)| (r, slot, m, bits))
+            })
+            .collect();
+        if !methods.is_empty() {
+            work.push((site, obs.grams[site].sum.clone(), methods));
+        }
+    }
+    // AWQ folds first, all of them: the o and down scales fold into v_proj and up_proj
+    // rows, which must carry them before they are palettized.
+    if options.awq {
+        for (site, h, methods) in work.iter_mut() {
+            let cols = obs.grams[*site].dim;
+            let choice = awq_search(model, l, *site, methods, h, cols)?;
+            if choice.exponent > 0.0 {
+                let sc = awq_scales(h, cols, choice.exponent);
+                let sc = site_scales(spec, *site, &sc);
+                apply_scales(model, spec, l, *site, &sc, &mut out.replaced, slots)?;
+                let s_full = expand_o_scales(spec, *site, &sc);
+                for i in 0..cols {
+                    for j in 0..cols {
+                        h[i * cols + j] /= s_full[i] * s_full[j];
+                    }
+                }
+            }
+            out.awq.push(choice);
+        }
+    }
+    for (site, h, methods) in &work {
+        let cols = obs.grams[*site].dim;
+        let mut site_fit = SiteFit::new(h, cols);
+        for (role, slot, method, row_bits) in methods {
+            let w = model
+                .weight_mut(l, *role, false)
+                .ok_or_else(|| QuantError::Calibration {
+                    message: format!("block {l} has no {role} projection"),
+                })?;
+            let rows = slot.shape[0];
+            let values = to_vec(w)?;
+            let (q, effective) = site_fit
+                .fit(&values, rows, method, row_bits.as_deref())
+                .map_err(|e| e.in_tensor(&slot.name))?;
+            *w = Tensor::from_vec(effective, (rows, cols), &Device::Cpu)
+                .map_err(|e| calib_err(&slot.name, e))?;
+            out.replaced.remove(&slot.name);
+            out.linears.insert(slot.name.clone(), q);
+        }
+    }
+    xs.iter()
+        .map(|x| model.block(l, x, &mut Blind))
+        .collect::<Result<_, _>>()
+        .map_err(|e| calib_err(format!("block {l}"), e))
+}
+
+/// The input width of each of the four [`SITES`].
+fn block_dims(spec: &crate::arch::ModelSpec) -> [usize; 4] {
+    [
+        spec.hidden_size,
+        spec.q_dim(),
+        spec.hidden_size,
+        spec.intermediate_size,
+    ]
+}
+
+/// One block of true-sequential calibration: each input site's XᵀX is accumulated from the
+/// activations computed with every earlier projection of the block already palettized, then
+/// the site's projections are palettized. Returns the block outputs (the next block's inputs).
+fn true_sequential_block(
+    model: &mut PlainModel,
+    l: usize,
+    xs: &[Tensor],
+    slots: &[TensorSlot],
+    method_for: &dyn Fn(&TensorSlot) -> Option<SlotMethod>,
+    dims: &[usize; 4],
+    out: &mut CalibratedWeights,
+) -> Result<Vec<Tensor>, QuantError> {
+    let err = |e| calib_err(format!("block {l}"), e);
+    let mut fit = |model: &mut PlainModel, site: usize, inputs: &[Tensor]| {
+        let mut gram = Gram::new(dims[site]);
+        for x in inputs {
+            gram.accumulate(x).map_err(err)?;
+        }
+        let mut site_fit = SiteFit::new(&gram.sum, gram.dim);
+        for &role in SITES[site].1 {
+            let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role) else {
+                continue;
+            };
+            let Some((method, row_bits)) = method_for(slot) else {
+                continue;
+            };
+            let w = model
+                .weight_mut(l, role, false)
+                .ok_or_else(|| QuantError::Calibration {
+                    message: format!("block {l} has no {role} projection"),
+                })?;
+            let rows = slot.shape[0];
+            let values = to_vec(w)?;
+            let (q, effective) = site_fit
+                .fit(&values, rows, &method, row_bits.as_deref())
+                .map_err(|e| e.in_tensor(&slot.name))?;
+            *w = Tensor::from_vec(effective, (rows, gram.dim), &Device::Cpu)
+                .map_err(|e| calib_err(&slot.name, e))?;
+            out.linears.insert(slot.name.clone(), q);
+        }
+        Ok::<(), QuantError>(())
+    };
+    let h: Vec<Tensor> = xs
+        .iter()
+        .map(|x| model.step_attention_input(l, x))
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    fit(model, 0, &h)?;
+    let attn: Vec<Tensor> = h
+        .iter()
+        .map(|h| model.step_attention(l, h))
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    drop(h);
+    fit(model, 1, &attn)?;
+    let (mid, h): (Vec<Tensor>, Vec<Tensor>) = xs
+        .iter()
+        .zip(&attn)
+        .map(|(x, a)| model.step_mlp_input(l, x, a))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?
+        .into_iter()
+        .unzip();
+    drop(attn);
+    fit(model, 2, &h)?;
+    let act: Vec<Tensor> = h
+        .iter()
+        .map(|h| model.step_mlp_act(l, h))
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    drop(h);
+    fit(model, 3, &act)?;
+    mid.iter()
+        .zip(&act)
+        .map(|(x, a)| model.step_output(l, x, a))
+        .collect::<Result<_, _>>()
+        .map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TinyModel;
+
+    /// The steps true-sequential calibration runs a block in compute what the block computes.
+    #[test]
+    fn block_steps_compose_to_the_block() {
+        for tiny in [TinyModel::llama(), TinyModel::qwen2()] {
+            let dir = tiny.write_temp().unwrap();
+            let ckpt = Checkpoint::open(dir.path()).unwrap();
+            let mut model = PlainModel::load(&ckpt).unwrap();
+            let tokens: Vec<u32> = (0..20).map(|i| (i * 7 % 50) as u32).collect();
+            let x = model.embed(&tokens).unwrap();
+            assert_eq!(
+                embed_rows(&ckpt, &tokens)
+                    .unwrap()
+                    .to_vec2::<f32>()
+                    .unwrap(),
+                x.to_vec2::<f32>().unwrap()
+            );
+            let want = model.block(0, &x, &mut Blind).unwrap();
+            let h = model.step_attention_input(0, &x).unwrap();
+            let attn = model.step_attention(0, &h).unwrap();
+            let (mid, h) = model.step_mlp_input(0, &x, &attn).unwrap();
+            let act = model.step_mlp_act(0, &h).unwrap();
+            let got = model.step_output(0, &mid, &act).unwrap();
+            let diff = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            // The same f32 operations in the same order: bit-identical.
+            assert_eq!(diff, 0.0);
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! A saved package that follows the contract ([`Package`]): its contract read from the metadata
+//! and checked against the program's inputs, a multifunction package's functions (`decode` and
+//! `prefill`, one picked per call by the number of tokens), and a step's arguments checked
+//! before it runs.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use half::f16;
+
+use super::{Options, Program, RuntimeError, States, Stats, Tensor};
+use crate::mil::contract::{self, Contract};
+use crate::mlpackage::{self, MlPackage};
+use crate::runtime::{StepModel, StepOutput};
+
+/// A saved package that follows the contract, ready to step (implements
+/// [`crate::runtime::StepModel`]).
+#[derive(Debug)]
+pub struct Package {
+    program: Program,
+    pub(super) contract: Contract,
+    description: mlpackage::Description,
+    /// A stateful package's cache (`kv_cache = "state"`), kept between steps.
+    pub(super) states: Option<std::sync::Mutex<States>>,
+    /// A multifunction package's other functions (`prefill`), each with the contract as it
+    /// follows it; `program` and `contract` are the default function's (`decode`).
+    others: Vec<Function>,
+}
+
+/// One more function of a multifunction package.
+#[derive(Debug)]
+pub struct Function {
+    pub name: String,
+    pub program: Program,
+    pub contract: Contract,
+}
+
+impl Package {
+    /// Open the package at `path`, read its contract from the user-defined metadata and
+    /// compile its program.
+    pub fn load(path: &Path, options: Options) -> Result<Self, RuntimeError> {
+        let pkg = MlPackage::open(path)?;
+        let description = pkg.description();
+        let json = description
+            .user_defined
+            .get(contract::METADATA_KEY)
+            .ok_or_else(|| RuntimeError::Contract {
+                path: path.display().to_string(),
+                msg: format!(
+                    "no `{}` metadata: not an hf2coreml package",
+                    contract::METADATA_KEY
+                ),
+            })?;
+        let contract: Contract =
+            serde_json::from_str(json).map_err(|e| RuntimeError::Contract {
+                path: path.display().to_string(),
+                msg: e.to_string(),
+            })?;
+        let bad = |msg: String| RuntimeError::Contract {
+            path: path.display().to_string(),
+            msg,
+        };
+        let program = Program::load(&pkg, options)?;
+        check_contract_inputs(&program, &contract).map_err(bad)?;
+        let others = load_other_functions(&pkg, &contract, options).map_err(|e| match e {
+            RuntimeError::Contract { msg, .. } => bad(msg),
+            other => other,
+        })?;
+        let states = (contract.kv_cache == contract::KvCache::State)
+            .then(|| std::sync::Mutex::new(program.new_states()));
+        Ok(Package {
+            program,
+            contract,
+            description,
+            states,
+            others,
+        })
+    }
+
+    /// Every function: its name, program and the contract as it follows it; the default
+    /// function first.
+    pub fn functions(&self) -> Vec<(&str, &Program, &Contract)> {
+        let default = if self.contract.functions.is_empty() {
+            "main"
+        } else {
+            contract::DECODE
+        };
+        std::iter::once((default, &self.program, &self.contract))
+            .chain(
+                self.others
+                    .iter()
+                    .map(|f| (f.name.as_str(), &f.program, &f.contract)),
+            )
+            .collect()
+    }
+
+    /// The Q of the `prefill` function, if the package has one.
+    pub fn prefill_len(&self) -> Option<usize> {
+        self.others
+            .iter()
+            .find(|f| f.name == contract::PREFILL)
+            .map(|f| f.contract.query_len)
+    }
+
+    /// The function that takes `n` tokens a call, with its contract: how a step picks
+    /// `decode` or `prefill` (the inputs it is then given do not matter here).
+    pub(super) fn function_for(&self, n: usize) -> Result<(&Program, &Contract), RuntimeError> {
+        if n == self.contract.query_len {
+            return Ok((&self.program, &self.contract));
+        }
+        self.others
+            .iter()
+            .find(|f| f.contract.query_len == n)
+            .map(|f| (&f.program, &f.contract))
+            .ok_or_else(|| RuntimeError::Input {
+                name: contract::INPUT_IDS.into(),
+                msg: format!(
+                    "{n} tokens; the package's functions take {}",
+                    self.functions()
+                        .iter()
+                        .map(|(name, _, c)| format!("{} ({name})", c.query_len))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            })
+    }
+
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    pub fn description(&self) -> &mlpackage::Description {
+        &self.description
+    }
+
+    /// One step, optionally collecting range statistics.
+    pub fn step_with_stats(
+        &self,
+        input_ids: &[i32],
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+        stats: Option<&mut Stats>,
+    ) -> Result<StepOutput, RuntimeError> {
+        if let Some(states) = &self.states {
+            return self.state_step(states, input_ids, position, stats);
+        }
+        let (program, c) = self.function_for(input_ids.len())?;
+        let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
+        let pos = check_step(c, input_ids, position, key_cache, value_cache)?;
+        let inputs = vec![
+            (
+                contract::INPUT_IDS,
+                Tensor::i32(vec![1, c.query_len], input_ids),
+            ),
+            (contract::POSITION, Tensor::i32(vec![1], &[pos])),
+            (
+                contract::KEY_CACHE,
+                Tensor::f16(cache_shape.clone(), key_cache.to_vec()),
+            ),
+            (
+                contract::VALUE_CACHE,
+                Tensor::f16(cache_shape, value_cache.to_vec()),
+            ),
+        ];
+        let mut out = program.run(inputs, stats)?;
+        let logits = Self::logits(c, &mut out)?;
+        let mut take = |name: &str| take_output(&mut out, name);
+        let k = take(contract::KEY_UPDATE)?;
+        let v = take(contract::VALUE_UPDATE)?;
+        let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
+        if logits.len() != c.query_len * c.vocab_size || k.len() != upd || v.len() != upd {
+            return Err(RuntimeError::Contract {
+                path: String::new(),
+                msg: "output sizes do not match the contract's dimensions".into(),
+            });
+        }
+        Ok(StepOutput {
+            logits,
+            key_update: k.to_f16_vec(),
+            value_update: v.to_f16_vec(),
+        })
+    }
+}
+
+pub(super) fn take_output(
+    out: &mut HashMap<String, Tensor>,
+    name: &str,
+) -> Result<Tensor, RuntimeError> {
+    out.remove(name).ok_or_else(|| RuntimeError::Contract {
+        path: String::new(),
+        msg: format!("the program has no output `{name}`"),
+    })
+}
+
+/// The step's arguments against the contract: Q tokens, a position that leaves room for them,
+/// caches of [L, Hkv, S, D]. Returns the position as the int32 the programs take.
+pub(crate) fn check_step(
+    c: &Contract,
+    input_ids: &[i32],
+    position: usize,
+    key_cache: &[f16],
+    value_cache: &[f16],
+) -> Result<i32, RuntimeError> {
+    let cache_shape = [c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
+    let cache_len = cache_shape.iter().product::<usize>();
+    if input_ids.len() != c.query_len {
+        return Err(RuntimeError::Input {
+            name: contract::INPUT_IDS.into(),
+            msg: format!(
+                "{} tokens, the package takes {}",
+                input_ids.len(),
+                c.query_len
+            ),
+        });
+    }
+    if position + c.query_len > c.max_seq_len {
+        return Err(RuntimeError::Input {
+            name: contract::POSITION.into(),
+            msg: format!(
+                "position {position} + {} tokens passes max_seq_len {}",
+                c.query_len, c.max_seq_len
+            ),
+        });
+    }
+    let io = c.kv_cache == contract::KvCache::Io;
+    for (name, cache) in [
+        (contract::KEY_CACHE, key_cache),
+        (contract::VALUE_CACHE, value_cache),
+    ] {
+        if io && cache.len() != cache_len {
+            return Err(RuntimeError::Input {
+                name: name.into(),
+                msg: format!(
+                    "{} elements, expected {cache_len} ({cache_shape:?})",
+                    cache.len()
+                ),
+            });
+        }
+    }
+    let pos = i32::try_from(position).map_err(|_| RuntimeError::Input {
+        name: contract::POSITION.into(),
+        msg: format!("{position} does not fit int32"),
+    })?;
+    Ok(pos)
+}
+
+/// A multifunction package's functions besides the default one, each checked against the
+/// contract as it follows it. The program's functions must be the contract's: the default
+/// (`decode`) and the others, no more, no fewer.
+fn load_other_functions(
+    pkg: &MlPackage,
+    c: &Contract,
+    options: Options,
+) -> Result<Vec<Function>, RuntimeError> {
+    let bad = |msg: String| RuntimeError::Contract {
+        path: String::new(),
+        msg,
+    };
+    let declared: Vec<&str> = pkg.function_names()?;
+    let mut listed = c.function_names();
+    listed.sort_unstable();
+    if declared != listed {
+        return Err(bad(format!(
+            "the contract lists the functions {listed:?}, the program has {declared:?}"
+        )));
+    }
+    if c.functions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let default = pkg.main_function()?.name;
+    if default != contract::DECODE
+        || c.for_function(contract::DECODE).as_ref()
+            != Some(&Contract {
+                functions: Vec::new(),
+                ..c.clone()
+            })
+    {
+        return Err(bad(format!(
+            "the default function is `{default}` and the contract's own Q and I/O must be \
+             `{}`'s",
+            contract::DECODE
+        )));
+    }
+    let mut out = Vec::new();
+    for f in c.functions.iter().filter(|f| f.name != contract::DECODE) {
+        let program = Program::load_function(pkg, &f.name, options)?;
+        let view = c.for_function(&f.name).expect("listed");
+        check_contract_inputs(&program, &view)
+            .map_err(|msg| bad(format!("function `{}`: {msg}", f.name)))?;
+        out.push(Function {
+            name: f.name.clone(),
+            program,
+            contract: view,
+        });
+    }
+    Ok(out)
+}
+
+/// The contract's dimensions must be the ones the program declares for its inputs (which the
+/// loader bounded): the runner sizes its caches from the contract, so a contract that claims
+/// more than the program takes would otherwise allocate it.
+fn check_contract_inputs(program: &Program, c: &Contract) -> Result<(), String> {
+    let (inputs, _, states) = c.expected_io("");
+    let declared = [("input", &program.inputs), ("state", &program.states)];
+    for (want, (kind, have)) in inputs
+        .into_iter()
+        .map(|w| (w, declared[0]))
+        .chain(states.into_iter().map(|w| (w, declared[1])))
+    {
+        let (_, _, ty) = have
+            .iter()
+            .find(|(n, _, _)| *n == want.name)
+            .ok_or_else(|| format!("the program has no {kind} `{}`", want.name))?;
+        if ty.shape != want.shape {
+            return Err(format!(
+                "the contract's dimensions give input `{}` the shape {:?}, the program declares \
+                 {:?}",
+                want.name, want.shape, ty.shape
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The logits parts ([1, Q, width] each) joined along the vocabulary: [Q, V] row-major. A part
+/// of the wrong size leaves the result short, which the caller's size check reports.
+pub(crate) fn concat_rows(parts: &[(Tensor, usize)], q: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(q * parts.iter().map(|(_, w)| w).sum::<usize>());
+    let parts: Vec<_> = parts.iter().map(|(t, w)| (t.as_f32(), *w)).collect();
+    if parts.iter().any(|(t, w)| t.len() != q * w) {
+        return out;
+    }
+    for row in 0..q {
+        for (t, w) in &parts {
+            out.extend_from_slice(&t[row * w..(row + 1) * w]);
+        }
+    }
+    out
+}
+
+impl StepModel for Package {
+    fn contract(&self) -> &Contract {
+        &self.contract
+    }
+
+    fn prefill_len(&self) -> Option<usize> {
+        Package::prefill_len(self)
+    }
+
+    fn step(
+        &mut self,
+        input_ids: &[i32],
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+    ) -> Result<StepOutput, RuntimeError> {
+        self.step_with_stats(input_ids, position, key_cache, value_cache, None)
+    }
+
+    fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
+        self.read_state_rows(rows)
+    }
+
+    fn restore_state_rows(
+        &mut self,
+        rows: usize,
+        keys: &[f16],
+        values: &[f16],
+    ) -> Result<(), RuntimeError> {
+        self.write_state_rows(rows, keys, values)
+    }
+}
