@@ -3,9 +3,7 @@
 
 use std::path::PathBuf;
 
-use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::mil::contract::{Layout, Target};
-use hf2coreml::pipeline::texts;
 use hf2coreml::quant::recipe::RecipeFile;
 use hf2coreml::quant::Recipe;
 
@@ -129,19 +127,6 @@ impl RecipeArgs {
             _ => base,
         };
         Ok(base.with_overrides(self.nbits, &self.keep_fp16)?)
-    }
-
-    /// Calibration token ids for `recipe` (see [`texts::calibration_tokens`]).
-    pub fn calibration_tokens(
-        &self,
-        recipe: &Recipe,
-        ckpt: &Checkpoint,
-    ) -> anyhow::Result<(Vec<u32>, Option<String>)> {
-        Ok(texts::calibration_tokens(
-            self.calibration.as_deref(),
-            recipe,
-            ckpt,
-        )?)
     }
 }
 

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::fsutil::atomic_write;
+use hf2coreml::pipeline::texts;
 
 use super::args::RecipeArgs;
 
@@ -24,7 +25,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let recipe = args.recipe.load()?;
     let ckpt = Checkpoint::open(&args.dir)
         .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;
-    let (tokens, source) = args.recipe.calibration_tokens(&recipe, &ckpt)?;
+    let (tokens, source) =
+        texts::calibration_tokens(args.recipe.calibration.as_deref(), &recipe, &ckpt)?;
     if let Some(source) = &source {
         crate::printer::info(format_args!("calibrating on {source}"));
     }

@@ -20,8 +20,8 @@
 //!
 //! A recipe file may also set the package's options (`target`, `layout`, `kv_cache`,
 //! `prefill_len`): they are not quantization, and [`RecipeFile`] keeps them apart from the
-//! [`Recipe`] as [`PackageOptions`]. The file's parser is in [`parse`], the `[calibration]`
-//! table in [`calibration`].
+//! [`Recipe`] as [`PackageOptions`]. The file's reader is in `parse.rs`, the `[calibration]`
+//! table in `calibration.rs`.
 
 mod calibration;
 mod parse;
@@ -200,7 +200,8 @@ pub struct RecipeFile {
 }
 
 impl Default for RecipeFile {
-    /// The embedded default: decoder projections 4-bit per tensor, everything else fp16.
+    /// The embedded default (`configs/recipes/default.toml`): decoder projections 6-bit,
+    /// calibrated; everything else fp16.
     fn default() -> Self {
         match RecipeFile::parse(DEFAULT_RECIPE, DEFAULT_ORIGIN) {
             Ok(r) => r,
