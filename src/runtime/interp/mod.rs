@@ -7,13 +7,13 @@
 //! intermediate is recorded so it is freed as soon as possible. Each op's result is checked
 //! against the shape the program declares and rounded to the declared dtype (fp16 stays fp16
 //! and overflows to inf, as on device), unless [`Compute::F32`] is chosen.
-
 //!
-//! One idea per file: [`program`] compiles a function (with [`loader`] turning operations into
+//! One idea per file: [`program`] compiles a function, with [`loader`] turning operations into
 //! constants and instructions, [`constexpr`] evaluating the weight ops at load, [`weights`]
-//! deciding which weights stay packed, [`liveness`] when each value is freed), [`run`] executes
-//! it with the kernels of [`ops`], [`package`] wraps a saved package's functions and contract,
-//! [`consts`] reads constants back by name.
+//! deciding which weights stay packed ([`packed`]) and [`liveness`] when each value is freed;
+//! [`run`] executes it with the kernels of [`ops`] (over [`kernels`] and [`tensor`], within
+//! [`limits`]) and the Core ML states of [`state`]; [`package`] wraps a saved package's
+//! functions and contract; [`consts`] reads constants back by name.
 
 mod constexpr;
 mod consts;
