@@ -62,7 +62,7 @@ fn code(path: &Path) -> String {
         .join("\n")
 }
 
-/// Top-level module of a file under src/ (`graph/llama/mod.rs` → `graph`).
+/// Top-level module of a file under src/ (`graph/decoder/mod.rs` → `graph`).
 fn module_of(src: &Path, path: &Path) -> String {
     let rel = path.strip_prefix(src).unwrap();
     let first = rel
