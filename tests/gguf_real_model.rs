@@ -1,4 +1,4 @@
-//! The real SmolLM2-135M-Instruct GGUF (REAL_MODEL.md): imported into a temp dir, it opens as
+//! The real SmolLM2-135M-Instruct GGUF (docs/reference/real-model.md): imported into a temp dir, it opens as
 //! a checkpoint with the published parameter count, and its tokenizer encodes text to the ids
 //! a reference byte-level BPE written here computes from the GGUF vocabulary and merges.
 //!

@@ -65,7 +65,7 @@ fn calibration_shows_massive_activations() {
     for (kind, v) in stats.max_abs_by_kind() {
         eprintln!("  {:<26} {v:.4e}", kind.as_str());
     }
-    // REAL_MODEL.md: ~24,900 from block 11 on; anything in the 10^4 range is the phenomenon.
+    // docs/reference/real-model.md: ~24,900 from block 11 on; anything in the 10^4 range is the phenomenon.
     assert!((1e4..1e5).contains(&max), "max |residual| {max}");
     // The first blocks are still small (~39 after block 0).
     assert!(stats.layers[0].max_abs_residual_after_mlp < 1e3);

@@ -161,7 +161,7 @@ pub const RULES: &[Rule] = &[
         severity: Severity::Error,
         why: "M1 and A14 Neural Engines reject a model whose states have different shapes",
         fix: "give every state the same shape (hf2coreml stacks all keys and values in one)",
-        source: "ANEMLL 0.3.5 release notes (NEURAL_ENGINE.md)",
+        source: "ANEMLL 0.3.5 release notes (docs/reference/neural-engine.md)",
     },
     Rule {
         id: "weight-file-size",
