@@ -1,6 +1,10 @@
 //! The README's claim that a chat template cannot touch the filesystem: a template is input
 //! from a checkpoint, and `include`, `import`, `from ... import` and `extends` name files. Each
 //! fails to render with an error, and nothing of the named file reaches the prompt.
+//!
+//! A test binary of its own, not a module of tests/it: to try a file by a relative name it
+//! changes the process's working directory, which every other test's relative paths (and the
+//! children they spawn) would see.
 
 use hf2coreml::runtime::chat::{ChatTemplate, Message};
 

@@ -3,30 +3,12 @@
 //! tensor, and say what is supported.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use hf2coreml::mil::DType;
 use hf2coreml::testing::{Blob, TinyModel};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-
-fn hf2coreml(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("CI")
-        .output()
-        .expect("run hf2coreml")
-}
-
-/// Bad input: exit 2, no panic, the message mentions every needle.
-fn assert_refused(out: &Output, needles: &[&str]) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-    for n in needles {
-        assert!(err.contains(n), "`{n}` not in: {err}");
-    }
-}
+use crate::support::{assert_refused, hf2coreml};
 
 /// A tiny Llama whose config.json has `edit` applied.
 fn with_config(

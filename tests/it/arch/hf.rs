@@ -2,16 +2,14 @@
 //! (python/testgen/hf_models.py → tests/fixtures/hf/<arch>/): the Rust reference matches
 //! transformers' float32 logits, and converted packages pass validate's gates against the
 //! checkpoint (all-fp16: the fp16 gates; calibrated 4-bit: the 4-bit gates), as the Llama-family
-//! fixtures do in validate_tiny.rs. `run` and `batch` are exercised on the Phi-3 fixtures.
+//! fixtures do in validate::tiny. `run` and `batch` are exercised on the Phi-3 fixtures.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::{BackendChoice, Reference};
-use hf2coreml::testing::python_env;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, stdout, Cli};
 
 fn fixture(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/hf/{arch}"))
@@ -103,35 +101,15 @@ fn reference_matches_transformers(arch: &str) {
     }
 }
 
-fn convert(dir: &Path, out: &Path, max_seq_len: usize, flags: &[&str]) -> String {
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(["--max-seq-len", &max_seq_len.to_string()])
-        .args(flags)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "convert {flags:?} failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::Value, String) {
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("validate")
         .arg(pkg)
         .arg("--against")
         .arg(dir)
         .args(["--max-tokens", &tokens.to_string()])
         .arg("--json")
-        .output()
-        .unwrap();
+        .output();
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     let report = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("no JSON report ({e}): {stderr}"));
@@ -157,7 +135,10 @@ fn packages_validate_at(arch: &str, fp16_len: usize, q4_len: usize) -> tempfile:
     let dir = fixture(arch);
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("fp16.mlpackage");
-    convert(&dir, &pkg, fp16_len, &["--keep-fp16", "*"]);
+    let fp16 = fp16_len.to_string();
+    convert(&dir, &pkg)
+        .args(["--max-seq-len", &fp16, "--keep-fp16", "*"])
+        .ok();
     let (code, report, err) = validate(&pkg, &dir, fp16_len);
     let metric = |r: &serde_json::Value, m: &str| r["behaviour"][m].as_f64().unwrap();
     eprintln!(
@@ -174,7 +155,10 @@ fn packages_validate_at(arch: &str, fp16_len: usize, q4_len: usize) -> tempfile:
     );
 
     let pkg = out.path().join("q4.mlpackage");
-    convert(&dir, &pkg, q4_len, &["--recipe", "calibrated-4bit"]);
+    let q4 = q4_len.to_string();
+    convert(&dir, &pkg)
+        .args(["--max-seq-len", &q4, "--recipe", "calibrated-4bit"])
+        .ok();
     let (code, report, err) = validate(&pkg, &dir, q4_len);
     let (kl, top1) = (metric(&report, "kl_mean"), metric(&report, "top1"));
     eprintln!("{arch} q4: exit {code:?} kl {kl} top1 {top1}");
@@ -198,6 +182,7 @@ fn qwen3_reference_matches_transformers() {
 
 #[test]
 fn qwen3_packages_validate() {
+    needs!(Python);
     packages_validate("qwen3");
 }
 
@@ -210,6 +195,7 @@ fn smollm3_reference_matches_transformers() {
 
 #[test]
 fn smollm3_packages_validate() {
+    needs!(Python);
     packages_validate("smollm3");
 }
 
@@ -245,6 +231,7 @@ fn phi3_partial_rotary_reference_matches_transformers() {
 
 #[test]
 fn phi3_packages_validate_and_run() {
+    needs!(Python);
     let out = packages_validate("phi3");
     // `run` on the fp16 package: greedy generation's first token is transformers' argmax
     // after the prompt, wherever transformers' top two are apart.
@@ -260,13 +247,12 @@ fn phi3_packages_validate_and_run() {
             .max_by(|&a, &b| row[a].total_cmp(&row[b]))
             .unwrap();
         let ids: Vec<String> = want.tokens[..k].iter().map(|t| t.to_string()).collect();
-        let o = Command::new(BIN)
+        let o = Cli::new()
             .arg("run")
             .arg(&pkg)
             .args(["--prompt-ids", &ids.join(",")])
             .args(["--max-new-tokens", "2", "--temperature", "0", "--json"])
-            .output()
-            .unwrap();
+            .output();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "run: {err}");
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -278,12 +264,14 @@ fn phi3_packages_validate_and_run() {
 
 #[test]
 fn phi3_partial_rotary_packages_validate() {
+    needs!(Python);
     packages_validate("phi3_partial");
 }
 
 /// `batch` converts and validates a Phi-4-mini-shaped export (partial RoPE, tied).
 #[test]
 fn batch_converts_and_validates_phi3() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let model = fixture("phi3_partial");
     let toml = format!(
@@ -292,12 +280,11 @@ fn batch_converts_and_validates_phi3() {
         model.display()
     );
     std::fs::write(root.path().join("batch.toml"), toml).unwrap();
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .current_dir(root.path())
         .args(["batch", "batch.toml", "--json", "r.json"])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
+        .python()
+        .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "batch: {err}");
     let text = std::fs::read_to_string(root.path().join("r.json")).unwrap();
@@ -341,6 +328,7 @@ fn phi3_longrope_reference_matches_transformers() {
 /// the package) gave the 4-bit package KL 0.240, top-1 0.688; 32-token ones KL 0.133, 0.844.
 #[test]
 fn phi3_longrope_packages_validate() {
+    needs!(Python);
     packages_validate_at("phi3_longrope", 128, 128);
 }
 
@@ -367,6 +355,7 @@ fn gemma3_reference_matches_transformers() {
 /// sliding block's banded mask in the graph, past the window of 6.
 #[test]
 fn gemma3_packages_validate_and_run() {
+    needs!(Python);
     let out = packages_validate("gemma3");
     let want = expected(&fixture("gemma3"));
     let pkg = out.path().join("fp16.mlpackage");
@@ -380,13 +369,12 @@ fn gemma3_packages_validate_and_run() {
             .max_by(|&a, &b| row[a].total_cmp(&row[b]))
             .unwrap();
         let ids: Vec<String> = want.tokens[..k].iter().map(|t| t.to_string()).collect();
-        let o = Command::new(BIN)
+        let o = Cli::new()
             .arg("run")
             .arg(&pkg)
             .args(["--prompt-ids", &ids.join(",")])
             .args(["--max-new-tokens", "2", "--temperature", "0", "--json"])
-            .output()
-            .unwrap();
+            .output();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "run: {err}");
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -402,11 +390,16 @@ fn gemma3_packages_validate_and_run() {
 /// embedding).
 #[test]
 fn gemma3_beyond_fp16_range_passes_through_range_safety() {
+    needs!(Python);
     reference_matches_transformers("gemma3_big");
     let dir = fixture("gemma3_big");
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("fp16.mlpackage");
-    let stdout = convert(&dir, &pkg, 128, &["--keep-fp16", "*"]);
+    let stdout = stdout(
+        &convert(&dir, &pkg)
+            .args(["--max-seq-len", "128", "--keep-fp16", "*"])
+            .ok(),
+    );
     let alpha: f64 = stdout
         .lines()
         .find_map(|l| l.trim().strip_prefix("residual scale "))
@@ -425,6 +418,7 @@ fn gemma3_beyond_fp16_range_passes_through_range_safety() {
 /// `batch` converts and validates the Gemma 3 fixture; `inspect` and `budget` read it.
 #[test]
 fn gemma3_batch_inspect_budget() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let model = fixture("gemma3");
     let toml = format!(
@@ -433,12 +427,11 @@ fn gemma3_batch_inspect_budget() {
         model.display()
     );
     std::fs::write(root.path().join("batch.toml"), toml).unwrap();
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .current_dir(root.path())
         .args(["batch", "batch.toml", "--json", "r.json"])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
+        .python()
+        .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "batch: {err}");
     let text = std::fs::read_to_string(root.path().join("r.json")).unwrap();
@@ -455,7 +448,7 @@ fn gemma3_batch_inspect_budget() {
         &["budget", "--device", "iphone-15", "--max-seq-len", "128"],
     ] {
         let cmd = args[0];
-        let o = Command::new(BIN).args(args).arg(&model).output().unwrap();
+        let o = Cli::new().args(args).arg(&model).output();
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success(),
@@ -469,6 +462,7 @@ fn gemma3_batch_inspect_budget() {
 /// A Gemma variant field hf2coreml cannot honour exits 2 naming it.
 #[test]
 fn gemma3_unsupported_fields_exit_2() {
+    needs!(Python);
     let base = std::fs::read_to_string(fixture("gemma3").join("config.json")).unwrap();
     for (from, to, field) in [
         (
@@ -501,11 +495,7 @@ fn gemma3_unsupported_fields_exit_2() {
             dir.path().join("model.safetensors"),
         )
         .unwrap();
-        let o = Command::new(BIN)
-            .arg("inspect")
-            .arg(dir.path())
-            .output()
-            .unwrap();
+        let o = Cli::new().arg("inspect").arg(dir.path()).output();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{field}: {err}");
         assert!(err.contains(field), "{field}: {err}");
@@ -513,15 +503,14 @@ fn gemma3_unsupported_fields_exit_2() {
     // The ane layout does not build Gemma 3: refused by name, nothing written.
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("g.mlpackage");
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .args(["-q", "convert"])
         .arg(fixture("gemma3"))
         .arg("-o")
         .arg(&out)
         .args(["--layout", "ane", "--max-seq-len", "16"])
-        .env("HF2COREML_PYTHON_ENV", hf2coreml::testing::python_env())
-        .output()
-        .unwrap();
+        .python()
+        .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(

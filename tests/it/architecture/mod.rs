@@ -3,6 +3,8 @@
 //! any import the table does not allow (code inside `#[cfg(test)]` excepted), on a module the
 //! table does not know, and on a function longer than 150 lines.
 
+mod test_targets;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

@@ -3,25 +3,18 @@
 //! snapshots of the text and JSON formats.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{cli, needs};
+
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
-/// Run the binary in `dir` as CI would: no terminal, CI set.
-fn hf2coreml(dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .current_dir(dir)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .env("CI", "true")
-        .env_remove("VIRTUAL_ENV")
-        .output()
-        .expect("run hf2coreml")
+/// Run the binary in `dir` with the Python environment (stderr is not a terminal).
+fn batch_in(dir: &Path, args: &[&str]) -> Output {
+    cli(args).current_dir(dir).python().output()
 }
 
 fn text(o: &Output) -> String {
@@ -120,9 +113,10 @@ fn assert_nothing_for(out: &Path, name: &str) {
 
 #[test]
 fn mixed_batch_reports_each_export_and_exits_with_the_worst() {
+    needs!(Python);
     let root = setup(MIXED);
     let dir = root.path();
-    let o = hf2coreml(
+    let o = batch_in(
         dir,
         &["batch", "batch.toml", "--keep-going", "--json", "r.json"],
     );
@@ -166,7 +160,7 @@ fn mixed_batch_reports_each_export_and_exits_with_the_worst() {
     assert!(stderr.contains("[5/5] good-8bit converted"), "{stderr}");
 
     // A gate failure alone exits 1.
-    let o = hf2coreml(
+    let o = batch_in(
         dir,
         &[
             "batch",
@@ -182,9 +176,10 @@ fn mixed_batch_reports_each_export_and_exits_with_the_worst() {
 
 #[test]
 fn without_keep_going_the_first_failure_stops_the_batch() {
+    needs!(Python);
     let root = setup(MIXED);
     let dir = root.path();
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "r.json"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "r.json"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let r = report(&dir.join("r.json"));
     let s: Vec<String> = statuses(&r).into_iter().map(|(_, s)| s).collect();
@@ -194,6 +189,7 @@ fn without_keep_going_the_first_failure_stops_the_batch() {
 
 #[test]
 fn a_second_run_skips_up_to_date_exports_and_rebuilds_changed_ones() {
+    needs!(Python);
     let batch = r#"
 [[export]]
 model = "tiny"
@@ -204,11 +200,11 @@ validate = { max_tokens = 12 }
 "#;
     let root = setup(batch);
     let dir = root.path();
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "a.json"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "a.json"]);
     assert!(o.status.success(), "{}", text(&o));
     let pkg = dir.join("out/m-s16.mlpackage/Data/com.apple.CoreML/weights/weight.bin");
     let mtime = std::fs::metadata(&pkg).unwrap().modified().unwrap();
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "b.json"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "b.json"]);
     assert!(o.status.success(), "{}", text(&o));
     let b = report(&dir.join("b.json"));
     assert!(statuses(&b).iter().all(|(_, s)| s == "up-to-date"), "{b}");
@@ -229,13 +225,13 @@ validate = { max_tokens = 12 }
         ),
     )
     .unwrap();
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "c.json"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "c.json"]);
     assert!(o.status.success(), "{}", text(&o));
     let c = report(&dir.join("c.json"));
     assert!(statuses(&c).iter().all(|(_, s)| s == "converted"), "{c}");
     assert_eq!(c["exports"][0]["validation"]["reused"], false);
     // --force rebuilds even what is up to date.
-    let o = hf2coreml(
+    let o = batch_in(
         dir,
         &[
             "batch",
@@ -257,13 +253,14 @@ validate = { max_tokens = 12 }
 
 #[test]
 fn an_output_hf2coreml_did_not_write_is_not_replaced() {
+    needs!(Python);
     let root = setup(
         "[[export]]\nmodel = \"tiny\"\noutput = \"out/x.mlpackage\"\nrecipe = { default = \"fp16\" }\n",
     );
     let dir = root.path();
     std::fs::create_dir_all(dir.join("out/x.mlpackage")).unwrap();
     std::fs::write(dir.join("out/x.mlpackage/precious"), b"keep").unwrap();
-    let o = hf2coreml(dir, &["batch", "batch.toml"]);
+    let o = batch_in(dir, &["batch", "batch.toml"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("was not written by hf2coreml"));
     assert!(dir.join("out/x.mlpackage/precious").is_file());
@@ -271,6 +268,7 @@ fn an_output_hf2coreml_did_not_write_is_not_replaced() {
 
 #[test]
 fn shards_list_every_export_exactly_once() {
+    needs!(Python);
     let root = setup(
         r#"
 [[export]]
@@ -282,7 +280,7 @@ device = ["iphone-15", "iphone-16-pro"]
 "#,
     );
     let dir = root.path();
-    let all = hf2coreml(dir, &["batch", "batch.toml", "--list", "--json"]);
+    let all = batch_in(dir, &["batch", "batch.toml", "--list", "--json"]);
     assert!(all.status.success(), "{}", text(&all));
     let all: Value = serde_json::from_slice(&all.stdout).unwrap();
     let all: Vec<String> = all
@@ -294,7 +292,7 @@ device = ["iphone-15", "iphone-16-pro"]
     assert_eq!(all.len(), 12);
     let mut seen = Vec::new();
     for i in 1..=5 {
-        let o = hf2coreml(
+        let o = batch_in(
             dir,
             &[
                 "batch",
@@ -320,12 +318,13 @@ device = ["iphone-15", "iphone-16-pro"]
     let mut expected = all.clone();
     expected.sort();
     assert_eq!(seen, expected);
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--list", "--shard", "6/5"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--list", "--shard", "6/5"]);
     assert_eq!(o.status.code(), Some(2));
 }
 
 #[test]
 fn bad_batch_files_name_the_line_and_run_nothing() {
+    needs!(Python);
     let cases = [
         ("[[export]]\nmodel = \"tiny\"\noutput = \"o.mlpackage\"\nmax_sqe_len = 3\n", "line 4"),
         ("[[export]]\nmodel = \"tiny\"\noutput = \"o.mlpackage\"\nmax_seq_len = -1\n", "batch.toml:4: max_seq_len"),
@@ -337,7 +336,7 @@ fn bad_batch_files_name_the_line_and_run_nothing() {
     ];
     for (batch, expected) in cases {
         let root = setup(batch);
-        let o = hf2coreml(root.path(), &["batch", "batch.toml"]);
+        let o = batch_in(root.path(), &["batch", "batch.toml"]);
         assert_eq!(o.status.code(), Some(2), "{batch}\n{}", text(&o));
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(
@@ -352,19 +351,17 @@ fn bad_batch_files_name_the_line_and_run_nothing() {
 /// The shipped example, run as a CI job would, against a tiny model in place of SmolLM2.
 #[test]
 fn the_shipped_example_runs_against_a_tiny_model() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let model = tiny(root.path(), "smollm2-stand-in");
     let example = Path::new(REPO).join("configs/batch/smollm2.toml");
     std::fs::copy(&example, root.path().join("smollm2.toml")).unwrap();
     let run = |args: &[&str]| {
-        Command::new(BIN)
-            .args(args)
+        cli(args)
             .current_dir(root.path())
-            .env("HF2COREML_PYTHON_ENV", python_env())
+            .python()
             .env("HF2COREML_MODEL_DIR", &model)
-            .env("CI", "true")
             .output()
-            .unwrap()
     };
     let o = run(&["batch", "smollm2.toml", "--list", "--json"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -463,10 +460,11 @@ fn normalize_json(mut v: Value) -> Value {
 
 #[test]
 fn output_formats_are_pinned() {
+    needs!(Python);
     let root = setup(MIXED);
     let dir = root.path();
     // A CI matrix is never built from an export whose model is missing: --list refuses it.
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--list"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--list"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -477,10 +475,10 @@ fn output_formats_are_pinned() {
     for name in ["good-fp16", "strict", "bad-device", "good-8bit"] {
         list.extend(["--only", name]);
     }
-    let o = hf2coreml(dir, &list);
+    let o = batch_in(dir, &list);
     assert!(o.status.success(), "{}", text(&o));
     snapshot("batch_list.txt", &String::from_utf8_lossy(&o.stdout));
-    let o = hf2coreml(
+    let o = batch_in(
         dir,
         &[
             "batch",
@@ -496,7 +494,7 @@ fn output_formats_are_pinned() {
         "batch_list.json",
         &(serde_json::to_string_pretty(&v).unwrap() + "\n"),
     );
-    let o = hf2coreml(
+    let o = batch_in(
         dir,
         &["batch", "batch.toml", "--keep-going", "--json", "r.json"],
     );
@@ -520,6 +518,7 @@ fn output_formats_are_pinned() {
 /// fingerprint hashes the .gguf itself).
 #[test]
 fn a_gguf_model_exports_and_is_skipped_when_up_to_date() {
+    needs!(Python);
     use hf2coreml::testing::gguf::TinyGguf;
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
@@ -534,7 +533,7 @@ fn a_gguf_model_exports_and_is_skipped_when_up_to_date() {
          max_seq_len = 16\nrecipe = { default = \"fp16\" }\nvalidate = { max_tokens = 12 }\n",
     )
     .unwrap();
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "-"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "-"]);
     assert!(o.status.success(), "{}", text(&o));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
@@ -543,7 +542,7 @@ fn a_gguf_model_exports_and_is_skipped_when_up_to_date() {
     );
     assert_eq!(r["exports"][0]["validation"]["passed"], true);
     assert!(dir.join("out/tiny.tokenizer.json").is_file());
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "-"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "-"]);
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         statuses(&r),
@@ -553,6 +552,7 @@ fn a_gguf_model_exports_and_is_skipped_when_up_to_date() {
 
 #[test]
 fn changed_checkpoint_bytes_or_calibration_text_rebuild() {
+    needs!(Python);
     let batch = r#"
 [[export]]
 model = "tiny"
@@ -565,7 +565,7 @@ calibration = "calib.txt"
     let dir = root.path();
     std::fs::write(dir.join("calib.txt"), "one calibration text ".repeat(30)).unwrap();
     let run = |json: &str| {
-        let o = hf2coreml(dir, &["batch", "batch.toml", "--json", json]);
+        let o = batch_in(dir, &["batch", "batch.toml", "--json", json]);
         assert!(o.status.success(), "{}", text(&o));
         let r = report(&dir.join(json));
         (
@@ -603,6 +603,7 @@ calibration = "calib.txt"
 
 #[test]
 fn exports_that_write_the_same_package_convert_it_once() {
+    needs!(Python);
     // The two iPhones share the 1 GB package limit: their packages are the same bytes, and
     // the second is a copy. The Mac's 2 GiB limit could split differently: it converts.
     let root = setup(
@@ -616,7 +617,7 @@ device = ["iphone-15", "iphone-16-pro", "mac-m1-16gb"]
 "#,
     );
     let dir = root.path();
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "r.json"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "r.json"]);
     assert!(o.status.success(), "{}", text(&o));
     let r = report(&dir.join("r.json"));
     let exports = r["exports"].as_array().unwrap();
@@ -632,7 +633,7 @@ device = ["iphone-15", "iphone-16-pro", "mac-m1-16gb"]
     };
     assert_eq!(weights("iphone-15"), weights("iphone-16-pro"));
     // The copy records its own inputs: a second run finds every package up to date.
-    let o = hf2coreml(dir, &["batch", "batch.toml", "--json", "r2.json"]);
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "r2.json"]);
     assert!(o.status.success(), "{}", text(&o));
     let r = report(&dir.join("r2.json"));
     assert_eq!(r["counts"]["up_to_date"], 3, "{r:#}");
@@ -642,6 +643,7 @@ device = ["iphone-15", "iphone-16-pro", "mac-m1-16gb"]
 /// contract records it, the default one's records nothing, and a bad layout names its line.
 #[test]
 fn batch_recipes_carry_the_layout() {
+    needs!(Python);
     use hf2coreml::mil::contract::Layout;
     use hf2coreml::runtime::interp::{Options, Package};
     use hf2coreml::runtime::StepModel;
@@ -651,7 +653,7 @@ fn batch_recipes_carry_the_layout() {
          default = \"fp16\" }, { name = \"plain\", default = \"fp16\" }]\n",
     );
     let dir = root.path();
-    let o = hf2coreml(dir, &["batch", "batch.toml"]);
+    let o = batch_in(dir, &["batch", "batch.toml"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     for (name, layout) in [("ane", Layout::Ane), ("plain", Layout::Default)] {
         let p = Package::load(
@@ -666,7 +668,7 @@ fn batch_recipes_carry_the_layout() {
          recipe = { layout = \"tpu\", default = \"fp16\" }\n",
     )
     .unwrap();
-    let o = hf2coreml(dir, &["batch", "bad.toml"]);
+    let o = batch_in(dir, &["batch", "bad.toml"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("layout"), "{}", text(&o));
 }

@@ -1,15 +1,16 @@
-//! Chained packages (issue 22): a tiny model converted under a tiny `--max-package-size`
+//! Chained packages: a tiny model converted under a tiny `--max-package-size`
 //! splits into 3+ packages whose logits are bit-identical to the same model as one package, in
 //! `run --logits-out` and in `validate`; `lint` and `validate` read the chain; a size one block
 //! alone exceeds is refused (exit 2) and leaves nothing at the output.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use hf2coreml::mil::chain::{ChainFile, CHAIN_FILE};
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
+
 const PROMPT: &str = "3,10,17,24,31,2,90,45";
 
 /// Four blocks (fp16: about 74 kB each), peaked logits (so top-1 measures the package, not ties).
@@ -27,25 +28,12 @@ const SPLIT: &str = "1200000";
 /// Over one part's allowance but under allowance + one block: every split is refused.
 const TOO_SMALL: &str = "1100000";
 
-fn convert(src: &Path, out: &Path, extra: &[&str], ranges: &Path) -> Output {
-    let mut args = vec!["--keep-fp16", "*"];
-    args.extend(extra);
-    convert_with(src, out, &args, ranges)
-}
-
-fn convert_with(src: &Path, out: &Path, extra: &[&str], ranges: &Path) -> Output {
-    Command::new(BIN)
-        .arg("convert")
-        .arg(src)
-        .arg("-o")
-        .arg(out)
+/// `convert` at S = 32, quiet, with the activation ranges given (not measured).
+fn convert_ranged(src: &Path, out: &Path, ranges: &Path) -> Cli {
+    convert(src, out)
         .args(["--max-seq-len", "32", "-q"])
         .arg("--activation-ranges")
         .arg(ranges)
-        .args(extra)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap()
 }
 
 fn ok(o: &Output, what: &str) {
@@ -57,7 +45,7 @@ fn ok(o: &Output, what: &str) {
 }
 
 fn run_logits(pkg: &Path, npy: &Path) -> Vec<u8> {
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("run")
         .arg(pkg)
         .args([
@@ -70,21 +58,19 @@ fn run_logits(pkg: &Path, npy: &Path) -> Vec<u8> {
         ])
         .arg("--logits-out")
         .arg(npy)
-        .output()
-        .unwrap();
+        .output();
     ok(&o, "run");
     std::fs::read(npy).unwrap()
 }
 
 fn validate(pkg: &Path, src: &Path) -> (Option<i32>, serde_json::Value) {
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("validate")
         .arg(pkg)
         .arg("--against")
         .arg(src)
         .args(["--json", "--max-tokens", "48"])
-        .output()
-        .unwrap();
+        .output();
     let report = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!(
             "no JSON report ({e}): {}",
@@ -96,6 +82,7 @@ fn validate(pkg: &Path, src: &Path) -> (Option<i32>, serde_json::Value) {
 
 #[test]
 fn a_chain_computes_what_one_package_computes_bit_for_bit() {
+    needs!(Python);
     let src = model().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     // A residual scale of 1/8 (α ≠ 1), so the hidden state between parts is a scaled one.
@@ -107,9 +94,17 @@ fn a_chain_computes_what_one_package_computes_bit_for_bit() {
     .unwrap();
     let one = root.path().join("one.mlpackage");
     let chain = root.path().join("chain.mlpackage");
-    ok(&convert(src.path(), &one, &[], &ranges), "convert (one)");
     ok(
-        &convert(src.path(), &chain, &["--max-package-size", SPLIT], &ranges),
+        &convert_ranged(src.path(), &one, &ranges)
+            .args(["--keep-fp16", "*"])
+            .output(),
+        "convert (one)",
+    );
+    ok(
+        &convert_ranged(src.path(), &chain, &ranges)
+            .args(["--keep-fp16", "*"])
+            .args(["--max-package-size", SPLIT])
+            .output(),
         "convert (chain)",
     );
     assert!(
@@ -143,14 +138,7 @@ fn a_chain_computes_what_one_package_computes_bit_for_bit() {
     assert!(items.len() > 10 * desc.parts.len() / 2, "{items:#?}");
     assert!(items.iter().all(|i| i["ok"] == true), "{items:#?}");
 
-    let lint = |p: &Path| {
-        Command::new(BIN)
-            .arg("lint")
-            .arg(p)
-            .arg("--json")
-            .output()
-            .unwrap()
-    };
+    let lint = |p: &Path| Cli::new().arg("lint").arg(p).arg("--json").output();
     let (l1, l2) = (lint(&one), lint(&chain));
     let r2: serde_json::Value = serde_json::from_slice(&l2.stdout).unwrap();
     assert_eq!(l1.status.code(), l2.status.code());
@@ -179,6 +167,7 @@ const STREAMED_SPLIT: &str = "1090000";
 
 #[test]
 fn a_streamed_palettized_chain_stores_what_one_package_stores() {
+    needs!(Python);
     let src = model().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let ranges = root.path().join("ranges.json");
@@ -193,12 +182,16 @@ fn a_streamed_palettized_chain_stores_what_one_package_stores() {
     let one = root.path().join("one.mlpackage");
     let chain = root.path().join("chain.mlpackage");
     ok(
-        &convert_with(src.path(), &one, &["--recipe", recipe], &ranges),
+        &convert_ranged(src.path(), &one, &ranges)
+            .args(["--recipe", recipe])
+            .output(),
         "convert (one)",
     );
     let split = ["--recipe", recipe, "--max-package-size", STREAMED_SPLIT];
     ok(
-        &convert_with(src.path(), &chain, &split, &ranges),
+        &convert_ranged(src.path(), &chain, &ranges)
+            .args(split)
+            .output(),
         "convert (chain)",
     );
     let desc = ChainFile::read(&chain).unwrap();
@@ -241,6 +234,7 @@ fn a_streamed_palettized_chain_stores_what_one_package_stores() {
 
 #[test]
 fn a_block_over_the_limit_is_refused_and_leaves_nothing() {
+    needs!(Python);
     let src = model().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let ranges = root.path().join("ranges.json");
@@ -250,12 +244,10 @@ fn a_block_over_the_limit_is_refused_and_leaves_nothing() {
     )
     .unwrap();
     let out = root.path().join("m.mlpackage");
-    let o = convert(
-        src.path(),
-        &out,
-        &["--max-package-size", TOO_SMALL],
-        &ranges,
-    );
+    let o = convert_ranged(src.path(), &out, &ranges)
+        .args(["--keep-fp16", "*"])
+        .args(["--max-package-size", TOO_SMALL])
+        .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("decoder block"), "{err}");

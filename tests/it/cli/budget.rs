@@ -4,12 +4,11 @@
 //! largest S that fits (found by bisection in the product, by algebra here).
 
 use std::path::Path;
-use std::process::Command;
 
 use hf2coreml::testing::TinyModel;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::Cli;
 
 // TinyModel::llama(): 2 layers, hidden 64, intermediate 128, 4 heads of 16, 2 KV heads, vocab 96,
 // tied embeddings.
@@ -30,13 +29,12 @@ const PROJ_PER_LAYER: u64 = HIDDEN * HEADS * HEAD_DIM       // q
 const FP16_ELEMENTS: u64 = VOCAB * HIDDEN + L * 2 * HIDDEN + HIDDEN;
 
 fn budget(dir: &Path, args: &[&str]) -> (Option<i32>, Value) {
-    let out = Command::new(BIN)
+    let out = Cli::new()
         .arg("budget")
         .arg(dir)
         .args(args)
         .arg("--json")
-        .output()
-        .unwrap();
+        .output();
     let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
     });
@@ -196,12 +194,11 @@ fn no_s_beyond_the_models_context() {
     assert_eq!(code, Some(0), "{b:#}");
     // Memory would hold a million positions; the model was trained on 256.
     assert_eq!(u(&b, "max_seq_len_that_fits"), 256);
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("budget")
         .arg(dir.path())
         .args(["--device", "iphone-15", "--max-seq-len", "257"])
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
@@ -415,12 +412,11 @@ fn a_directory_with_weights_it_cannot_read_is_not_a_config() {
     // A pickle beside the config is a checkpoint `budget` refuses, not a configuration.
     let dir = llama_8b();
     std::fs::write(dir.path().join("pytorch_model.bin"), b"not read").unwrap();
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("budget")
         .arg(dir.path())
         .args(["--memory-limit", "64GiB"])
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("pickle"), "{err}");

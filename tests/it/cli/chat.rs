@@ -1,21 +1,19 @@
-//! `run --chat` as a session (issue 28, item 8) and the KV-cache file (item 9), through the CLI
+//! `run --chat` as a session and the KV-cache file, through the CLI
 //! on a tiny model converted in the test (a byte-level tokenizer and a ChatML template beside
 //! it): a piped session streams one reply per line, `/reset` and `/exit` work, a full context
 //! ends the session with a message (exit 0); one package and its chain chat alike; a cache saved
 //! by one run and loaded by the next gives the logits of the uninterrupted run bit for bit; a
 //! damaged or foreign cache file is refused (exit 2).
 
-mod common;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::OnceLock;
 
 use hf2coreml::runtime::kvfile::{KvFile, MAGIC};
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, stderr, toy, Cli};
 
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
@@ -37,27 +35,13 @@ struct Fixture {
     other: PathBuf,
 }
 
-fn convert(src: &Path, out: &Path, extra: &[&str]) {
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(src)
-        .arg("-o")
-        .arg(out)
-        .args(["--keep-fp16", "*", "-q"])
-        .args(extra)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let src = model().write_temp().unwrap();
         std::fs::write(
             src.path().join("tokenizer.json"),
-            common::byte_tokenizer_json(),
+            toy::byte_tokenizer_json(),
         )
         .unwrap();
         let config = serde_json::json!({"chat_template": CHATML, "eos_token": "<|im_end|>"});
@@ -66,13 +50,18 @@ fn fixture() -> &'static Fixture {
         let one = root.path().join("one.mlpackage");
         let chain = root.path().join("chain.mlpackage");
         let other = root.path().join("other.mlpackage");
-        convert(src.path(), &one, &["--max-seq-len", "96"]);
-        convert(
-            src.path(),
-            &chain,
-            &["--max-seq-len", "96", "--max-package-size", "1200000"],
-        );
-        convert(src.path(), &other, &["--max-seq-len", "80"]);
+        convert(src.path(), &one)
+            .args(["--keep-fp16", "*", "-q"])
+            .args(["--max-seq-len", "96"])
+            .ok();
+        convert(src.path(), &chain)
+            .args(["--keep-fp16", "*", "-q"])
+            .args(["--max-seq-len", "96", "--max-package-size", "1200000"])
+            .ok();
+        convert(src.path(), &other)
+            .args(["--keep-fp16", "*", "-q"])
+            .args(["--max-seq-len", "80"])
+            .ok();
         Fixture {
             _root: root,
             one,
@@ -83,10 +72,11 @@ fn fixture() -> &'static Fixture {
 }
 
 fn run(pkg: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(BIN)
+    let mut child = Cli::new()
         .arg("run")
         .arg(pkg)
         .args(args)
+        .command()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -111,10 +101,6 @@ fn ok(o: &Output) -> String {
     String::from_utf8(o.stdout.clone()).unwrap()
 }
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 /// The "prompt: N tokens" figure of each turn's report line.
 fn prompt_tokens(err: &str) -> Vec<usize> {
     err.lines()
@@ -127,6 +113,7 @@ const CHAT: &[&str] = &["--chat", "--max-new-tokens", "6", "--ignore-eos"];
 
 #[test]
 fn a_piped_session_replies_per_line_and_feeds_only_the_new_turn() {
+    needs!(Python);
     let f = fixture();
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("kv.bin");
@@ -164,6 +151,7 @@ fn a_piped_session_replies_per_line_and_feeds_only_the_new_turn() {
 
 #[test]
 fn a_chain_chats_as_its_package_does() {
+    needs!(Python);
     let f = fixture();
     let input = "hi\nhow are you\n";
     let a = run(&f.one, CHAT, input);
@@ -174,6 +162,7 @@ fn a_chain_chats_as_its_package_does() {
 
 #[test]
 fn a_full_context_ends_the_session_with_a_message() {
+    needs!(Python);
     let f = fixture();
     // 96 positions: the second long turn does not fit.
     let long = "x".repeat(40);
@@ -215,6 +204,7 @@ const GEN: &[&str] = &["--max-new-tokens", "5", "--ignore-eos", "--json"];
 
 #[test]
 fn a_resumed_run_gives_the_uninterrupted_logits_bit_for_bit() {
+    needs!(Python);
     let f = fixture();
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("kv.bin");
@@ -270,6 +260,7 @@ fn a_resumed_run_gives_the_uninterrupted_logits_bit_for_bit() {
 
 #[test]
 fn a_chat_saved_at_exit_resumes_where_it_stopped() {
+    needs!(Python);
     let f = fixture();
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("chat.kv");
@@ -290,6 +281,7 @@ fn a_chat_saved_at_exit_resumes_where_it_stopped() {
 
 #[test]
 fn damaged_or_foreign_cache_files_are_refused() {
+    needs!(Python);
     let f = fixture();
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("kv.bin");

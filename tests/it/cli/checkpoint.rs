@@ -2,19 +2,13 @@
 //! flavour, and every kind of bad input (exit 2, a message naming the file, never a panic).
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use hf2coreml::arch::Architecture;
 use hf2coreml::mil::DType;
 use hf2coreml::testing::TinyModel;
 
-fn hf2coreml(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
-        .args(args)
-        .env_remove("CI")
-        .output()
-        .expect("run hf2coreml")
-}
+use crate::support::{assert_refused, hf2coreml, stderr};
 
 fn json(out: &Output) -> serde_json::Value {
     assert!(
@@ -24,18 +18,6 @@ fn json(out: &Output) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Bad input: exit 2, no panic, the message mentions `needle`.
-fn assert_bad_input(out: &Output, needle: &str) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-    assert!(err.contains(needle), "`{needle}` not in: {err}");
 }
 
 fn inspect_json(dir: &Path) -> serde_json::Value {
@@ -236,11 +218,11 @@ fn budget_exit_codes() {
     };
     assert_eq!(at(fit), Some(0));
     assert_eq!(at(fit + 1), Some(1));
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&["budget", d, "--device", "nokia-3310", "--max-seq-len", "16"]),
-        "nokia-3310",
+        &["nokia-3310"],
     );
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&[
             "budget",
             d,
@@ -249,7 +231,7 @@ fn budget_exit_codes() {
             "--safety-margin",
             "1.5",
         ]),
-        "1.5",
+        &["1.5"],
     );
 }
 
@@ -297,9 +279,9 @@ fn budget_devices_file_override() {
         "[devices.watch]\nname = 'x'\nram = 'lots'\napp_limit='1'\napp_limit_increased='1'\n",
     )
     .unwrap();
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&["budget", d, "--devices", dev, "--device", "watch"]),
-        "devices.toml",
+        &["devices.toml"],
     );
 }
 
@@ -308,13 +290,13 @@ fn budget_devices_file_override() {
 #[test]
 fn missing_directory_and_config() {
     let empty = tempfile::tempdir().unwrap();
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&["inspect", empty.path().to_str().unwrap()]),
-        "no config.json",
+        &["no config.json"],
     );
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&["inspect", "/nonexistent/model"]),
-        "/nonexistent/model",
+        &["/nonexistent/model"],
     );
 }
 
@@ -328,7 +310,7 @@ fn pickle_only_is_refused_with_a_reason() {
     )
     .unwrap();
     let out = hf2coreml(&["inspect", dir.path().to_str().unwrap()]);
-    assert_bad_input(&out, "pytorch_model.bin");
+    assert_refused(&out, &["pytorch_model.bin"]);
     let err = stderr(&out);
     assert!(err.contains("arbitrary code"), "{err}");
     assert!(
@@ -344,8 +326,8 @@ fn unknown_architecture() {
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, text.replace("LlamaForCausalLM", "GPTNeoXForCausalLM")).unwrap();
     let out = hf2coreml(&["inspect", dir.path().to_str().unwrap()]);
-    assert_bad_input(&out, "GPTNeoXForCausalLM");
-    assert_bad_input(&out, "config.json");
+    assert_refused(&out, &["GPTNeoXForCausalLM"]);
+    assert_refused(&out, &["config.json"]);
 }
 
 #[test]
@@ -364,8 +346,8 @@ fn inconsistent_config() {
         }
         std::fs::write(&cfg, j.to_string()).unwrap();
         let out = hf2coreml(&["inspect", dir.path().to_str().unwrap()]);
-        assert_bad_input(&out, needle);
-        assert_bad_input(&out, "config.json");
+        assert_refused(&out, &[needle]);
+        assert_refused(&out, &["config.json"]);
     }
 }
 
@@ -375,22 +357,22 @@ fn truncated_and_corrupt_safetensors() {
     let file = dir.path().join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() - 100]).unwrap();
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&["inspect", dir.path().to_str().unwrap()]),
-        "model.safetensors",
+        &["model.safetensors"],
     );
     // A header length pointing past the end of the file.
     let mut corrupt = bytes.clone();
     corrupt[..8].copy_from_slice(&u64::MAX.to_le_bytes());
     std::fs::write(&file, &corrupt).unwrap();
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&["inspect", dir.path().to_str().unwrap()]),
-        "invalid safetensors",
+        &["invalid safetensors"],
     );
     std::fs::write(&file, b"").unwrap();
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&["inspect", dir.path().to_str().unwrap()]),
-        "model.safetensors",
+        &["model.safetensors"],
     );
 }
 
@@ -399,8 +381,8 @@ fn missing_shard() {
     let dir = TinyModel::qwen2().write_temp().unwrap();
     std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
     let out = hf2coreml(&["inspect", dir.path().to_str().unwrap()]);
-    assert_bad_input(&out, "model-00002-of-00002.safetensors");
-    assert_bad_input(&out, "model.safetensors.index.json");
+    assert_refused(&out, &["model-00002-of-00002.safetensors"]);
+    assert_refused(&out, &["model.safetensors.index.json"]);
 }
 
 #[test]
@@ -412,18 +394,18 @@ fn missing_tensor_and_wrong_shape() {
         serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     j["num_hidden_layers"] = 3.into();
     std::fs::write(&cfg, j.to_string()).unwrap();
-    assert_bad_input(
+    assert_refused(
         &hf2coreml(&["inspect", dir.path().to_str().unwrap()]),
-        "model.layers.2.input_layernorm.weight",
+        &["model.layers.2.input_layernorm.weight"],
     );
     // A config whose intermediate size disagrees with the weights.
     j["num_hidden_layers"] = 2.into();
     j["intermediate_size"] = 100.into();
     std::fs::write(&cfg, j.to_string()).unwrap();
     let out = hf2coreml(&["inspect", dir.path().to_str().unwrap()]);
-    assert_bad_input(&out, "model.layers.0.mlp.gate_proj.weight");
-    assert_bad_input(&out, "[100, 64]");
-    assert_bad_input(&out, "[128, 64]");
+    assert_refused(&out, &["model.layers.0.mlp.gate_proj.weight"]);
+    assert_refused(&out, &["[100, 64]"]);
+    assert_refused(&out, &["[128, 64]"]);
 }
 
 #[test]
@@ -440,8 +422,8 @@ fn unsupported_dtype_names_tensor() {
     )
     .unwrap();
     let out = hf2coreml(&["inspect", dir.path().to_str().unwrap()]);
-    assert_bad_input(&out, "model.embed_tokens.weight");
-    assert_bad_input(&out, "I64");
+    assert_refused(&out, &["model.embed_tokens.weight"]);
+    assert_refused(&out, &["I64"]);
 }
 
 #[test]
@@ -470,8 +452,8 @@ fn checkpoint_paths_as_users_type_them() {
     }
     // A Hub id is named as one, with what to do.
     let out = hf2coreml(&["inspect", "HuggingFaceTB/SmolLM2-135M-Instruct"]);
-    assert_bad_input(&out, "looks like a Hugging Face Hub id");
-    assert_bad_input(&out, "--local-dir");
+    assert_refused(&out, &["looks like a Hugging Face Hub id"]);
+    assert_refused(&out, &["--local-dir"]);
     // Another file is not a checkpoint, and the message says what is.
     let other = dir.path().join("notes.txt");
     std::fs::write(&other, "x").unwrap();
@@ -481,7 +463,7 @@ fn checkpoint_paths_as_users_type_them() {
         "--device",
         "iphone-15-pro",
     ]);
-    assert_bad_input(&out, "a file, not a checkpoint");
+    assert_refused(&out, &["a file, not a checkpoint"]);
 }
 
 #[test]
@@ -489,8 +471,8 @@ fn a_misspelt_recipe_suggests_the_shipped_one() {
     let dir = TinyModel::llama().write_temp().unwrap();
     let d = dir.path().to_str().unwrap();
     let out = hf2coreml(&["inspect", d, "--recipe", "defualt"]);
-    assert_bad_input(&out, "did you mean `default`?");
-    assert_bad_input(&out, "hf2coreml recipes");
+    assert_refused(&out, &["did you mean `default`?"]);
+    assert_refused(&out, &["hf2coreml recipes"]);
     // `recipes` lists every shipped recipe with what it stores and what it measured.
     let out = hf2coreml(&["recipes", "--json"]);
     let v = json(&out);

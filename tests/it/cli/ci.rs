@@ -1,20 +1,16 @@
 //! The command line as CI sees it: results on stdout, diagnostics on stderr, nothing on stderr
 //! under --quiet, JSON from every command that reports, completions and man pages.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{cli, hf2coreml, needs};
+
+/// With the Python environment: these runs convert.
 fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .env_remove("CI")
-        .output()
-        .expect("run hf2coreml")
+    cli(args).python().output()
 }
 
 fn ok(o: &Output) -> (String, String) {
@@ -37,6 +33,7 @@ fn json(o: &Output) -> Value {
 
 #[test]
 fn every_reporting_command_speaks_json_on_stdout() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let dir = TinyModel::llama().write_temp().unwrap();
     let d = dir.path().to_str().unwrap();
@@ -99,6 +96,7 @@ fn every_reporting_command_speaks_json_on_stdout() {
 
 #[test]
 fn quiet_leaves_stderr_empty_and_results_on_stdout() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let dir = TinyModel::llama().write_temp().unwrap();
     let d = dir.path().to_str().unwrap();
@@ -148,17 +146,21 @@ fn quiet_leaves_stderr_empty_and_results_on_stdout() {
 
 #[test]
 fn completions_and_man_pages_come_from_the_real_flags() {
-    let (bash, _) = ok(&run(&["completions", "bash"]));
+    let (bash, _) = ok(&hf2coreml(&["completions", "bash"]));
     assert!(
         bash.contains("_hf2coreml") && bash.contains("--max-seq-len") && bash.contains("batch")
     );
-    let (zsh, _) = ok(&run(&["completions", "zsh"]));
+    let (zsh, _) = ok(&hf2coreml(&["completions", "zsh"]));
     assert!(zsh.starts_with("#compdef hf2coreml"));
-    let (man, _) = ok(&run(&["man"]));
+    let (man, _) = ok(&hf2coreml(&["man"]));
     assert!(man.contains(".TH hf2coreml 1") && man.contains("batch"));
     let root = tempfile::tempdir().unwrap();
-    ok(&run(&["man", "--out-dir", root.path().to_str().unwrap()]));
+    ok(&hf2coreml(&[
+        "man",
+        "--out-dir",
+        root.path().to_str().unwrap(),
+    ]));
     let page = std::fs::read_to_string(root.path().join("hf2coreml-batch.1")).unwrap();
     assert!(page.contains("keep\\-going"), "{page}");
-    assert_eq!(run(&["completions", "tcsh"]).status.code(), Some(2));
+    assert_eq!(hf2coreml(&["completions", "tcsh"]).status.code(), Some(2));
 }

@@ -1,46 +1,23 @@
-//! `inspect PKG` (issue 28, point 7): a package's functions, inputs, outputs, metadata, contract,
+//! `inspect PKG`: a package's functions, inputs, outputs, metadata, contract,
 //! ops by kind and weight bytes by storage kind, on our packages, on a chain and on packages
 //! coremltools itself wrote (iOS17 and iOS18 LUTs).
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use hf2coreml::testing::{python_env, TinyModel};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-
-fn hf2coreml(args: &[&str], path: &Path) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .arg(path)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap()
-}
+use crate::support::{cli, convert, needs};
 
 fn inspect_json(path: &Path) -> Value {
-    let out = hf2coreml(&["inspect", "--json"], path);
+    let out = cli(&["inspect", "--json"]).arg(path).output();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn convert(dir: &Path, out: &Path, extra: &[&str]) {
-    let o = Command::new(BIN)
-        .args(["-q", "convert"])
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(["--max-seq-len", "32", "--recipe", "data-free-4bit"])
-        .args(extra)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 fn weight_kinds(v: &Value) -> Vec<(String, u64)> {
@@ -59,11 +36,14 @@ fn weight_kinds(v: &Value) -> Vec<(String, u64)> {
 
 #[test]
 fn our_package_declares_its_contract_io_and_weights() {
+    needs!(Python);
     let m = TinyModel::llama();
     let dir = m.write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
-    convert(dir.path(), &pkg, &[]);
+    convert(dir.path(), &pkg)
+        .args(["-q", "--max-seq-len", "32", "--recipe", "data-free-4bit"])
+        .ok();
     let v = inspect_json(&pkg);
     assert_eq!(v["schema"], "hf2coreml.package/1");
     assert_eq!(v["spec_version"], 8);
@@ -113,7 +93,7 @@ fn our_package_declares_its_contract_io_and_weights() {
     assert!(lut.1 > 0);
 
     // The human form names the same things; recipe options are refused for a package.
-    let out = hf2coreml(&["inspect"], &pkg);
+    let out = cli(&["inspect"]).arg(&pkg).output();
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [
         "specification 8 (iOS17)",
@@ -123,19 +103,23 @@ fn our_package_declares_its_contract_io_and_weights() {
     ] {
         assert!(text.contains(needle), "{needle} missing in\n{text}");
     }
-    let out = hf2coreml(&["inspect", "--nbits", "8"], &pkg);
+    let out = cli(&["inspect", "--nbits", "8"]).arg(&pkg).output();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("recipe options"));
 }
 
 #[test]
 fn a_chain_is_inspected_part_by_part() {
+    needs!(Python);
     let m = TinyModel::llama();
     let dir = m.write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     // Each part carries a 1 MiB allowance (tests/chain.rs): 1.1 MB holds one block per part.
     let out = root.path().join("chain.mlpackage");
-    convert(dir.path(), &out, &["--max-package-size", "1100000"]);
+    convert(dir.path(), &out)
+        .args(["-q", "--max-seq-len", "32", "--recipe", "data-free-4bit"])
+        .args(["--max-package-size", "1100000"])
+        .ok();
     let v = inspect_json(&out);
     let parts = v["parts"].as_array().unwrap();
     assert!(parts.len() >= 2, "{v:#}");
@@ -146,6 +130,7 @@ fn a_chain_is_inspected_part_by_part() {
 
 #[test]
 fn packages_coremltools_wrote_are_read_too() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let py = python_env().join("bin/python");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/testgen/mil_cases.py");

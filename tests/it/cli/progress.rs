@@ -1,4 +1,4 @@
-//! Progress on a terminal (issue 28, item 1), through a pseudo-terminal: during calibration
+//! Progress on a terminal, through a pseudo-terminal: during calibration
 //! the "calibrate" bar advances block by block, shows the elapsed time and an ETA, and ends at
 //! 100%; the "palettize" bar ends at 100%; `-v` logs each calibrated block. `palettize` and
 //! `convert` draw the same stages (one library `Progress`); `validate` counts the tokens it
@@ -7,11 +7,12 @@
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{cli, needs};
+
 const BLOCKS: usize = 6;
 
 /// Run the binary with stderr on a pseudo-terminal (120 × 40); returns what the terminal
@@ -39,16 +40,26 @@ fn on_terminal_with(args: &[&str], dir: &Path, env: &[(&str, &Path)]) -> (String
         )
     };
     assert_eq!(rc, 0, "openpty failed");
+    // Close-on-exec at once: the reader below ends when the last copy of the slave closes, and
+    // other tests of this binary spawn children all the time; a copy inherited by one of them
+    // would hold this terminal open until that child exits. (Our own child gets the slave as
+    // its stderr, a duplicate that exec keeps.)
+    for fd in [master, slave] {
+        // SAFETY: fcntl on descriptors we own.
+        assert_eq!(
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) },
+            0
+        );
+    }
     // SAFETY: both descriptors were just opened and are owned nowhere else.
     let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-    let mut child = Command::new(BIN)
-        .args(args)
-        .current_dir(dir)
-        .env_remove("CI")
-        .env_remove("NO_COLOR")
-        .env("TERM", "xterm")
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .envs(env.iter().copied())
+    // The shared environment has neither CI nor NO_COLOR: the terminal alone decides.
+    let mut run = cli(args).current_dir(dir).env("TERM", "xterm").python();
+    for (key, value) in env {
+        run = run.env(key, value);
+    }
+    let mut child = run
+        .command()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(slave))
@@ -156,6 +167,7 @@ fn check_stages(raw: &str) {
 
 #[test]
 fn palettize_draws_calibration_block_by_block_to_100_percent() {
+    needs!(Python);
     let src = model();
     let (raw, ok) = on_terminal(
         &["palettize", src.path().to_str().unwrap(), "-v"],
@@ -175,6 +187,7 @@ fn palettize_draws_calibration_block_by_block_to_100_percent() {
 
 #[test]
 fn convert_draws_calibration_block_by_block_to_100_percent() {
+    needs!(Python);
     let src = model();
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("m.mlpackage");
@@ -217,6 +230,7 @@ fn convert_draws_calibration_block_by_block_to_100_percent() {
 
 #[test]
 fn a_gguf_import_bar_finishes_whether_imported_or_cached() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let src = root.path().join("tiny.gguf");
     hf2coreml::testing::gguf::TinyGguf::llama()

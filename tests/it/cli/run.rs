@@ -1,14 +1,7 @@
 //! `hf2coreml run` at the process boundary: argument errors and the platform check exit with
 //! the documented codes, never a panic.
 
-use std::process::Command;
-
-fn hf2coreml(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
-        .args(args)
-        .output()
-        .expect("run the binary")
-}
+use crate::support::hf2coreml;
 
 #[test]
 fn a_missing_package_is_bad_input() {

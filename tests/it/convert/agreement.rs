@@ -2,18 +2,16 @@
 //! (all-fp16), interpreted step by step with host-side cache writes (runtime::interp, rounding
 //! every op to its declared fp16 dtype) and compared with the float reference forward pass.
 
-use std::process::Command;
-
 use half::f16;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::Reference;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
 use hf2coreml::testing::FP16_LOGIT_TOL;
+
+use crate::support::{convert, needs};
 
 fn agree(model: TinyModel, query_len: usize) {
     let arch = model.architecture;
@@ -21,12 +19,8 @@ fn agree(model: TinyModel, query_len: usize) {
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
     let s = 16usize;
-    let o = Command::new(BIN)
+    convert(dir.path(), &pkg)
         .args([
-            "convert",
-            dir.path().to_str().unwrap(),
-            "-o",
-            pkg.to_str().unwrap(),
             "--max-seq-len",
             &s.to_string(),
             "--query-len",
@@ -34,10 +28,7 @@ fn agree(model: TinyModel, query_len: usize) {
             "--keep-fp16",
             "*",
         ])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        .ok();
 
     let mut package = Package::load(&pkg, Options::default()).unwrap();
     let c = package.contract().clone();
@@ -93,15 +84,18 @@ fn agree(model: TinyModel, query_len: usize) {
 
 #[test]
 fn llama_fp16_package_matches_reference() {
+    needs!(Python);
     agree(TinyModel::llama(), 1);
 }
 
 #[test]
 fn qwen2_fp16_package_matches_reference_in_chunks() {
+    needs!(Python);
     agree(TinyModel::qwen2(), 4);
 }
 
 #[test]
 fn mistral_fp16_package_matches_reference() {
+    needs!(Python);
     agree(TinyModel::mistral(), 2);
 }

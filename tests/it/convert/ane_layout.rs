@@ -12,7 +12,6 @@
 //! bit: logits agree within [`FP16_LOGIT_TOL`], and most are bit-identical.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use half::f16;
 use hf2coreml::lint::{lint, Policy};
@@ -20,23 +19,16 @@ use hf2coreml::mil::contract::Layout;
 use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::{python_env, TinyModel, FP16_LOGIT_TOL};
+use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
+
 const S: usize = 16;
 
-fn convert(dir: &Path, out: &Path, q: usize, flags: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("convert")
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(["--max-seq-len", &S.to_string()])
-        .args(["--query-len", &q.to_string()])
-        .args(flags)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap()
+/// `convert` at S and query length `q`.
+fn convert_at(dir: &Path, out: &Path, q: usize) -> Cli {
+    let (s, q) = (S.to_string(), q.to_string());
+    convert(dir, out).args(["--max-seq-len", &s, "--query-len", &q])
 }
 
 /// Logits and cache rows of every step over 12 tokens, the caches written by the host.
@@ -73,7 +65,7 @@ fn layouts_agree(model: TinyModel, q: usize, flags: &[&str]) -> f64 {
         let pkg = root.path().join(format!("{layout}.mlpackage"));
         let mut all = flags.to_vec();
         all.extend(["--layout", layout]);
-        let o = convert(dir.path(), &pkg, q, &all);
+        let o = convert_at(dir.path(), &pkg, q).args(&all).output();
         assert!(
             o.status.success(),
             "{arch} {layout}: {}",
@@ -151,6 +143,7 @@ fn check_ane_package(ane: &Path, default: &Path) {
 
 #[test]
 fn fp16_layouts_agree_on_every_tiny_architecture() {
+    needs!(Python);
     let mut shares = Vec::new();
     for model in [TinyModel::llama(), TinyModel::qwen2(), TinyModel::mistral()] {
         shares.push(layouts_agree(model, 1, &["--keep-fp16", "*"]));
@@ -162,6 +155,7 @@ fn fp16_layouts_agree_on_every_tiny_architecture() {
 
 #[test]
 fn palettized_layouts_agree() {
+    needs!(Python);
     layouts_agree(TinyModel::llama(), 1, &["--recipe", "data-free-4bit"]);
     // The calibrated default recipe: per-row scales after each conv.
     layouts_agree(TinyModel::qwen2(), 2, &[]);
@@ -169,15 +163,21 @@ fn palettized_layouts_agree() {
 
 #[test]
 fn unknown_layout_exits_2_and_recipes_carry_the_layout() {
+    needs!(Python);
     let dir = TinyModel::llama().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
-    let o = convert(dir.path(), &pkg, 1, &["--layout", "gpu"]);
+    let o = convert_at(dir.path(), &pkg, 1)
+        .args(["--layout", "gpu"])
+        .output();
     assert_eq!(o.status.code(), Some(2));
     assert!(!pkg.exists());
     let recipe = root.path().join("r.toml");
     std::fs::write(&recipe, "layout = \"sideways\"\ndefault = \"fp16\"\n").unwrap();
-    let o = convert(dir.path(), &pkg, 1, &["--recipe", recipe.to_str().unwrap()]);
+    let o = convert_at(dir.path(), &pkg, 1)
+        .arg("--recipe")
+        .arg(&recipe)
+        .output();
     assert_eq!(
         o.status.code(),
         Some(2),
@@ -186,7 +186,10 @@ fn unknown_layout_exits_2_and_recipes_carry_the_layout() {
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("layout"));
     std::fs::write(&recipe, "layout = \"ane\"\ndefault = \"fp16\"\n").unwrap();
-    let o = convert(dir.path(), &pkg, 1, &["--recipe", recipe.to_str().unwrap()]);
+    let o = convert_at(dir.path(), &pkg, 1)
+        .arg("--recipe")
+        .arg(&recipe)
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let p = Package::load(&pkg, Options::default()).unwrap();
     assert_eq!(p.contract().layout, Layout::Ane);
@@ -201,22 +204,17 @@ fn unknown_layout_exits_2_and_recipes_carry_the_layout() {
 /// logits over the first tokens equal the default layout's within fp16 tolerance.
 #[test]
 fn smollm2_ane_passes_the_default_gates_and_matches_the_default_layout() {
+    needs!(Model, Python);
     let model = hf2coreml::testing::model_dir();
     let root = tempfile::tempdir().unwrap();
     let flags = ["--recipe", "data-free-4bit", "--nbits", "8"];
     let mut pkgs = Vec::new();
     for layout in ["default", "ane"] {
         let pkg = root.path().join(format!("{layout}.mlpackage"));
-        let o = Command::new(BIN)
-            .arg("convert")
-            .arg(&model)
-            .arg("-o")
-            .arg(&pkg)
+        let o = convert(&model, &pkg)
             .args(["--max-seq-len", "64", "--layout", layout])
             .args(flags)
-            .env("HF2COREML_PYTHON_ENV", python_env())
-            .output()
-            .unwrap();
+            .output();
         assert!(
             o.status.success(),
             "{layout}: {}",
@@ -224,14 +222,13 @@ fn smollm2_ane_passes_the_default_gates_and_matches_the_default_layout() {
         );
         pkgs.push(pkg);
     }
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("validate")
         .arg(&pkgs[1])
         .arg("--against")
         .arg(&model)
         .args(["--max-tokens", "24", "--json"])
-        .output()
-        .unwrap();
+        .output();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -5,42 +5,27 @@
 //! grouped LUT fails validation; iOS17 refuses what it cannot store, with exit 2.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use hf2coreml::mil::DType;
 use hf2coreml::mlpackage::proto::binding::Binding;
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
 use hf2coreml::mlpackage::{tensor_type, MlPackage};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-
-fn convert(dir: &Path, out: &Path, flags: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("convert")
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(["--max-seq-len", "256"])
-        .args(flags)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap()
-}
+use crate::support::{convert, needs, Cli};
 
 /// Validate with a KL gate: the tiny model's near-uniform next-token distributions make top-1
 /// agreement measure ties (0.84 here at KL 0.03), so the default top-1 gate is replaced.
 fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) {
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("validate")
         .arg(pkg)
         .arg("--against")
         .arg(dir)
         .args(["--gate", "kl_mean<=0.05"])
         .arg("--json")
-        .output()
-        .unwrap();
+        .output();
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     let report = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("no JSON report ({e}): {stderr}"));
@@ -52,7 +37,7 @@ fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) 
 fn assert_packed_matches_dense(pkg: &Path, dir: &Path) {
     let logits = |flags: &[&str], name: &str| {
         let file = dir.join(name);
-        let o = Command::new(BIN)
+        let o = Cli::new()
             .arg("run")
             .arg(pkg)
             .args([
@@ -65,8 +50,7 @@ fn assert_packed_matches_dense(pkg: &Path, dir: &Path) {
             .arg("--logits-out")
             .arg(&file)
             .args(flags)
-            .output()
-            .unwrap();
+            .output();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         std::fs::read(&file).unwrap()
     };
@@ -121,6 +105,7 @@ fn grouped_luts(pkg: &Path) -> Vec<(DType, Vec<usize>, Vec<usize>, u64)> {
 
 #[test]
 fn ios18_grouped_packages_validate_and_ios17_refuses_them() {
+    needs!(Python);
     let model = TinyModel {
         logit_gain: 4.0,
         ..TinyModel::llama()
@@ -137,7 +122,10 @@ fn ios18_grouped_packages_validate_and_ios17_refuses_them() {
         .replace("group_size = 16", "group_size = 8");
     let recipe = write_recipe(out.path(), "g8.toml", &text);
     let pkg = out.path().join("g8.mlpackage");
-    let o = convert(dir.path(), &pkg, &["--recipe", &recipe]);
+    let o = convert(dir.path(), &pkg)
+        .args(["--max-seq-len", "256"])
+        .args(["--recipe", &recipe])
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let luts = grouped_luts(&pkg);
     assert_eq!(luts.len(), 2 * 7, "one grouped LUT per projection");
@@ -192,11 +180,10 @@ fn ios18_grouped_packages_validate_and_ios17_refuses_them() {
     let text = format!("default = \"fp16\"\n[roles]\n{roles}");
     let recipe = write_recipe(out.path(), "df3.toml", &text);
     let df3 = out.path().join("df3.mlpackage");
-    let o = convert(
-        dir.path(),
-        &df3,
-        &["--recipe", &recipe, "--target", "ios18"],
-    );
+    let o = convert(dir.path(), &df3)
+        .args(["--max-seq-len", "256"])
+        .args(["--recipe", &recipe, "--target", "ios18"])
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for (dtype, idx, lut, _) in grouped_luts(&df3) {
         assert_eq!(dtype, DType::U3);
@@ -216,7 +203,10 @@ fn ios18_grouped_packages_validate_and_ios17_refuses_them() {
         vec!["--recipe", "ios18-4bit", "--target", "ios17"],
     ] {
         let refused = out.path().join("refused.mlpackage");
-        let o = convert(dir.path(), &refused, &flags);
+        let o = convert(dir.path(), &refused)
+            .args(["--max-seq-len", "256"])
+            .args(&flags)
+            .output();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
         assert!(err.contains("ios18"), "{flags:?}: {err}");

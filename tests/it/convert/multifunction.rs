@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use half::f16;
 use hf2coreml::mil::contract;
@@ -16,27 +16,12 @@ use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::{python_env, TinyModel, FP16_LOGIT_TOL};
+use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, hf2coreml, needs};
+
 const S: usize = 64;
 const P: usize = 8;
-
-fn hf2coreml(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap()
-}
-
-fn convert(dir: &Path, out: &Path, flags: &[&str]) -> Output {
-    let (d, o) = (dir.display().to_string(), out.display().to_string());
-    let s = S.to_string();
-    let mut args = vec!["convert", &d, "-o", &o, "--max-seq-len", &s];
-    args.extend_from_slice(flags);
-    hf2coreml(&args)
-}
 
 fn ok(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
@@ -95,6 +80,7 @@ fn greedy(pkg: &Path, prompt: &[u32], n: usize) -> (Vec<u32>, usize, usize) {
 
 #[test]
 fn one_package_prefill_and_decode_share_weights_and_agree() {
+    needs!(Python);
     let model = TinyModel {
         logit_gain: 4.0,
         ..TinyModel::llama()
@@ -107,16 +93,14 @@ fn one_package_prefill_and_decode_share_weights_and_agree() {
     );
     let p = P.to_string();
     let palettized = ["--target", "ios18", "--nbits", "4"];
-    ok(&convert(
-        dir.path(),
-        &mf,
-        &[&palettized[..], &["--prefill-len", &p]].concat(),
-    ));
-    ok(&convert(
-        dir.path(),
-        &single,
-        &[&palettized[..], &["--prefill-len", "0"]].concat(),
-    ));
+    ok(&convert(dir.path(), &mf)
+        .args(["--max-seq-len", &S.to_string()])
+        .args([&palettized[..], &["--prefill-len", &p]].concat())
+        .output());
+    ok(&convert(dir.path(), &single)
+        .args(["--max-seq-len", &S.to_string()])
+        .args([&palettized[..], &["--prefill-len", "0"]].concat())
+        .output());
 
     // Two functions, decode the default; the contract lists both with their Q.
     let pkg = MlPackage::open(&mf).unwrap();
@@ -267,7 +251,8 @@ fn one_package_prefill_and_decode_share_weights_and_agree() {
 
 #[test]
 fn what_cannot_be_built_is_refused_before_any_work() {
-    // Four blocks of about 74 kB: 1.2 MB holds two per part (tests/chain.rs).
+    needs!(Python);
+    // Four blocks of about 74 kB: 1.2 MB holds two per part (tests/it/chain).
     let dir = TinyModel {
         layers: 4,
         ..TinyModel::llama()
@@ -313,7 +298,10 @@ fn what_cannot_be_built_is_refused_before_any_work() {
             "--prefill-len 0",
         ),
     ] {
-        let o = convert(dir.path(), &pkg, &flags);
+        let o = convert(dir.path(), &pkg)
+            .args(["--max-seq-len", &S.to_string()])
+            .args(&flags)
+            .output();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
         assert!(err.contains(says), "{flags:?}: {err}");

@@ -8,27 +8,12 @@ use std::process::Command;
 
 use hf2coreml::mil::contract::{self, Contract};
 use hf2coreml::mlpackage::MlPackage;
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
 
-fn convert(dir: &Path, pkg: &Path, extra: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .arg("convert")
-        .arg(dir)
-        .arg("-o")
-        .arg(pkg)
-        .args(["--max-seq-len", "32", "-q"])
-        .args(extra)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap()
-}
-
-fn converted(dir: &Path, pkg: &Path, extra: &[&str]) {
-    let o = convert(dir, pkg, extra);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
+/// Every conversion here: a short context, quiet.
+const FLAGS: [&str; 3] = ["--max-seq-len", "32", "-q"];
 
 fn weights(pkg: &Path) -> Vec<u8> {
     std::fs::read(pkg.join("Data/com.apple.CoreML/weights/weight.bin")).unwrap()
@@ -43,6 +28,7 @@ fn inputs(pkg: &Path) -> serde_json::Value {
 
 #[test]
 fn calibration_file_is_the_text_calibrated_on() {
+    needs!(Python);
     let dir = TinyModel::llama().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let text = root.path().join("mine.txt");
@@ -52,16 +38,15 @@ fn calibration_file_is_the_text_calibrated_on() {
     )
     .unwrap();
     let mine = root.path().join("mine.mlpackage");
-    converted(
-        dir.path(),
-        &mine,
-        &[
+    convert(dir.path(), &mine)
+        .args(FLAGS)
+        .args([
             "--recipe",
             "calibrated-4bit",
             "--calibration",
             text.to_str().unwrap(),
-        ],
-    );
+        ])
+        .ok();
     // coreutils' sha256sum as the witness of the recorded hash.
     let sum = Command::new("sha256sum").arg(&text).output().unwrap();
     let sum = String::from_utf8(sum.stdout).unwrap();
@@ -70,7 +55,10 @@ fn calibration_file_is_the_text_calibrated_on() {
     assert_eq!(inputs(&mine)["calibration"], hash.as_str());
 
     let shipped = root.path().join("shipped.mlpackage");
-    converted(dir.path(), &shipped, &["--recipe", "calibrated-4bit"]);
+    convert(dir.path(), &shipped)
+        .args(FLAGS)
+        .args(["--recipe", "calibrated-4bit"])
+        .ok();
     assert_ne!(inputs(&shipped)["calibration"], hash.as_str());
     assert_ne!(
         weights(&mine),
@@ -80,16 +68,15 @@ fn calibration_file_is_the_text_calibrated_on() {
 
     // A calibration file that does not exist is bad input, and nothing is written.
     let missing = root.path().join("missing.mlpackage");
-    let o = convert(
-        dir.path(),
-        &missing,
-        &[
+    let o = convert(dir.path(), &missing)
+        .args(FLAGS)
+        .args([
             "--recipe",
             "calibrated-4bit",
             "--calibration",
             "/nonexistent/text.txt",
-        ],
-    );
+        ])
+        .output();
     assert_eq!(
         o.status.code(),
         Some(2),
@@ -101,10 +88,14 @@ fn calibration_file_is_the_text_calibrated_on() {
 
 #[test]
 fn compact_recipe_palettizes_the_embedding() {
+    needs!(Python);
     let dir = TinyModel::llama().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("compact.mlpackage");
-    converted(dir.path(), &pkg, &["--recipe", "compact"]);
+    convert(dir.path(), &pkg)
+        .args(FLAGS)
+        .args(["--recipe", "compact"])
+        .ok();
     let p = MlPackage::open(&pkg).unwrap();
     let c: Contract =
         serde_json::from_str(&p.description().user_defined[contract::METADATA_KEY]).unwrap();
@@ -114,7 +105,10 @@ fn compact_recipe_palettizes_the_embedding() {
     assert_eq!(tensors["model.norm.weight"], "fp16");
 
     let fp16 = root.path().join("fp16.mlpackage");
-    converted(dir.path(), &fp16, &["--keep-fp16", "*"]);
+    convert(dir.path(), &fp16)
+        .args(FLAGS)
+        .args(["--keep-fp16", "*"])
+        .ok();
     assert!(weights(&pkg).len() * 3 < weights(&fp16).len());
 }
 
@@ -132,6 +126,7 @@ fn producer(p: &MlPackage, name: &str) -> String {
 
 #[test]
 fn large_model_recipe_stores_the_embedding_and_lm_head_palettized() {
+    needs!(Python);
     // Tied (one table: the embedding is the lm_head) and untied (two tables).
     for (model, tables) in [
         (TinyModel::llama(), &["model.embed_tokens.weight"][..]),
@@ -143,7 +138,10 @@ fn large_model_recipe_stores_the_embedding_and_lm_head_palettized() {
         let dir = model.write_temp().unwrap();
         let root = tempfile::tempdir().unwrap();
         let pkg = root.path().join("large.mlpackage");
-        converted(dir.path(), &pkg, &["--recipe", "large-model"]);
+        convert(dir.path(), &pkg)
+            .args(FLAGS)
+            .args(["--recipe", "large-model"])
+            .ok();
         let p = MlPackage::open(&pkg).unwrap();
         let c: Contract =
             serde_json::from_str(&p.description().user_defined[contract::METADATA_KEY]).unwrap();
@@ -156,14 +154,13 @@ fn large_model_recipe_stores_the_embedding_and_lm_head_palettized() {
         }
         // validate decodes each table from weight.bin (an 8-bit LUT: close, not exact) and the
         // interpreter runs the package; a random tiny model's gates at 4 bits are not the point.
-        let o = Command::new(BIN)
+        let o = Cli::new()
             .arg("validate")
             .arg(&pkg)
             .arg("--against")
             .arg(dir.path())
             .args(["--max-tokens", "24", "--json"])
-            .output()
-            .unwrap();
+            .output();
         let report: serde_json::Value = serde_json::from_slice(&o.stdout)
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
         let contract = report["contract"].as_array().unwrap();
@@ -179,7 +176,7 @@ fn large_model_recipe_stores_the_embedding_and_lm_head_palettized() {
             assert!((30.0..80.0).contains(&snr), "{w}");
         }
         assert!(report["behaviour"]["kl_mean"].as_f64().unwrap().is_finite());
-        let lint = Command::new(BIN).arg("lint").arg(&pkg).output().unwrap();
+        let lint = Cli::new().arg("lint").arg(&pkg).output();
         assert_eq!(
             lint.status.code(),
             Some(0),
@@ -191,6 +188,7 @@ fn large_model_recipe_stores_the_embedding_and_lm_head_palettized() {
 
 #[test]
 fn the_wrote_list_names_every_side_file() {
+    needs!(Python);
     let dir = TinyModel::llama().write_temp().unwrap();
     std::fs::write(
         dir.path().join("tokenizer_config.json"),
@@ -199,15 +197,14 @@ fn the_wrote_list_names_every_side_file() {
     .unwrap();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("convert")
         .arg(dir.path())
         .arg("-o")
         .arg(&pkg)
         .args(["--max-seq-len", "16", "--keep-fp16", "*"])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
+        .python()
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     for side in ["m.mlpackage", "m.tokenizer_config.json", "m.report.json"] {
@@ -218,6 +215,7 @@ fn the_wrote_list_names_every_side_file() {
 
 #[test]
 fn max_seq_len_beyond_the_context_is_refused() {
+    needs!(Python);
     let dir = TinyModel {
         context: 256,
         ..TinyModel::llama()
@@ -227,16 +225,15 @@ fn max_seq_len_beyond_the_context_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
     for extra in [&[][..], &["--dry-run"][..]] {
-        let o = Command::new(BIN)
+        let o = Cli::new()
             .arg("convert")
             .arg(dir.path())
             .arg("-o")
             .arg(&pkg)
             .args(["--max-seq-len", "257", "--keep-fp16", "*"])
             .args(extra)
-            .env("HF2COREML_PYTHON_ENV", python_env())
-            .output()
-            .unwrap();
+            .python()
+            .output();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
         assert!(
@@ -251,16 +248,23 @@ fn max_seq_len_beyond_the_context_is_refused() {
 /// after the conversion.
 fn predicted_and_actual(dir: &Path, root: &Path, recipe: &str) -> (i64, i64) {
     let pkg = root.join(format!("{recipe}.mlpackage"));
-    let o = convert(dir, &pkg, &["--recipe", recipe, "--dry-run", "--json"]);
+    let o = convert(dir, &pkg)
+        .args(FLAGS)
+        .args(["--recipe", recipe, "--dry-run", "--json"])
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let predicted = plan["predicted_weight_bytes"].as_i64().unwrap();
-    converted(dir, &pkg, &["--recipe", recipe]);
+    convert(dir, &pkg)
+        .args(FLAGS)
+        .args(["--recipe", recipe])
+        .ok();
     (predicted, weights(&pkg).len() as i64)
 }
 
 #[test]
 fn predicted_size_counts_what_calibration_stores() {
+    needs!(Python);
     // Calibrated recipes store row scales and rotation constants beside the palettized
     // tensors; the prediction (inspect, budget, --dry-run) must count them. Everything else a
     // package stores (RoPE tables, alignment) is the same for both recipes, so the two
@@ -289,20 +293,20 @@ fn predicted_size_counts_what_calibration_stores() {
 
 #[test]
 fn a_missing_python_environment_is_reported_by_the_dry_run_with_a_fix() {
+    needs!(Python);
     // Outside a checkout (no ./.venv) and with no environment named: the dry run still prints
     // the plan, then fails as the conversion would (exit 3), and the hint says what to
     // install, where hf2coreml looks and how to point it elsewhere.
     let dir = TinyModel::llama().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .current_dir(root.path())
         .arg("convert")
         .arg(dir.path())
         .args(["-o", "out.mlpackage", "--max-seq-len", "32", "--dry-run"])
         .env_remove("HF2COREML_PYTHON_ENV")
         .env_remove("VIRTUAL_ENV")
-        .output()
-        .unwrap();
+        .output();
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr),
@@ -322,11 +326,10 @@ fn a_missing_python_environment_is_reported_by_the_dry_run_with_a_fix() {
     }
     assert!(!root.path().join("out.mlpackage").exists());
     // With the environment named, the same dry run passes and names it.
-    let o = convert(
-        dir.path(),
-        &root.path().join("out.mlpackage"),
-        &["--dry-run"],
-    );
+    let o = convert(dir.path(), root.path().join("out.mlpackage"))
+        .args(FLAGS)
+        .args(["--dry-run"])
+        .output();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.contains("(coremltools 9.0)"), "{out}");
@@ -334,18 +337,18 @@ fn a_missing_python_environment_is_reported_by_the_dry_run_with_a_fix() {
 
 #[test]
 fn calibrating_without_a_tokenizer_says_so_on_one_line() {
+    needs!(Python);
     // The tiny checkpoint has no tokenizer.json: calibration reads the text's bytes as tokens.
     let dir = TinyModel::llama().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let out = Cli::new()
         .arg("convert")
         .arg(dir.path())
         .arg("-o")
         .arg(root.path().join("m.mlpackage"))
         .args(["--max-seq-len", "32", "--recipe", "calibrated-4bit"])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
+        .python()
+        .output();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let lines: Vec<&str> = stderr

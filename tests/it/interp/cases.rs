@@ -14,8 +14,10 @@ use hf2coreml::runtime::interp::{Compute, Data, Options, Program, RuntimeError, 
 use prost::Message;
 use serde_json::Value;
 
-/// All cases, generated once per test binary by the venv with coremltools (a missing venv
-/// fails the tests: see `hf2coreml::testing::python_env`).
+use crate::support::{copy_dir, needs};
+
+/// All cases, generated once per test binary by the venv with coremltools (every test here
+/// starts with `needs!(Python)`).
 fn cases_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -148,26 +150,31 @@ fn check(name: &str) {
 
 #[test]
 fn elementwise() {
+    needs!(Python);
     check("elementwise");
 }
 
 #[test]
 fn reductions() {
+    needs!(Python);
     check("reductions");
 }
 
 #[test]
 fn shapes() {
+    needs!(Python);
     check("shapes");
 }
 
 #[test]
 fn matmul_linear() {
+    needs!(Python);
     check("matmul_linear");
 }
 
 #[test]
 fn conv_1x1() {
+    needs!(Python);
     check("conv");
 }
 
@@ -175,6 +182,7 @@ fn conv_1x1() {
 /// never computed wrong.
 #[test]
 fn conv_other_than_1x1_is_refused() {
+    needs!(Python);
     let case = load_case("conv_3x3", Options::default());
     let inputs = case
         .inputs
@@ -187,21 +195,25 @@ fn conv_other_than_1x1_is_refused() {
 
 #[test]
 fn compare_select() {
+    needs!(Python);
     check("compare_select");
 }
 
 #[test]
 fn gather_fp32() {
+    needs!(Python);
     check("gather_fp32");
 }
 
 #[test]
 fn fp16_rounding() {
+    needs!(Python);
     check("fp16_rounding");
 }
 
 #[test]
 fn fp16_gather_int16() {
+    needs!(Python);
     check("fp16_gather_int16");
     // The saved program really takes the int16/uint16 path this test is about.
     let dir = cases_dir();
@@ -222,6 +234,7 @@ fn fp16_gather_int16() {
 
 #[test]
 fn lut_weights_all_nbits() {
+    needs!(Python);
     for n in [1, 2, 4, 6, 8] {
         check(&format!("lut{n}"));
     }
@@ -233,6 +246,7 @@ fn lut_weights_all_nbits() {
 /// output computed with coremltools' dequantization (`decompress_weights`).
 #[test]
 fn ios18_palettized_weights_match_coremltools() {
+    needs!(Python);
     for n in [1, 2, 3, 4, 6, 8] {
         check(&format!("pal18_n{n}_g4_pcs"));
     }
@@ -244,6 +258,7 @@ fn ios18_palettized_weights_match_coremltools() {
 
 #[test]
 fn fp16_overflow_is_inf_and_recorded() {
+    needs!(Python);
     check("fp16_overflow");
     let case = load_case("fp16_overflow", Options::default());
     let mut stats = Stats::default();
@@ -256,6 +271,7 @@ fn fp16_overflow_is_inf_and_recorded() {
 
 #[test]
 fn compute_f32_keeps_range() {
+    needs!(Python);
     let case = load_case(
         "fp16_overflow",
         Options {
@@ -271,6 +287,7 @@ fn compute_f32_keeps_range() {
 
 #[test]
 fn unsupported_op_is_named() {
+    needs!(Python);
     let dir = cases_dir();
     let src = dir.join("elementwise/model.mlpackage");
     let tmp = tempfile::tempdir().unwrap();
@@ -313,6 +330,7 @@ fn unsupported_op_is_named() {
 
 #[test]
 fn wrong_inputs_are_errors() {
+    needs!(Python);
     let case = load_case("elementwise", Options::default());
     let mut inputs: Vec<(&str, Tensor)> = case
         .inputs
@@ -330,20 +348,8 @@ fn wrong_inputs_are_errors() {
     ));
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), &to).unwrap();
-        }
-    }
-}
-
 #[test]
 fn attention_fp16() {
+    needs!(Python);
     check("attention_fp16");
 }

@@ -2,8 +2,6 @@
 //! architecture, driven through [`StepModel`] with a host-side static cache and compared with
 //! the candle float32 reference forward of the same checkpoint.
 
-use std::process::Command;
-
 use half::f16;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::Reference;
@@ -11,36 +9,20 @@ use hf2coreml::runtime::interp::{Compute, ConstantReader, Options, Package, Stat
 use hf2coreml::runtime::StepModel;
 use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-
 use hf2coreml::testing::{top1_is_decided, F32_LOGIT_TOL, FP16_LOGIT_TOL};
 
+use crate::support::{convert, needs};
+
 /// Convert `model` (Q = `q`) and return (checkpoint dir, package dir).
-fn convert(model: &TinyModel, q: usize) -> (tempfile::TempDir, tempfile::TempDir) {
-    let env = hf2coreml::testing::python_env();
+fn convert_model(model: &TinyModel, q: usize) -> (tempfile::TempDir, tempfile::TempDir) {
     let ckpt = model.write_temp().expect("fixture");
     let out = tempfile::tempdir().expect("temp dir");
-    let pkg = out.path().join("m.mlpackage");
-    let o = Command::new(BIN)
-        .args([
-            "convert",
-            ckpt.path().to_str().unwrap(),
-            "-o",
-            pkg.to_str().unwrap(),
-        ])
+    convert(ckpt.path(), out.path().join("m.mlpackage"))
         .args(["--max-seq-len", "32", "--query-len", &q.to_string()])
         // All-fp16: the default recipe palettizes the projections, which is not what this
         // test measures (the interpreter against the reference, within fp16 rounding).
         .args(["--keep-fp16", "*"])
-        .env("HF2COREML_PYTHON_ENV", env)
-        .env_remove("VIRTUAL_ENV")
-        .output()
-        .expect("run hf2coreml");
-    assert!(
-        o.status.success(),
-        "convert failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+        .ok();
     (ckpt, out)
 }
 
@@ -85,7 +67,7 @@ fn argmax(v: &[f32]) -> usize {
 }
 
 fn check(model: TinyModel, q: usize, compute: Compute, tol: f32) {
-    let (ckpt, out) = convert(&model, q);
+    let (ckpt, out) = convert_model(&model, q);
     let load = |dense_weights| {
         let opts = Options {
             compute,
@@ -142,15 +124,18 @@ fn check(model: TinyModel, q: usize, compute: Compute, tol: f32) {
 
 #[test]
 fn llama_fp16_token_by_token() {
+    needs!(Python);
     check(TinyModel::llama(), 1, Compute::Declared, FP16_LOGIT_TOL);
 }
 
 #[test]
 fn qwen2_fp16_chunks() {
+    needs!(Python);
     check(TinyModel::qwen2(), 4, Compute::Declared, FP16_LOGIT_TOL);
 }
 
 #[test]
 fn mistral_compute_f32() {
+    needs!(Python);
     check(TinyModel::mistral(), 1, Compute::F32, F32_LOGIT_TOL);
 }

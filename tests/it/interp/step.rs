@@ -13,8 +13,10 @@ use serde_json::Value;
 
 use hf2coreml::testing::{top1_is_decided, F32_LOGIT_TOL, FP16_LOGIT_TOL};
 
+use crate::support::{copy_dir, needs};
+
 /// The decode step coremltools saved, generated once per test binary by the venv with
-/// coremltools (a missing venv fails the tests: see `hf2coreml::testing::python_env`).
+/// coremltools (every test here starts with `needs!(Python)`).
 fn fixture() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -133,6 +135,7 @@ fn compare(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32, what: &str) {
 
 #[test]
 fn token_by_token_matches_reference() {
+    needs!(Python);
     let dir = fixture();
     let r = reference(dir);
     let mut pkg = Package::load(&dir.join("q1/model.mlpackage"), Options::default()).unwrap();
@@ -146,6 +149,7 @@ fn token_by_token_matches_reference() {
 
 #[test]
 fn chunks_match_reference() {
+    needs!(Python);
     let dir = fixture();
     let r = reference(dir);
     let mut pkg = Package::load(&dir.join("q2/model.mlpackage"), Options::default()).unwrap();
@@ -155,6 +159,7 @@ fn chunks_match_reference() {
 
 #[test]
 fn compute_f32_is_tighter() {
+    needs!(Python);
     let dir = fixture();
     let r = reference(dir);
     let opts = Options {
@@ -168,6 +173,7 @@ fn compute_f32_is_tighter() {
 
 #[test]
 fn context_overflow_is_an_error() {
+    needs!(Python);
     let dir = fixture();
     let mut pkg = Package::load(&dir.join("q2/model.mlpackage"), Options::default()).unwrap();
     let c = pkg.contract().clone();
@@ -183,6 +189,7 @@ fn context_overflow_is_an_error() {
 
 #[test]
 fn package_without_contract_is_refused() {
+    needs!(Python);
     let dir = fixture();
     // The op test packages carry no contract metadata; build one from the q1 package by
     // dropping the key.
@@ -202,17 +209,4 @@ fn package_without_contract_is_refused() {
     std::fs::write(&path, prost::Message::encode_to_vec(&model)).unwrap();
     let err = Package::load(&dst, Options::default()).unwrap_err();
     assert!(err.to_string().contains("hf2coreml.contract"), "{err}");
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), &to).unwrap();
-        }
-    }
 }

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{copy_dir, needs, Cli};
 
 /// Every case, generated once per test binary by the venv with coremltools.
 fn cases_dir() -> &'static Path {
@@ -38,13 +38,12 @@ fn case(name: &str) -> PathBuf {
 
 /// `lint PKG --json ARGS`: exit code and the report.
 fn lint(pkg: &Path, args: &[&str]) -> (Option<i32>, Value) {
-    let out = Command::new(BIN)
+    let out = Cli::new()
         .arg("lint")
         .arg(pkg)
         .arg("--json")
         .args(args)
-        .output()
-        .unwrap();
+        .output();
     let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
         panic!(
             "no JSON from lint {}: {}",
@@ -99,16 +98,19 @@ fn pair(name: &str, rule: &str) {
 
 #[test]
 fn rank() {
+    needs!(Python);
     pair("rank", "rank");
 }
 
 #[test]
 fn fp32() {
+    needs!(Python);
     pair("fp32", "fp32");
 }
 
 #[test]
 fn dimension_range() {
+    needs!(Python);
     pair("dimension_range", "dimension-range");
     let (code, ok) = lint(&case("dimension_range_ok"), &[]);
     assert_eq!(code, Some(0), "16384 wide is inside the range\n{ok:#}");
@@ -116,41 +118,49 @@ fn dimension_range() {
 
 #[test]
 fn narrow_last_axis() {
+    needs!(Python);
     pair("narrow_last_axis", "narrow-last-axis");
 }
 
 #[test]
 fn dynamic_shape() {
+    needs!(Python);
     pair("dynamic_shape", "dynamic-shape");
 }
 
 #[test]
 fn neg_inf() {
+    needs!(Python);
     pair("neg_inf", "neg-inf");
 }
 
 #[test]
 fn gather_nd() {
+    needs!(Python);
     pair("gather_nd", "gather-nd");
 }
 
 #[test]
 fn fused_sdpa() {
+    needs!(Python);
     pair("fused_sdpa", "fused-sdpa");
 }
 
 #[test]
 fn decomposed_norm() {
+    needs!(Python);
     pair("decomposed_norm", "decomposed-norm");
 }
 
 #[test]
 fn int_compute() {
+    needs!(Python);
     pair("int_compute", "int-compute");
 }
 
 #[test]
 fn several_rules_at_once_are_each_reported_and_the_policy_decides_the_exit() {
+    needs!(Python);
     let pkg = case("several_bad");
     let (code, r) = lint(&pkg, &[]);
     let found = rules_found(&r);
@@ -192,20 +202,9 @@ fn with_sparse_file(name: &str, len: u64) -> tempfile::TempDir {
     dir
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
 #[test]
 fn package_and_weight_file_sizes() {
+    needs!(Python);
     let (code, r) = lint(&case("fp32_ok"), &[]);
     assert_eq!(code, Some(0), "{r:#}");
     let found = rules_found(&r);
@@ -226,11 +225,11 @@ fn package_and_weight_file_sizes() {
 
 #[test]
 fn text_report_names_rule_op_why_fix_and_source() {
-    let out = Command::new(BIN)
+    needs!(Python);
+    let out = Cli::new()
         .arg("lint")
         .arg(case("dimension_range_bad"))
-        .output()
-        .unwrap();
+        .output();
     let text = String::from_utf8_lossy(&out.stdout);
     for want in [
         "error",
@@ -249,20 +248,16 @@ fn text_report_names_rule_op_why_fix_and_source() {
 
 #[test]
 fn bad_input_exits_2() {
+    needs!(Python);
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .arg("lint")
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = Cli::new().arg("lint").arg(dir.path()).output();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Manifest.json"));
-    let out = Command::new(BIN)
+    let out = Cli::new()
         .arg("lint")
         .arg(case("fp32_ok"))
         .args(["--allow", "no-such-rule"])
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-rule"));
 }

@@ -4,12 +4,9 @@
 //! gathered from the parts compute what the checkpoint does), and `lint` finds no error- or
 //! fallback-level rule broken.
 
-use std::path::Path;
-use std::process::Command;
+use hf2coreml::testing::TinyModel;
 
-use hf2coreml::testing::{python_env, TinyModel};
-
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
 
 /// Three parts: ⌈32,773 / 16,384⌉ = 3 of width 10,925, the last 10,923.
 const VOCAB: usize = 32_773;
@@ -24,26 +21,8 @@ fn wide(model: TinyModel) -> TinyModel {
     }
 }
 
-fn convert(dir: &Path, out: &Path, flags: &[&str]) {
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(["--max-seq-len", "64", "--query-len", "2"])
-        .args(flags)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "convert {flags:?} failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-fn json(cmd: &mut Command) -> (Option<i32>, serde_json::Value) {
-    let o = cmd.output().unwrap();
+fn json(cli: Cli) -> (Option<i32>, serde_json::Value) {
+    let o = cli.output();
     let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!("no JSON ({e}): {}", String::from_utf8_lossy(&o.stderr));
     });
@@ -54,15 +33,18 @@ fn check(model: TinyModel, flags: &[&str]) {
     let dir = model.write_temp().unwrap();
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("wide.mlpackage");
-    convert(dir.path(), &pkg, flags);
+    convert(dir.path(), &pkg)
+        .args(["--max-seq-len", "64", "--query-len", "2"])
+        .args(flags)
+        .ok();
 
-    let (code, lint) = json(Command::new(BIN).arg("lint").arg(&pkg).arg("--json"));
+    let (code, lint) = json(Cli::new().arg("lint").arg(&pkg).arg("--json"));
     assert_eq!(code, Some(0), "{lint:#}");
     assert_eq!(lint["counts"]["error"], 0);
     assert_eq!(lint["counts"]["fallback"], 0);
 
     let (code, report) = json(
-        Command::new(BIN)
+        Cli::new()
             .arg("validate")
             .arg(&pkg)
             .arg("--against")
@@ -98,11 +80,13 @@ fn check(model: TinyModel, flags: &[&str]) {
 
 #[test]
 fn tied_fp16_logits_in_parts_validate_and_lint_clean() {
+    needs!(Python);
     check(wide(TinyModel::llama()), &["--keep-fp16", "*"]);
 }
 
 #[test]
 fn untied_palettized_lm_head_is_cut_into_parts_that_share_its_lut() {
+    needs!(Python);
     // Untied: the embedding stays one (palettized) constant, the lm_head is cut into parts.
     check(
         wide(TinyModel::qwen2()),
@@ -112,6 +96,7 @@ fn untied_palettized_lm_head_is_cut_into_parts_that_share_its_lut() {
 
 #[test]
 fn tied_palettized_table_is_cut_into_parts_that_share_its_lut() {
+    needs!(Python);
     check(
         wide(TinyModel::llama()),
         &["--recipe", "compact", "--nbits", "8"],

@@ -1,10 +1,9 @@
-//! Calibrated palettization (issue 7) end to end on tiny checkpoints: the package computes
+//! Calibrated palettization end to end on tiny checkpoints: the package computes
 //! exactly what the calibrated weights say (row groups, row scales and AWQ folds survive
 //! emission), calibration beats data-free palettization on the same model, and a target bpw
 //! is honoured.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use half::f16;
 use hf2coreml::checkpoint::Checkpoint;
@@ -15,13 +14,12 @@ use hf2coreml::quant::calibrated::LinearMethod;
 use hf2coreml::quant::sequential::{quantize_checkpoint, CalibratedWeights, SequentialOptions};
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 use hf2coreml::validate::metrics::compare_logits;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
-
 use hf2coreml::testing::FP16_LOGIT_TOL;
+
+use crate::support::{convert, needs, Cli};
 
 fn recipe(dir: &Path, calibration: &str) -> PathBuf {
     let path = dir.join("recipe.toml");
@@ -34,25 +32,6 @@ fn recipe(dir: &Path, calibration: &str) -> PathBuf {
     );
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn convert(model_dir: &Path, recipe: &Path, out: &Path, extra: &[&str]) {
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(model_dir)
-        .arg("-o")
-        .arg(out)
-        .args(["--max-seq-len", "16", "--recipe"])
-        .arg(recipe)
-        .args(extra)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "convert failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 /// Logits of a package over `tokens`, one token per step, with host-side cache writes.
@@ -126,7 +105,10 @@ fn emitted_matches_calibrated_weights(model: TinyModel) {
     let root = tempfile::tempdir().unwrap();
     let cal = "[calibration]\nawq = true\nrow_groups = 2\n";
     let pkg = root.path().join("m.mlpackage");
-    convert(dir.path(), &recipe(root.path(), cal), &pkg, &[]);
+    convert(dir.path(), &pkg)
+        .args(["--max-seq-len", "16", "--recipe"])
+        .arg(recipe(root.path(), cal))
+        .ok();
 
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
@@ -158,11 +140,13 @@ fn emitted_matches_calibrated_weights(model: TinyModel) {
 
 #[test]
 fn llama_calibrated_package_matches_its_weights() {
+    needs!(Python);
     emitted_matches_calibrated_weights(TinyModel::llama());
 }
 
 #[test]
 fn qwen2_calibrated_package_matches_its_weights() {
+    needs!(Python);
     // q/k/v biases: the bias is added after the row scale.
     emitted_matches_calibrated_weights(TinyModel::qwen2());
 }
@@ -173,12 +157,16 @@ fn qwen2_calibrated_package_matches_its_weights() {
 /// and the row scale).
 #[test]
 fn mixed_rows_package_matches_its_weights() {
+    needs!(Python);
     let model = TinyModel::qwen2();
     let dir = model.write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let cal = "[calibration]\ntarget_bpw = 5\nallocation_rows = 8\n";
     let pkg = root.path().join("m.mlpackage");
-    convert(dir.path(), &recipe(root.path(), cal), &pkg, &[]);
+    convert(dir.path(), &pkg)
+        .args(["--max-seq-len", "16", "--recipe"])
+        .arg(recipe(root.path(), cal))
+        .ok();
 
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
@@ -226,6 +214,7 @@ fn mixed_rows_package_matches_its_weights() {
 /// every projection of a width; its logits equal the simulated rotated model's.
 #[test]
 fn rotated_package_matches_its_weights() {
+    needs!(Python);
     // 96 = 3 blocks of 32: the mix across blocks runs too.
     let qwen2 = TinyModel {
         intermediate: 96,
@@ -235,12 +224,10 @@ fn rotated_package_matches_its_weights() {
         let dir = model.write_temp().unwrap();
         let root = tempfile::tempdir().unwrap();
         let pkg = root.path().join("m.mlpackage");
-        convert(
-            dir.path(),
-            &recipe(root.path(), "[calibration]\nrotate = true\n"),
-            &pkg,
-            &[],
-        );
+        convert(dir.path(), &pkg)
+            .args(["--max-seq-len", "16", "--recipe"])
+            .arg(recipe(root.path(), "[calibration]\nrotate = true\n"))
+            .ok();
         let ckpt = Checkpoint::open(dir.path()).unwrap();
         let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
         let method = LinearMethod {
@@ -307,6 +294,7 @@ const AWQ_8BIT_MAX_KL: f64 = 1e-3;
 
 #[test]
 fn awq_at_8_bits_keeps_the_float_model() {
+    needs!(Python);
     let model = TinyModel {
         logit_gain: 4.0,
         ..TinyModel::llama()
@@ -322,7 +310,10 @@ fn awq_at_8_bits_keeps_the_float_model() {
     )
     .unwrap();
     let pkg = root.path().join("m.mlpackage");
-    convert(dir.path(), &recipe, &pkg, &[]);
+    convert(dir.path(), &pkg)
+        .args(["--max-seq-len", "16", "--recipe"])
+        .arg(&recipe)
+        .ok();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
     let (weights, _) = quantize_checkpoint(
@@ -354,6 +345,7 @@ fn awq_at_8_bits_keeps_the_float_model() {
 
 #[test]
 fn awq_folds_reach_projections_kept_fp16() {
+    needs!(Python);
     let model = TinyModel::llama();
     let dir = model.write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
@@ -366,7 +358,10 @@ fn awq_folds_reach_projections_kept_fp16() {
     )
     .unwrap();
     let pkg = root.path().join("m.mlpackage");
-    convert(dir.path(), &recipe, &pkg, &[]);
+    convert(dir.path(), &pkg)
+        .args(["--max-seq-len", "16", "--recipe"])
+        .arg(&recipe)
+        .ok();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let (calib, _) = pipeline::calibration_tokens(&ckpt).unwrap();
     let palettized = |r: hf2coreml::arch::Role| {
@@ -426,15 +421,14 @@ fn target_bpw_mixes_bit_widths_within_budget() {
     let dir = model.write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let report = root.path().join("report.json");
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("palettize")
         .arg(dir.path())
         .arg("--recipe")
         .arg(recipe(root.path(), "[calibration]\n"))
         .args(["--target-bpw", "5.5", "--json"])
         .arg(&report)
-        .output()
-        .unwrap();
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     let lines = r["tensors"].as_array().unwrap();
@@ -508,11 +502,10 @@ fn target_bpw_mixes_bit_widths_within_budget() {
     }
     assert!(String::from_utf8_lossy(&o.stdout).contains("mixed precision: target 5.50"));
     // Bad targets are refused with exit 2.
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("palettize")
         .arg(dir.path())
         .args(["--target-bpw", "3"])
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(o.status.code(), Some(2));
 }

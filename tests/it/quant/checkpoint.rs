@@ -1,7 +1,6 @@
 //! Palettizing whole checkpoints, recipe files, and the `palettize` command.
 
 use std::path::Path;
-use std::process::Command;
 
 use half::f16;
 use hf2coreml::arch::Role;
@@ -10,6 +9,8 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::mil::DType;
 use hf2coreml::quant::{self, Decision, QuantError, Recipe};
 use hf2coreml::testing::{Blob, TinyModel};
+
+use crate::support::cli;
 
 fn no_progress(_: &quant::TensorReport) {}
 
@@ -199,16 +200,11 @@ decision = { palettize = { nbits = 8 } }
     }
 }
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
-}
-
 #[test]
 fn palettize_command_prints_the_report_and_writes_json() {
     let dir = TinyModel::llama().write_temp().unwrap();
     let json = dir.path().join("report.json");
-    let out = bin()
-        .args(["palettize"])
+    let out = cli(&["palettize"])
         .arg(dir.path())
         .args([
             "--nbits",
@@ -218,8 +214,7 @@ fn palettize_command_prints_the_report_and_writes_json() {
             "--json",
         ])
         .arg(&json)
-        .output()
-        .unwrap();
+        .output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -249,12 +244,10 @@ fn palettize_command_prints_the_report_and_writes_json() {
 #[test]
 fn palettize_command_rejects_bad_flags_with_exit_2() {
     let dir = TinyModel::llama().write_temp().unwrap();
-    let out = bin()
-        .arg("palettize")
+    let out = cli(&["palettize"])
         .arg(dir.path())
         .args(["--nbits", "5"])
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nbits 5"));
 }
@@ -263,13 +256,11 @@ fn palettize_command_rejects_bad_flags_with_exit_2() {
 fn budget_and_inspect_size_weights_with_the_recipe() {
     let dir = TinyModel::llama().write_temp().unwrap();
     let weights = |extra: &[&str]| -> u64 {
-        let out = bin()
-            .arg("budget")
+        let out = cli(&["budget"])
             .arg(dir.path())
             .args(["--memory-limit", "8GiB", "--json"])
             .args(extra)
-            .output()
-            .unwrap();
+            .output();
         assert!(
             out.status.success(),
             "{}",
@@ -292,12 +283,10 @@ fn budget_and_inspect_size_weights_with_the_recipe() {
     assert!(default > budget::weights_bytes(&slots, |s| Recipe::default().storage(s)));
     assert!(two < default && default < fp16);
 
-    let out = bin()
-        .arg("inspect")
+    let out = cli(&["inspect"])
         .arg(dir.path())
         .args(["--json", "--nbits", "8"])
-        .output()
-        .unwrap();
+        .output();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let eight = Recipe::default().with_nbits(8).unwrap();

@@ -1,37 +1,30 @@
-//! `run --chat` on the real model (SmolLM2-135M-Instruct from `make model`, one fp16 package): a two-turn chat whose second turn feeds only what the cache lacks gives the tokens
-//! and logits, bit for bit, of a one-shot run of the same rendered conversation; the CLI's piped
+//! `run --chat` on the real model (SmolLM2-135M-Instruct from `make model`, one fp16 package):
+//! a two-turn chat whose second turn feeds only what the cache lacks gives the tokens and logits, bit for bit, of a one-shot run of the same rendered conversation; the CLI's piped
 //! session prints the same replies; a cache saved after turn 1 resumes turn 2 exactly.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use hf2coreml::runtime::chain::Saved;
 use hf2coreml::runtime::chat::ChatTemplate;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::kvfile::KvFile;
 use hf2coreml::runtime::text::{beside_package, load_tokenizer, Conversation};
-use hf2coreml::testing::{model_dir, python_env};
+use hf2coreml::testing::model_dir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
+
 const SYSTEM: &str = "You answer in one short sentence.";
 const TURNS: [&str; 2] = ["What is the capital of France?", "And of Italy?"];
 const NEW: usize = 16;
 
-fn convert(root: &Path) -> PathBuf {
+fn convert_smollm2(root: &Path) -> PathBuf {
     let pkg = root.join("smol.mlpackage");
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(model_dir())
-        .arg("-o")
-        .arg(&pkg)
+    convert(model_dir(), &pkg)
         // fp16: a model that answers (data-free 4-bit SmolLM2 does not keep the model).
         .args(["--max-seq-len", "160", "--keep-fp16", "*", "-q"])
-        .arg("--python-env")
-        .arg(python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        .ok();
     pkg
 }
 
@@ -45,8 +38,9 @@ fn opts() -> GenerateOptions {
 
 #[test]
 fn a_two_turn_chat_reuses_the_cache_and_equals_a_one_shot_run() {
+    needs!(Model, Python);
     let root = tempfile::tempdir().unwrap();
-    let pkg = convert(root.path());
+    let pkg = convert_smollm2(root.path());
     let tok = load_tokenizer(&beside_package(&pkg, "tokenizer.json")).unwrap();
     let template =
         ChatTemplate::from_tokenizer_config(&beside_package(&pkg, "tokenizer_config.json"))
@@ -92,11 +86,12 @@ fn a_two_turn_chat_reuses_the_cache_and_equals_a_one_shot_run() {
     assert!(again.logits.unwrap().data == a.data);
 
     // The CLI's piped session prints the same two replies.
-    let mut child = Command::new(BIN)
+    let mut child = Cli::new()
         .arg("run")
         .arg(&pkg)
         .args(["--chat", "--system", SYSTEM])
         .args(["--max-new-tokens", &NEW.to_string()])
+        .command()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -3,16 +3,15 @@
 //! package, interpreted in fp16, agrees with the f32 reference on the evaluation text.
 
 use std::path::Path;
-use std::process::Command;
 
 use half::f16;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::Reference;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::python_env;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs};
+
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Issue 5's gate for the all-fp16 package against the reference.
@@ -22,6 +21,7 @@ const EVAL_TOKENS: usize = 48;
 
 #[test]
 fn smollm2_all_fp16_package_agrees_with_reference() {
+    needs!(Model, Python);
     let dir = hf2coreml::testing::model_dir();
     let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| {
         panic!(
@@ -32,22 +32,15 @@ fn smollm2_all_fp16_package_agrees_with_reference() {
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol.mlpackage");
     let s = 64usize;
-    let o = Command::new(BIN)
+    let o = convert(&dir, &pkg)
         .args([
-            "convert",
-            dir.to_str().unwrap(),
-            "-o",
-            pkg.to_str().unwrap(),
             "--max-seq-len",
             &s.to_string(),
             "--keep-fp16",
             "*",
             "--json",
         ])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        .ok();
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     // docs/design.md: SmolLM2's residual stream reaches ~24,900; α = 1/128 keeps RMSNorm's x² in
     // fp16 range. The scale must come out of the measurement.

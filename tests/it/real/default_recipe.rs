@@ -3,11 +3,9 @@
 //! with Paris through `run`, and has no error- or fallback-level Neural Engine finding
 //! (`lint`). This is what `make demo` shows.
 
-use hf2coreml::testing::python_env;
 use std::path::Path;
-use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
 
 /// Evaluation tokens: enough that top-1 agreement is not decided by a handful of positions.
 const EVAL_TOKENS: &str = "160";
@@ -28,23 +26,13 @@ const CODE_MIN_TOP1: f64 = 0.92;
 
 #[test]
 fn default_recipe_passes_its_gates_and_answers_paris() {
+    needs!(Model, Python);
     let model = hf2coreml::testing::model_dir();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol.mlpackage");
-    let out = Command::new(BIN)
-        .arg("convert")
-        .arg(&model)
-        .arg("-o")
-        .arg(&pkg)
-        .args(["--max-seq-len", MAX_SEQ_LEN, "--json", "--python-env"])
-        .arg(python_env())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "convert failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = convert(&model, &pkg)
+        .args(["--max-seq-len", MAX_SEQ_LEN, "--json"])
+        .ok();
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     // Every decoder projection is palettized; embedding and norms stay fp16.
     let tensors = summary["tensors"].as_object().unwrap();
@@ -59,14 +47,14 @@ fn default_recipe_passes_its_gates_and_answers_paris() {
         (None, MAX_KL_MEAN, MIN_TOP1),
         (Some(&code), CODE_MAX_KL_MEAN, CODE_MIN_TOP1),
     ] {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["validate", pkg.to_str().unwrap(), "--against"])
+        let mut cmd = Cli::new()
+            .args(["validate", pkg.to_str().unwrap(), "--against"])
             .arg(&model)
             .args(["--max-tokens", EVAL_TOKENS, "--json"]);
         if let Some(t) = text {
-            cmd.arg("--text").arg(t);
+            cmd = cmd.arg("--text").arg(t);
         }
-        let v = cmd.output().unwrap();
+        let v = cmd.output();
         let report: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap_or_default();
         assert_eq!(
             v.status.code(),
@@ -94,9 +82,9 @@ fn default_recipe_passes_its_gates_and_answers_paris() {
         );
     }
 
-    // Issue 23's acceptance: `lint` decides the default package has no error- or
+    // `lint` decides the default package has no error- or
     // fallback-level Neural Engine finding (exit 0); `validate` reported the same above.
-    let l = Command::new(BIN).arg("lint").arg(&pkg).output().unwrap();
+    let l = Cli::new().arg("lint").arg(&pkg).output();
     assert_eq!(
         l.status.code(),
         Some(0),
@@ -104,13 +92,12 @@ fn default_recipe_passes_its_gates_and_answers_paris() {
         String::from_utf8_lossy(&l.stdout)
     );
 
-    let r = Command::new(BIN)
+    let r = Cli::new()
         .arg("run")
         .arg(&pkg)
         .args(["--max-new-tokens", "24", "--prompt"])
         .arg("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
-        .output()
-        .unwrap();
+        .output();
     let answer = String::from_utf8_lossy(&r.stdout);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert!(answer.contains("Paris"), "answer: {answer:?}");

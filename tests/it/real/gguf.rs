@@ -2,7 +2,8 @@
 //! a checkpoint with the published parameter count, and its tokenizer encodes text to the ids
 //! a reference byte-level BPE written here computes from the GGUF vocabulary and merges.
 //!
-//! `make test` fetches the GGUF first; run by hand without it, these tests say so and pass.
+//! `make test` fetches the GGUF first; a plain `cargo test` without it skips these tests
+//! (`needs!(Gguf)`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,6 +13,8 @@ use hf2coreml::checkpoint::gguf::{import, GgufFile, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::pipeline::inspect as summary;
 use hf2coreml::testing::gguf::byte_to_char;
+
+use crate::support::needs;
 
 struct Imported {
     _root: tempfile::TempDir,
@@ -43,6 +46,7 @@ fn imported() -> &'static Imported {
 
 #[test]
 fn real_model_opens_with_published_parameter_count() {
+    needs!(Gguf);
     let m = imported();
     let ckpt = Checkpoint::open(&m.dir).unwrap();
     let s = summary::summarize(&ckpt, &hf2coreml::quant::Recipe::default());
@@ -72,6 +76,7 @@ fn real_model_opens_with_published_parameter_count() {
 /// interleave undone, checked on one head's rows against the raw dequantized GGUF tensor.
 #[test]
 fn real_model_q_rows_are_unpermuted() {
+    needs!(Gguf);
     let m = imported();
     let mut g = GgufFile::open(&m.gguf).unwrap();
     let t = g.tensor("blk.0.attn_q.weight").unwrap().clone();
@@ -287,6 +292,7 @@ const SAMPLES: [&str; 8] = [
 
 #[test]
 fn real_model_tokenizer_matches_reference_bpe() {
+    needs!(Gguf);
     let m = imported();
     let reference = ReferenceBpe::from_gguf(&m.gguf);
     let tok = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
@@ -301,6 +307,7 @@ fn real_model_tokenizer_matches_reference_bpe() {
 /// Ids read off the vocabulary by hand, so the reference above is not the only witness.
 #[test]
 fn real_model_tokenizer_known_ids() {
+    needs!(Gguf);
     let m = imported();
     let tok = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
     let g = GgufFile::open(&m.gguf).unwrap();

@@ -2,16 +2,14 @@
 //! call) and `decode`: greedy generation with the prompt through `prefill` gives the same text
 //! as the same package driven through `decode` alone, token for token.
 
-use std::process::Command;
-
 use half::f16;
 use hf2coreml::mil::contract::Contract;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::{RuntimeError, StepModel, StepOutput};
-use hf2coreml::testing::{model_dir, python_env};
+use hf2coreml::testing::model_dir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs};
 
 /// The package through its default function only: no prefill function is offered.
 struct DecodeOnly(Package);
@@ -33,6 +31,7 @@ impl StepModel for DecodeOnly {
 
 #[test]
 fn smollm2_prefill_and_decode_generate_what_decode_alone_generates() {
+    needs!(Model, Python);
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol18.mlpackage");
     // Given ranges (a residual scale of 1/8) instead of measuring them: the test stays short.
@@ -43,11 +42,7 @@ fn smollm2_prefill_and_decode_generate_what_decode_alone_generates() {
         serde_json::json!({"residual_max_abs": maxima, "source": "test"}).to_string(),
     )
     .unwrap();
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(model_dir())
-        .arg("-o")
-        .arg(&pkg)
+    convert(model_dir(), &pkg)
         .args([
             "--target",
             "ios18",
@@ -59,11 +54,7 @@ fn smollm2_prefill_and_decode_generate_what_decode_alone_generates() {
         .args(["--keep-fp16", "*", "-q"])
         .arg("--activation-ranges")
         .arg(&ranges)
-        .arg("--python-env")
-        .arg(python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        .ok();
     let tok = hf2coreml::runtime::text::load_tokenizer(&root.path().join("smol18.tokenizer.json"))
         .unwrap();
     // 21 tokens or so: a full chunk of 16 and a padded one.

@@ -6,6 +6,8 @@ use hf2coreml::model::{
     calibrate, BackendChoice, BackendKind, CalibrationOptions, OpKind, Reference,
 };
 
+use crate::support::needs;
+
 fn open_model() -> (Checkpoint, tokenizers::Tokenizer) {
     let dir = hf2coreml::testing::model_dir();
     let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| {
@@ -25,6 +27,7 @@ fn encode(tok: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
 
 #[test]
 fn greedy_answer_names_paris() {
+    needs!(Model);
     let (ckpt, tok) = open_model();
     let mut r = Reference::load(&ckpt).unwrap();
     assert_eq!(r.backend(), BackendKind::CandleLlama);
@@ -43,8 +46,12 @@ fn greedy_answer_names_paris() {
 
 #[test]
 fn calibration_shows_massive_activations() {
+    needs!(Model);
     let (ckpt, tok) = open_model();
-    let text = include_str!("../fixtures/calibration.txt");
+    let text = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/calibration.txt"
+    ));
     let tokens = encode(&tok, text);
     let stats = calibrate(&ckpt, &tokens, &CalibrationOptions::default()).unwrap();
     let max = stats.max_abs_residual();
@@ -79,6 +86,7 @@ fn calibration_shows_massive_activations() {
 
 #[test]
 fn candle_and_plain_agree_on_the_real_model() {
+    needs!(Model);
     let (ckpt, tok) = open_model();
     let tokens = encode(&tok, "The old railway line closed in the spring of 1968.");
     let a = Reference::load(&ckpt).unwrap().logits_all(&tokens).unwrap();
@@ -96,9 +104,24 @@ fn candle_and_plain_agree_on_the_real_model() {
 
 #[test]
 fn fixture_texts_have_their_intended_lengths() {
+    needs!(Model);
     let (_, tok) = open_model();
-    let calibration = encode(&tok, include_str!("../fixtures/calibration.txt")).len();
-    let evaluation = encode(&tok, include_str!("../fixtures/evaluation.txt")).len();
+    let calibration = encode(
+        &tok,
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/calibration.txt"
+        )),
+    )
+    .len();
+    let evaluation = encode(
+        &tok,
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/evaluation.txt"
+        )),
+    )
+    .len();
     eprintln!("calibration.txt {calibration} tokens, evaluation.txt {evaluation} tokens");
     // Calibrated palettization fits 2k-wide Hessians on it: thousands of tokens.
     assert!((4000..=6000).contains(&calibration), "{calibration}");
@@ -107,11 +130,18 @@ fn fixture_texts_have_their_intended_lengths() {
 
 #[test]
 fn layerwise_reference_agrees_on_the_real_model() {
+    needs!(Model);
     // Validation's bounded reference (block by block, lm_head in vocabulary slices) against
     // the whole model loaded at once: the plain backend (the same arithmetic) to f32 rounding,
     // candle (another implementation) as closely as the plain backend itself agrees with it.
     let (ckpt, tok) = open_model();
-    let tokens = encode(&tok, include_str!("../fixtures/evaluation_code.txt"));
+    let tokens = encode(
+        &tok,
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/evaluation_code.txt"
+        )),
+    );
     let tokens = &tokens[..tokens.len().min(160)];
     let got = hf2coreml::model::layerwise::logits_layerwise(&ckpt, tokens, &mut |_| {}).unwrap();
     let plain = Reference::load_with(&ckpt, BackendChoice::Plain)

@@ -8,13 +8,12 @@
 //!   temperature.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use hf2coreml::testing::{model_dir, python_env};
+use hf2coreml::testing::model_dir;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, hf2coreml, needs, Cli};
 
 /// The package, converted once per test binary.
 fn package() -> &'static Path {
@@ -22,24 +21,12 @@ fn package() -> &'static Path {
     &PKG.get_or_init(|| {
         let root = tempfile::tempdir().unwrap();
         let pkg = root.path().join("smol.mlpackage");
-        let o = Command::new(BIN)
-            .arg("convert")
-            .arg(model_dir())
-            .arg("-o")
-            .arg(&pkg)
+        convert(model_dir(), &pkg)
             .args(["--max-seq-len", "64", "--recipe", "data-free-4bit", "-q"])
-            .arg("--python-env")
-            .arg(python_env())
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            .ok();
         (root, pkg)
     })
     .1
-}
-
-fn hf2coreml(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().unwrap()
 }
 
 fn run_json(extra: &[&str]) -> Value {
@@ -60,17 +47,17 @@ fn ids(v: &Value, key: &str) -> Vec<u64> {
 
 #[test]
 fn validate_rejects_data_free_4bit_and_reads_the_text_given() {
+    needs!(Model, Python);
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/evaluation_code.txt");
     let model = model_dir();
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("validate")
         .arg(package())
         .arg("--against")
         .arg(&model)
         .args(["--max-tokens", "24", "--json", "--text"])
         .arg(&text)
-        .output()
-        .unwrap();
+        .output();
     let report: Value = serde_json::from_slice(&o.stdout).unwrap();
     // The gates fail (exit 1): a package that does not keep the model is not passed.
     assert_eq!(o.status.code(), Some(1), "{report:#}");
@@ -93,6 +80,7 @@ fn validate_rejects_data_free_4bit_and_reads_the_text_given() {
 
 #[test]
 fn chat_renders_the_template_and_tokenizer_is_honoured() {
+    needs!(Model, Python);
     let chat = run_json(&["--chat", "--prompt", "Hi there", "--max-new-tokens", "0"]);
     let by_hand = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by \
                    Hugging Face<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n\
@@ -135,6 +123,7 @@ fn chat_renders_the_template_and_tokenizer_is_honoured() {
 
 #[test]
 fn seeds_repeat_and_top_k_1_is_greedy() {
+    needs!(Model, Python);
     let sample = |seed: &str, extra: &[&str]| {
         let base = [
             "--prompt-ids",

@@ -3,13 +3,11 @@
 //! fails (exit 1) — validation reads what was saved, not what was meant.
 
 use std::path::Path;
-use std::process::Command;
 
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
 use hf2coreml::mlpackage::MlPackage;
-use hf2coreml::testing::python_env;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
 
 /// Tokens of the evaluation text interpreted per validation (the 30-layer graph runs per token).
 const EVAL_TOKENS: &str = "24";
@@ -22,12 +20,11 @@ const MAX_SEQ_LEN: &str = "64";
 const MAX_KL_MEAN_8BIT: f64 = 0.008;
 
 fn validate(pkg: &Path, model: &Path) -> (Option<i32>, serde_json::Value, String) {
-    let out = Command::new(BIN)
+    let out = Cli::new()
         .args(["validate", pkg.to_str().unwrap(), "--against"])
         .arg(model)
         .args(["--max-tokens", EVAL_TOKENS, "--json"])
-        .output()
-        .unwrap();
+        .output();
     let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
     (
         out.status.code(),
@@ -38,14 +35,11 @@ fn validate(pkg: &Path, model: &Path) -> (Option<i32>, serde_json::Value, String
 
 #[test]
 fn eight_bit_package_passes_and_a_corrupted_lut_fails() {
+    needs!(Model, Python);
     let model = hf2coreml::testing::model_dir();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol8.mlpackage");
-    let out = Command::new(BIN)
-        .arg("convert")
-        .arg(&model)
-        .arg("-o")
-        .arg(&pkg)
+    convert(&model, &pkg)
         .args([
             "--max-seq-len",
             MAX_SEQ_LEN,
@@ -54,15 +48,7 @@ fn eight_bit_package_passes_and_a_corrupted_lut_fails() {
             "--nbits",
             "8",
         ])
-        .arg("--python-env")
-        .arg(python_env())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "convert failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .ok();
     assert!(root.path().join("smol8.tokenizer_config.json").is_file());
 
     let (code, report, err) = validate(&pkg, &model);

@@ -1,14 +1,13 @@
 //! The token loop against a strict toy model: cache handling, chunking with padding and
 //! sliding, stop conditions, context limits, recorded logits, seeded sampling, errors.
 
-mod common;
-
-use common::{contract, reference_greedy, reference_targets, ToyModel};
 use hf2coreml::runtime::generate::{
     GenerateError, GenerateOptions, Generation, Generator, StopReason,
 };
 use hf2coreml::runtime::sampling::{argmax, SamplingParams};
 use proptest::prelude::*;
+
+use crate::support::toy::{contract, reference_greedy, reference_targets, ToyModel};
 
 const V: usize = 23;
 

@@ -9,7 +9,8 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::Reference;
 use hf2coreml::testing::{python_env, TinyModel, FP16_LOGIT_TOL};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
+
 const PROMPT: [u32; 5] = [3, 10, 17, 24, 31];
 const NEW_TOKENS: usize = 4;
 
@@ -34,6 +35,7 @@ fn numpy_load(npy: &Path) -> serde_json::Value {
 
 #[test]
 fn logits_out_holds_the_reference_logits_of_every_position() {
+    needs!(Python);
     let model = TinyModel {
         // A sharper distribution than random weights give, so argmax is meaningful.
         logit_gain: 4.0,
@@ -42,28 +44,20 @@ fn logits_out_holds_the_reference_logits_of_every_position() {
     let dir = model.write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(dir.path())
-        .arg("-o")
-        .arg(&pkg)
+    convert(dir.path(), &pkg)
         .args(["--max-seq-len", "16", "--keep-fp16", "*", "-q"])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        .ok();
 
     let npy = root.path().join("logits.npy");
     let ids: Vec<String> = PROMPT.iter().map(|t| t.to_string()).collect();
-    let r = Command::new(BIN)
+    let r = Cli::new()
         .arg("run")
         .arg(&pkg)
         .args(["--prompt-ids", &ids.join(","), "--json", "--ignore-eos"])
         .args(["--max-new-tokens", &NEW_TOKENS.to_string()])
         .arg("--logits-out")
         .arg(&npy)
-        .output()
-        .unwrap();
+        .output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let run: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
     let generated: Vec<u32> = run["generated_ids"]

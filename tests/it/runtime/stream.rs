@@ -1,13 +1,12 @@
 //! What `run` does around the token loop: prompts to ids (plain, chat, ids), streaming text
 //! with incremental detokenization, and the logits file.
 
-mod common;
-
-use common::{byte_tokenizer, contract, reference_greedy, ToyModel};
 use hf2coreml::runtime::chat::ChatTemplate;
 use hf2coreml::runtime::generate::{GenerateError, GenerateOptions, Generator};
 use hf2coreml::runtime::sampling::SamplingParams;
 use hf2coreml::runtime::text::{prompt_ids, stream_to, Prompt, TextError, TextStream};
+
+use crate::support::toy::{byte_tokenizer, contract, reference_greedy, ToyModel};
 
 /// Byte ids plus the two special tokens.
 const V: usize = 258;

@@ -11,17 +11,12 @@ use std::time::{Duration, Instant};
 
 use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::interp::{Options, Program};
-use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs};
 
 fn convert_cmd(ckpt: &Path, dest: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(["convert"])
-        .arg(ckpt)
-        .arg("-o")
-        .arg(dest)
+    let mut c = convert(ckpt, dest)
         .args([
             "--max-seq-len",
             "16",
@@ -29,11 +24,8 @@ fn convert_cmd(ckpt: &Path, dest: &Path) -> Command {
             "data-free-4bit",
             "--force",
         ])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .env_remove("VIRTUAL_ENV")
-        .env("CI", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .command();
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
     c
 }
 
@@ -133,6 +125,7 @@ fn convert_and_kill(ckpt: &Path, dest: &Path, point: Point, sig: &str) -> bool {
 
 #[test]
 fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let ckpt = root.path().join("ckpt");
     std::fs::create_dir(&ckpt).unwrap();
@@ -227,10 +220,11 @@ fn killed_conversions_leave_the_destination_untouched_and_a_rerun_succeeds() {
 }
 
 /// Ctrl-C while the default (calibrated) recipe is calibrating: the run stops within a second,
-/// exits 130 and leaves nothing behind (issue 27, item 16: Python's handler used to swallow
-/// it until coremltools ran, a minute later).
+/// exits 130 and leaves nothing behind (Python's own handler would swallow it until
+/// coremltools ran, a minute later).
 #[test]
 fn sigint_during_calibration_stops_the_run_within_a_second() {
+    needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let ckpt = root.path().join("ckpt");
     std::fs::create_dir(&ckpt).unwrap();
@@ -249,16 +243,10 @@ fn sigint_during_calibration_stops_the_run_within_a_second() {
     let out = root.path().join("out");
     let dest = out.join("m.mlpackage");
     let log = root.path().join("stderr");
-    let mut cmd = Command::new(BIN);
-    cmd.arg("convert")
-        .arg(&ckpt)
-        .arg("-o")
-        .arg(&dest)
+    let mut cmd = convert(&ckpt, &dest)
         .args(["--max-seq-len", "16", "--recipe", "default", "--verbose"])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .env_remove("VIRTUAL_ENV")
-        .env("CI", "1")
-        .stdout(Stdio::null())
+        .command();
+    cmd.stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
     let mut child = cmd.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);

@@ -1,19 +1,19 @@
-//! The memory bound of `convert` (issue 10, README "Safety"): converting a checkpoint needs at
-//! most 1.5 × the package size plus the largest fp16 tensor in memory.
+//! The memory bound of `convert` (README "Safety"): converting a checkpoint needs at most
+//! 1.5 × the package size plus the largest fp16 tensor in memory.
 //!
 //! Memory here is the process's anonymous resident memory (RssAnon), sampled continuously
 //! from /proc while `convert` runs: the memory-mapped checkpoint is left out, as its pages are
 //! file cache the kernel can drop at any time. Everything else counts, the embedded Python
-//! interpreter with coremltools included.
+//! interpreter with coremltools included. It is the child's own memory, so the tests running
+//! beside this one in the same test binary do not move it.
 #![cfg(target_os = "linux")]
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
 
 /// RssAnon of process `pid` in bytes, or None once it is gone.
 fn rss_anon(pid: u32) -> Option<u64> {
@@ -57,6 +57,7 @@ fn peak_anon(cmd: &mut Command) -> (std::process::ExitStatus, u64, String) {
 
 #[test]
 fn convert_needs_at_most_one_and_a_half_packages_plus_the_largest_tensor() {
+    needs!(Python);
     // 123M parameters, 246 MB of bf16: big enough that the weights, not the interpreter,
     // decide the peak; the 32000 x 1024 embedding is the largest tensor.
     let m = TinyModel {
@@ -73,15 +74,10 @@ fn convert_needs_at_most_one_and_a_half_packages_plus_the_largest_tensor() {
     let ckpt = m.write_temp().unwrap();
     let out = tempfile::tempdir().unwrap();
     let package = out.path().join("m.mlpackage");
-    let mut convert = Command::new(BIN);
-    convert
-        .args(["-q", "convert"])
-        .arg(ckpt.path())
-        .arg("-o")
-        .arg(&package)
-        .args(["--recipe", "data-free-4bit", "--max-seq-len", "512"])
-        .env("HF2COREML_PYTHON_ENV", python_env());
-    let (status, peak, stderr) = peak_anon(&mut convert);
+    let mut conversion = convert(ckpt.path(), &package)
+        .args(["-q", "--recipe", "data-free-4bit", "--max-seq-len", "512"])
+        .command();
+    let (status, peak, stderr) = peak_anon(&mut conversion);
     assert!(status.success(), "convert failed: {stderr}");
 
     let package_bytes = bytes_under(&package);
@@ -114,23 +110,24 @@ fn convert_needs_at_most_one_and_a_half_packages_plus_the_largest_tensor() {
 /// 8B's 32 GB are below the 2 GiB default): the float reference runs block by block and the
 /// weight check reads the checkpoint and the package a piece at a time, so validate needs what
 /// `run` needs plus a block and a slice of the lm_head in f32: not the model, and not its
-/// largest tensor, in f32 (issue 22).
+/// largest tensor, in f32.
 fn validate_holds_one_block(m: &TinyModel, ckpt: &Path, package: &Path) {
     let f32_model = 4 * bytes_under(ckpt) / 2; // bf16 on disk
     let prompt: Vec<String> = (1..=16).map(|t| t.to_string()).collect();
-    let mut run = Command::new(BIN);
-    run.arg("run")
+    let mut run = Cli::new()
+        .arg("run")
         .arg(package)
-        .args(["--prompt-ids", &prompt.join(","), "--max-new-tokens", "1"]);
+        .args(["--prompt-ids", &prompt.join(","), "--max-new-tokens", "1"])
+        .command();
     let (status, run_peak, stderr) = peak_anon(&mut run);
     assert!(status.success(), "run failed: {stderr}");
-    let mut validate = Command::new(BIN);
-    validate
+    let mut validate = Cli::new()
         .arg("validate")
         .arg(package)
         .arg("--against")
         .arg(ckpt)
-        .args(["--max-tokens", "16", "--reference-budget", "256MiB"]);
+        .args(["--max-tokens", "16", "--reference-budget", "256MiB"])
+        .command();
     let (status, peak, stderr) = peak_anon(&mut validate);
     // Random weights: the gates may fail (exit 1), nothing else may.
     assert!(

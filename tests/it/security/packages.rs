@@ -1,117 +1,20 @@
-//! Issue 27, round two of hostile inputs, through the binary. Every case runs under a
-//! timeout with its peak memory measured (wait4's ru_maxrss of that one child): it must exit
-//! with the documented code, never panic, abort or hang, stay under 1 GiB, and leave nothing
-//! behind. The hostile inputs are built in code.
+//! Hostile and broken .mlpackage directories, through `run`: Manifest.json, the protobuf,
+//! weight.bin and its blob records, the program (undefined values, cycles, declared sizes and
+//! shapes that would allocate without bound), the contract, and special files in place of the
+//! package's files or the tokenizer beside it. Every case exits 2 naming the file and the
+//! problem, within its time and memory bounds (see the parent module).
 
-mod common;
-
-use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hf2coreml::mil::contract;
 use hf2coreml::mil::DType;
-use hf2coreml::mlpackage::proto;
+use hf2coreml::mlpackage::blob::{BLOB_SENTINEL, RECORD_SIZE};
+use hf2coreml::mlpackage::{proto, BlobWriter};
 use hf2coreml::testing::mlpackage as fixture;
-use hf2coreml::testing::TinyModel;
 
-/// Every case finishes well within this (the slowest, a tiny conversion, takes seconds).
-const TIMEOUT: Duration = Duration::from_secs(120);
-/// The acceptance bound on peak RSS for packages whose files total under 300 MB.
-const MAX_RSS_BYTES: u64 = 1 << 30;
-
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    max_rss: u64,
-    elapsed: Duration,
-}
-
-/// Run the binary with `args` (stdout to `stdout` if given), under [`TIMEOUT`], measuring
-/// the child's own peak RSS with wait4.
-fn run_bin(args: &[&OsStr], stdout: Option<std::fs::File>) -> Outcome {
-    let dir = tempfile::tempdir().unwrap();
-    let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
-    let out_file = match stdout {
-        Some(f) => f,
-        None => std::fs::File::create(&out_path).unwrap(),
-    };
-    let started = Instant::now();
-    // Reaped by wait4 below (which also gives its peak RSS), not by Child::wait.
-    #[allow(clippy::zombie_processes)]
-    let child = Command::new(env!("CARGO_BIN_EXE_hf2coreml"))
-        .args(args)
-        .env("CI", "1")
-        .stdin(Stdio::null())
-        .stdout(out_file)
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let (status, usage) = loop {
-        let mut status = 0;
-        // SAFETY: rusage is plain data; wait4 fills it for our own child.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        if r == pid {
-            break (status, usage);
-        }
-        if started.elapsed() > TIMEOUT {
-            // SAFETY: our own child, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("{args:?} hung: killed after {TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-    Outcome {
-        code,
-        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
-        stderr: std::fs::read_to_string(&err_path).unwrap(),
-        max_rss: usage.ru_maxrss as u64 * 1024,
-        elapsed: started.elapsed(),
-    }
-}
-
-/// Top-level names in `dir`, sorted.
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
-/// Expect `code`, every needle in stderr, no panic, bounded memory, and `root` unchanged.
-fn expect(root: &Path, args: &[&OsStr], code: i32, needles: &[&str]) -> Outcome {
-    let before = entries(root);
-    let o = run_bin(args, None);
-    assert_eq!(
-        o.code,
-        Some(code),
-        "{args:?}\nstdout: {}\nstderr: {}",
-        o.stdout,
-        o.stderr
-    );
-    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
-    for n in needles {
-        assert!(o.stderr.contains(n), "`{n}` not in stderr:\n{}", o.stderr);
-    }
-    assert!(
-        o.max_rss < MAX_RSS_BYTES,
-        "peak RSS {} MiB",
-        o.max_rss >> 20
-    );
-    assert_eq!(entries(root), before, "left behind; stderr:\n{}", o.stderr);
-    o
-}
-
-fn os(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
+use super::{expect, mkfifo, os, Scratch};
+use crate::support::{assert_refused, hf2coreml, toy};
 
 // ---- packages: declared sizes, contract, protobuf ----------------------------------------
 
@@ -135,7 +38,7 @@ fn contract_package(
         ops,
         outputs,
     );
-    let c = common::contract(contract_s, 1, 8, vec![]);
+    let c = toy::contract(contract_s, 1, 8, vec![]);
     m.description
         .as_mut()
         .unwrap()
@@ -332,21 +235,12 @@ fn a_protobuf_of_millions_of_empty_entries_is_refused_in_bounded_memory() {
     assert!(o.max_rss < 256 << 20, "peak RSS {} MiB", o.max_rss >> 20);
 }
 
-// ---- special files ------------------------------------------------------------------------
-
-#[cfg(unix)]
-fn mkfifo(path: &Path) {
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-}
-
 #[cfg(unix)]
 #[test]
 fn a_fifo_weight_file_is_refused_at_once() {
     let root = tempfile::tempdir().unwrap();
     let (mut m, w) = fixture::tiny_program();
-    let c = common::contract(16, 1, 8, vec![]);
+    let c = toy::contract(16, 1, 8, vec![]);
     let md = m.description.as_mut().unwrap().metadata.as_mut().unwrap();
     md.user_defined.insert(
         contract::METADATA_KEY.into(),
@@ -388,265 +282,280 @@ fn a_fifo_or_dev_zero_tokenizer_beside_the_package_is_refused_at_once() {
     }
 }
 
-#[cfg(unix)]
-#[test]
-fn calibration_from_dev_zero_is_refused_at_once() {
-    let root = tempfile::tempdir().unwrap();
-    let ckpt = root.path().join("ckpt");
-    std::fs::create_dir(&ckpt).unwrap();
-    TinyModel::llama().write(&ckpt).unwrap();
-    let out = root.path().join("out").join("m.mlpackage");
-    let o = expect(
-        root.path(),
-        &[
-            os("convert"),
-            ckpt.as_os_str(),
-            os("-o"),
-            out.as_os_str(),
-            os("--calibration"),
-            os("/dev/zero"),
-        ],
-        2,
-        &["/dev/zero", "not a regular file"],
-    );
-    assert!(o.elapsed < Duration::from_secs(60), "{:?}", o.elapsed);
-}
+// ---- .mlpackage files: Manifest, protobuf, weight.bin, the program ----------------------
 
-// ---- outputs ------------------------------------------------------------------------------
-
-fn tiny_checkpoint(root: &Path) -> PathBuf {
-    let ckpt = root.join("ckpt");
-    std::fs::create_dir(&ckpt).unwrap();
-    TinyModel::llama().write(&ckpt).unwrap();
-    ckpt
-}
-
-/// Names and contents of every file under `dir`.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut v = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let bytes = std::fs::read(&p).unwrap();
-                v.push((p, bytes));
-            }
-        }
-    }
-    v.sort();
-    v
-}
-
-#[test]
-fn an_output_that_is_contains_or_lies_inside_the_input_is_refused() {
-    let root = tempfile::tempdir().unwrap();
-    let ckpt = tiny_checkpoint(root.path());
-    let before = snapshot(&ckpt);
-    let inside = ckpt.join("m.mlpackage");
-    let dotted = root.path().join("ckpt/../ckpt/x.mlpackage");
-    for out in [&ckpt, &inside, &dotted, &root.path().to_path_buf()] {
-        expect(
-            root.path(),
-            &[
-                os("convert"),
-                ckpt.as_os_str(),
-                os("-o"),
-                out.as_os_str(),
-                os("--force"),
-                os("--dry-run"),
-            ],
-            2,
-            &["would overlap the input"],
-        );
-    }
-    assert_eq!(snapshot(&ckpt), before, "the input changed");
-}
-
-#[test]
-fn import_gguf_into_its_own_folder_is_refused() {
-    let root = tempfile::tempdir().unwrap();
-    let g = root.path().join("g");
-    std::fs::create_dir(&g).unwrap();
-    let file = g.join("m.gguf");
-    std::fs::write(
-        &file,
-        hf2coreml::testing::gguf::TinyGguf::llama()
-            .build()
-            .writer
-            .to_bytes(),
-    )
-    .unwrap();
-    let before = snapshot(&g);
-    expect(
-        root.path(),
-        &[
-            os("import-gguf"),
-            file.as_os_str(),
-            os("-o"),
-            g.as_os_str(),
-            os("--force"),
-        ],
-        2,
-        &["would overlap the input"],
-    );
-    assert_eq!(snapshot(&g), before);
-}
-
-#[cfg(unix)]
-#[test]
-fn a_non_utf8_output_is_refused_before_anything_is_written() {
-    use std::os::unix::ffi::OsStringExt;
-    let root = tempfile::tempdir().unwrap();
-    let ckpt = tiny_checkpoint(root.path());
-    let mut name = b"out-\xff".to_vec();
-    name.extend_from_slice(b".mlpackage");
-    let out = root.path().join(OsString::from_vec(name));
-    expect(
-        root.path(),
-        &[
-            os("convert"),
-            ckpt.as_os_str(),
-            os("-o"),
-            out.as_os_str(),
-            os("--recipe"),
-            os("data-free-4bit"),
-        ],
-        2,
-        &["not valid UTF-8"],
+/// The fixture program with an hf2coreml contract in its metadata, so that `run` gets as far
+/// as compiling the program.
+fn contract_model(model: &mut proto::Model) {
+    let c = toy::contract(16, 1, 8, vec![]);
+    let md = model
+        .description
+        .as_mut()
+        .unwrap()
+        .metadata
+        .get_or_insert_with(Default::default);
+    md.user_defined.insert(
+        contract::METADATA_KEY.to_string(),
+        serde_json::to_string(&c).unwrap(),
     );
 }
 
-#[cfg(unix)]
+fn write_pkg(s: &Scratch, model: &proto::Model, weights: &[u8]) -> PathBuf {
+    let mut model = model.clone();
+    contract_model(&mut model);
+    let dir = s.path().join("m.mlpackage");
+    fixture::write_model(&dir, &model, weights).unwrap();
+    dir
+}
+
+fn model_file(pkg: &Path) -> PathBuf {
+    pkg.join("Data/com.apple.CoreML/model.mlmodel")
+}
+
+fn weight_file(pkg: &Path) -> PathBuf {
+    pkg.join("Data/com.apple.CoreML/weights/weight.bin")
+}
+
+/// Offset of the first blob record in the fixture's weight.bin.
+const FIRST_RECORD: usize = RECORD_SIZE;
+
 #[test]
-fn batch_outputs_naming_one_package_two_ways_are_refused() {
-    let root = tempfile::tempdir().unwrap();
-    let ckpt = tiny_checkpoint(root.path());
-    let o = root.path().join("o");
-    std::fs::create_dir_all(o.join("x")).unwrap();
-    std::os::unix::fs::symlink(&o, root.path().join("link")).unwrap();
-    for (a, b) in [
-        ("o/a.mlpackage", "o/./x/../a.mlpackage"),
-        ("o/a.mlpackage", "link/a.mlpackage"),
-    ] {
-        let file = root.path().join("batch.toml");
-        std::fs::write(
-            &file,
-            format!(
-                "[[export]]\nname = \"one\"\nmodel = \"{}\"\noutput = \"{a}\"\n\n\
-                 [[export]]\nname = \"two\"\nmodel = \"{}\"\noutput = \"{b}\"\n",
-                ckpt.display(),
-                ckpt.display()
-            ),
-        )
+fn package_without_manifest() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    std::fs::remove_file(pkg.join("Manifest.json")).unwrap();
+    run_package(s.path(), &pkg, &["Manifest.json", "No such file"]);
+}
+
+/// The Safety section's cap on model.mlmodel (256 MiB): a (sparse) file one byte over it is
+/// refused by its size, naming the file, before anything is read or allocated.
+#[test]
+fn package_model_over_the_size_cap() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(model_file(&pkg))
         .unwrap();
-        expect(
-            root.path(),
-            &[os("batch"), file.as_os_str(), os("--list")],
-            2,
-            &["two exports write"],
-        );
-        std::fs::remove_file(&file).unwrap();
-    }
-}
-
-// ---- stdout and the terminal ----------------------------------------------------------------
-
-#[cfg(target_os = "linux")]
-#[test]
-fn a_full_stdout_is_an_error_not_a_panic() {
-    let root = tempfile::tempdir().unwrap();
-    let ckpt = tiny_checkpoint(root.path());
-    let cases: Vec<Vec<&OsStr>> = vec![
-        vec![os("inspect"), ckpt.as_os_str()],
-        vec![os("inspect"), ckpt.as_os_str(), os("--json")],
-        vec![os("completions"), os("bash")],
-        vec![
-            os("budget"),
-            ckpt.as_os_str(),
-            os("--device"),
-            os("iphone-15"),
+    f.set_len(hf2coreml::mlpackage::MAX_MODEL_BYTES + 1)
+        .unwrap();
+    assert_eq!(hf2coreml::mlpackage::MAX_MODEL_BYTES, 256 << 20);
+    run_package(
+        s.path(),
+        &pkg,
+        &[
+            "model.mlmodel",
+            "268435457 bytes exceeds the 268435456-byte limit",
         ],
-    ];
-    for args in cases {
-        let full = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/full")
-            .unwrap();
-        let o = run_bin(&args, Some(full));
-        assert!(!o.stderr.contains("panicked"), "{args:?}: {}", o.stderr);
-        assert!(
-            o.code == Some(3) || o.code == Some(2),
-            "{args:?}: exit {:?}\n{}",
-            o.code,
-            o.stderr
-        );
-        assert!(o.stderr.contains("No space left"), "{args:?}: {}", o.stderr);
-    }
+    );
 }
 
 #[test]
-fn control_bytes_from_config_json_are_escaped() {
-    let root = tempfile::tempdir().unwrap();
-    let ckpt = tiny_checkpoint(root.path());
-    let cfg = ckpt.join("config.json");
-    let mut json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
-    json["architectures"] = serde_json::json!(["\u{1b}[31mEvil\u{7}\u{202e}Model"]);
-    std::fs::write(&cfg, json.to_string()).unwrap();
-    let o = expect(root.path(), &[os("inspect"), ckpt.as_os_str()], 2, &[]);
-    for raw in ['\u{1b}', '\u{7}', '\u{202e}'] {
-        assert!(!o.stderr.contains(raw), "raw {raw:?} in {:?}", o.stderr);
-    }
-    assert!(o.stderr.contains("\\u{1b}[31mEvil"), "{}", o.stderr);
+fn package_manifest_not_json() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    std::fs::write(pkg.join("Manifest.json"), [0xff, 0xfe, b'{']).unwrap();
+    run_package(s.path(), &pkg, &["Manifest.json", "not UTF-8"]);
+}
+
+#[test]
+fn package_manifest_points_outside() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    let manifest = fixture::MANIFEST.replace("com.apple.CoreML/model.mlmodel", "../../secret");
+    std::fs::write(pkg.join("Manifest.json"), manifest).unwrap();
+    run_package(s.path(), &pkg, &["Manifest.json", "escapes the package"]);
 }
 
 #[cfg(unix)]
 #[test]
-fn a_fifo_gguf_or_device_table_is_refused_at_once() {
-    let root = tempfile::tempdir().unwrap();
-    let fifo = root.path().join("m.gguf");
-    mkfifo(&fifo);
-    let out = root.path().join("ckpt");
-    let o = expect(
-        root.path(),
-        &[
-            os("import-gguf"),
-            fifo.as_os_str(),
-            os("-o"),
-            out.as_os_str(),
-        ],
-        2,
-        &["m.gguf", "not a regular file"],
-    );
-    assert!(o.elapsed < Duration::from_secs(10), "{:?}", o.elapsed);
-    let o = expect(
-        root.path(),
-        &[os("inspect"), fifo.as_os_str()],
-        2,
-        &["m.gguf"],
-    );
-    assert!(o.elapsed < Duration::from_secs(10), "{:?}", o.elapsed);
+fn package_model_is_a_symlink_out_of_the_package() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    let outside = s.path().join("elsewhere.mlmodel");
+    std::fs::rename(model_file(&pkg), &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, model_file(&pkg)).unwrap();
+    run_package(s.path(), &pkg, &["Manifest.json", "outside the package"]);
+}
 
-    let ckpt = root.path().join("tiny");
-    std::fs::create_dir(&ckpt).unwrap();
-    TinyModel::llama().write(&ckpt).unwrap();
-    let table = root.path().join("devices.toml");
-    mkfifo(&table);
-    let o = expect(
-        root.path(),
-        &[
-            os("budget"),
-            ckpt.as_os_str(),
-            os("--devices"),
-            table.as_os_str(),
-            os("--device"),
-            os("x"),
-        ],
-        2,
-        &["devices.toml", "not a regular file"],
+#[cfg(unix)]
+#[test]
+fn package_weight_file_is_a_symlink_out_of_the_package() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    let outside = s.path().join("elsewhere.bin");
+    std::fs::rename(weight_file(&pkg), &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, weight_file(&pkg)).unwrap();
+    run_package(s.path(), &pkg, &["model.mlmodel", "escapes the package"]);
+}
+
+#[test]
+fn package_truncated_protobuf() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    let bytes = std::fs::read(model_file(&pkg)).unwrap();
+    std::fs::write(model_file(&pkg), &bytes[..bytes.len() / 2]).unwrap();
+    run_package(
+        s.path(),
+        &pkg,
+        &["model.mlmodel", "not a valid Core ML model protobuf"],
     );
-    assert!(o.elapsed < Duration::from_secs(10), "{:?}", o.elapsed);
+}
+
+#[test]
+fn package_blob_offset_past_the_end() {
+    let s = Scratch::new();
+    let (mut m, w) = fixture::tiny_program();
+    let ops = &mut main_block(&mut m).operations;
+    let b = ops.iter_mut().find(|o| o.r#type == "const").unwrap();
+    if let Some(proto::value::Value::BlobFileValue(bv)) =
+        &mut b.attributes.get_mut("val").unwrap().value
+    {
+        bv.offset = 1 << 40;
+    }
+    let pkg = write_pkg(&s, &m, &w);
+    run_package(s.path(), &pkg, &["weight.bin", "past the end"]);
+}
+
+#[test]
+fn package_blob_wrong_sentinel() {
+    let s = Scratch::new();
+    let (m, mut w) = fixture::tiny_program();
+    assert_eq!(
+        u32::from_le_bytes(w[FIRST_RECORD..FIRST_RECORD + 4].try_into().unwrap()),
+        BLOB_SENTINEL
+    );
+    w[FIRST_RECORD..FIRST_RECORD + 4].copy_from_slice(&0xCAFE_F00Du32.to_le_bytes());
+    let pkg = write_pkg(&s, &m, &w);
+    run_package(s.path(), &pkg, &["weight.bin", "sentinel 0xcafef00d"]);
+}
+
+#[test]
+fn package_blob_size_overflows() {
+    let s = Scratch::new();
+    let (m, mut w) = fixture::tiny_program();
+    let at = FIRST_RECORD + 8;
+    w[at..at + 8].copy_from_slice(&(u64::MAX - 16).to_le_bytes());
+    let pkg = write_pkg(&s, &m, &w);
+    run_package(s.path(), &pkg, &["weight.bin", "past the end"]);
+}
+
+#[test]
+fn package_weight_file_truncated_to_its_header() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w[..RECORD_SIZE]);
+    run_package(s.path(), &pkg, &["weight.bin", "record past the end"]);
+}
+
+fn main_block(m: &mut proto::Model) -> &mut proto::Block {
+    m.ml_program
+        .as_mut()
+        .unwrap()
+        .functions
+        .get_mut("main")
+        .unwrap()
+        .block_specializations
+        .get_mut("CoreML7")
+        .unwrap()
+}
+
+#[test]
+fn package_op_references_an_undefined_value() {
+    let s = Scratch::new();
+    let (mut m, w) = fixture::tiny_program();
+    let linear = main_block(&mut m)
+        .operations
+        .iter_mut()
+        .find(|o| o.r#type == "linear")
+        .unwrap();
+    linear.inputs.get_mut("bias").unwrap().arguments[0].binding =
+        Some(proto::binding::Binding::Name("ghost".into()));
+    let pkg = write_pkg(&s, &m, &w);
+    run_package(
+        s.path(),
+        &pkg,
+        &["m.mlpackage", "`ghost`", "not defined before"],
+    );
+}
+
+#[test]
+fn package_ops_form_a_cycle() {
+    let s = Scratch::new();
+    let (mut m, w) = fixture::tiny_program();
+    let block = main_block(&mut m);
+    // a = add(x, b); b = add(a, x): each needs the other first.
+    block.operations.push(fixture::op(
+        "add",
+        &[("x", "x"), ("y", "b2")],
+        "a2",
+        DType::F16,
+        &[1, 8],
+    ));
+    block.operations.push(fixture::op(
+        "add",
+        &[("x", "a2"), ("y", "x")],
+        "b2",
+        DType::F16,
+        &[1, 8],
+    ));
+    block.outputs.push("b2".into());
+    let pkg = write_pkg(&s, &m, &w);
+    run_package(
+        s.path(),
+        &pkg,
+        &["m.mlpackage", "`b2`", "not defined before"],
+    );
+}
+
+#[test]
+fn package_blob_dtype_disagrees_with_the_declared_type() {
+    let s = Scratch::new();
+    let (m, _) = fixture::tiny_program();
+    // Same layout, but the bias blob written as bf16 where the program declares fp16.
+    let mut w = BlobWriter::new();
+    let indices: Vec<u32> = (0..32).map(|i| (i * 7) % 16).collect();
+    w.push(DType::U8, &hf2coreml::mlpackage::pack_bits(&indices, 4));
+    w.push(DType::F16, &[0u8; 32]);
+    w.push(DType::BF16, &[0u8; 8]);
+    let pkg = write_pkg(&s, &m, &w.finish());
+    run_package(s.path(), &pkg, &["weight.bin", "blob holds bf16"]);
+}
+
+#[test]
+fn package_huge_declared_rank() {
+    let s = Scratch::new();
+    let (mut m, w) = fixture::tiny_program();
+    let f = m
+        .ml_program
+        .as_mut()
+        .unwrap()
+        .functions
+        .get_mut("main")
+        .unwrap();
+    f.inputs[0].r#type = Some(fixture::value_type(DType::F16, &[1; 40]));
+    let pkg = write_pkg(&s, &m, &w);
+    run_package(
+        s.path(),
+        &pkg,
+        &["m.mlpackage", "rank 40 exceeds the limit"],
+    );
+}
+
+#[test]
+fn manifest_over_1_mib_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("m.mlpackage");
+    std::fs::create_dir_all(pkg.join("Data/com.apple.CoreML")).unwrap();
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(1 << 20));
+    std::fs::write(pkg.join("Manifest.json"), big).unwrap();
+    let o = hf2coreml(&["run", pkg.to_str().unwrap(), "--prompt-ids", "1"]);
+    assert_refused(&o, &["Manifest.json"]);
 }

@@ -6,38 +6,24 @@
 //! tokens; and what a stateful package cannot be is refused with exit 2.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use hf2coreml::mil::contract::{KvCache, KV_STATE};
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::sampling::SamplingParams;
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, needs, Cli};
+
 /// Not a multiple of 32: the state's rows are padded to 64.
 const S: usize = 40;
 
-fn convert(dir: &Path, out: &Path, flags: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("convert")
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
+/// `convert` at S; the package once it is written.
+fn converted(dir: &Path, out: &Path, flags: &[&str]) -> PathBuf {
+    convert(dir, out)
         .args(["--max-seq-len", &S.to_string()])
         .args(flags)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap()
-}
-
-fn converted(dir: &Path, out: &Path, flags: &[&str]) -> PathBuf {
-    let o = convert(dir, out, flags);
-    assert!(
-        o.status.success(),
-        "convert {flags:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+        .ok();
     out.to_path_buf()
 }
 
@@ -73,6 +59,7 @@ fn generate(pkg: &Path) -> (Vec<u32>, Vec<f32>, Rows) {
 
 #[test]
 fn stateful_packages_compute_what_io_packages_compute() {
+    needs!(Python);
     let model = TinyModel::llama();
     let dir = model.write_temp().unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -160,6 +147,7 @@ fn pkg_ops(pkg: &Path) -> Vec<&'static str> {
 
 #[test]
 fn restored_state_rows_continue_like_the_io_cache() {
+    needs!(Python);
     let model = TinyModel::llama();
     let dir = model.write_temp().unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -191,6 +179,7 @@ fn restored_state_rows_continue_like_the_io_cache() {
 
 #[test]
 fn validate_and_run_take_a_stateful_package() {
+    needs!(Python);
     let model = TinyModel::llama();
     let dir = model.write_temp().unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -199,14 +188,13 @@ fn validate_and_run_take_a_stateful_package() {
     let io = converted(dir.path(), &tmp.path().join("io.mlpackage"), &base);
     let st_flags = [&base[..], &["--kv-cache", "state"]].concat();
     let st = converted(dir.path(), &tmp.path().join("st.mlpackage"), &st_flags);
-    let v = Command::new(BIN)
+    let v = Cli::new()
         .arg("validate")
         .arg(&st)
         .arg("--against")
         .arg(dir.path())
         .arg("--json")
-        .output()
-        .unwrap();
+        .output();
     let stderr = String::from_utf8_lossy(&v.stderr);
     assert_eq!(v.status.code(), Some(0), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
@@ -218,12 +206,7 @@ fn validate_and_run_take_a_stateful_package() {
     assert_eq!(state_item["ok"], true, "{state_item}");
     // lint: the tiny model's head_dim 16 is not a multiple of 32 (its rows are padded to 64).
     let lint = |pkg: &Path| -> Vec<String> {
-        let o = Command::new(BIN)
-            .arg("lint")
-            .arg(pkg)
-            .arg("--json")
-            .output()
-            .unwrap();
+        let o = Cli::new().arg("lint").arg(pkg).arg("--json").output();
         let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         let f = r["findings"].as_array().unwrap();
         f.iter()
@@ -239,7 +222,7 @@ fn validate_and_run_take_a_stateful_package() {
     assert!(dims[0].contains("64, 16"), "{dims:?}");
     assert!(!lint(&io).iter().any(|f| f.contains("state-")));
     let run = |pkg: &Path, extra: &[&str]| {
-        let o = Command::new(BIN)
+        let o = Cli::new()
             .arg("run")
             .arg(pkg)
             .args([
@@ -250,8 +233,7 @@ fn validate_and_run_take_a_stateful_package() {
                 "--ignore-eos",
             ])
             .args(extra)
-            .output()
-            .unwrap();
+            .output();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
@@ -259,7 +241,7 @@ fn validate_and_run_take_a_stateful_package() {
     // --save-cache from the stateful package, --load-cache into it.
     let cache = tmp.path().join("c.kv");
     run(&st, &["--save-cache", cache.to_str().unwrap()]);
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("run")
         .arg(&st)
         .args([
@@ -270,13 +252,13 @@ fn validate_and_run_take_a_stateful_package() {
             "--max-new-tokens",
             "2",
         ])
-        .output()
-        .unwrap();
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 #[test]
 fn what_a_stateful_package_cannot_be_is_refused() {
+    needs!(Python);
     let model = TinyModel::llama();
     let dir = model.write_temp().unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -313,7 +295,10 @@ fn what_a_stateful_package_cannot_be_is_refused() {
         (&["--recipe", recipe.to_str().unwrap()], "kv_cache must be"),
     ];
     for (flags, says) in cases {
-        let o = convert(dir.path(), &out, flags);
+        let o = convert(dir.path(), &out)
+            .args(["--max-seq-len", &S.to_string()])
+            .args(flags)
+            .output();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
         assert!(err.contains(says), "{flags:?}: {err}");

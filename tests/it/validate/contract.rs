@@ -5,24 +5,22 @@
 //! it was (so the logits still agree and only the contract can fail).
 
 use std::path::Path;
-use std::process::Command;
 
 use hf2coreml::mil::contract;
 use hf2coreml::mlpackage::proto;
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml::testing::TinyModel;
 use prost::Message;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{convert, copy_dir, needs, Cli};
 
 fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value) {
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("validate")
         .arg(pkg)
         .arg("--against")
         .arg(dir)
         .args(["--json", "--max-tokens", "16"])
-        .output()
-        .unwrap();
+        .output();
     let report = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("no report ({e}): {}", String::from_utf8_lossy(&o.stderr)));
     (o.status.code(), report)
@@ -53,19 +51,13 @@ fn failed_items(report: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn a_package_that_breaks_its_contract_fails_validation() {
+    needs!(Python);
     let dir = TinyModel::llama().write_temp().unwrap();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("m.mlpackage");
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(dir.path())
-        .arg("-o")
-        .arg(&pkg)
+    convert(dir.path(), &pkg)
         .args(["--max-seq-len", "32", "--keep-fp16", "*", "-q"])
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        .ok();
     let (code, report) = validate(&pkg, dir.path());
     assert_eq!(code, Some(0), "{report:#}");
     let items = report["contract"].as_array().unwrap();
@@ -125,12 +117,4 @@ fn a_package_that_breaks_its_contract_fails_validation() {
     let (code, report) = validate(&copy, dir.path());
     assert_eq!(code, Some(1), "{report:#}");
     assert_eq!(failed_items(&report), ["output count"]);
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for (rel, bytes) in hf2coreml::testing::files_under(from).unwrap() {
-        let dest = to.join(rel);
-        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        std::fs::write(dest, bytes).unwrap();
-    }
 }

@@ -4,14 +4,12 @@
 //! The checkpoints ship no tokenizer, so the evaluation text goes in as bytes.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
 use hf2coreml::mlpackage::MlPackage;
-use hf2coreml::testing::python_env;
 use hf2coreml::testing::TinyModel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+use crate::support::{cli, convert, needs, Cli};
 
 /// Next-token distributions peaked like a trained model's: with the fixtures' near-uniform
 /// logits, top-1 agreement would measure ties, not the package.
@@ -22,33 +20,14 @@ fn peaked(model: TinyModel) -> TinyModel {
     }
 }
 
-fn convert(dir: &Path, out: &Path, flags: &[&str]) {
-    let o = Command::new(BIN)
-        .arg("convert")
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(["--max-seq-len", "256"])
-        .args(flags)
-        .env("HF2COREML_PYTHON_ENV", python_env())
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "convert {flags:?} failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
 fn validate(pkg: &Path, dir: &Path) -> (Option<i32>, serde_json::Value, String) {
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .arg("validate")
         .arg(pkg)
         .arg("--against")
         .arg(dir)
         .arg("--json")
-        .output()
-        .unwrap();
+        .output();
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     let report = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("no JSON report ({e}): {stderr}"));
@@ -69,7 +48,10 @@ fn check(model: TinyModel) {
     // Convert with `flags`, validate, and require a pass (exit 0).
     let passing = |name: &str, flags: &[&str]| {
         let pkg = out.path().join(format!("{name}.mlpackage"));
-        convert(dir.path(), &pkg, flags);
+        convert(dir.path(), &pkg)
+            .args(["--max-seq-len", "256"])
+            .args(flags)
+            .ok();
         let (code, report, err) = validate(&pkg, dir.path());
         eprintln!(
             "{:?} {name}: kl {} top1 {}",
@@ -126,28 +108,29 @@ fn check(model: TinyModel) {
 
 #[test]
 fn llama_packages_validate() {
+    needs!(Python);
     check(TinyModel::llama());
 }
 
 #[test]
 fn qwen2_packages_validate() {
+    needs!(Python);
     check(TinyModel::qwen2());
 }
 
 #[test]
 fn mistral_packages_validate() {
+    needs!(Python);
     check(TinyModel::mistral());
 }
 
 /// `validate --json` over a few tokens, against `against` or the recorded checkpoint.
 fn validate_raw(pkg: &Path, against: Option<&Path>) -> (Option<i32>, String, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["validate", "--json", "--max-tokens", "24"])
-        .arg(pkg);
+    let mut cmd = cli(&["validate", "--json", "--max-tokens", "24"]).arg(pkg);
     if let Some(dir) = against {
-        cmd.arg("--against").arg(dir);
+        cmd = cmd.arg("--against").arg(dir);
     }
-    let o = cmd.output().unwrap();
+    let o = cmd.output();
     (
         o.status.code(),
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -160,16 +143,16 @@ fn peaked_8bit_package() -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
     let dir = peaked(TinyModel::llama()).write_temp().unwrap();
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("m.mlpackage");
-    convert(
-        dir.path(),
-        &pkg,
-        &["--recipe", "data-free-4bit", "--nbits", "8"],
-    );
+    convert(dir.path(), &pkg)
+        .args(["--max-seq-len", "256"])
+        .args(["--recipe", "data-free-4bit", "--nbits", "8"])
+        .ok();
     (dir, out, pkg)
 }
 
 #[test]
 fn validate_for_ci_names_its_checkpoint_and_its_verdict() {
+    needs!(Python);
     let (dir, _out, pkg) = peaked_8bit_package();
 
     // Without --against: the checkpoint the report records, and a JSON verdict with a schema.
@@ -210,13 +193,12 @@ fn validate_for_ci_names_its_checkpoint_and_its_verdict() {
 
 /// `validate --json` with `--reference-budget SIZE`.
 fn validate_budget(pkg: &Path, dir: &Path, budget: &str) -> serde_json::Value {
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .args(["validate", "--json", "--reference-budget", budget])
         .arg(pkg)
         .arg("--against")
         .arg(dir)
-        .output()
-        .unwrap();
+        .output();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
         o.status.code(),
@@ -228,7 +210,8 @@ fn validate_budget(pkg: &Path, dir: &Path, budget: &str) -> serde_json::Value {
 
 #[test]
 fn a_checkpoint_over_the_reference_budget_is_validated_block_by_block() {
-    // Issue 22: a model whose f32 weights exceed the budget (here every model: budget 0) gets
+    needs!(Python);
+    // A model whose f32 weights exceed the budget (here every model: budget 0) gets
     // the block-by-block reference, and its verdict and metrics are the whole model's.
     let (dir, _out, pkg) = peaked_8bit_package();
     let whole = validate_budget(&pkg, dir.path(), "2GiB");
@@ -250,10 +233,9 @@ fn a_checkpoint_over_the_reference_budget_is_validated_block_by_block() {
         "8-bit weights differ from the reference"
     );
     // A size that is not one is refused before anything runs.
-    let o = Command::new(BIN)
+    let o = Cli::new()
         .args(["validate", "--reference-budget", "lots"])
         .arg(&pkg)
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(o.status.code(), Some(2));
 }
