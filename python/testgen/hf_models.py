@@ -1,6 +1,6 @@
 """Write tiny random Hugging Face checkpoints of the newer architectures with transformers itself,
 plus transformers' float32 logits for a fixed token sequence: the fixtures under
-tests/fixtures/hf/<arch>/ that tests/arch_*.rs hold the Rust reference and converted packages to.
+tests/fixtures/hf/<arch>/ that tests/it/arch/ hold the Rust reference and converted packages to.
 
 usage: python hf_models.py [OUT_DIR] [ARCH ...]
   OUT_DIR defaults to tests/fixtures/hf beside this repository's python/ folder; ARCH names a

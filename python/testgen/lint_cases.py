@@ -1,5 +1,5 @@
 """Build small ML Program packages with coremltools' MIL builder for the lint tests
-(tests/lint_cases.rs): for each Neural Engine rule one package that breaks it (NAME_bad) and
+(tests/it/lint/cases.rs): for each Neural Engine rule one package that breaks it (NAME_bad) and
 one that does not (NAME_ok), plus one package that breaks several at once (several_bad).
 
 usage: python lint_cases.py OUT_DIR [CASE ...]

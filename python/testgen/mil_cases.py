@@ -1,5 +1,5 @@
 """Build small MIL programs with coremltools, save them as .mlpackage, and write the numpy
-results beside them, for the Rust interpreter tests (tests/interp_*.rs).
+results beside them, for the Rust interpreter tests (tests/it/interp/).
 
 usage: python mil_cases.py OUT_DIR [CASE ...]
 

@@ -1,6 +1,6 @@
 """Build a small stateful ML Program with coremltools' own MIL builder (iOS18: a state,
 read_state, slice_update at a dynamic position, coreml_update_state used and unused) and write
-it with numpy results of three calls in a row, for tests/state_foreign.rs.
+it with numpy results of three calls in a row, for tests/it/state/foreign.rs.
 
 usage: python state_case.py OUT_DIR   (writes OUT_DIR/model.mlpackage and OUT_DIR/case.json)
 

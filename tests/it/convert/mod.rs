@@ -1,0 +1,11 @@
+//! `convert` on tiny generated checkpoints: the package's contract and weights, its options,
+//! what it computes against the float reference, the Neural Engine layout, fp16 range scaling,
+//! iOS18 grouped LUTs and multifunction packages.
+
+mod agreement;
+mod ane_layout;
+mod ios18;
+mod multifunction;
+mod options;
+mod range_scaling;
+mod tiny;

@@ -1,0 +1,140 @@
+//! `hf2coreml import-gguf` as a user runs it: exit codes, messages, and no partial output.
+
+use std::path::Path;
+
+use hf2coreml::testing::gguf::{Meta, TinyGguf};
+
+use crate::support::{convert, hf2coreml, needs};
+
+fn import_args<'a>(src: &'a Path, dest: &'a Path) -> Vec<&'a std::ffi::OsStr> {
+    vec![
+        "import-gguf".as_ref(),
+        src.as_os_str(),
+        "-o".as_ref(),
+        dest.as_os_str(),
+    ]
+}
+
+#[test]
+fn import_then_refuse_existing_output_then_force() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("tiny.gguf");
+    TinyGguf::llama().build().writer.write(&src).unwrap();
+    let dest = root.path().join("ckpt");
+
+    let out = hf2coreml(&import_args(&src, &dest));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("parameters") && stdout.contains("smollm"),
+        "{stdout}"
+    );
+
+    let out = hf2coreml(&import_args(&src, &dest));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("already exists") && stderr.contains("--force"),
+        "{stderr}"
+    );
+
+    let mut args = import_args(&src, &dest);
+    args.push("--force".as_ref());
+    let out = hf2coreml(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = hf2coreml(&["inspect".as_ref(), dest.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_the_reason_and_no_output() {
+    let root = tempfile::tempdir().unwrap();
+    let mut w = TinyGguf::llama().build().writer;
+    w.meta("general.architecture", Meta::Str("rwkv6".into()));
+    let src = root.path().join("rwkv.gguf");
+    w.write(&src).unwrap();
+    let dest = root.path().join("ckpt");
+    let out = hf2coreml(&import_args(&src, &dest));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rwkv6") && stderr.contains("rwkv.gguf"),
+        "{stderr}"
+    );
+    assert!(!dest.exists());
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+
+    let missing = root.path().join("nope.gguf");
+    let out = hf2coreml(&import_args(&missing, &dest));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope.gguf"));
+}
+
+#[test]
+fn json_report_counts_every_parameter() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("tiny.gguf");
+    let built = TinyGguf::llama().build();
+    built.writer.write(&src).unwrap();
+    let dest = root.path().join("ckpt");
+    let mut args = import_args(&src, &dest);
+    args.push("--json".as_ref());
+    let out = hf2coreml(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: usize = built.expected.values().map(|(_, v)| v.len()).sum();
+    assert_eq!(report["parameters"].as_u64(), Some(want as u64));
+    assert_eq!(
+        report["tensors"].as_u64(),
+        Some(built.expected.len() as u64)
+    );
+    assert_eq!(report["pre_tokenizer"], "smollm");
+    assert_eq!(report["tensor_types"]["Q4_1"].as_u64(), Some(14));
+}
+
+#[test]
+fn convert_takes_a_gguf_file_directly() {
+    needs!(Python);
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("tiny.gguf");
+    TinyGguf::llama().build().writer.write(&src).unwrap();
+    let pkg = root.path().join("tiny.mlpackage");
+    let out = convert(&src, &pkg)
+        .args(["--max-seq-len", "16", "--keep-fp16", "*", "--json"])
+        .cache(root.path().join("cache"))
+        .output();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(pkg.join("Manifest.json").is_file());
+    // The imported tokenizer travels with the package.
+    assert!(root.path().join("tiny.tokenizer.json").is_file());
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["contract"]["num_layers"], 2, "{summary:#}");
+    // The import went into the model cache, keyed by the file's sha256.
+    let entries: Vec<_> = std::fs::read_dir(root.path().join("cache/imported"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].len(), 64, "{entries:?}");
+}

@@ -1,0 +1,30 @@
+//! The integration tests: one test binary, a module per area, linked once. `support` holds
+//! what they share (the binary's environment, prerequisites, a toy model).
+//!
+//! Run one area with `cargo test --test it -- convert::`, one test by name with
+//! `cargo test --test it -- NAME`. Tests that need the Python environment or the real model
+//! start with `needs!(...)`: `make test` provides both and fails a test whose prerequisite is
+//! missing; a plain `cargo test` without them skips those tests and says so in one line.
+//!
+//! One test has a binary of its own: tests/chat_template_files.rs changes the working
+//! directory of its process.
+
+mod support;
+
+mod arch;
+mod architecture;
+mod batch;
+mod chain;
+mod cli;
+mod convert;
+mod gguf;
+mod interp;
+mod lint;
+mod mlpackage;
+mod quant;
+mod real;
+mod reference;
+mod runtime;
+mod security;
+mod state;
+mod validate;

@@ -1,0 +1,47 @@
+//! SmolLM2-135M-Instruct (from `make model`) forced into a chain of two packages by
+//! `--max-package-size` passes `validate`'s default gates for the default recipe, as the one
+//! package does (real::default_recipe), and `lint` finds nothing that fails.
+
+use hf2coreml::mil::chain::ChainFile;
+
+use crate::support::{convert, needs, Cli};
+
+/// The default recipe's package is ~140 MB (6-bit projections, a 57 MB fp16 tied table); split,
+/// the table is stored by the first and the last part, ~200 MB in all: 110 MB makes two parts.
+const LIMIT: &str = "110MB";
+
+#[test]
+fn smollm2_as_two_packages_passes_the_default_gates() {
+    needs!(Model, Python);
+    let model = hf2coreml::testing::model_dir();
+    let root = tempfile::tempdir().unwrap();
+    let pkg = root.path().join("smol.mlpackage");
+    convert(&model, &pkg)
+        .args(["--max-seq-len", "96", "--max-package-size", LIMIT, "-q"])
+        .ok();
+    let chain = ChainFile::read(&pkg).unwrap();
+    assert_eq!(chain.parts.len(), 2, "{chain:#?}");
+    assert!(chain.parts.iter().all(|p| p.bytes <= 110_000_000));
+    assert_eq!(chain.residual_scale, 1.0 / 128.0);
+
+    let v = Cli::new()
+        .args(["validate", pkg.to_str().unwrap(), "--against"])
+        .arg(&model)
+        .args(["--max-tokens", "64", "--json"])
+        .output();
+    let report: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap_or_default();
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "{}\n{report:#}",
+        String::from_utf8_lossy(&v.stderr)
+    );
+    assert!(report["gates"].as_array().is_some_and(|g| !g.is_empty()));
+    let l = Cli::new().arg("lint").arg(&pkg).output();
+    assert_eq!(
+        l.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&l.stdout)
+    );
+}

@@ -1,0 +1,4 @@
+//! Stateful packages (`--kv-cache state`): tiny conversions, and a program coremltools wrote.
+
+mod foreign;
+mod tiny;

@@ -1,0 +1,11 @@
+//! What the tests share: the binary and its environment ([`cli`]), the prerequisites some tests
+//! need beyond the repository ([`need`]), and a toy step model with its byte-level tokenizer
+//! ([`toy`]). Fixtures of the product itself (tiny checkpoints, GGUF files, packages) live in
+//! the library, `hf2coreml::testing`.
+
+pub mod cli;
+pub mod need;
+pub mod toy;
+
+pub use cli::{assert_refused, cli, convert, copy_dir, hf2coreml, stderr, stdout, Cli};
+pub(crate) use need::needs;

@@ -1,0 +1,4 @@
+//! `validate`: its gates on each tiny architecture and its contract check.
+
+mod contract;
+mod tiny;
