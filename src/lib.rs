@@ -9,6 +9,7 @@
 pub mod error;
 pub mod fsutil;
 pub mod progress;
+pub mod pyenv;
 pub mod util;
 
 // The pipeline, lowest layer first: a module imports only modules listed above it (the table
@@ -33,6 +34,8 @@ pub mod emit;
 pub mod mlpackage;
 // Neural Engine readiness of a saved package.
 pub mod lint;
+// `.aimodel` assets read back and run by Apple's Core AI runtime.
+pub mod aimodel;
 // The interpreter and generation.
 pub mod runtime;
 // Checking a package against its checkpoint.

@@ -61,6 +61,9 @@ impl From<LayoutArg> for Layout {
 pub enum TargetArg {
     Ios17,
     Ios18,
+    /// Apple's Core AI (iOS / macOS 27): writes OUT.aimodel.
+    #[value(name = "coreai")]
+    CoreAi,
 }
 
 impl From<TargetArg> for Target {
@@ -68,6 +71,7 @@ impl From<TargetArg> for Target {
         match t {
             TargetArg::Ios17 => Target::Ios17,
             TargetArg::Ios18 => Target::Ios18,
+            TargetArg::CoreAi => Target::CoreAi,
         }
     }
 }

@@ -1,19 +1,16 @@
-//! Graph → coremltools → .mlpackage. The only code that touches Python.
+//! Graph → coremltools → .mlpackage, and graph → coreai-core → .aimodel ([`coreai`]).
 //!
-//! CPython is embedded through pyo3. The bridge module (`python/hf2coreml_bridge.py`) is compiled
-//! into the binary and loaded from its source text, so the tool works from any directory; the
-//! venv holding coremltools is found by [`PythonEnv::discover`] and added with
-//! `site.addsitedir`. Constants cross as numpy arrays that take ownership of the Rust buffers
+//! The bridge modules (`python/hf2coreml_bridge.py`, `python/hf2coreml_coreai.py`) are compiled
+//! into the binary and loaded through [`crate::pyenv`]. Constants cross as numpy arrays that take ownership of the Rust buffers
 //! (no copy on the Rust side). The package is written into an [`AtomicDir`] beside the
 //! destination and renamed into place only when complete.
 
+pub mod coreai;
 mod functions;
 pub mod metadata;
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex};
 
 use half::f16;
 use numpy::IntoPyArray;
@@ -22,6 +19,9 @@ use pyo3::types::{PyDict, PyModule, PyTuple};
 use thiserror::Error;
 
 use crate::error::EnvironmentError;
+use crate::pyenv::{self, on_python_thread, Bridge, PyEnvError, PYTHON_HOLDS_STDERR};
+
+pub use crate::pyenv::{setup_hint, when_output_is_ours, EnvOrigin, PythonEnv};
 use crate::fsutil::AtomicDir;
 use crate::graph::{ConstData, Graph};
 use crate::mil::contract::Target;
@@ -30,34 +30,13 @@ use crate::mil::DType;
 pub use functions::emit_functions;
 pub use metadata::Metadata;
 
-/// The bridge module's source, compiled in.
-const BRIDGE_SOURCE: &str = include_str!("../../python/hf2coreml_bridge.py");
-const BRIDGE_NAME: &str = "hf2coreml_bridge";
-
-/// The pinned requirements of the bridge's environment, compiled in so the hint can name them.
-const REQUIREMENTS: &str = include_str!("../../python/requirements.txt");
-
-/// How to make an environment the bridge can use, outside a checkout as well as inside one:
-/// the pinned coremltools and numpy, where hf2coreml looks, and how to point it elsewhere.
-pub fn setup_hint() -> String {
-    let pin = |name: &str| {
-        REQUIREMENTS
-            .lines()
-            .find(|l| l.starts_with(&format!("{name}==")))
-            .unwrap_or(name)
-            .to_string()
-    };
-    let python = embedded_python();
-    format!(
-        "create a virtual environment with {python} (the Python this binary embeds) and the \
-         pinned packages: `{python} -m venv ENV && ENV/bin/pip install {} {}` (in a checkout, \
-         `make setup` does this and links it as ./.venv); then give `--python-env ENV` or set \
-         HF2COREML_PYTHON_ENV=ENV (hf2coreml looks at --python-env, HF2COREML_PYTHON_ENV, \
-         VIRTUAL_ENV, then ./.venv)",
-        pin("coremltools"),
-        pin("numpy")
-    )
-}
+/// The coremltools bridge, compiled in.
+const BRIDGE: Bridge = Bridge {
+    source: include_str!("../../python/hf2coreml_bridge.py"),
+    file: "hf2coreml_bridge.py",
+    name: "hf2coreml_bridge",
+    needs: "coremltools/numpy",
+};
 
 /// Everything that can go wrong while emitting.
 #[derive(Debug, Error)]
@@ -78,119 +57,27 @@ pub enum EmitError {
     },
     #[error("the bridge returned an unexpected result: {0}")]
     Protocol(String),
+    /// The graph holds an op the target's bridge cannot express.
+    #[error("target {} cannot express op `{op}`", target.as_str())]
+    Unsupported { target: Target, op: String },
+}
+
+impl From<PyEnvError> for EmitError {
+    fn from(e: PyEnvError) -> Self {
+        match e {
+            PyEnvError::Environment(e) => EmitError::Environment(e),
+            PyEnvError::Python { stage, message } => EmitError::Python { stage, message },
+        }
+    }
 }
 
 impl EmitError {
-    fn env(message: String) -> Self {
-        EmitError::Environment(EnvironmentError {
-            message,
-            fix: setup_hint(),
-        })
-    }
-
     fn io(path: &Path, source: std::io::Error) -> Self {
         EmitError::Io {
             path: path.to_path_buf(),
             source,
         }
     }
-}
-
-/// Where the environment was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EnvOrigin {
-    Flag,
-    Hf2coremlPythonEnv,
-    VirtualEnv,
-    DotVenv,
-}
-
-/// A Python virtual environment holding coremltools.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct PythonEnv {
-    pub root: PathBuf,
-    pub origin: EnvOrigin,
-}
-
-impl PythonEnv {
-    /// Find the environment: `--python-env`, then `HF2COREML_PYTHON_ENV`, `$VIRTUAL_ENV`,
-    /// `./.venv`. An explicitly named environment that does not exist is an error, not a
-    /// reason to look further.
-    pub fn discover(flag: Option<&Path>) -> Result<Self, EmitError> {
-        Self::discover_with(flag, |k| std::env::var_os(k), Path::new(".venv"))
-    }
-
-    fn discover_with(
-        flag: Option<&Path>,
-        env: impl Fn(&str) -> Option<std::ffi::OsString>,
-        dot_venv: &Path,
-    ) -> Result<Self, EmitError> {
-        let candidates = [
-            (flag.map(Path::to_path_buf), EnvOrigin::Flag, "--python-env"),
-            (
-                env("HF2COREML_PYTHON_ENV").map(PathBuf::from),
-                EnvOrigin::Hf2coremlPythonEnv,
-                "HF2COREML_PYTHON_ENV",
-            ),
-            (
-                env("VIRTUAL_ENV").map(PathBuf::from),
-                EnvOrigin::VirtualEnv,
-                "VIRTUAL_ENV",
-            ),
-        ];
-        for (path, origin, what) in candidates {
-            let Some(root) = path.filter(|p| !p.as_os_str().is_empty()) else {
-                continue;
-            };
-            if !root.is_dir() {
-                return Err(EmitError::env(format!(
-                    "{what} points at {}, which is not a directory",
-                    root.display()
-                )));
-            }
-            return Ok(PythonEnv { root, origin });
-        }
-        if dot_venv.is_dir() {
-            return Ok(PythonEnv {
-                root: dot_venv.to_path_buf(),
-                origin: EnvOrigin::DotVenv,
-            });
-        }
-        Err(EmitError::env(
-            "no Python environment with coremltools found (looked at --python-env, \
-             HF2COREML_PYTHON_ENV, VIRTUAL_ENV and ./.venv)"
-                .into(),
-        ))
-    }
-
-    /// The venv's site-packages for the interpreter version this binary embeds.
-    fn site_packages(&self, major: u8, minor: u8) -> Result<PathBuf, EmitError> {
-        let p = self
-            .root
-            .join("lib")
-            .join(format!("python{major}.{minor}"))
-            .join("site-packages");
-        if p.is_dir() {
-            return Ok(p);
-        }
-        Err(EmitError::env(format!(
-            "{} has no lib/python{major}.{minor}/site-packages; hf2coreml embeds Python \
-             {major}.{minor}, so the environment must be built with that version",
-            self.root.display()
-        )))
-    }
-}
-
-/// `python3.X`, the interpreter this binary embeds (its venv must match it).
-fn embedded_python() -> String {
-    on_python_thread(|| {
-        Python::initialize();
-        Python::attach(|py| {
-            let v = py.version_info();
-            format!("python{}.{}", v.major, v.minor)
-        })
-    })
 }
 
 /// What a finished emit reports.
@@ -204,47 +91,13 @@ pub struct EmitReport {
     pub python_env: PythonEnv,
 }
 
-fn py_message(py: Python<'_>, e: &PyErr) -> String {
-    let mut msg = e.to_string();
-    if let Some(tb) = e.traceback(py) {
-        if let Ok(t) = tb.format() {
-            msg = format!("{msg}\n{}", t.trim_end());
-        }
-    }
-    msg
-}
-
 fn python_err(py: Python<'_>, stage: &str, e: PyErr) -> EmitError {
-    EmitError::Python {
-        stage: stage.to_string(),
-        message: py_message(py, &e),
-    }
+    pyenv::python_err(py, stage, e).into()
 }
 
-/// Bring up the interpreter, add the venv, load the bridge and check coremltools imports.
+/// Bring up the interpreter, add the venv, load the coremltools bridge and check its imports.
 fn load_bridge<'py>(py: Python<'py>, env: &PythonEnv) -> Result<Bound<'py, PyModule>, EmitError> {
-    let vi = py.version_info();
-    let site_packages = env.site_packages(vi.major, vi.minor)?;
-    py.import("site")
-        .and_then(|site| site.call_method1("addsitedir", (site_packages.to_string_lossy(),)))
-        .map_err(|e| python_err(py, "adding the environment's site-packages", e))?;
-    let code = CString::new(BRIDGE_SOURCE)
-        .map_err(|_| EmitError::Protocol("bridge source contains a NUL byte".into()))?;
-    let file = CString::new("hf2coreml_bridge.py").expect("literal has no NUL");
-    let name = CString::new(BRIDGE_NAME).expect("literal has no NUL");
-    let module = PyModule::from_code(py, &code, &file, &name)
-        .map_err(|e| python_err(py, "loading the bridge module", e))?;
-    match module.call_method0("check_environment") {
-        Ok(_) => Ok(module),
-        Err(e) if e.is_instance_of::<pyo3::exceptions::PyImportError>(py) => {
-            Err(EmitError::env(format!(
-                "cannot import coremltools/numpy from {}: {}",
-                env.root.display(),
-                e
-            )))
-        }
-        Err(e) => Err(python_err(py, "importing coremltools", e)),
-    }
+    Ok(pyenv::load_bridge(py, env, BRIDGE)?)
 }
 
 /// The coremltools version in `env`, or why it cannot be used.
@@ -262,62 +115,6 @@ pub fn check_environment(env: &PythonEnv) -> Result<String, EmitError> {
                 .map_err(|e| python_err(py, "importing coremltools", e))
         })
     })
-}
-
-/// Serialize `graph` as an iOS17 package at `dest` (a `.mlpackage` path). The graph is
-/// consumed: its buffers move into numpy arrays. With `force`, an existing `dest` is replaced
-/// once the new package is complete; without it, an existing `dest` is refused up front.
-/// Run `f` on the one thread that ever enters the embedded interpreter. CPython itself
-/// supports calls from many threads, but coremltools' C++ extensions crash (seen in
-/// `_PyFrame_InitializeSpecials` under `libmilstoragepython`) when successive conversions
-/// enter from different threads, as `batch --jobs N` does. One long-lived thread (with a
-/// main-thread-sized stack: the MIL builder recurses deeply) sidesteps that.
-fn on_python_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
-    // Already there (an error built inside a job asks for the interpreter's version): run
-    // inline, since waiting for the queue from its own thread would never return.
-    if std::thread::current().name() == Some("python") {
-        return f();
-    }
-    type Job = Box<dyn FnOnce() + Send>;
-    static QUEUE: std::sync::OnceLock<Mutex<Option<mpsc::Sender<Job>>>> =
-        std::sync::OnceLock::new();
-    let queue = QUEUE.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let spawned = std::thread::Builder::new()
-            .name("python".into())
-            .stack_size(64 << 20)
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            });
-        Mutex::new(spawned.ok().map(|_| tx))
-    });
-    let guard = queue
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    // No thread could be started (resource limits): run here, as a single caller may.
-    let Some(tx) = guard.as_ref() else {
-        drop(guard);
-        return f();
-    };
-    let (done_tx, done_rx) = mpsc::sync_channel(1);
-    let job: Job = Box::new(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-        // Python (or a module it imported) may have taken over SIGINT: Ctrl-C during the
-        // Rust stages that follow must still stop the run.
-        crate::fsutil::reassert_interrupt_handlers();
-        let _ = done_tx.send(r);
-    });
-    let sent = tx.send(job);
-    drop(guard);
-    // The thread catches every panic, so it outlives every job.
-    assert!(sent.is_ok(), "the Python thread has ended");
-    match done_rx.recv() {
-        Ok(Ok(r)) => r,
-        Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(_) => panic!("the Python thread dropped a job"),
-    }
 }
 
 /// The constants as the bridge takes them: `dense` (name → fp16 bits or int32) and `luts`
@@ -374,23 +171,13 @@ fn consts_to_python<'py>(
     Ok((dense, luts))
 }
 
-/// Held while the bridge runs: it points file descriptors 1 and 2 at a capture file, so
-/// anything another thread prints meanwhile would vanish into it.
-static PYTHON_HOLDS_STDERR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Run `f` (which prints) when no emit has stdout/stderr redirected; for callers that print
-/// from threads while another thread may be emitting.
-pub fn when_output_is_ours<R>(f: impl FnOnce() -> R) -> R {
-    let _guard = PYTHON_HOLDS_STDERR
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    f()
-}
-
 /// Where the bridge points Python's `tempfile` (its `SCRATCH_NAME`), inside the package's
 /// partial directory.
 pub const COREMLTOOLS_SCRATCH: &str = ".coremltools-tmp";
 
+/// Serialize `graph` as an iOS17 package at `dest` (a `.mlpackage` path). The graph is
+/// consumed: its buffers move into numpy arrays. With `force`, an existing `dest` is replaced
+/// once the new package is complete; without it, an existing `dest` is refused up front.
 pub fn emit(
     graph: Graph,
     meta: &Metadata,
@@ -517,77 +304,4 @@ fn emit_described(
         op_counts: result.2,
         python_env: env.clone(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::ffi::OsString;
-
-    fn no_env(_: &str) -> Option<OsString> {
-        None
-    }
-
-    #[test]
-    fn discovery_order() {
-        let a = tempfile::tempdir().unwrap();
-        let b = tempfile::tempdir().unwrap();
-        let missing = Path::new("/nonexistent/.venv");
-        let env = |k: &str| match k {
-            "HF2COREML_PYTHON_ENV" => Some(OsString::from(b.path())),
-            "VIRTUAL_ENV" => Some(OsString::from(a.path())),
-            _ => None,
-        };
-        let e = PythonEnv::discover_with(Some(a.path()), env, missing).unwrap();
-        assert_eq!(e.origin, EnvOrigin::Flag);
-        let e = PythonEnv::discover_with(None, env, missing).unwrap();
-        assert_eq!(
-            (e.origin, e.root.as_path()),
-            (EnvOrigin::Hf2coremlPythonEnv, b.path())
-        );
-        let only_virtual = |k: &str| (k == "VIRTUAL_ENV").then(|| OsString::from(a.path()));
-        let e = PythonEnv::discover_with(None, only_virtual, missing).unwrap();
-        assert_eq!(e.origin, EnvOrigin::VirtualEnv);
-        let e = PythonEnv::discover_with(None, no_env, a.path()).unwrap();
-        assert_eq!(e.origin, EnvOrigin::DotVenv);
-    }
-
-    #[test]
-    fn missing_environment_is_an_environment_error() {
-        let err =
-            PythonEnv::discover_with(None, no_env, Path::new("/nonexistent/.venv")).unwrap_err();
-        let EmitError::Environment(e) = err else {
-            panic!("expected an environment error, got {err}");
-        };
-        assert_eq!(e.fix, setup_hint());
-        assert!(
-            e.fix.contains("pip install coremltools==9.0 numpy=="),
-            "{}",
-            e.fix
-        );
-        assert!(e.fix.contains("HF2COREML_PYTHON_ENV=ENV"), "{}", e.fix);
-        let err =
-            PythonEnv::discover_with(Some(Path::new("/nonexistent/env")), no_env, Path::new("."))
-                .unwrap_err();
-        assert!(chain(&err).contains("/nonexistent/env"), "{}", chain(&err));
-    }
-
-    /// An error and its causes, as the binary prints them.
-    fn chain(e: &EmitError) -> String {
-        std::iter::successors(Some(e as &dyn std::error::Error), |c| c.source())
-            .map(|c| c.to_string())
-            .collect::<Vec<_>>()
-            .join(": ")
-    }
-
-    #[test]
-    fn wrong_python_version_names_the_expected_directory() {
-        let root = tempfile::tempdir().unwrap();
-        let env = PythonEnv {
-            root: root.path().to_path_buf(),
-            origin: EnvOrigin::Flag,
-        };
-        let err = env.site_packages(3, 99).unwrap_err();
-        assert!(chain(&err).contains("python3.99"), "{}", chain(&err));
-    }
 }

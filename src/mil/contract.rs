@@ -21,14 +21,18 @@ pub enum Target {
     #[default]
     Ios17,
     Ios18,
+    /// Apple's Core AI (iOS / macOS 27): an `.aimodel` asset instead of a Core ML package, with
+    /// every weight form iOS18 has (grouped LUTs of 1-8 bits, per-row scales).
+    CoreAi,
 }
 
 impl Target {
-    /// `ios17` or `ios18`, as flags, recipes and the contract spell it.
+    /// `ios17`, `ios18` or `coreai`, as flags, recipes and the contract spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             Target::Ios17 => "ios17",
             Target::Ios18 => "ios18",
+            Target::CoreAi => "coreai",
         }
     }
 
@@ -37,7 +41,28 @@ impl Target {
         match s {
             "ios17" => Some(Target::Ios17),
             "ios18" => Some(Target::Ios18),
+            "coreai" => Some(Target::CoreAi),
             _ => None,
+        }
+    }
+
+    /// Whether the target stores grouped LUTs (one table per group of output channels),
+    /// per-row scales after a LUT and 3-bit indices.
+    pub fn grouped_luts(self) -> bool {
+        matches!(self, Target::Ios18 | Target::CoreAi)
+    }
+
+    /// Whether the output is a Core AI asset (`.aimodel`) rather than a Core ML package.
+    pub fn is_coreai(self) -> bool {
+        self == Target::CoreAi
+    }
+
+    /// The file extension of what the target writes.
+    pub fn extension(self) -> &'static str {
+        if self.is_coreai() {
+            "aimodel"
+        } else {
+            "mlpackage"
         }
     }
 
@@ -46,6 +71,8 @@ impl Target {
         match self {
             Target::Ios17 => 8,
             Target::Ios18 => 9,
+            // A Core AI asset is no Core ML model: it has no specification version.
+            Target::CoreAi => 0,
         }
     }
 
@@ -54,6 +81,7 @@ impl Target {
         match self {
             Target::Ios17 => "CoreML7",
             Target::Ios18 => "CoreML8",
+            Target::CoreAi => "CoreAI",
         }
     }
 

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use half::f16;
 
 use super::interp::{check_step, concat_rows, Options, Package, Program, Stats, Tensor};
+use super::coreai::CoreAiModel;
 use super::{RuntimeError, StepModel, StepOutput};
 use crate::mil::chain::{self, ChainFile};
 use crate::mil::contract::{self, Contract};
@@ -149,28 +150,36 @@ impl Chain {
     }
 }
 
-/// A saved model: one package, or a chain directory (what `run` and `validate` take).
+/// A saved model: one package, a chain directory, or a Core AI asset (what `run` and
+/// `validate` take).
 #[derive(Debug)]
 pub enum Saved {
     Package(Box<Package>),
     Chain(Box<Chain>),
+    /// An `.aimodel`, stepped by Apple's Core AI runtime.
+    CoreAi(Box<CoreAiModel>),
 }
 
 impl Saved {
-    /// A chain when `path` holds a chain file, else a package.
+    /// A chain when `path` holds a chain file, a Core AI asset when it holds Core AI's files,
+    /// else a package.
     pub fn load(path: &Path, options: Options) -> Result<Self, RuntimeError> {
-        if chain::is_chain(path) {
+        if crate::aimodel::is_aimodel(path) {
+            Ok(Saved::CoreAi(Box::new(CoreAiModel::load(path)?)))
+        } else if chain::is_chain(path) {
             Ok(Saved::Chain(Box::new(Chain::load(path, options)?)))
         } else {
             Ok(Saved::Package(Box::new(Package::load(path, options)?)))
         }
     }
 
-    /// The compiled programs: the package's, or each part's in chain order.
+    /// The compiled programs: the package's, or each part's in chain order (none for a Core
+    /// AI asset, which Apple's runtime compiles).
     pub fn programs(&self) -> Vec<&Program> {
         match self {
             Saved::Package(p) => vec![p.program()],
             Saved::Chain(c) => c.programs.iter().collect(),
+            Saved::CoreAi(_) => Vec::new(),
         }
     }
 
@@ -178,6 +187,15 @@ impl Saved {
         match self {
             Saved::Package(p) => p.contract(),
             Saved::Chain(c) => &c.chain.contract,
+            Saved::CoreAi(m) => m.contract(),
+        }
+    }
+
+    /// What executes the steps: hf2coreml's MIL interpreter, or Apple's Core AI runtime.
+    pub fn runtime_name(&self) -> &'static str {
+        match self {
+            Saved::Package(_) | Saved::Chain(_) => "hf2coreml MIL interpreter",
+            Saved::CoreAi(_) => "Apple Core AI runtime (coreai-core)",
         }
     }
 
@@ -197,6 +215,8 @@ impl Saved {
             Saved::Chain(c) => {
                 c.step_with_stats(input_ids, position, key_cache, value_cache, stats)
             }
+            // Apple's runtime reports no per-op ranges.
+            Saved::CoreAi(m) => m.step(input_ids, position, key_cache, value_cache),
         }
     }
 }
@@ -209,7 +229,7 @@ impl StepModel for Saved {
     fn prefill_len(&self) -> Option<usize> {
         match self {
             Saved::Package(p) => p.prefill_len(),
-            Saved::Chain(_) => None,
+            Saved::Chain(_) | Saved::CoreAi(_) => None,
         }
     }
 
@@ -227,6 +247,9 @@ impl StepModel for Saved {
         match self {
             Saved::Package(p) => p.state_rows(rows),
             Saved::Chain(_) => Err(RuntimeError::Program("a chain holds no cache state".into())),
+            Saved::CoreAi(_) => Err(RuntimeError::Program(
+                "a Core AI asset holds no cache state".into(),
+            )),
         }
     }
 
@@ -239,6 +262,9 @@ impl StepModel for Saved {
         match self {
             Saved::Package(p) => p.restore_state_rows(rows, keys, values),
             Saved::Chain(_) => Err(RuntimeError::Program("a chain holds no cache state".into())),
+            Saved::CoreAi(_) => Err(RuntimeError::Program(
+                "a Core AI asset holds no cache state".into(),
+            )),
         }
     }
 }

@@ -67,6 +67,7 @@ pub struct StepOutput {
 }
 
 pub mod chain;
+pub mod coreai;
 pub mod chat;
 pub mod generate;
 pub mod kvfile;

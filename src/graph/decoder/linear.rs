@@ -185,7 +185,7 @@ impl<'a> Weights<'a> {
     ) -> Result<LinearWeight, GraphError> {
         let rows = q.rows();
         let cols = shape.get(1).copied().unwrap_or(1);
-        if let Some(mut g) = (b.target() == Target::Ios18 && shape.len() == 2 && rows == shape[0])
+        if let Some(mut g) = (b.target().grouped_luts() && shape.len() == 2 && rows == shape[0])
             .then(|| q.grouped_lut(cols))
             .flatten()
         {

@@ -1,0 +1,517 @@
+"""hf2coreml's bridge to Apple's Core AI (`coreai-core`): serialize a finished graph as an
+`.aimodel`, and run a saved one with Apple's runtime. Nothing else.
+
+The Rust side builds the whole decoder-step graph (the same op list the coremltools bridge
+replays, in MIL's op names and argument conventions) and calls `emit()` once. This module maps
+each MIL op to the Core AI op (or the few ops) that computes the same thing: no graph decisions,
+no numerics beyond laying out bytes (a palettized weight's indices packed as the runtime reads
+them).
+
+Core AI's authoring API declares a graph from a Python function's annotations, so the function
+is made here with the graph's inputs as its parameters. Sub-byte LUT indices go through the one
+private seam the beta needs (`_dense_resource`): see docs/reference/coreai.md.
+"""
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import sys
+import tempfile
+from typing import Annotated
+
+
+@contextlib.contextmanager
+def quiet():
+    """Send fds 1/2 and sys.stdout/stderr to a temp file (the runtime logs every function
+    load on stderr); yield a function returning the captured text."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    capture = tempfile.TemporaryFile(mode="w+b")
+    saved = [os.dup(1), os.dup(2)]
+    saved_py = (sys.stdout, sys.stderr)
+    sink = open(os.devnull, "w")
+    try:
+        os.dup2(capture.fileno(), 1)
+        os.dup2(capture.fileno(), 2)
+        sys.stdout = sink
+        sys.stderr = sink
+
+        def captured():
+            capture.flush()
+            capture.seek(0)
+            return capture.read().decode("utf-8", "replace")
+
+        yield captured
+    finally:
+        sys.stdout, sys.stderr = saved_py
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        sink.close()
+        capture.close()
+
+
+def check_environment():
+    """Import coreai quietly; return its version. ImportError means `make setup`."""
+    with quiet():
+        from coreai import _version
+        import coreai.authoring  # noqa: F401
+        import coreai.runtime  # noqa: F401
+    return _version.__version__
+
+
+def _np_float(np, name):
+    return np.float16 if name == "fp16" else np.float32
+
+
+_NP_DTYPES = {"fp16": "float16", "fp32": "float32", "int32": "int32", "bool": "bool"}
+
+
+def _pack_bits(np, indices, nbits):
+    """Indices (one per byte) as the little-endian bit stream Core AI reads for a uintN
+    tensor: element i in bits [i*nbits, (i+1)*nbits)."""
+    bits = (indices.reshape(-1, 1).astype(np.uint8) >> np.arange(nbits, dtype=np.uint8)) & 1
+    return np.packbits(bits.reshape(-1), bitorder="little")
+
+
+def _dense_resource(np, packed, shape, nbits, name):
+    """A constant of type uint<nbits>[shape] whose storage is `packed` (a bit stream). The
+    authoring API's `constant(dtype=uint4)` stores one index per byte while the runtime reads
+    packed bits, so the bytes are handed over as a dense resource of the sub-byte type."""
+    from coreai._compiler.dialects._coreai_ops_gen import ConstantOp
+    from coreai._compiler.ir import DenseResourceElementsAttr, IntegerType, RankedTensorType
+    from coreai.authoring import Value
+
+    if nbits == 8:
+        from coreai.authoring.constant import constant
+
+        return constant(packed.reshape(shape))
+    t = RankedTensorType.get(list(shape), IntegerType.get_unsigned(nbits))
+    attr = DenseResourceElementsAttr.get_from_buffer(np.ascontiguousarray(packed), name, t)
+    return Value._from_mlir(ConstantOp(value=attr).result)
+
+
+def _lut_weight(np, ca, c, arrays, float_np):
+    """A palettized weight as `lut_to_dense`: indices [rows, ...] of uint<nbits>, one table per
+    run of rows (LUT [groups, 1.., 2^nbits, 1]), then the per-row scale, if any."""
+    from coreai.authoring.constant import constant
+
+    name, shape, nbits = c["name"], list(c["shape"]), int(c["nbits"])
+    numel = int(np.prod(shape))
+    indices, lut = arrays[0], arrays[1]
+    scale = arrays[2] if len(arrays) > 2 else None
+    lut = lut.view(np.float16).astype(float_np, copy=False)
+    groups = lut.size >> nbits
+    lut = lut.reshape([groups] + [1] * (len(shape) - 1) + [1 << nbits, 1])
+    if indices.size == numel:
+        packed = _pack_bits(np, indices, nbits) if nbits < 8 else indices
+    else:
+        # Already a bit stream (the iOS17 form): the same little-endian packing.
+        packed = indices
+    idx = _dense_resource(np, packed, shape, nbits, name)
+    w = ca.lut_to_dense(idx, constant(lut), constant(np.array(0, dtype=np.int16)))
+    if scale is None:
+        return w
+    scale = scale.view(np.float16).astype(float_np, copy=False).reshape([shape[0]] + [1] * (len(shape) - 1))
+    return ca.broadcasting_mul(w, constant(scale))
+
+
+def _shape(v):
+    return list(v._to_mlir().type.shape)
+
+
+class _Ops:
+    """MIL ops (name, keyword arguments as the graph gives them) → Core AI values."""
+
+    def __init__(self, np, ca, float_np):
+        from coreai.authoring.constant import constant
+
+        self.np, self.ca, self.float_np, self.const = np, ca, float_np, constant
+
+    def i32(self, v):
+        return self.const(self.np.array(v, dtype=self.np.int32))
+
+    def u32(self, v):
+        return self.const(self.np.array(v, dtype=self.np.uint32))
+
+    def value(self, v):
+        """A Python scalar argument (a MIL float) as a rank-0 constant of the graph's float."""
+        if isinstance(v, (float, int)) and not isinstance(v, bool):
+            return self.const(self.np.array(v, dtype=self.float_np))
+        return v
+
+    def axis(self, x, a):
+        return a + len(_shape(x)) if a < 0 else a
+
+    def call(self, op, a):
+        fn = getattr(self, "op_" + op, None)
+        if fn is None:
+            raise ValueError(f"the Core AI bridge has no translation for MIL op `{op}`")
+        return fn(**a)
+
+    # Element-wise, broadcasting as MIL does.
+    def op_add(self, x, y):
+        return self.ca.broadcasting_add(self.value(x), self.value(y))
+
+    def op_sub(self, x, y):
+        return self.ca.broadcasting_sub(self.value(x), self.value(y))
+
+    def op_mul(self, x, y):
+        return self.ca.broadcasting_mul(self.value(x), self.value(y))
+
+    def op_real_div(self, x, y):
+        return self.ca.broadcasting_divide(self.value(x), self.value(y))
+
+    def op_maximum(self, x, y):
+        return self.ca.broadcasting_maximum(self.value(x), self.value(y))
+
+    def op_minimum(self, x, y):
+        return self.ca.broadcasting_minimum(self.value(x), self.value(y))
+
+    def op_greater(self, x, y):
+        return self.ca.broadcasting_greater(self.value(x), self.value(y))
+
+    def op_less(self, x, y):
+        return self.ca.broadcasting_greater(self.value(y), self.value(x))
+
+    def op_greater_equal(self, x, y):
+        return self.ca.not_(self.ca.broadcasting_greater(self.value(y), self.value(x)))
+
+    def op_less_equal(self, x, y):
+        return self.ca.not_(self.ca.broadcasting_greater(self.value(x), self.value(y)))
+
+    def op_logical_and(self, x, y):
+        return self.ca.broadcasting_and(x, y)
+
+    def op_logical_or(self, x, y):
+        return self.ca.broadcasting_or(x, y)
+
+    def op_logical_not(self, x):
+        return self.ca.not_(x)
+
+    def op_select(self, cond, a, b):
+        return self.ca.broadcasting_where(cond, self.value(a), self.value(b))
+
+    def op_clip(self, x, alpha, beta):
+        return self.op_minimum(self.op_maximum(x, alpha), beta)
+
+    def op_rsqrt(self, x, epsilon=None):
+        if epsilon:
+            x = self.op_add(x, epsilon)
+        return self.ca.rsqrt(x)
+
+    def op_sqrt(self, x):
+        return self.ca.sqrt(x)
+
+    def op_exp(self, x):
+        return self.ca.exp(x)
+
+    def op_tanh(self, x):
+        return self.ca.tanh(x)
+
+    def op_silu(self, x):
+        return self.ca.silu(x)
+
+    def op_sigmoid(self, x):
+        return self.ca.sigmoid(x)
+
+    def op_relu(self, x):
+        return self.ca.relu(x)
+
+    def op_abs(self, x):
+        return self.ca.abs_(x)
+
+    def op_identity(self, x):
+        return x
+
+    # Reductions.
+    def _reduce(self, fn, x, axes, keep_dims=False):
+        shape = _shape(x)
+        axes = [self.axis(x, a) for a in axes]
+        y = fn(x, self.i32(axes))
+        if not keep_dims:
+            y = self.ca.reshape(y, self.i32([d for i, d in enumerate(shape) if i not in axes]))
+        return y
+
+    def op_reduce_mean(self, x, axes, keep_dims=False):
+        return self._reduce(self.ca.reduce_mean, x, axes, keep_dims)
+
+    def op_reduce_max(self, x, axes, keep_dims=False):
+        return self._reduce(self.ca.reduce_max, x, axes, keep_dims)
+
+    def op_reduce_sum(self, x, axes, keep_dims=False):
+        return self._reduce(self.ca.reduce_sum, x, axes, keep_dims)
+
+    def op_softmax(self, x, axis=-1):
+        return self.ca.softmax(x, self.i32(self.axis(x, axis)))
+
+    # Shapes and data movement.
+    def op_reshape(self, x, shape):
+        return self.ca.reshape(x, self.i32(list(shape)))
+
+    def op_expand_dims(self, x, axes):
+        return self.ca.expand_dims(x, self.i32(list(axes)))
+
+    def op_squeeze(self, x, axes):
+        shape = _shape(x)
+        axes = [self.axis(x, a) for a in axes]
+        return self.ca.reshape(x, self.i32([d for i, d in enumerate(shape) if i not in axes]))
+
+    def op_transpose(self, x, perm):
+        return self.ca.transpose(x, self.u32(list(perm)))
+
+    def op_concat(self, values, axis, interleave=False):
+        if interleave:
+            raise ValueError("the Core AI bridge does not translate concat(interleave=True)")
+        return self.ca.concat(self.i32(self.axis(values[0], axis)), list(values))
+
+    def op_split(self, x, num_splits, axis):
+        axis = self.axis(x, axis)
+        size = _shape(x)[axis] // num_splits
+        return self.ca.split(x, self.u32(size), self.i32(axis))
+
+    def op_slice_by_index(self, x, begin, end, stride=None):
+        stride = list(stride) if stride is not None else [1] * len(begin)
+        return self.ca.slice_(x, self.i32(list(begin)), self.i32(list(end)), self.i32(stride))
+
+    def op_tile(self, x, reps):
+        return self.ca.tile(x, self.u32(list(reps)))
+
+    def op_gather(self, x, indices, axis=0):
+        """MIL gather: out.shape = x.shape[:axis] + indices.shape + x.shape[axis+1:]."""
+        rank = len(_shape(x))
+        axis = self.axis(x, axis)
+        k = len(_shape(indices))
+        idx = self.ca.expand_dims(indices, self.i32([k]))
+        if axis == 0:
+            return self.ca.gather_nd(x, idx)
+        front = [axis] + [i for i in range(rank) if i != axis]
+        y = self.ca.gather_nd(self.op_transpose(x, front), idx)
+        # y: indices dims, then x's other axes in order; put the indices dims back at `axis`.
+        back = list(range(k, k + axis)) + list(range(k)) + list(range(k + axis, k + rank - 1))
+        return self.op_transpose(y, back)
+
+    # Linear algebra.
+    def op_matmul(self, x, y, transpose_x=False, transpose_y=False):
+        if transpose_x:
+            x = self._swap_last(x)
+        if transpose_y:
+            y = self._swap_last(y)
+        return self.ca.broadcasting_batch_matmul(x, y)
+
+    def _swap_last(self, x):
+        r = len(_shape(x))
+        return self.op_transpose(x, list(range(r - 2)) + [r - 1, r - 2])
+
+    def op_linear(self, x, weight, bias=None):
+        y = self.ca.broadcasting_batch_matmul(x, self._swap_last(weight))
+        return y if bias is None else self.ca.broadcasting_add(y, bias)
+
+
+def _make_function(name, input_specs, output_specs, body):
+    """A Python function Core AI's `graph` can read: one annotated parameter per input, the
+    outputs as the annotated return type."""
+    from coreai.authoring import Value
+
+    names = [s.name for s in input_specs]
+
+    def fn(*args):
+        return body(dict(zip(names, args)))
+
+    fn.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    )
+    ann = {n: Annotated[Value, s] for n, s in zip(names, input_specs)}
+    ann["return"] = tuple[tuple(Annotated[Value, s] for s in output_specs)]
+    fn.__annotations__ = ann
+    fn.__name__ = name
+    fn.__qualname__ = name
+    return fn
+
+
+def _function(name, desc, dense, luts):
+    """Declare one graph function `name` in the current module from its description."""
+    import numpy as np
+    import coreai.authoring as ca
+    from coreai.authoring import TensorType, graph
+    from coreai.authoring.constant import constant
+
+    float_np = _np_float(np, desc["float"])
+    ops = _Ops(np, ca, float_np)
+
+    def np_dtype(d):
+        return float_np if d in ("fp16", "fp32") else np.dtype(_NP_DTYPES[d]).type
+
+    for i in desc["inputs"]:
+        if i.get("state"):
+            raise ValueError("the Core AI bridge does not author states")
+    input_specs = [TensorType(tuple(i["shape"]), np_dtype(i["dtype"]), name=i["name"]) for i in desc["inputs"]]
+    output_specs = [
+        TensorType(tuple(o["shape"]), np_dtype(o["dtype"]), name=o["name"]) for o in desc["output_specs"]
+    ]
+
+    def body(env):
+        for c in desc["consts"]:
+            cname, key = c["name"], c.get("key", c["name"])
+            if c["kind"] == "lut":
+                env[cname] = _lut_weight(np, ca, c, luts[key], float_np)
+            else:
+                arr = dense[key]
+                if c["kind"] == "f16":
+                    arr = arr.view(np.float16).astype(float_np, copy=False)
+                env[cname] = constant(np.ascontiguousarray(arr.reshape(c["shape"])))
+
+        def arg(a):
+            kind, value = a["kind"], a.get("value")
+            if kind == "var":
+                return env[value]
+            if kind == "vars":
+                return [env[v] for v in value]
+            if kind in ("float", "int", "bool"):
+                return value
+            if kind == "ints":
+                return list(value)
+            raise ValueError(f"unknown argument kind {kind!r}")
+
+        for op in desc["ops"]:
+            res = ops.call(op["op"], {k: arg(v) for k, v in op["args"].items()})
+            outs = op["outputs"]
+            if len(outs) == 1:
+                env[outs[0]] = res
+            else:
+                if len(res) != len(outs):
+                    raise ValueError(f"op {op['op']} gave {len(res)} outputs, graph expects {len(outs)}")
+                for n, r in zip(outs, res):
+                    env[n] = r
+        return tuple(env[o] for o in desc["outputs"])
+
+    graph(_make_function(name, input_specs, output_specs, body))
+    return len(desc["ops"])
+
+
+def emit(desc_json, dense, luts, meta_json, out_dir):
+    """Build and save the program as `out_dir/model.aimodel`.
+
+    desc_json: the graph description (ops, inputs, consts, outputs, output_specs) as JSON, or
+    one with `functions` (each {"name", "graph"}) for a multifunction asset.
+    dense: const name -> numpy array (fp16 data travels as uint16 bits, int32 as int32).
+    luts: const name -> (indices, uint16 LUT bits[, uint16 per-row scale bits]); indices are
+    either one per byte or already the packed bit stream.
+    meta_json: {"user_defined": {...}} stored in the asset's metadata.json.
+    Returns the coreai version, the ops in the saved program by type, and the path.
+    """
+    desc = json.loads(desc_json)
+    meta = json.loads(meta_json)
+    with quiet() as captured:
+        try:
+            from pathlib import Path
+            from coreai import _version
+            from coreai.authoring import AIProgram, Module
+
+            m = Module.create()
+            with m:
+                functions = desc["functions"] if "functions" in desc else [{"name": "main", "graph": desc}]
+                for f in functions:
+                    _function(f["name"], f["graph"], dense, luts)
+            dense.clear()
+            luts.clear()
+            counts = _op_counts(m)
+            path = os.path.join(out_dir, "model.aimodel")
+            AIProgram(m).save_asset(Path(path))
+            _write_metadata(path, meta)
+            return {"coreai_version": _version.__version__, "op_counts": counts, "path": path}
+        except BaseException as e:
+            log = captured()
+            if log.strip():
+                tail = "\n".join(log.strip().splitlines()[-20:])
+                raise RuntimeError(f"{type(e).__name__}: {e}\n--- coreai output ---\n{tail}") from e
+            raise
+
+
+def _op_counts(module):
+    """The Core AI ops in the program, by name (constants included)."""
+    counts = {}
+    raw = getattr(module, "_mlir_module", None)
+    if raw is None:
+        return counts
+
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    name = inner.operation.name
+                    counts[name] = counts.get(name, 0) + 1
+                    walk(inner.operation)
+
+    walk(raw.operation)
+    return counts
+
+
+def _write_metadata(path, meta):
+    """hf2coreml's metadata (the contract, tool, source) beside what Core AI wrote."""
+    md_path = os.path.join(path, "metadata.json")
+    with open(md_path) as f:
+        md = json.load(f)
+    md.setdefault("userDefined", {}).update(meta.get("user_defined", {}))
+    with open(md_path, "w") as f:
+        json.dump(md, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+class Session:
+    """One loaded `.aimodel` for the length of a command: the executable stays open and each
+    `call` runs one function on numpy inputs."""
+
+    def __init__(self, path):
+        with quiet():
+            from coreai.authoring import AIModelAsset
+
+            self._loop = asyncio.new_event_loop()
+            self._asset = AIModelAsset.load(path)
+            self._ctx = self._asset.executable()
+            self._model = self._loop.run_until_complete(self._ctx.__aenter__())
+            self._functions = {}
+
+    def function_names(self):
+        return list(self._model.function_names)
+
+    def describe(self, name):
+        """Function `name`'s inputs (name, shape, dtype), outputs and states."""
+        d = self._function(name).desc
+        return {
+            "inputs": [
+                {"name": n, "shape": list(d.input_descriptor(n).shape), "dtype": str(d.input_descriptor(n).dtype)}
+                for n in d.input_names
+            ],
+            "outputs": list(d.output_names),
+            "states": list(d.state_names),
+        }
+
+    def _function(self, name):
+        if name not in self._functions:
+            with quiet():
+                self._functions[name] = self._model.load_function(name)
+        return self._functions[name]
+
+    def call(self, name, inputs):
+        """Run function `name` on {input name: numpy array}; {output name: numpy array}."""
+        from coreai.runtime import NDArray
+
+        fn = self._function(name)
+        with quiet():
+            out = self._loop.run_until_complete(fn({k: NDArray(v) for k, v in inputs.items()}))
+        return {k: out[k].numpy() for k in fn.desc.output_names}
+
+    def close(self):
+        if self._ctx is not None:
+            with quiet():
+                self._loop.run_until_complete(self._ctx.__aexit__(None, None, None))
+            self._ctx = None
+            self._loop.close()
+
+
+def open_session(path):
+    return Session(path)

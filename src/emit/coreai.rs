@@ -1,0 +1,156 @@
+//! Graph → `coreai-core` → `.aimodel`: the same graph the coremltools bridge serializes, replayed
+//! on Apple's Core AI authoring API (`python/hf2coreml_coreai.py`) and saved as the asset
+//! directory Core AI writes. Written into an [`AtomicDir`] beside the destination and renamed
+//! into place only when complete, as a package is.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use pyo3::prelude::*;
+
+use super::{consts_to_python, python_err, EmitError, Metadata};
+use crate::fsutil::AtomicDir;
+use crate::graph::{Graph, Op};
+use crate::mil::contract::{IoSpec, Target};
+use crate::pyenv::{self, PythonEnv, PYTHON_HOLDS_STDERR};
+
+/// The MIL ops the Core AI bridge translates (`_Ops` in python/hf2coreml_coreai.py). A graph
+/// with any other op is refused by name before anything is handed to Python.
+pub const COREAI_OPS: &[Op] = &[
+    Op::Const,
+    Op::Add,
+    Op::Sub,
+    Op::Mul,
+    Op::RealDiv,
+    Op::Maximum,
+    Op::Minimum,
+    Op::Greater,
+    Op::Less,
+    Op::GreaterEqual,
+    Op::LessEqual,
+    Op::LogicalAnd,
+    Op::LogicalOr,
+    Op::LogicalNot,
+    Op::Select,
+    Op::Clip,
+    Op::Rsqrt,
+    Op::Sqrt,
+    Op::Exp,
+    Op::Tanh,
+    Op::Silu,
+    Op::Sigmoid,
+    Op::Relu,
+    Op::Abs,
+    Op::Identity,
+    Op::ReduceMean,
+    Op::ReduceMax,
+    Op::ReduceSum,
+    Op::Softmax,
+    Op::Reshape,
+    Op::ExpandDims,
+    Op::Squeeze,
+    Op::Transpose,
+    Op::Concat,
+    Op::Split,
+    Op::SliceByIndex,
+    Op::Tile,
+    Op::Gather,
+    Op::Matmul,
+    Op::Linear,
+];
+
+/// The first op of `graph` the Core AI bridge cannot express, if any.
+pub fn unsupported_op(graph: &Graph) -> Option<Op> {
+    graph
+        .ops
+        .iter()
+        .map(|o| o.op)
+        .find(|op| !COREAI_OPS.contains(op))
+}
+
+/// What a finished Core AI emit reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CoreAiReport {
+    pub asset: PathBuf,
+    pub coreai_version: String,
+    /// Core AI ops in the saved program, by name.
+    pub op_counts: BTreeMap<String, usize>,
+    pub python_env: PythonEnv,
+}
+
+/// Serialize `graph` (whose outputs are `outputs`, as the contract declares them) as an
+/// `.aimodel` at `dest`. With `force` an existing `dest` is replaced once the new asset is
+/// complete; without it an existing `dest` is refused up front.
+pub fn emit_coreai(
+    graph: Graph,
+    outputs: &[IoSpec],
+    meta: &Metadata,
+    env: &PythonEnv,
+    dest: &Path,
+    force: bool,
+) -> Result<CoreAiReport, EmitError> {
+    graph.validate()?;
+    if let Some(op) = unsupported_op(&graph) {
+        return Err(EmitError::Unsupported {
+            target: Target::CoreAi,
+            op: op.as_str().to_string(),
+        });
+    }
+    let mut desc = serde_json::to_value(graph.description())
+        .map_err(|e| EmitError::Protocol(e.to_string()))?;
+    desc["output_specs"] =
+        serde_json::to_value(outputs).map_err(|e| EmitError::Protocol(e.to_string()))?;
+    let desc = desc.to_string();
+    let meta_json = serde_json::to_string(meta).map_err(|e| EmitError::Protocol(e.to_string()))?;
+    let out = AtomicDir::new(dest, force).map_err(|e| EmitError::io(dest, e))?;
+    let work = out.path().to_path_buf();
+    let (consts, env_owned, work_py) = (graph.consts, env.clone(), work.clone());
+    let (version, counts) = pyenv::on_python_thread(move || {
+        Python::initialize();
+        let _quiet = PYTHON_HOLDS_STDERR
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Python::attach(|py| -> Result<(String, BTreeMap<String, usize>), EmitError> {
+            let bridge = pyenv::load_bridge(py, &env_owned, crate::aimodel::BRIDGE)?;
+            let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
+            // Core AI reads every LUT form as iOS18 spells it (indices, table, row scale).
+            let (dense, luts) = consts_to_python(py, consts, Target::Ios18).map_err(to_py)?;
+            let work = work_py.to_string_lossy().into_owned();
+            let res = bridge
+                .call_method1("emit", (desc, dense, luts, meta_json, work))
+                .map_err(|e| python_err(py, "building and saving the Core AI program", e))?;
+            let get = |k: &str| {
+                res.get_item(k)
+                    .map_err(|e| EmitError::Protocol(format!("missing `{k}`: {e}")))
+            };
+            let version: String = get("coreai_version")?
+                .extract()
+                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+            let counts: BTreeMap<String, usize> = get("op_counts")?
+                .extract()
+                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+            drop(res);
+            py.import("gc")
+                .and_then(|gc| gc.call_method0("collect"))
+                .map_err(|e| python_err(py, "freeing the program", e))?;
+            Ok((version, counts))
+        })
+    })?;
+    // Core AI saves to a path ending in .aimodel; lift its contents into the atomic dir so the
+    // rename below is the only step that makes an asset appear under `dest`.
+    let saved = work.join("model.aimodel");
+    let entries = std::fs::read_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| EmitError::io(&saved, e))?;
+        let to = work.join(entry.file_name());
+        std::fs::rename(entry.path(), &to).map_err(|e| EmitError::io(&to, e))?;
+    }
+    std::fs::remove_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
+    let asset = out.commit().map_err(|e| EmitError::io(dest, e))?;
+    Ok(CoreAiReport {
+        asset,
+        coreai_version: version,
+        op_counts: counts,
+        python_env: env.clone(),
+    })
+}

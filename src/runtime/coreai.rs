@@ -1,0 +1,199 @@
+//! An `.aimodel` stepped by Apple's Core AI runtime ([`crate::aimodel::Session`]): the
+//! contract's static-cache step, one runtime call per step, the asset loaded once.
+
+use std::path::{Path, PathBuf};
+
+use half::f16;
+
+use super::{RuntimeError, StepOutput};
+use crate::aimodel::{self, Session, Tensor};
+use crate::mil::contract::{self, Contract};
+use crate::pyenv::PythonEnv;
+
+/// The function an hf2coreml asset steps with (one function: `main`).
+pub const FUNCTION: &str = "main";
+
+/// A loaded `.aimodel` and its contract.
+#[derive(Debug)]
+pub struct CoreAiModel {
+    path: PathBuf,
+    contract: Contract,
+    session: Session,
+}
+
+fn asset_err(_path: &Path, e: aimodel::AimodelError) -> RuntimeError {
+    // The error names the asset already.
+    RuntimeError::Program(e.to_string())
+}
+
+impl CoreAiModel {
+    /// Load `path` with the Core AI runtime of the discovered Python environment, and check
+    /// that it declares the contract's inputs.
+    pub fn load(path: &Path) -> Result<Self, RuntimeError> {
+        let contract = aimodel::read_contract(path).map_err(|e| asset_err(path, e))?;
+        if !contract.target.is_coreai() {
+            return Err(RuntimeError::Contract {
+                path: path.display().to_string(),
+                msg: format!(
+                    "an .aimodel whose contract names target `{}`",
+                    contract.target.as_str()
+                ),
+            });
+        }
+        if !contract.kv_cache.is_io() || !contract.functions.is_empty() {
+            return Err(RuntimeError::Contract {
+                path: path.display().to_string(),
+                msg: "a Core AI asset is stepped with its caches as inputs and outputs, one \
+                      function"
+                    .into(),
+            });
+        }
+        let env = PythonEnv::discover(None)
+            .map_err(|e| RuntimeError::Program(format!("Core AI runtime: {e}")))?;
+        let session = Session::open(&env, path).map_err(|e| asset_err(path, e))?;
+        let model = CoreAiModel {
+            path: path.to_path_buf(),
+            contract,
+            session,
+        };
+        model.check_interface()?;
+        Ok(model)
+    }
+
+    /// The asset's `main` declares the contract's inputs, shapes included, and its outputs.
+    fn check_interface(&self) -> Result<(), RuntimeError> {
+        let functions = self
+            .session
+            .functions()
+            .map_err(|e| asset_err(&self.path, e))?;
+        let bad = |msg: String| RuntimeError::Contract {
+            path: self.path.display().to_string(),
+            msg,
+        };
+        let f = functions
+            .iter()
+            .find(|f| f.name == FUNCTION)
+            .ok_or_else(|| bad(format!("the asset has no function `{FUNCTION}`")))?;
+        for spec in &self.contract.inputs {
+            let got = f.inputs.iter().find(|i| i.name == spec.name).ok_or_else(|| {
+                bad(format!("function `{FUNCTION}` has no input `{}`", spec.name))
+            })?;
+            if got.shape != spec.shape {
+                return Err(bad(format!(
+                    "input `{}` has shape {:?}, the contract {:?}",
+                    spec.name, got.shape, spec.shape
+                )));
+            }
+        }
+        for spec in &self.contract.outputs {
+            if !f.outputs.contains(&spec.name) {
+                return Err(bad(format!(
+                    "function `{FUNCTION}` has no output `{}`",
+                    spec.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn contract(&self) -> &Contract {
+        &self.contract
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The functions the runtime reports, for `inspect`.
+    pub fn functions(&self) -> Result<Vec<aimodel::FunctionDesc>, RuntimeError> {
+        self.session
+            .functions()
+            .map_err(|e| asset_err(&self.path, e))
+    }
+
+    fn float(&self, name: &str, values: &[f16], shape: Vec<usize>) -> Tensor {
+        let fp32 = self
+            .contract
+            .inputs
+            .iter()
+            .any(|i| i.name == name && i.dtype == "fp32");
+        if fp32 {
+            Tensor::F32(values.iter().map(|x| x.to_f32()).collect(), shape)
+        } else {
+            Tensor::F16(values.to_vec(), shape)
+        }
+    }
+
+    /// One step of the contract: Q tokens at `position`, the cache rows before it.
+    pub fn step(
+        &self,
+        input_ids: &[i32],
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+    ) -> Result<StepOutput, RuntimeError> {
+        let c = &self.contract;
+        let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
+        let pos = super::interp::check_step(c, input_ids, position, key_cache, value_cache)?;
+        let inputs = vec![
+            (
+                contract::INPUT_IDS.to_string(),
+                Tensor::I32(input_ids.to_vec(), vec![1, c.query_len]),
+            ),
+            (
+                contract::POSITION.to_string(),
+                Tensor::I32(vec![pos], vec![1]),
+            ),
+            (
+                contract::KEY_CACHE.to_string(),
+                self.float(contract::KEY_CACHE, key_cache, cache_shape.clone()),
+            ),
+            (
+                contract::VALUE_CACHE.to_string(),
+                self.float(contract::VALUE_CACHE, value_cache, cache_shape),
+            ),
+        ];
+        let mut out = self
+            .session
+            .call(FUNCTION, inputs)
+            .map_err(|e| asset_err(&self.path, e))?;
+        let mut take = |name: &str| {
+            out.remove(name).ok_or_else(|| RuntimeError::Contract {
+                path: self.path.display().to_string(),
+                msg: format!("the asset returned no output `{name}`"),
+            })
+        };
+        let parts = c
+            .logits_outputs()
+            .into_iter()
+            .map(|(name, w)| Ok((take(&name)?.to_f32(), w)))
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let (q, v) = (c.query_len, c.vocab_size);
+        let mut logits = Vec::with_capacity(q * v);
+        for row in 0..q {
+            for (part, w) in &parts {
+                logits.extend_from_slice(&part[row * w..(row + 1) * w]);
+            }
+        }
+        let to_f16 = |t: Tensor| -> Vec<f16> {
+            match t {
+                Tensor::F16(v, _) => v,
+                other => other.to_f32().into_iter().map(f16::from_f32).collect(),
+            }
+        };
+        let k = to_f16(take(contract::KEY_UPDATE)?);
+        let val = to_f16(take(contract::VALUE_UPDATE)?);
+        let upd = c.num_layers * c.num_kv_heads * q * c.head_dim;
+        if logits.len() != q * v || k.len() != upd || val.len() != upd {
+            return Err(RuntimeError::Contract {
+                path: self.path.display().to_string(),
+                msg: "output sizes do not match the contract's dimensions".into(),
+            });
+        }
+        Ok(StepOutput {
+            logits,
+            key_update: k,
+            value_update: val,
+        })
+    }
+}
