@@ -138,8 +138,13 @@ class _Ops:
         return self.const(self.np.array(v, dtype=self.np.uint32))
 
     def value(self, v):
-        """A Python scalar argument (a MIL float) as a rank-0 constant of the graph's float."""
-        if isinstance(v, (float, int)) and not isinstance(v, bool):
+        """A scalar argument as a rank-0 constant: a MIL float in the graph's float type, a
+        MIL int as int32 (the description keeps the two apart: 0.0 against 0)."""
+        if isinstance(v, bool):
+            return self.const(self.np.array(v))
+        if isinstance(v, int):
+            return self.const(self.np.array(v, dtype=self.np.int32))
+        if isinstance(v, float):
             return self.const(self.np.array(v, dtype=self.float_np))
         return v
 
@@ -370,7 +375,9 @@ def _function(name, desc, dense, luts):
                 return env[value]
             if kind == "vars":
                 return [env[v] for v in value]
-            if kind in ("float", "int", "bool"):
+            if kind == "float":
+                return float(value)
+            if kind in ("int", "bool"):
                 return value
             if kind == "ints":
                 return list(value)

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use half::f16;
-use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use thiserror::Error;
@@ -155,11 +155,11 @@ impl Tensor {
         Ok(match dtype.as_str() {
             "float16" => {
                 let bits = flat.call_method1("view", ("uint16",))?;
-                let bits = bits.downcast::<PyArrayDyn<u16>>()?.to_vec()?;
+                let bits = bits.cast::<PyArrayDyn<u16>>()?.to_vec()?;
                 Tensor::F16(bits.into_iter().map(f16::from_bits).collect(), shape)
             }
-            "float32" => Tensor::F32(flat.downcast::<PyArrayDyn<f32>>()?.to_vec()?, shape),
-            "int32" => Tensor::I32(flat.downcast::<PyArrayDyn<i32>>()?.to_vec()?, shape),
+            "float32" => Tensor::F32(flat.cast::<PyArrayDyn<f32>>()?.to_vec()?, shape),
+            "int32" => Tensor::I32(flat.cast::<PyArrayDyn<i32>>()?.to_vec()?, shape),
             other => {
                 return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                     "output of dtype {other}"
@@ -281,7 +281,7 @@ impl Session {
                 dict.set_item(name, t.to_python(py)?)?;
             }
             let out = s.call_method1("call", (function, dict))?;
-            let out = out.downcast::<PyDict>()?;
+            let out = out.cast::<PyDict>()?;
             let mut res = BTreeMap::new();
             for (k, v) in out.iter() {
                 res.insert(k.extract::<String>()?, Tensor::from_python(&v)?);

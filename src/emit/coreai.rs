@@ -10,7 +10,8 @@ use pyo3::prelude::*;
 
 use super::{consts_to_python, python_err, EmitError, Metadata};
 use crate::fsutil::AtomicDir;
-use crate::graph::{Graph, Op};
+use crate::graph::Graph;
+use crate::mil::Op;
 use crate::mil::contract::{IoSpec, Target};
 use crate::pyenv::{self, PythonEnv, PYTHON_HOLDS_STDERR};
 
@@ -118,7 +119,10 @@ pub fn emit_coreai(
             let work = work_py.to_string_lossy().into_owned();
             let res = bridge
                 .call_method1("emit", (desc, dense, luts, meta_json, work))
-                .map_err(|e| python_err(py, "building and saving the Core AI program", e))?;
+                .map_err(|e| match python_err(py, "building and saving the program", e) {
+                    EmitError::Python { stage, message } => EmitError::CoreAi { stage, message },
+                    other => other,
+                })?;
             let get = |k: &str| {
                 res.get_item(k)
                     .map_err(|e| EmitError::Protocol(format!("missing `{k}`: {e}")))

@@ -47,6 +47,9 @@ pub enum EmitError {
     /// Python raised while building, converting or saving.
     #[error("coremltools failed while {stage}: {message}")]
     Python { stage: String, message: String },
+    /// coreai-core raised while building or saving an `.aimodel`.
+    #[error("coreai-core failed while {stage}: {message}")]
+    CoreAi { stage: String, message: String },
     #[error("graph is invalid: {0}")]
     Graph(#[from] crate::graph::GraphError),
     #[error("{path}: {source}")]
@@ -84,7 +87,12 @@ impl EmitError {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct EmitReport {
     pub package: PathBuf,
+    /// Empty for a Core AI asset.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub coremltools_version: String,
+    /// The coreai-core that wrote a Core AI asset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coreai_version: Option<String>,
     pub specification_version: i64,
     /// Ops in the saved program by type (after coremltools' passes).
     pub op_counts: BTreeMap<String, usize>,
@@ -300,6 +308,7 @@ fn emit_described(
     Ok(EmitReport {
         package,
         coremltools_version: result.0,
+        coreai_version: None,
         specification_version: result.1,
         op_counts: result.2,
         python_env: env.clone(),

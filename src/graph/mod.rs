@@ -262,6 +262,18 @@ impl Graph {
         self.ops.iter().filter(|o| o.op == op).count()
     }
 
+    /// The fewest index bits of any palettized constant; `None` when none is palettized.
+    pub fn min_lut_bits(&self) -> Option<u32> {
+        self.consts
+            .iter()
+            .filter_map(|c| match &c.data {
+                ConstData::Lut(p) => Some(p.nbits as u32),
+                ConstData::GroupedLut(g) => Some(g.nbits as u32),
+                _ => None,
+            })
+            .min()
+    }
+
     /// Bytes the constants take when stored (fp16 values, packed indices + LUTs, int32).
     pub fn const_bytes(&self) -> u64 {
         self.consts

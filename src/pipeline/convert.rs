@@ -9,13 +9,15 @@ use super::chain;
 use super::contract::contract_for;
 use super::error::{io_err, ConvertError};
 use super::options::ConvertOptions;
-use super::package_files::{source_hashes, weight_bin, write_sidecars, Outputs};
+use super::package_files::{
+    asset_weight_bytes, source_hashes, weight_bin, write_sidecars, Outputs,
+};
 use super::ranges::scaling_for;
 use super::summary::{write_report, ConvertSummary, StageTimes};
 use super::weights::WeightStream;
 use crate::arch::ModelSpec;
 use crate::checkpoint::Checkpoint;
-use crate::emit::Metadata;
+use crate::emit::{EmitError, EmitReport, Metadata};
 use crate::fsutil::dir_bytes;
 use crate::graph::decoder::{self, StepOptions};
 use crate::graph::{Graph, Weight};
@@ -43,6 +45,13 @@ pub fn convert(
     if let Some(limit) = opts.max_package_size {
         let plan = chain::plan(ckpt, opts, &weights, limit)?;
         if !plan.is_single() {
+            if opts.target.is_coreai() {
+                return Err(ConvertError::CoreAi(format!(
+                    "writes one asset: this model needs {} parts under --max-package-size, \
+                     and chains of .aimodel parts are not built (raise the limit)",
+                    plan.parts.len()
+                )));
+            }
             // Refused before anything is built: a chain of stateful parts is not supported.
             crate::graph::decoder::check_kv_cache(opts.kv_cache, opts.target, opts.layout, false)?;
             if opts.prefill_len > 0 {
@@ -87,8 +96,16 @@ pub fn convert(
 
     let t = Instant::now();
     progress.begin("serialize", 1);
-    progress.working_on("coremltools");
+    progress.working_on(if opts.target.is_coreai() {
+        "coreai-core"
+    } else {
+        "coremltools"
+    });
     let emit = match graphs.len() {
+        1 if opts.target.is_coreai() => {
+            let (_, graph) = graphs.into_iter().next().expect("one graph");
+            emit_asset(graph, &contract, meta, opts)
+        }
         1 => {
             let (_, graph) = graphs.into_iter().next().expect("one graph");
             crate::emit::emit(graph, &meta, &opts.python_env, &opts.output, opts.force)
@@ -112,8 +129,12 @@ pub fn convert(
     let mut outputs = outputs;
     write_sidecars(ckpt, &mut outputs)?;
     let package_bytes = dir_bytes(&outputs.package).map_err(io_err(&outputs.package))?;
-    let wb = weight_bin(&outputs.package);
-    let weight_bin_bytes = std::fs::metadata(&wb).map_err(io_err(&wb))?.len();
+    let weight_bin_bytes = if opts.target.is_coreai() {
+        asset_weight_bytes(&outputs.package).map_err(io_err(&outputs.package))?
+    } else {
+        let wb = weight_bin(&outputs.package);
+        std::fs::metadata(&wb).map_err(io_err(&wb))?.len()
+    };
     times.total = times.read + times.ranges + streamed.fit_secs + start.elapsed().as_secs_f64();
     let summary = ConvertSummary {
         outputs,
@@ -133,6 +154,39 @@ pub fn convert(
     };
     write_report(&summary)?;
     Ok(summary)
+}
+
+/// Serialize `graph` as a Core AI asset: the contract's outputs name its results, and the
+/// metadata records the fewest bits of any palettized weight (the asset is not read back, and
+/// `validate` picks its default gates by it).
+fn emit_asset(
+    graph: Graph,
+    contract: &contract::Contract,
+    mut meta: Metadata,
+    opts: &ConvertOptions,
+) -> Result<EmitReport, EmitError> {
+    if let Some(bits) = graph.min_lut_bits() {
+        meta.user_defined.insert(
+            crate::runtime::coreai::MIN_BITS_KEY.to_string(),
+            bits.to_string(),
+        );
+    }
+    let r = crate::emit::coreai::emit_coreai(
+        graph,
+        &contract.outputs,
+        &meta,
+        &opts.python_env,
+        &opts.output,
+        opts.force,
+    )?;
+    Ok(EmitReport {
+        package: r.asset,
+        coremltools_version: String::new(),
+        coreai_version: Some(r.coreai_version),
+        specification_version: 0,
+        op_counts: r.op_counts,
+        python_env: r.python_env,
+    })
 }
 
 /// The program's functions: `main` alone, or with `prefill_len` > 0 `prefill` (Q =

@@ -27,8 +27,17 @@ pub enum ConvertError {
         #[source]
         source: std::io::Error,
     },
-    #[error("output {0} must end in .mlpackage")]
+    #[error("output {0} must end in .mlpackage (.aimodel for --target coreai)")]
     OutputName(PathBuf),
+    #[error("output {} must end in .{ext} for target {target}", .output.display())]
+    OutputExtension {
+        output: PathBuf,
+        target: &'static str,
+        ext: &'static str,
+    },
+    /// A setting the Core AI backend does not build (refused before any work).
+    #[error("--target coreai {0}")]
+    CoreAi(String),
     #[error("output {} is not valid UTF-8: coremltools cannot write it; choose a UTF-8 name", .0.display())]
     OutputNotUtf8(PathBuf),
     #[error("{0} already exists (use --force to replace it)")]

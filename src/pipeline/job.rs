@@ -248,11 +248,47 @@ fn open_checkpoint(dir: &Path, named: &Path) -> Result<Checkpoint, JobError> {
     })
 }
 
+/// What the target writes must be what the output's name says, and the Core AI backend builds
+/// the default layout with its caches as inputs and outputs: anything else is refused here,
+/// before any work.
+fn check_target_output(p: &PackageOptions, output: &Path) -> Result<(), ConvertError> {
+    let ext = p.target.extension();
+    let named = output
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().ends_with(&format!(".{ext}")));
+    if !named {
+        return Err(ConvertError::OutputExtension {
+            output: output.to_path_buf(),
+            target: p.target.as_str(),
+            ext,
+        });
+    }
+    if !p.target.is_coreai() {
+        return Ok(());
+    }
+    if p.layout != crate::mil::contract::Layout::Default {
+        return Err(ConvertError::CoreAi(
+            "builds the default layout only: the Neural Engine layout's 1×1 `conv` \
+             projections have no translation in the Core AI bridge (drop --layout ane)"
+                .into(),
+        ));
+    }
+    if !p.kv_cache.is_io() {
+        return Err(ConvertError::CoreAi(
+            "passes the KV cache as inputs and outputs: Core AI's stateful form (handles) is \
+             not authored by this backend (drop --kv-cache state)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 impl Job {
     /// Checks that need no input file: the shape, the output name, a writable output place.
     pub fn check(&self) -> Result<(), JobError> {
         check_shape(self.max_seq_len, self.query_len)?;
         let p = &self.package;
+        check_target_output(p, &self.output)?;
         crate::graph::decoder::check_kv_cache(p.kv_cache, p.target, p.layout, true)
             .map_err(ConvertError::Graph)?;
         self.prefill_len()?;
@@ -462,7 +498,8 @@ impl Job {
         })?;
         let given = self.given_ranges()?;
         // Find Python before the expensive stages so a missing environment fails fast.
-        let python_env = PythonEnv::discover(self.python_env.as_deref())?;
+        let python_env = PythonEnv::discover(self.python_env.as_deref())
+            .map_err(crate::emit::EmitError::from)?;
         crate::emit::check_environment(&python_env)?;
         progress.detail(&format!(
             "python environment: {}",

@@ -24,7 +24,8 @@ pub struct Outputs {
 }
 
 impl Outputs {
-    /// `X.mlpackage` → `X.tokenizer.json`, `X.tokenizer_config.json`, `X.report.json`.
+    /// `X.mlpackage` (or a Core AI asset, `X.aimodel`) → `X.tokenizer.json`,
+    /// `X.tokenizer_config.json`, `X.report.json`.
     pub fn for_package(package: &Path) -> Result<Self, ConvertError> {
         // coremltools takes the path as text: a path that is not UTF-8 is refused here,
         // before anything is written.
@@ -35,7 +36,10 @@ impl Outputs {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let Some(stem) = name.strip_suffix(".mlpackage").filter(|s| !s.is_empty()) else {
+        let stem = name
+            .strip_suffix(".mlpackage")
+            .or_else(|| name.strip_suffix(".aimodel"));
+        let Some(stem) = stem.filter(|s| !s.is_empty()) else {
             return Err(ConvertError::OutputName(package.to_path_buf()));
         };
         let side = |suffix: &str| package.with_file_name(format!("{stem}.{suffix}"));
@@ -69,6 +73,19 @@ pub(super) fn write_sidecars(ckpt: &Checkpoint, outputs: &mut Outputs) -> Result
         _ => outputs.tokenizer_config = None,
     }
     Ok(())
+}
+
+/// The bytes of an `.aimodel`'s function bytecode (`*.mlirb`), where Core AI keeps the
+/// weights: what weight.bin is to a package.
+pub fn asset_weight_bytes(asset: &Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(asset)? {
+        let entry = entry?;
+        if entry.path().extension().is_some_and(|x| x == "mlirb") {
+            total += entry.metadata()?.len();
+        }
+    }
+    Ok(total)
 }
 
 /// weight.bin inside a package.

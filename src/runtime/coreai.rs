@@ -8,22 +8,31 @@ use half::f16;
 use super::{RuntimeError, StepOutput};
 use crate::aimodel::{self, Session, Tensor};
 use crate::mil::contract::{self, Contract};
-use crate::pyenv::PythonEnv;
+use crate::pyenv::{PyEnvError, PythonEnv};
 
 /// The function an hf2coreml asset steps with (one function: `main`).
 pub const FUNCTION: &str = "main";
+
+/// The asset metadata key holding the fewest bits of any palettized weight (absent: every
+/// weight is fp16), which `validate` picks its default gates by: the asset's bytecode is not
+/// read back, so the converter records it.
+pub const MIN_BITS_KEY: &str = "hf2coreml.min_bits";
 
 /// A loaded `.aimodel` and its contract.
 #[derive(Debug)]
 pub struct CoreAiModel {
     path: PathBuf,
     contract: Contract,
+    min_bits: Option<u32>,
     session: Session,
 }
 
 fn asset_err(_path: &Path, e: aimodel::AimodelError) -> RuntimeError {
-    // The error names the asset already.
-    RuntimeError::Program(e.to_string())
+    match e {
+        aimodel::AimodelError::Python(PyEnvError::Environment(e)) => RuntimeError::Environment(e),
+        // The error names the asset already.
+        other => RuntimeError::Program(other.to_string()),
+    }
 }
 
 impl CoreAiModel {
@@ -31,6 +40,16 @@ impl CoreAiModel {
     /// that it declares the contract's inputs.
     pub fn load(path: &Path) -> Result<Self, RuntimeError> {
         let contract = aimodel::read_contract(path).map_err(|e| asset_err(path, e))?;
+        let meta = aimodel::read_metadata(path).map_err(|e| asset_err(path, e))?;
+        let min_bits = match meta.user_defined.get(MIN_BITS_KEY) {
+            None => None,
+            Some(b) => Some(b.parse::<u32>().ok().filter(|b| (1..=8).contains(b)).ok_or_else(
+                || RuntimeError::Contract {
+                    path: path.display().to_string(),
+                    msg: format!("metadata `{MIN_BITS_KEY}` is `{b}`, not a bit width 1-8"),
+                },
+            )?),
+        };
         if !contract.target.is_coreai() {
             return Err(RuntimeError::Contract {
                 path: path.display().to_string(),
@@ -48,12 +67,15 @@ impl CoreAiModel {
                     .into(),
             });
         }
-        let env = PythonEnv::discover(None)
-            .map_err(|e| RuntimeError::Program(format!("Core AI runtime: {e}")))?;
+        let env = PythonEnv::discover(None).map_err(|e| match e {
+            PyEnvError::Environment(e) => RuntimeError::Environment(e),
+            other => RuntimeError::Program(other.to_string()),
+        })?;
         let session = Session::open(&env, path).map_err(|e| asset_err(path, e))?;
         let model = CoreAiModel {
             path: path.to_path_buf(),
             contract,
+            min_bits,
             session,
         };
         model.check_interface()?;
@@ -98,6 +120,11 @@ impl CoreAiModel {
 
     pub fn contract(&self) -> &Contract {
         &self.contract
+    }
+
+    /// The fewest bits of any palettized weight, as the converter recorded it (`None`: fp16).
+    pub fn min_bits(&self) -> Option<u32> {
+        self.min_bits
     }
 
     pub fn path(&self) -> &Path {

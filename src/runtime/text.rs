@@ -28,14 +28,17 @@ pub enum TextError {
     Output(#[source] std::io::Error),
 }
 
-/// `X.mlpackage` → `X.<suffix>` in the same directory: where `convert` saves the tokenizer
+/// `X.mlpackage` (or `X.aimodel`) → `X.<suffix>` in the same directory: where `convert` saves the tokenizer
 /// files (`tokenizer.json`, `tokenizer_config.json`).
 pub fn beside_package(pkg: &Path, suffix: &str) -> PathBuf {
     let name = pkg
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let stem = name.strip_suffix(".mlpackage").unwrap_or(&name);
+    let stem = name
+        .strip_suffix(".mlpackage")
+        .or_else(|| name.strip_suffix(".aimodel"))
+        .unwrap_or(&name);
     pkg.with_file_name(format!("{stem}.{suffix}"))
 }
 

@@ -2,6 +2,7 @@
 //! pure functions over logits and weights; the `validate` command feeds them the package run
 //! by the interpreter and the [`crate::model`] forward pass.
 
+mod coreai;
 pub mod functions;
 pub mod gates;
 pub mod metrics;

@@ -36,6 +36,10 @@ pub struct ValidationReport {
     pub checkpoint: String,
     /// Which reference computed the expected logits (e.g. "candle-transformers llama").
     pub reference: String,
+    /// What executed the package when it is not hf2coreml's MIL interpreter (Apple's Core AI
+    /// runtime for an `.aimodel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
     pub text: String,
     pub contract: Vec<ContractItem>,
     pub weights: Vec<WeightError>,
@@ -54,6 +58,7 @@ impl ValidationReport {
             package: package.to_string(),
             checkpoint: checkpoint.to_string(),
             reference: reference.to_string(),
+            runtime: None,
             text: text.to_string(),
             contract: Vec::new(),
             weights: Vec::new(),

@@ -122,7 +122,7 @@ impl StepModel for Instrumented<'_> {
 /// Refuse a checkpoint the package was not converted from, before anything is compared: its
 /// dimensions differ from the ones the contract records. (A re-saved or imported config with
 /// the same model passes; weights that differ are what the gates measure.)
-fn check_source(c: &Contract, ckpt: &Checkpoint, pkg: &Path) -> Result<(), ValidateError> {
+pub(super) fn check_source(c: &Contract, ckpt: &Checkpoint, pkg: &Path) -> Result<(), ValidateError> {
     let spec = ckpt.spec();
     let pairs = [
         ("layers", c.num_layers, spec.num_hidden_layers),
@@ -163,8 +163,12 @@ pub fn validate_with_progress(
     progress: &dyn Progress,
 ) -> Result<ValidationReport, ValidateError> {
     let package = Saved::load(pkg_path, opts.interp)?;
+    if let Saved::CoreAi(model) = &package {
+        return super::coreai::validate_asset(pkg_path, model, &package, ckpt, opts, progress);
+    }
     let raws = match &package {
         Saved::Package(_) => vec![MlPackage::open(pkg_path)?],
+        Saved::CoreAi(_) => unreachable!("validated above"),
         Saved::Chain(ch) => ch
             .chain()
             .parts
@@ -193,6 +197,7 @@ pub fn validate_with_progress(
             items.extend(check_hashes(pkg_path, ch.chain()));
             items
         }
+        Saved::CoreAi(_) => unreachable!("validated above"),
     };
     report.lint = Some(crate::lint::lint_saved(
         pkg_path,
@@ -202,33 +207,11 @@ pub fn validate_with_progress(
     let (weights, min_bits) = check_weights(&raws, ckpt, &programs)?;
     report.weights = weights;
 
-    let mut gen = Generator::new(Instrumented {
-        pkg: &package,
-        stats: Stats::default(),
-        progress,
-        unscored: tokens.len(),
-    })?;
-    progress.begin("score", tokens.len() as u64);
-    progress.working_on("tokens through the package");
-    let out = gen.generate(
-        &tokens,
-        &GenerateOptions {
-            max_new_tokens: 0,
-            record_logits: true,
-            ..GenerateOptions::default()
-        },
-        &mut |_| Ok(()),
-    );
-    progress.end();
-    let rows = out?.logits.ok_or(ValidateError::NoLogits)?;
-    let got: Vec<Vec<f32>> = (0..rows.rows())
-        .filter_map(|t| rows.row(t).map(|r| r.to_vec()))
-        .collect();
+    let (got, stats) = score_tokens(&package, &tokens, progress)?;
     let comparison = compare_logits(&expected, &got, &tokens)?;
     report
         .contract
         .extend(super::functions::check_prefill(&package, &tokens, &got)?);
-    let stats = gen.into_model().stats;
     report.activations = stats
         .ops
         .iter()
@@ -248,9 +231,41 @@ pub fn validate_with_progress(
     Ok(report)
 }
 
+/// The package's logits at every position of `tokens` (one step per token, or per Q of them),
+/// and the range statistics its steps collected.
+pub(super) fn score_tokens(
+    package: &Saved,
+    tokens: &[u32],
+    progress: &dyn Progress,
+) -> Result<(Vec<Vec<f32>>, Stats), ValidateError> {
+    let mut gen = Generator::new(Instrumented {
+        pkg: package,
+        stats: Stats::default(),
+        progress,
+        unscored: tokens.len(),
+    })?;
+    progress.begin("score", tokens.len() as u64);
+    progress.working_on("tokens through the package");
+    let out = gen.generate(
+        tokens,
+        &GenerateOptions {
+            max_new_tokens: 0,
+            record_logits: true,
+            ..GenerateOptions::default()
+        },
+        &mut |_| Ok(()),
+    );
+    progress.end();
+    let rows = out?.logits.ok_or(ValidateError::NoLogits)?;
+    let got: Vec<Vec<f32>> = (0..rows.rows())
+        .filter_map(|t| rows.row(t).map(|r| r.to_vec()))
+        .collect();
+    Ok((got, gen.into_model().stats))
+}
+
 /// The evaluation tokens: BOS (when the contract has one), then the text, at most
 /// `max_tokens` and the package's S.
-fn text_tokens(c: &Contract, opts: &ValidateOptions) -> Result<Vec<u32>, ValidateError> {
+pub(super) fn text_tokens(c: &Contract, opts: &ValidateOptions) -> Result<Vec<u32>, ValidateError> {
     let mut tokens: Vec<u32> = opts.tokens.to_vec();
     if let Some(bos) = c.bos_token_id {
         tokens.insert(0, bos);
@@ -268,7 +283,7 @@ fn text_tokens(c: &Contract, opts: &ValidateOptions) -> Result<Vec<u32>, Validat
 /// weights fit `budget`, else block by block, one block's weights alive
 /// ([`logits_layerwise`]). The reference is dropped on return, before the package runs, so
 /// the two peaks do not add.
-fn reference_logits(
+pub(super) fn reference_logits(
     ckpt: &Checkpoint,
     tokens: &[u32],
     budget: u64,
@@ -296,7 +311,7 @@ fn reference_logits(
     }
 }
 
-fn item(what: &str, expected: impl ToString, found: impl ToString) -> ContractItem {
+pub(super) fn item(what: &str, expected: impl ToString, found: impl ToString) -> ContractItem {
     let (expected, found) = (expected.to_string(), found.to_string());
     ContractItem {
         ok: expected == found,

@@ -8,7 +8,6 @@ use half::f16;
 
 use crate::arch::{mil_name, ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, ConstData, GraphError, Op, Weight};
-use crate::mil::contract::Target;
 use crate::quant::rotation::Rotation;
 use crate::quant::QuantizedWeight;
 

@@ -47,6 +47,9 @@ pub use tensor::{Data, Tensor};
 pub enum RuntimeError {
     #[error(transparent)]
     Package(#[from] PackageError),
+    /// An `.aimodel` needs Apple's runtime from the Python environment, which is unusable.
+    #[error("Python environment unusable")]
+    Environment(#[source] crate::error::EnvironmentError),
     #[error("unsupported op `{op_type}` (producing `{output}`)")]
     UnsupportedOp { op_type: String, output: String },
     #[error("op `{op_type}` producing `{output}`: {msg}")]
