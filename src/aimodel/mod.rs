@@ -90,7 +90,10 @@ pub fn read_metadata(path: &Path) -> Result<AssetMetadata, AimodelError> {
         })?,
     };
     Ok(AssetMetadata {
-        producer: v.get("producer").and_then(|p| p.as_str()).map(str::to_string),
+        producer: v
+            .get("producer")
+            .and_then(|p| p.as_str())
+            .map(str::to_string),
         user_defined,
     })
 }
@@ -98,17 +101,19 @@ pub fn read_metadata(path: &Path) -> Result<AssetMetadata, AimodelError> {
 /// The contract an asset hf2coreml wrote carries in its metadata.
 pub fn read_contract(path: &Path) -> Result<Contract, AimodelError> {
     let meta = read_metadata(path)?;
-    let text = meta.user_defined.get(contract::METADATA_KEY).ok_or_else(|| {
-        AimodelError::asset(
-            path,
-            format!(
-                "no `{}` in its metadata: not an asset hf2coreml wrote",
-                contract::METADATA_KEY
-            ),
-        )
-    })?;
-    serde_json::from_str(text)
-        .map_err(|e| AimodelError::asset(path, format!("contract: {e}")))
+    let text = meta
+        .user_defined
+        .get(contract::METADATA_KEY)
+        .ok_or_else(|| {
+            AimodelError::asset(
+                path,
+                format!(
+                    "no `{}` in its metadata: not an asset hf2coreml wrote",
+                    contract::METADATA_KEY
+                ),
+            )
+        })?;
+    serde_json::from_str(text).map_err(|e| AimodelError::asset(path, format!("contract: {e}")))
 }
 
 /// A tensor crossing to or from the runtime.

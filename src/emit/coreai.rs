@@ -11,8 +11,8 @@ use pyo3::prelude::*;
 use super::{consts_to_python, python_err, EmitError, Metadata};
 use crate::fsutil::AtomicDir;
 use crate::graph::Graph;
-use crate::mil::Op;
 use crate::mil::contract::{IoSpec, Target};
+use crate::mil::Op;
 use crate::pyenv::{self, PythonEnv, PYTHON_HOLDS_STDERR};
 
 /// The MIL ops the Core AI bridge translates (`_Ops` in python/hf2coreml_coreai.py). A graph
@@ -111,34 +111,40 @@ pub fn emit_coreai(
         let _quiet = PYTHON_HOLDS_STDERR
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Python::attach(|py| -> Result<(String, BTreeMap<String, usize>), EmitError> {
-            let bridge = pyenv::load_bridge(py, &env_owned, crate::aimodel::BRIDGE)?;
-            let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
-            // Core AI reads every LUT form as iOS18 spells it (indices, table, row scale).
-            let (dense, luts) = consts_to_python(py, consts, Target::Ios18).map_err(to_py)?;
-            let work = work_py.to_string_lossy().into_owned();
-            let res = bridge
-                .call_method1("emit", (desc, dense, luts, meta_json, work))
-                .map_err(|e| match python_err(py, "building and saving the program", e) {
-                    EmitError::Python { stage, message } => EmitError::CoreAi { stage, message },
-                    other => other,
-                })?;
-            let get = |k: &str| {
-                res.get_item(k)
-                    .map_err(|e| EmitError::Protocol(format!("missing `{k}`: {e}")))
-            };
-            let version: String = get("coreai_version")?
-                .extract()
-                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
-            let counts: BTreeMap<String, usize> = get("op_counts")?
-                .extract()
-                .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
-            drop(res);
-            py.import("gc")
-                .and_then(|gc| gc.call_method0("collect"))
-                .map_err(|e| python_err(py, "freeing the program", e))?;
-            Ok((version, counts))
-        })
+        Python::attach(
+            |py| -> Result<(String, BTreeMap<String, usize>), EmitError> {
+                let bridge = pyenv::load_bridge(py, &env_owned, crate::aimodel::BRIDGE)?;
+                let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
+                // Core AI reads every LUT form as iOS18 spells it (indices, table, row scale).
+                let (dense, luts) = consts_to_python(py, consts, Target::Ios18).map_err(to_py)?;
+                let work = work_py.to_string_lossy().into_owned();
+                let res = bridge
+                    .call_method1("emit", (desc, dense, luts, meta_json, work))
+                    .map_err(
+                        |e| match python_err(py, "building and saving the program", e) {
+                            EmitError::Python { stage, message } => {
+                                EmitError::CoreAi { stage, message }
+                            }
+                            other => other,
+                        },
+                    )?;
+                let get = |k: &str| {
+                    res.get_item(k)
+                        .map_err(|e| EmitError::Protocol(format!("missing `{k}`: {e}")))
+                };
+                let version: String = get("coreai_version")?
+                    .extract()
+                    .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+                let counts: BTreeMap<String, usize> = get("op_counts")?
+                    .extract()
+                    .map_err(|e: PyErr| EmitError::Protocol(e.to_string()))?;
+                drop(res);
+                py.import("gc")
+                    .and_then(|gc| gc.call_method0("collect"))
+                    .map_err(|e| python_err(py, "freeing the program", e))?;
+                Ok((version, counts))
+            },
+        )
     })?;
     // Core AI saves to a path ending in .aimodel; lift its contents into the atomic dir so the
     // rename below is the only step that makes an asset appear under `dest`.

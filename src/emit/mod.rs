@@ -21,11 +21,11 @@ use thiserror::Error;
 use crate::error::EnvironmentError;
 use crate::pyenv::{self, on_python_thread, Bridge, PyEnvError, PYTHON_HOLDS_STDERR};
 
-pub use crate::pyenv::{setup_hint, when_output_is_ours, EnvOrigin, PythonEnv};
 use crate::fsutil::AtomicDir;
 use crate::graph::{ConstData, Graph};
 use crate::mil::contract::Target;
 use crate::mil::DType;
+pub use crate::pyenv::{setup_hint, when_output_is_ours, EnvOrigin, PythonEnv};
 
 pub use functions::emit_functions;
 pub use metadata::Metadata;

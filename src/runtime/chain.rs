@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 
-use super::interp::{check_step, concat_rows, Options, Package, Program, Stats, Tensor};
 use super::coreai::CoreAiModel;
+use super::interp::{check_step, concat_rows, Options, Package, Program, Stats, Tensor};
 use super::{RuntimeError, StepModel, StepOutput};
 use crate::mil::chain::{self, ChainFile};
 use crate::mil::contract::{self, Contract};

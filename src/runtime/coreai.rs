@@ -43,12 +43,15 @@ impl CoreAiModel {
         let meta = aimodel::read_metadata(path).map_err(|e| asset_err(path, e))?;
         let min_bits = match meta.user_defined.get(MIN_BITS_KEY) {
             None => None,
-            Some(b) => Some(b.parse::<u32>().ok().filter(|b| (1..=8).contains(b)).ok_or_else(
-                || RuntimeError::Contract {
-                    path: path.display().to_string(),
-                    msg: format!("metadata `{MIN_BITS_KEY}` is `{b}`, not a bit width 1-8"),
-                },
-            )?),
+            Some(b) => Some(
+                b.parse::<u32>()
+                    .ok()
+                    .filter(|b| (1..=8).contains(b))
+                    .ok_or_else(|| RuntimeError::Contract {
+                        path: path.display().to_string(),
+                        msg: format!("metadata `{MIN_BITS_KEY}` is `{b}`, not a bit width 1-8"),
+                    })?,
+            ),
         };
         if !contract.target.is_coreai() {
             return Err(RuntimeError::Contract {
@@ -97,9 +100,16 @@ impl CoreAiModel {
             .find(|f| f.name == FUNCTION)
             .ok_or_else(|| bad(format!("the asset has no function `{FUNCTION}`")))?;
         for spec in &self.contract.inputs {
-            let got = f.inputs.iter().find(|i| i.name == spec.name).ok_or_else(|| {
-                bad(format!("function `{FUNCTION}` has no input `{}`", spec.name))
-            })?;
+            let got = f
+                .inputs
+                .iter()
+                .find(|i| i.name == spec.name)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "function `{FUNCTION}` has no input `{}`",
+                        spec.name
+                    ))
+                })?;
             if got.shape != spec.shape {
                 return Err(bad(format!(
                     "input `{}` has shape {:?}, the contract {:?}",

@@ -67,8 +67,8 @@ pub struct StepOutput {
 }
 
 pub mod chain;
-pub mod coreai;
 pub mod chat;
+pub mod coreai;
 pub mod generate;
 pub mod kvfile;
 pub mod sampling;

@@ -9,8 +9,7 @@ use super::gates::{default_gates, RecipeKind};
 use super::metrics::compare_logits;
 use super::report::{ContractItem, ValidationReport};
 use super::run::{
-    check_source, item, reference_logits, score_tokens, text_tokens, ValidateError,
-    ValidateOptions,
+    check_source, item, reference_logits, score_tokens, text_tokens, ValidateError, ValidateOptions,
 };
 use crate::checkpoint::Checkpoint;
 use crate::mil::contract::{self, Contract};

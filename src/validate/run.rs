@@ -122,7 +122,11 @@ impl StepModel for Instrumented<'_> {
 /// Refuse a checkpoint the package was not converted from, before anything is compared: its
 /// dimensions differ from the ones the contract records. (A re-saved or imported config with
 /// the same model passes; weights that differ are what the gates measure.)
-pub(super) fn check_source(c: &Contract, ckpt: &Checkpoint, pkg: &Path) -> Result<(), ValidateError> {
+pub(super) fn check_source(
+    c: &Contract,
+    ckpt: &Checkpoint,
+    pkg: &Path,
+) -> Result<(), ValidateError> {
     let spec = ckpt.spec();
     let pairs = [
         ("layers", c.num_layers, spec.num_hidden_layers),

@@ -1,0 +1,307 @@
+//! `--target coreai`: every architecture fixture written by transformers
+//! (tests/fixtures/hf/<arch>/) converted to an `.aimodel` in fp16 and executed by Apple's Core AI
+//! runtime (coreai-core, from the Python environment `make setup` builds), its logits against
+//! transformers' own; `validate` and `run` on an asset; the settings the backend refuses.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hf2coreml::runtime::chain::Saved;
+use hf2coreml::runtime::generate::{GenerateOptions, Generator};
+use hf2coreml::runtime::interp::Options;
+use hf2coreml::testing::python_env;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
+
+/// fp16 compute on Apple's CPU runtime against transformers' f32 logits: the largest
+/// relative RMS error of a position's logits row. The Core ML fp16 packages give 0.001-0.003;
+/// Core AI's CPU kernels keep more of the arithmetic in fp16.
+const MAX_REL_RMS: f32 = 0.01;
+/// Share of positions whose top-1 token equals transformers'. Measured 0.975-1.0 on 40
+/// positions: one near-tie position flips on two fixtures.
+const MIN_TOP1: f32 = 0.95;
+
+fn fixture(arch: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/hf/{arch}"))
+}
+
+fn hf2coreml(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("HF2COREML_PYTHON_ENV", python_env())
+        .output()
+        .unwrap()
+}
+
+fn convert(dir: &Path, out: &Path, flags: &[&str]) {
+    convert_at(dir, out, 64, flags)
+}
+
+fn convert_at(dir: &Path, out: &Path, max_seq_len: usize, flags: &[&str]) {
+    let s = max_seq_len.to_string();
+    let mut args = vec![
+        "convert",
+        dir.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--max-seq-len",
+        &s,
+        "--target",
+        "coreai",
+    ];
+    args.extend_from_slice(flags);
+    let o = hf2coreml(&args);
+    assert!(
+        o.status.success(),
+        "convert {flags:?} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// transformers' tokens and logits for the fixture: a LongRoPE fixture's first tokens, within
+/// the original context a package's fixed RoPE tables are built for.
+fn expected(dir: &Path) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let tokens = j["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let key = if j.get("prefix_logits").is_some() {
+        "prefix_logits"
+    } else {
+        "logits"
+    };
+    let logits: Vec<Vec<f32>> = j[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    let tokens: Vec<u32> = tokens;
+    (tokens[..logits.len()].to_vec(), logits)
+}
+
+/// The asset's logits at every position of `tokens`, stepped by Apple's runtime.
+fn asset_logits(asset: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
+    std::env::set_var("HF2COREML_PYTHON_ENV", python_env());
+    let model = Saved::load(asset, Options::default()).unwrap();
+    assert!(matches!(model, Saved::CoreAi(_)));
+    let mut gen = Generator::new(model).unwrap();
+    let out = gen
+        .generate(
+            tokens,
+            &GenerateOptions {
+                max_new_tokens: 0,
+                record_logits: true,
+                ..GenerateOptions::default()
+            },
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    let rows = out.logits.unwrap();
+    (0..rows.rows())
+        .map(|t| rows.row(t).unwrap().to_vec())
+        .collect()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0
+}
+
+fn fp16_matches_transformers(arch: &str) {
+    let dir = fixture(arch);
+    let tmp = tempfile::tempdir().unwrap();
+    let asset = tmp.path().join(format!("{arch}.aimodel"));
+    let (tokens, want) = expected(&dir);
+    convert_at(
+        &dir,
+        &asset,
+        tokens.len().next_multiple_of(64),
+        &["--keep-fp16", "*"],
+    );
+    assert!(asset.join("metadata.json").is_file());
+    assert!(tmp.path().join(format!("{arch}.report.json")).is_file());
+    let got = asset_logits(&asset, &tokens);
+    assert_eq!(got.len(), want.len());
+    let mut worst = 0f32;
+    let mut top1 = 0;
+    for (g, w) in got.iter().zip(&want) {
+        let err: f32 = g.iter().zip(w).map(|(a, b)| (a - b) * (a - b)).sum();
+        let norm: f32 = w.iter().map(|b| b * b).sum();
+        worst = worst.max((err / norm.max(f32::MIN_POSITIVE)).sqrt());
+        top1 += usize::from(argmax(g) == argmax(w));
+    }
+    let top1 = top1 as f32 / want.len() as f32;
+    eprintln!("{arch}: Core AI fp16, max relative RMS {worst:.2e}, top-1 {top1:.3}");
+    assert!(worst <= MAX_REL_RMS, "{arch}: relative RMS {worst}");
+    assert!(top1 >= MIN_TOP1, "{arch}: top-1 {top1}");
+}
+
+#[test]
+fn gemma3_fp16_asset_matches_transformers() {
+    fp16_matches_transformers("gemma3");
+}
+
+#[test]
+fn phi3_fp16_asset_matches_transformers() {
+    fp16_matches_transformers("phi3");
+}
+
+#[test]
+fn phi3_partial_rotary_fp16_asset_matches_transformers() {
+    fp16_matches_transformers("phi3_partial");
+}
+
+#[test]
+fn qwen3_fp16_asset_matches_transformers() {
+    fp16_matches_transformers("qwen3");
+}
+
+#[test]
+fn smollm3_fp16_asset_matches_transformers() {
+    fp16_matches_transformers("smollm3");
+}
+
+/// A palettized asset (grouped 4-bit LUTs with row scales, packed sub-byte indices) through
+/// `validate`: the report names Apple's runtime and the logits agree with the same recipe's
+/// Core ML package as the interpreter runs it.
+#[test]
+fn validate_runs_a_palettized_asset_on_apples_runtime() {
+    let dir = fixture("qwen3");
+    let tmp = tempfile::tempdir().unwrap();
+    let asset = tmp.path().join("q.aimodel");
+    let package = tmp.path().join("q.mlpackage");
+    convert(&dir, &asset, &["--recipe", "ios18-4bit", "--data-free"]);
+    let o = hf2coreml(&[
+        "convert",
+        dir.to_str().unwrap(),
+        "-o",
+        package.to_str().unwrap(),
+        "--max-seq-len",
+        "64",
+        "--recipe",
+        "ios18-4bit",
+        "--data-free",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = |p: &Path| -> serde_json::Value {
+        let o = hf2coreml(&[
+            "validate",
+            p.to_str().unwrap(),
+            "--against",
+            dir.to_str().unwrap(),
+            "--gate",
+            "kl_mean<=100",
+            "--json",
+        ]);
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", String::from_utf8_lossy(&o.stderr)))
+    };
+    let a = report(&asset);
+    let p = report(&package);
+    assert_eq!(a["runtime"], "Apple Core AI runtime (coreai-core)");
+    assert!(p.get("runtime").is_none());
+    assert!(a["contract"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|i| i["ok"] == true));
+    let kl = |r: &serde_json::Value| r["behaviour"]["kl_mean"].as_f64().unwrap();
+    eprintln!("KL asset {} package {}", kl(&a), kl(&p));
+    assert!(
+        (kl(&a) - kl(&p)).abs() <= 0.05 * kl(&p).max(1e-3),
+        "{a} {p}"
+    );
+}
+
+#[test]
+fn run_generates_from_an_asset() {
+    let dir = fixture("phi3");
+    let tmp = tempfile::tempdir().unwrap();
+    let asset = tmp.path().join("p.aimodel");
+    convert(&dir, &asset, &["--keep-fp16", "*"]);
+    // The fixture has no tokenizer: `run` takes token ids.
+    let o = hf2coreml(&[
+        "run",
+        asset.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn settings_the_backend_does_not_build_are_refused_before_work() {
+    let dir = fixture("qwen3");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = dir.to_str().unwrap();
+    let asset = tmp.path().join("x.aimodel");
+    let a = asset.to_str().unwrap();
+    let pkg = tmp.path().join("x.mlpackage");
+    for (args, says) in [
+        (
+            vec![
+                "convert", d, "-o", a, "--target", "coreai", "--layout", "ane",
+            ],
+            "--layout ane",
+        ),
+        (
+            vec![
+                "convert",
+                d,
+                "-o",
+                a,
+                "--target",
+                "coreai",
+                "--kv-cache",
+                "state",
+            ],
+            "--kv-cache state",
+        ),
+        (
+            vec![
+                "convert",
+                d,
+                "-o",
+                pkg.to_str().unwrap(),
+                "--target",
+                "coreai",
+            ],
+            "must end in .aimodel",
+        ),
+        (vec!["convert", d, "-o", a], "must end in .mlpackage"),
+    ] {
+        let o = hf2coreml(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!asset.exists() && !pkg.exists(), "{args:?} left an output");
+    }
+}
+
+#[test]
+fn gemma3_big_fp16_asset_matches_transformers() {
+    fp16_matches_transformers("gemma3_big");
+}
+
+#[test]
+fn phi3_longrope_fp16_asset_matches_transformers() {
+    fp16_matches_transformers("phi3_longrope");
+}
