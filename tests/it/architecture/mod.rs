@@ -159,7 +159,8 @@ fn the_table_forbids_what_it_should() {
     assert!(allowed["quant"].contains("util"));
     assert!(allowed["error"].is_empty());
     assert!(!allowed["commands"].contains("cli"));
-    assert_eq!(allowed.len(), 22, "{:?}", allowed.keys());
+    assert_eq!(allowed.len(), 24, "{:?}", allowed.keys());
+    assert!(!allowed["aimodel"].contains("emit"));
     let refs = crate_refs(
         "use crate::graph::Graph; x = hf2coreml_crate::y; crate::quant::f(crate::VERSION)",
     );
