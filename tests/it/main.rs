@@ -17,6 +17,7 @@ mod batch;
 mod chain;
 mod cli;
 mod convert;
+mod coreai;
 mod gguf;
 mod interp;
 mod lint;

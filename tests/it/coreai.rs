@@ -11,6 +11,8 @@ use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Options;
 use hf2coreml::testing::python_env;
 
+use crate::support::needs;
+
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
 
 /// fp16 compute on Apple's CPU runtime against transformers' f32 logits: the largest
@@ -90,9 +92,9 @@ fn expected(dir: &Path) -> (Vec<u32>, Vec<Vec<f32>>) {
     (tokens[..logits.len()].to_vec(), logits)
 }
 
-/// The asset's logits at every position of `tokens`, stepped by Apple's runtime.
+/// The asset's logits at every position of `tokens`, stepped by Apple's runtime (found where
+/// `HF2COREML_PYTHON_ENV` points, as `make test` sets it, or at ./.venv).
 fn asset_logits(asset: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
-    std::env::set_var("HF2COREML_PYTHON_ENV", python_env());
     let model = Saved::load(asset, Options::default()).unwrap();
     assert!(matches!(model, Saved::CoreAi(_)));
     let mut gen = Generator::new(model).unwrap();
@@ -154,26 +156,31 @@ fn fp16_matches_transformers(arch: &str) {
 
 #[test]
 fn gemma3_fp16_asset_matches_transformers() {
+    needs!(Python);
     fp16_matches_transformers("gemma3");
 }
 
 #[test]
 fn phi3_fp16_asset_matches_transformers() {
+    needs!(Python);
     fp16_matches_transformers("phi3");
 }
 
 #[test]
 fn phi3_partial_rotary_fp16_asset_matches_transformers() {
+    needs!(Python);
     fp16_matches_transformers("phi3_partial");
 }
 
 #[test]
 fn qwen3_fp16_asset_matches_transformers() {
+    needs!(Python);
     fp16_matches_transformers("qwen3");
 }
 
 #[test]
 fn smollm3_fp16_asset_matches_transformers() {
+    needs!(Python);
     fp16_matches_transformers("smollm3");
 }
 
@@ -182,6 +189,7 @@ fn smollm3_fp16_asset_matches_transformers() {
 /// Core ML package as the interpreter runs it.
 #[test]
 fn validate_runs_a_palettized_asset_on_apples_runtime() {
+    needs!(Python);
     let dir = fixture("qwen3");
     let tmp = tempfile::tempdir().unwrap();
     let asset = tmp.path().join("q.aimodel");
@@ -231,6 +239,7 @@ fn validate_runs_a_palettized_asset_on_apples_runtime() {
 
 #[test]
 fn run_generates_from_an_asset() {
+    needs!(Python);
     let dir = fixture("phi3");
     let tmp = tempfile::tempdir().unwrap();
     let asset = tmp.path().join("p.aimodel");
@@ -249,6 +258,7 @@ fn run_generates_from_an_asset() {
 
 #[test]
 fn settings_the_backend_does_not_build_are_refused_before_work() {
+    needs!(Python);
     let dir = fixture("qwen3");
     let tmp = tempfile::tempdir().unwrap();
     let d = dir.to_str().unwrap();
@@ -298,10 +308,12 @@ fn settings_the_backend_does_not_build_are_refused_before_work() {
 
 #[test]
 fn gemma3_big_fp16_asset_matches_transformers() {
+    needs!(Python);
     fp16_matches_transformers("gemma3_big");
 }
 
 #[test]
 fn phi3_longrope_fp16_asset_matches_transformers() {
+    needs!(Python);
     fp16_matches_transformers("phi3_longrope");
 }
