@@ -260,7 +260,7 @@ pub fn on_python_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'stati
     let job: Job = Box::new(move || {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         // Python (or a module it imported) may have taken over SIGINT: Ctrl-C during the
-        // Rust stages that follow must still stop the run (issue 27, item 16).
+        // Rust stages that follow must still stop the run.
         crate::fsutil::reassert_interrupt_handlers();
         let _ = done_tx.send(r);
     });
