@@ -12,7 +12,7 @@ use hf2coreml::util::{fmt_bytes, fmt_count};
 pub struct Args {
     /// Checkpoint directory (config.json + *.safetensors), a .gguf file (its header only:
     /// no tensor data is read, so an incomplete download works too), or a saved package
-    /// (an .mlpackage, ours or anyone's, or a chain directory).
+    /// (an .mlpackage, ours or anyone's, a chain directory, or a Core AI .aimodel).
     pub dir: PathBuf,
     /// Print the report as JSON.
     #[arg(long)]
@@ -22,6 +22,16 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if hf2coreml::aimodel::is_aimodel(&args.dir) {
+        if args.recipe != super::args::RecipeArgs::default() {
+            anyhow::bail!(
+                "{}: a Core AI asset has its weights stored already: recipe options apply to \
+                 checkpoints",
+                args.dir.display()
+            );
+        }
+        return super::inspect_asset::run(&args.dir, args.json);
+    }
     if is_chain(&args.dir) || args.dir.join("Manifest.json").is_file() {
         if args.recipe != super::args::RecipeArgs::default() {
             anyhow::bail!(

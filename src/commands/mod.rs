@@ -8,6 +8,7 @@ pub mod chat;
 pub mod convert;
 pub mod import_gguf;
 pub mod inspect;
+pub mod inspect_asset;
 pub mod inspect_package;
 pub mod lint;
 pub mod palettize;

@@ -244,6 +244,22 @@ fn run_generates_from_an_asset() {
     let tmp = tempfile::tempdir().unwrap();
     let asset = tmp.path().join("p.aimodel");
     convert(&dir, &asset, &["--keep-fp16", "*"]);
+    // `inspect` describes it as Apple's runtime loads it.
+    let o = hf2coreml(&["inspect", asset.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["functions"][0]["name"], "main");
+    let inputs: Vec<&str> = s["functions"][0]["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        inputs,
+        ["input_ids", "position", "key_cache", "value_cache"]
+    );
+    assert!(s["user_defined"]["hf2coreml.contract"].is_string());
     // The fixture has no tokenizer: `run` takes token ids.
     let o = hf2coreml(&[
         "run",
