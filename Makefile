@@ -151,7 +151,7 @@ bench-convert: build setup model
 # workspace. Each target runs FUZZ_SECONDS (default 180) from seeds built by tools/fuzz_seeds.rs.
 # Needs cargo-fuzz (installed here when missing); nightly, or stable with RUSTC_BOOTSTRAP=1. A crash stops the run
 # and leaves the input in fuzz/artifacts/TARGET/: copy it to tests/fuzz/TARGET/ so
-# tests/it/security/fuzz.rs replays it in `make test`.
+# tests/it/fuzz/mod.rs replays it in `make test`.
 FUZZ_SECONDS ?= 180
 FUZZ_TARGETS := checkpoint gguf mlpackage interp batch
 .PHONY: fuzz

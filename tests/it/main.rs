@@ -6,8 +6,9 @@
 //! start with `needs!(...)`: `make test` provides both and fails a test whose prerequisite is
 //! missing; a plain `cargo test` without them skips those tests and says so in one line.
 //!
-//! One test has a binary of its own: tests/chat_template_files.rs changes the working
-//! directory of its process.
+//! Two test binaries stand beside this one, each saying why at its top: tests/security (hostile
+//! inputs, whose children's peak memory is measured with wait4, which counts the spawning
+//! process's own size) and tests/chat_template_files.rs (it changes the working directory).
 
 mod support;
 
@@ -18,6 +19,7 @@ mod chain;
 mod cli;
 mod convert;
 mod coreai;
+mod fuzz;
 mod gguf;
 mod interp;
 mod lint;
@@ -26,6 +28,5 @@ mod quant;
 mod real;
 mod reference;
 mod runtime;
-mod security;
 mod state;
 mod validate;

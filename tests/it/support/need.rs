@@ -125,7 +125,7 @@ pub fn available(needs: &[Need]) -> bool {
             // Straight to stderr: libtest would hide eprintln! output of a passing test.
             let _ = writeln!(
                 std::io::stderr(),
-                "hf2coreml tests: missing {}: the tests that need it pass without running; \
+                "hf2coreml tests: missing {}: the tests that need them pass without running; \
                  run `make test`, which sets everything up and runs them all",
                 missing.join(", ")
             );

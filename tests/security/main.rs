@@ -1,19 +1,28 @@
 //! Hostile inputs through the binary, by what they attack: checkpoints, GGUF files, packages,
-//! outputs, the options of a run, the terminal; killed runs (`interrupts`), the memory bound of
-//! `convert` and `validate` (`memory`) and the inputs that once crashed a fuzz target (`fuzz`).
+//! outputs, the options of a run, the terminal; and killed runs (`interrupts`). (The memory
+//! bound of `convert` and `validate` is tests/it's convert::memory, the inputs that once crashed
+//! a fuzz target are replayed by its `fuzz`.)
 //!
 //! Every case runs under a timeout with its peak memory measured (wait4's ru_maxrss of that
 //! one child): it must exit with the documented code, never panic, abort or hang, stay under
 //! 1 GiB, and leave nothing behind. The hostile inputs are built in code.
 //!
-//! (The chat template's sandbox is in its own test binary, tests/chat_template_files.rs: it
+//! A test binary of its own, beside tests/it: on Linux a child's ru_maxrss starts from the peak
+//! resident size of the process that spawned it (exec keeps the old address space's high-water
+//! mark), and tests/it grows to about 1 GiB (the real model's reference runs in it), which would
+//! be measured as every child's peak. So nothing here may grow this process: inputs are small
+//! or written piece by piece, and a test that builds a large input in process belongs in
+//! tests/it. (The chat template's sandbox is a third binary, tests/chat_template_files.rs: it
 //! changes the process's working directory.)
 
+// tests/it's support module, shared: this binary uses part of it.
+#[allow(dead_code, unused_imports)]
+#[path = "../it/support/mod.rs"]
+mod support;
+
 mod checkpoints;
-mod fuzz;
 mod gguf;
 mod interrupts;
-mod memory;
 mod options;
 mod outputs;
 mod packages;

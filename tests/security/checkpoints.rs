@@ -3,7 +3,7 @@
 //! case exits 2 with a message naming the file and the problem, never panics, and leaves no
 //! output behind.
 //!
-//! Cases covered elsewhere are not repeated: cli::checkpoint (missing config, pickle-only,
+//! Cases covered in tests/it are not repeated: cli::checkpoint (missing config, pickle-only,
 //! unknown architecture, heads not dividing, truncated file, missing shard, missing tensor,
 //! wrong shape, unsupported dtype), mlpackage (library-level package errors), gguf::import and
 //! gguf::cli (GGUF metadata and tensors).
