@@ -101,7 +101,11 @@ test: setup
 	$(MAKE) --no-print-directory model
 	$(MAKE) --no-print-directory gguf-7b-head
 	$(MAKE) --no-print-directory lint
-	$(CARGO) test --locked
+	$(CARGO) test --locked --lib --bins --test it --test chat_template_files
+	$(CARGO) test --locked --doc
+	# One test at a time: each hostile run's peak memory is measured from its child, whose
+	# ru_maxrss starts at this process's peak, which tests building inputs side by side raise.
+	$(CARGO) test --locked --test security -- --test-threads=1
 
 fmt:
 	$(CARGO) fmt

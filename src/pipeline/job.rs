@@ -288,12 +288,12 @@ impl Job {
     pub fn check(&self) -> Result<(), JobError> {
         check_shape(self.max_seq_len, self.query_len)?;
         let p = &self.package;
-        check_target_output(p, &self.output)?;
         crate::graph::decoder::check_kv_cache(p.kv_cache, p.target, p.layout, true)
             .map_err(ConvertError::Graph)?;
         self.prefill_len()?;
         crate::fsutil::refuse_output_over_input(&self.source, &self.output)
             .map_err(JobError::Unwritable)?;
+        check_target_output(p, &self.output)?;
         Outputs::for_package(&self.output)?;
         // Refuse an output that cannot be written before minutes of work, not after.
         crate::fsutil::check_writable(&self.output).map_err(JobError::Unwritable)?;
