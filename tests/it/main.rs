@@ -6,6 +6,9 @@
 //! start with `needs!(...)`: `make test` provides both and fails a test whose prerequisite is
 //! missing; a plain `cargo test` without them skips those tests and says so in one line.
 //!
+//! proptest keeps the failing cases it finds beside this crate's root, in
+//! tests/proptest-regressions/<module path>.txt: commit them, they are replayed first.
+//!
 //! Two test binaries stand beside this one, each saying why at its top: tests/security (hostile
 //! inputs, whose children's peak memory is measured with wait4, which counts the spawning
 //! process's own size) and tests/chat_template_files.rs (it changes the working directory).
