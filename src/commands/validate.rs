@@ -48,9 +48,19 @@ pub struct Args {
     /// modulo the vocabulary, as `convert` calibrates).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// Also run the package's program on another runtime and compare the two, op by op where
+    /// they differ most (`coreai`: Apple's Core AI runtime from the Python environment).
+    #[arg(long, value_enum, value_name = "RUNTIME")]
+    pub cross_check: Option<CrossCheckArg>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CrossCheckArg {
+    /// Apple's Core AI runtime (coreai-core).
+    Coreai,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -99,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         max_tokens: args.max_tokens,
         reference_budget: args.reference_budget,
+        cross_check: args.cross_check.is_some(),
     };
     let bars = crate::printer::Bars::default();
     let report = validate_with_progress(&args.package, &ckpt, &opts, &bars)
@@ -112,6 +123,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             map.insert("contract_ok".into(), report.contract_ok().into());
             map.insert("overflow".into(), report.overflowed().into());
             map.insert("gates_ok".into(), report.gates_ok().into());
+            if report.cross_check.is_some() {
+                map.insert("cross_check_ok".into(), report.cross_check_ok().into());
+            }
         }
         super::print_json(&value)?;
     } else {
@@ -119,11 +133,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if !report.passed() {
         return Err(CheckFailed(format!(
-            "{} failed validation (contract ok: {}, overflow: {}, gates ok: {})",
+            "{} failed validation (contract ok: {}, overflow: {}, gates ok: {}{})",
             args.package.display(),
             report.contract_ok(),
             report.overflowed(),
-            report.gates_ok()
+            report.gates_ok(),
+            if report.cross_check.is_some() {
+                format!(", runtimes agree: {}", report.cross_check_ok())
+            } else {
+                String::new()
+            }
         ))
         .into());
     }

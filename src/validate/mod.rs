@@ -1,8 +1,10 @@
 //! Validation: how closely a package follows its checkpoint. The metrics and gates here are
 //! pure functions over logits and weights; the `validate` command feeds them the package run
-//! by the interpreter and the [`crate::model`] forward pass.
+//! by the interpreter and the [`crate::model`] forward pass; [`crosscheck`] sets Apple's Core AI
+//! runtime beside the interpreter on the same program.
 
 mod coreai;
+pub mod crosscheck;
 pub mod functions;
 pub mod gates;
 pub mod metrics;

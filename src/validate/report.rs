@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use super::crosscheck::CrossCheck;
 use super::gates::{Gate, GateResult};
 use super::metrics::{LogitComparison, WeightError};
 use crate::lint::LintReport;
@@ -50,6 +51,9 @@ pub struct ValidationReport {
     /// Neural Engine readiness (`hf2coreml lint`): reported, not gated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lint: Option<LintReport>,
+    /// The same program on Apple's Core AI runtime (`--cross-check coreai`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_check: Option<CrossCheck>,
 }
 
 impl ValidationReport {
@@ -66,6 +70,7 @@ impl ValidationReport {
             activations: Vec::new(),
             gates: Vec::new(),
             lint: None,
+            cross_check: None,
         }
     }
 
@@ -92,9 +97,14 @@ impl ValidationReport {
         self.gates.iter().all(|g| g.passed)
     }
 
-    /// Every check passed: contract, no inf/NaN, every gate.
+    /// The cross-check, when asked for, found the two runtimes in agreement.
+    pub fn cross_check_ok(&self) -> bool {
+        self.cross_check.as_ref().map_or(true, |x| x.passed)
+    }
+
+    /// Every check passed: contract, no inf/NaN, every gate, the cross-check when asked for.
     pub fn passed(&self) -> bool {
-        self.contract_ok() && !self.overflowed() && self.gates_ok()
+        self.contract_ok() && !self.overflowed() && self.gates_ok() && self.cross_check_ok()
     }
 
     /// The human-readable report.
@@ -219,6 +229,9 @@ impl ValidationReport {
                 );
             }
         }
+        if let Some(x) = &self.cross_check {
+            render_cross_check(&mut s, x);
+        }
         let verdict = if self.passed() {
             "PASSED".to_string()
         } else {
@@ -232,10 +245,70 @@ impl ValidationReport {
             if !self.gates_ok() {
                 why.push("gates");
             }
+            if !self.cross_check_ok() {
+                why.push("cross-check");
+            }
             format!("FAILED ({})", why.join(", "))
         };
         let _ = writeln!(s, "\n{verdict}");
         s
+    }
+}
+
+fn render_cross_check(s: &mut String, x: &CrossCheck) {
+    let _ = writeln!(
+        s,
+        "\ncross-check  {}, {} positions: {}",
+        x.runtime,
+        x.positions,
+        if x.passed { "agree" } else { "DISAGREE" }
+    );
+    let row = |s: &mut String, what: &str, a: &super::crosscheck::Agreement| {
+        let _ = writeln!(
+            s,
+            "  {what:<26} KL mean {:.3e}  KL max {:.3e}  top-1 {:.4}  max |Δlogit| {:.4}",
+            a.kl_mean, a.kl_max, a.top1, a.max_abs_dlogit
+        );
+    };
+    row(s, "interpreter vs reference", &x.interpreter_vs_reference);
+    row(s, "Core AI vs reference", &x.coreai_vs_reference);
+    row(s, "Core AI vs interpreter", &x.coreai_vs_interpreter);
+    let _ = writeln!(
+        s,
+        "  top-1 over the {} decisive positions (margin above the row's |Δlogit|): {:.4}",
+        x.decisive_positions, x.decisive_top1
+    );
+    let _ = writeln!(
+        s,
+        "  agreement needs KL(Core AI ‖ interpreter) mean <= {:.0e} and decisive top-1 >= {}",
+        x.max_kl, x.min_top1
+    );
+    let p = &x.probe;
+    let _ = writeln!(
+        s,
+        "  position {}: {} values compared op by op ({} left out), {} beyond fp16 rounding \
+         (relative RMS > {:.0e})",
+        p.position, p.compared, p.skipped, p.beyond_count, p.tolerance
+    );
+    let line = |s: &mut String, d: &super::crosscheck::OpDifference| {
+        let _ = writeln!(
+            s,
+            "    #{:<5} {:<16} {:<40} rel {:.2e}  max |Δ| {:.3e} at {}: {} vs {}",
+            d.index, d.op, d.output, d.rel_rms, d.max_abs, d.at, d.interpreter, d.coreai
+        );
+    };
+    if !p.beyond.is_empty() {
+        let _ = writeln!(
+            s,
+            "  first ops beyond (op index, op, value, interpreter vs Core AI):"
+        );
+        for d in &p.beyond {
+            line(s, d);
+        }
+    }
+    if let Some(d) = p.largest.first() {
+        let _ = writeln!(s, "  largest difference:");
+        line(s, d);
     }
 }
 

@@ -23,7 +23,7 @@ use crate::progress::Progress;
 use crate::runtime::chain::Saved;
 use crate::runtime::generate::GenerateError;
 use crate::runtime::generate::{GenerateOptions, Generator};
-use crate::runtime::interp::{Options, Stats};
+use crate::runtime::interp::{Compute, Options, Stats};
 use crate::runtime::{RuntimeError, StepModel, StepOutput};
 
 /// Why validation could not run to a verdict (a failed gate is not an error: it is in the
@@ -55,6 +55,11 @@ pub enum ValidateError {
     },
     #[error("the evaluation text has fewer than 2 tokens")]
     TextTooShort,
+    /// `--cross-check` refused, or the cross-check could not run.
+    #[error("cross-check: {0}")]
+    CrossCheck(String),
+    #[error(transparent)]
+    Emit(#[from] crate::emit::EmitError),
     #[error("the generator recorded no logits")]
     NoLogits,
     #[error("package weight `{package}` has {got} elements, checkpoint tensor `{tensor}` has {expected}")]
@@ -83,6 +88,9 @@ pub struct ValidateOptions<'a> {
     /// f32 weights above which the reference runs block by block
     /// ([`crate::model::layerwise::REFERENCE_BUDGET`] by default; 0: always).
     pub reference_budget: u64,
+    /// Also run the package's program on Apple's Core AI runtime and compare
+    /// ([`super::crosscheck`]).
+    pub cross_check: bool,
 }
 
 /// A package (or chain) step that also collects range statistics.
@@ -167,6 +175,9 @@ pub fn validate_with_progress(
     progress: &dyn Progress,
 ) -> Result<ValidationReport, ValidateError> {
     let package = Saved::load(pkg_path, opts.interp)?;
+    if opts.cross_check {
+        super::crosscheck::check_request(&package, opts.interp.compute == Compute::F32)?;
+    }
     if let Saved::CoreAi(model) = &package {
         return super::coreai::validate_asset(pkg_path, model, &package, ckpt, opts, progress);
     }
@@ -232,6 +243,11 @@ pub fn validate_with_progress(
         opts.gates.clone()
     };
     report.set_behaviour(comparison, &gates);
+    if opts.cross_check {
+        report.cross_check = Some(super::crosscheck::cross_check(
+            &package, &tokens, &expected, &got, progress,
+        )?);
+    }
     Ok(report)
 }
 

@@ -22,6 +22,7 @@ mod chain;
 mod cli;
 mod convert;
 mod coreai;
+mod crosscheck;
 mod fuzz;
 mod gguf;
 mod interp;

@@ -504,6 +504,7 @@ fn validation(
         },
         max_tokens: spec.max_tokens,
         reference_budget: crate::model::layerwise::REFERENCE_BUDGET,
+        cross_check: false,
     };
     let r = validate(&outputs.package, &opened.ckpt, &opts).map_err(|source| {
         ExportError::Validate {

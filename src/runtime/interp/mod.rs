@@ -13,11 +13,13 @@
 //! deciding which weights stay packed ([`packed`]) and [`liveness`] when each value is freed;
 //! [`run`] executes it with the kernels of [`ops`] (over [`kernels`] and [`tensor`], within
 //! [`limits`]) and the Core ML states of [`state`]; [`package`] wraps a saved package's
-//! functions and contract; [`consts`] reads constants back by name.
+//! functions and contract; [`consts`] reads constants back by name; [`lift`] turns a program
+//! back into a graph another backend can replay.
 
 mod constexpr;
 mod consts;
 mod kernels;
+mod lift;
 pub mod limits;
 mod liveness;
 mod loader;
@@ -36,6 +38,7 @@ use crate::mil::DType;
 use crate::mlpackage::PackageError;
 pub use consts::ConstantReader;
 use kernels::{scan_f16, scan_f32};
+pub use lift::Lifted;
 pub(crate) use package::{check_step, concat_rows};
 pub use package::{Function, Package};
 pub use program::Program;

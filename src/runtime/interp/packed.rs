@@ -112,6 +112,11 @@ impl Packed {
         (self.rows() as u64).saturating_mul(self.cols() as u64) * 4
     }
 
+    /// The blob's bytes as the weight file holds them.
+    pub(super) fn blob(&self) -> Result<&[u8], crate::mlpackage::PackageError> {
+        self.file.record(self.offset).map(|r| r.data)
+    }
+
     /// The blob's bytes (checked when the weight was made; the map does not change).
     fn bytes(&self) -> OpResult<&[u8]> {
         self.file

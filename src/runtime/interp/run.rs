@@ -12,6 +12,9 @@ use super::{Data, Program, RuntimeError, States, Stats, Tensor};
 use crate::mil::{DType, Op};
 use crate::mlpackage::TensorTypeInfo;
 
+/// What [`Program::run_traced`] hands every value to.
+pub type Tracer<'a> = dyn FnMut(&str, &Tensor) + 'a;
+
 impl Program {
     /// Run once. `inputs` must hold every declared input with its declared shape; a float
     /// input may be given as f32 or fp16 data. Returns the block outputs by name. A program
@@ -50,7 +53,7 @@ impl Program {
         for (v, (_, s, _)) in states.values.iter_mut().zip(&self.states) {
             env[*s] = v.take();
         }
-        let result = self.run_env(inputs, &mut env, stats);
+        let result = self.run_env(inputs, &mut env, stats, None);
         for (v, (_, s, _)) in states.values.iter_mut().zip(&self.states) {
             *v = env[*s].take();
         }
@@ -60,11 +63,27 @@ impl Program {
         result
     }
 
+    /// Run once on fresh states, handing every value an op produces to `trace` (its name and
+    /// the value as the next op reads it) before the program moves on.
+    pub fn run_traced(
+        &self,
+        inputs: Vec<(&str, Tensor)>,
+        trace: &mut Tracer<'_>,
+    ) -> Result<HashMap<String, Tensor>, RuntimeError> {
+        let mut states = self.new_states();
+        let mut env: Vec<Option<Arc<Tensor>>> = vec![None; self.n_slots];
+        for (v, (_, s, _)) in states.values.iter_mut().zip(&self.states) {
+            env[*s] = v.take();
+        }
+        self.run_env(inputs, &mut env, None, Some(trace))
+    }
+
     fn run_env(
         &self,
         inputs: Vec<(&str, Tensor)>,
         env: &mut [Option<Arc<Tensor>>],
         mut stats: Option<&mut Stats>,
+        mut trace: Option<&mut Tracer<'_>>,
     ) -> Result<HashMap<String, Tensor>, RuntimeError> {
         for (s, t) in &self.consts {
             env[*s] = Some(t.clone());
@@ -143,6 +162,9 @@ impl Program {
                 if let Some(st) = stats.as_deref_mut() {
                     let nanos = started.map_or(0, |s| s.elapsed().as_nanos() as u64);
                     st.record(ins.op.name(), &t, nanos);
+                }
+                if let Some(f) = trace.as_deref_mut() {
+                    f(name, &t);
                 }
                 env[*s] = Some(Arc::new(t));
             }
