@@ -1,5 +1,5 @@
 //! What the fuzz targets (fuzz/, `make fuzz`) do with one input, here so that the normal test
-//! suite replays every input that ever crashed a target (tests/fuzz_regressions.rs) through
+//! suite replays every input that ever crashed a target (tests/it/fuzz/mod.rs) through
 //! exactly the same code. Each function feeds hostile bytes to a reader and walks whatever it
 //! accepts; returning at all is the property under test (errors are expected, panics, hangs and
 //! huge allocations are bugs). Each returns whether the input was accepted all the way, so the

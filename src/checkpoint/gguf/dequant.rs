@@ -2,7 +2,7 @@
 //!
 //! Every formula follows ggml's reference dequantizers (`ggml-quants.c`, `dequantize_row_*`)
 //! in the order gguf-py evaluates them in f32 (the scale products first, then the value), so
-//! the results agree with gguf-py bit for bit (tests/gguf_dequant.rs checks every type).
+//! the results agree with gguf-py bit for bit (tests/it/gguf/dequant.rs checks every type).
 
 use half::f16;
 

@@ -199,7 +199,7 @@ pub(super) fn row_parts(
     let rows = widths.iter().map(|&r| r * cols);
     let datas: Vec<ConstData> = match w {
         // The first part keeps the table's own allocation (truncated), so the split holds the
-        // table once plus the other parts, not two whole copies (tests/resources.rs).
+        // table once plus the other parts, not two whole copies (tests/it/convert/memory.rs).
         Weight::Dense(mut v) => {
             let first = (widths[0] * cols).min(v.len());
             let rest: Vec<ConstData> = split(&v[first..], rows.skip(1))
