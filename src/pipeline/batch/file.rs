@@ -686,7 +686,10 @@ impl Ctx<'_> {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                file.strip_suffix(".mlpackage").unwrap_or(&file).to_string()
+                file.strip_suffix(".mlpackage")
+                    .or_else(|| file.strip_suffix(".aimodel"))
+                    .unwrap_or(&file)
+                    .to_string()
             }
         };
         Ok((name, output_path))

@@ -672,3 +672,30 @@ fn batch_recipes_carry_the_layout() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("layout"), "{}", text(&o));
 }
+
+/// `target = "coreai"` in a batch recipe: the export is an `.aimodel`, named after it,
+/// validated on Apple's runtime, and up to date on a second run.
+#[test]
+fn a_core_ai_export_converts_validates_and_is_up_to_date_on_a_second_run() {
+    needs!(Python);
+    let batch = r#"
+[[export]]
+model = "tiny"
+output = "out/ai.aimodel"
+max_seq_len = 16
+recipe = { default = "fp16", target = "coreai" }
+validate = { max_tokens = 12 }
+"#;
+    let root = setup(batch);
+    let dir = root.path();
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "a.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let a = report(&dir.join("a.json"));
+    assert_eq!(statuses(&a), [("ai".to_string(), "converted".to_string())]);
+    assert!(dir.join("out/ai.aimodel/metadata.json").is_file());
+    assert!(dir.join("out/ai.report.json").is_file());
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "b.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let b = report(&dir.join("b.json"));
+    assert_eq!(statuses(&b), [("ai".to_string(), "up-to-date".to_string())]);
+}
