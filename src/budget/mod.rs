@@ -103,7 +103,13 @@ pub enum SizeError {
     UnknownUnit { unit: String, text: String },
     #[error("`{0}` is not a size")]
     OutOfRange(String),
+    #[error("`{0}` is beyond the largest size hf2coreml plans with (8 PiB)")]
+    TooLarge(String),
 }
+
+/// The largest size a flag may give: 2^53 bytes (8 PiB), below which every byte count is
+/// exact in the f64 arithmetic of the plans and their differences fit an i64.
+pub const MAX_SIZE: u64 = 1 << 53;
 
 /// Parse a size such as `3.0 GiB`, `150 MiB`, `6GB` or a plain byte count.
 pub fn parse_size(s: &str) -> Result<u64, SizeError> {
@@ -134,7 +140,11 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     if !(num.is_finite() && num >= 0.0) {
         return Err(SizeError::OutOfRange(s.to_string()));
     }
-    Ok((num * mult).round() as u64)
+    let bytes = (num * mult).round();
+    if bytes > MAX_SIZE as f64 {
+        return Err(SizeError::TooLarge(s.to_string()));
+    }
+    Ok(bytes as u64)
 }
 
 /// The device table.
@@ -453,6 +463,16 @@ mod tests {
         assert_eq!(parse_size("1024").unwrap(), 1024);
         assert!(parse_size("3 parsecs").is_err());
         assert!(parse_size("lots").is_err());
+        // Beyond what the plans compute with: refused, not saturated.
+        assert_eq!(parse_size(&MAX_SIZE.to_string()).unwrap(), MAX_SIZE);
+        assert!(matches!(
+            parse_size("99999999999999999999"),
+            Err(SizeError::TooLarge(_))
+        ));
+        assert!(matches!(
+            parse_size("9000000 GiB"),
+            Err(SizeError::TooLarge(_))
+        ));
     }
 
     #[test]

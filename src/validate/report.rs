@@ -275,7 +275,7 @@ fn render_cross_check(s: &mut String, x: &CrossCheck) {
     row(s, "Core AI vs interpreter", &x.coreai_vs_interpreter);
     let _ = writeln!(
         s,
-        "  top-1 over the {} decisive positions (margin above the row's |Δlogit|): {:.4}",
+        "  top-1 over the {} decisive positions (margin above twice the row's RMS Δlogit): {:.4}",
         x.decisive_positions, x.decisive_top1
     );
     let _ = writeln!(

@@ -145,7 +145,16 @@ fn runtimes_agree_on_palettized_packages() {
     let tmp = tempfile::tempdir().unwrap();
     for (name, flags) in [
         ("ios17", vec!["--recipe", "data-free-4bit"]),
-        ("ios18", vec!["--recipe", "ios18-4bit", "--data-free"]),
+        (
+            "ios18",
+            vec![
+                "--recipe",
+                "ios18-4bit",
+                "--data-free",
+                "--prefill-len",
+                "0",
+            ],
+        ),
     ] {
         let pkg = tmp.path().join(format!("{name}.mlpackage"));
         convert(&dir, &pkg, &flags);

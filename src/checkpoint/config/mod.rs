@@ -341,6 +341,15 @@ impl ModelSpec {
                 format!("rms_norm_eps ({rms_norm_eps}) must be a non-negative number").into(),
             );
         }
+        // The epsilon is a constant of the package: beyond fp16's largest value it is +inf
+        // there, and every normalized activation 0.
+        if rms_norm_eps > f64::from(half::f16::MAX) {
+            return Err(format!(
+                "rms_norm_eps ({rms_norm_eps}) is beyond fp16's largest value (65504), which \
+                 the package computes in"
+            )
+            .into());
+        }
         let max_position_embeddings = positions(raw.max_position_embeddings)?;
         check_unhonoured(&raw, architecture)?;
         let partial_rotary_dim = partial_rotary_dim(&raw, rope_params, architecture, head_dim)?;
@@ -368,6 +377,20 @@ impl ModelSpec {
             _ => (None, sliding_window(&raw)?),
         };
         let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
+        let bos_token_id = token_ids(&raw.bos_token_id).first().copied();
+        let eos_token_ids = token_ids(&raw.eos_token_id);
+        for (field, id) in bos_token_id
+            .iter()
+            .map(|id| ("bos_token_id", id))
+            .chain(eos_token_ids.iter().map(|id| ("eos_token_id", id)))
+        {
+            if *id as usize >= vocab_size {
+                return Err(format!(
+                    "{field} ({id}) is outside the vocabulary (vocab_size {vocab_size})"
+                )
+                .into());
+            }
+        }
         Ok(ModelSpec {
             architecture,
             num_hidden_layers,
@@ -387,8 +410,8 @@ impl ModelSpec {
             max_position_embeddings,
             attention_bias,
             dtype,
-            bos_token_id: token_ids(&raw.bos_token_id).first().copied(),
-            eos_token_ids: token_ids(&raw.eos_token_id),
+            bos_token_id,
+            eos_token_ids,
             sliding_window,
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
             no_rope_layers,
@@ -527,6 +550,39 @@ mod tests {
       "num_attention_heads":9,"num_hidden_layers":30,"num_key_value_heads":3,"vocab_size":49152,
       "rms_norm_eps":1e-5,"rope_theta":100000.0,"rope_scaling":null,"tie_word_embeddings":true,
       "torch_dtype":"bfloat16","max_position_embeddings":8192,"bos_token_id":1,"eos_token_id":2}"#;
+
+    #[test]
+    fn special_tokens_outside_the_vocabulary_and_an_epsilon_fp16_cannot_hold_are_refused() {
+        for (from, to, says) in [
+            (
+                r#""bos_token_id":1"#,
+                r#""bos_token_id":49152"#,
+                "bos_token_id (49152)",
+            ),
+            (
+                r#""eos_token_id":2"#,
+                r#""eos_token_id":[2, 99999]"#,
+                "eos_token_id (99999)",
+            ),
+            (
+                r#""rms_norm_eps":1e-5"#,
+                r#""rms_norm_eps":1e300"#,
+                "rms_norm_eps",
+            ),
+            (
+                r#""rms_norm_eps":1e-5"#,
+                r#""rms_norm_eps":1e5"#,
+                "beyond fp16",
+            ),
+        ] {
+            let e = ModelSpec::from_config_str(&V4.replace(from, to)).unwrap_err();
+            assert!(e.to_string().contains(says), "{to}: {e}");
+        }
+        assert!(ModelSpec::from_config_str(
+            &V4.replace(r#""rms_norm_eps":1e-5"#, r#""rms_norm_eps":0.5"#)
+        )
+        .is_ok());
+    }
 
     #[test]
     fn transformers4_config() {

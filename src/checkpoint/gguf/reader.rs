@@ -318,6 +318,10 @@ impl GgufFile {
             let key = h.string("a metadata key")?;
             let ty = h.u32(&key)?;
             let value = h.value(ty, 0, &key)?;
+            // gguf-py refuses a repeated key; taking either value would be a guess.
+            if metadata.contains_key(&key) {
+                return Err(h.malformed(format!("metadata key `{key}` appears twice")));
+            }
             metadata.insert(key, value);
         }
         let mut infos = Vec::with_capacity(n_tensors as usize);

@@ -1,7 +1,11 @@
 //! One block's self-attention: q/k/v projections (with Qwen2's biases), heads, Qwen3's
 //! per-head q/k norms, rotate-half RoPE (not in SmolLM3's NoPE blocks; on the leading part of
-//! each head with Phi-4-mini's partial RoPE), the layer's cache rows joined with the new keys and values, GQA expansion, scaled
-//! dot-product attention under the shared mask, and the o projection.
+//! each head with Phi-4-mini's partial RoPE), the layer's cache rows joined with the new keys
+//! and values, scaled dot-product attention under the shared mask, and the o projection.
+//!
+//! Grouped-query attention reads each key/value head once: the G query heads that share it are
+//! stacked as rows ([1, H, Q, D] → [1, Hkv, G·Q, D], a reshape) and multiplied with the
+//! unrepeated cache rows, so no copy of the cache is made per query head.
 
 use super::linear::{Projections, Weights};
 use super::{Dims, Shared};
@@ -46,8 +50,6 @@ pub(super) fn attention(
     );
     let keys = join(b, &kc, &k, &format!("{tag}_keys"));
     let values = join(b, &vc, &v, &format!("{tag}_values"));
-    let keys = expand_kv(b, &keys, dims, &format!("{tag}_keys"));
-    let values = expand_kv(b, &values, dims, &format!("{tag}_values"));
     let mask = match (&shared.local, shared.sliding[l]) {
         (Some((_, _, window_mask)), true) => window_mask,
         _ => &shared.mask,
@@ -242,36 +244,26 @@ fn join(b: &mut Builder, cached: &str, new: &str, name: &str) -> String {
     )
 }
 
-/// [1, Hkv, N, D] → [1, Hkv·g, N, D], query head i reading key/value head i / g.
-fn expand_kv(b: &mut Builder, x: &str, dims: &Dims, name: &str) -> String {
-    let (hkv, groups, n, d) = (dims.hkv, dims.h / dims.hkv, dims.s + dims.q, dims.d);
-    if groups == 1 {
-        return x.to_string();
+/// The masks as the grouped scores [1, Hkv, G·Q, N] read them: their Q rows once per query
+/// head of a group (G·Q rows, once for the whole step). With Q = 1 or without grouping the
+/// [Q, N] masks broadcast as they are and nothing is made.
+pub(super) fn group_masks(b: &mut Builder, shared: &mut Shared) {
+    let dims = &shared.dims;
+    let groups = dims.h / dims.hkv;
+    if groups == 1 || dims.q == 1 {
+        return;
     }
-    let r = b.op(
-        Op::Reshape,
-        &format!("{name}_grouped"),
-        vec![
-            ("x", var(x)),
-            ("shape", ints(&[1, hkv as i64, 1, n as i64, d as i64])),
-        ],
-    );
-    let t = b.op(
-        Op::Tile,
-        &format!("{name}_tiled"),
-        vec![("x", var(&r)), ("reps", ints(&[1, 1, groups as i64, 1, 1]))],
-    );
-    b.op(
-        Op::Reshape,
-        &format!("{name}_expanded"),
-        vec![
-            ("x", var(&t)),
-            (
-                "shape",
-                ints(&[1, (hkv * groups) as i64, n as i64, d as i64]),
-            ),
-        ],
-    )
+    let mut tile = |m: &str, name: &str| {
+        b.op(
+            Op::Tile,
+            name,
+            vec![("x", var(m)), ("reps", ints(&[groups as i64, 1]))],
+        )
+    };
+    shared.mask = tile(&shared.mask, "mask_grouped");
+    if let Some((_, _, window)) = &mut shared.local {
+        *window = tile(window, "window_mask_grouped");
+    }
 }
 
 /// softmax(q·kᵀ + mask)·v, heads merged back: [1, Q, H·D].
@@ -284,11 +276,23 @@ fn attend(
     dims: &Dims,
     tag: &str,
 ) -> String {
+    let groups = dims.h / dims.hkv;
+    let grouped_q = (groups * dims.q) as i64;
+    let (hkv, q, d) = (dims.hkv as i64, dims.q as i64, dims.d as i64);
+    let qs = if groups == 1 {
+        qs.to_string()
+    } else {
+        b.op(
+            Op::Reshape,
+            &format!("{tag}_q_grouped"),
+            vec![("x", var(qs)), ("shape", ints(&[1, hkv, grouped_q, d]))],
+        )
+    };
     let scores = b.op(
         Op::Matmul,
         &format!("{tag}_scores"),
         vec![
-            ("x", var(qs)),
+            ("x", var(&qs)),
             ("y", var(keys)),
             ("transpose_x", Arg::Bool(false)),
             ("transpose_y", Arg::Bool(true)),
@@ -314,6 +318,15 @@ fn attend(
             ("transpose_y", Arg::Bool(false)),
         ],
     );
+    let ctx = if groups == 1 {
+        ctx
+    } else {
+        b.op(
+            Op::Reshape,
+            &format!("{tag}_context_heads"),
+            vec![("x", var(&ctx)), ("shape", ints(&[1, dims.h as i64, q, d]))],
+        )
+    };
     let ctx = b.op(
         Op::Transpose,
         &format!("{tag}_context_bqhd"),
@@ -324,7 +337,7 @@ fn attend(
         &format!("{tag}_context_flat"),
         vec![
             ("x", var(&ctx)),
-            ("shape", ints(&[1, dims.q as i64, (dims.h * dims.d) as i64])),
+            ("shape", ints(&[1, q, (dims.h * dims.d) as i64])),
         ],
     )
 }

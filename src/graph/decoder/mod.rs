@@ -5,8 +5,8 @@
 //! Inputs and outputs follow the package contract (docs/contract.md) exactly. What the graph is
 //! made of follows docs/reference/mil-ops.md, "A decode step in iOS17 MIL": gathered RoPE
 //! tables, the cache mask from `less(arange(S), position)` → `select` → `tile`, concatenated
-//! with a constant causal block ([`mask`]); per-layer `slice_by_index` of the caches; GQA by
-//! reshape → tile → reshape; rotate-half RoPE with `split` + `concat` ([`attention`]); the
+//! with a constant causal block ([`mask`]); per-layer `slice_by_index` of the caches; GQA with
+//! the query heads of a group stacked as rows against the unrepeated cache; rotate-half RoPE with `split` + `concat` ([`attention`]); the
 //! gated MLP ([`mlp`]); projections over dense, palettized or calibrated weights ([`linear`]);
 //! the key/value updates as a `concat` of per-layer rows along axis 0.
 //!
@@ -281,7 +281,8 @@ pub fn build_part(
     let (shared, state) = if part.layers.is_empty() {
         (None, None)
     } else {
-        let (shared, state) = shared_inputs(&mut b, spec, dims, part, alpha, opts);
+        let (mut shared, state) = shared_inputs(&mut b, spec, dims, part, alpha, opts);
+        attention::group_masks(&mut b, &mut shared);
         (Some(shared), state)
     };
     let (mut x, mut head) = if part.embedding {
@@ -709,8 +710,8 @@ mod tests {
             assert_eq!(c.unwrap().source.as_deref(), Some(slot.name.as_str()));
         }
         assert_eq!(g.count_ops(Op::Softmax), spec.num_hidden_layers);
-        // GQA 4/2: keys and values are expanded with a tile per layer; the mask tile is one more.
-        assert_eq!(g.count_ops(Op::Tile), 2 * spec.num_hidden_layers + 1);
+        // GQA 4/2 reads the unrepeated cache: the one tile is the cache mask's rows.
+        assert_eq!(g.count_ops(Op::Tile), 1);
     }
 
     #[test]

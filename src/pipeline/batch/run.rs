@@ -391,7 +391,8 @@ pub fn run_one(
     let outputs = Outputs::for_package(&export.output)?;
     let recorded = Inputs::recorded(&export.output);
     let up_to_date = !settings.force
-        && export.output.join("Manifest.json").is_file()
+        && (export.output.join("Manifest.json").is_file()
+            || crate::aimodel::is_aimodel(&export.output))
         && recorded.as_ref() == Some(&inputs);
     let mut opened = None;
     if up_to_date {

@@ -228,7 +228,10 @@ fn llama_config(
         "max_position_embeddings":131072,"rms_norm_eps":1e-5,"rope_theta":500000.0,
         "rope_scaling":{{"factor":32.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
         "original_max_position_embeddings":8192,"rope_type":"llama3"}},"torch_dtype":"bfloat16",
-        "bos_token_id":128000,"eos_token_id":128001,"hidden_act":"silu"}}"#
+        "bos_token_id":{bos},"eos_token_id":{eos},"hidden_act":"silu"}}"#,
+        // Llama 3's special tokens where its vocabulary holds them, Llama 2's otherwise.
+        bos = if vocab > 128_001 { 128_000 } else { 1 },
+        eos = if vocab > 128_001 { 128_001 } else { 2 },
     )
 }
 

@@ -295,6 +295,23 @@ fn truncated_files_are_typed_errors() {
     );
 }
 
+/// gguf-py refuses a file that repeats a metadata key; so does the reader, naming the key
+/// (a repeated `block_count` is not blamed on the tensors it leaves unexplained).
+#[test]
+fn a_repeated_metadata_key_is_refused_by_name() {
+    for key in ["llama.rope.freq_base", "llama.block_count"] {
+        let mut w = TinyGguf::llama().build().writer;
+        let (_, value) = w.metadata.iter().find(|(k, _)| k == key).unwrap().clone();
+        w.metadata.push((key.to_string(), value));
+        let err = expect_err(&w);
+        assert!(
+            matches!(&err, GgufError::Malformed { message, .. }
+                if message == &format!("metadata key `{key}` appears twice")),
+            "{key}: {err}"
+        );
+    }
+}
+
 #[test]
 fn unknown_architecture_is_named() {
     let mut w = TinyGguf::llama().build().writer;
