@@ -6,6 +6,7 @@
 mod chain;
 mod chat;
 mod convert;
+mod coreai;
 mod default_recipe;
 mod gguf;
 mod multifunction;
