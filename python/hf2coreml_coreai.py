@@ -345,10 +345,23 @@ def _function(name, desc, dense, luts):
     from coreai.authoring.constant import constant
 
     float_np = _np_float(np, desc["float"])
-    ops = _Ops(np, ca, float_np)
+    # With `round_each_op` the program keeps its fp16 interface but computes every op in fp32
+    # and rounds each float result to fp16, as hf2coreml's interpreter does (the cross-check):
+    # Apple's Linux CPU runtime otherwise accumulates fp16 matmuls in fp16.
+    rounding = bool(desc.get("round_each_op")) and float_np == np.float16
+    compute_np = np.float32 if rounding else float_np
+    ops = _Ops(np, ca, compute_np)
 
     def np_dtype(d):
         return float_np if d in ("fp16", "fp32") else np.dtype(_NP_DTYPES[d]).type
+
+    def is_f32(v):
+        return str(v._to_mlir().type.element_type) == "f32"
+
+    def rounded(v):
+        if rounding and not isinstance(v, (list, tuple)) and is_f32(v):
+            return ca.cast(ca.cast(v, np.float16), np.float32)
+        return v
 
     for i in desc["inputs"]:
         if i.get("state"):
@@ -359,14 +372,18 @@ def _function(name, desc, dense, luts):
     ]
 
     def body(env):
+        if rounding:
+            for i in desc["inputs"]:
+                if i["dtype"] in ("fp16", "fp32"):
+                    env[i["name"]] = ca.cast(env[i["name"]], np.float32)
         for c in desc["consts"]:
             cname, key = c["name"], c.get("key", c["name"])
             if c["kind"] == "lut":
-                env[cname] = _lut_weight(np, ca, c, luts[key], float_np)
+                env[cname] = rounded(_lut_weight(np, ca, c, luts[key], compute_np))
             else:
                 arr = dense[key]
                 if c["kind"] == "f16":
-                    arr = arr.view(np.float16).astype(float_np, copy=False)
+                    arr = arr.view(np.float16).astype(compute_np, copy=False)
                 env[cname] = constant(np.ascontiguousarray(arr.reshape(c["shape"])))
 
         def arg(a):
@@ -387,13 +404,16 @@ def _function(name, desc, dense, luts):
             res = ops.call(op["op"], {k: arg(v) for k, v in op["args"].items()})
             outs = op["outputs"]
             if len(outs) == 1:
-                env[outs[0]] = res
+                env[outs[0]] = rounded(res)
             else:
                 if len(res) != len(outs):
                     raise ValueError(f"op {op['op']} gave {len(res)} outputs, graph expects {len(outs)}")
                 for n, r in zip(outs, res):
-                    env[n] = r
-        return tuple(env[o] for o in desc["outputs"])
+                    env[n] = rounded(r)
+        results = [env[o] for o in desc["outputs"]]
+        if rounding:
+            results = [ca.cast(r, np.float16) if is_f32(r) else r for r in results]
+        return tuple(results)
 
     graph(_make_function(name, input_specs, output_specs, body))
     return len(desc["ops"])

@@ -79,6 +79,17 @@ pub struct CoreAiReport {
     pub python_env: PythonEnv,
 }
 
+/// How the Core AI program computes an fp16 graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arithmetic {
+    /// In the graph's float type, as Apple's runtime chooses (what ships).
+    Native,
+    /// Every op in fp32, each float result rounded to fp16, behind the same fp16 interface: the
+    /// semantics of hf2coreml's interpreter, for the cross-check (Apple's Linux CPU runtime
+    /// accumulates fp16 matmuls in fp16: docs/reference/coreai.md).
+    RoundEachOp,
+}
+
 /// Serialize `graph` (whose outputs are `outputs`, as the contract declares them) as an
 /// `.aimodel` at `dest`. With `force` an existing `dest` is replaced once the new asset is
 /// complete; without it an existing `dest` is refused up front.
@@ -89,6 +100,7 @@ pub fn emit_coreai(
     env: &PythonEnv,
     dest: &Path,
     force: bool,
+    arithmetic: Arithmetic,
 ) -> Result<CoreAiReport, EmitError> {
     graph.validate()?;
     if let Some(op) = unsupported_op(&graph) {
@@ -101,6 +113,7 @@ pub fn emit_coreai(
         .map_err(|e| EmitError::Protocol(e.to_string()))?;
     desc["output_specs"] =
         serde_json::to_value(outputs).map_err(|e| EmitError::Protocol(e.to_string()))?;
+    desc["round_each_op"] = (arithmetic == Arithmetic::RoundEachOp).into();
     let desc = desc.to_string();
     let meta_json = serde_json::to_string(meta).map_err(|e| EmitError::Protocol(e.to_string()))?;
     let out = AtomicDir::new(dest, force).map_err(|e| EmitError::io(dest, e))?;

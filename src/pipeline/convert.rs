@@ -178,6 +178,7 @@ fn emit_asset(
         &opts.python_env,
         &opts.output,
         opts.force,
+        crate::emit::coreai::Arithmetic::Native,
     )?;
     Ok(EmitReport {
         package: r.asset,

@@ -3,6 +3,12 @@
 //! Core AI runtime in a scratch directory. Both runtimes score the same evaluation tokens; the
 //! report sets their agreement beside each one's agreement with the float reference.
 //!
+//! Apple's runtime computes the program with the interpreter's arithmetic: every op in fp32,
+//! each float result rounded to fp16 ([`Arithmetic::RoundEachOp`]). Its Linux CPU kernels would
+//! otherwise accumulate fp16 matmuls in fp16 (4,096 ones sum to 2,048): that is not the
+//! interpreter's arithmetic, and its error (KL 4e-3 from the reference on SmolLM2, ten times the
+//! interpreter's) would hide the interpreter's own under the runtime's.
+//!
 //! Where the two disagree most, one step is probed: the same inputs (the interpreter's cache
 //! at that position) go to both, and every intermediate value the program computes is
 //! compared, so a disagreement is pinned to the first op whose outputs differ beyond what fp16
@@ -17,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use super::metrics::{compare_logits, LogitComparison};
 use super::run::{score_tokens, ValidateError};
 use crate::aimodel::{self, Session};
-use crate::emit::{coreai::emit_coreai, Metadata};
+use crate::emit::coreai::{emit_coreai, Arithmetic};
+use crate::emit::Metadata;
 use crate::mil::contract::{self, Contract, IoSpec, Target};
 use crate::progress::Progress;
 use crate::pyenv::{PyEnvError, PythonEnv};
@@ -174,9 +181,17 @@ pub(super) fn cross_check(
 
     progress.working_on("building the program with coreai-core");
     let main = scratch.path().join("main.aimodel");
-    let built = emit_coreai(lifted.graph.clone(), &c.outputs, &meta, &env, &main, false)?;
+    let built = emit_coreai(
+        lifted.graph.clone(),
+        &c.outputs,
+        &meta,
+        &env,
+        &main,
+        false,
+        Arithmetic::RoundEachOp,
+    )?;
     let runtime = format!(
-        "Apple Core AI runtime (coreai-core {})",
+        "Apple Core AI runtime (coreai-core {}), each op in fp32 rounded to fp16",
         built.coreai_version
     );
     let saved = Saved::CoreAi(Box::new(CoreAiModel::load(&main)?));
@@ -318,44 +333,14 @@ fn probe(
     env: &PythonEnv,
     dest: &Path,
 ) -> Result<Probe, ValidateError> {
-    // The interpreter's inputs for the step that computes `position`.
-    let mut gen = Generator::new(Capture {
-        package,
-        at: position,
-        got: None,
-    })?;
-    gen.generate(
-        &tokens[..=position],
-        &GenerateOptions {
-            max_new_tokens: 0,
-            ..GenerateOptions::default()
-        },
-        &mut |_| Ok(()),
-    )?;
-    let step = gen.into_model().got.ok_or_else(|| {
-        ValidateError::CrossCheck(format!("no step computed position {position}"))
-    })?;
-
+    let step = step_inputs(package, tokens, position)?;
     // Every float value of moderate size, as an extra output of the probe program.
     let outputs: HashSet<&str> = lifted.graph.outputs.iter().map(String::as_str).collect();
     let mut specs: Vec<IoSpec> = c.outputs.clone();
     let mut probed: Vec<(usize, String)> = Vec::new();
     let mut skipped = 0;
     let mut graph = lifted.graph.clone();
-    let op_of: HashMap<&str, (usize, &str)> = graph
-        .ops
-        .iter()
-        .enumerate()
-        .flat_map(|(i, o)| {
-            o.outputs
-                .iter()
-                .map(move |n| (n.as_str(), (i, o.op.as_str())))
-        })
-        .collect();
-    let op_of: HashMap<String, (usize, String)> = op_of
-        .into_iter()
-        .map(|(k, (i, o))| (k.to_string(), (i, o.to_string())))
-        .collect();
+    let op_of = producers(&graph);
     for (name, ty) in &lifted.values {
         let numel: usize = ty.shape.iter().product();
         if !ty.dtype.is_float() || numel > PROBE_MAX_ELEMENTS || numel == 0 {
@@ -368,7 +353,15 @@ fn probe(
         }
         probed.push((op_of.get(name).map_or(0, |(i, _)| *i), name.clone()));
     }
-    emit_coreai(graph, &specs, meta, env, dest, false)?;
+    emit_coreai(
+        graph,
+        &specs,
+        meta,
+        env,
+        dest,
+        false,
+        Arithmetic::RoundEachOp,
+    )?;
     let session = Session::open(env, dest).map_err(|e| ValidateError::CrossCheck(e.to_string()))?;
     let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
     let fp32 = |name: &str| c.inputs.iter().any(|i| i.name == name && i.dtype == "fp32");
@@ -470,6 +463,44 @@ fn probe(
         beyond,
         largest,
     })
+}
+
+/// The interpreter's inputs for the step that computes `position`'s logits.
+fn step_inputs(
+    package: &Saved,
+    tokens: &[u32],
+    position: usize,
+) -> Result<StepInputs, ValidateError> {
+    let mut gen = Generator::new(Capture {
+        package,
+        at: position,
+        got: None,
+    })?;
+    gen.generate(
+        &tokens[..=position],
+        &GenerateOptions {
+            max_new_tokens: 0,
+            ..GenerateOptions::default()
+        },
+        &mut |_| Ok(()),
+    )?;
+    gen.into_model()
+        .got
+        .ok_or_else(|| ValidateError::CrossCheck(format!("no step computed position {position}")))
+}
+
+/// Each value's producing op: its index in the program and its MIL name.
+fn producers(graph: &crate::graph::Graph) -> HashMap<String, (usize, String)> {
+    graph
+        .ops
+        .iter()
+        .enumerate()
+        .flat_map(|(i, o)| {
+            o.outputs
+                .iter()
+                .map(move |n| (n.clone(), (i, o.op.as_str().to_string())))
+        })
+        .collect()
 }
 
 /// Relative RMS and largest absolute difference of two runs of one value. A value that is

@@ -247,6 +247,46 @@ fn token_ids(v: &Option<serde_json::Value>) -> Vec<u32> {
     }
 }
 
+/// RMSNorm's ε (default 1e-6): a non-negative number fp16 can hold, since it becomes a
+/// constant of the package (beyond fp16's largest value it is +inf there, and every normalized
+/// activation 0).
+fn rms_norm_eps(eps: Option<f64>) -> Result<f64, ConfigError> {
+    let eps = eps.unwrap_or(1e-6);
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(format!("rms_norm_eps ({eps}) must be a non-negative number").into());
+    }
+    if eps > f64::from(half::f16::MAX) {
+        return Err(format!(
+            "rms_norm_eps ({eps}) is beyond fp16's largest value (65504), which the package \
+             computes in"
+        )
+        .into());
+    }
+    Ok(eps)
+}
+
+/// BOS and EOS ids, each inside the vocabulary.
+fn special_tokens(
+    raw: &RawConfig,
+    vocab_size: usize,
+) -> Result<(Option<u32>, Vec<u32>), ConfigError> {
+    let bos = token_ids(&raw.bos_token_id).first().copied();
+    let eos = token_ids(&raw.eos_token_id);
+    for (field, id) in bos
+        .iter()
+        .map(|id| ("bos_token_id", id))
+        .chain(eos.iter().map(|id| ("eos_token_id", id)))
+    {
+        if *id as usize >= vocab_size {
+            return Err(format!(
+                "{field} ({id}) is outside the vocabulary (vocab_size {vocab_size})"
+            )
+            .into());
+        }
+    }
+    Ok((bos, eos))
+}
+
 impl ModelSpec {
     /// Read and check `config.json`.
     pub fn from_config_file(path: &Path) -> Result<Self, CheckpointError> {
@@ -335,21 +375,7 @@ impl ModelSpec {
             Some((theta, scaling)) => (theta, Some(scaling)),
             None => (rope_theta, rope_scaling),
         };
-        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
-        if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
-            return Err(
-                format!("rms_norm_eps ({rms_norm_eps}) must be a non-negative number").into(),
-            );
-        }
-        // The epsilon is a constant of the package: beyond fp16's largest value it is +inf
-        // there, and every normalized activation 0.
-        if rms_norm_eps > f64::from(half::f16::MAX) {
-            return Err(format!(
-                "rms_norm_eps ({rms_norm_eps}) is beyond fp16's largest value (65504), which \
-                 the package computes in"
-            )
-            .into());
-        }
+        let rms_norm_eps = rms_norm_eps(raw.rms_norm_eps)?;
         let max_position_embeddings = positions(raw.max_position_embeddings)?;
         check_unhonoured(&raw, architecture)?;
         let partial_rotary_dim = partial_rotary_dim(&raw, rope_params, architecture, head_dim)?;
@@ -377,20 +403,7 @@ impl ModelSpec {
             _ => (None, sliding_window(&raw)?),
         };
         let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
-        let bos_token_id = token_ids(&raw.bos_token_id).first().copied();
-        let eos_token_ids = token_ids(&raw.eos_token_id);
-        for (field, id) in bos_token_id
-            .iter()
-            .map(|id| ("bos_token_id", id))
-            .chain(eos_token_ids.iter().map(|id| ("eos_token_id", id)))
-        {
-            if *id as usize >= vocab_size {
-                return Err(format!(
-                    "{field} ({id}) is outside the vocabulary (vocab_size {vocab_size})"
-                )
-                .into());
-            }
-        }
+        let (bos_token_id, eos_token_ids) = special_tokens(&raw, vocab_size)?;
         Ok(ModelSpec {
             architecture,
             num_hidden_layers,

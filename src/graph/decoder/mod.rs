@@ -710,8 +710,14 @@ mod tests {
             assert_eq!(c.unwrap().source.as_deref(), Some(slot.name.as_str()));
         }
         assert_eq!(g.count_ops(Op::Softmax), spec.num_hidden_layers);
-        // GQA 4/2 reads the unrepeated cache: the one tile is the cache mask's rows.
-        assert_eq!(g.count_ops(Op::Tile), 1);
+        // GQA 4/2 reads the unrepeated cache: the tiles are the cache mask's Q rows and, at
+        // Q = 2, the mask's rows repeated for the two query heads of a group, once per step.
+        assert_eq!(g.count_ops(Op::Tile), 2);
+        assert!(g
+            .ops
+            .iter()
+            .filter(|o| o.op == Op::Tile)
+            .all(|o| o.outputs[0].starts_with("mask")));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use half::f16;
 
 use super::packed::{Form, Packed};
-use super::program::{Arg, OpKind};
+use super::program::{Arg, Instr, OpKind};
 use super::{Data, Program, RuntimeError, Tensor};
 use crate::graph::{self, Const, ConstData, Graph, Input, Operation};
 use crate::mil::contract::Target;
@@ -150,22 +150,17 @@ impl Program {
                 "state `{name}`: only programs whose caches are inputs and outputs can be lifted"
             )));
         }
-        let mut names: HashMap<usize, String> = HashMap::new();
-        for (n, s) in &self.const_names {
-            names.insert(*s, n.clone());
-        }
-        let consts: HashMap<usize, &Tensor> =
-            self.consts.iter().map(|(s, t)| (*s, t.as_ref())).collect();
         let float = if self.inputs.iter().any(|(_, _, t)| t.dtype == DType::F32) {
             DType::F32
         } else {
             DType::F16
         };
+        let mut l = Lifter::new(self);
         let inputs = self
             .inputs
             .iter()
             .map(|(name, s, ty)| {
-                names.insert(*s, name.clone());
+                l.names.insert(*s, name.clone());
                 Input {
                     name: name.clone(),
                     dtype: ty.dtype,
@@ -174,13 +169,6 @@ impl Program {
                 }
             })
             .collect();
-        let mut taken: HashSet<String> = names.values().cloned().collect();
-        for ins in &self.instrs {
-            taken.extend(ins.out_names.iter().cloned());
-        }
-        let mut graph_consts: Vec<Const> = Vec::new();
-        let mut declared: HashSet<usize> = HashSet::new();
-        let mut fresh = 0usize;
         let mut ops = Vec::new();
         let mut values = Vec::new();
         for ins in &self.instrs {
@@ -193,117 +181,9 @@ impl Program {
                     })
                 }
             };
-            let what = |key: &str| {
-                format!(
-                    "argument `{key}` of `{}` ({})",
-                    ins.out_names.first().map_or("", String::as_str),
-                    op.as_str()
-                )
-            };
-            let mut args = BTreeMap::new();
-            for (key, bound) in &ins.inputs {
-                let data = DATA_ARGS.contains(&key.as_str());
-                let mut vars = Vec::new();
-                let mut inline = None;
-                for b in bound {
-                    let (slot, t) = match b {
-                        Arg::Slot(s) => (Some(*s), consts.get(s).copied()),
-                        Arg::Const(t) => (None, Some(t.as_ref())),
-                    };
-                    if let Some(t) = t {
-                        if bound.len() == 1 && is_default(op, key, t) {
-                            inline = Some(None);
-                            continue;
-                        }
-                        if bound.len() == 1 && (t.rank() == 0 || (!data && t.len() == 1)) {
-                            let one = if t.rank() == 0 || is_axis(key) {
-                                scalar(t)
-                            } else {
-                                ints(t)
-                            };
-                            inline = Some(Some(one.ok_or_else(|| {
-                                lift_err(format!("{} cannot be spelled inline", what(key)))
-                            })?));
-                            continue;
-                        }
-                        if bound.len() == 1 && !data {
-                            inline = Some(Some(ints(t).ok_or_else(|| {
-                                lift_err(format!("{} is not a list of integers", what(key)))
-                            })?));
-                            continue;
-                        }
-                    }
-                    // A named tensor: an input, an earlier result, a constant or a packed weight.
-                    let s = match slot {
-                        Some(s) => s,
-                        None => {
-                            // An inline tensor bound to a data argument becomes a constant.
-                            let t = t.expect("an inline argument holds a tensor");
-                            let name = fresh_name(&mut taken, &mut fresh);
-                            graph_consts.push(Const {
-                                name: name.clone(),
-                                shape: t.shape.clone(),
-                                data: const_data(t, &what(key))?,
-                                source: None,
-                            });
-                            vars.push(name);
-                            continue;
-                        }
-                    };
-                    if !declared.contains(&s) {
-                        if let Some(t) = t {
-                            let name = names
-                                .entry(s)
-                                .or_insert_with(|| fresh_name(&mut taken, &mut fresh))
-                                .clone();
-                            graph_consts.push(Const {
-                                name,
-                                shape: t.shape.clone(),
-                                data: const_data(t, &what(key))?,
-                                source: None,
-                            });
-                            declared.insert(s);
-                        } else if let Some(p) = self.packed.get(&s) {
-                            let name = names
-                                .entry(s)
-                                .or_insert_with(|| fresh_name(&mut taken, &mut fresh))
-                                .clone();
-                            graph_consts.push(Const {
-                                name: name.clone(),
-                                shape: p.shape.clone(),
-                                data: packed_data(p, &format!("weight `{name}`"))?,
-                                source: None,
-                            });
-                            declared.insert(s);
-                        }
-                    }
-                    let name = names.get(&s).cloned().ok_or_else(|| {
-                        lift_err(format!("{} names a value with no name", what(key)))
-                    })?;
-                    vars.push(name);
-                }
-                match inline {
-                    Some(Some(a)) => {
-                        args.insert(key.clone(), a);
-                    }
-                    Some(None) => {}
-                    None if op == Op::Concat && key == "values" => {
-                        args.insert(key.clone(), graph::Arg::Vars(vars));
-                    }
-                    None if vars.len() == 1 => {
-                        args.insert(key.clone(), graph::Arg::Var(vars.remove(0)));
-                    }
-                    None => {
-                        return Err(lift_err(format!(
-                            "{} binds {} values",
-                            what(key),
-                            vars.len()
-                        )))
-                    }
-                }
-            }
+            let args = l.args(op, ins)?;
             for ((s, ty), name) in ins.outputs.iter().zip(&ins.out_names) {
-                names.insert(*s, name.clone());
+                l.names.insert(*s, name.clone());
                 values.push((name.clone(), ty.clone()));
             }
             ops.push(Operation {
@@ -312,12 +192,11 @@ impl Program {
                 args,
             });
         }
-        let outputs = self.outputs.iter().map(|(n, _)| n.clone()).collect();
         let graph = Graph {
             inputs,
-            consts: graph_consts,
+            consts: l.consts_out,
             ops,
-            outputs,
+            outputs: self.outputs.iter().map(|(n, _)| n.clone()).collect(),
             float,
             target: Target::CoreAi,
         };
@@ -325,6 +204,162 @@ impl Program {
             .validate()
             .map_err(|e| lift_err(format!("the lifted graph does not hang together: {e}")))?;
         Ok(Lifted { graph, values })
+    }
+}
+
+/// What a lift keeps while it walks the program: a name for every slot, the constants the
+/// graph declares so far.
+struct Lifter<'p> {
+    program: &'p Program,
+    names: HashMap<usize, String>,
+    consts: HashMap<usize, &'p Tensor>,
+    taken: HashSet<String>,
+    consts_out: Vec<Const>,
+    declared: HashSet<usize>,
+    fresh: usize,
+}
+
+impl<'p> Lifter<'p> {
+    fn new(program: &'p Program) -> Self {
+        let names: HashMap<usize, String> = program
+            .const_names
+            .iter()
+            .map(|(n, s)| (*s, n.clone()))
+            .collect();
+        let mut taken: HashSet<String> = names.values().cloned().collect();
+        taken.extend(program.inputs.iter().map(|(n, _, _)| n.clone()));
+        for ins in &program.instrs {
+            taken.extend(ins.out_names.iter().cloned());
+        }
+        Lifter {
+            program,
+            names,
+            consts: program
+                .consts
+                .iter()
+                .map(|(s, t)| (*s, t.as_ref()))
+                .collect(),
+            taken,
+            consts_out: Vec::new(),
+            declared: HashSet::new(),
+            fresh: 0,
+        }
+    }
+
+    fn fresh_name(&mut self) -> String {
+        loop {
+            let name = format!("lifted_const_{}", self.fresh);
+            self.fresh += 1;
+            if self.taken.insert(name.clone()) {
+                return name;
+            }
+        }
+    }
+
+    /// The graph's arguments of one instruction.
+    fn args(&mut self, op: Op, ins: &Instr) -> Result<BTreeMap<String, graph::Arg>, RuntimeError> {
+        let what = |key: &str| {
+            format!(
+                "argument `{key}` of `{}` ({})",
+                ins.out_names.first().map_or("", String::as_str),
+                op.as_str()
+            )
+        };
+        let mut args = BTreeMap::new();
+        for (key, bound) in &ins.inputs {
+            let data = DATA_ARGS.contains(&key.as_str());
+            if let [b] = bound.as_slice() {
+                let t = match b {
+                    Arg::Slot(s) => self.consts.get(s).copied(),
+                    Arg::Const(t) => Some(t.as_ref()),
+                };
+                if let Some(t) = t {
+                    if is_default(op, key, t) {
+                        continue;
+                    }
+                    let inline = if t.rank() == 0 || (!data && t.len() == 1 && is_axis(key)) {
+                        Some(scalar(t))
+                    } else if !data {
+                        Some(ints(t))
+                    } else {
+                        None
+                    };
+                    if let Some(a) = inline {
+                        let a = a.ok_or_else(|| {
+                            lift_err(format!("{} cannot be spelled inline", what(key)))
+                        })?;
+                        args.insert(key.clone(), a);
+                        continue;
+                    }
+                }
+            }
+            let mut vars = Vec::new();
+            for b in bound {
+                vars.push(self.named(b, &what(key))?);
+            }
+            let a = if op == Op::Concat && key == "values" {
+                graph::Arg::Vars(vars)
+            } else if let [v] = vars.as_slice() {
+                graph::Arg::Var(v.clone())
+            } else {
+                return Err(lift_err(format!(
+                    "{} binds {} values",
+                    what(key),
+                    vars.len()
+                )));
+            };
+            args.insert(key.clone(), a);
+        }
+        Ok(args)
+    }
+
+    /// The name of a tensor an argument binds: an input, an earlier result, or a constant or
+    /// packed weight, declared in the graph the first time it is named.
+    fn named(&mut self, b: &Arg, what: &str) -> Result<String, RuntimeError> {
+        let s = match b {
+            Arg::Const(t) => {
+                // An inline tensor bound to a data argument becomes a constant of its own.
+                let name = self.fresh_name();
+                self.consts_out.push(Const {
+                    name: name.clone(),
+                    shape: t.shape.clone(),
+                    data: const_data(t, what)?,
+                    source: None,
+                });
+                return Ok(name);
+            }
+            Arg::Slot(s) => *s,
+        };
+        if !self.declared.contains(&s) {
+            let data = if let Some(t) = self.consts.get(&s) {
+                Some((t.shape.clone(), const_data(t, what)?))
+            } else if let Some(p) = self.program.packed.get(&s) {
+                Some((p.shape.clone(), packed_data(p, what)?))
+            } else {
+                None
+            };
+            if let Some((shape, data)) = data {
+                let name = match self.names.get(&s) {
+                    Some(n) => n.clone(),
+                    None => {
+                        let n = self.fresh_name();
+                        self.names.insert(s, n.clone());
+                        n
+                    }
+                };
+                self.consts_out.push(Const {
+                    name,
+                    shape,
+                    data,
+                    source: None,
+                });
+                self.declared.insert(s);
+            }
+        }
+        self.names
+            .get(&s)
+            .cloned()
+            .ok_or_else(|| lift_err(format!("{what} names a value with no name")))
     }
 }
 
@@ -336,14 +371,4 @@ fn is_axis(key: &str) -> bool {
 
 fn ints(t: &Tensor) -> Option<graph::Arg> {
     matches!(t.data, Data::I(_)).then(|| graph::Arg::Ints(t.as_i64().into_owned()))
-}
-
-fn fresh_name(taken: &mut HashSet<String>, n: &mut usize) -> String {
-    loop {
-        let name = format!("lifted_const_{n}");
-        *n += 1;
-        if taken.insert(name.clone()) {
-            return name;
-        }
-    }
 }

@@ -5,11 +5,12 @@
 //! is made of 1×1 convs (no `linear`), records its layout in the contract, keeps the default
 //! layout's inputs and outputs, and lints with no error- or fallback-level finding.
 //!
-//! Equality: the projections, norms, RoPE, softmax, attention·values and the lm_head compute the
-//! same products summed in the same order in both layouts (a 1×1 conv runs `linear`'s dot
-//! products), but q·kᵀ is a row·row dot in the default layout and a sum over D in
-//! another order in the ane one (keys before queries), so scores may differ in their last fp16
-//! bit: logits agree within [`FP16_LOGIT_TOL`], and most are bit-identical.
+//! Equality: the projections, norms, RoPE, softmax and the lm_head compute the same products
+//! summed in the same order in both layouts (a 1×1 conv runs `linear`'s dot products), but q·kᵀ
+//! and probs·v are blocked products over a group's query rows in the default layout and one dot
+//! per head in the ane one, so scores may differ in their last fp16 bit: logits agree within
+//! [`FP16_LOGIT_TOL`] on the tiny models (SMOLLM2_LAYOUT_TOL on SmolLM2), and most are
+//! bit-identical.
 
 use std::path::Path;
 
@@ -20,6 +21,13 @@ use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
 use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
+
+/// SmolLM2's logits reach ~25, where one fp16 step is 2^-6. Over 30 layers the two layouts sum
+/// q·kᵀ and probs·v in different orders (a blocked product over the G query rows of a group in
+/// the default layout, one dot per head in the ane layout), and the occasional last-bit
+/// difference in a score is carried to the logits: measured worst 0.117 with 83% of logits
+/// bit-identical (6 steps). A wrong op, bias or cache row moves logits by units.
+const SMOLLM2_LAYOUT_TOL: f32 = 0.25;
 
 use crate::support::{convert, needs, Cli};
 
@@ -277,5 +285,17 @@ fn smollm2_ane_passes_the_default_gates_and_matches_the_default_layout() {
         same.count(),
         logits[0].len()
     );
-    assert!(worst <= FP16_LOGIT_TOL, "layouts differ by {worst}");
+    assert!(worst <= SMOLLM2_LAYOUT_TOL, "layouts differ by {worst}");
+    // The same next token at every step.
+    let v = logits[0].len() / 6;
+    let argmax = |r: &[f32]| {
+        r.iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+            .0
+    };
+    for step in 0..6 {
+        let (a, b) = (&logits[0][step * v..][..v], &logits[1][step * v..][..v]);
+        assert_eq!(argmax(a), argmax(b), "step {step}");
+    }
 }

@@ -50,10 +50,7 @@ fn apples_runtime_and_the_interpreter_agree_on_smollm2() {
     needs!(Model, Python);
     let model = hf2coreml::testing::model_dir();
     let root = tempfile::tempdir().unwrap();
-    for (name, flags) in [
-        ("fp16", vec!["--keep-fp16", "*"]),
-        ("default", vec![]),
-    ] {
+    for (name, flags) in [("fp16", vec!["--keep-fp16", "*"]), ("default", vec![])] {
         let pkg = root.path().join(format!("{name}.mlpackage"));
         convert(&model, &pkg)
             .args(["--max-seq-len", MAX_SEQ_LEN])
@@ -63,7 +60,13 @@ fn apples_runtime_and_the_interpreter_agree_on_smollm2() {
             Cli::new()
                 .args(["validate", pkg.to_str().unwrap(), "--against"])
                 .arg(&model)
-                .args(["--max-tokens", POSITIONS, "--cross-check", "coreai", "--json"]),
+                .args([
+                    "--max-tokens",
+                    POSITIONS,
+                    "--cross-check",
+                    "coreai",
+                    "--json",
+                ]),
         );
         let x = &r["cross_check"];
         let between = &x["coreai_vs_interpreter"];
@@ -71,10 +74,16 @@ fn apples_runtime_and_the_interpreter_agree_on_smollm2() {
             "{name}: KL(Core AI ‖ interpreter) {}, top-1 {}, probe: {} values, {} beyond",
             between["kl_mean"], between["top1"], x["probe"]["compared"], x["probe"]["beyond_count"]
         );
-        assert!(between["kl_mean"].as_f64().unwrap() <= 1e-3, "{name}: {x:#}");
+        assert!(
+            between["kl_mean"].as_f64().unwrap() <= 1e-3,
+            "{name}: {x:#}"
+        );
         assert!(between["top1"].as_f64().unwrap() >= 0.99, "{name}: {x:#}");
         assert_eq!(x["probe"]["beyond_count"], 0, "{name}: {x:#}");
-        assert!(x["probe"]["compared"].as_u64().unwrap() > 1000, "{name}: {x:#}");
+        assert!(
+            x["probe"]["compared"].as_u64().unwrap() > 1000,
+            "{name}: {x:#}"
+        );
         assert_eq!(r["passed"], true, "{name}: {r:#}");
     }
 }
