@@ -46,6 +46,12 @@ impl PlanInput {
     /// A `.gguf` file (header only), a `config.json` file, a directory with a config.json and
     /// no weight files, or a checkpoint directory.
     pub fn open(path: &Path) -> Result<Self, BudgetError> {
+        let resolved =
+            crate::checkpoint::resolve_source(path).map_err(|source| BudgetError::Checkpoint {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let path = resolved.as_path();
         if gguf::is_gguf_file(path) {
             let info = gguf::header::read_header(path).map_err(|source| BudgetError::Gguf {
                 path: path.to_path_buf(),

@@ -7,6 +7,7 @@
 
 mod config;
 pub mod gguf;
+pub mod hub;
 
 pub use config::ConfigError;
 
@@ -33,11 +34,15 @@ pub enum CheckpointError {
     #[error("{path}: not a checkpoint directory (no config.json)")]
     MissingConfig { path: PathBuf },
     #[error(
-        "{path}: no such file or directory; it looks like a Hugging Face Hub id, and hf2coreml \
-         reads local checkpoints: download it first (e.g. `hf download {path} --local-dir DIR`) \
-         and give DIR"
+        "{id}: no such file or directory, and as a Hugging Face Hub id not in the local Hub \
+         cache (looked in {looked}); hf2coreml never downloads: fetch it first (e.g. \
+         `{fetch}`) and give the id again, or a directory"
     )]
-    HubId { path: PathBuf },
+    HubId {
+        id: String,
+        looked: String,
+        fetch: String,
+    },
     #[error(
         "{path}: a file, not a checkpoint: give the directory that holds config.json and the \
          *.safetensors files, or a .gguf file"
@@ -464,10 +469,8 @@ fn checkpoint_dir(path: &Path) -> Result<PathBuf, CheckpointError> {
             }),
         };
     }
-    if looks_like_hub_id(path) {
-        return Err(CheckpointError::HubId {
-            path: path.to_path_buf(),
-        });
+    if let Some(dir) = hub_snapshot(path)? {
+        return checkpoint_dir(&dir);
     }
     Err(CheckpointError::Io {
         path: path.to_path_buf(),
@@ -475,18 +478,40 @@ fn checkpoint_dir(path: &Path) -> Result<PathBuf, CheckpointError> {
     })
 }
 
-/// `org/name` with the characters the Hub allows, and neither part a path of this machine.
-fn looks_like_hub_id(path: &Path) -> bool {
-    let Some(s) = path.to_str() else {
-        return false;
+/// The local Hub cache's snapshot for `path` when it is no path of this machine and is spelled
+/// as a Hub id (`ORG/NAME[@REV]`); `None` when it is not spelled as one.
+fn hub_snapshot(path: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    let Some(id) = path.to_str() else {
+        return Ok(None);
     };
-    let part = |p: &str| {
-        !p.is_empty()
-            && !p.starts_with('.')
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    };
-    matches!(s.split_once('/'), Some((org, name)) if part(org) && part(name) && !Path::new(org).exists())
+    let org_exists = id
+        .split_once('/')
+        .is_some_and(|(org, _)| Path::new(org).exists());
+    if path.exists() || org_exists {
+        return Ok(None);
+    }
+    match hub::resolve_in(&hub::cache_roots(), id) {
+        None => Ok(None),
+        Some(Ok(dir)) => Ok(Some(dir)),
+        Some(Err(misses)) => Err(CheckpointError::HubId {
+            id: id.to_string(),
+            fetch: hub::download_command(id),
+            looked: match misses.is_empty() {
+                true => "no cache: neither HF_HUB_CACHE, HF_HOME nor HOME is set".into(),
+                false => misses
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            },
+        }),
+    }
+}
+
+/// `path`, or the snapshot directory of the local Hub cache it names as a Hub id: for readers
+/// that look at the path before opening a [`Checkpoint`] (a config-only directory, a GGUF).
+pub fn resolve_source(path: &Path) -> Result<PathBuf, CheckpointError> {
+    Ok(hub_snapshot(path)?.unwrap_or_else(|| path.to_path_buf()))
 }
 
 impl Checkpoint {

@@ -11,8 +11,9 @@ use hf2coreml::util::{fmt_bytes, fmt_count};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Checkpoint directory (config.json + *.safetensors), a .gguf file (planned from its
-    /// header alone), or a config.json (a file, or a directory holding no weights): a plan
-    /// needs the shapes, not the weights.
+    /// header alone), a config.json (a file, or a directory holding no weights: a plan needs
+    /// the shapes, not the weights), or a Hub id (ORG/NAME[@REV]) in the local Hugging Face
+    /// cache.
     #[arg(required_unless_present = "list_devices")]
     pub dir: Option<PathBuf>,
     /// Target device profile (see --list-devices).

@@ -16,8 +16,8 @@ use super::args::{KvCacheArg, LayoutArg, RecipeArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json + *.safetensors), or a .gguf file (imported first, as
-    /// `import-gguf` does).
+    /// Checkpoint directory (config.json + *.safetensors), a .gguf file (imported first, as
+    /// `import-gguf` does), or a Hub id (ORG/NAME[@REV]) in the local Hugging Face cache.
     pub dir: PathBuf,
     /// The package to write (must end in .mlpackage); X.tokenizer.json and X.report.json are
     /// written beside it.

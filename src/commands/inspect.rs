@@ -12,7 +12,8 @@ use hf2coreml::util::{fmt_bytes, fmt_count};
 pub struct Args {
     /// Checkpoint directory (config.json + *.safetensors), a .gguf file (its header only:
     /// no tensor data is read, so an incomplete download works too), or a saved package
-    /// (an .mlpackage, ours or anyone's, a chain directory, or a Core AI .aimodel).
+    /// (an .mlpackage, ours or anyone's, a chain directory, or a Core AI .aimodel); a Hub id
+    /// (ORG/NAME[@REV]) names a checkpoint in the local Hugging Face cache.
     pub dir: PathBuf,
     /// Print the report as JSON.
     #[arg(long)]

@@ -11,7 +11,8 @@ use super::args::RecipeArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json + *.safetensors).
+    /// Checkpoint directory (config.json + *.safetensors), or a Hub id (ORG/NAME[@REV]) in the
+    /// local Hugging Face cache.
     pub dir: PathBuf,
     #[command(flatten)]
     pub recipe: RecipeArgs,

@@ -20,8 +20,9 @@ pub enum ComputeArg {
 pub struct Args {
     /// The .mlpackage to validate.
     pub package: PathBuf,
-    /// The checkpoint it was converted from (default: the one its report records, while its
-    /// files still hash as the package's contract records).
+    /// The checkpoint it was converted from, a directory or a Hub id in the local Hugging Face
+    /// cache (default: the one its report records, while its files still hash as the
+    /// package's contract records).
     #[arg(long)]
     pub against: Option<PathBuf>,
     /// Text to evaluate on (default: the evaluation passage shipped in assets/).
@@ -159,6 +160,8 @@ fn recorded_checkpoint(package: &Path) -> anyhow::Result<PathBuf> {
             hf2coreml::runtime::text::beside_package(package, "report.json").display()
         )));
     };
+    // A Hub id (as convert was given it) is found in the local Hub cache again.
+    let source = hf2coreml::checkpoint::resolve_source(&source).map_err(|e| ask(e.to_string()))?;
     let contract = recorded_contract(package)?
         .ok_or_else(|| ask("it carries no hf2coreml contract".into()))?;
     for (name, recorded) in &contract.source.files {

@@ -29,7 +29,7 @@ use crate::fsutil::AtomicDir;
 use crate::progress::Progress;
 
 /// Architectures (`general.architecture`) the importer understands.
-pub const SUPPORTED_ARCHITECTURES: [&str; 2] = ["llama", "qwen2"];
+pub const SUPPORTED_ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "qwen3"];
 
 /// The transformers version whose config keys we write (v4: `rope_theta`, `torch_dtype`).
 const TRANSFORMERS_VERSION: &str = "4.46.0";
@@ -117,9 +117,22 @@ impl LlamaHParams {
     }
 
     /// llama.cpp's converter permuted q/k rows for rope (`LlamaModel.permute`); its Qwen2
-    /// converter writes them as transformers has them.
+    /// and Qwen3 converters write them as transformers has them.
     pub fn permuted_qk(&self) -> bool {
         self.arch == "llama"
+    }
+
+    /// Per-head RMSNorms on q and k (`attn_q_norm`, `attn_k_norm`: qwen3).
+    pub fn qk_norm(&self) -> bool {
+        self.arch == "qwen3"
+    }
+
+    fn architecture(&self) -> Architecture {
+        match self.arch.as_str() {
+            "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            _ => Architecture::Llama,
+        }
     }
 }
 
@@ -407,6 +420,10 @@ impl LlamaHParams {
                 out.push(plan(bias("attn_k"), vec![kv], None));
                 out.push(plan(bias("attn_v"), vec![kv], None));
             }
+            if self.qk_norm() {
+                out.push(plan(b("attn_q_norm"), vec![self.head_dim], None));
+                out.push(plan(b("attn_k_norm"), vec![self.head_dim], None));
+            }
             out.push(plan(b("attn_output"), vec![h, q], None));
             out.push(plan(b("ffn_norm"), vec![h], None));
             out.push(plan(b("ffn_gate"), vec![f, h], None));
@@ -427,11 +444,7 @@ impl LlamaHParams {
             Some(f) => serde_json::json!({"type": "linear", "rope_type": "linear", "factor": f}),
             None => serde_json::Value::Null,
         };
-        let arch = if self.attention_bias() {
-            Architecture::Qwen2
-        } else {
-            Architecture::Llama
-        };
+        let arch = self.architecture();
         serde_json::json!({
             "architectures": [arch.hf_name()],
             "attention_bias": self.attention_bias(),

@@ -60,6 +60,8 @@ pub fn tensor_id(gguf: &str) -> Option<TensorId> {
         "attn_k" => LayerTensor::K,
         "attn_v" => LayerTensor::V,
         "attn_output" => LayerTensor::O,
+        "attn_q_norm" => LayerTensor::QNorm,
+        "attn_k_norm" => LayerTensor::KNorm,
         "ffn_gate" => LayerTensor::Gate,
         "ffn_up" => LayerTensor::Up,
         "ffn_down" => LayerTensor::Down,

@@ -296,6 +296,18 @@ impl Ctx<'_> {
         })
     }
 
+    /// A model: a path as [`Ctx::path`] reads it, or a Hub id kept as written when no such
+    /// path exists beside the batch file (the job resolves it in the local Hub cache).
+    fn model_path(&self, raw: &str, span: std::ops::Range<usize>) -> Result<PathBuf, BatchError> {
+        let path = self.path(raw, span, "model")?;
+        let is_hub_id = !raw.contains("${") && crate::checkpoint::hub::parse_id(raw).is_some();
+        Ok(if is_hub_id && !path.exists() {
+            PathBuf::from(raw)
+        } else {
+            path
+        })
+    }
+
     /// A value or a list of values: the list's items, each checked by `one`.
     fn list<T>(
         &self,
@@ -510,8 +522,15 @@ fn fill(template: &str, vars: &BTreeMap<&str, String>) -> Result<String, FillErr
     Ok(out)
 }
 
-/// What a path is called in names: a directory's name, a file's stem.
+/// What a path is called in names: a directory's name, a file's stem, a Hub id's name.
 fn stem(p: &Path) -> String {
+    let hub_name = p
+        .to_str()
+        .filter(|_| !p.exists())
+        .and_then(crate::checkpoint::hub::parse_id);
+    if let Some((_, name, _)) = hub_name {
+        return name.to_string();
+    }
     let name = if p.is_dir() {
         p.file_name()
     } else {
@@ -556,7 +575,7 @@ impl Ctx<'_> {
             Some(v) => self
                 .list(v, "model", "a path", |v| v.as_str().map(str::to_string))?
                 .into_iter()
-                .map(|m| self.path(&m, v.span(), "model"))
+                .map(|m| self.model_path(&m, v.span()))
                 .collect::<Result<Vec<_>, _>>()?,
             None => return self.err(span, "`model` is missing (in the entry or [defaults])"),
         };
@@ -707,18 +726,20 @@ impl BatchFile {
         &self,
         exports: impl IntoIterator<Item = &'a Export>,
     ) -> Result<(), BatchError> {
-        match exports.into_iter().find(|e| !e.model.exists()) {
-            None => Ok(()),
-            Some(e) => Err(BatchError::Invalid {
+        for e in exports {
+            let found = crate::checkpoint::resolve_source(&e.model).map(|p| p.exists());
+            let why = match found {
+                Ok(true) => continue,
+                Ok(false) => "no such checkpoint directory or file".to_string(),
+                Err(err) => err.to_string(),
+            };
+            return Err(BatchError::Invalid {
                 path: self.path.clone(),
                 line: e.line,
-                message: format!(
-                    "export `{}`: model {}: no such checkpoint directory or file",
-                    e.name,
-                    e.model.display()
-                ),
-            }),
+                message: format!("export `{}`: model {}: {why}", e.name, e.model.display()),
+            });
         }
+        Ok(())
     }
 
     /// Read, check and expand a batch file.

@@ -135,10 +135,11 @@ pub fn bounded_jobs(requested: usize, exports: &[Export], progress: &dyn Progres
 /// coremltools, the written package).
 pub fn memory_estimate(e: &Export) -> u64 {
     const FIXED: u64 = 1 << 30;
-    let source: u64 = if e.model.is_file() {
-        std::fs::metadata(&e.model).map_or(0, |m| m.len())
+    let model = crate::checkpoint::resolve_source(&e.model).unwrap_or_else(|_| e.model.clone());
+    let source: u64 = if model.is_file() {
+        std::fs::metadata(&model).map_or(0, |m| m.len())
     } else {
-        std::fs::read_dir(&e.model)
+        std::fs::read_dir(&model)
             .map(|d| {
                 d.flatten()
                     .filter(|f| f.file_name().to_string_lossy().ends_with(".safetensors"))
@@ -383,7 +384,9 @@ pub fn run_one(
         python_env: settings.python_env.clone(),
     };
     job.check()?;
-    if !export.model.exists() {
+    // A Hub id missing from the cache is left to the job, whose error names every place looked.
+    let present = crate::checkpoint::resolve_source(&export.model).map_or(true, |p| p.exists());
+    if !present {
         return Err(ExportError::NoModel(export.model.clone()));
     }
     let inputs = job.inputs()?;

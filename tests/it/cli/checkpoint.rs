@@ -8,7 +8,7 @@ use hf2coreml::arch::Architecture;
 use hf2coreml::mil::DType;
 use hf2coreml::testing::TinyModel;
 
-use crate::support::{assert_refused, hf2coreml, stderr};
+use crate::support::{assert_refused, cli, hf2coreml, stderr};
 
 fn json(out: &Output) -> serde_json::Value {
     assert!(
@@ -450,10 +450,12 @@ fn checkpoint_paths_as_users_type_them() {
         let got = inspect_json(&dir.path().join(file));
         assert_eq!(got["parameters"], want["parameters"], "{file}");
     }
-    // A Hub id is named as one, with what to do.
-    let out = hf2coreml(&["inspect", "HuggingFaceTB/SmolLM2-135M-Instruct"]);
-    assert_refused(&out, &["looks like a Hugging Face Hub id"]);
-    assert_refused(&out, &["--local-dir"]);
+    // A Hub id that no Hub cache holds is named as one, with what to do (cli::hub).
+    let out = cli(&["inspect", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+        .env("HF_HUB_CACHE", dir.path())
+        .env("HOME", dir.path())
+        .output();
+    assert_refused(&out, &["not in the local Hub cache", "hf download"]);
     // Another file is not a checkpoint, and the message says what is.
     let other = dir.path().join("notes.txt");
     std::fs::write(&other, "x").unwrap();

@@ -6,6 +6,7 @@ mod budget;
 mod chat;
 mod checkpoint;
 mod ci;
+mod hub;
 mod inspect;
 mod progress;
 mod run;
