@@ -727,6 +727,7 @@ pub fn from_checkpoint(
     let spec = ckpt.spec().clone();
     let arch = match spec.architecture {
         Architecture::Qwen2 => "qwen2",
+        Architecture::Qwen3 => "qwen3",
         _ => "llama",
     };
     let tokens = TinyGguf::llama().tokens();
@@ -745,10 +746,17 @@ pub fn from_checkpoint(
             &key("attention.layer_norm_rms_epsilon"),
             Meta::F32(spec.rms_norm_eps as f32),
         );
-    let pre = if arch == "qwen2" {
-        "qwen2"
-    } else {
+    // llama.cpp writes the key/value lengths whenever config.json names a head_dim (Qwen3's
+    // always does).
+    if arch == "qwen3" || spec.head_dim * spec.num_attention_heads != spec.hidden_size {
+        w.meta(&key("attention.key_length"), u(spec.head_dim))
+            .meta(&key("attention.value_length"), u(spec.head_dim));
+    }
+    // Qwen3's vocabulary is Qwen2's: llama.cpp names its pre-tokenizer `qwen2`.
+    let pre = if arch == "llama" {
         "llama-bpe"
+    } else {
+        "qwen2"
     };
     tokenizer_meta(&mut w, pre, &tokens);
     let mut expected = BTreeMap::new();
@@ -813,11 +821,11 @@ pub fn gguf_name(id: crate::arch::TensorId) -> String {
                 T::QBias => ("attn_q", "bias"),
                 T::KBias => ("attn_k", "bias"),
                 T::VBias => ("attn_v", "bias"),
+                T::QNorm => ("attn_q_norm", "weight"),
+                T::KNorm => ("attn_k_norm", "weight"),
                 // llama.cpp's gemma3 names (a Gemma GGUF is not imported: testing only).
                 T::PreFfnNorm => ("ffn_norm", "weight"),
                 T::PostFfnNorm => ("post_ffw_norm", "weight"),
-                T::QNorm => ("attn_q_norm", "weight"),
-                T::KNorm => ("attn_k_norm", "weight"),
             };
             format!("blk.{l}.{part}.{suffix}")
         }
@@ -867,4 +875,28 @@ pub fn q6_k_type(_: &str, shape: &[usize], _: Option<usize>, _: usize) -> Fixtur
         [_, _] => FixtureType::Q8_0,
         _ => FixtureType::F32,
     }
+}
+
+/// A tiny checkpoint wide enough for 256-element K-quant rows, with an intermediate size (384)
+/// that is not, so ffn_down falls back as Qwen2.5-0.5B's do; the fixtures' byte-level
+/// vocabulary. Weights small and logits mildly peaked: with sharper logits, 4-bit source error
+/// alone (no calibration can undo it) costs a random model KL ~1.
+pub fn kquant_model(model: crate::testing::TinyModel) -> crate::testing::TinyModel {
+    crate::testing::TinyModel {
+        hidden: 256,
+        intermediate: 384,
+        layers: 3,
+        vocab: TinyGguf::llama().tokens().len(),
+        logit_gain: 1.5,
+        scale: 0.04,
+        ..model
+    }
+}
+
+/// [`kquant_model`] of `model` written as a checkpoint into `dir`, and its `Q4_K_M` GGUF as
+/// llama.cpp lays one out ([`q4_k_m_type`]). Deterministic: the same bytes every run.
+pub fn q4_k_m_fixture(model: crate::testing::TinyModel, dir: &Path) -> std::io::Result<BuiltGguf> {
+    kquant_model(model).write(dir)?;
+    let ckpt = crate::checkpoint::Checkpoint::open(dir).map_err(std::io::Error::other)?;
+    Ok(from_checkpoint(&ckpt, q4_k_m_type))
 }

@@ -97,6 +97,19 @@ impl TinyModel {
         }
     }
 
+    /// Qwen3: per-head q/k norms, no biases, tied, an explicit head_dim wider than
+    /// hidden/heads (as Qwen3-0.6B's 16 × 128 over 1024), transformers 5 config.
+    pub fn qwen3() -> Self {
+        TinyModel {
+            architecture: Architecture::Qwen3,
+            head_dim: Some(32),
+            transformers5: true,
+            rope_theta: 1_000_000.0,
+            seed: 4,
+            ..Self::llama()
+        }
+    }
+
     /// config.json text for this model.
     pub fn config_json(&self) -> serde_json::Value {
         let mut c = serde_json::json!({

@@ -1,6 +1,6 @@
 //! K-quant GGUF files as llama.cpp lays out a `Q4_K_M` (q4_K matrices, q6_K for `output` and
 //! the `use_more_bits` layers' attn_v/ffn_down, f32 vectors, q5_0/q8_0 where rows are not a
-//! multiple of 256), made from a tiny llama and a tiny qwen2 checkpoint: they import to the
+//! multiple of 256), made from a tiny llama, qwen2 and qwen3 checkpoint: they import to the
 //! values the fixture's own quantizer decodes to (q/k un-permuted for llama only), convert
 //! straight from the .gguf (the second time from the model cache), and the package passes
 //! `validate` against the checkpoint the file was made from.
@@ -10,31 +10,10 @@ use std::path::Path;
 use hf2coreml::checkpoint::gguf::{self, GgufError, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::progress::Silent;
-use hf2coreml::testing::gguf::{from_checkpoint, q4_k_m_type, BuiltGguf, TinyGguf};
+use hf2coreml::testing::gguf::{q4_k_m_fixture, BuiltGguf, TinyGguf};
 use hf2coreml::testing::TinyModel;
 
 use crate::support::{convert, needs, Cli};
-
-/// A checkpoint wide enough for 256-element K-quant rows, with an intermediate size (384)
-/// that is not, so ffn_down falls back like Qwen2.5-0.5B's do. Weights small and logits mildly
-/// peaked: with the peaked fixtures of validate::tiny, 4-bit source error alone (no
-/// calibration can undo it) costs a random model KL ~1.
-fn wide(model: TinyModel) -> TinyModel {
-    TinyModel {
-        hidden: 256,
-        intermediate: 384,
-        layers: 3,
-        vocab: TinyGguf::llama().tokens().len(),
-        logit_gain: 1.5,
-        scale: 0.04,
-        ..model
-    }
-}
-
-fn q4_k_m(ckpt_dir: &Path) -> BuiltGguf {
-    let ckpt = Checkpoint::open(ckpt_dir).unwrap();
-    from_checkpoint(&ckpt, q4_k_m_type)
-}
 
 fn types_of(path: &Path) -> Vec<String> {
     let g = gguf::GgufFile::open(path).unwrap();
@@ -62,9 +41,8 @@ fn check_import(gguf_path: &Path, built: &BuiltGguf) {
 }
 
 fn check(model: TinyModel) {
-    let model = wide(model);
-    let dir = model.write_temp().unwrap();
-    let built = q4_k_m(dir.path());
+    let dir = tempfile::tempdir().unwrap();
+    let built = q4_k_m_fixture(model, dir.path()).unwrap();
     let work = tempfile::tempdir().unwrap();
     let file = work.path().join("tiny-Q4_K_M.gguf");
     built.writer.write(&file).unwrap();
@@ -127,6 +105,12 @@ fn llama_q4_k_m_imports_converts_and_validates() {
 fn qwen2_q4_k_m_imports_converts_and_validates() {
     needs!(Python);
     check(TinyModel::qwen2());
+}
+
+#[test]
+fn qwen3_q4_k_m_imports_converts_and_validates() {
+    needs!(Python);
+    check(TinyModel::qwen3());
 }
 
 #[test]

@@ -7,3 +7,4 @@ mod header;
 mod import;
 mod kquant;
 mod tokenizers;
+mod transformers;

@@ -1,0 +1,84 @@
+"""What transformers makes of hf2coreml's GGUF fixtures: the independent reader
+tests/it/gguf/transformers.rs holds the importer to.
+
+usage: python gguf_transformers.py GGUF [GGUF ...]
+each GGUF (written by `cargo run --example gguf_fixture ARCH GGUF`) is loaded with
+`AutoModelForCausalLM.from_pretrained(DIR, gguf_file=NAME)` and
+`AutoTokenizer.from_pretrained(DIR, gguf_file=NAME)`, and GGUF's stem + ".json" is written
+beside it:
+  {"gguf_sha256", "transformers", "torch",
+   "tensors": {HF name: sha256 of the weight rounded to fp16, little-endian},
+   "text": TEXT, "ids": transformers' ids of TEXT (no special tokens),
+   "tokens": [...], "logits": [[V floats] per position] (float32 forward pass)}
+
+Needs torch, transformers, accelerate and gguf in a venv of their own:
+  python -m venv ~/.cache/hf2coreml/venv-testgen
+  ~/.cache/hf2coreml/venv-testgen/bin/pip install torch==2.15.0 transformers==5.23.0 accelerate gguf
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import transformers
+from gguf import GGUFReader
+
+# Digits, whitespace runs, accents, CJK and emoji: every byte-level path of the tokenizer.
+TEXT = "Hello world! 12345 the  thin\tcat\n\n  café 東京 🚀✨ déjà-vu 0.5e-3"
+TOKENS = [(i * 37 + 11) % 259 for i in range(24)]
+
+
+def head_dim_override(path):
+    """transformers' qwen3 GGUF mapping drops `attention.key_length` (docs/reference/
+    gguf-archs.md): give the file's own head_dim back."""
+    r = GGUFReader(path)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    key = f"{arch}.attention.key_length"
+    if key in r.fields:
+        return {"head_dim": int(r.fields[key].parts[-1][0])}
+    return {}
+
+
+def describe(path):
+    d, name = os.path.split(os.path.abspath(path))
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        d, gguf_file=name, dtype=torch.float32, **head_dim_override(path)
+    )
+    model.eval()
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
+    tensors = {}
+    for k, v in model.state_dict().items():
+        b = v.detach().to(torch.float16).numpy().astype("<f2").tobytes()
+        tensors[k] = hashlib.sha256(b).hexdigest()
+    with torch.no_grad():
+        logits = model(torch.tensor([TOKENS])).logits[0].float().numpy()
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {
+        "gguf_sha256": digest,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "tensors": tensors,
+        "text": TEXT,
+        "ids": tok.encode(TEXT, add_special_tokens=False),
+        "tokens": TOKENS,
+        "logits": [[float(f"{x:.7g}") for x in row] for row in logits.astype(np.float32)],
+    }
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    for path in sys.argv[1:]:
+        out = os.path.splitext(path)[0] + ".json"
+        with open(out, "w") as f:
+            json.dump(describe(path), f)
+            f.write("\n")
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

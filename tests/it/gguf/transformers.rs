@@ -1,0 +1,204 @@
+//! The K-quant GGUF fixtures against transformers' own GGUF reader: each file is rebuilt here
+//! byte for byte as `cargo run --example gguf_fixture ARCH` writes it, and
+//! python/testgen/gguf_transformers.py recorded what transformers makes of that file
+//! (tests/fixtures/gguf/ARCH-Q4_K_M.json). The import must hold the weights transformers
+//! reads (fp16-rounded, hash for hash), tokenize as transformers does, and its fp16 package
+//! must compute transformers' logits.
+
+use std::path::{Path, PathBuf};
+
+use half::f16;
+use hf2coreml::checkpoint::gguf::{self, ImportOptions};
+use hf2coreml::checkpoint::Checkpoint;
+use hf2coreml::model::Reference;
+use hf2coreml::progress::Silent;
+use hf2coreml::runtime::interp::{Options, Package};
+use hf2coreml::runtime::StepModel;
+use hf2coreml::testing::gguf::q4_k_m_fixture;
+use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
+
+use crate::support::convert;
+use crate::support::need::{available, Need};
+
+fn recorded(arch: &str) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("tests/fixtures/gguf/{arch}-Q4_K_M.json"));
+    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hf2coreml::util::sha256_hex(bytes)
+}
+
+/// The fixture file and its import, beside the checkpoint it was made from.
+struct Imported {
+    _work: tempfile::TempDir,
+    dir: PathBuf,
+    want: serde_json::Value,
+}
+
+fn import(arch: &str, model: TinyModel) -> Imported {
+    let want = recorded(arch);
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let built = q4_k_m_fixture(model, &src).unwrap();
+    let file = work.path().join(format!("{arch}-Q4_K_M.gguf"));
+    built.writer.write(&file).unwrap();
+    assert_eq!(
+        sha256(&std::fs::read(&file).unwrap()),
+        want["gguf_sha256"].as_str().unwrap(),
+        "the {arch} fixture changed: rerun python/testgen/gguf_transformers.py on \
+         `cargo run --example gguf_fixture {arch} tests/fixtures/gguf/{arch}-Q4_K_M.gguf`"
+    );
+    let dir = work.path().join("imported");
+    gguf::import(&file, &dir, &ImportOptions::default(), &Silent).unwrap();
+    Imported {
+        _work: work,
+        dir,
+        want,
+    }
+}
+
+/// Every tensor transformers holds is the imported one, rounded to fp16 bit for bit (a tied
+/// lm_head is the embedding); nothing is imported that transformers does not hold.
+fn same_weights(m: &Imported) {
+    let ckpt = Checkpoint::open(&m.dir).unwrap();
+    let hashes = m.want["tensors"].as_object().unwrap();
+    for (name, hash) in hashes {
+        let stored = match ckpt.tensor(name) {
+            Ok(t) => t,
+            Err(_) if name == "lm_head.weight" && ckpt.spec().tie_word_embeddings => {
+                ckpt.tensor("model.embed_tokens.weight").unwrap()
+            }
+            Err(e) => panic!("{name}: {e}"),
+        };
+        let bytes: Vec<u8> = stored
+            .to_f16()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(&sha256(&bytes), hash.as_str().unwrap(), "{name}");
+    }
+    for name in ckpt.tensor_names() {
+        assert!(
+            hashes.contains_key(name),
+            "{name} is not in transformers' model"
+        );
+    }
+}
+
+/// transformers' ids of the recorded text (no special tokens), from the imported tokenizer.json.
+fn same_ids(m: &Imported) {
+    let tok = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
+    let text = m.want["text"].as_str().unwrap();
+    let got = tok.encode(text, false).unwrap().get_ids().to_vec();
+    let want: Vec<u32> = m.want["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(got, want, "ids of {text:?}");
+}
+
+fn logits(m: &Imported) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let tokens = m.want["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let rows = m.want["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    (tokens, rows)
+}
+
+fn max_diff(got: &[f32], want: &[f32]) -> f32 {
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+}
+
+/// The float reference of the import, then its fp16 package stepped by the interpreter, against
+/// transformers' float32 logits of the GGUF: within the fp16 tolerance, the same argmax.
+fn same_logits(m: &Imported) {
+    let (tokens, want) = logits(m);
+    let ckpt = Checkpoint::open(&m.dir).unwrap();
+    let reference = Reference::load(&ckpt).unwrap().logits_all(&tokens).unwrap();
+    let worst = (0..tokens.len())
+        .map(|i| max_diff(&reference[i], &want[i]))
+        .fold(0f32, f32::max);
+    eprintln!("reference vs transformers: max |Δlogit| {worst}");
+    assert!(worst < FP16_LOGIT_TOL, "reference: max |Δlogit| {worst}");
+
+    let work = tempfile::tempdir().unwrap();
+    let pkg = work.path().join("m.mlpackage");
+    let s = 32usize;
+    convert(&m.dir, &pkg)
+        .args(["--max-seq-len", &s.to_string(), "--keep-fp16", "*", "-q"])
+        .ok();
+    let mut package = Package::load(&pkg, Options::default()).unwrap();
+    let c = package.contract().clone();
+    let (l, hkv, d, v) = (c.num_layers, c.num_kv_heads, c.head_dim, c.vocab_size);
+    let mut kc = vec![f16::ZERO; l * hkv * s * d];
+    let mut vc = kc.clone();
+    let argmax = |r: &[f32]| {
+        r.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+    };
+    let mut worst = 0f32;
+    for (p, &t) in tokens.iter().enumerate() {
+        let out = package.step(&[t as i32], p, &kc, &vc).unwrap();
+        for li in 0..l {
+            for h in 0..hkv {
+                let src = (li * hkv + h) * d;
+                let dst = ((li * hkv + h) * s + p) * d;
+                kc[dst..dst + d].copy_from_slice(&out.key_update[src..src + d]);
+                vc[dst..dst + d].copy_from_slice(&out.value_update[src..src + d]);
+            }
+        }
+        let got = &out.logits[..v];
+        worst = worst.max(max_diff(got, &want[p]));
+        assert_eq!(argmax(got), argmax(&want[p]), "argmax at position {p}");
+    }
+    eprintln!("fp16 package vs transformers: max |Δlogit| {worst}");
+    assert!(worst < FP16_LOGIT_TOL, "package: max |Δlogit| {worst}");
+}
+
+fn check(arch: &str, model: TinyModel) {
+    let m = import(arch, model);
+    same_weights(&m);
+    same_ids(&m);
+    if available(&[Need::Python]) {
+        same_logits(&m);
+    }
+}
+
+#[test]
+fn qwen3_gguf_imports_as_transformers_reads_it() {
+    check("qwen3", TinyModel::qwen3());
+}
+
+#[test]
+fn llama_gguf_imports_as_transformers_reads_it() {
+    check("llama", TinyModel::llama());
+}
+
+#[test]
+fn qwen2_gguf_imports_as_transformers_reads_it() {
+    check("qwen2", TinyModel::qwen2());
+}
