@@ -466,6 +466,40 @@ fn missing_extra_and_misshapen_tensors_are_named() {
 }
 
 #[test]
+fn an_inconsistent_qwen3_file_names_the_key_or_tensor() {
+    let src = tempfile::tempdir().unwrap();
+    let base = fixture::q4_k_m_fixture(hf2coreml::testing::TinyModel::qwen3(), src.path())
+        .unwrap()
+        .writer;
+    let mut w = base.clone();
+    w.tensors.retain(|t| t.name != "blk.2.attn_k_norm.weight");
+    let err = expect_err(&w);
+    assert!(
+        err.to_string().contains("blk.2.attn_k_norm.weight"),
+        "{err}"
+    );
+    // Without its key length, head_dim would be hidden / heads: the value length disagrees,
+    // and without either, q's rows are named, not reshaped into a guess.
+    let mut w = base.clone();
+    w.remove_meta("qwen3.attention.key_length");
+    let err = expect_err(&w);
+    assert!(err.to_string().contains("qwen3.attention.value_length"), "{err}");
+    w.remove_meta("qwen3.attention.value_length");
+    let err = expect_err(&w);
+    assert!(err.to_string().contains("blk.0.attn_q.weight"), "{err}");
+    // A qwen2 file carrying q/k norms is not silently a Qwen2 without them.
+    let mut w = base;
+    w.meta("general.architecture", Meta::Str("qwen2".into()));
+    for (k, _) in w.metadata.iter_mut() {
+        if let Some(rest) = k.strip_prefix("qwen3.") {
+            *k = format!("qwen2.{rest}");
+        }
+    }
+    let err = expect_err(&w);
+    assert!(err.to_string().contains("attn_q"), "{err}");
+}
+
+#[test]
 fn bad_hyperparameters_are_named() {
     let base = TinyGguf::llama().build().writer;
     for (key, value, needle) in [
