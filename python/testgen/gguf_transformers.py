@@ -8,7 +8,9 @@ each GGUF (written by `cargo run --example gguf_fixture ARCH GGUF`) is loaded wi
 beside it:
   {"gguf_sha256", "transformers", "torch",
    "tensors": {HF name: sha256 of the weight rounded to fp16, little-endian},
-   "text": TEXT, "ids": transformers' ids of TEXT (no special tokens),
+   "text": TEXT, "ids": transformers' ids of TEXT (no special tokens), "ids_with_specials"
+   (as a model is prompted: BOS/EOS as the file asks), "specials", "specials_ids" (a text
+   spelling special tokens), "decoded" (ids back to text),
    "tokens": [...], "logits": [[V floats] per position] (float32 forward pass)}
 
 Needs torch, transformers, accelerate and gguf in a venv of their own:
@@ -28,6 +30,8 @@ from gguf import GGUFReader
 
 # Digits, whitespace runs, accents, CJK and emoji: every byte-level path of the tokenizer.
 TEXT = "Hello world! 12345 the  thin\tcat\n\n  café 東京 🚀✨ déjà-vu 0.5e-3"
+# The vocabulary's own special tokens written out: kept whole, never split into pieces.
+SPECIALS = "<s>Hi</s> <unk>x<|im_start|>y"
 TOKENS = [(i * 37 + 11) % 259 for i in range(24)]
 
 
@@ -64,6 +68,10 @@ def describe(path):
         "tensors": tensors,
         "text": TEXT,
         "ids": tok.encode(TEXT, add_special_tokens=False),
+        "ids_with_specials": tok.encode(TEXT, add_special_tokens=True),
+        "specials": SPECIALS,
+        "specials_ids": tok.encode(SPECIALS, add_special_tokens=False),
+        "decoded": tok.decode(tok.encode(TEXT, add_special_tokens=False)),
         "tokens": TOKENS,
         "logits": [[float(f"{x:.7g}") for x in row] for row in logits.astype(np.float32)],
     }

@@ -900,3 +900,76 @@ pub fn q4_k_m_fixture(model: crate::testing::TinyModel, dir: &Path) -> std::io::
     let ckpt = crate::checkpoint::Checkpoint::open(dir).map_err(std::io::Error::other)?;
     Ok(from_checkpoint(&ckpt, q4_k_m_type))
 }
+
+/// The SentencePiece pieces of the fixtures beyond the specials and the 256 byte pieces, best
+/// first: words and their parts, then the single characters they are merged from (last, with
+/// the lowest scores, as a SentencePiece BPE vocabulary lists them).
+const SPM_PIECES: [&str; 24] = [
+    "▁t", "he", "▁the", "in", "▁in", "▁a", "at", "▁c", "▁cat", "er", "▁H", "ll", "llo", "▁w", "or",
+    "12", "123", "▁▁", "▁", "e", "l", "o", "r", "w",
+];
+const SPM_CHARS: &str = "abcdhinstH0123456789.!-";
+
+/// A SentencePiece vocabulary as llama.cpp writes Llama 2's (`tokenizer.ggml.model = llama`):
+/// `<unk>`, `<s>`, `</s>`, the 256 `<0xNN>` byte pieces, then [`SPM_PIECES`] and single
+/// characters, each with its score and token type (2 unknown, 3 control, 6 byte, 1 normal).
+pub fn spm_vocabulary() -> Vec<(String, f32, i32)> {
+    let mut v: Vec<(String, f32, i32)> = vec![
+        ("<unk>".into(), 0.0, 2),
+        ("<s>".into(), 0.0, 3),
+        ("</s>".into(), 0.0, 3),
+    ];
+    v.extend((0..=255u8).map(|b| (format!("<0x{b:02X}>"), 0.0, 6)));
+    let pieces = SPM_PIECES
+        .iter()
+        .map(|p| p.to_string())
+        .chain(SPM_CHARS.chars().map(String::from))
+        .filter(|p| !v.iter().any(|(t, _, _)| t == p))
+        .collect::<Vec<_>>();
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, p) in pieces.into_iter().enumerate() {
+        if seen.insert(p.clone()) {
+            v.push((p, -(i as f32), 1));
+        }
+    }
+    v
+}
+
+/// Replace `w`'s tokenizer with [`spm_vocabulary`]: no merges, no pre-tokenizer, BOS added by
+/// llama.cpp's default (the flag absent).
+pub fn sentencepiece_meta(w: &mut GgufWriter) {
+    use candle_core::quantized::gguf_file::Value as V;
+    w.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
+    let vocab = spm_vocabulary();
+    let scores = vocab.iter().map(|(_, s, _)| V::F32(*s)).collect();
+    w.meta("tokenizer.ggml.model", Meta::Str("llama".into()))
+        .meta(
+            "tokenizer.ggml.tokens",
+            Meta::StrArray(vocab.iter().map(|(t, _, _)| t.clone()).collect()),
+        )
+        .meta("tokenizer.ggml.scores", Meta::Value(V::Array(scores)))
+        .meta(
+            "tokenizer.ggml.token_type",
+            Meta::I32Array(vocab.iter().map(|(_, _, ty)| *ty).collect()),
+        )
+        .meta("tokenizer.ggml.bos_token_id", Meta::U32(1))
+        .meta("tokenizer.ggml.eos_token_id", Meta::U32(2))
+        .meta("tokenizer.ggml.unknown_token_id", Meta::U32(0));
+}
+
+/// [`q4_k_m_fixture`] with the SentencePiece vocabulary: the model's vocabulary is sized to it.
+pub fn q4_k_m_spm_fixture(
+    model: crate::testing::TinyModel,
+    dir: &Path,
+) -> std::io::Result<BuiltGguf> {
+    let model = crate::testing::TinyModel {
+        vocab: spm_vocabulary().len(),
+        ..kquant_model(model)
+    };
+    model.write(dir)?;
+    let ckpt = crate::checkpoint::Checkpoint::open(dir).map_err(std::io::Error::other)?;
+    let mut built = from_checkpoint(&ckpt, q4_k_m_type);
+    sentencepiece_meta(&mut built.writer);
+    built.tokens = spm_vocabulary().into_iter().map(|(t, _, _)| t).collect();
+    Ok(built)
+}

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod dequant;
 pub mod header;
 pub mod reader;
+pub mod spm;
 pub mod tokenizer;
 pub mod weights;
 

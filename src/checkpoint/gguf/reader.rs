@@ -483,6 +483,26 @@ impl GgufFile {
         }
     }
 
+    /// An array of f32 values (SentencePiece scores), `None` when absent.
+    pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>, GgufError> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::F32(x) => Ok(*x),
+                    other => Err(self.meta_err(
+                        key,
+                        format!("element {i} is {}, expected an f32", kind(other)),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => Err(self.meta_err(key, format!("expected an array, found {}", kind(v)))),
+        }
+    }
+
     /// An array of integers (any width, signed values must be non-negative), `None` when absent.
     pub fn get_uint_array(&self, key: &str) -> Result<Option<Vec<u64>>, GgufError> {
         match self.metadata.get(key) {

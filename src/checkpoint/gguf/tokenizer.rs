@@ -1,9 +1,10 @@
 //! The GGUF vocabulary → a Hugging Face `tokenizer.json` (built with the `tokenizers` crate)
 //! and `tokenizer_config.json`.
 //!
-//! Only byte-level BPE (`tokenizer.ggml.model = gpt2`) can be rebuilt exactly: its vocabulary
-//! and merges are stored verbatim, and the pre-tokenizer is named by `tokenizer.ggml.pre`,
-//! which maps onto the splitting transformers' tokenizer.json describes for that family.
+//! Byte-level BPE (`tokenizer.ggml.model = gpt2`) is rebuilt as stored: its vocabulary and
+//! merges are verbatim, and the pre-tokenizer is named by `tokenizer.ggml.pre`, which maps onto
+//! the splitting transformers' tokenizer.json describes for that family. SentencePiece
+//! vocabularies (`llama`) become the BPE tokenizer transformers builds from them ([`spm`]).
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -17,6 +18,7 @@ use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
 
 use super::reader::GgufFile;
+use super::spm::{self, Flavour};
 use super::GgufError;
 
 /// `tokenizer.ggml.pre` values we can rebuild.
@@ -63,27 +65,30 @@ type Special = Option<(u32, String)>;
 
 /// Rebuild the tokenizer stored in `g`'s metadata.
 pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
-    let (pre, pre_tokenizer) = pre_tokenizer(g)?;
-    let tokens = tokens(g)?;
-    let (vocab, merges) = vocab_and_merges(g, &tokens)?;
-    let types = token_types(g, tokens.len())?;
-    let specials = Specials::read(g, &tokens)?;
-
-    // Llama 3 takes a piece that is a whole token as is, before any merge (transformers'
-    // `ignore_merges`, llama.cpp's LLAMA3 pre-type); the others always merge.
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .ignore_merges(matches!(pre.as_str(), "llama-bpe" | "llama3"));
-    if let Some((_, t)) = &specials.unk {
-        builder = builder.unk_token(t.clone());
+    let model = g.get_str("tokenizer.ggml.model")?.ok_or_else(|| {
+        tok_err(
+            g,
+            "no `tokenizer.ggml.model` (the file carries no tokenizer)",
+        )
+    })?;
+    if !matches!(model, "gpt2" | "llama") {
+        return Err(GgufError::UnsupportedTokenizer {
+            path: g.path().to_path_buf(),
+            what: format!("model `{model}`"),
+            supported: "gpt2 (byte-level BPE), llama (SentencePiece)".into(),
+        });
     }
-    let bpe = builder
-        .build()
-        .map_err(|e| tok_err(g, format!("BPE model: {e}")))?;
-    let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
-    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
-    tokenizer.with_post_processor(Some(post_processor(g, &specials)?));
+    let byte_level = model == "gpt2";
+    let tokens = tokens(g)?;
+    let types = token_types(g, tokens.len())?;
+    // llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise, and so
+    // does transformers.
+    let specials = Specials::read(g, &tokens, !byte_level)?;
+    let (pre, mut tokenizer) = match byte_level {
+        true => byte_level_bpe(g, &tokens, &specials)?,
+        false => sentencepiece(g, &tokens)?,
+    };
+    tokenizer.with_post_processor(post_processor(g, &specials, byte_level)?);
     let added = added_tokens(types.as_deref(), &tokens, &specials);
     add_tokens(g, &mut tokenizer, &added)?;
 
@@ -111,22 +116,102 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
     })
 }
 
-/// Check the tokenizer model is byte-level BPE and build the pre-tokenizer `tokenizer.ggml.pre`
-/// names; returns that name and the pre-tokenizer.
-fn pre_tokenizer(g: &GgufFile) -> Result<(String, PreTokenizerWrapper), GgufError> {
-    let model = g.get_str("tokenizer.ggml.model")?.ok_or_else(|| {
+/// Byte-level BPE: the vocabulary and merges as stored, split as `tokenizer.ggml.pre` names.
+fn byte_level_bpe(
+    g: &GgufFile,
+    tokens: &[&str],
+    specials: &Specials,
+) -> Result<(String, Tokenizer), GgufError> {
+    let (pre, pre_tokenizer) = pre_tokenizer(g)?;
+    let (vocab, merges) = vocab_and_merges(g, tokens)?;
+    // Llama 3 takes a piece that is a whole token as is, before any merge (transformers'
+    // `ignore_merges`, llama.cpp's LLAMA3 pre-type); the others always merge.
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(matches!(pre.as_str(), "llama-bpe" | "llama3"));
+    if let Some((_, t)) = &specials.unk {
+        builder = builder.unk_token(t.clone());
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| tok_err(g, format!("BPE model: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok((pre, tokenizer))
+}
+
+/// A SentencePiece vocabulary ([`spm`]): Gemma's files as transformers reads Gemma's, the
+/// rest as Llama's. The merges are the file's when it has them, else recovered from the
+/// scores (Gemma: the positions).
+fn sentencepiece(g: &GgufFile, tokens: &[&str]) -> Result<(String, Tokenizer), GgufError> {
+    let arch = g.get_str("general.architecture")?.unwrap_or_default();
+    let flavour = match arch {
+        "gemma" | "gemma2" | "gemma3" => Flavour::Gemma,
+        "phi3" => {
+            return Err(GgufError::UnsupportedTokenizer {
+                path: g.path().to_path_buf(),
+                what: "a phi3 SentencePiece vocabulary".into(),
+                supported: "SentencePiece of llama and gemma3 files".into(),
+            })
+        }
+        _ => Flavour::Llama,
+    };
+    let spelled = spm::spelled(tokens, flavour);
+    let mut seen = std::collections::HashSet::new();
+    if let Some((id, t)) = spelled.iter().enumerate().find(|(_, t)| !seen.insert(*t)) {
+        return Err(tok_err(
+            g,
+            format!("piece {t:?} (id {id}) appears twice in the vocabulary"),
+        ));
+    }
+    let merges = match g.get_str_array("tokenizer.ggml.merges")? {
+        Some(_) => vocab_and_merges(g, tokens)?.1,
+        None => {
+            let scores = match flavour {
+                Flavour::Gemma => vec![0.0; tokens.len()],
+                Flavour::Llama => scores(g, tokens.len())?,
+            };
+            spm::merges(&spelled, &spm::ranks(&scores, flavour))
+        }
+    };
+    let tokenizer = spm::tokenizer(&spelled, merges, flavour)
+        .map_err(|e| tok_err(g, format!("SentencePiece model: {e}")))?;
+    let name = match flavour {
+        Flavour::Gemma => "sentencepiece (gemma)",
+        Flavour::Llama => "sentencepiece (llama)",
+    };
+    Ok((name.to_string(), tokenizer))
+}
+
+/// `tokenizer.ggml.scores`: one finite score per piece.
+fn scores(g: &GgufFile, n_tokens: usize) -> Result<Vec<f32>, GgufError> {
+    let scores = g.get_f32_array("tokenizer.ggml.scores")?.ok_or_else(|| {
         tok_err(
             g,
-            "no `tokenizer.ggml.model` (the file carries no tokenizer)",
+            "no `tokenizer.ggml.scores` (a SentencePiece vocabulary without merges needs them)",
         )
     })?;
-    if model != "gpt2" {
-        return Err(GgufError::UnsupportedTokenizer {
-            path: g.path().to_path_buf(),
-            what: format!("model `{model}`"),
-            supported: "gpt2 (byte-level BPE)".into(),
-        });
+    if scores.len() != n_tokens {
+        return Err(tok_err(
+            g,
+            format!(
+                "`tokenizer.ggml.scores` has {} entries for {n_tokens} tokens",
+                scores.len()
+            ),
+        ));
     }
+    if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
+        return Err(tok_err(
+            g,
+            format!("`tokenizer.ggml.scores` element {i} is {}", scores[i]),
+        ));
+    }
+    Ok(scores)
+}
+
+/// The byte-level pre-tokenizer `tokenizer.ggml.pre` names; returns that name and it.
+fn pre_tokenizer(g: &GgufFile) -> Result<(String, PreTokenizerWrapper), GgufError> {
     // Without `pre`, llama.cpp falls back to a splitting no transformers tokenizer uses;
     // guessing would give a tokenizer that silently disagrees with the model's training.
     let pre = g
@@ -217,7 +302,7 @@ struct Specials {
 }
 
 impl Specials {
-    fn read(g: &GgufFile, tokens: &[&str]) -> Result<Self, GgufError> {
+    fn read(g: &GgufFile, tokens: &[&str], add_bos_default: bool) -> Result<Self, GgufError> {
         let special_id = |key: &str| -> Result<Special, GgufError> {
             match g.get_uint(key)? {
                 None => Ok(None),
@@ -239,7 +324,9 @@ impl Specials {
             eos: special_id("tokenizer.ggml.eos_token_id")?,
             pad: special_id("tokenizer.ggml.padding_token_id")?,
             unk: special_id("tokenizer.ggml.unknown_token_id")?,
-            add_bos: g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
+            add_bos: g
+                .get_bool("tokenizer.ggml.add_bos_token")?
+                .unwrap_or(add_bos_default),
             add_eos: g.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
         };
         let flag_err = |key: &str, what: &str| GgufError::Metadata {
@@ -267,16 +354,28 @@ impl Specials {
     }
 }
 
-/// Byte-level offsets as transformers writes them, then BOS/EOS when the GGUF asks for them.
-fn post_processor(g: &GgufFile, specials: &Specials) -> Result<PostProcessorWrapper, GgufError> {
-    let byte_level_pp: PostProcessorWrapper = ByteLevel::new(true, false, true).into();
-    let (bos, eos) = (specials.bos_added(), specials.eos_added());
-    if bos.is_none() && eos.is_none() {
-        return Ok(byte_level_pp);
+/// Byte-level offsets as transformers writes them (byte-level vocabularies), then BOS/EOS when
+/// the GGUF asks for them.
+fn post_processor(
+    g: &GgufFile,
+    specials: &Specials,
+    byte_level: bool,
+) -> Result<Option<PostProcessorWrapper>, GgufError> {
+    let mut steps: Vec<PostProcessorWrapper> = Vec::new();
+    if byte_level {
+        steps.push(ByteLevel::new(true, false, true).into());
     }
-    let template =
-        special_template(bos, eos).map_err(|e| tok_err(g, format!("BOS/EOS template: {e}")))?;
-    Ok(ProcessorSequence::new(vec![byte_level_pp, template.into()]).into())
+    let (bos, eos) = (specials.bos_added(), specials.eos_added());
+    if bos.is_some() || eos.is_some() {
+        let template =
+            special_template(bos, eos).map_err(|e| tok_err(g, format!("BOS/EOS template: {e}")))?;
+        steps.push(template.into());
+    }
+    Ok(match steps.len() {
+        0 => None,
+        1 => steps.pop(),
+        _ => Some(ProcessorSequence::new(steps).into()),
+    })
 }
 
 /// Control and user-defined tokens as (id, content, special), sorted by id; bos/eos/pad/unk are

@@ -419,15 +419,24 @@ fn eos_is_appended_when_the_gguf_asks() {
 }
 
 #[test]
-fn sentencepiece_tokenizer_is_refused() {
+fn unknown_tokenizer_models_and_incomplete_sentencepiece_are_refused() {
     let mut w = TinyGguf::llama().build().writer;
-    w.meta("tokenizer.ggml.model", Meta::Str("llama".into()));
+    w.meta("tokenizer.ggml.model", Meta::Str("bert".into()));
     let err = expect_err(&w);
     assert!(
         matches!(err, GgufError::UnsupportedTokenizer { .. }),
         "{err}"
     );
-    assert!(err.to_string().contains("`llama`"));
+    assert!(err.to_string().contains("`bert`"), "{err}");
+    // A SentencePiece vocabulary without merges needs its scores to recover them.
+    let mut w = TinyGguf::llama().build().writer;
+    fixture::sentencepiece_meta(&mut w);
+    let vocab = fixture::spm_vocabulary().len();
+    let tokens: Vec<String> = (0..vocab).map(|i| format!("t{i}")).collect();
+    w.remove_meta("tokenizer.ggml.scores");
+    w.meta("tokenizer.ggml.tokens", Meta::StrArray(tokens));
+    let err = expect_err(&w);
+    assert!(err.to_string().contains("tokenizer.ggml.scores"), "{err}");
 }
 
 #[test]
@@ -483,7 +492,10 @@ fn an_inconsistent_qwen3_file_names_the_key_or_tensor() {
     let mut w = base.clone();
     w.remove_meta("qwen3.attention.key_length");
     let err = expect_err(&w);
-    assert!(err.to_string().contains("qwen3.attention.value_length"), "{err}");
+    assert!(
+        err.to_string().contains("qwen3.attention.value_length"),
+        "{err}"
+    );
     w.remove_meta("qwen3.attention.value_length");
     let err = expect_err(&w);
     assert!(err.to_string().contains("blk.0.attn_q.weight"), "{err}");

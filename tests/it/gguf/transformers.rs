@@ -1,4 +1,5 @@
-//! The K-quant GGUF fixtures against transformers' own GGUF reader: each file is rebuilt here
+//! The K-quant GGUF fixtures (byte-level and SentencePiece vocabularies) against transformers'
+//! own GGUF reader: each file is rebuilt here
 //! byte for byte as `cargo run --example gguf_fixture ARCH` writes it, and
 //! python/testgen/gguf_transformers.py recorded what transformers makes of that file
 //! (tests/fixtures/gguf/ARCH-Q4_K_M.json). The import must hold the weights transformers
@@ -14,7 +15,7 @@ use hf2coreml::model::Reference;
 use hf2coreml::progress::Silent;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::gguf::q4_k_m_fixture;
+use hf2coreml::testing::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture, BuiltGguf};
 use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
 
 use crate::support::convert;
@@ -37,12 +38,15 @@ struct Imported {
     want: serde_json::Value,
 }
 
-fn import(arch: &str, model: TinyModel) -> Imported {
+/// How a fixture is made from a tiny model (`q4_k_m_fixture` or `q4_k_m_spm_fixture`).
+type Make = fn(TinyModel, &Path) -> std::io::Result<BuiltGguf>;
+
+fn import(arch: &str, model: TinyModel, make: Make) -> Imported {
     let want = recorded(arch);
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     std::fs::create_dir(&src).unwrap();
-    let built = q4_k_m_fixture(model, &src).unwrap();
+    let built = make(model, &src).unwrap();
     let file = work.path().join(format!("{arch}-Q4_K_M.gguf"));
     built.writer.write(&file).unwrap();
     assert_eq!(
@@ -88,18 +92,27 @@ fn same_weights(m: &Imported) {
     }
 }
 
-/// transformers' ids of the recorded text (no special tokens), from the imported tokenizer.json.
+/// transformers' ids of the recorded texts from the imported tokenizer.json: without special
+/// tokens, with them (BOS/EOS as the file asks), a text spelling the specials; and the ids
+/// decoded back to text.
 fn same_ids(m: &Imported) {
     let tok = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
+    let ids = |key: &str| -> Vec<u32> {
+        let v = m.want[key].as_array().unwrap();
+        v.iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
     let text = m.want["text"].as_str().unwrap();
-    let got = tok.encode(text, false).unwrap().get_ids().to_vec();
-    let want: Vec<u32> = m.want["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    assert_eq!(got, want, "ids of {text:?}");
+    let specials = m.want["specials"].as_str().unwrap();
+    for (t, add, key) in [
+        (text, false, "ids"),
+        (text, true, "ids_with_specials"),
+        (specials, false, "specials_ids"),
+    ] {
+        let got = tok.encode(t, add).unwrap().get_ids().to_vec();
+        assert_eq!(got, ids(key), "{key}: ids of {t:?}");
+    }
+    let decoded = tok.decode(&ids("ids"), false).unwrap();
+    assert_eq!(decoded, m.want["decoded"].as_str().unwrap());
 }
 
 fn logits(m: &Imported) -> (Vec<u32>, Vec<Vec<f32>>) {
@@ -179,8 +192,8 @@ fn same_logits(m: &Imported) {
     assert!(worst < FP16_LOGIT_TOL, "package: max |Δlogit| {worst}");
 }
 
-fn check(arch: &str, model: TinyModel) {
-    let m = import(arch, model);
+fn check(arch: &str, model: TinyModel, make: Make) {
+    let m = import(arch, model, make);
     same_weights(&m);
     same_ids(&m);
     if available(&[Need::Python]) {
@@ -190,15 +203,21 @@ fn check(arch: &str, model: TinyModel) {
 
 #[test]
 fn qwen3_gguf_imports_as_transformers_reads_it() {
-    check("qwen3", TinyModel::qwen3());
+    check("qwen3", TinyModel::qwen3(), q4_k_m_fixture);
 }
 
 #[test]
 fn llama_gguf_imports_as_transformers_reads_it() {
-    check("llama", TinyModel::llama());
+    check("llama", TinyModel::llama(), q4_k_m_fixture);
 }
 
 #[test]
 fn qwen2_gguf_imports_as_transformers_reads_it() {
-    check("qwen2", TinyModel::qwen2());
+    check("qwen2", TinyModel::qwen2(), q4_k_m_fixture);
+}
+
+/// Llama 2 and Mistral files: a SentencePiece vocabulary (scores, byte pieces, no merges).
+#[test]
+fn llama_sentencepiece_gguf_imports_as_transformers_reads_it() {
+    check("llama-spm", TinyModel::llama(), q4_k_m_spm_fixture);
 }
