@@ -11,7 +11,8 @@ beside it:
    "text": TEXT, "ids": transformers' ids of TEXT (no special tokens), "ids_with_specials"
    (as a model is prompted: BOS/EOS as the file asks), "specials", "specials_ids" (a text
    spelling special tokens), "decoded" (ids back to text),
-   "tokens": [...], "logits": [[V floats] per position] (float32 forward pass)}
+   "tokens": [...], "logits": [[V floats] per position] (float32 forward pass, every weight
+   rounded to fp16 first)}
 
 Needs torch, transformers, accelerate and gguf in a venv of their own:
   python -m venv ~/.cache/hf2coreml/venv-testgen
@@ -35,21 +36,26 @@ SPECIALS = "<s>Hi</s> <unk>x<|im_start|>y"
 TOKENS = [(i * 37 + 11) % 259 for i in range(24)]
 
 
-def head_dim_override(path):
-    """transformers' qwen3 GGUF mapping drops `attention.key_length` (docs/reference/
-    gguf-archs.md): give the file's own head_dim back."""
+def config_overrides(path):
+    """What transformers' GGUF config mapping leaves at its class defaults although the file
+    or llama.cpp fixes it (docs/reference/gguf-archs.md): qwen3 drops `attention.key_length`,
+    so the file's own head_dim is given back; Gemma 3's attention scale is head_dim^-1/2 in
+    llama.cpp below 27B, not `Gemma3TextConfig`'s query_pre_attn_scalar of 256."""
     r = GGUFReader(path)
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     key = f"{arch}.attention.key_length"
+    out = {}
     if key in r.fields:
-        return {"head_dim": int(r.fields[key].parts[-1][0])}
-    return {}
+        out["head_dim"] = int(r.fields[key].parts[-1][0])
+        if arch == "gemma3":
+            out["query_pre_attn_scalar"] = out["head_dim"]
+    return out
 
 
 def describe(path):
     d, name = os.path.split(os.path.abspath(path))
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        d, gguf_file=name, dtype=torch.float32, **head_dim_override(path)
+        d, gguf_file=name, dtype=torch.float32, **config_overrides(path)
     )
     model.eval()
     tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
@@ -58,6 +64,10 @@ def describe(path):
         b = v.detach().to(torch.float16).numpy().astype("<f2").tobytes()
         tensors[k] = hashlib.sha256(b).hexdigest()
     with torch.no_grad():
+        # The weights as an fp16 checkpoint holds them: what an import can be held to exactly
+        # (fp16 rounding alone moves Gemma 3's logits by 0.02).
+        for p in model.parameters():
+            p.copy_(p.half().float())
         logits = model(torch.tensor([TOKENS])).logits[0].float().numpy()
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()

@@ -39,7 +39,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .collect();
     println!("imported {} → {}", r.source.display(), r.output.display());
     println!(
-        "  LlamaForCausalLM  {} layers  hidden {}  heads {}/{}  vocab {}{}",
+        "  {}  {} layers  hidden {}  heads {}/{}  vocab {}{}",
+        r.hparams.architecture().hf_name(),
         r.hparams.layers,
         r.hparams.hidden,
         r.hparams.heads,
@@ -62,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fmt_bytes(r.safetensors_bytes)
     );
     println!(
-        "  tokenizer    byte-level BPE, {} tokens, pre-tokenizer `{}`",
+        "  tokenizer    {} tokens, `{}`",
         fmt_count(r.tokenizer_vocab as u64),
         r.pre_tokenizer
     );

@@ -728,8 +728,10 @@ pub fn from_checkpoint(
     let arch = match spec.architecture {
         Architecture::Qwen2 => "qwen2",
         Architecture::Qwen3 => "qwen3",
+        Architecture::Gemma3 => "gemma3",
         _ => "llama",
     };
+    let gemma = arch == "gemma3";
     let tokens = TinyGguf::llama().tokens();
     let mut w = GgufWriter::default();
     let key = |k: &str| format!("{arch}.{k}");
@@ -748,9 +750,14 @@ pub fn from_checkpoint(
         );
     // llama.cpp writes the key/value lengths whenever config.json names a head_dim (Qwen3's
     // always does).
-    if arch == "qwen3" || spec.head_dim * spec.num_attention_heads != spec.hidden_size {
+    if matches!(arch, "qwen3" | "gemma3")
+        || spec.head_dim * spec.num_attention_heads != spec.hidden_size
+    {
         w.meta(&key("attention.key_length"), u(spec.head_dim))
             .meta(&key("attention.value_length"), u(spec.head_dim));
+    }
+    if let Some(window) = spec.gemma.as_ref().and_then(|_| spec.sliding_window) {
+        w.meta(&key("attention.sliding_window"), u(window));
     }
     // Qwen3's vocabulary is Qwen2's: llama.cpp names its pre-tokenizer `qwen2`.
     let pre = if arch == "llama" {
@@ -766,25 +773,33 @@ pub fn from_checkpoint(
         let t = ckpt.tensor(&hf).expect("checkpoint tensor");
         let shape = t.shape.to_vec();
         let values = t.to_f32();
-        let gguf = gguf_name(id);
+        let gguf = crate::checkpoint::gguf::weights::gguf_name(id, gemma);
         let heads = match id {
             TensorId::Layer(_, LayerTensor::Q) => Some(spec.num_attention_heads),
             TensorId::Layer(_, LayerTensor::K) => Some(spec.num_key_value_heads),
             _ => None,
         }
         .filter(|_| arch == "llama");
-        let stored = match heads {
+        let mut stored = match heads {
             Some(h) => permute_rows(&values, shape[0], shape[1], h),
             None => values,
         };
+        // Gemma's converter stores every norm as 1 + w.
+        let shifted = gemma && id.role() == crate::arch::Role::Norm;
+        if shifted {
+            stored.iter_mut().for_each(|v| *v += 1.0);
+        }
         let ty = layout(&gguf, &shape, id.layer(), layers);
         let (data, decoded) = encode(&stored, ty);
-        let decoded_hf = match heads {
+        let mut decoded_hf = match heads {
             Some(h) => {
                 crate::checkpoint::gguf::weights::unpermute_rows(&decoded, shape[0], shape[1], h)
             }
             None => decoded,
         };
+        if shifted {
+            decoded_hf.iter_mut().for_each(|v| *v -= 1.0);
+        }
         expected.insert(hf, (shape.clone(), decoded_hf));
         w.tensor(RawTensor {
             name: gguf,
@@ -797,38 +812,6 @@ pub fn from_checkpoint(
         writer: w,
         expected,
         tokens,
-    }
-}
-
-/// llama.cpp's name of a tensor.
-pub fn gguf_name(id: crate::arch::TensorId) -> String {
-    use crate::arch::{LayerTensor as T, TensorId};
-    match id {
-        TensorId::Embedding => "token_embd.weight".into(),
-        TensorId::FinalNorm => "output_norm.weight".into(),
-        TensorId::LmHead => "output.weight".into(),
-        TensorId::Layer(l, t) => {
-            let (part, suffix) = match t {
-                T::InputNorm => ("attn_norm", "weight"),
-                T::PostNorm => ("ffn_norm", "weight"),
-                T::Q => ("attn_q", "weight"),
-                T::K => ("attn_k", "weight"),
-                T::V => ("attn_v", "weight"),
-                T::O => ("attn_output", "weight"),
-                T::Gate => ("ffn_gate", "weight"),
-                T::Up => ("ffn_up", "weight"),
-                T::Down => ("ffn_down", "weight"),
-                T::QBias => ("attn_q", "bias"),
-                T::KBias => ("attn_k", "bias"),
-                T::VBias => ("attn_v", "bias"),
-                T::QNorm => ("attn_q_norm", "weight"),
-                T::KNorm => ("attn_k_norm", "weight"),
-                // llama.cpp's gemma3 names (a Gemma GGUF is not imported: testing only).
-                T::PreFfnNorm => ("ffn_norm", "weight"),
-                T::PostFfnNorm => ("post_ffw_norm", "weight"),
-            };
-            format!("blk.{l}.{part}.{suffix}")
-        }
     }
 }
 
@@ -882,10 +865,15 @@ pub fn q6_k_type(_: &str, shape: &[usize], _: Option<usize>, _: usize) -> Fixtur
 /// vocabulary. Weights small and logits mildly peaked: with sharper logits, 4-bit source error
 /// alone (no calibration can undo it) costs a random model KL ~1.
 pub fn kquant_model(model: crate::testing::TinyModel) -> crate::testing::TinyModel {
+    // Gemma 3's sixth block is its first global one.
+    let layers = match model.architecture {
+        crate::arch::Architecture::Gemma3 => 6,
+        _ => 3,
+    };
     crate::testing::TinyModel {
         hidden: 256,
         intermediate: 384,
-        layers: 3,
+        layers,
         vocab: TinyGguf::llama().tokens().len(),
         logit_gain: 1.5,
         scale: 0.04,
@@ -913,18 +901,33 @@ const SPM_CHARS: &str = "abcdhinstH0123456789.!-";
 /// A SentencePiece vocabulary as llama.cpp writes Llama 2's (`tokenizer.ggml.model = llama`):
 /// `<unk>`, `<s>`, `</s>`, the 256 `<0xNN>` byte pieces, then [`SPM_PIECES`] and single
 /// characters, each with its score and token type (2 unknown, 3 control, 6 byte, 1 normal).
-pub fn spm_vocabulary() -> Vec<(String, f32, i32)> {
-    let mut v: Vec<(String, f32, i32)> = vec![
-        ("<unk>".into(), 0.0, 2),
-        ("<s>".into(), 0.0, 3),
-        ("</s>".into(), 0.0, 3),
-    ];
+/// `gemma`: Gemma's specials first (`<pad>`, `<eos>`, `<bos>`, `<unk>`, `<mask>`, the turn
+/// markers) and
+/// its whitespace pieces spelled with real spaces, as its files store them.
+pub fn spm_vocabulary(gemma: bool) -> Vec<(String, f32, i32)> {
+    let specials: &[(&str, i32)] = match gemma {
+        false => &[("<unk>", 2), ("<s>", 3), ("</s>", 3)],
+        true => &[
+            ("<pad>", 3),
+            ("<eos>", 3),
+            ("<bos>", 3),
+            ("<unk>", 2),
+            ("<mask>", 3),
+            ("<start_of_turn>", 3),
+            ("<end_of_turn>", 3),
+        ],
+    };
+    let mut v: Vec<(String, f32, i32)> = specials
+        .iter()
+        .map(|(t, ty)| (t.to_string(), 0.0, *ty))
+        .collect();
     v.extend((0..=255u8).map(|b| (format!("<0x{b:02X}>"), 0.0, 6)));
+    let spaces: &[&str] = if gemma { &["  ", "   "] } else { &[] };
     let pieces = SPM_PIECES
         .iter()
+        .chain(spaces)
         .map(|p| p.to_string())
         .chain(SPM_CHARS.chars().map(String::from))
-        .filter(|p| !v.iter().any(|(t, _, _)| t == p))
         .collect::<Vec<_>>();
     let mut seen = std::collections::BTreeSet::new();
     for (i, p) in pieces.into_iter().enumerate() {
@@ -935,13 +938,15 @@ pub fn spm_vocabulary() -> Vec<(String, f32, i32)> {
     v
 }
 
-/// Replace `w`'s tokenizer with [`spm_vocabulary`]: no merges, no pre-tokenizer, BOS added by
-/// llama.cpp's default (the flag absent).
-pub fn sentencepiece_meta(w: &mut GgufWriter) {
+/// Replace `w`'s tokenizer with [`spm_vocabulary`]: no merges, no pre-tokenizer; Llama's with
+/// BOS added by llama.cpp's default (the flag absent), Gemma's with its flags as its files
+/// set them (BOS added, no prefix space).
+pub fn sentencepiece_meta(w: &mut GgufWriter, gemma: bool) {
     use candle_core::quantized::gguf_file::Value as V;
     w.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
-    let vocab = spm_vocabulary();
+    let vocab = spm_vocabulary(gemma);
     let scores = vocab.iter().map(|(_, s, _)| V::F32(*s)).collect();
+    let (bos, eos, unk) = if gemma { (2, 1, 3) } else { (1, 2, 0) };
     w.meta("tokenizer.ggml.model", Meta::Str("llama".into()))
         .meta(
             "tokenizer.ggml.tokens",
@@ -952,24 +957,32 @@ pub fn sentencepiece_meta(w: &mut GgufWriter) {
             "tokenizer.ggml.token_type",
             Meta::I32Array(vocab.iter().map(|(_, _, ty)| *ty).collect()),
         )
-        .meta("tokenizer.ggml.bos_token_id", Meta::U32(1))
-        .meta("tokenizer.ggml.eos_token_id", Meta::U32(2))
-        .meta("tokenizer.ggml.unknown_token_id", Meta::U32(0));
+        .meta("tokenizer.ggml.bos_token_id", Meta::U32(bos))
+        .meta("tokenizer.ggml.eos_token_id", Meta::U32(eos))
+        .meta("tokenizer.ggml.unknown_token_id", Meta::U32(unk));
+    if gemma {
+        w.meta("tokenizer.ggml.padding_token_id", Meta::U32(0))
+            .meta("tokenizer.ggml.add_bos_token", Meta::Bool(true))
+            .meta("tokenizer.ggml.add_space_prefix", Meta::Bool(false));
+    }
 }
 
-/// [`q4_k_m_fixture`] with the SentencePiece vocabulary: the model's vocabulary is sized to it.
+/// [`q4_k_m_fixture`] with a SentencePiece vocabulary (Gemma's for a Gemma model): the model's
+/// vocabulary is sized to it.
 pub fn q4_k_m_spm_fixture(
     model: crate::testing::TinyModel,
     dir: &Path,
 ) -> std::io::Result<BuiltGguf> {
+    let gemma = model.architecture == crate::arch::Architecture::Gemma3;
+    let vocab = spm_vocabulary(gemma);
     let model = crate::testing::TinyModel {
-        vocab: spm_vocabulary().len(),
+        vocab: vocab.len(),
         ..kquant_model(model)
     };
     model.write(dir)?;
     let ckpt = crate::checkpoint::Checkpoint::open(dir).map_err(std::io::Error::other)?;
     let mut built = from_checkpoint(&ckpt, q4_k_m_type);
-    sentencepiece_meta(&mut built.writer);
-    built.tokens = spm_vocabulary().into_iter().map(|(t, _, _)| t).collect();
+    sentencepiece_meta(&mut built.writer, gemma);
+    built.tokens = vocab.into_iter().map(|(t, _, _)| t).collect();
     Ok(built)
 }

@@ -110,6 +110,20 @@ impl TinyModel {
         }
     }
 
+    /// Gemma 3 (text): four norms a block, q/k norms, GeGLU, tied, windowed blocks of 8 with
+    /// every sixth block global, the attention scale llama.cpp gives its GGUF files
+    /// (`query_pre_attn_scalar` = head_dim), transformers 5 config.
+    pub fn gemma3() -> Self {
+        TinyModel {
+            architecture: Architecture::Gemma3,
+            head_dim: Some(32),
+            transformers5: true,
+            rope_theta: 1_000_000.0,
+            seed: 5,
+            ..Self::llama()
+        }
+    }
+
     /// config.json text for this model.
     pub fn config_json(&self) -> serde_json::Value {
         let mut c = serde_json::json!({
@@ -158,6 +172,33 @@ impl TinyModel {
         }
         if self.architecture == Architecture::Qwen2 {
             obj.insert("use_sliding_window".into(), false.into());
+        }
+        if self.architecture == Architecture::Gemma3 {
+            let types: Vec<&str> = (0..self.layers)
+                .map(|l| match (l + 1) % 6 {
+                    0 => "full_attention",
+                    _ => "sliding_attention",
+                })
+                .collect();
+            let head_dim = self.head_dim.unwrap_or(self.hidden / self.heads);
+            obj.remove("hidden_act");
+            for (k, v) in [
+                ("hidden_activation", serde_json::json!("gelu_pytorch_tanh")),
+                ("query_pre_attn_scalar", head_dim.into()),
+                ("sliding_window", 8.into()),
+                ("layer_types", serde_json::json!(types)),
+                ("rms_norm_eps", 1e-6.into()),
+            ] {
+                obj.insert(k.into(), v);
+            }
+            let full = obj.remove("rope_parameters").unwrap_or_default();
+            obj.insert(
+                "rope_parameters".into(),
+                serde_json::json!({
+                    "full_attention": full,
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                }),
+            );
         }
         c
     }

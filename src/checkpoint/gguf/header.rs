@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::dequant::block_layout;
 use super::reader::{type_name, GgufFile};
 use super::{plan_tensors_unchecked, GgufError, LlamaHParams};
-use crate::arch::{self, Architecture, ModelSpec, RopeScaling};
+use crate::arch::{self, ModelSpec};
 
 /// A tensor type's storage cost.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -53,41 +53,13 @@ pub fn type_bits(id: u32) -> Option<f64> {
 
 impl LlamaHParams {
     /// The spec the imported checkpoint's config.json will describe (special token ids from
-    /// the tokenizer metadata).
+    /// the tokenizer metadata): that config.json, read back.
     pub fn spec(&self, g: &GgufFile) -> Result<ModelSpec, GgufError> {
-        let id = |k: &str| -> Result<Option<u32>, GgufError> {
-            Ok(g.get_uint(k)?.and_then(|v| u32::try_from(v).ok()))
-        };
-        Ok(ModelSpec {
-            architecture: if self.attention_bias() {
-                Architecture::Qwen2
-            } else {
-                Architecture::Llama
-            },
-            num_hidden_layers: self.layers,
-            hidden_size: self.hidden,
-            intermediate_size: self.intermediate,
-            num_attention_heads: self.heads,
-            num_key_value_heads: self.kv_heads,
-            head_dim: self.head_dim,
-            vocab_size: self.vocab,
-            rms_norm_eps: self.rms_norm_eps,
-            tie_word_embeddings: self.tied,
-            rope_theta: self.rope_theta,
-            rope_scaling: match self.rope_linear_factor {
-                Some(factor) => RopeScaling::Linear { factor },
-                None => RopeScaling::None,
-            },
-            max_position_embeddings: self.context,
-            attention_bias: self.attention_bias(),
-            dtype: None,
-            bos_token_id: id("tokenizer.ggml.bos_token_id")?,
-            eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
-            sliding_window: None,
-            qk_norm: false,
-            no_rope_layers: Vec::new(),
-            partial_rotary_dim: None,
-            gemma: None,
+        let config = self.config_json(super::SpecialIds::from_metadata(g)?);
+        ModelSpec::from_config_str(&config.to_string()).map_err(|e| GgufError::Metadata {
+            path: g.path().to_path_buf(),
+            key: format!("{}.*", self.arch),
+            message: format!("the hyperparameters make no model hf2coreml converts: {e}"),
         })
     }
 }

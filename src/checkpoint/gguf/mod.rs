@@ -30,7 +30,7 @@ use crate::fsutil::AtomicDir;
 use crate::progress::Progress;
 
 /// Architectures (`general.architecture`) the importer understands.
-pub const SUPPORTED_ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+pub const SUPPORTED_ARCHITECTURES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
 
 /// The transformers version whose config keys we write (v4: `rope_theta`, `torch_dtype`).
 const TRANSFORMERS_VERSION: &str = "4.46.0";
@@ -106,9 +106,40 @@ pub struct LlamaHParams {
     pub context: usize,
     pub rope_theta: f64,
     pub rms_norm_eps: f64,
-    /// Linear rope scaling factor, when the file declares one.
+    /// Linear rope scaling factor, when the file declares one (Gemma 3: its global blocks').
     pub rope_linear_factor: Option<f64>,
     pub tied: bool,
+    /// Gemma 3's attention window of its sliding blocks (`gemma3.attention.sliding_window`).
+    pub sliding_window: Option<usize>,
+}
+
+/// Gemma 3's sliding-window pattern, local RoPE base and attention scale: not in its GGUF files,
+/// fixed by the architecture in llama.cpp (`llama-model.cpp`), and transformers' defaults.
+const GEMMA3_SLIDING_PATTERN: usize = 6;
+const GEMMA3_LOCAL_ROPE_THETA: f64 = 10_000.0;
+/// Gemma 3 27B (62 blocks) scales attention by (hidden / heads)^-½, the others by head_dim^-½.
+const GEMMA3_27B_LAYERS: usize = 62;
+
+/// The special token ids config.json names.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpecialIds {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub pad: Option<u32>,
+}
+
+impl SpecialIds {
+    /// The ids `tokenizer.ggml.*_token_id` declare (unchecked: the tokenizer checks them).
+    pub fn from_metadata(g: &GgufFile) -> Result<Self, GgufError> {
+        let id = |k: &str| -> Result<Option<u32>, GgufError> {
+            Ok(g.get_uint(k)?.and_then(|v| u32::try_from(v).ok()))
+        };
+        Ok(SpecialIds {
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            pad: id("tokenizer.ggml.padding_token_id")?,
+        })
+    }
 }
 
 impl LlamaHParams {
@@ -123,16 +154,31 @@ impl LlamaHParams {
         self.arch == "llama"
     }
 
-    /// Per-head RMSNorms on q and k (`attn_q_norm`, `attn_k_norm`: qwen3).
+    /// Per-head RMSNorms on q and k (`attn_q_norm`, `attn_k_norm`: qwen3, gemma3).
     pub fn qk_norm(&self) -> bool {
-        self.arch == "qwen3"
+        matches!(self.arch.as_str(), "qwen3" | "gemma3")
     }
 
-    fn architecture(&self) -> Architecture {
+    /// Gemma 3: four norms a block, each stored as 1 + w (transformers' and llama.cpp's
+    /// Gemma RMSNorm multiplies by 1 + w, and the converter adds the 1).
+    pub fn gemma(&self) -> bool {
+        self.arch == "gemma3"
+    }
+
+    pub fn architecture(&self) -> Architecture {
         match self.arch.as_str() {
             "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
+            "gemma3" => Architecture::Gemma3,
             _ => Architecture::Llama,
+        }
+    }
+
+    /// Gemma 3's `query_pre_attn_scalar`, as llama.cpp fixes it by model size.
+    fn query_pre_attn_scalar(&self) -> usize {
+        match self.layers == GEMMA3_27B_LAYERS {
+            true => self.hidden / self.heads,
+            false => self.head_dim,
         }
     }
 }
@@ -379,6 +425,13 @@ impl LlamaHParams {
         let (rope_theta, rms_norm_eps, rope_linear_factor) = rope_and_norm(g, &arch)?;
         let vocab = vocab_size(g, &arch, hidden)?;
         let tied = g.tensor("output.weight").is_none();
+        let sliding_window = match arch.as_str() {
+            "gemma3" => Some(required_dim(
+                g,
+                &format!("{arch}.attention.sliding_window"),
+            )?),
+            _ => None,
+        };
         Ok(LlamaHParams {
             arch,
             layers,
@@ -393,54 +446,62 @@ impl LlamaHParams {
             rms_norm_eps,
             rope_linear_factor,
             tied,
+            sliding_window,
         })
     }
 
     /// Every tensor the checkpoint needs, in model order, with its expected shape.
     pub fn expected(&self) -> Vec<TensorPlan> {
+        use crate::arch::{LayerTensor as T, TensorId};
         let q = self.heads * self.head_dim;
         let kv = self.kv_heads * self.head_dim;
         let (h, f) = (self.hidden, self.intermediate);
-        let permuted = self.permuted_qk();
-        let plan = |gguf: String, shape: Vec<usize>, unpermute_heads: Option<usize>| TensorPlan {
-            hf_name: hf_tensor_name(&gguf).unwrap_or_default(),
-            gguf_name: gguf,
-            shape,
-            unpermute_heads: unpermute_heads.filter(|_| permuted),
+        let gemma = self.gemma();
+        let plan = |id: TensorId, shape: Vec<usize>| {
+            let heads = match id {
+                TensorId::Layer(_, T::Q) => Some(self.heads),
+                TensorId::Layer(_, T::K) => Some(self.kv_heads),
+                _ => None,
+            };
+            TensorPlan {
+                hf_name: id.hf_name(),
+                gguf_name: weights::gguf_name(id, gemma),
+                shape,
+                unpermute_heads: heads.filter(|_| self.permuted_qk()),
+                minus_one: gemma && id.role() == crate::arch::Role::Norm,
+            }
         };
-        let mut out = vec![plan("token_embd.weight".into(), vec![self.vocab, h], None)];
+        let mut out = vec![plan(TensorId::Embedding, vec![self.vocab, h])];
         for l in 0..self.layers {
-            let b = |p: &str| format!("blk.{l}.{p}.weight");
-            out.push(plan(b("attn_norm"), vec![h], None));
-            out.push(plan(b("attn_q"), vec![q, h], Some(self.heads)));
-            out.push(plan(b("attn_k"), vec![kv, h], Some(self.kv_heads)));
-            out.push(plan(b("attn_v"), vec![kv, h], None));
-            if self.attention_bias() {
-                let bias = |p: &str| format!("blk.{l}.{p}.bias");
-                out.push(plan(bias("attn_q"), vec![q], None));
-                out.push(plan(bias("attn_k"), vec![kv], None));
-                out.push(plan(bias("attn_v"), vec![kv], None));
+            for t in T::ALL {
+                let shape = match t {
+                    T::InputNorm | T::PostNorm => vec![h],
+                    T::Q => vec![q, h],
+                    T::K | T::V => vec![kv, h],
+                    T::QBias if self.attention_bias() => vec![q],
+                    T::KBias | T::VBias if self.attention_bias() => vec![kv],
+                    T::QNorm | T::KNorm if self.qk_norm() => vec![self.head_dim],
+                    T::O => vec![h, q],
+                    T::PreFfnNorm | T::PostFfnNorm if gemma => vec![h],
+                    T::Gate | T::Up => vec![f, h],
+                    T::Down => vec![h, f],
+                    _ => continue,
+                };
+                out.push(plan(TensorId::Layer(l, t), shape));
             }
-            if self.qk_norm() {
-                out.push(plan(b("attn_q_norm"), vec![self.head_dim], None));
-                out.push(plan(b("attn_k_norm"), vec![self.head_dim], None));
-            }
-            out.push(plan(b("attn_output"), vec![h, q], None));
-            out.push(plan(b("ffn_norm"), vec![h], None));
-            out.push(plan(b("ffn_gate"), vec![f, h], None));
-            out.push(plan(b("ffn_up"), vec![f, h], None));
-            out.push(plan(b("ffn_down"), vec![h, f], None));
         }
-        out.push(plan("output_norm.weight".into(), vec![h], None));
+        out.push(plan(TensorId::FinalNorm, vec![h]));
         if !self.tied {
-            out.push(plan("output.weight".into(), vec![self.vocab, h], None));
+            out.push(plan(TensorId::LmHead, vec![self.vocab, h]));
         }
         out
     }
 
-    /// config.json (transformers 4 keys).
-    pub fn config_json(&self, tok: &GgufTokenizer) -> serde_json::Value {
-        let id = |t: &Option<(u32, String)>| t.as_ref().map(|(i, _)| *i);
+    /// config.json (transformers 4 keys; Gemma 3's in transformers 5's form).
+    pub fn config_json(&self, ids: SpecialIds) -> serde_json::Value {
+        if self.gemma() {
+            return self.gemma3_config_json(ids);
+        }
         let rope_scaling = match self.rope_linear_factor {
             Some(f) => serde_json::json!({"type": "linear", "rope_type": "linear", "factor": f}),
             None => serde_json::Value::Null,
@@ -450,8 +511,8 @@ impl LlamaHParams {
             "architectures": [arch.hf_name()],
             "attention_bias": self.attention_bias(),
             "attention_dropout": 0.0,
-            "bos_token_id": id(&tok.bos),
-            "eos_token_id": id(&tok.eos),
+            "bos_token_id": ids.bos,
+            "eos_token_id": ids.eos,
             "head_dim": self.head_dim,
             "hidden_act": "silu",
             "hidden_size": self.hidden,
@@ -463,7 +524,7 @@ impl LlamaHParams {
             "num_attention_heads": self.heads,
             "num_hidden_layers": self.layers,
             "num_key_value_heads": self.kv_heads,
-            "pad_token_id": id(&tok.pad),
+            "pad_token_id": ids.pad,
             "pretraining_tp": 1,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_scaling": rope_scaling,
@@ -471,6 +532,56 @@ impl LlamaHParams {
             "tie_word_embeddings": self.tied,
             "torch_dtype": "float16",
             "transformers_version": TRANSFORMERS_VERSION,
+            "use_cache": true,
+            "vocab_size": self.vocab,
+        })
+    }
+
+    /// Gemma 3's config.json: what the file stores, and what llama.cpp fixes for the
+    /// architecture (window pattern, local RoPE base, attention scale).
+    fn gemma3_config_json(&self, ids: SpecialIds) -> serde_json::Value {
+        let layer_types: Vec<&str> = (0..self.layers)
+            .map(|l| match (l + 1) % GEMMA3_SLIDING_PATTERN {
+                0 => "full_attention",
+                _ => "sliding_attention",
+            })
+            .collect();
+        let full = match self.rope_linear_factor {
+            Some(f) => {
+                serde_json::json!({"rope_type": "linear", "rope_theta": self.rope_theta, "factor": f})
+            }
+            None => serde_json::json!({"rope_type": "default", "rope_theta": self.rope_theta}),
+        };
+        serde_json::json!({
+            "architectures": [Architecture::Gemma3.hf_name()],
+            "attention_bias": false,
+            "attention_dropout": 0.0,
+            "attn_logit_softcapping": null,
+            "bos_token_id": ids.bos,
+            "dtype": "float16",
+            "eos_token_id": ids.eos,
+            "final_logit_softcapping": null,
+            "head_dim": self.head_dim,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_size": self.hidden,
+            "initializer_range": 0.02,
+            "intermediate_size": self.intermediate,
+            "layer_types": layer_types,
+            "max_position_embeddings": self.context,
+            "model_type": Architecture::Gemma3.model_type(),
+            "num_attention_heads": self.heads,
+            "num_hidden_layers": self.layers,
+            "num_key_value_heads": self.kv_heads,
+            "pad_token_id": ids.pad,
+            "query_pre_attn_scalar": self.query_pre_attn_scalar(),
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": {
+                "full_attention": full,
+                "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_THETA},
+            },
+            "sliding_window": self.sliding_window,
+            "tie_word_embeddings": self.tied,
+            "transformers_version": "5.23.0",
             "use_cache": true,
             "vocab_size": self.vocab,
         })
@@ -624,7 +735,7 @@ pub fn import(
         s
     };
     let files = [
-        ("config.json", json(&hp.config_json(&tok))),
+        ("config.json", json(&hp.config_json(tok.special_ids()))),
         ("generation_config.json", json(&generation_config(&tok))),
         ("tokenizer_config.json", json(&tok.config_json(hp.context))),
         (
@@ -711,6 +822,9 @@ fn write_weights(
         let mut values = g.read_f32(&t)?;
         if let Some(heads) = p.unpermute_heads {
             values = unpermute_rows(&values, p.shape[0], p.shape[1], heads);
+        }
+        if p.minus_one {
+            values.iter_mut().for_each(|v| *v -= 1.0);
         }
         let bytes = weights::to_f16_bytes(&values).map_err(|i| GgufError::Tensor {
             path: g.path().to_path_buf(),

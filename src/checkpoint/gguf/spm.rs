@@ -50,15 +50,27 @@ pub fn spelled(tokens: &[&str], flavour: Flavour) -> Vec<String> {
 
 /// transformers' `generate_merges(vocab, ranks)`: for each piece in file order, its splits into
 /// two vocabulary pieces (ordered by the parts' ids), all sorted best rank first, then by the
-/// longer left and right part; equal keys keep their order.
+/// longer left and right part; equal keys keep their order. A piece spelled twice counts once,
+/// at its first place with its last id and rank (Python dicts built from the lists).
 pub fn merges(tokens: &[String], ranks: &[f32]) -> Vec<(String, String)> {
     let vocab: HashMap<&str, usize> = tokens
         .iter()
         .enumerate()
         .map(|(i, t)| (t.as_str(), i))
         .collect();
-    let mut all: Vec<(&str, &str, f32)> = Vec::new();
+    let mut order: Vec<(&str, f32)> = Vec::with_capacity(tokens.len());
+    let mut place: HashMap<&str, usize> = HashMap::with_capacity(tokens.len());
     for (piece, &rank) in tokens.iter().zip(ranks) {
+        match place.get(piece.as_str()) {
+            Some(&k) => order[k].1 = rank,
+            None => {
+                place.insert(piece, order.len());
+                order.push((piece, rank));
+            }
+        }
+    }
+    let mut all: Vec<(&str, &str, f32)> = Vec::new();
+    for (piece, rank) in order {
         let mut local: Vec<(&str, &str, f32)> = piece
             .char_indices()
             .skip(1)
@@ -89,8 +101,9 @@ pub fn ranks(scores: &[f32], flavour: Flavour) -> Vec<f32> {
     }
 }
 
-/// The tokenizer without its added tokens and post-processor: BPE over `tokens` (each once)
-/// with byte fallback, the space handling of `flavour`, and the decoder back to text.
+/// The tokenizer without its added tokens and post-processor: BPE over `tokens` (a piece
+/// spelled twice has its last id) with byte fallback, the space handling of `flavour`, and
+/// the decoder back to text.
 pub fn tokenizer(
     tokens: &[String],
     merges: Vec<(String, String)>,

@@ -158,13 +158,6 @@ fn sentencepiece(g: &GgufFile, tokens: &[&str]) -> Result<(String, Tokenizer), G
         _ => Flavour::Llama,
     };
     let spelled = spm::spelled(tokens, flavour);
-    let mut seen = std::collections::HashSet::new();
-    if let Some((id, t)) = spelled.iter().enumerate().find(|(_, t)| !seen.insert(*t)) {
-        return Err(tok_err(
-            g,
-            format!("piece {t:?} (id {id}) appears twice in the vocabulary"),
-        ));
-    }
     let merges = match g.get_str_array("tokenizer.ggml.merges")? {
         Some(_) => vocab_and_merges(g, tokens)?.1,
         None => {
@@ -497,6 +490,16 @@ fn regex_split(g: &GgufFile, pre: &str, pattern: &str) -> Result<PreTokenizerWra
 }
 
 impl GgufTokenizer {
+    /// The ids config.json names.
+    pub fn special_ids(&self) -> super::SpecialIds {
+        let id = |t: &Option<(u32, String)>| t.as_ref().map(|(i, _)| *i);
+        super::SpecialIds {
+            bos: id(&self.bos),
+            eos: id(&self.eos),
+            pad: id(&self.pad),
+        }
+    }
+
     /// `tokenizer_config.json` as transformers writes it for a fast tokenizer.
     pub fn config_json(&self, model_max_length: usize) -> serde_json::Value {
         // Keys are ids as strings; transformers parses them, so map order does not matter.

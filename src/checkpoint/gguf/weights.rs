@@ -15,6 +15,37 @@ pub struct TensorPlan {
     pub shape: Vec<usize>,
     /// Undo llama.cpp's rope permutation with this many heads (q and k projections only).
     pub unpermute_heads: Option<usize>,
+    /// Stored as 1 + w (Gemma's norms): subtract 1.
+    pub minus_one: bool,
+}
+
+/// llama.cpp's name of a tensor; `gemma` for Gemma's four norms a block (its `ffn_norm` is the
+/// MLP's input norm, `post_attention_norm` the attention output's).
+pub fn gguf_name(id: TensorId, gemma: bool) -> String {
+    let (part, suffix) = match id {
+        TensorId::Embedding => return "token_embd.weight".into(),
+        TensorId::FinalNorm => return "output_norm.weight".into(),
+        TensorId::LmHead => return "output.weight".into(),
+        TensorId::Layer(_, t) => match t {
+            LayerTensor::InputNorm => ("attn_norm", "weight"),
+            LayerTensor::PostNorm if gemma => ("post_attention_norm", "weight"),
+            LayerTensor::PostNorm | LayerTensor::PreFfnNorm => ("ffn_norm", "weight"),
+            LayerTensor::PostFfnNorm => ("post_ffw_norm", "weight"),
+            LayerTensor::Q => ("attn_q", "weight"),
+            LayerTensor::K => ("attn_k", "weight"),
+            LayerTensor::V => ("attn_v", "weight"),
+            LayerTensor::O => ("attn_output", "weight"),
+            LayerTensor::Gate => ("ffn_gate", "weight"),
+            LayerTensor::Up => ("ffn_up", "weight"),
+            LayerTensor::Down => ("ffn_down", "weight"),
+            LayerTensor::QBias => ("attn_q", "bias"),
+            LayerTensor::KBias => ("attn_k", "bias"),
+            LayerTensor::VBias => ("attn_v", "bias"),
+            LayerTensor::QNorm => ("attn_q_norm", "weight"),
+            LayerTensor::KNorm => ("attn_k_norm", "weight"),
+        },
+    };
+    format!("blk.{}.{part}.{suffix}", id.layer().unwrap_or(0))
 }
 
 /// The Hugging Face name of a llama/qwen2 GGUF tensor, `None` for names outside the llama layout.

@@ -430,8 +430,8 @@ fn unknown_tokenizer_models_and_incomplete_sentencepiece_are_refused() {
     assert!(err.to_string().contains("`bert`"), "{err}");
     // A SentencePiece vocabulary without merges needs its scores to recover them.
     let mut w = TinyGguf::llama().build().writer;
-    fixture::sentencepiece_meta(&mut w);
-    let vocab = fixture::spm_vocabulary().len();
+    fixture::sentencepiece_meta(&mut w, false);
+    let vocab = fixture::spm_vocabulary(false).len();
     let tokens: Vec<String> = (0..vocab).map(|i| format!("t{i}")).collect();
     w.remove_meta("tokenizer.ggml.scores");
     w.meta("tokenizer.ggml.tokens", Meta::StrArray(tokens));

@@ -16,7 +16,7 @@ use hf2coreml::progress::Silent;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
 use hf2coreml::testing::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture, BuiltGguf};
-use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
+use hf2coreml::testing::TinyModel;
 
 use crate::support::convert;
 use crate::support::need::{available, Need};
@@ -144,8 +144,10 @@ fn max_diff(got: &[f32], want: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-/// The float reference of the import, then its fp16 package stepped by the interpreter, against
-/// transformers' float32 logits of the GGUF: within the fp16 tolerance, the same argmax.
+/// transformers' float32 logits of the GGUF's weights (rounded to fp16, as the import holds
+/// them) against the import's float reference (within 1e-4 of the largest logit, as the
+/// architectures' fixtures hold it), then its fp16 package stepped by the interpreter (KL within
+/// fp16 rounding, the same argmax).
 fn same_logits(m: &Imported) {
     let (tokens, want) = logits(m);
     let ckpt = Checkpoint::open(&m.dir).unwrap();
@@ -153,8 +155,9 @@ fn same_logits(m: &Imported) {
     let worst = (0..tokens.len())
         .map(|i| max_diff(&reference[i], &want[i]))
         .fold(0f32, f32::max);
-    eprintln!("reference vs transformers: max |Δlogit| {worst}");
-    assert!(worst < FP16_LOGIT_TOL, "reference: max |Δlogit| {worst}");
+    let scale = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    eprintln!("reference vs transformers: max |Δlogit| {worst} (largest |logit| {scale})");
+    assert!(worst <= 1e-4 * scale, "reference: max |Δlogit| {worst}");
 
     let work = tempfile::tempdir().unwrap();
     let pkg = work.path().join("m.mlpackage");
@@ -173,7 +176,7 @@ fn same_logits(m: &Imported) {
             .max_by(|a, b| a.1.total_cmp(b.1))
             .map(|(i, _)| i)
     };
-    let mut worst = 0f32;
+    let (mut worst, mut kl) = (0f32, 0f64);
     for (p, &t) in tokens.iter().enumerate() {
         let out = package.step(&[t as i32], p, &kc, &vc).unwrap();
         for li in 0..l {
@@ -186,10 +189,29 @@ fn same_logits(m: &Imported) {
         }
         let got = &out.logits[..v];
         worst = worst.max(max_diff(got, &want[p]));
+        kl += kl_divergence(&want[p], got);
         assert_eq!(argmax(got), argmax(&want[p]), "argmax at position {p}");
     }
-    eprintln!("fp16 package vs transformers: max |Δlogit| {worst}");
-    assert!(worst < FP16_LOGIT_TOL, "package: max |Δlogit| {worst}");
+    let kl = kl / tokens.len() as f64;
+    eprintln!("fp16 package vs transformers: KL {kl:e}, max |Δlogit| {worst}");
+    assert!(kl <= PACKAGE_KL_TOL, "package: KL {kl}");
+}
+
+/// Mean KL(transformers ‖ fp16 package) allowed. Measured over the 24 positions: 5e-7 - 1e-6
+/// for llama, qwen2 and qwen3; 6.7e-5 for gemma3, whose activations are larger (embeddings ×16,
+/// norms × (1 + w)): its fp16-compute package reaches max |Δlogit| 0.065, its fp32-compute one
+/// KL 7e-6. A wrong op or a misread hyperparameter lands above 1e-2.
+const PACKAGE_KL_TOL: f64 = 1e-3;
+
+/// KL(p ‖ q) of the softmaxes of two logit rows.
+fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let log_softmax = |x: &[f32]| -> Vec<f64> {
+        let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let z = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+        x.iter().map(|&v| v as f64 - m - z).collect()
+    };
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
 fn check(arch: &str, model: TinyModel, make: Make) {
@@ -220,4 +242,11 @@ fn qwen2_gguf_imports_as_transformers_reads_it() {
 #[test]
 fn llama_sentencepiece_gguf_imports_as_transformers_reads_it() {
     check("llama-spm", TinyModel::llama(), q4_k_m_spm_fixture);
+}
+
+/// Gemma 3: four norms a block stored as 1 + w, windowed blocks with a global sixth, Gemma's
+/// SentencePiece vocabulary (pieces ranked by position, whitespace pieces spelled with spaces).
+#[test]
+fn gemma3_gguf_imports_as_transformers_reads_it() {
+    check("gemma3", TinyModel::gemma3(), q4_k_m_spm_fixture);
 }
