@@ -220,15 +220,19 @@ impl TinyModel {
         let mut tensors: Vec<(String, Blob)> = Vec::new();
         for slot in &slots {
             let values: Vec<f32> = match slot.role {
-                // RMSNorm weights near 1, like trained models.
+                // RMSNorm gains near 1, like trained models (Gemma stores w of a 1 + w gain).
                 arch::Role::Norm => {
                     let gain = if slot.name == arch::TensorId::FinalNorm.hf_name() {
                         self.logit_gain
                     } else {
                         1.0
                     };
+                    let stored_as = match self.architecture {
+                        Architecture::Gemma3 => -1.0,
+                        _ => 0.0,
+                    };
                     (0..slot.numel())
-                        .map(|_| gain * (1.0 + 0.1 * rng.normal()))
+                        .map(|_| gain * (1.0 + 0.1 * rng.normal()) + stored_as)
                         .collect()
                 }
                 _ => (0..slot.numel())

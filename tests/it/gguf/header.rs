@@ -165,3 +165,46 @@ fn header_only_commands_never_read_tensor_data() {
     assert_eq!(j["hidden_size"], 3584);
     assert!(j["gguf"]["truncated_at"].is_null(), "{j:#}");
 }
+
+/// Every architecture's file, cut short, is described from its header alone (its own
+/// architecture and shapes, the tensors a plan needs) and planned by `budget`.
+#[test]
+fn every_architecture_is_described_and_planned_from_its_header() {
+    use hf2coreml::testing::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture};
+    use hf2coreml::testing::TinyModel;
+    let dir = tempfile::tempdir().unwrap();
+    for (name, model, sp) in [
+        ("Qwen3ForCausalLM", TinyModel::qwen3(), false),
+        ("Gemma3ForCausalLM", TinyModel::gemma3(), true),
+        ("LlamaForCausalLM", TinyModel::mistral(), true),
+    ] {
+        let src = tempfile::tempdir().unwrap();
+        let built = match sp {
+            true => q4_k_m_spm_fixture(model, src.path()),
+            false => q4_k_m_fixture(model, src.path()),
+        }
+        .unwrap();
+        let bytes = built.writer.to_bytes();
+        let file = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&file, &bytes[..bytes.len() - 4096]).unwrap();
+        let j = inspect_json(&file);
+        assert_eq!(j["architecture"], name, "{j:#}");
+        let head_dim = if sp && name.starts_with("Llama") {
+            24
+        } else {
+            32
+        };
+        assert_eq!(j["head_dim"], head_dim, "{name}");
+        assert!(j["gguf"]["truncated_at"].is_u64(), "{name}");
+        let (code, out, err) = run(&[
+            "budget".as_ref(),
+            file.as_os_str(),
+            "--device".as_ref(),
+            "iphone-15-pro".as_ref(),
+            "--json".as_ref(),
+        ]);
+        assert_eq!(code, Some(0), "{name}: {err}");
+        let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(plan["fits"].as_bool().unwrap(), "{name}: {plan:#}");
+    }
+}

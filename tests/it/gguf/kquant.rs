@@ -1,6 +1,6 @@
 //! K-quant GGUF files as llama.cpp lays out a `Q4_K_M` (q4_K matrices, q6_K for `output` and
 //! the `use_more_bits` layers' attn_v/ffn_down, f32 vectors, q5_0/q8_0 where rows are not a
-//! multiple of 256), made from a tiny llama, qwen2 and qwen3 checkpoint: they import to the
+//! multiple of 256), made from a tiny llama, qwen2, qwen3 and gemma3 checkpoint: they import to the
 //! values the fixture's own quantizer decodes to (q/k un-permuted for llama only), convert
 //! straight from the .gguf (the second time from the model cache), and the package passes
 //! `validate` against the checkpoint the file was made from.
@@ -10,7 +10,7 @@ use std::path::Path;
 use hf2coreml::checkpoint::gguf::{self, GgufError, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::progress::Silent;
-use hf2coreml::testing::gguf::{q4_k_m_fixture, BuiltGguf, TinyGguf};
+use hf2coreml::testing::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture, BuiltGguf, TinyGguf};
 use hf2coreml::testing::TinyModel;
 
 use crate::support::{convert, needs, Cli};
@@ -41,8 +41,17 @@ fn check_import(gguf_path: &Path, built: &BuiltGguf) {
 }
 
 fn check(model: TinyModel) {
+    check_with(model, q4_k_m_fixture, "calibrated-4bit")
+}
+
+/// A fixture made by `make`, converted with `recipe` (a 4-bit one gets the re-quantizing note).
+fn check_with(
+    model: TinyModel,
+    make: fn(TinyModel, &Path) -> std::io::Result<BuiltGguf>,
+    recipe: &str,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let built = q4_k_m_fixture(model, dir.path()).unwrap();
+    let built = make(model, dir.path()).unwrap();
     let work = tempfile::tempdir().unwrap();
     let file = work.path().join("tiny-Q4_K_M.gguf");
     built.writer.write(&file).unwrap();
@@ -56,7 +65,7 @@ fn check(model: TinyModel) {
     let pkg = work.path().join("tiny.mlpackage");
     let from_gguf = |pkg: &Path| {
         let o = convert(&file, pkg)
-            .args(["--max-seq-len", "256", "--recipe", "calibrated-4bit"])
+            .args(["--max-seq-len", "256", "--recipe", recipe])
             .cache(&cache)
             .output();
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
@@ -65,9 +74,10 @@ fn check(model: TinyModel) {
     };
     let first = from_gguf(&pkg);
     assert!(first.contains("imported"), "{first}");
-    assert!(
+    assert_eq!(
         first.contains("re-quantizes"),
-        "a 4-bit recipe on a Q4_K source gets the note: {first}"
+        recipe.contains("4bit"),
+        "a 4-bit recipe on a Q4_K source gets the note, no other: {first}"
     );
     let second = from_gguf(&work.path().join("again.mlpackage"));
     assert!(second.contains("reusing"), "second convert: {second}");
@@ -111,6 +121,12 @@ fn qwen2_q4_k_m_imports_converts_and_validates() {
 fn qwen3_q4_k_m_imports_converts_and_validates() {
     needs!(Python);
     check(TinyModel::qwen3());
+}
+
+#[test]
+fn gemma3_q4_k_m_imports_converts_and_validates() {
+    needs!(Python);
+    check_with(TinyModel::gemma3(), q4_k_m_spm_fixture, "calibrated-4bit");
 }
 
 #[test]

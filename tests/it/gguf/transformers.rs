@@ -197,11 +197,10 @@ fn same_logits(m: &Imported) {
     assert!(kl <= PACKAGE_KL_TOL, "package: KL {kl}");
 }
 
-/// Mean KL(transformers ‖ fp16 package) allowed. Measured over the 24 positions: 5e-7 - 1e-6
-/// for llama, qwen2 and qwen3; 6.7e-5 for gemma3, whose activations are larger (embeddings ×16,
-/// norms × (1 + w)): its fp16-compute package reaches max |Δlogit| 0.065, its fp32-compute one
-/// KL 7e-6. A wrong op or a misread hyperparameter lands above 1e-2.
-const PACKAGE_KL_TOL: f64 = 1e-3;
+/// Mean KL(transformers ‖ fp16 package) allowed. Measured over the 24 positions: 5e-7 - 2.3e-6
+/// (gemma3 the largest, max |Δlogit| 0.010); a wrong op or a misread hyperparameter lands
+/// above 1e-2.
+const PACKAGE_KL_TOL: f64 = 1e-4;
 
 /// KL(p ‖ q) of the softmaxes of two logit rows.
 fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
