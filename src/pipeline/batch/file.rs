@@ -297,11 +297,15 @@ impl Ctx<'_> {
     }
 
     /// A model: a path as [`Ctx::path`] reads it, or a Hub id kept as written when no such
-    /// path exists beside the batch file (the job resolves it in the local Hub cache).
+    /// path exists beside the batch file and the local Hub cache holds it (the job resolves it
+    /// there again). A path that is neither stays a path, for the error to name.
     fn model_path(&self, raw: &str, span: std::ops::Range<usize>) -> Result<PathBuf, BatchError> {
         let path = self.path(raw, span, "model")?;
-        let is_hub_id = !raw.contains("${") && crate::checkpoint::hub::parse_id(raw).is_some();
-        Ok(if is_hub_id && !path.exists() {
+        let cached = || {
+            let roots = crate::checkpoint::hub::cache_roots();
+            matches!(crate::checkpoint::hub::resolve_in(&roots, raw), Some(Ok(_)))
+        };
+        Ok(if !raw.contains("${") && !path.exists() && cached() {
             PathBuf::from(raw)
         } else {
             path

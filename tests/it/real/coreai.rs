@@ -7,7 +7,7 @@
 use crate::support::{convert, needs, Cli};
 
 /// Positions each test scores on Apple's runtime.
-const POSITIONS: &str = "12";
+const POSITIONS: &str = "8";
 const MAX_SEQ_LEN: &str = "64";
 
 fn report(cmd: Cli) -> serde_json::Value {
