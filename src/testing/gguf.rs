@@ -756,7 +756,7 @@ pub fn from_checkpoint(
         w.meta(&key("attention.key_length"), u(spec.head_dim))
             .meta(&key("attention.value_length"), u(spec.head_dim));
     }
-    if let Some(window) = spec.gemma.as_ref().and_then(|_| spec.sliding_window) {
+    if let Some(window) = spec.gemma.as_ref().and(spec.sliding_window) {
         w.meta(&key("attention.sliding_window"), u(window));
     }
     // Qwen3's vocabulary is Qwen2's: llama.cpp names its pre-tokenizer `qwen2`.

@@ -512,6 +512,40 @@ fn an_inconsistent_qwen3_file_names_the_key_or_tensor() {
 }
 
 #[test]
+fn an_inconsistent_gemma3_file_names_the_key_or_tensor() {
+    let src = tempfile::tempdir().unwrap();
+    let base = fixture::q4_k_m_spm_fixture(hf2coreml::testing::TinyModel::gemma3(), src.path())
+        .unwrap()
+        .writer;
+    // The window is in every Gemma 3 file and nothing fixes it: refused, not guessed.
+    let mut w = base.clone();
+    w.remove_meta("gemma3.attention.sliding_window");
+    let err = expect_err(&w);
+    assert!(
+        err.to_string().contains("gemma3.attention.sliding_window"),
+        "{err}"
+    );
+    let mut w = base;
+    w.tensors.retain(|t| t.name != "blk.5.post_ffw_norm.weight");
+    let err = expect_err(&w);
+    assert!(
+        err.to_string().contains("blk.5.post_ffw_norm.weight"),
+        "{err}"
+    );
+    // Scores that are not numbers cannot rank Llama's pieces (Gemma's go by position).
+    let mut w = fixture::q4_k_m_spm_fixture(hf2coreml::testing::TinyModel::llama(), src.path())
+        .unwrap()
+        .writer;
+    let n = fixture::spm_vocabulary(false).len();
+    w.meta(
+        "tokenizer.ggml.scores",
+        Meta::StrArray((0..n).map(|i| i.to_string()).collect()),
+    );
+    let err = expect_err(&w);
+    assert!(err.to_string().contains("tokenizer.ggml.scores"), "{err}");
+}
+
+#[test]
 fn bad_hyperparameters_are_named() {
     let base = TinyGguf::llama().build().writer;
     for (key, value, needle) in [
