@@ -62,10 +62,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  weights      model.safetensors, fp16, {}",
         fmt_bytes(r.safetensors_bytes)
     );
-    println!(
-        "  tokenizer    {} tokens, `{}`",
-        fmt_count(r.tokenizer_vocab as u64),
-        r.pre_tokenizer
-    );
+    let tokens = fmt_count(r.tokenizer_vocab as u64);
+    match r.pre_tokenizer.strip_prefix("sentencepiece ") {
+        Some(flavour) => println!("  tokenizer    SentencePiece {flavour}, {tokens} tokens"),
+        None => println!(
+            "  tokenizer    byte-level BPE, {tokens} tokens, pre-tokenizer `{}`",
+            r.pre_tokenizer
+        ),
+    }
     Ok(())
 }
