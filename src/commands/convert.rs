@@ -119,6 +119,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         python_env: args.python_env.clone(),
     };
     job.check()?;
+    if !args.dry_run {
+        job.refuse_existing()?;
+    }
     let progress = Bars::default();
     if args.dry_run {
         let opened = job.open(&progress)?;

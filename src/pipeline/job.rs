@@ -300,6 +300,30 @@ impl Job {
         Ok(())
     }
 
+    /// Without `force`, an existing package or any of its sidecars (the tokenizer files, the
+    /// report) is refused: they are one output, and a user's own file beside a new package is
+    /// not ours to replace.
+    pub fn refuse_existing(&self) -> Result<(), JobError> {
+        if self.force {
+            return Ok(());
+        }
+        let o = Outputs::for_package(&self.output)?;
+        let files = [
+            Some(&o.package),
+            o.tokenizer.as_ref(),
+            o.tokenizer_config.as_ref(),
+        ];
+        let taken = files
+            .into_iter()
+            .flatten()
+            .chain([&o.report])
+            .find(|p| std::fs::symlink_metadata(p).is_ok());
+        match taken {
+            Some(p) => Err(ConvertError::Exists(p.clone()).into()),
+            None => Ok(()),
+        }
+    }
+
     /// The prefill function's Q (0: one function), see [`check_prefill`].
     pub fn prefill_len(&self) -> Result<usize, ShapeError> {
         check_prefill(
@@ -480,9 +504,7 @@ impl Job {
     ) -> Result<ConvertSummary, JobError> {
         let start = Instant::now();
         self.check()?;
-        if self.output.exists() && !self.force {
-            return Err(ConvertError::Exists(self.output.clone()).into());
-        }
+        self.refuse_existing()?;
         let ckpt = &opened.ckpt;
         self.plan(ckpt)?;
         if let Some(conflict) = self

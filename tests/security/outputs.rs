@@ -50,6 +50,35 @@ fn output_that_already_exists() {
     );
 }
 
+/// A user's own file where a sidecar would go (report, tokenizer files) is an existing output:
+/// refused without `--force` before any work, the file untouched.
+#[test]
+fn sidecars_that_already_exist() {
+    for sidecar in [
+        "m.report.json",
+        "m.tokenizer.json",
+        "m.tokenizer_config.json",
+    ] {
+        let s = Scratch::new();
+        let ckpt = checkpoint(&s);
+        let mine = s.path().join(sidecar);
+        std::fs::write(&mine, "the user's file").unwrap();
+        let pkg = s.path().join("m.mlpackage");
+        expect_bad(
+            &s,
+            &[
+                "convert".as_ref(),
+                ckpt.as_os_str(),
+                "-o".as_ref(),
+                pkg.as_os_str(),
+            ],
+            &[sidecar, "already exists", "--force"],
+        );
+        assert_eq!(std::fs::read_to_string(&mine).unwrap(), "the user's file");
+        assert!(!pkg.exists(), "{sidecar}");
+    }
+}
+
 /// Names and contents of every file under `dir`.
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut v = Vec::new();
