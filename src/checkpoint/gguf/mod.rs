@@ -1,6 +1,6 @@
 //! GGUF (llama.cpp) files → Hugging Face checkpoints.
 //!
-//! [`import`] reads a `llama`, `qwen2` or `qwen3` GGUF, dequantizes every tensor (the legacy, K and
+//! [`import`] reads a `llama`, `qwen2`, `qwen3` or `gemma3` GGUF, dequantizes every tensor (the legacy, K and
 //! IQ4 quant types: [`dequant`]) into an fp16 `model.safetensors` with llama.cpp's q/k row
 //! permutation undone where its converter applied it (llama, not qwen2), and writes
 //! config.json, generation_config.json and a tokenizer rebuilt from the GGUF vocabulary. Everything about the input is checked before the output directory is created,
@@ -91,10 +91,11 @@ pub enum GgufError {
     OutputExists { path: PathBuf },
 }
 
-/// The hyperparameters of a llama-family GGUF (`llama`, `qwen2` or `qwen3`), checked for consistency.
+/// The hyperparameters of a llama-family GGUF (`llama`, `qwen2`, `qwen3` or `gemma3`), checked for
+/// consistency.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LlamaHParams {
-    /// `general.architecture`: `llama`, `qwen2` or `qwen3`.
+    /// `general.architecture`: `llama`, `qwen2`, `qwen3` or `gemma3`.
     pub arch: String,
     pub layers: usize,
     pub hidden: usize,
