@@ -463,68 +463,55 @@ impl GgufFile {
         }
     }
 
-    /// An array of strings, `None` when absent.
-    pub fn get_str_array(&self, key: &str) -> Result<Option<Vec<&str>>, GgufError> {
-        match self.metadata.get(key) {
-            None => Ok(None),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::String(s) => Ok(s.as_str()),
-                    other => Err(self.meta_err(
-                        key,
-                        format!("element {i} is {}, expected a string", kind(other)),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            Some(v) => Err(self.meta_err(key, format!("expected an array, found {}", kind(v)))),
-        }
-    }
-
-    /// An array of f32 values (SentencePiece scores), `None` when absent.
-    pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>, GgufError> {
-        match self.metadata.get(key) {
-            None => Ok(None),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::F32(x) => Ok(*x),
-                    other => Err(self.meta_err(
-                        key,
-                        format!("element {i} is {}, expected an f32", kind(other)),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            Some(v) => Err(self.meta_err(key, format!("expected an array, found {}", kind(v)))),
-        }
-    }
-
-    /// An array of integers (any width, signed values must be non-negative), `None` when absent.
-    pub fn get_uint_array(&self, key: &str) -> Result<Option<Vec<u64>>, GgufError> {
+    /// An array whose every element `one` reads (`None` → the element's error names what was
+    /// expected), `None` when the key is absent.
+    fn get_array<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &str,
+        one: impl Fn(&'a Value) -> Option<T>,
+        describe_elem: impl Fn(&Value) -> String,
+    ) -> Result<Option<Vec<T>>, GgufError> {
         match self.metadata.get(key) {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
                 .enumerate()
                 .map(|(i, v)| {
-                    as_uint(v).ok_or_else(|| {
-                        self.meta_err(
-                            key,
-                            format!(
-                                "element {i} is {}, expected a non-negative integer",
-                                describe(v)
-                            ),
-                        )
+                    one(v).ok_or_else(|| {
+                        let found = describe_elem(v);
+                        self.meta_err(key, format!("element {i} is {found}, expected {expected}"))
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
             Some(v) => Err(self.meta_err(key, format!("expected an array, found {}", kind(v)))),
         }
+    }
+
+    /// An array of strings, `None` when absent.
+    pub fn get_str_array(&self, key: &str) -> Result<Option<Vec<&str>>, GgufError> {
+        fn one(v: &Value) -> Option<&str> {
+            match v {
+                Value::String(s) => Some(s.as_str()),
+                _ => None,
+            }
+        }
+        self.get_array(key, "a string", one, |v| kind(v).to_string())
+    }
+
+    /// An array of f32 values (SentencePiece scores), `None` when absent.
+    pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>, GgufError> {
+        let one = |v: &Value| match v {
+            Value::F32(x) => Some(*x),
+            _ => None,
+        };
+        self.get_array(key, "an f32", one, |v| kind(v).to_string())
+    }
+
+    /// An array of integers (any width, signed values must be non-negative), `None` when absent.
+    pub fn get_uint_array(&self, key: &str) -> Result<Option<Vec<u64>>, GgufError> {
+        self.get_array(key, "a non-negative integer", as_uint, describe)
     }
 
     /// The tensor's values as f32, in row-major order.
