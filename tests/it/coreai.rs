@@ -192,7 +192,7 @@ fn validate_runs_a_palettized_asset_on_apples_runtime() {
     needs!(Python);
     let dir = fixture("qwen3");
     let tmp = tempfile::tempdir().unwrap();
-    let asset = tmp.path().join("q.aimodel");
+    let asset = tmp.path().join("a.aimodel");
     let package = tmp.path().join("q.mlpackage");
     convert(&dir, &asset, &["--recipe", "ios18-4bit", "--data-free"]);
     let o = hf2coreml(&[

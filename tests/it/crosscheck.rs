@@ -170,7 +170,7 @@ fn what_cannot_be_cross_checked_is_refused_before_work() {
     let d = dir.to_str().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let pkg = tmp.path().join("q.mlpackage");
-    let asset = tmp.path().join("q.aimodel");
+    let asset = tmp.path().join("a.aimodel");
     let state = tmp.path().join("s.mlpackage");
     convert(&dir, &pkg, &["--keep-fp16", "*"]);
     convert(&dir, &asset, &["--keep-fp16", "*", "--target", "coreai"]);
