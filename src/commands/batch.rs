@@ -44,6 +44,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(path) = args.json.as_deref().filter(|p| *p != Path::new("-")) {
+        hf2coreml::fsutil::check_file_output(path)?;
+    }
     let file = BatchFile::load(&args.file)?;
     let selected: Vec<Export> = file
         .select(args.shard, &args.only)?

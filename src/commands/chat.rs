@@ -42,15 +42,31 @@ pub fn repl(
             "chat: type a message; /reset starts over, /exit or Ctrl-D ends"
         ));
     }
-    let mut lines = stdin.lock().lines();
+    let max_seq_len = generator.model().contract().max_seq_len;
+    let limit = hf2coreml::runtime::text::max_line_bytes(conv.tokenizer, max_seq_len);
+    let mut input = stdin.lock();
+    let mut buf = Vec::new();
     loop {
         if interactive {
             eprint!("> ");
             std::io::stderr().flush().ok();
         }
-        let Some(line) = lines.next() else { break };
-        let line = line.context("reading stdin")?;
-        match parse(&line) {
+        let line = match read_line(&mut input, limit, &mut buf).context("reading stdin")? {
+            Read::End => break,
+            Read::Line(line) => line,
+            Read::TooLong if interactive => {
+                skip_line(&mut input).context("reading stdin")?;
+                too_long(limit, max_seq_len, "not sent");
+                continue;
+            }
+            Read::TooLong => {
+                anyhow::bail!(
+                    "stdin: a line of more than {limit} bytes cannot fit in the context \
+                     ({max_seq_len} tokens)"
+                );
+            }
+        };
+        match parse(line) {
             Line::Skip => continue,
             Line::Exit => break,
             Line::Reset => {
@@ -67,6 +83,63 @@ pub fn repl(
     }
     let sequence = generator.cached_tokens().to_vec();
     save_cache(args, generator, &sequence, Some(&conv.messages))
+}
+
+/// What [`read_line`] read.
+enum Read<'b> {
+    End,
+    Line(&'b str),
+    /// More than the limit without a newline: refused as it is read.
+    TooLong,
+}
+
+/// One line of at most `limit` bytes (without its newline), read into `buf` and never more:
+/// an endless line (`/dev/zero` as stdin) costs `limit` bytes, not all memory.
+fn read_line<'b>(
+    input: &mut impl BufRead,
+    limit: usize,
+    buf: &'b mut Vec<u8>,
+) -> std::io::Result<Read<'b>> {
+    buf.clear();
+    let n = std::io::Read::take(&mut *input, limit as u64 + 1).read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(Read::End);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    } else if buf.len() > limit {
+        return Ok(Read::TooLong);
+    }
+    std::str::from_utf8(buf)
+        .map(Read::Line)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Read past the rest of a line a terminal sent (its lines end), in bounded memory.
+fn skip_line(input: &mut impl BufRead) -> std::io::Result<()> {
+    loop {
+        let chunk = input.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                input.consume(i + 1);
+                return Ok(());
+            }
+            None => {
+                let n = chunk.len();
+                input.consume(n);
+            }
+        }
+    }
+}
+
+fn too_long(limit: usize, max_seq_len: usize, what: &str) {
+    crate::printer::warn(format_args!(
+        "chat: a line of more than {limit} bytes cannot fit in the context ({max_seq_len} \
+         tokens): {what}"
+    ));
 }
 
 /// One turn, streamed to stdout; false when the context is full (the session ends there,

@@ -23,6 +23,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(path) = args.json.as_deref().filter(|p| *p != Path::new("-")) {
+        hf2coreml::fsutil::check_file_output(path)?;
+    }
     let recipe = args.recipe.load()?;
     let ckpt = Checkpoint::open(&args.dir)
         .with_context(|| format!("cannot read checkpoint {}", args.dir.display()))?;

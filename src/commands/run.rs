@@ -230,6 +230,9 @@ fn check_session(args: &Args) -> anyhow::Result<()> {
     if args.chat && args.prompt.is_none() && (args.json || args.logits_out.is_some()) {
         anyhow::bail!("--json and --logits-out need --prompt: an interactive --chat streams text");
     }
+    for path in [&args.logits_out, &args.save_cache].into_iter().flatten() {
+        hf2coreml::fsutil::check_file_output(path)?;
+    }
     Ok(())
 }
 

@@ -1,7 +1,6 @@
 //! Graph → `coreai-core` → `.aimodel`: the same graph the coremltools bridge serializes, replayed
 //! on Apple's Core AI authoring API (`python/hf2coreml_coreai.py`) and saved as the asset
-//! directory Core AI writes. Written into an [`AtomicDir`] beside the destination and renamed
-//! into place only when complete, as a package is.
+//! directory Core AI writes, into a directory the caller owns, as a package is.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +8,6 @@ use std::path::{Path, PathBuf};
 use pyo3::prelude::*;
 
 use super::{consts_to_python, python_err, EmitError, Metadata};
-use crate::fsutil::AtomicDir;
 use crate::graph::Graph;
 use crate::mil::contract::{IoSpec, Target};
 use crate::mil::Op;
@@ -91,15 +89,13 @@ pub enum Arithmetic {
 }
 
 /// Serialize `graph` (whose outputs are `outputs`, as the contract declares them) as an
-/// `.aimodel` at `dest`. With `force` an existing `dest` is replaced once the new asset is
-/// complete; without it an existing `dest` is refused up front.
+/// `.aimodel`'s contents in `into`, an empty directory.
 pub fn emit_coreai(
     graph: Graph,
     outputs: &[IoSpec],
     meta: &Metadata,
     env: &PythonEnv,
-    dest: &Path,
-    force: bool,
+    into: &Path,
     arithmetic: Arithmetic,
 ) -> Result<CoreAiReport, EmitError> {
     graph.validate()?;
@@ -116,8 +112,7 @@ pub fn emit_coreai(
     desc["round_each_op"] = (arithmetic == Arithmetic::RoundEachOp).into();
     let desc = desc.to_string();
     let meta_json = serde_json::to_string(meta).map_err(|e| EmitError::Protocol(e.to_string()))?;
-    let out = AtomicDir::new(dest, force).map_err(|e| EmitError::io(dest, e))?;
-    let work = out.path().to_path_buf();
+    let work = into.to_path_buf();
     let (consts, env_owned, work_py) = (graph.consts, env.clone(), work.clone());
     let (version, counts) = pyenv::on_python_thread(move || {
         Python::initialize();
@@ -159,8 +154,7 @@ pub fn emit_coreai(
             },
         )
     })?;
-    // Core AI saves to a path ending in .aimodel; lift its contents into the atomic dir so the
-    // rename below is the only step that makes an asset appear under `dest`.
+    // Core AI saves to a path ending in .aimodel; lift its contents into `into`.
     let saved = work.join("model.aimodel");
     let entries = std::fs::read_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
     for entry in entries {
@@ -169,9 +163,8 @@ pub fn emit_coreai(
         std::fs::rename(entry.path(), &to).map_err(|e| EmitError::io(&to, e))?;
     }
     std::fs::remove_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
-    let asset = out.commit().map_err(|e| EmitError::io(dest, e))?;
     Ok(CoreAiReport {
-        asset,
+        asset: work,
         coreai_version: version,
         op_counts: counts,
         python_env: env.clone(),

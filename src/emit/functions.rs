@@ -15,17 +15,16 @@ use crate::graph::{Const, Graph};
 
 /// Build, convert and save one package whose program has one function per `(name, graph)`,
 /// in that order; `default` is the function an app runs when it names none. Every graph must
-/// have the same target (iOS18) and float type.
+/// have the same target (iOS18) and float type. Written into `into`, an empty directory.
 pub fn emit_functions(
     functions: Vec<(String, Graph)>,
     default: &str,
     meta: &Metadata,
     env: &PythonEnv,
-    dest: &Path,
-    force: bool,
+    into: &Path,
 ) -> Result<EmitReport, EmitError> {
     let program = describe(functions, default)?;
-    emit_described(program, meta, env, dest, force)
+    emit_described(program, meta, env, into)
 }
 
 /// The functions' descriptions and the constants to hand over (see the module docs).

@@ -2,8 +2,8 @@
 //!
 //! The bridge modules (`python/hf2coreml_bridge.py`, `python/hf2coreml_coreai.py`) are compiled
 //! into the binary and loaded through [`crate::pyenv`]. Constants cross as numpy arrays that take ownership of the Rust buffers
-//! (no copy on the Rust side). The package is written into an [`AtomicDir`] beside the
-//! destination and renamed into place only when complete.
+//! (no copy on the Rust side). A package is written into a directory the caller owns (the
+//! [`crate::fsutil::Staged`] output it renames into place with its sidecars once complete).
 
 pub mod coreai;
 mod functions;
@@ -21,7 +21,6 @@ use thiserror::Error;
 use crate::error::EnvironmentError;
 use crate::pyenv::{self, on_python_thread, Bridge, PyEnvError, PYTHON_HOLDS_STDERR};
 
-use crate::fsutil::AtomicDir;
 use crate::graph::{ConstData, Graph};
 use crate::mil::contract::Target;
 use crate::mil::DType;
@@ -183,15 +182,13 @@ fn consts_to_python<'py>(
 /// partial directory.
 pub const COREMLTOOLS_SCRATCH: &str = ".coremltools-tmp";
 
-/// Serialize `graph` as an iOS17 package at `dest` (a `.mlpackage` path). The graph is
-/// consumed: its buffers move into numpy arrays. With `force`, an existing `dest` is replaced
-/// once the new package is complete; without it, an existing `dest` is refused up front.
+/// Serialize `graph` as a package's contents in `into`, an empty directory. The graph is
+/// consumed: its buffers move into numpy arrays.
 pub fn emit(
     graph: Graph,
     meta: &Metadata,
     env: &PythonEnv,
-    dest: &Path,
-    force: bool,
+    into: &Path,
 ) -> Result<EmitReport, EmitError> {
     graph.validate()?;
     let desc = serde_json::to_string(&graph.description())
@@ -202,7 +199,7 @@ pub fn emit(
         target: graph.target,
         float: graph.float,
     };
-    emit_described(program, meta, env, dest, force)
+    emit_described(program, meta, env, into)
 }
 
 /// A program as it crosses to Python: its description (one graph's, or several functions')
@@ -218,8 +215,7 @@ fn emit_described(
     program: Described,
     meta: &Metadata,
     env: &PythonEnv,
-    dest: &Path,
-    force: bool,
+    into: &Path,
 ) -> Result<EmitReport, EmitError> {
     let Described {
         desc,
@@ -227,13 +223,12 @@ fn emit_described(
         target,
         float,
     } = program;
-    let out = AtomicDir::new(dest, force).map_err(|e| EmitError::io(dest, e))?;
     let meta_json = serde_json::to_string(meta).map_err(|e| EmitError::Protocol(e.to_string()))?;
     let precision = match float {
         DType::F32 => "fp32",
         _ => "fp16",
     };
-    let work = out.path().to_path_buf();
+    let work = into.to_path_buf();
     let env_owned = env.clone();
     let work_py = work.clone();
     let result = on_python_thread(move || {
@@ -288,8 +283,7 @@ fn emit_described(
             },
         )
     })?;
-    // coremltools saves to a path ending in .mlpackage; lift its contents into the atomic dir
-    // so the rename below is the only step that makes a package appear under `dest`.
+    // coremltools saves to a path ending in .mlpackage; lift its contents into `into`.
     let saved = work.join("model.mlpackage");
     let entries = std::fs::read_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
     for entry in entries {
@@ -304,9 +298,8 @@ fn emit_described(
     if scratch.exists() {
         std::fs::remove_dir_all(&scratch).map_err(|e| EmitError::io(&scratch, e))?;
     }
-    let package = out.commit().map_err(|e| EmitError::io(dest, e))?;
     Ok(EmitReport {
-        package,
+        package: work,
         coremltools_version: result.0,
         coreai_version: None,
         specification_version: result.1,

@@ -6,6 +6,7 @@ mod input;
 mod interrupt;
 mod memory;
 mod output;
+mod staged;
 mod tree;
 
 pub use input::{open_input, read_input, read_input_text, sha256_file};
@@ -14,7 +15,11 @@ pub use interrupt::{
     scratch_dir, wait_if_interrupted,
 };
 pub use memory::release_free_memory;
-pub use output::{atomic_write, check_writable, refuse_output_over_input, resolved, AtomicDir};
+pub use output::{
+    atomic_write, check_file_output, check_replaceable, check_writable, refuse_output_over_input,
+    resolved, AtomicDir,
+};
+pub use staged::Staged;
 pub use tree::{copy_tree, dir_bytes};
 
 use std::path::Path;

@@ -9,18 +9,130 @@ use super::interrupt::{
 };
 use super::{file_name, parent_dir};
 
-/// Write `bytes` to `dest` atomically: a temp file beside it, then a rename.
+/// Write `bytes` to `dest`. A new name or a regular file (or a symlink to one, replaced where
+/// it points) is written atomically: a temp file beside it, then a rename. A FIFO or a
+/// character device (`/dev/null`, a terminal, a pipe another process reads) is what it is for
+/// to be written to: it is opened and written in place, never renamed over. Anything else (a
+/// directory, a block device, a socket, a dangling symlink) is refused.
 pub fn atomic_write(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let parent = parent_dir(dest);
-    let mut tmp = tempfile::Builder::new()
+    match file_target(dest)? {
+        FileTarget::InPlace => {
+            let mut f = std::fs::OpenOptions::new().write(true).open(dest)?;
+            std::io::Write::write_all(&mut f, bytes)?;
+            std::io::Write::flush(&mut f)
+        }
+        FileTarget::Replace(path) => {
+            let mut tmp = temp_file_beside(&path)?;
+            std::io::Write::write_all(&mut tmp, bytes)?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(&path).map_err(|e| e.error)?;
+            Ok(())
+        }
+    }
+}
+
+/// Check, before any work, that [`atomic_write`] could write `dest`: refused when it is
+/// something never written over, and when a file must be created where none can be.
+pub fn check_file_output(dest: &Path) -> std::io::Result<()> {
+    match file_target(dest)? {
+        FileTarget::InPlace => Ok(()),
+        FileTarget::Replace(path) => check_writable(&path),
+    }
+}
+
+/// A temp file in `dest`'s directory, named after it, with an output's permissions.
+pub(super) fn temp_file_beside(dest: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new()
         .prefix(&format!(".{}.", file_name(dest)))
         .suffix(".tmp")
         .permissions(output_permissions(0o666))
-        .tempfile_in(parent)?;
-    std::io::Write::write_all(&mut tmp, bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(dest).map_err(|e| e.error)?;
-    Ok(())
+        .tempfile_in(parent_dir(dest))
+}
+
+/// How a file output reaches `dest`.
+#[derive(Debug, PartialEq)]
+enum FileTarget {
+    /// Renamed into place at this path (`dest`, or the regular file a symlink names).
+    Replace(PathBuf),
+    /// Opened and written (a FIFO or a character device).
+    InPlace,
+}
+
+fn file_target(dest: &Path) -> std::io::Result<FileTarget> {
+    use std::os::unix::fs::FileTypeExt;
+    let link = match std::fs::symlink_metadata(dest) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(FileTarget::Replace(dest.to_path_buf()))
+        }
+        other => other?,
+    };
+    // The kernel follows the link (`/dev/stdout` → `/proc/self/fd/1` → a pipe).
+    let meta = match std::fs::metadata(dest) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_replaced(dest, "a symlink to nothing"));
+        }
+        other => other?,
+    };
+    let t = meta.file_type();
+    if t.is_file() {
+        let path = if link.file_type().is_symlink() {
+            std::fs::canonicalize(dest)?
+        } else {
+            dest.to_path_buf()
+        };
+        Ok(FileTarget::Replace(path))
+    } else if t.is_fifo() || t.is_char_device() {
+        Ok(FileTarget::InPlace)
+    } else {
+        Err(not_replaced(dest, kind_of(&meta)))
+    }
+}
+
+/// What a non-regular file is, for a message.
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_symlink() {
+        "a symlink"
+    } else {
+        "not a regular file"
+    }
+}
+
+fn not_replaced(dest: &Path, what: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!(
+            "{} exists and is {what}: not written over (choose another name)",
+            dest.display()
+        ),
+    )
+}
+
+/// An error unless whatever exists at `dest` is something an output may replace with
+/// `--force`: a directory or regular file when `dir` (a package), a regular file otherwise.
+/// Symlinks, devices, FIFOs and sockets are never replaced.
+pub fn check_replaceable(dest: &Path, dir: bool) -> std::io::Result<()> {
+    let meta = match std::fs::symlink_metadata(dest) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    };
+    let t = meta.file_type();
+    if t.is_file() || (dir && t.is_dir()) {
+        Ok(())
+    } else {
+        Err(not_replaced(dest, kind_of(&meta)))
+    }
 }
 
 /// An output's mode before the umask: outputs get what any file the user creates gets
@@ -128,6 +240,7 @@ impl AtomicDir {
         if dest.symlink_metadata().is_ok() && !force {
             return Err(already_exists(dest, "use --force to replace it"));
         }
+        check_replaceable(dest, true)?;
         let parent = parent_dir(dest);
         std::fs::create_dir_all(parent)?;
         remove_stale_partials(parent, &file_name(dest));

@@ -1,6 +1,7 @@
 //! Converting a model too large for one package into a chain (docs/design.md, "Chained
 //! packages"): plan the split, build and serialize each part in turn (each released before
-//! the next is built), describe the chain, and move the whole directory into place at once.
+//! the next is built), describe the chain, and move the whole directory into place at once,
+//! with its sidecars.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -9,15 +10,15 @@ use std::time::Instant;
 use super::contract::contract_for;
 use super::error::{io_err, ConvertError};
 use super::options::ConvertOptions;
-use super::package_files::{package_hashes, source_hashes, weight_bin, write_sidecars, Outputs};
+use super::package_files::{package_hashes, source_hashes, stage_sidecars, weight_bin, Outputs};
 use super::ranges::scaling_for;
-use super::summary::{write_report, ConvertSummary, StageTimes};
+use super::summary::{report_bytes, ConvertSummary, StageTimes};
 use super::weights::WeightStream;
 use crate::arch::{tensor_ids, ModelSpec, TensorId, TensorSlot};
 use crate::budget::chain::{self as planner, ChainPlan, ModelBytes, PartPlan};
 use crate::checkpoint::Checkpoint;
 use crate::emit::{EmitReport, Metadata};
-use crate::fsutil::{dir_bytes, AtomicDir};
+use crate::fsutil::{dir_bytes, Staged};
 use crate::graph::decoder::{self, Part};
 use crate::mil::chain::{ChainFile, ChainPart, CHAIN_FILE, CHAIN_FORMAT};
 use crate::mil::contract::Contract;
@@ -97,7 +98,7 @@ pub fn convert_chain(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
     let step = opts.step_options(&scaling);
-    let dir = AtomicDir::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
+    let mut dir = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let n = job.plan.parts.len();
     let mut parts = Vec::with_capacity(n);
     let mut predicted = 0;
@@ -118,13 +119,8 @@ pub fn convert_chain(
         let mut part = describe(&contract, spec.hidden_size, pp, i, opts);
         let meta = Metadata::for_part(&contract, &part, i, n, &model_name)?;
         let path = dir.path().join(&part.path);
-        emit = Some(crate::emit::emit(
-            graph,
-            &meta,
-            &opts.python_env,
-            &path,
-            false,
-        )?);
+        std::fs::create_dir(&path).map_err(io_err(&path))?;
+        emit = Some(crate::emit::emit(graph, &meta, &opts.python_env, &path)?);
         crate::fsutil::release_free_memory();
         part.sha256 = package_hashes(&path)?;
         part.bytes = dir_bytes(&path).map_err(io_err(&path))?;
@@ -143,15 +139,14 @@ pub fn convert_chain(
     let chain_path = dir.path().join(CHAIN_FILE);
     let json = serde_json::to_vec_pretty(&chain)?;
     std::fs::write(&chain_path, json).map_err(io_err(&chain_path))?;
-    let package = dir.commit().map_err(io_err(&opts.output))?;
-    write_sidecars(ckpt, &mut outputs)?;
+    stage_sidecars(ckpt, &mut outputs, &mut dir)?;
     let package_bytes = chain.parts.iter().map(|p| p.bytes).sum();
-    let weight_bin_bytes = chain_weight_bytes(&package, &chain)?;
+    let weight_bin_bytes = chain_weight_bytes(dir.path(), &chain)?;
     let streamed = weights.finish();
     times.palettize = streamed.secs;
     times.total = times.read + times.ranges + streamed.fit_secs + start.elapsed().as_secs_f64();
     let mut emit: EmitReport = emit.expect("a chain has parts");
-    emit.package = package;
+    emit.package = opts.output.clone();
     let summary = ConvertSummary {
         outputs,
         contract,
@@ -168,7 +163,10 @@ pub fn convert_chain(
         source: std::path::absolute(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf()),
         chain: Some(chain),
     };
-    write_report(&summary)?;
+    let report = &summary.outputs.report;
+    dir.add_file(report, &report_bytes(&summary)?)
+        .map_err(io_err(report))?;
+    dir.commit().map_err(io_err(&opts.output))?;
     Ok(summary)
 }
 

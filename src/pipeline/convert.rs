@@ -10,15 +10,15 @@ use super::contract::contract_for;
 use super::error::{io_err, ConvertError};
 use super::options::ConvertOptions;
 use super::package_files::{
-    asset_weight_bytes, source_hashes, weight_bin, write_sidecars, Outputs,
+    asset_weight_bytes, source_hashes, stage_sidecars, weight_bin, Outputs,
 };
 use super::ranges::scaling_for;
-use super::summary::{write_report, ConvertSummary, StageTimes};
+use super::summary::{report_bytes, ConvertSummary, StageTimes};
 use super::weights::WeightStream;
 use crate::arch::ModelSpec;
 use crate::checkpoint::Checkpoint;
 use crate::emit::{EmitError, EmitReport, Metadata};
-use crate::fsutil::dir_bytes;
+use crate::fsutil::{dir_bytes, Staged};
 use crate::graph::decoder::{self, StepOptions};
 use crate::graph::{Graph, Weight};
 use crate::mil::contract;
@@ -101,39 +101,43 @@ pub fn convert(
     } else {
         "coremltools"
     });
+    let mut out = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let emit = match graphs.len() {
         1 if opts.target.is_coreai() => {
             let (_, graph) = graphs.into_iter().next().expect("one graph");
-            emit_asset(graph, &contract, meta, opts)
+            emit_asset(graph, &contract, meta, opts, out.path())
         }
         1 => {
             let (_, graph) = graphs.into_iter().next().expect("one graph");
-            crate::emit::emit(graph, &meta, &opts.python_env, &opts.output, opts.force)
+            crate::emit::emit(graph, &meta, &opts.python_env, out.path())
         }
         _ => crate::emit::emit_functions(
             graphs,
             contract::DECODE,
             &meta,
             &opts.python_env,
-            &opts.output,
-            opts.force,
+            out.path(),
         ),
     };
     if emit.is_ok() {
         progress.advance(1);
     }
     progress.end();
-    let emit = emit?;
+    let mut emit = emit?;
+    emit.package = opts.output.clone();
     times.serialize = t.elapsed().as_secs_f64();
 
     let mut outputs = outputs;
-    write_sidecars(ckpt, &mut outputs)?;
-    let package_bytes = dir_bytes(&outputs.package).map_err(io_err(&outputs.package))?;
+    stage_sidecars(ckpt, &mut outputs, &mut out)?;
+    let built = out.path();
+    let package_bytes = dir_bytes(built).map_err(io_err(&outputs.package))?;
     let weight_bin_bytes = if opts.target.is_coreai() {
-        asset_weight_bytes(&outputs.package).map_err(io_err(&outputs.package))?
+        asset_weight_bytes(built).map_err(io_err(&outputs.package))?
     } else {
-        let wb = weight_bin(&outputs.package);
-        std::fs::metadata(&wb).map_err(io_err(&wb))?.len()
+        let wb = weight_bin(built);
+        std::fs::metadata(&wb)
+            .map_err(io_err(&weight_bin(&outputs.package)))?
+            .len()
     };
     times.total = times.read + times.ranges + streamed.fit_secs + start.elapsed().as_secs_f64();
     let summary = ConvertSummary {
@@ -152,18 +156,22 @@ pub fn convert(
         source: std::path::absolute(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf()),
         chain: None,
     };
-    write_report(&summary)?;
+    let report = &summary.outputs.report;
+    out.add_file(report, &report_bytes(&summary)?)
+        .map_err(io_err(report))?;
+    out.commit().map_err(io_err(&opts.output))?;
     Ok(summary)
 }
 
 /// Serialize `graph` as a Core AI asset: the contract's outputs name its results, and the
 /// metadata records the fewest bits of any palettized weight (the asset is not read back, and
-/// `validate` picks its default gates by it).
+/// `validate` picks its default gates by it). Written into `into`.
 fn emit_asset(
     graph: Graph,
     contract: &contract::Contract,
     mut meta: Metadata,
     opts: &ConvertOptions,
+    into: &std::path::Path,
 ) -> Result<EmitReport, EmitError> {
     if let Some(bits) = graph.min_lut_bits() {
         meta.user_defined.insert(
@@ -176,8 +184,7 @@ fn emit_asset(
         &contract.outputs,
         &meta,
         &opts.python_env,
-        &opts.output,
-        opts.force,
+        into,
         crate::emit::coreai::Arithmetic::Native,
     )?;
     Ok(EmitReport {

@@ -40,9 +40,15 @@ pub enum ConvertError {
     CoreAi(String),
     #[error("output {} is not valid UTF-8: coremltools cannot write it; choose a UTF-8 name", .0.display())]
     OutputNotUtf8(PathBuf),
+    #[error(
+        "input {} is not valid UTF-8: the report records the checkpoint's path as text; \
+         rename it, or link it under a UTF-8 name",
+        .0.display()
+    )]
+    SourceNotUtf8(PathBuf),
     #[error("{0} already exists (use --force to replace it)")]
     Exists(PathBuf),
-    #[error("contract JSON: {0}")]
+    #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("palettizing: {0}")]
     Quant(#[from] QuantError),

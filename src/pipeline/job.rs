@@ -295,6 +295,10 @@ impl Job {
             .map_err(JobError::Unwritable)?;
         check_target_output(p, &self.output)?;
         Outputs::for_package(&self.output)?;
+        let source = std::path::absolute(&self.source).unwrap_or_else(|_| self.source.clone());
+        if source.to_str().is_none() {
+            return Err(ConvertError::SourceNotUtf8(self.source.clone()).into());
+        }
         // Refuse an output that cannot be written before minutes of work, not after.
         crate::fsutil::check_writable(&self.output).map_err(JobError::Unwritable)?;
         Ok(())
@@ -302,12 +306,24 @@ impl Job {
 
     /// Without `force`, an existing package or any of its sidecars (the tokenizer files, the
     /// report) is refused: they are one output, and a user's own file beside a new package is
-    /// not ours to replace.
+    /// not ours to replace. With it, only what an output may replace is (a package's directory,
+    /// regular files): never a symlink, device, FIFO or socket.
     pub fn refuse_existing(&self) -> Result<(), JobError> {
-        if self.force {
-            return Ok(());
-        }
         let o = Outputs::for_package(&self.output)?;
+        if self.force {
+            let sides = [
+                o.tokenizer.as_ref(),
+                o.tokenizer_config.as_ref(),
+                Some(&o.report),
+            ];
+            let replaceable = crate::fsutil::check_replaceable(&o.package, true).and_then(|()| {
+                sides
+                    .into_iter()
+                    .flatten()
+                    .try_for_each(|p| crate::fsutil::check_replaceable(p, false))
+            });
+            return replaceable.map_err(JobError::Unwritable);
+        }
         let files = [
             Some(&o.package),
             o.tokenizer.as_ref(),

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::error::{io_err, ConvertError};
 use crate::checkpoint::Checkpoint;
-use crate::fsutil::{atomic_write, read_input, sha256_file};
+use crate::fsutil::{read_input, sha256_file, Staged};
 use crate::runtime::chat::MAX_CONFIG_BYTES;
 use crate::runtime::text::MAX_TOKENIZER_BYTES;
 
@@ -52,15 +52,19 @@ impl Outputs {
     }
 }
 
-/// The tokenizer and its config beside the package, each written atomically after the package;
-/// `outputs` loses the ones the checkpoint does not have.
-pub(super) fn write_sidecars(ckpt: &Checkpoint, outputs: &mut Outputs) -> Result<(), ConvertError> {
+/// The tokenizer and its config, staged to be placed beside the package with it; `outputs`
+/// loses the ones the checkpoint does not have.
+pub(super) fn stage_sidecars(
+    ckpt: &Checkpoint,
+    outputs: &mut Outputs,
+    staged: &mut Staged,
+) -> Result<(), ConvertError> {
     let tokenizer_src = ckpt.dir().join("tokenizer.json");
     if tokenizer_src.is_file() {
         let dest = outputs.tokenizer.clone().unwrap_or_default();
         let bytes =
             read_input(&tokenizer_src, MAX_TOKENIZER_BYTES).map_err(io_err(&tokenizer_src))?;
-        atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
+        staged.add_file(&dest, &bytes).map_err(io_err(&dest))?;
     } else {
         outputs.tokenizer = None;
     }
@@ -68,7 +72,7 @@ pub(super) fn write_sidecars(ckpt: &Checkpoint, outputs: &mut Outputs) -> Result
     match outputs.tokenizer_config.clone() {
         Some(dest) if config_src.is_file() => {
             let bytes = read_input(&config_src, MAX_CONFIG_BYTES).map_err(io_err(&config_src))?;
-            atomic_write(&dest, &bytes).map_err(io_err(&dest))?;
+            staged.add_file(&dest, &bytes).map_err(io_err(&dest))?;
         }
         _ => outputs.tokenizer_config = None,
     }

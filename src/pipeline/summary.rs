@@ -7,10 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::error::{io_err, ConvertError};
+use super::error::ConvertError;
 use super::package_files::Outputs;
 use crate::emit::EmitReport;
-use crate::fsutil::atomic_write;
 use crate::mil::contract::Contract;
 use crate::quant;
 
@@ -119,14 +118,12 @@ pub fn recorded_source(package: &Path) -> Option<PathBuf> {
 }
 
 /// `X.report.json`: the summary without the stage times.
-pub(super) fn write_report(summary: &ConvertSummary) -> Result<(), ConvertError> {
+pub(super) fn report_bytes(summary: &ConvertSummary) -> Result<Vec<u8>, ConvertError> {
     // The file holds what the package is, not how long it took: the same inputs write the
     // same bytes. Stage times are in the returned summary (`convert --json`).
     let mut recorded = serde_json::to_value(summary)?;
     if let Some(map) = recorded.as_object_mut() {
         map.remove("times");
     }
-    let json = serde_json::to_vec_pretty(&recorded)?;
-    atomic_write(&summary.outputs.report, &json).map_err(io_err(&summary.outputs.report))?;
-    Ok(())
+    Ok(serde_json::to_vec_pretty(&recorded)?)
 }

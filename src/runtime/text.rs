@@ -113,6 +113,25 @@ pub fn chat_ids(
     Ok(enc.get_ids().to_vec())
 }
 
+/// The most bytes of text a line can hold and still fit in `max_seq_len` tokens of
+/// `tokenizer`: no token stands for more bytes than its longest piece is spelled with (a
+/// byte-level piece spells each byte as one character of one to two bytes, a SentencePiece
+/// byte piece `<0xFF>` one byte with six), so a line of more bytes than every position times
+/// the longest piece cannot fit. Four times that, for normalizers that shorten text.
+pub fn max_line_bytes(tokenizer: &Tokenizer, max_seq_len: usize) -> usize {
+    let longest = tokenizer
+        .get_vocab(true)
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    max_seq_len
+        .saturating_mul(longest)
+        .saturating_mul(4)
+        .max(4096)
+}
+
 /// A chat whose turns share the generator's cache: each turn renders the whole conversation
 /// through the template, and [`Generator::extend`] feeds only the tokens past the ones already
 /// cached (the new turn, when the template renders earlier turns as they were generated).

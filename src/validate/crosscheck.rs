@@ -181,13 +181,14 @@ pub(super) fn cross_check(
 
     progress.working_on("building the program with coreai-core");
     let main = scratch.path().join("main.aimodel");
+    std::fs::create_dir(&main)
+        .map_err(|e| ValidateError::CrossCheck(format!("{}: {e}", main.display())))?;
     let built = emit_coreai(
         lifted.graph.clone(),
         &c.outputs,
         &meta,
         &env,
         &main,
-        false,
         Arithmetic::RoundEachOp,
     )?;
     let runtime = format!(
@@ -353,15 +354,9 @@ fn probe(
         }
         probed.push((op_of.get(name).map_or(0, |(i, _)| *i), name.clone()));
     }
-    emit_coreai(
-        graph,
-        &specs,
-        meta,
-        env,
-        dest,
-        false,
-        Arithmetic::RoundEachOp,
-    )?;
+    std::fs::create_dir(dest)
+        .map_err(|e| ValidateError::CrossCheck(format!("{}: {e}", dest.display())))?;
+    emit_coreai(graph, &specs, meta, env, dest, Arithmetic::RoundEachOp)?;
     let session = Session::open(env, dest).map_err(|e| ValidateError::CrossCheck(e.to_string()))?;
     let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
     let fp32 = |name: &str| c.inputs.iter().any(|i| i.name == name && i.dtype == "fp32");

@@ -209,3 +209,172 @@ fn batch_outputs_naming_one_package_two_ways_are_refused() {
         std::fs::remove_file(&file).unwrap();
     }
 }
+
+/// A file output (`palettize --json`, `batch --json`, `run --logits-out`, `run --save-cache`)
+/// whose name exists and is not a regular file: a FIFO or a character device is written in
+/// place, a symlink to a file writes the file, and a directory, socket or dangling symlink is
+/// refused before any work. Nothing is ever renamed over.
+#[cfg(unix)]
+#[test]
+fn file_outputs_never_rename_over_what_is_not_a_regular_file() {
+    use std::os::unix::fs::FileTypeExt;
+    let s = Scratch::new();
+    let ckpt = checkpoint(&s);
+    let palettize = |dest: &Path, code: i32, needles: &[&str]| {
+        expect(
+            s.path(),
+            &[
+                os("palettize"),
+                ckpt.as_os_str(),
+                os("--recipe"),
+                os("data-free-4bit"),
+                os("--json"),
+                dest.as_os_str(),
+            ],
+            code,
+            needles,
+        )
+    };
+    let dir = s.path().join("a-directory");
+    std::fs::create_dir(&dir).unwrap();
+    palettize(
+        &dir,
+        2,
+        &["a-directory", "is a directory", "not written over"],
+    );
+    assert!(dir.is_dir());
+    let socket = s.path().join("a-socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    palettize(&socket, 2, &["a-socket", "is a socket"]);
+    let dangling = s.path().join("dangling");
+    std::os::unix::fs::symlink(s.path().join("nowhere"), &dangling).unwrap();
+    palettize(&dangling, 2, &["dangling", "a symlink to nothing"]);
+    assert!(!s.path().join("nowhere").exists());
+
+    // Written in place: the character device stays one.
+    palettize(Path::new("/dev/null"), 0, &[]);
+    let null = std::fs::metadata("/dev/null").unwrap();
+    assert!(null.file_type().is_char_device());
+    // A FIFO: its reader gets the report, and it is still a FIFO.
+    let fifo = s.path().join("a-fifo");
+    super::mkfifo(&fifo);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    palettize(&fifo, 0, &[]);
+    let got: serde_json::Value = serde_json::from_str(&reader.join().unwrap()).unwrap();
+    assert!(got.get("totals").is_some(), "{got}");
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    // A symlink to a regular file: the file is replaced, the link stays.
+    let target = s.path().join("target.json");
+    std::fs::write(&target, "old").unwrap();
+    let link = s.path().join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    palettize(&link, 0, &[]);
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(std::fs::read_to_string(&target).unwrap().contains("totals"));
+
+    // The other file outputs refuse a directory before any work: `run` before loading the
+    // package, `batch` before the first export.
+    for flag in ["--logits-out", "--save-cache"] {
+        expect(
+            s.path(),
+            &[
+                os("run"),
+                s.path().join("absent.mlpackage").as_os_str(),
+                os("--prompt-ids"),
+                os("1,2"),
+                os(flag),
+                dir.as_os_str(),
+            ],
+            2,
+            &["a-directory", "is a directory"],
+        );
+    }
+    let file = s.path().join("batch.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[export]]\nname = \"one\"\nmodel = \"{}\"\noutput = \"{}\"\n",
+            ckpt.display(),
+            s.out().join("m.mlpackage").display()
+        ),
+    )
+    .unwrap();
+    expect(
+        s.path(),
+        &[os("batch"), file.as_os_str(), os("--json"), dir.as_os_str()],
+        2,
+        &["a-directory", "is a directory"],
+    );
+    assert!(!s.out().exists());
+}
+
+/// With `--force`, a package name or sidecar that is a FIFO, a symlink or (for a sidecar) a
+/// directory is still not replaced: refused before any work, left as it was.
+#[cfg(unix)]
+#[test]
+fn force_replaces_only_packages_and_regular_files() {
+    use std::os::unix::fs::FileTypeExt;
+    let s = Scratch::new();
+    let ckpt = checkpoint(&s);
+    let convert = |pkg: &Path, needles: &[&str]| {
+        expect(
+            s.path(),
+            &[
+                os("convert"),
+                ckpt.as_os_str(),
+                os("-o"),
+                pkg.as_os_str(),
+                os("--force"),
+            ],
+            2,
+            needles,
+        );
+    };
+    let fifo = s.path().join("f.mlpackage");
+    super::mkfifo(&fifo);
+    convert(&fifo, &["f.mlpackage", "is a FIFO", "not written over"]);
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    let elsewhere = s.path().join("elsewhere.mlpackage");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let link = s.path().join("l.mlpackage");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    convert(&link, &["l.mlpackage", "is a symlink"]);
+    let side = s.path().join("m.report.json");
+    std::fs::create_dir(&side).unwrap();
+    convert(
+        &s.path().join("m.mlpackage"),
+        &["m.report.json", "is a directory"],
+    );
+    assert!(side.is_dir());
+}
+
+/// An input whose path is not UTF-8 cannot be recorded in the report: refused before any
+/// work, nothing written (it once ran the whole conversion and left a package without one).
+#[cfg(unix)]
+#[test]
+fn a_non_utf8_input_is_refused_before_anything_is_written() {
+    use std::os::unix::ffi::OsStringExt;
+    let root = tempfile::tempdir().unwrap();
+    let ckpt = tiny_checkpoint(root.path());
+    let odd = root.path().join(OsString::from_vec(b"ckpt-\xff".to_vec()));
+    std::fs::rename(&ckpt, &odd).unwrap();
+    let out = root.path().join("m.mlpackage");
+    expect(
+        root.path(),
+        &[os("convert"), odd.as_os_str(), os("-o"), out.as_os_str()],
+        2,
+        &["not valid UTF-8", "rename it"],
+    );
+}

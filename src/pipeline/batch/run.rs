@@ -14,11 +14,11 @@ use super::file::{Export, Shard, ValidateSpec};
 use super::report::{BatchReport, Counts, ExportReport, Status, Validation, REPORT_SCHEMA};
 use crate::emit::when_output_is_ours;
 use crate::error::ExitCode;
-use crate::fsutil::{atomic_write, AtomicDir};
+use crate::fsutil::{atomic_write, Staged};
 use crate::pipeline::error::ConvertError;
 use crate::pipeline::job::{Job, JobError, Opened};
 use crate::pipeline::package_files::Outputs;
-use crate::pipeline::summary::{write_report, ConvertSummary, Inputs};
+use crate::pipeline::summary::{report_bytes, ConvertSummary, Inputs};
 use crate::pipeline::texts;
 use crate::progress::Progress;
 use crate::quant::QuantError;
@@ -324,9 +324,8 @@ fn copy_package(
         let path = path.to_path_buf();
         move |source| ExportError::Write { path, source }
     };
-    let dir = AtomicDir::new(&to.package, true).map_err(write_err(&to.package))?;
+    let mut dir = Staged::new(&to.package, true).map_err(write_err(&to.package))?;
     crate::fsutil::copy_tree(&from.outputs.package, dir.path()).map_err(write_err(&to.package))?;
-    dir.commit().map_err(write_err(&to.package))?;
     let mut outputs = to.clone();
     let sides = [
         (&from.outputs.tokenizer, &mut outputs.tokenizer),
@@ -339,7 +338,7 @@ fn copy_package(
         match (src, dst.as_ref()) {
             (Some(src), Some(d)) => {
                 let bytes = std::fs::read(src).map_err(write_err(src))?;
-                atomic_write(d, &bytes).map_err(write_err(d))?;
+                dir.add_file(d, &bytes).map_err(write_err(d))?;
             }
             _ => *dst = None,
         }
@@ -347,7 +346,10 @@ fn copy_package(
     let mut summary = from.clone();
     summary.outputs = outputs;
     summary.inputs = Some(inputs);
-    write_report(&summary)?;
+    let report = &summary.outputs.report;
+    dir.add_file(report, &report_bytes(&summary)?)
+        .map_err(write_err(report))?;
+    dir.commit().map_err(write_err(&to.package))?;
     Ok(summary)
 }
 

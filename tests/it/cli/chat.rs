@@ -371,3 +371,58 @@ fn damaged_or_foreign_cache_files_are_refused() {
         assert!(stderr(&o).contains("need --prompt"), "{}", stderr(&o));
     }
 }
+
+/// A line longer than the context can hold is refused as it is read: 12 MB on one line, and
+/// `/dev/zero` as stdin (a line that never ends), end the session with exit 2 and the reason,
+/// in bounded memory: the address space is capped at 1 GiB, under which an unbounded line
+/// buffer would abort, and the same cap lets an ordinary session through.
+#[test]
+fn a_line_longer_than_the_context_is_refused_as_it_is_read() {
+    use std::os::unix::process::CommandExt;
+    needs!(Python);
+    let f = fixture();
+    let session = |stdin: Stdio, feed: Option<Vec<u8>>| {
+        let mut cmd = Cli::new().arg("run").arg(&f.one).args(CHAT).command();
+        cmd.stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let cap = libc::rlimit {
+                    rlim_cur: 1 << 30,
+                    rlim_max: 1 << 30,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &cap) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        if let Some(bytes) = feed {
+            let mut pipe = child.stdin.take().unwrap();
+            // The child may stop reading (and close the pipe) before the end.
+            std::thread::spawn(move || drop(pipe.write_all(&bytes)));
+        }
+        child.wait_with_output().unwrap()
+    };
+    let fine = session(Stdio::piped(), Some(b"hello\n".to_vec()));
+    ok(&fine);
+    let mut long = vec![b'a'; 12 << 20];
+    long.push(b'\n');
+    for (what, o) in [
+        ("a 12 MB line", session(Stdio::piped(), Some(long))),
+        (
+            "/dev/zero",
+            session(std::fs::File::open("/dev/zero").unwrap().into(), None),
+        ),
+    ] {
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+        assert!(
+            err.contains("cannot fit in the context (96 tokens)"),
+            "{what}: {err}"
+        );
+    }
+}
