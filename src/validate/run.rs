@@ -2,7 +2,7 @@
 //! check its contract, compare its weights with the checkpoint, run it on the CPU over a text
 //! and compare its logits with the float reference, apply the gates.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use half::f16;
 
@@ -30,6 +30,15 @@ use crate::runtime::{RuntimeError, StepModel, StepOutput};
 /// report).
 #[derive(Debug, thiserror::Error)]
 pub enum ValidateError {
+    #[error(
+        "the float reference of {} computes {what} at every position: a package cannot be \
+         judged against it (check the checkpoint's config and weights)",
+        .checkpoint.display()
+    )]
+    DegenerateReference {
+        checkpoint: PathBuf,
+        what: &'static str,
+    },
     #[error(transparent)]
     Package(#[from] PackageError),
     #[error(transparent)]
@@ -298,7 +307,9 @@ pub(super) fn text_tokens(c: &Contract, opts: &ValidateOptions) -> Result<Vec<u3
     Ok(tokens)
 }
 
-/// The float reference's logits at every position of `tokens`, and what computed them: the
+/// The float reference's logits at every position of `tokens`, and what computed them (refused
+/// when they say nothing: the same value for every token at every position, or a non-finite
+/// one, as a config whose constants overflow gives; a package built from it would agree): the
 /// whole model in f32 (candle-transformers where it can express the checkpoint) while its f32
 /// weights fit `budget`, else block by block, one block's weights alive
 /// ([`logits_layerwise`]). The reference is dropped on return, before the package runs, so
@@ -328,6 +339,25 @@ pub(super) fn reference_logits(
             progress.end();
             Ok((LAYERWISE_BACKEND.to_string(), expected?))
         }
+    }
+    .and_then(|(backend, rows)| match degenerate(&rows) {
+        None => Ok((backend, rows)),
+        Some(what) => Err(ValidateError::DegenerateReference {
+            checkpoint: ckpt.dir().to_path_buf(),
+            what,
+        }),
+    })
+}
+
+/// What makes reference logits say nothing, if anything does.
+fn degenerate(rows: &[Vec<f32>]) -> Option<&'static str> {
+    let flat = |r: &Vec<f32>| r.iter().all(|&x| x == r[0]);
+    if rows.iter().flatten().any(|x| !x.is_finite()) {
+        Some("a non-finite logit")
+    } else if !rows.is_empty() && rows.iter().all(flat) {
+        Some("one value for every token")
+    } else {
+        None
     }
 }
 
@@ -773,5 +803,22 @@ fn floats(v: Values) -> Vec<f32> {
         Values::Float(f) => f,
         Values::Int(i) => i.into_iter().map(|x| x as f32).collect(),
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logits_that_say_nothing_are_named() {
+        let varied = vec![vec![0.0, 1.0], vec![2.0, 2.0]];
+        assert_eq!(degenerate(&varied), None);
+        let flat = vec![vec![0.0, 0.0], vec![3.0, 3.0]];
+        assert_eq!(degenerate(&flat), Some("one value for every token"));
+        let nan = vec![vec![0.0, f32::NAN]];
+        assert_eq!(degenerate(&nan), Some("a non-finite logit"));
+        let inf = vec![vec![f32::INFINITY, 1.0]];
+        assert_eq!(degenerate(&inf), Some("a non-finite logit"));
     }
 }

@@ -200,7 +200,14 @@ pub(super) fn long_rope(
     let number = |key: &str| obj.get(key).and_then(|v| v.as_f64());
     let factor = number("factor").unwrap_or(max_positions as f64 / original as f64);
     let attention_factor = match number("attention_factor") {
-        Some(a) => a,
+        Some(a) if a.is_finite() && a > 0.0 && a <= f64::from(half::f16::MAX) => a,
+        Some(a) => {
+            return Err(format!(
+                "`rope_scaling.attention_factor` ({a}) must be a positive number fp16 can hold \
+                 (it multiplies cos and sin)"
+            )
+            .into())
+        }
         None if factor <= 1.0 => 1.0,
         None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
     };
@@ -352,6 +359,15 @@ mod tests {
         );
         let s = ModelSpec::from_config_str(&given).unwrap();
         assert_eq!(s.rope_scaling.attention_factor(), 1.25);
+        // It multiplies cos and sin in the package: a value fp16 cannot hold is refused.
+        for bad in ["0", "-1", "1e300", "70000"] {
+            let c = v4.replace(
+                "\"type\":\"su\"",
+                &format!("\"type\":\"su\",\"attention_factor\":{bad}"),
+            );
+            let e = ModelSpec::from_config_str(&c).unwrap_err().to_string();
+            assert!(e.contains("attention_factor"), "{bad}: {e}");
+        }
         let llama = v4
             .replace("Phi3ForCausalLM", "LlamaForCausalLM")
             .replace("\"partial_rotary_factor\":0.75,", "");

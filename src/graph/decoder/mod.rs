@@ -142,6 +142,45 @@ struct Shared {
     position: String,
 }
 
+/// Refuse hyperparameters that become constants the program's float type cannot hold: in
+/// fp16, RMSNorm's ε times the range scale² (beyond 65504 it is +inf, every normalized
+/// activation 0 and every logit equal), LongRoPE's factor on cos and sin, and the embedding's
+/// scale times the range scale.
+fn check_constants(spec: &ModelSpec, opts: &StepOptions) -> Result<(), GraphError> {
+    if opts.float != DType::F16 {
+        return Ok(());
+    }
+    let alpha = opts.scaling.residual_scale;
+    let limit = f64::from(half::f16::MAX);
+    let constants = [
+        (
+            "rms_norm_eps",
+            spec.rms_norm_eps,
+            spec.rms_norm_eps * alpha * alpha,
+        ),
+        (
+            "rope_scaling.attention_factor",
+            spec.rope_scaling.attention_factor(),
+            spec.rope_scaling.attention_factor(),
+        ),
+        (
+            "the embedding scale",
+            spec.embedding_scale(),
+            spec.embedding_scale() * alpha,
+        ),
+    ];
+    for (what, value, constant) in constants {
+        if !(constant.is_finite() && constant.abs() <= limit) {
+            return Err(GraphError::Unsupported(format!(
+                "{what} ({value}) becomes the constant {constant:e} (after the range scale \
+                 {alpha}), beyond fp16's largest value (65504): the package would compute \
+                 nothing but inf or 0"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Refuse a spec this builder would not compute exactly at cache length `max_seq_len`.
 ///
 /// Every [`ModelSpec`] field is named here, without `..`: a field added to the spec does not
@@ -254,6 +293,7 @@ pub fn build_part(
     part: &Part,
 ) -> Result<Graph, GraphError> {
     check_spec(spec, opts.max_seq_len)?;
+    check_constants(spec, opts)?;
     let whole = *part == Part::whole(spec);
     state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
     if opts.layout == crate::mil::contract::Layout::Ane {
@@ -718,6 +758,33 @@ mod tests {
             .iter()
             .filter(|o| o.op == Op::Tile)
             .all(|o| o.outputs[0].starts_with("mask")));
+    }
+
+    #[test]
+    fn constants_fp16_cannot_hold_are_refused_by_name() {
+        let model = TinyModel::llama();
+        let mut spec = model.spec();
+        spec.rms_norm_eps = 60000.0;
+        let scaled = |alpha: f64| {
+            opts(Scaling {
+                residual_scale: alpha,
+                measured_max_abs: None,
+                source: "test".into(),
+            })
+        };
+        assert!(check_constants(&spec, &scaled(1.0)).is_ok());
+        let err = check_constants(&spec, &scaled(2.0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rms_norm_eps (60000)") && err.contains("65504"),
+            "{err}"
+        );
+        let fp32 = StepOptions {
+            float: DType::F32,
+            ..scaled(2.0)
+        };
+        assert!(check_constants(&spec, &fp32).is_ok());
     }
 
     #[test]
