@@ -5,6 +5,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use hf2coreml::testing::TinyModel;
+
 use super::{checkpoint, expect, expect_bad, os, tiny_checkpoint, Scratch};
 
 #[test]
@@ -377,4 +379,40 @@ fn a_non_utf8_input_is_refused_before_anything_is_written() {
         2,
         &["not valid UTF-8", "rename it"],
     );
+}
+
+/// One export writing the package another export reads as its checkpoint is refused when the
+/// file is read (`--list` included), before `--force --keep-going` could replace that input.
+#[test]
+fn an_export_over_another_exports_model_is_refused_at_list_time() {
+    let root = tempfile::tempdir().unwrap();
+    let ckpt = tiny_checkpoint(root.path());
+    let m3 = root.path().join("m3.mlpackage");
+    std::fs::create_dir(&m3).unwrap();
+    TinyModel::llama().write(&m3).unwrap();
+    let before = snapshot(&m3);
+    let file = root.path().join("batch.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[export]]\nname = \"a\"\nmodel = \"{}\"\noutput = \"{}\"\n\n\
+             [[export]]\nname = \"b\"\nmodel = \"{}\"\noutput = \"{}\"\n",
+            ckpt.display(),
+            m3.display(),
+            m3.display(),
+            root.path().join("b.mlpackage").display()
+        ),
+    )
+    .unwrap();
+    for extra in [&["--list"][..], &["--force", "--keep-going"][..]] {
+        let mut args = vec![os("batch"), file.as_os_str()];
+        args.extend(extra.iter().map(|a| os(a)));
+        expect(
+            root.path(),
+            &args,
+            2,
+            &["export `a` writes", "would overlap the model", "export `b`"],
+        );
+    }
+    assert_eq!(snapshot(&m3), before, "b's input changed");
 }

@@ -822,8 +822,31 @@ impl BatchFile {
     }
 }
 
-/// Two exports writing one package, or sharing a name, would race or overwrite each other.
+/// Two exports writing one package, or sharing a name, would race or overwrite each other; an
+/// export writing over, into or around another's model would destroy that export's input.
 fn check_unique(path: &Path, exports: &[Export]) -> Result<(), BatchError> {
+    let resolved = |p: &Path| crate::fsutil::resolved(p).unwrap_or_else(|_| p.to_path_buf());
+    for e in exports {
+        let out = resolved(&e.output);
+        for other in exports {
+            let model = resolved(&other.model);
+            if out.starts_with(&model) || model.starts_with(&out) {
+                return Err(BatchError::Invalid {
+                    path: path.to_path_buf(),
+                    line: e.line,
+                    message: format!(
+                        "export `{}` writes {}, which would overlap the model {} of export `{}` \
+                         (line {}): choose an output elsewhere",
+                        e.name,
+                        e.output.display(),
+                        other.model.display(),
+                        other.name,
+                        other.line
+                    ),
+                });
+            }
+        }
+    }
     let mut outputs: BTreeMap<PathBuf, &Export> = BTreeMap::new();
     let mut names: BTreeMap<&str, &Export> = BTreeMap::new();
     for e in exports {
@@ -938,6 +961,27 @@ recipe = ["default", "data-free-4bit"]
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("two exports write /b/o.mlpackage"), "{e}");
+    }
+
+    #[test]
+    fn an_output_over_another_exports_model_is_refused() {
+        // Export a writes m3.mlpackage, which export b reads as its checkpoint.
+        let e = parse(
+            "[[export]]\nname = \"a\"\nmodel = \"m\"\noutput = \"m3.mlpackage\"\n\
+             [[export]]\nname = \"b\"\nmodel = \"m3.mlpackage\"\noutput = \"b.mlpackage\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("export `a` writes") && e.contains("model /b/m3.mlpackage of export `b`"),
+            "{e}"
+        );
+        let e = parse(
+            "[[export]]\nname = \"a\"\nmodel = \"m\"\noutput = \"m/inside.mlpackage\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("would overlap the model /b/m of export `a`"), "{e}");
     }
 
     #[test]
