@@ -1,3 +1,5 @@
+use std::io::Write;
+
 use clap::Parser;
 
 mod cli;
@@ -20,13 +22,22 @@ fn main() {
     }
     crate::printer::exit_cleanly_on_stdout_errors();
     hf2coreml::fsutil::handle_interrupts();
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => help_or_usage_error(e),
+    };
     crate::printer::set_output_mode(cli.quiet, cli.verbose);
     let result = cli.command.run();
     // An interrupted run exits with 128 + the signal, not with the error its cleanup caused.
     hf2coreml::fsutil::wait_if_interrupted();
     let code = match result {
         Ok(()) => ExitCode::Success,
+        Err(err) if unwritten(&err).is_some() => {
+            let io = unwritten(&err).expect("matched");
+            // stderr may be full too; there is nothing left to tell then.
+            let _ = writeln!(std::io::stderr(), "error: cannot write the results: {io}");
+            ExitCode::Environment
+        }
         Err(err) => {
             let code = match err.downcast_ref::<commands::batch::BatchFailed>() {
                 Some(b) => b.0,
@@ -45,6 +56,42 @@ fn main() {
         }
     };
     std::process::exit(code as i32);
+}
+
+/// `--help`, `--version` (exit 0 once written; a stdout that cannot take them is exit 3 with
+/// one line, as for any result) or a usage error (clap's message, exit 2).
+fn help_or_usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let mut out = std::io::stdout().lock();
+    // Styled on a terminal, plain text elsewhere, as clap prints it.
+    let text = if std::io::IsTerminal::is_terminal(&out) {
+        e.render().ansi().to_string()
+    } else {
+        e.render().to_string()
+    };
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => std::process::exit(ExitCode::Success as i32),
+        Err(io) => {
+            let _ = writeln!(std::io::stderr(), "error: cannot write the results: {io}");
+            std::process::exit(ExitCode::Environment as i32)
+        }
+    }
+}
+
+/// The stdout error in `err`'s chain, when writing a command's results failed.
+fn unwritten(err: &anyhow::Error) -> Option<&std::io::Error> {
+    err.chain().find_map(|cause| {
+        if let Some(printer::Unwritten(io)) = cause.downcast_ref() {
+            return Some(io);
+        }
+        match cause.downcast_ref() {
+            Some(hf2coreml::runtime::text::TextError::Output(io)) => Some(io),
+            _ => None,
+        }
+    })
 }
 
 /// Classify an error chain into an exit code: the first cause that says (a library error that

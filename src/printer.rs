@@ -22,14 +22,28 @@ pub fn exit_cleanly_on_stdout_errors() {
             .map(String::as_str)
             .or_else(|| payload.downcast_ref::<&str>().copied())
             .unwrap_or("");
-        if msg.starts_with("failed printing to stdout") {
+        if let Some(why) = msg.strip_prefix("failed printing to stdout") {
+            let why = why.trim_start_matches(": ");
             // stderr may be full too: ignore that error rather than panic inside the hook.
-            let _ = writeln!(std::io::stderr(), "error: cannot write the results: {msg}");
+            let _ = writeln!(std::io::stderr(), "error: cannot write the results: {why}");
             std::process::exit(hf2coreml::error::ExitCode::Environment as i32);
         }
         default(info);
     }));
 }
+
+/// Writing a command's results to stdout failed (`> /dev/full`): exit code 3 and one line,
+/// as for `println!` (see [`exit_cleanly_on_stdout_errors`]).
+#[derive(Debug)]
+pub struct Unwritten(pub std::io::Error);
+
+impl std::fmt::Display for Unwritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot write the results: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unwritten {}
 
 /// The process-wide output mode, set once from `--quiet` / `--verbose`.
 pub fn set_output_mode(quiet: bool, verbose: bool) {

@@ -31,16 +31,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     clap_complete::generate(args.shell, &mut cmd, "hf2coreml", &mut script);
     std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
         .and_then(|()| std::io::Write::flush(&mut std::io::stdout()))
-        .context("writing the completion script to stdout")?;
+        .map_err(crate::printer::Unwritten)?;
     Ok(())
 }
 
 pub fn man(args: ManArgs) -> anyhow::Result<()> {
     let cmd = Cli::command();
     let Some(dir) = args.out_dir else {
-        clap_mangen::Man::new(cmd)
-            .render(&mut std::io::stdout())
-            .context("writing the man page")?;
+        // Rendered into memory, then written: the one write's error is the one reported.
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd).render(&mut page)?;
+        std::io::Write::write_all(&mut std::io::stdout().lock(), &page)
+            .and_then(|()| std::io::Write::flush(&mut std::io::stdout()))
+            .map_err(crate::printer::Unwritten)?;
         return Ok(());
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;

@@ -153,7 +153,7 @@ fn turn(
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let result = conv.turn(generator, text, opts, &mut out);
-    out.flush().context("writing to stdout")?;
+    out.flush().map_err(crate::printer::Unwritten)?;
     let s = generator.model().contract().max_seq_len;
     match result {
         Ok(g) => {

@@ -302,7 +302,7 @@ fn one_shot(
     } else {
         let mut out = stdout.lock();
         let r = text::stream_extend(generator, ids, opts, tokenizer, &mut out);
-        out.flush().context("writing to stdout")?;
+        out.flush().map_err(crate::printer::Unwritten)?;
         r
     };
     let (generation, error) = match result {

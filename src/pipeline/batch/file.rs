@@ -976,12 +976,13 @@ recipe = ["default", "data-free-4bit"]
             e.contains("export `a` writes") && e.contains("model /b/m3.mlpackage of export `b`"),
             "{e}"
         );
-        let e = parse(
-            "[[export]]\nname = \"a\"\nmodel = \"m\"\noutput = \"m/inside.mlpackage\"\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("would overlap the model /b/m of export `a`"), "{e}");
+        let e = parse("[[export]]\nname = \"a\"\nmodel = \"m\"\noutput = \"m/inside.mlpackage\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("would overlap the model /b/m of export `a`"),
+            "{e}"
+        );
     }
 
     #[test]

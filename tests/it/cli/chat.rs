@@ -426,3 +426,28 @@ fn a_line_longer_than_the_context_is_refused_as_it_is_read() {
         );
     }
 }
+
+/// Streamed text to a full stdout ends the run as any unwritable result does: exit 3, one line.
+#[test]
+fn a_streamed_reply_to_a_full_stdout_is_exit_3_and_one_line() {
+    needs!(Python);
+    let f = fixture();
+    let o = Cli::new()
+        .arg("run")
+        .arg(&f.one)
+        .args(["--prompt", "hi", "--max-new-tokens", "4", "-q"])
+        .command()
+        .stdout(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: cannot write the results"), "{err}");
+}
