@@ -46,8 +46,14 @@ fn main() {
             // A failed check already printed its report; say why in one line.
             let esc = |s: String| printer::escape_controls(&s).into_owned();
             eprintln!("error: {}", esc(err.to_string()));
+            // A cause its error already spells out (`{path}: {source}`) is not said twice.
+            let mut said = err.to_string();
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {}", esc(cause.to_string()));
+                let text = cause.to_string();
+                if !said.ends_with(&text) {
+                    eprintln!("  caused by: {}", esc(text.clone()));
+                }
+                said = text;
             }
             if let Some(hint) = hint_for(&err) {
                 eprintln!("hint: {}", esc(hint));

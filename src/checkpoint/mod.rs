@@ -54,6 +54,15 @@ pub enum CheckpointError {
         "{path}: only pickle checkpoints found ({files}); refusing to load them because unpickling runs arbitrary code"
     )]
     PickleOnly { path: PathBuf, files: String },
+    #[error(
+        "{path}: holds both {one} and {other}: which one is the model is ambiguous; move the \
+         one that is not aside"
+    )]
+    Ambiguous {
+        path: PathBuf,
+        one: &'static str,
+        other: &'static str,
+    },
     #[error("{path}: no model.safetensors and no model.safetensors.index.json")]
     NoWeights { path: PathBuf },
     #[error("{path}: invalid safetensors file: {message}")]
@@ -430,6 +439,16 @@ fn diagnose_header(header: &[u8], data_len: usize) -> Option<String> {
 }
 
 /// Read a small text file, refusing one larger than `limit` before reading it.
+/// Whether anything is at `path`: a file the reader then opens, and whatever else is there
+/// (a directory, a device, a symlink loop, a name that cannot be looked at) so that opening it
+/// says what it is, instead of reporting it missing.
+fn present(path: &Path) -> bool {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => true,
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}
+
 fn read_text_limited(path: &Path, limit: u64, what: &str) -> Result<String, CheckpointError> {
     let io = |source| CheckpointError::Io {
         path: path.to_path_buf(),
@@ -520,7 +539,7 @@ impl Checkpoint {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, CheckpointError> {
         let dir = checkpoint_dir(dir.as_ref())?;
         let config_path = dir.join("config.json");
-        let has_safetensors = dir.join(SINGLE_FILE).is_file() || dir.join(INDEX_FILE).is_file();
+        let has_safetensors = present(&dir.join(SINGLE_FILE)) || present(&dir.join(INDEX_FILE));
         if !has_safetensors {
             let pickles = pickle_files(&dir);
             if !pickles.is_empty() {
@@ -530,7 +549,7 @@ impl Checkpoint {
                 });
             }
         }
-        if !config_path.is_file() {
+        if !present(&config_path) {
             return Err(CheckpointError::MissingConfig { path: dir });
         }
         let spec = ModelSpec::from_config_file(&config_path)?;
@@ -539,7 +558,7 @@ impl Checkpoint {
         let mut tensors = BTreeMap::new();
         for (file_idx, shard) in shard_names.iter().enumerate() {
             let path = dir.join(shard);
-            if !path.is_file() {
+            if !present(&path) {
                 return Err(CheckpointError::MissingShard {
                     path: dir.join(INDEX_FILE),
                     shard: shard.clone(),
@@ -776,8 +795,8 @@ fn split_fused(
 /// Whether `dir` holds any weight file (safetensors, or pickles `open` refuses): a directory
 /// with a config.json and none is a configuration alone, which `budget` can plan from.
 pub fn has_weight_files(dir: &Path) -> bool {
-    dir.join(SINGLE_FILE).is_file()
-        || dir.join(INDEX_FILE).is_file()
+    present(&dir.join(SINGLE_FILE))
+        || present(&dir.join(INDEX_FILE))
         || !pickle_files(dir).is_empty()
 }
 
@@ -802,7 +821,15 @@ fn pickle_files(dir: &Path) -> Vec<String> {
 /// The safetensors files to map: the index's shards (sorted, deduplicated) or the single file.
 fn shard_list(dir: &Path) -> Result<Vec<String>, CheckpointError> {
     let index_path = dir.join(INDEX_FILE);
-    if index_path.is_file() {
+    if present(&index_path) {
+        let single = dir.join(SINGLE_FILE);
+        if present(&single) {
+            return Err(CheckpointError::Ambiguous {
+                path: dir.to_path_buf(),
+                one: SINGLE_FILE,
+                other: INDEX_FILE,
+            });
+        }
         let text = read_text_limited(&index_path, MAX_INDEX_BYTES, "a shard index")?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| CheckpointError::Index {
@@ -843,7 +870,7 @@ fn shard_list(dir: &Path) -> Result<Vec<String>, CheckpointError> {
         shards.sort();
         return Ok(shards);
     }
-    if dir.join(SINGLE_FILE).is_file() {
+    if present(&dir.join(SINGLE_FILE)) {
         return Ok(vec![SINGLE_FILE.to_string()]);
     }
     Err(CheckpointError::NoWeights {

@@ -33,7 +33,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return super::inspect_asset::run(&args.dir, args.json);
     }
-    if is_chain(&args.dir) || args.dir.join("Manifest.json").is_file() {
+    // Named a package, it is read as one (an unreadable one then says so, not "no config.json").
+    let named_package = args.dir.extension().is_some_and(|x| x == "mlpackage");
+    if named_package || is_chain(&args.dir) || args.dir.join("Manifest.json").is_file() {
         if args.recipe != super::args::RecipeArgs::default() {
             anyhow::bail!(
                 "{}: a saved package has its weights stored already: recipe options apply to \

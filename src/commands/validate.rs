@@ -79,7 +79,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(dir) => dir.clone(),
         None => recorded_checkpoint(&args.package)?,
     };
-    let ckpt = Checkpoint::open(&against)
+    // A GGUF file is read as `convert` reads it: its import in the model cache.
+    let ckpt_dir = if against.is_file() && hf2coreml::checkpoint::gguf::is_gguf_file(&against) {
+        let bars = crate::printer::Bars::default();
+        let cached = hf2coreml::checkpoint::gguf::cache::import_cached(&against, &bars)
+            .with_context(|| format!("cannot import {}", against.display()))?;
+        crate::printer::info(format_args!(
+            "{} {} {} {}",
+            if cached.reused { "reusing" } else { "imported" },
+            against.display(),
+            if cached.reused { "from" } else { "into" },
+            cached.dir.display()
+        ));
+        cached.dir
+    } else {
+        against.clone()
+    };
+    let ckpt = Checkpoint::open(&ckpt_dir)
         .with_context(|| format!("cannot read checkpoint {}", against.display()))?;
     let (text, name) = hf2coreml::pipeline::texts::evaluation_text(args.text.as_deref())?;
     // An explicit --tokenizer, else the checkpoint's tokenizer.json, else (a checkpoint that

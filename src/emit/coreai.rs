@@ -153,7 +153,8 @@ pub fn emit_coreai(
                 Ok((version, counts))
             },
         )
-    })?;
+    })
+    .map_err(|e| e.or_disk_full(&work))?;
     // Core AI saves to a path ending in .aimodel; lift its contents into `into`.
     let saved = work.join("model.aimodel");
     let entries = std::fs::read_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;

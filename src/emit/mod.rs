@@ -57,6 +57,19 @@ pub enum EmitError {
         #[source]
         source: std::io::Error,
     },
+    /// Python failed because the file system holding the output filled up: said in one line
+    /// instead of the library's traceback (coremltools reports it as "Unknown error occurred
+    /// while writing data").
+    #[error(
+        "{}: the file system ran out of space while {stage} ({free} bytes free once Python \
+         removed its temporaries): free space there and convert again",
+        .dir.display()
+    )]
+    DiskFull {
+        dir: PathBuf,
+        free: u64,
+        stage: String,
+    },
     #[error("the bridge returned an unexpected result: {0}")]
     Protocol(String),
     /// The graph holds an op the target's bridge cannot express.
@@ -74,6 +87,32 @@ impl From<PyEnvError> for EmitError {
 }
 
 impl EmitError {
+    /// `self`, or [`EmitError::DiskFull`] when Python failed while the file system holding
+    /// `dir` has (next to) no room left, or Python said so.
+    pub(crate) fn or_disk_full(self, dir: &Path) -> Self {
+        let (EmitError::Python { stage, message } | EmitError::CoreAi { stage, message }) = &self
+        else {
+            return self;
+        };
+        let free = crate::fsutil::free_bytes(dir).unwrap_or(u64::MAX);
+        // ENOSPC as Python spells it, and coremltools' blob writer failing to write.
+        let said = [
+            "No space left on device",
+            "[Errno 28]",
+            "error occurred while writing data",
+        ]
+        .iter()
+        .any(|m| message.contains(m));
+        if free >= FULL_BELOW && !said {
+            return self;
+        }
+        EmitError::DiskFull {
+            dir: dir.parent().unwrap_or(dir).to_path_buf(),
+            free,
+            stage: stage.clone(),
+        }
+    }
+
     fn io(path: &Path, source: std::io::Error) -> Self {
         EmitError::Io {
             path: path.to_path_buf(),
@@ -177,6 +216,9 @@ fn consts_to_python<'py>(
     }
     Ok((dense, luts))
 }
+
+/// A file system with less room than this after a failed save is taken to have filled up.
+const FULL_BELOW: u64 = 1 << 20;
 
 /// Where the bridge points Python's `tempfile` (its `SCRATCH_NAME`), inside the package's
 /// partial directory.
@@ -282,7 +324,8 @@ fn emit_described(
                 Ok((version, spec_version, counts))
             },
         )
-    })?;
+    })
+    .map_err(|e| e.or_disk_full(&work))?;
     // coremltools saves to a path ending in .mlpackage; lift its contents into `into`.
     let saved = work.join("model.mlpackage");
     let entries = std::fs::read_dir(&saved).map_err(|e| EmitError::io(&saved, e))?;
@@ -306,4 +349,31 @@ fn emit_described(
         op_counts: result.2,
         python_env: env.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_save_that_failed_for_want_of_space_says_so_in_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let failed = |message: &str| EmitError::Python {
+            stage: "saving".into(),
+            message: message.into(),
+        };
+        for said in [
+            "Traceback ...\nRuntimeError: Unknown error occurred while writing data",
+            "OSError: [Errno 28] No space left on device",
+        ] {
+            let e = failed(said).or_disk_full(dir.path());
+            assert!(matches!(e, EmitError::DiskFull { .. }), "{e}");
+            let text = e.to_string();
+            assert!(text.contains("ran out of space while saving"), "{text}");
+            assert!(!text.contains("Traceback"), "{text}");
+        }
+        // Another failure, with room left, stays what it was.
+        let other = failed("ValueError: bad shape").or_disk_full(dir.path());
+        assert!(matches!(other, EmitError::Python { .. }), "{other}");
+    }
 }

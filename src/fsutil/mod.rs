@@ -16,8 +16,8 @@ pub use interrupt::{
 };
 pub use memory::release_free_memory;
 pub use output::{
-    atomic_write, check_file_output, check_replaceable, check_writable, refuse_output_over_input,
-    resolved, AtomicDir,
+    atomic_write, check_file_output, check_replaceable, check_writable, free_bytes,
+    refuse_output_over_input, resolved, AtomicDir,
 };
 pub use staged::Staged;
 pub use tree::{copy_tree, dir_bytes};

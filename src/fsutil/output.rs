@@ -135,6 +135,19 @@ pub fn check_replaceable(dest: &Path, dir: bool) -> std::io::Result<()> {
     }
 }
 
+/// The bytes an unprivileged writer may still put on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs is plain data, filled by the call for a valid NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
 /// An output's mode before the umask: outputs get what any file the user creates gets
 /// (tempfile's own default, 0600 / 0700, would hide a package from the rest of a team).
 fn output_permissions(mode: u32) -> std::fs::Permissions {

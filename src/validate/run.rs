@@ -62,8 +62,9 @@ pub enum ValidateError {
         checkpoint: std::path::PathBuf,
         differ: String,
     },
-    #[error("the evaluation text has fewer than 2 tokens")]
-    TextTooShort,
+    /// Fewer than two positions to score: says which bound cut them.
+    #[error("{0}")]
+    TextTooShort(String),
     /// `--cross-check` refused, or the cross-check could not run.
     #[error("cross-check: {0}")]
     CrossCheck(String),
@@ -300,11 +301,24 @@ pub(super) fn text_tokens(c: &Contract, opts: &ValidateOptions) -> Result<Vec<u3
         tokens.insert(0, bos);
     }
     let cap = opts.max_tokens.unwrap_or(usize::MAX).min(c.max_seq_len);
-    tokens.truncate(cap);
-    if tokens.len() < 2 {
-        return Err(ValidateError::TextTooShort);
-    }
-    Ok(tokens)
+    let why = if tokens.len() < 2 {
+        format!(
+            "the evaluation text has {} token(s) (with BOS): at least 2 are needed",
+            tokens.len()
+        )
+    } else if cap < 2 && opts.max_tokens.is_some_and(|m| m < c.max_seq_len) {
+        format!("--max-tokens {cap} leaves fewer than 2 positions to score: give at least 2",)
+    } else if cap < 2 {
+        format!(
+            "the package holds {} position(s) (max_seq_len): at least 2 are needed to score \
+             a next token",
+            c.max_seq_len
+        )
+    } else {
+        tokens.truncate(cap);
+        return Ok(tokens);
+    };
+    Err(ValidateError::TextTooShort(why))
 }
 
 /// The float reference's logits at every position of `tokens`, and what computed them (refused

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use hf2coreml::testing::gguf::{Meta, TinyGguf};
 
-use crate::support::{convert, hf2coreml, needs};
+use crate::support::{convert, hf2coreml, needs, Cli};
 
 fn import_args<'a>(src: &'a Path, dest: &'a Path) -> Vec<&'a std::ffi::OsStr> {
     vec![
@@ -137,4 +137,17 @@ fn convert_takes_a_gguf_file_directly() {
         .collect();
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0].len(), 64, "{entries:?}");
+    // `validate --against FILE.gguf` reads the file as convert did: its import, reused.
+    let v = Cli::new()
+        .args([
+            "validate",
+            pkg.to_str().unwrap(),
+            "--against",
+            src.to_str().unwrap(),
+        ])
+        .cache(root.path().join("cache"))
+        .output();
+    let err = String::from_utf8_lossy(&v.stderr);
+    assert!(v.status.success(), "{err}");
+    assert!(err.contains("reusing"), "{err}");
 }
