@@ -137,6 +137,19 @@ pub fn check_replaceable(dest: &Path, dir: bool) -> std::io::Result<()> {
 
 /// The bytes an unprivileged writer may still put on the file system holding `path`.
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    let st = statvfs(path)?;
+    // The field types differ by platform (u32 on some 32-bit ones).
+    #[allow(clippy::useless_conversion)]
+    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
+/// The longest file name the file system holding `path` takes.
+fn name_max(path: &Path) -> std::io::Result<usize> {
+    #[allow(clippy::useless_conversion)]
+    Ok(u64::from(statvfs(path)?.f_namemax) as usize)
+}
+
+fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -145,7 +158,7 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+    Ok(st)
 }
 
 /// An output's mode before the umask: outputs get what any file the user creates gets
@@ -200,6 +213,10 @@ pub fn refuse_output_over_input(input: &Path, output: &Path) -> std::io::Result<
     Ok(())
 }
 
+/// How much longer than an output's name the longest name written beside it is
+/// (`.NAME.PID.XXXXXX.partial`, the PID at most 7 digits).
+const PROBE_EXTRA: usize = 24;
+
 /// Check, without leaving anything behind, that `dest` could be created: its nearest existing
 /// ancestor is a directory we can create files in. Lets a command refuse an unwritable output
 /// before minutes of work instead of after.
@@ -221,19 +238,27 @@ pub fn check_writable(dest: &Path) -> std::io::Result<()> {
             ),
         ));
     }
+    let name = file_name(dest);
+    if name_max(dir).is_ok_and(|max| name.len() + PROBE_EXTRA > max) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "cannot create {}: the name is too long for the file system (the temporary \
+                 names written beside it are {PROBE_EXTRA} bytes longer): choose a shorter one",
+                dest.display()
+            ),
+        ));
+    }
+    // Named as long as the longest name written beside `dest` (a partial directory,
+    // `.NAME.PID.XXXXXX.partial`), so a name too long for the file system fails here.
     tempfile::Builder::new()
-        .prefix(&format!(".{}.probe", file_name(dest)))
+        .prefix(&format!(".{name}.0000000."))
+        .suffix(".partial")
         .tempfile_in(dir)
         .map(drop)
         .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot create {}: {} is not writable ({e})",
-                    dest.display(),
-                    dir.display()
-                ),
-            )
+            let why = format!("{} is not writable ({e})", dir.display());
+            std::io::Error::new(e.kind(), format!("cannot create {}: {why}", dest.display()))
         })
 }
 

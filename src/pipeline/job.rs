@@ -294,13 +294,22 @@ impl Job {
         crate::fsutil::refuse_output_over_input(&self.source, &self.output)
             .map_err(JobError::Unwritable)?;
         check_target_output(p, &self.output)?;
-        Outputs::for_package(&self.output)?;
         let source = std::path::absolute(&self.source).unwrap_or_else(|_| self.source.clone());
         if source.to_str().is_none() {
             return Err(ConvertError::SourceNotUtf8(self.source.clone()).into());
         }
-        // Refuse an output that cannot be written before minutes of work, not after.
-        crate::fsutil::check_writable(&self.output).map_err(JobError::Unwritable)?;
+        // Refuse an output that cannot be written before minutes of work, not after: the
+        // package and each sidecar (their names are longer).
+        let o = Outputs::for_package(&self.output)?;
+        let sides = [
+            o.tokenizer.as_ref(),
+            o.tokenizer_config.as_ref(),
+            Some(&o.report),
+        ];
+        std::iter::once(&o.package)
+            .chain(sides.into_iter().flatten())
+            .try_for_each(|p| crate::fsutil::check_writable(p))
+            .map_err(JobError::Unwritable)?;
         Ok(())
     }
 

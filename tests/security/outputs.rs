@@ -416,3 +416,19 @@ fn an_export_over_another_exports_model_is_refused_at_list_time() {
     }
     assert_eq!(snapshot(&m3), before, "b's input changed");
 }
+
+/// An output name the file system cannot take, with the names written beside it (the
+/// sidecars, the partial directory), is refused before any work.
+#[test]
+fn an_output_name_too_long_for_the_file_system_is_refused_before_work() {
+    let s = Scratch::new();
+    let ckpt = checkpoint(&s);
+    for stem in [240, 225] {
+        let pkg = s.path().join(format!("{}.mlpackage", "a".repeat(stem)));
+        expect_bad(
+            &s,
+            &[os("convert"), ckpt.as_os_str(), os("-o"), pkg.as_os_str()],
+            &["the name is too long for the file system"],
+        );
+    }
+}
