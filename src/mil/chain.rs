@@ -157,7 +157,30 @@ impl ChainFile {
         };
         let chain: ChainFile = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
         chain.check().map_err(invalid)?;
+        chain.check_programs(dir).map_err(invalid)?;
         Ok(chain)
+    }
+
+    /// Each part's program is the one the chain recorded (its `model.mlmodel` sha256, a few
+    /// MB to hash; the weights are `validate`'s to hash): a part copied over another, or
+    /// replaced, is refused at load, not found by its wrong results.
+    fn check_programs(&self, dir: &Path) -> Result<(), String> {
+        for (i, p) in self.parts.iter().enumerate() {
+            let Some(recorded) = p.sha256.get("model.mlmodel") else {
+                continue;
+            };
+            let model = Self::part_path(dir, p).join("Data/com.apple.CoreML/model.mlmodel");
+            let found = crate::fsutil::sha256_file(&model)
+                .map_err(|e| format!("part {i}: {}: {e}", model.display()))?;
+            if &found != recorded {
+                return Err(format!(
+                    "part {i} ({}): its model.mlmodel is not the program the chain recorded \
+                     (sha256 {found}, recorded {recorded}): the part was replaced or damaged",
+                    p.path
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The parts cover the model's layers once, in order; the first embeds, the last computes
@@ -187,6 +210,12 @@ impl ChainFile {
                 ));
             }
             next = p.layers.end;
+            if let Some(j) = self.parts[..i].iter().position(|q| q.path == p.path) {
+                return Err(format!(
+                    "parts {j} and {i} are both `{}`: one package cannot run two layer ranges",
+                    p.path
+                ));
+            }
             let plain = Path::new(&p.path)
                 .components()
                 .all(|c| matches!(c, std::path::Component::Normal(_)));

@@ -478,6 +478,18 @@ impl MlPackage {
                 path: model_path.clone(),
                 source,
             })?;
+        // An empty file decodes as a default message: say what it is instead of describing it.
+        if model.specification_version <= 0 || model.ml_program.is_none() {
+            return Err(PackageError::Model {
+                path: model_path,
+                msg: format!(
+                    "holds no ML program (specification version {}, {} bytes): an empty or \
+                     truncated file, or a model of another kind",
+                    model.specification_version,
+                    bytes.len()
+                ),
+            });
+        }
         Ok(MlPackage {
             root: path.to_path_buf(),
             model_path,

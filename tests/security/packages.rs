@@ -409,6 +409,25 @@ fn package_truncated_protobuf() {
     );
 }
 
+/// An empty model.mlmodel decodes as a default protobuf: every reader refuses it by name
+/// instead of describing "specification 0, weights 0 B".
+#[test]
+fn package_with_an_empty_model_file() {
+    let s = Scratch::new();
+    let (m, w) = fixture::tiny_program();
+    let pkg = write_pkg(&s, &m, &w);
+    std::fs::write(model_file(&pkg), b"").unwrap();
+    run_package(s.path(), &pkg, &["model.mlmodel", "holds no ML program"]);
+    for verb in ["inspect", "lint"] {
+        expect(
+            s.path(),
+            &[os(verb), pkg.as_os_str()],
+            2,
+            &["model.mlmodel", "holds no ML program"],
+        );
+    }
+}
+
 #[test]
 fn package_blob_offset_past_the_end() {
     let s = Scratch::new();

@@ -143,6 +143,38 @@ fn a_chain_computes_what_one_package_computes_bit_for_bit() {
     let r2: serde_json::Value = serde_json::from_slice(&l2.stdout).unwrap();
     assert_eq!(l1.status.code(), l2.status.code());
     assert!(r2["summary"]["ops"].as_u64().unwrap() > 0, "{r2:#}");
+
+    // A chain.json naming one part for two layer ranges, and a part copied over another,
+    // are refused when any command loads the chain.
+    let refused = |pkg: &Path, needle: &str| {
+        for verb in ["inspect", "lint", "run"] {
+            let mut cli = Cli::new().arg(verb).arg(pkg);
+            if verb == "run" {
+                cli = cli.args(["--prompt-ids", "1", "--max-new-tokens", "1"]);
+            }
+            let o = cli.output();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{verb}: {err}");
+            assert!(err.contains(needle), "{verb}: {err}");
+        }
+    };
+    let copy = |from: &Path, to: &Path| {
+        std::fs::create_dir(to).unwrap();
+        hf2coreml::fsutil::copy_tree(from, to).unwrap();
+    };
+    let twice = root.path().join("twice.mlpackage");
+    copy(&chain, &twice);
+    let text = std::fs::read_to_string(twice.join(CHAIN_FILE)).unwrap();
+    let (a, b) = (&desc.parts[1].path, &desc.parts[2].path);
+    let named = text.replacen(&format!("\"{b}\""), &format!("\"{a}\""), 1);
+    assert_ne!(named, text);
+    std::fs::write(twice.join(CHAIN_FILE), named).unwrap();
+    refused(&twice, &format!("parts 1 and 2 are both `{a}`"));
+    let copied = root.path().join("copied.mlpackage");
+    copy(&chain, &copied);
+    std::fs::remove_dir_all(copied.join(b)).unwrap();
+    copy(&copied.join(a), &copied.join(b));
+    refused(&copied, "is not the program the chain recorded");
 }
 
 /// Data-free 4-bit projections and an 8-bit tied table: every part palettizes its own tensors
