@@ -441,11 +441,14 @@ fn diagnose_header(header: &[u8], data_len: usize) -> Option<String> {
 /// Read a small text file, refusing one larger than `limit` before reading it.
 /// Whether anything is at `path`: a file the reader then opens, and whatever else is there
 /// (a directory, a device, a symlink loop, a name that cannot be looked at) so that opening it
-/// says what it is, instead of reporting it missing.
+/// says what it is, instead of reporting it missing. A symlink to nothing (a Hub snapshot
+/// whose blob never arrived) is missing.
 fn present(path: &Path) -> bool {
+    let absent = |e: std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => !std::fs::metadata(path).is_err_and(absent),
         Ok(_) => true,
-        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        Err(e) => !absent(e),
     }
 }
 
