@@ -68,6 +68,16 @@ def smollm3():
     return transformers.SmolLM3ForCausalLM, cfg
 
 
+def smollm3_nope4():
+    """SmolLM3 as the real models lay out their NoPE blocks (every 4th: block 3 of 4), the one
+    pattern a GGUF can hold (llama.cpp fixes it; its files carry no key)."""
+    cfg = transformers.SmolLM3Config(
+        **common(num_hidden_layers=4, rope_theta=100_000.0, rms_norm_eps=1e-6),
+        tie_word_embeddings=True,
+    )
+    return transformers.SmolLM3ForCausalLM, cfg
+
+
 def phi3():
     """Phi-3-mini's layout: fused qkv_proj and gate_up_proj, full RoPE, untied, no window."""
     cfg = transformers.Phi3Config(
@@ -135,6 +145,7 @@ def gemma3(**kw):
 ARCHS = {
     "qwen3": qwen3,
     "smollm3": smollm3,
+    "smollm3_nope4": smollm3_nope4,
     "phi3": phi3,
     "phi3_partial": phi3_partial,
     "phi3_longrope": phi3_longrope,

@@ -461,8 +461,9 @@ fn encode_q6_k(block: &[f32], bytes: &mut Vec<u8>, decoded: &mut Vec<f32>) {
     bytes.extend_from_slice(&d.to_le_bytes());
 }
 
-/// llama.cpp's `Q4_K_M` choice for a tensor (`llama-quant.cpp`): q6_K for `output` and for
-/// `attn_v`/`ffn_down` in the layers `use_more_bits` picks, q4_K for the other matrices,
+/// llama.cpp's `Q4_K_M` choice for a tensor (`llama-quant.cpp`): q6_K for `output`, for
+/// `attn_v`/`ffn_down` in the layers `use_more_bits` picks and for `attn_qkv` (q5_K there),
+/// q4_K for the other matrices,
 /// f32 for vectors; rows not a multiple of 256 fall back (q4_K → q5_0, q6_K → q8_0).
 pub fn q4_k_m_type(
     gguf_name: &str,
@@ -474,7 +475,10 @@ pub fn q4_k_m_type(
         return FixtureType::F32;
     }
     let more_bits = |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
+    // llama.cpp gives Phi-3's fused attn_qkv q5_K; the fixtures have no q5_K encoder, so it
+    // takes the wider type here too.
     let wide = gguf_name == "output.weight"
+        || gguf_name.contains("attn_qkv")
         || ((gguf_name.contains("attn_v") || gguf_name.contains("ffn_down"))
             && layer.is_some_and(more_bits));
     let row = shape[shape.len() - 1];
@@ -486,8 +490,9 @@ pub fn q4_k_m_type(
     }
 }
 
-/// The tokenizer metadata of the fixtures: gpt2-style BPE over [`TinyGguf::tokens`].
-fn tokenizer_meta(w: &mut GgufWriter, pre: &str, tokens: &[String]) {
+/// The tokenizer metadata of the fixtures: gpt2-style BPE over [`TinyGguf::tokens`] (without
+/// `merges`, a prefix of them: their merges' results are not in it).
+fn tokenizer_meta(w: &mut GgufWriter, pre: &str, tokens: &[String], merges: bool) {
     let vocab = tokens.len();
     w            .meta("tokenizer.ggml.model", Meta::Str("gpt2".into()))
             .meta("tokenizer.ggml.pre", Meta::Str(pre.into()))
@@ -502,7 +507,13 @@ fn tokenizer_meta(w: &mut GgufWriter, pre: &str, tokens: &[String]) {
             )
             .meta(
                 "tokenizer.ggml.merges",
-                Meta::StrArray(TINY_MERGES.iter().map(|(a, b)| format!("{a} {b}")).collect()),
+                Meta::StrArray(
+                    TINY_MERGES
+                        .iter()
+                        .filter(|_| merges)
+                        .map(|(a, b)| format!("{a} {b}"))
+                        .collect(),
+                ),
             )
             .meta("tokenizer.ggml.bos_token_id", Meta::U32(1))
             .meta("tokenizer.ggml.eos_token_id", Meta::U32(2))
@@ -628,7 +639,7 @@ impl TinyGguf {
             .meta("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5))
             .meta("llama.vocab_size", Meta::U32(vocab as u32))
             .meta("llama.rope.dimension_count", Meta::U32(hd as u32));
-        tokenizer_meta(&mut w, &self.pre, &tokens);
+        tokenizer_meta(&mut w, &self.pre, &tokens, true);
         let mut expected = BTreeMap::new();
         let mut add = |gguf: String,
                        shape: Vec<usize>,
@@ -716,9 +727,11 @@ impl TinyGguf {
 }
 
 /// A GGUF of an existing checkpoint as llama.cpp's converter and quantizer would write it:
-/// `{arch}.*` metadata, the fixtures' tokenizer (the checkpoint's vocabulary must have as many
-/// rows: [`TinyGguf::tokens`]), q/k rows permuted for `llama` only, and each tensor in the
-/// type `layout(gguf name, shape, layer, layers)` picks (e.g. [`q4_k_m_type`]).
+/// `{arch}.*` metadata, the fixtures' tokenizer ([`TinyGguf::tokens`]; a smaller vocabulary
+/// takes its first tokens and no merges), q/k rows permuted for `llama` and `smollm3`, Phi-3's
+/// q/k/v and gate/up fused (`attn_qkv`, `ffn_up`), its partial rotary dimensions and LongRoPE
+/// factors as `Phi3MiniModel` writes them, and each tensor in the type
+/// `layout(gguf name, shape, layer, layers)` picks (e.g. [`q4_k_m_type`]).
 pub fn from_checkpoint(
     ckpt: &crate::checkpoint::Checkpoint,
     layout: impl Fn(&str, &[usize], Option<usize>, usize) -> FixtureType,
@@ -729,47 +742,74 @@ pub fn from_checkpoint(
         Architecture::Qwen2 => "qwen2",
         Architecture::Qwen3 => "qwen3",
         Architecture::Gemma3 => "gemma3",
+        Architecture::Phi3 => "phi3",
+        Architecture::SmolLM3 => "smollm3",
         _ => "llama",
     };
     let gemma = arch == "gemma3";
-    let tokens = TinyGguf::llama().tokens();
+    let phi3 = arch == "phi3";
+    let mut tokens = TinyGguf::llama().tokens();
+    let merges = tokens.len() <= spec.vocab_size;
+    tokens.truncate(spec.vocab_size);
     let mut w = GgufWriter::default();
-    let key = |k: &str| format!("{arch}.{k}");
-    let u = |v: usize| Meta::U32(v as u32);
-    w.meta("general.architecture", Meta::Str(arch.into()))
-        .meta(&key("block_count"), u(spec.num_hidden_layers))
-        .meta(&key("context_length"), u(spec.max_position_embeddings))
-        .meta(&key("embedding_length"), u(spec.hidden_size))
-        .meta(&key("feed_forward_length"), u(spec.intermediate_size))
-        .meta(&key("attention.head_count"), u(spec.num_attention_heads))
-        .meta(&key("attention.head_count_kv"), u(spec.num_key_value_heads))
-        .meta(&key("rope.freq_base"), Meta::F32(spec.rope_theta as f32))
-        .meta(
-            &key("attention.layer_norm_rms_epsilon"),
-            Meta::F32(spec.rms_norm_eps as f32),
-        );
-    // llama.cpp writes the key/value lengths whenever config.json names a head_dim (Qwen3's
-    // always does).
-    if matches!(arch, "qwen3" | "gemma3")
-        || spec.head_dim * spec.num_attention_heads != spec.hidden_size
-    {
-        w.meta(&key("attention.key_length"), u(spec.head_dim))
-            .meta(&key("attention.value_length"), u(spec.head_dim));
-    }
-    if let Some(window) = spec.gemma.as_ref().and(spec.sliding_window) {
-        w.meta(&key("attention.sliding_window"), u(window));
-    }
+    architecture_meta(&mut w, &spec, arch);
     // Qwen3's vocabulary is Qwen2's: llama.cpp names its pre-tokenizer `qwen2`.
     let pre = if arch == "llama" {
         "llama-bpe"
     } else {
         "qwen2"
     };
-    tokenizer_meta(&mut w, pre, &tokens);
+    tokenizer_meta(&mut w, pre, &tokens, merges);
     let mut expected = BTreeMap::new();
     let layers = spec.num_hidden_layers;
+    let rows_of = |id: TensorId| {
+        let t = ckpt.tensor(&id.hf_name()).expect("checkpoint tensor");
+        (t.shape.to_vec(), t.to_f32())
+    };
     for id in crate::arch::tensor_ids(&spec) {
         let hf = id.hf_name();
+        // Phi-3's fused tensors: q/k/v (gate/up) rows stacked in one, written at q (gate).
+        let parts = match id {
+            TensorId::Layer(_, LayerTensor::K | LayerTensor::V | LayerTensor::Up) if phi3 => {
+                continue
+            }
+            TensorId::Layer(l, LayerTensor::Q) if phi3 => Some((
+                format!("blk.{l}.attn_qkv.weight"),
+                vec![LayerTensor::Q, LayerTensor::K, LayerTensor::V],
+                l,
+            )),
+            TensorId::Layer(l, LayerTensor::Gate) if phi3 => Some((
+                format!("blk.{l}.ffn_up.weight"),
+                vec![LayerTensor::Gate, LayerTensor::Up],
+                l,
+            )),
+            _ => None,
+        };
+        if let Some((gguf, parts, l)) = parts {
+            let stacked: Vec<(Vec<usize>, Vec<f32>)> = parts
+                .iter()
+                .map(|&t| rows_of(TensorId::Layer(l, t)))
+                .collect();
+            let cols = stacked[0].0[1];
+            let shape = vec![stacked.iter().map(|(s, _)| s[0]).sum(), cols];
+            let values: Vec<f32> = stacked.iter().flat_map(|(_, v)| v.clone()).collect();
+            let ty = layout(&gguf, &shape, Some(l), layers);
+            let (data, decoded) = encode(&values, ty);
+            let mut at = 0;
+            for (&t, (s, _)) in parts.iter().zip(&stacked) {
+                let n = s[0] * s[1];
+                let part = decoded[at..at + n].to_vec();
+                expected.insert(TensorId::Layer(l, t).hf_name(), (s.clone(), part));
+                at += n;
+            }
+            w.tensor(RawTensor {
+                name: gguf,
+                type_id: ty.id(),
+                shape,
+                data,
+            });
+            continue;
+        }
         let t = ckpt.tensor(&hf).expect("checkpoint tensor");
         let shape = t.shape.to_vec();
         let values = t.to_f32();
@@ -779,7 +819,7 @@ pub fn from_checkpoint(
             TensorId::Layer(_, LayerTensor::K) => Some(spec.num_key_value_heads),
             _ => None,
         }
-        .filter(|_| arch == "llama");
+        .filter(|_| matches!(arch, "llama" | "smollm3"));
         let mut stored = match heads {
             Some(h) => permute_rows(&values, shape[0], shape[1], h),
             None => values,
@@ -812,6 +852,83 @@ pub fn from_checkpoint(
         writer: w,
         expected,
         tokens,
+    }
+}
+
+/// The `{arch}.*` keys llama.cpp's converter writes for `spec` (and Phi-3's LongRoPE factor
+/// tensors).
+fn architecture_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &str) {
+    let phi3 = arch == "phi3";
+    let key = |k: &str| format!("{arch}.{k}");
+    let u = |v: usize| Meta::U32(v as u32);
+    w.meta("general.architecture", Meta::Str(arch.into()))
+        .meta(&key("block_count"), u(spec.num_hidden_layers))
+        .meta(&key("context_length"), u(spec.max_position_embeddings))
+        .meta(&key("embedding_length"), u(spec.hidden_size))
+        .meta(&key("feed_forward_length"), u(spec.intermediate_size))
+        .meta(&key("attention.head_count"), u(spec.num_attention_heads))
+        .meta(&key("attention.head_count_kv"), u(spec.num_key_value_heads))
+        .meta(&key("rope.freq_base"), Meta::F32(spec.rope_theta as f32))
+        .meta(
+            &key("attention.layer_norm_rms_epsilon"),
+            Meta::F32(spec.rms_norm_eps as f32),
+        );
+    // llama.cpp writes the key/value lengths whenever config.json names a head_dim (Qwen3's
+    // always does).
+    if matches!(arch, "qwen3" | "gemma3")
+        || spec.head_dim * spec.num_attention_heads != spec.hidden_size
+    {
+        w.meta(&key("attention.key_length"), u(spec.head_dim))
+            .meta(&key("attention.value_length"), u(spec.head_dim));
+    }
+    if let Some(window) = spec.gemma.as_ref().and(spec.sliding_window) {
+        w.meta(&key("attention.sliding_window"), u(window));
+    }
+    if matches!(arch, "phi3" | "smollm3") {
+        w.meta(&key("rope.dimension_count"), u(spec.rotary_dim()));
+    }
+    if arch == "smollm3" {
+        let every_fourth: Vec<usize> = (3..spec.num_hidden_layers).step_by(4).collect();
+        assert_eq!(
+            spec.no_rope_layers, every_fourth,
+            "a smollm3 GGUF holds no NoPE key: llama.cpp fixes every fourth block"
+        );
+    }
+    if phi3 {
+        // Phi-4 is told apart by a window of 0.
+        w.meta(
+            &key("attention.sliding_window"),
+            u(spec.sliding_window.unwrap_or(0)),
+        );
+    }
+    if let crate::arch::RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings,
+        attention_factor,
+    } = &spec.rope_scaling
+    {
+        w.meta(
+            &key("rope.scaling.original_context_length"),
+            u(*original_max_position_embeddings),
+        )
+        .meta(
+            &key("rope.scaling.attn_factor"),
+            Meta::F32(*attention_factor as f32),
+        );
+        for (name, f) in [
+            ("rope_factors_long.weight", long_factor),
+            ("rope_factors_short.weight", short_factor),
+        ] {
+            let values: Vec<f32> = f.iter().map(|&x| x as f32).collect();
+            let (data, _) = encode(&values, FixtureType::F32);
+            w.tensor(RawTensor {
+                name: name.into(),
+                type_id: FixtureType::F32.id(),
+                shape: vec![values.len()],
+                data,
+            });
+        }
     }
 }
 

@@ -124,6 +124,17 @@ impl TinyModel {
         }
     }
 
+    /// Phi-3: q/k/v and gate/up stored fused (`qkv_proj`, `gate_up_proj`), full rotary, no
+    /// rope scaling (what transformers reads from a phi3 GGUF), transformers 5 config.
+    pub fn phi3() -> Self {
+        TinyModel {
+            architecture: Architecture::Phi3,
+            transformers5: true,
+            seed: 6,
+            ..Self::llama()
+        }
+    }
+
     /// config.json text for this model.
     pub fn config_json(&self) -> serde_json::Value {
         let mut c = serde_json::json!({
@@ -218,6 +229,10 @@ impl TinyModel {
         let mut rng = SplitMix64(self.seed);
         let slots = arch::expected_tensors(&spec);
         let mut tensors: Vec<(String, Blob)> = Vec::new();
+        // Phi-3 stores some parts stacked in one tensor: their values are drawn in slot order
+        // and written once the last part is drawn.
+        let fused = arch::fused_tensors(&spec);
+        let mut stacking: Vec<f32> = Vec::new();
         for slot in &slots {
             let values: Vec<f32> = match slot.role {
                 // RMSNorm gains near 1, like trained models (Gemma stores w of a 1 + w gain).
@@ -239,10 +254,23 @@ impl TinyModel {
                     .map(|_| self.scale * rng.normal())
                     .collect(),
             };
-            tensors.push((
-                slot.name.clone(),
-                Blob::new(self.dtype, slot.shape.clone(), &values),
-            ));
+            let whole = fused
+                .iter()
+                .find(|f| f.parts.iter().any(|(id, _)| id.hf_name() == slot.name));
+            match whole {
+                Some(f) => {
+                    stacking.extend_from_slice(&values);
+                    let last = f.parts.last().map(|(id, _)| id.hf_name());
+                    if last.as_deref() == Some(slot.name.as_str()) {
+                        let values = std::mem::take(&mut stacking);
+                        tensors.push((f.name.clone(), Blob::new(self.dtype, f.shape(), &values)));
+                    }
+                }
+                None => tensors.push((
+                    slot.name.clone(),
+                    Blob::new(self.dtype, slot.shape.clone(), &values),
+                )),
+            }
         }
         let shards = self.shards.max(1);
         if shards == 1 {

@@ -1,8 +1,9 @@
 //! GGUF (llama.cpp) files → Hugging Face checkpoints.
 //!
-//! [`import`] reads a `llama`, `qwen2`, `qwen3` or `gemma3` GGUF, dequantizes every tensor (the legacy, K and
-//! IQ4 quant types: [`dequant`]) into an fp16 `model.safetensors` with llama.cpp's q/k row
-//! permutation undone where its converter applied it (llama, not qwen2), and writes
+//! [`import`] reads a `llama`, `qwen2`, `qwen3`, `gemma3`, `phi3` or `smollm3` GGUF, dequantizes
+//! every tensor (the legacy, K and IQ4 quant types: [`dequant`]) into an fp16
+//! `model.safetensors` with llama.cpp's q/k row permutation undone where its converter applied
+//! it (llama and smollm3), and writes
 //! config.json, generation_config.json and a tokenizer rebuilt from the GGUF vocabulary. Everything about the input is checked before the output directory is created,
 //! and the output appears under its name only when complete ([`AtomicDir`]).
 
@@ -30,7 +31,8 @@ use crate::fsutil::AtomicDir;
 use crate::progress::Progress;
 
 /// Architectures (`general.architecture`) the importer understands.
-pub const SUPPORTED_ARCHITECTURES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: [&str; 6] =
+    ["llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3"];
 
 /// The transformers version whose config keys we write (v4: `rope_theta`, `torch_dtype`).
 const TRANSFORMERS_VERSION: &str = "4.46.0";
@@ -91,11 +93,11 @@ pub enum GgufError {
     OutputExists { path: PathBuf },
 }
 
-/// The hyperparameters of a llama-family GGUF (`llama`, `qwen2`, `qwen3` or `gemma3`), checked for
-/// consistency.
+/// The hyperparameters of a llama-family GGUF (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3` or
+/// `smollm3`), checked for consistency.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LlamaHParams {
-    /// `general.architecture`: `llama`, `qwen2`, `qwen3` or `gemma3`.
+    /// `general.architecture`: one of [`SUPPORTED_ARCHITECTURES`].
     pub arch: String,
     pub layers: usize,
     pub hidden: usize,
@@ -110,9 +112,36 @@ pub struct LlamaHParams {
     /// Linear rope scaling factor, when the file declares one (Gemma 3: its global blocks').
     pub rope_linear_factor: Option<f64>,
     pub tied: bool,
-    /// Gemma 3's attention window of its sliding blocks (`gemma3.attention.sliding_window`).
+    /// The attention window: Gemma 3's sliding blocks' (`gemma3.attention.sliding_window`),
+    /// Phi-3's every block's (`phi3.attention.sliding_window`, 0 for none).
     pub sliding_window: Option<usize>,
+    /// Phi-3's rotated dimensions of each head when fewer than head_dim
+    /// (`phi3.rope.dimension_count`: Phi-4-mini's partial rotary factor).
+    pub rotary_dim: Option<usize>,
+    /// Phi-3's LongRoPE, when the file holds `rope_factors_long` and `rope_factors_short`.
+    pub long_rope: Option<LongRope>,
 }
+
+/// Phi-3's LongRoPE as llama.cpp's converter stores it: the per-pair factors as two f32
+/// tensors (`rope_factors_long.weight`, `rope_factors_short.weight`, rotary_dim / 2 each),
+/// the original context (`phi3.rope.scaling.original_context_length`) and the factor on cos
+/// and sin (`phi3.rope.scaling.attn_factor`, computed by the converter as transformers does).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LongRope {
+    pub original_context: usize,
+    pub attention_factor: Option<f64>,
+    /// (long, short) factors: read with the tensors by [`import`]; a header-only read leaves
+    /// them `None` and its spec carries factors of 1 (it is used for sizes only).
+    #[serde(skip)]
+    pub factors: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// The tensors of Phi-3's LongRoPE factors.
+pub const ROPE_FACTORS: [&str; 2] = ["rope_factors_long.weight", "rope_factors_short.weight"];
+
+/// SmolLM3's blocks without RoPE: every fourth, fixed by llama.cpp for the architecture
+/// (`n_no_rope_layer_step`; its files carry no key), as transformers' default interval.
+const SMOLLM3_NO_ROPE_INTERVAL: usize = 4;
 
 /// Gemma 3's sliding-window pattern, local RoPE base and attention scale: not in its GGUF files,
 /// fixed by the architecture in llama.cpp (`llama-model.cpp`), and transformers' defaults.
@@ -152,7 +181,13 @@ impl LlamaHParams {
     /// llama.cpp's converter permuted q/k rows for rope (`LlamaModel.permute`); its Qwen2
     /// and Qwen3 converters write them as transformers has them.
     pub fn permuted_qk(&self) -> bool {
-        self.arch == "llama"
+        matches!(self.arch.as_str(), "llama" | "smollm3")
+    }
+
+    /// Phi-3: q/k/v stored as one `attn_qkv` and gate/up as one `ffn_up` (gate first), as
+    /// transformers stores them (`qkv_proj`, `gate_up_proj`).
+    pub fn fused(&self) -> bool {
+        self.arch == "phi3"
     }
 
     /// Per-head RMSNorms on q and k (`attn_q_norm`, `attn_k_norm`: qwen3, gemma3).
@@ -171,6 +206,8 @@ impl LlamaHParams {
             "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
             "gemma3" => Architecture::Gemma3,
+            "phi3" => Architecture::Phi3,
+            "smollm3" => Architecture::SmolLM3,
             _ => Architecture::Llama,
         }
     }
@@ -235,6 +272,7 @@ struct Dims {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    rotary_dim: Option<usize>,
 }
 
 impl Dims {
@@ -272,15 +310,17 @@ impl Dims {
                 ));
             }
         }
-        // Each block has nine tensors: a corrupt count must not drive a huge allocation.
+        // Each block has nine tensors (six fused ones in Phi-3): a corrupt count must not
+        // drive a huge allocation.
+        let per_block = if arch == "phi3" { 6 } else { 9 };
         let n_tensors = g.tensors().len();
-        if layers > n_tensors / 9 {
+        if layers > n_tensors / per_block {
             return Err(meta_err(
                 g,
                 &key("block_count"),
                 format!(
                     "{layers} blocks need at least {} tensors; the file has {n_tensors}",
-                    layers.saturating_mul(9)
+                    layers.saturating_mul(per_block)
                 ),
             ));
         }
@@ -298,13 +338,18 @@ impl Dims {
                 format!("head dimension {head_dim} must be even for rotary embeddings"),
             ));
         }
+        let mut rotary_dim = None;
         if let Some(rot) = optional_dim(g, &key("rope.dimension_count"))? {
-            if rot != head_dim {
+            // Phi-4-mini rotates the leading 3/4 of each head; nothing else may rotate fewer.
+            if arch == "phi3" && rot < head_dim && rot % 2 == 0 {
+                rotary_dim = Some(rot);
+            } else if rot != head_dim {
                 return Err(meta_err(
                     g,
                     &key("rope.dimension_count"),
                     format!(
-                        "partial rotary embeddings ({rot} of {head_dim} dims) are not supported"
+                        "{rot} rotated of {head_dim} dims: partial rotary embeddings are \
+                         supported for phi3 only, an even number below head_dim"
                     ),
                 ));
             }
@@ -316,6 +361,7 @@ impl Dims {
             heads,
             kv_heads,
             head_dim,
+            rotary_dim,
         })
     }
 }
@@ -378,6 +424,54 @@ fn rope_and_norm(g: &GgufFile, arch: &str) -> Result<(f64, f64, Option<f64>), Gg
     Ok((rope_theta, rms_norm_eps, rope_linear_factor))
 }
 
+/// Phi-3's LongRoPE, when the file holds its factor tensors (both, rotary_dim / 2 each) and
+/// the original context they switch at.
+fn long_rope(g: &GgufFile, rotary_dim: usize) -> Result<Option<LongRope>, GgufError> {
+    let [long, short] = ROPE_FACTORS.map(|n| g.tensor(n));
+    let (long, short) = match (long, short) {
+        (None, None) => return Ok(None),
+        (Some(l), Some(s)) => (l, s),
+        (l, _) => {
+            let missing = ROPE_FACTORS[usize::from(l.is_some())];
+            return Err(GgufError::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: missing.to_string(),
+                message: "missing: LongRoPE needs both factor tensors".into(),
+            });
+        }
+    };
+    for t in [long, short] {
+        if t.shape != [rotary_dim / 2] {
+            return Err(GgufError::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: t.name.clone(),
+                message: format!(
+                    "shape {:?}, expected [{}] (one factor per rotated pair)",
+                    t.shape,
+                    rotary_dim / 2
+                ),
+            });
+        }
+    }
+    let key = "phi3.rope.scaling.original_context_length";
+    let original_context = required_dim(g, key)?;
+    let attention_factor = g.get_float("phi3.rope.scaling.attn_factor")?;
+    if let Some(a) = attention_factor {
+        if !(a.is_finite() && a > 0.0) {
+            return Err(meta_err(
+                g,
+                "phi3.rope.scaling.attn_factor",
+                format!("{a} must be positive"),
+            ));
+        }
+    }
+    Ok(Some(LongRope {
+        original_context,
+        attention_factor,
+        factors: None,
+    }))
+}
+
 /// The vocabulary size: token_embd.weight's rows, agreeing with `llama.vocab_size` if given.
 fn vocab_size(g: &GgufFile, arch: &str, hidden: usize) -> Result<usize, GgufError> {
     let key = |k: &str| format!("{arch}.{k}");
@@ -421,6 +515,7 @@ impl LlamaHParams {
             heads,
             kv_heads,
             head_dim,
+            rotary_dim,
         } = Dims::from_gguf(g, &arch)?;
         let context = required_dim(g, &format!("{arch}.context_length"))?;
         let (rope_theta, rms_norm_eps, rope_linear_factor) = rope_and_norm(g, &arch)?;
@@ -431,6 +526,15 @@ impl LlamaHParams {
                 g,
                 &format!("{arch}.attention.sliding_window"),
             )?),
+            // The converter writes 0 for none (Phi-4).
+            "phi3" => match g.get_uint("phi3.attention.sliding_window")? {
+                None | Some(0) => None,
+                Some(_) => optional_dim(g, "phi3.attention.sliding_window")?,
+            },
+            _ => None,
+        };
+        let long_rope = match arch.as_str() {
+            "phi3" => long_rope(g, rotary_dim.unwrap_or(head_dim))?,
             _ => None,
         };
         Ok(LlamaHParams {
@@ -448,7 +552,34 @@ impl LlamaHParams {
             rope_linear_factor,
             tied,
             sliding_window,
+            rotary_dim,
+            long_rope,
         })
+    }
+
+    /// Read Phi-3's LongRoPE factors (tensor data, so not in [`LlamaHParams::from_gguf`]).
+    pub fn read_rope_factors(&mut self, g: &mut GgufFile) -> Result<(), GgufError> {
+        let Some(lr) = self.long_rope.as_mut() else {
+            return Ok(());
+        };
+        let mut read = |name: &str| -> Result<Vec<f32>, GgufError> {
+            let t = g.tensor(name).cloned().ok_or_else(|| GgufError::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: name.to_string(),
+                message: "missing".into(),
+            })?;
+            let v = g.read_f32(&t)?;
+            if let Some(bad) = v.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(GgufError::Tensor {
+                    path: g.path().to_path_buf(),
+                    tensor: name.to_string(),
+                    message: format!("factor {bad}: every factor must be positive"),
+                });
+            }
+            Ok(v)
+        };
+        lr.factors = Some((read(ROPE_FACTORS[0])?, read(ROPE_FACTORS[1])?));
+        Ok(())
     }
 
     /// Every tensor the checkpoint needs, in model order, with its expected shape.
@@ -473,7 +604,25 @@ impl LlamaHParams {
             }
         };
         let mut out = vec![plan(TensorId::Embedding, vec![self.vocab, h])];
+        let fused = |l: usize, gguf: &str, hf: String, rows: usize| TensorPlan {
+            hf_name: hf,
+            gguf_name: format!("blk.{l}.{gguf}.weight"),
+            shape: vec![rows, h],
+            unpermute_heads: None,
+            minus_one: false,
+        };
         for l in 0..self.layers {
+            if self.fused() {
+                out.push(plan(TensorId::Layer(l, T::InputNorm), vec![h]));
+                let qkv = format!("model.layers.{l}.self_attn.qkv_proj.weight");
+                out.push(fused(l, "attn_qkv", qkv, q + 2 * kv));
+                out.push(plan(TensorId::Layer(l, T::O), vec![h, q]));
+                out.push(plan(TensorId::Layer(l, T::PostNorm), vec![h]));
+                let gate_up = format!("model.layers.{l}.mlp.gate_up_proj.weight");
+                out.push(fused(l, "ffn_up", gate_up, 2 * f));
+                out.push(plan(TensorId::Layer(l, T::Down), vec![h, f]));
+                continue;
+            }
             for t in T::ALL {
                 let shape = match t {
                     T::InputNorm | T::PostNorm => vec![h],
@@ -503,12 +652,31 @@ impl LlamaHParams {
         if self.gemma() {
             return self.gemma3_config_json(ids);
         }
-        let rope_scaling = match self.rope_linear_factor {
-            Some(f) => serde_json::json!({"type": "linear", "rope_type": "linear", "factor": f}),
-            None => serde_json::Value::Null,
+        let rope_scaling = match (self.rope_linear_factor, &self.long_rope) {
+            (_, Some(lr)) => {
+                let pairs = self.rotary_dim.unwrap_or(self.head_dim) / 2;
+                let (long, short) = match &lr.factors {
+                    Some((l, s)) => (l.clone(), s.clone()),
+                    None => (vec![1.0; pairs], vec![1.0; pairs]),
+                };
+                let mut r = serde_json::json!({
+                    "type": "longrope",
+                    "rope_type": "longrope",
+                    "long_factor": long,
+                    "short_factor": short,
+                });
+                if let Some(a) = lr.attention_factor {
+                    r["attention_factor"] = a.into();
+                }
+                r
+            }
+            (Some(f), None) => {
+                serde_json::json!({"type": "linear", "rope_type": "linear", "factor": f})
+            }
+            (None, None) => serde_json::Value::Null,
         };
         let arch = self.architecture();
-        serde_json::json!({
+        let mut config = serde_json::json!({
             "architectures": [arch.hf_name()],
             "attention_bias": self.attention_bias(),
             "attention_dropout": 0.0,
@@ -535,7 +703,26 @@ impl LlamaHParams {
             "transformers_version": TRANSFORMERS_VERSION,
             "use_cache": true,
             "vocab_size": self.vocab,
-        })
+        });
+        match arch {
+            Architecture::Phi3 => {
+                if let Some(rot) = self.rotary_dim {
+                    config["partial_rotary_factor"] = (rot as f64 / self.head_dim as f64).into();
+                }
+                if let Some(lr) = &self.long_rope {
+                    config["original_max_position_embeddings"] = lr.original_context.into();
+                }
+                config["sliding_window"] = self.sliding_window.into();
+            }
+            Architecture::SmolLM3 => {
+                let uses_rope: Vec<u8> = (0..self.layers)
+                    .map(|l| u8::from((l + 1) % SMOLLM3_NO_ROPE_INTERVAL != 0))
+                    .collect();
+                config["no_rope_layers"] = uses_rope.into();
+            }
+            _ => {}
+        }
+        config
     }
 
     /// Gemma 3's config.json: what the file stores, and what llama.cpp fixes for the
@@ -633,6 +820,7 @@ pub fn plan_tensors_unchecked(
         .iter()
         .map(|t| t.name.as_str())
         .filter(|n| !plan.iter().any(|p| p.gguf_name == *n))
+        .filter(|n| hp.long_rope.is_none() || !ROPE_FACTORS.contains(n))
         .collect();
     if let Some(first) = extra.first() {
         let message = if *first == "rope_freqs.weight" {
@@ -695,7 +883,8 @@ pub fn import(
     progress: &dyn Progress,
 ) -> Result<ImportReport, GgufError> {
     let mut g = GgufFile::open(src)?;
-    let hp = LlamaHParams::from_gguf(&g)?;
+    let mut hp = LlamaHParams::from_gguf(&g)?;
+    hp.read_rope_factors(&mut g)?;
     let plan = plan_tensors(&g, &hp)?;
     let tok = tokenizer::build(&g)?;
     if tok.vocab_size > hp.vocab {

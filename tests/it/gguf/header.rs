@@ -177,7 +177,11 @@ fn every_architecture_is_described_and_planned_from_its_header() {
         ("Qwen3ForCausalLM", TinyModel::qwen3(), false),
         ("Gemma3ForCausalLM", TinyModel::gemma3(), true),
         ("LlamaForCausalLM", TinyModel::mistral(), true),
+        ("Phi3ForCausalLM", TinyModel::phi3(), false),
     ] {
+        let head_dim = hf2coreml::testing::gguf::kquant_model(model.clone())
+            .spec()
+            .head_dim;
         let src = tempfile::tempdir().unwrap();
         let built = match sp {
             true => q4_k_m_spm_fixture(model, src.path()),
@@ -189,11 +193,6 @@ fn every_architecture_is_described_and_planned_from_its_header() {
         std::fs::write(&file, &bytes[..bytes.len() - 4096]).unwrap();
         let j = inspect_json(&file);
         assert_eq!(j["architecture"], name, "{j:#}");
-        let head_dim = if sp && name.starts_with("Llama") {
-            24
-        } else {
-            32
-        };
         assert_eq!(j["head_dim"], head_dim, "{name}");
         assert!(j["gguf"]["truncated_at"].is_u64(), "{name}");
         let (code, out, err) = run(&[

@@ -512,6 +512,64 @@ fn an_inconsistent_qwen3_file_names_the_key_or_tensor() {
 }
 
 #[test]
+fn an_inconsistent_phi3_file_names_the_key_or_tensor() {
+    let src = hf2coreml::testing::TinyModel::phi3();
+    let dir = tempfile::tempdir().unwrap();
+    let fixture_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let longrope =
+        hf2coreml::checkpoint::Checkpoint::open(fixture_dir.join("phi3_longrope")).unwrap();
+    let base = fixture::from_checkpoint(&longrope, |_, _, _, _| fixture::FixtureType::F32).writer;
+    // LongRoPE needs both factor tensors, one factor per rotated pair, and its original context.
+    let mut w = base.clone();
+    w.tensors.retain(|t| t.name != "rope_factors_short.weight");
+    let err = expect_err(&w).to_string();
+    assert!(
+        err.contains("rope_factors_short.weight") && err.contains("both"),
+        "{err}"
+    );
+    let mut w = base.clone();
+    for t in w
+        .tensors
+        .iter_mut()
+        .filter(|t| t.name == "rope_factors_long.weight")
+    {
+        t.shape = vec![5];
+        t.data.truncate(20);
+    }
+    let err = expect_err(&w).to_string();
+    assert!(
+        err.contains("rope_factors_long.weight") && err.contains("[6]"),
+        "{err}"
+    );
+    let mut w = base.clone();
+    w.remove_meta("phi3.rope.scaling.original_context_length");
+    let err = expect_err(&w).to_string();
+    assert!(
+        err.contains("phi3.rope.scaling.original_context_length"),
+        "{err}"
+    );
+    let mut w = base.clone();
+    w.meta("phi3.rope.scaling.attn_factor", Meta::F32(-1.0));
+    let err = expect_err(&w).to_string();
+    assert!(err.contains("phi3.rope.scaling.attn_factor"), "{err}");
+    // Partial rotary is Phi-3's only; a fused tensor missing is named.
+    let mut w = base;
+    w.meta("phi3.rope.dimension_count", Meta::U32(7));
+    let err = expect_err(&w).to_string();
+    assert!(err.contains("phi3.rope.dimension_count"), "{err}");
+    let mut w = fixture::q4_k_m_fixture(src, dir.path()).unwrap().writer;
+    w.tensors.retain(|t| t.name != "blk.1.attn_qkv.weight");
+    let err = expect_err(&w).to_string();
+    assert!(err.contains("blk.1.attn_qkv.weight"), "{err}");
+    let mut w = fixture::q4_k_m_fixture(hf2coreml::testing::TinyModel::qwen3(), dir.path())
+        .unwrap()
+        .writer;
+    w.meta("qwen3.rope.dimension_count", Meta::U32(16));
+    let err = expect_err(&w).to_string();
+    assert!(err.contains("supported for phi3 only"), "{err}");
+}
+
+#[test]
 fn an_inconsistent_gemma3_file_names_the_key_or_tensor() {
     let src = tempfile::tempdir().unwrap();
     let base = fixture::q4_k_m_spm_fixture(hf2coreml::testing::TinyModel::gemma3(), src.path())

@@ -6,5 +6,6 @@ mod dequant;
 mod header;
 mod import;
 mod kquant;
+mod roundtrip;
 mod tokenizers;
 mod transformers;

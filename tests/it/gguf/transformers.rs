@@ -69,24 +69,36 @@ fn import(arch: &str, model: TinyModel, make: Make) -> Imported {
 fn same_weights(m: &Imported) {
     let ckpt = Checkpoint::open(&m.dir).unwrap();
     let hashes = m.want["tensors"].as_object().unwrap();
-    for (name, hash) in hashes {
-        let stored = match ckpt.tensor(name) {
-            Ok(t) => t,
+    // Phi-3's fused tensors are read as their parts: stacked again, they are what
+    // transformers holds.
+    let fused = hf2coreml::arch::fused_tensors(ckpt.spec());
+    let f16_of = |name: &str| -> Vec<f16> {
+        if let Some(f) = fused.iter().find(|f| f.name == name) {
+            return f
+                .parts
+                .iter()
+                .flat_map(|(id, _)| ckpt.tensor(&id.hf_name()).unwrap().to_f16())
+                .collect();
+        }
+        match ckpt.tensor(name) {
+            Ok(t) => t.to_f16(),
             Err(_) if name == "lm_head.weight" && ckpt.spec().tie_word_embeddings => {
-                ckpt.tensor("model.embed_tokens.weight").unwrap()
+                ckpt.tensor("model.embed_tokens.weight").unwrap().to_f16()
             }
             Err(e) => panic!("{name}: {e}"),
-        };
-        let bytes: Vec<u8> = stored
-            .to_f16()
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        }
+    };
+    for (name, hash) in hashes {
+        let bytes: Vec<u8> = f16_of(name).iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(&sha256(&bytes), hash.as_str().unwrap(), "{name}");
     }
     for name in ckpt.tensor_names() {
+        let stored_as = fused
+            .iter()
+            .find(|f| f.parts.iter().any(|(id, _)| id.hf_name() == name))
+            .map_or(name, |f| f.name.as_str());
         assert!(
-            hashes.contains_key(name),
+            hashes.contains_key(stored_as),
             "{name} is not in transformers' model"
         );
     }
@@ -241,6 +253,14 @@ fn qwen2_gguf_imports_as_transformers_reads_it() {
 #[test]
 fn llama_sentencepiece_gguf_imports_as_transformers_reads_it() {
     check("llama-spm", TinyModel::llama(), q4_k_m_spm_fixture);
+}
+
+/// Phi-3: q/k/v and gate/up stored fused (`attn_qkv`, `ffn_up`), kept fused as transformers
+/// keeps them (`qkv_proj`, `gate_up_proj`). (transformers drops partial rotary and LongRoPE
+/// from phi3 files: those are held to transformers through tests/it/gguf/roundtrip.rs.)
+#[test]
+fn phi3_gguf_imports_as_transformers_reads_it() {
+    check("phi3", TinyModel::phi3(), q4_k_m_fixture);
 }
 
 /// Gemma 3: four norms a block stored as 1 + w, windowed blocks with a global sixth, Gemma's
