@@ -982,9 +982,10 @@ pub fn q6_k_type(_: &str, shape: &[usize], _: Option<usize>, _: usize) -> Fixtur
 /// vocabulary. Weights small and logits mildly peaked: with sharper logits, 4-bit source error
 /// alone (no calibration can undo it) costs a random model KL ~1.
 pub fn kquant_model(model: crate::testing::TinyModel) -> crate::testing::TinyModel {
-    // Gemma 3's sixth block is its first global one.
+    // Gemma 3's sixth block is its first global one, SmolLM3's fourth its first without RoPE.
     let layers = match model.architecture {
         crate::arch::Architecture::Gemma3 => 6,
+        crate::arch::Architecture::SmolLM3 => 4,
         _ => 3,
     };
     crate::testing::TinyModel {

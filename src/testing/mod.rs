@@ -135,6 +135,19 @@ impl TinyModel {
         }
     }
 
+    /// SmolLM3: Llama's layout, tied, RoPE left out of every fourth block (transformers'
+    /// default `no_rope_layer_interval`, the real models' and the only pattern a GGUF holds).
+    pub fn smollm3() -> Self {
+        TinyModel {
+            architecture: Architecture::SmolLM3,
+            transformers5: true,
+            rope_theta: 100_000.0,
+            layers: 4,
+            seed: 7,
+            ..Self::llama()
+        }
+    }
+
     /// config.json text for this model.
     pub fn config_json(&self) -> serde_json::Value {
         let mut c = serde_json::json!({

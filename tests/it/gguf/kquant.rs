@@ -1,7 +1,7 @@
 //! K-quant GGUF files as llama.cpp lays out a `Q4_K_M` (q4_K matrices, q6_K for `output` and
 //! the `use_more_bits` layers' attn_v/ffn_down, f32 vectors, q5_0/q8_0 where rows are not a
-//! multiple of 256), made from a tiny llama, qwen2, qwen3 and gemma3 checkpoint: they import to the
-//! values the fixture's own quantizer decodes to (q/k un-permuted for llama only), convert
+//! multiple of 256), made from a tiny llama, qwen2, qwen3, gemma3, phi3 and smollm3 checkpoint: they import to
+//! the values the fixture's own quantizer decodes to (q/k un-permuted for llama and smollm3), convert
 //! straight from the .gguf (the second time from the model cache), and the package passes
 //! `validate` against the checkpoint the file was made from.
 
@@ -121,6 +121,24 @@ fn qwen2_q4_k_m_imports_converts_and_validates() {
 fn qwen3_q4_k_m_imports_converts_and_validates() {
     needs!(Python);
     check(TinyModel::qwen3());
+}
+
+#[test]
+fn phi3_q4_k_m_imports_converts_and_validates() {
+    needs!(Python);
+    check(TinyModel::phi3());
+}
+
+#[test]
+fn smollm3_q4_k_m_imports_converts_and_validates() {
+    needs!(Python);
+    let spec = hf2coreml::testing::gguf::kquant_model(TinyModel::smollm3()).spec();
+    assert_eq!(
+        spec.no_rope_layers,
+        [3],
+        "the fixture has a block without RoPE"
+    );
+    check(TinyModel::smollm3());
 }
 
 #[test]
