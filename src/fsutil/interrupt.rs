@@ -17,6 +17,26 @@ static PARTIALS_ON_INTERRUPT: std::sync::Mutex<Vec<(PathBuf, String)>> =
 /// 128 + the signal, whatever the main thread meets meanwhile.
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Held while outputs are renamed into place ([`commit_lock`]), and by the interrupt cleanup
+/// from the signal until the process exits: a signal never lands between two renames of one
+/// commit (a `--force` commit moves the old output aside, then the new one in: the cleanup
+/// would otherwise remove the new one with the old one aside), and no commit starts once a
+/// signal came.
+static COMMITTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The lock to hold while renaming finished outputs into place; an error once the process is
+/// being interrupted (the output must not appear then).
+pub fn commit_lock() -> std::io::Result<std::sync::MutexGuard<'static, ()>> {
+    let guard = COMMITTING.lock().unwrap_or_else(|p| p.into_inner());
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            "interrupted: the output was not put in place",
+        ));
+    }
+    Ok(guard)
+}
+
 /// Called by the binary before it exits: when an interruption is being handled (the main
 /// thread may have failed only because its output directory was just removed), wait for the
 /// cleanup to end the process with 128 + the signal instead of exiting with another code.
@@ -139,6 +159,9 @@ mod signals {
                         return;
                     }
                     super::INTERRUPTED.store(true, Ordering::SeqCst);
+                    // Wait for a commit under way to finish, and keep any other from starting
+                    // until the process is gone.
+                    let _commits = super::COMMITTING.lock().unwrap_or_else(|p| p.into_inner());
                     // The main thread keeps running meanwhile and may still be writing into a
                     // directory, even recreating one just removed (a writer's makedirs): look
                     // again for 100 ms, until nothing is left.

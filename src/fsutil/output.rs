@@ -310,7 +310,13 @@ impl AtomicDir {
     /// anything: when another run created `dest` meanwhile (two converts to one output), it
     /// fails with `AlreadyExists` and this run's directory is removed; the first one to
     /// finish wins. With `force` an existing `dest` is replaced.
-    pub fn commit(mut self) -> std::io::Result<PathBuf> {
+    pub fn commit(self) -> std::io::Result<PathBuf> {
+        let _lock = super::interrupt::commit_lock()?;
+        self.commit_locked()
+    }
+
+    /// [`AtomicDir::commit`] with [`super::interrupt::commit_lock`] already held.
+    pub(super) fn commit_locked(mut self) -> std::io::Result<PathBuf> {
         if !self.force {
             let tmp = self.tmp.as_ref().expect("commit once");
             rename_no_replace(tmp.path(), &self.dest).map_err(|e| {

@@ -54,7 +54,9 @@ impl Staged {
     /// files already placed are removed again, and the error names the file.
     pub fn commit(self) -> std::io::Result<PathBuf> {
         let Staged { dir, files, force } = self;
-        let package = dir.commit()?;
+        // One commit: an interrupt waits until the package and its files are all in place.
+        let _lock = super::interrupt::commit_lock()?;
+        let package = dir.commit_locked()?;
         let mut placed: Vec<PathBuf> = Vec::new();
         for (tmp, dest) in files {
             let r = if force {
