@@ -65,30 +65,13 @@ fn convert_at(dir: &Path, out: &Path, max_seq_len: usize, flags: &[&str]) {
 fn expected(dir: &Path) -> (Vec<u32>, Vec<Vec<f32>>) {
     let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
     let j: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let tokens = j["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect();
+    let tokens = crate::support::json::ids(&j["tokens"]);
     let key = if j.get("prefix_logits").is_some() {
         "prefix_logits"
     } else {
         "logits"
     };
-    let logits: Vec<Vec<f32>> = j[key]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
-    let tokens: Vec<u32> = tokens;
+    let logits = crate::support::json::rows(&j[key]);
     (tokens[..logits.len()].to_vec(), logits)
 }
 

@@ -24,28 +24,12 @@ use hf2coreml::testing::gguf::{from_checkpoint, FixtureType};
 fn reference_json(dir: &Path) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
     let j: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
-    let tokens: Vec<u32> = j["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect();
+    let tokens = crate::support::json::ids(&j["tokens"]);
     ["logits", "prefix_logits"]
         .iter()
         .filter_map(|key| j.get(*key))
         .map(|rows| {
-            let rows: Vec<Vec<f32>> = rows
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| {
-                    r.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.as_f64().unwrap() as f32)
-                        .collect()
-                })
-                .collect();
+            let rows = crate::support::json::rows(rows);
             (tokens[..rows.len()].to_vec(), rows)
         })
         .collect()

@@ -128,25 +128,8 @@ fn same_ids(m: &Imported) {
 }
 
 fn logits(m: &Imported) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let tokens = m.want["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    let rows = m.want["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
-    (tokens, rows)
+    use crate::support::json;
+    (json::ids(&m.want["tokens"]), json::rows(&m.want["logits"]))
 }
 
 fn max_diff(got: &[f32], want: &[f32]) -> f32 {

@@ -58,18 +58,7 @@ fn reference(dir: &Path) -> Reference {
             .iter()
             .map(|t| t.as_i64().unwrap() as i32)
             .collect(),
-        logits: doc["logits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                r.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap() as f32)
-                    .collect()
-            })
-            .collect(),
+        logits: crate::support::json::rows(&doc["logits"]),
     }
 }
 
