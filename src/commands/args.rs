@@ -141,6 +141,22 @@ pub enum KvCacheArg {
     State,
 }
 
+/// `--prefill-logits`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrefillLogitsArg {
+    Last,
+    All,
+}
+
+impl From<PrefillLogitsArg> for hf2coreml::mil::contract::PrefillLogits {
+    fn from(p: PrefillLogitsArg) -> Self {
+        match p {
+            PrefillLogitsArg::Last => Self::Last,
+            PrefillLogitsArg::All => Self::All,
+        }
+    }
+}
+
 impl From<KvCacheArg> for hf2coreml::mil::contract::KvCache {
     fn from(k: KvCacheArg) -> Self {
         match k {

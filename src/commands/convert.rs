@@ -12,7 +12,8 @@ use hf2coreml::pipeline::summary::ConvertSummary;
 use hf2coreml::quant::recipe::RecipeFile;
 use hf2coreml::util::{fmt_bytes, fmt_count};
 
-use super::args::{KvCacheArg, LayoutArg, RecipeArgs};
+use super::args::{KvCacheArg, LayoutArg, PrefillLogitsArg, RecipeArgs};
+use hf2coreml::mil::contract::PrefillLogits;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -47,6 +48,11 @@ pub struct Args {
     /// 0 keeps one function. iOS17 packages have one function: refused there.
     #[arg(long, value_name = "Q")]
     pub prefill_len: Option<usize>,
+    /// The logits the prefill function returns, overriding the recipe's `prefill_logits`:
+    /// `last` (the default) the last position's row, the one a host samples from; `all` every
+    /// position's (diagnosis: `run --logits-out` through prefill). Needs a prefill function.
+    #[arg(long, value_enum, value_name = "ROWS")]
+    pub prefill_logits: Option<PrefillLogitsArg>,
     /// Precision the program computes in: fp16 (all compute units) or fp32 (CPU/GPU only).
     #[arg(long, value_enum, default_value_t = Precision::Fp16)]
     pub compute_precision: Precision,
@@ -99,6 +105,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(q) = args.prefill_len {
         package.prefill_len = Some(q);
+    }
+    if let Some(p) = args.prefill_logits {
+        package.prefill_logits = Some(p.into());
     }
     let job = Job {
         source: args.dir.clone(),
@@ -187,6 +196,10 @@ fn print_plan(
             "max_seq_len": job.max_seq_len,
             "query_len": job.query_len,
             "prefill_len": job.prefill_len()?,
+            "prefill_logits": match job.prefill_len()? {
+                0 => None,
+                _ => Some(job.prefill_logits()?.as_str()),
+            },
             "compute_precision": job.compute_precision.as_str(),
             "recipe": job.recipe.origin(),
             "range_scaling": range_scaling,
@@ -235,7 +248,13 @@ fn print_plan(
     println!("  range scaling {range_scaling}");
     match job.prefill_len()? {
         0 => {}
-        q => println!("  functions     prefill (Q={q}) and decode (Q=1, the default)"),
+        q => println!(
+            "  functions     prefill (Q={q}, logits of {}) and decode (Q=1, the default)",
+            match job.prefill_logits()? {
+                PrefillLogits::Last => "the last position",
+                PrefillLogits::All => "every position",
+            }
+        ),
     }
     match python {
         Ok((env, version)) => println!(

@@ -167,6 +167,38 @@ impl KvCache {
     }
 }
 
+/// Which logits a multifunction package's `prefill` function returns (`--prefill-logits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefillLogits {
+    /// The last position's row only, [1, 1, w] a part: the one a host samples from. The rows
+    /// before it would cost the lm_head over every position of the chunk and be thrown away.
+    #[default]
+    Last,
+    /// Every position's row, [1, P, w] a part: for diagnosis (`run --logits-out` through
+    /// prefill).
+    All,
+}
+
+impl PrefillLogits {
+    /// `last` or `all`, as flags and recipes spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefillLogits::Last => "last",
+            PrefillLogits::All => "all",
+        }
+    }
+
+    /// The flag or recipe spelling.
+    pub fn parse(s: &str) -> Option<PrefillLogits> {
+        match s {
+            "last" => Some(PrefillLogits::Last),
+            "all" => Some(PrefillLogits::All),
+            _ => None,
+        }
+    }
+}
+
 /// The name of the one state of a `--kv-cache state` package.
 pub const KV_STATE: &str = "kv_cache";
 
@@ -422,6 +454,17 @@ impl Contract {
             functions: Vec::new(),
             ..self.clone()
         })
+    }
+
+    /// How many positions' logits a step returns: the rows of the declared logits outputs
+    /// (Q, or 1 for a `prefill` function that returns the last row only).
+    pub fn logits_rows(&self) -> usize {
+        let logits = self.logits_outputs();
+        self.outputs
+            .iter()
+            .find(|o| logits.first().is_some_and(|(name, _)| *name == o.name))
+            .and_then(|o| o.shape.get(1).copied())
+            .unwrap_or(self.query_len)
     }
 
     /// The logits outputs in vocabulary order, with their widths; the host concatenates them

@@ -3,7 +3,7 @@
 //! how its weights are quantized; a recipe file may set them beside its recipe
 //! (`target = "ios18"`), and flags override them.
 
-use super::contract::{KvCache, Layout, Target};
+use super::contract::{KvCache, Layout, PrefillLogits, Target};
 
 /// The largest `prefill_len` a recipe file may ask for (the package's S bounds it too).
 pub const MAX_PREFILL_LEN: usize = 65_536;
@@ -20,11 +20,20 @@ pub struct PackageOptions {
     /// `prefill_len = Q` (`--prefill-len` overrides it): a `prefill` function of Q tokens
     /// beside `decode` (iOS18); `None`: the target's default, 0: one function.
     pub prefill_len: Option<usize>,
+    /// `prefill_logits = "last" | "all"` (`--prefill-logits` overrides it): the rows the
+    /// prefill function returns; `None`: the last one. Set with no prefill function: refused.
+    pub prefill_logits: Option<PrefillLogits>,
 }
 
 impl PackageOptions {
     /// The keys a recipe file sets these options with.
-    pub const KEYS: [&'static str; 4] = ["target", "layout", "kv_cache", "prefill_len"];
+    pub const KEYS: [&'static str; 5] = [
+        "target",
+        "layout",
+        "kv_cache",
+        "prefill_len",
+        "prefill_logits",
+    ];
 
     /// Set the option a recipe file's `key` names to `value`: `None` when `key` is not one of
     /// [`Self::KEYS`], else whether the value is one the key takes (the error says which are).
@@ -51,6 +60,11 @@ impl PackageOptions {
                 .filter(|&q| q <= MAX_PREFILL_LEN)
                 .map(|q| self.prefill_len = Some(q))
                 .ok_or_else(|| format!("prefill_len must be an integer in 0..={MAX_PREFILL_LEN}")),
+            "prefill_logits" => value
+                .as_str()
+                .and_then(PrefillLogits::parse)
+                .map(|p| self.prefill_logits = Some(p))
+                .ok_or_else(|| "prefill_logits must be \"last\" or \"all\"".to_string()),
             _ => return None,
         };
         Some(set)
@@ -72,6 +86,9 @@ impl PackageOptions {
         }
         if let Some(q) = self.prefill_len {
             out.push_str(&format!("prefill_len = {q}\n"));
+        }
+        if let Some(p) = self.prefill_logits {
+            out.push_str(&format!("prefill_logits = \"{}\"\n", p.as_str()));
         }
         out
     }
@@ -99,6 +116,10 @@ mod tests {
         assert!(set("kv_cache", "\"state\"").unwrap().is_ok());
         assert!(set("target", "\"ios19\"").unwrap().is_err());
         assert!(set("prefill_len", "-1").unwrap().is_err());
+        let p = set("prefill_logits", "\"all\"").unwrap().unwrap();
+        assert_eq!(p.prefill_logits, Some(PrefillLogits::All));
+        assert_eq!(p.to_toml(), "prefill_logits = \"all\"\n");
+        assert!(set("prefill_logits", "\"first\"").unwrap().is_err());
         assert!(set("default", "\"fp16\"").is_none());
         assert_eq!(PackageOptions::default().to_toml(), "");
     }

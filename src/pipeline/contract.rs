@@ -93,13 +93,20 @@ fn function_specs(opts: &ConvertOptions, spec: &ModelSpec) -> Vec<contract::Func
         );
         let (s, q, l, hkv, d, v) = dims;
         let precision = opts.precision.as_str();
-        let (inputs, outputs) = match opts.kv_cache {
+        let (inputs, mut outputs) = match opts.kv_cache {
             contract::KvCache::Io => Contract::io(s, q, l, hkv, d, v, precision),
             contract::KvCache::State => {
                 let (i, o, _) = Contract::state_io(s, q, l, hkv, d, v, precision);
                 (i, o)
             }
         };
+        if name == contract::PREFILL && opts.prefill_logits == contract::PrefillLogits::Last {
+            let n = contract::logits_widths(v).len();
+            let logits: Vec<String> = (0..n).map(|i| contract::logits_name(i, n)).collect();
+            for o in outputs.iter_mut().filter(|o| logits.contains(&o.name)) {
+                o.shape[1] = 1;
+            }
+        }
         contract::FunctionSpec {
             name: name.to_string(),
             query_len: q,

@@ -82,7 +82,7 @@ pub fn convert(
     let t = Instant::now();
     let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
     let step = opts.step_options(&scaling);
-    let graphs = build_functions(&spec, taken, &step, opts.prefill_len)?;
+    let graphs = build_functions(&spec, taken, &step, opts.prefill_len, opts.prefill_logits)?;
     let predicted_weight_bytes = graphs[0].1.const_bytes();
     let files = source_hashes(ckpt)?;
     let contract = contract_for(ckpt, opts, &scaling, recipe, files)?;
@@ -198,7 +198,7 @@ fn emit_asset(
 }
 
 /// The program's functions: `main` alone, or with `prefill_len` > 0 `prefill` (Q =
-/// `prefill_len`) and `decode` (Q = `step.query_len`), built from the same weights. The decode
+/// `prefill_len`, the logits rows `prefill_logits` says) and `decode` (Q = `step.query_len`), built from the same weights. The decode
 /// graph is built from a copy of them, so they are held twice while the graphs are built;
 /// the emitter hands every constant the two share to coremltools once.
 fn build_functions(
@@ -206,6 +206,7 @@ fn build_functions(
     weights: BTreeMap<String, Weight>,
     step: &StepOptions,
     prefill_len: usize,
+    prefill_logits: contract::PrefillLogits,
 ) -> Result<Vec<(String, Graph)>, ConvertError> {
     if prefill_len == 0 {
         return Ok(vec![(
@@ -216,6 +217,7 @@ fn build_functions(
     let decode = decoder::build(spec, weights.clone(), step)?;
     let prefill_step = StepOptions {
         query_len: prefill_len,
+        last_logits_only: prefill_logits == contract::PrefillLogits::Last,
         ..step.clone()
     };
     let prefill = decoder::build(spec, weights, &prefill_step)?;

@@ -61,6 +61,11 @@ pub enum ShapeError {
         query_len: usize,
     },
     #[error(
+        "--prefill-logits (or the recipe's prefill_logits) says which rows a prefill function \
+         returns, and this package has none (--prefill-len 0, or a target other than ios18)"
+    )]
+    PrefillLogitsWithoutPrefill,
+    #[error(
         "--prefill-len {prefill_len}: the prefill function needs 2 to --max-seq-len \
          ({max_seq_len}) tokens a call (0: no prefill function)"
     )]
@@ -290,7 +295,7 @@ impl Job {
         let p = &self.package;
         crate::graph::decoder::check_kv_cache(p.kv_cache, p.target, p.layout, true)
             .map_err(ConvertError::Graph)?;
-        self.prefill_len()?;
+        self.prefill_logits()?;
         crate::fsutil::refuse_output_over_input(&self.source, &self.output)
             .map_err(JobError::Unwritable)?;
         check_target_output(p, &self.output)?;
@@ -357,6 +362,15 @@ impl Job {
             self.query_len,
             self.max_seq_len,
         )
+    }
+
+    /// The rows the prefill function returns: the recipe's or flag's choice, else the last
+    /// one. A choice for a package without a prefill function is refused, not ignored.
+    pub fn prefill_logits(&self) -> Result<crate::mil::contract::PrefillLogits, ShapeError> {
+        match (self.package.prefill_logits, self.prefill_len()?) {
+            (Some(_), 0) => Err(ShapeError::PrefillLogitsWithoutPrefill),
+            (p, _) => Ok(p.unwrap_or_default()),
+        }
     }
 
     fn is_gguf(&self) -> bool {
@@ -589,6 +603,7 @@ impl Job {
             layout: self.package.layout,
             kv_cache: self.package.kv_cache,
             prefill_len: self.prefill_len()?,
+            prefill_logits: self.prefill_logits()?,
         };
         Ok(super::convert::convert(
             ckpt, &opts, weights, applied, times, progress,

@@ -66,6 +66,8 @@ pub struct ConvertOptions {
     /// Q of a `prefill` function beside the `decode` one (iOS18 `--prefill-len`); 0: one
     /// function, `main`.
     pub prefill_len: usize,
+    /// The rows of logits the prefill function returns (`--prefill-logits`).
+    pub prefill_logits: contract::PrefillLogits,
 }
 
 impl ConvertOptions {
@@ -80,6 +82,7 @@ impl ConvertOptions {
             target: self.target,
             layout: self.layout,
             kv_cache: self.kv_cache,
+            last_logits_only: false,
         }
     }
 }

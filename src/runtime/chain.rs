@@ -233,6 +233,13 @@ impl StepModel for Saved {
         }
     }
 
+    fn prefill_last_row_only(&self) -> bool {
+        match self {
+            Saved::Package(p) => p.prefill_last_row_only(),
+            Saved::Chain(_) | Saved::CoreAi(_) => false,
+        }
+    }
+
     fn step(
         &mut self,
         input_ids: &[i32],

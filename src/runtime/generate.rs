@@ -19,6 +19,13 @@
 //! turn; the last chunk padded by the same rule) and the contract's Q for each generated
 //! token. Rows a prefill chunk recomputes when it slides back are then computed by the other
 //! function, which agrees with decode to fp16 rounding (`validate` checks it).
+//!
+//! A prefill function that returns only its last position's logits (the default,
+//! `--prefill-logits last`) is called so that the prompt's last token is that position
+//! ([`last_row_chunk`]): a full chunk when P tokens remain, else a chunk that slides back to
+//! end on the last token (recomputing rows already cached, as above), else, when the whole
+//! sequence is shorter than P, a padded chunk up to the last token, which `decode` then takes.
+//! Recording every position's logits (`--logits-out`) calls `decode` for every token instead.
 
 use std::time::{Duration, Instant};
 
@@ -241,6 +248,30 @@ pub fn next_chunk(done: usize, total: usize, q: usize, s: usize) -> Chunk {
     }
 }
 
+/// The next prefill call over positions from `done` on when the prefill function (P tokens a
+/// call) returns its last row only: a chunk whose last row is position `total - 1` whenever
+/// the sequence allows, so that row's logits are the prompt's. Requires `done + 2 <= total <=
+/// s` and `2 <= p <= s`. With fewer than P tokens in the whole sequence it stops one short of
+/// the last token, padded, and the caller decodes that token.
+pub fn last_row_chunk(done: usize, total: usize, p: usize, s: usize) -> Chunk {
+    debug_assert!(done + 2 <= total && total <= s && p >= 2 && p <= s);
+    if total - done >= p {
+        Chunk {
+            start: done,
+            first_new: done,
+            end: done + p,
+        }
+    } else if total >= p {
+        Chunk {
+            start: total - p,
+            first_new: done,
+            end: total,
+        }
+    } else {
+        next_chunk(done, total - 1, p, s)
+    }
+}
+
 /// How many leading tokens `a` and `b` share.
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -253,6 +284,10 @@ pub struct Generator<M> {
     q: usize,
     /// Q of the model's prefill function, if it has one (see [`Generator::call_len`]).
     prefill: Option<usize>,
+    /// The prefill function returns its last position's logits only.
+    prefill_last_row: bool,
+    /// The logits of the last position processed.
+    last: Vec<f32>,
     layers_heads: usize,
     d: usize,
     v: usize,
@@ -307,6 +342,7 @@ impl<M: StepModel> Generator<M> {
         let stateful = c.kv_cache == crate::mil::contract::KvCache::State;
         let host_cache = if stateful { 0 } else { cache_len };
         let prefill = model.prefill_len();
+        let prefill_last_row = prefill.is_some() && model.prefill_last_row_only();
         if let Some(p) = prefill.filter(|&p| p == 0 || p > s) {
             return Err(GenerateError::BadContract(format!(
                 "prefill length {p} is not within 1..=S={s}"
@@ -317,6 +353,8 @@ impl<M: StepModel> Generator<M> {
             s,
             q,
             prefill,
+            prefill_last_row,
+            last: vec![0.0; v],
             layers_heads: l * hkv,
             d,
             v,
@@ -491,10 +529,13 @@ impl<M: StepModel> Generator<M> {
             prompt_tokens: prompt.len() - reused,
             ..Timing::default()
         };
-        let mut last = vec![0f32; self.v];
+        let mut last = std::mem::take(&mut self.last);
+        last.resize(self.v, 0.0);
 
         let t0 = Instant::now();
-        self.process(&seq, reused, &mut last, logits.as_mut(), &mut timing)?;
+        let done = self.process(&seq, reused, &mut last, logits.as_mut(), &mut timing);
+        self.last = last;
+        done?;
         timing.prompt_time = t0.elapsed();
 
         let t1 = Instant::now();
@@ -513,7 +554,7 @@ impl<M: StepModel> Generator<M> {
         for n in 0..opts.max_new_tokens {
             let position = seq.len() - 1;
             let tok = sampler
-                .sample(&last)
+                .sample(&self.last)
                 .map_err(|source| GenerateError::Sampling { position, source })?;
             tokens.push(tok);
             seq.push(tok);
@@ -532,7 +573,10 @@ impl<M: StepModel> Generator<M> {
                     partial: Box::new(partial),
                 });
             }
-            self.process(&seq, seq.len() - 1, &mut last, logits.as_mut(), &mut timing)?;
+            let mut last = std::mem::take(&mut self.last);
+            let done = self.process(&seq, seq.len() - 1, &mut last, logits.as_mut(), &mut timing);
+            self.last = last;
+            done?;
             timing.decode_tokens += 1;
         }
         Ok(finish(tokens, stop, logits, timing))
@@ -548,6 +592,27 @@ impl<M: StepModel> Generator<M> {
         }
     }
 
+    /// The logits of the last position processed (the ones the next token is sampled from).
+    pub fn last_logits(&self) -> &[f32] {
+        &self.last
+    }
+
+    /// The next call over positions `[done, total)`: its Q and chunk. `recording`: every
+    /// position's logits are wanted, which a last-row prefill function does not return.
+    fn next_call(&self, done: usize, total: usize, recording: bool) -> (usize, Chunk) {
+        let q = self.call_len(total - done);
+        match self.prefill {
+            Some(p) if q == p && q != self.q && self.prefill_last_row => {
+                if recording {
+                    (self.q, next_chunk(done, total, self.q, self.s))
+                } else {
+                    (p, last_row_chunk(done, total, p, self.s))
+                }
+            }
+            _ => (q, next_chunk(done, total, q, self.s)),
+        }
+    }
+
     /// Run the model over positions `[done, seq.len())`, writing cache rows in place and
     /// leaving the logits of the last position in `last`.
     fn process(
@@ -560,8 +625,7 @@ impl<M: StepModel> Generator<M> {
     ) -> Result<(), GenerateError> {
         let total = seq.len();
         while done < total {
-            let q = self.call_len(total - done);
-            let c = next_chunk(done, total, q, self.s);
+            let (q, c) = self.next_call(done, total, record.is_some());
             self.input.clear();
             self.input
                 .extend(seq[c.start..c.end].iter().map(|&t| t as i32));
@@ -590,7 +654,14 @@ impl<M: StepModel> Generator<M> {
                     })
                 }
             };
-            check("logits", out.logits.len(), q * self.v)?;
+            // A last-row prefill call returns the row of position start + Q - 1 alone.
+            let logit_rows = if q != self.q && self.prefill_last_row {
+                1
+            } else {
+                q
+            };
+            check("logits", out.logits.len(), logit_rows * self.v)?;
+            let first_row = c.start + q - logit_rows;
             // A stateful model wrote its rows itself and returns none.
             let rows = if self.stateful { 0 } else { rows };
             check("key_update", out.key_update.len(), rows)?;
@@ -605,14 +676,24 @@ impl<M: StepModel> Generator<M> {
                 self.value_cache[dst..dst + block]
                     .copy_from_slice(&out.value_update[src..src + block]);
             }
-            let row = |p: usize| &out.logits[(p - c.start) * self.v..(p - c.start + 1) * self.v];
+            let row = |p: usize| {
+                let r = p.checked_sub(first_row).filter(|&r| r < logit_rows).ok_or(
+                    GenerateError::BadStepOutput {
+                        position: p,
+                        what: "logits rows (none for this position)",
+                        got: logit_rows,
+                        expected: q,
+                    },
+                )?;
+                Ok::<_, GenerateError>(&out.logits[r * self.v..(r + 1) * self.v])
+            };
             if let Some(rec) = record.as_deref_mut() {
                 for p in c.first_new..c.end {
-                    rec.data.extend_from_slice(row(p));
+                    rec.data.extend_from_slice(row(p)?);
                 }
             }
             if c.end == total {
-                last.copy_from_slice(row(total - 1));
+                last.copy_from_slice(row(total - 1)?);
             }
             self.cached.extend_from_slice(&seq[done..c.end]);
             done = c.end;
@@ -661,6 +742,46 @@ mod tests {
                 step(total - 1, total, &mut real)?;
             }
             prop_assert_eq!(seen, (0..s).collect::<Vec<_>>());
+        }
+    }
+
+    proptest! {
+        /// A prompt (or a chat turn after cached rows) walked with a last-row prefill function
+        /// of P tokens and decode for the rest: every position is processed once, no call sees
+        /// a row never written, and the call that reaches the last token returns its row.
+        #[test]
+        fn last_row_prefill_ends_on_the_last_token(
+            s in 2usize..48,
+            p_frac in 0.0f64..1.0,
+            cached_frac in 0.0f64..1.0,
+            total_frac in 0.0f64..1.0,
+        ) {
+            let p = 2 + ((s - 2) as f64 * p_frac) as usize;
+            let total = 1 + ((s - 1) as f64 * total_frac) as usize;
+            let mut done = ((total - 1) as f64 * cached_frac) as usize;
+            let mut real = vec![false; s];
+            real[..done].iter_mut().for_each(|r| *r = true);
+            let mut seen = Vec::new();
+            while done < total {
+                let (q, c) = if total - done >= 2 {
+                    (p, last_row_chunk(done, total, p, s))
+                } else {
+                    (1, next_chunk(done, total, 1, s))
+                };
+                prop_assert!(c.start + q <= s);
+                prop_assert!(c.start <= done && c.first_new == done && c.end > done);
+                prop_assert!(real[..c.start].iter().all(|&r| r), "sees unwritten rows");
+                if c.end == total {
+                    prop_assert_eq!(c.start + q - 1, total - 1, "the last row is not the last token");
+                }
+                for (i, r) in real.iter_mut().enumerate().take(c.start + q).skip(c.start) {
+                    *r = i < c.end;
+                }
+                seen.extend(c.first_new..c.end);
+                done = c.end;
+            }
+            let start = seen.first().copied().unwrap_or(total);
+            prop_assert_eq!(seen, (start..total).collect::<Vec<_>>());
         }
     }
 

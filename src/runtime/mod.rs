@@ -20,6 +20,13 @@ pub trait StepModel {
         None
     }
 
+    /// Whether the prefill function returns the logits of its last position only (one row,
+    /// not [`StepModel::prefill_len`]): the host then ends a prompt's last prefill call on its
+    /// last token, or decodes that token.
+    fn prefill_last_row_only(&self) -> bool {
+        false
+    }
+
     /// Run tokens `input_ids` (exactly Q of them, or [`StepModel::prefill_len`]) at absolute
     /// positions `position .. position + Q`, reading cache rows `[0, position)` of `key_cache`/`value_cache`
     /// ([L, Hkv, S, D], row-major).
@@ -59,7 +66,8 @@ pub trait StepModel {
 /// What one step returns.
 #[derive(Debug, Clone)]
 pub struct StepOutput {
-    /// [Q, V] next-token logits, row-major.
+    /// [Q, V] next-token logits, row-major ([1, V], the last position's, from a prefill
+    /// function that returns one row).
     pub logits: Vec<f32>,
     /// [L, Hkv, Q, D]: rows for cache positions `position .. position + Q`.
     pub key_update: Vec<f16>,

@@ -115,6 +115,12 @@ impl StepModel for Borrowed<'_> {
     fn prefill_len(&self) -> Option<usize> {
         self.0.prefill_len()
     }
+    fn prefill_last_row_only(&self) -> bool {
+        self.0.prefill_last_row_only()
+    }
+    fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
+        self.0.state_rows(rows)
+    }
     fn step(
         &mut self,
         input_ids: &[i32],
@@ -127,43 +133,115 @@ impl StepModel for Borrowed<'_> {
     }
 }
 
-/// Run the first tokens through `prefill` (a full chunk and a padded one when the text allows)
-/// and compare their logits with `decoded`, the decode function's rows for the same tokens.
+/// How many leading positions [`check_prefill`] runs through `prefill`: a full chunk and a
+/// second one (slid back, or padded) when the text allows; 0 without a prefill function.
+pub fn prefill_positions(package: &Saved, tokens: usize) -> usize {
+    package
+        .prefill_len()
+        .map_or(0, |p| tokens.min(p + p / 2 + 1))
+}
+
+/// The largest relative RMS difference between the cache rows `prefill` writes and those
+/// `decode` writes for the same tokens: both round each row to fp16 from sums taken in another
+/// order, which moves a value by a few fp16 steps at most (2^-10 relative each).
+pub const PREFILL_CACHE_TOL: f64 = 1e-2;
+
+/// Run the first tokens through `prefill` and compare with `decoded` and `decode_cache`, the
+/// decode function's logits rows and cache rows (the first [`prefill_positions`]) for the same
+/// tokens. A prefill function that returns every row is compared row by row; one that returns
+/// its last row only is compared where a prompt would end: after one full chunk, and after a
+/// second call that ends on the last token. The cache rows both write are compared too.
 /// Nothing to check without a prefill function.
 pub fn check_prefill(
     package: &Saved,
     tokens: &[u32],
     decoded: &[Vec<f32>],
+    decode_cache: &(Vec<f16>, Vec<f16>),
 ) -> Result<Vec<ContractItem>, ValidateError> {
     let Some(p) = package.prefill_len() else {
         return Ok(Vec::new());
     };
-    let n = tokens.len().min(decoded.len()).min(p + p / 2 + 1);
+    let n = prefill_positions(package, tokens.len()).min(decoded.len());
     let mut gen = Generator::new(Borrowed(package))?;
-    let out = gen.generate(
-        &tokens[..n],
-        &GenerateOptions {
-            max_new_tokens: 0,
-            record_logits: true,
-            ..GenerateOptions::default()
-        },
-        &mut |_| Ok(()),
-    )?;
-    let rows = out.logits.ok_or(ValidateError::NoLogits)?;
-    let (mut kl, mut diff) = (0.0, 0.0f64);
-    for (t, want) in decoded.iter().enumerate().take(n) {
-        let got = rows.row(t).ok_or(ValidateError::NoLogits)?;
+    let last_only = package.prefill_last_row_only();
+    let (mut kl, mut diff, mut compared, mut calls) = (0.0, 0.0f64, 0usize, 0usize);
+    let mut compare = |want: &[f32], got: &[f32]| -> Result<(), ValidateError> {
         kl += kl_divergence(want, got)?;
         diff = diff.max(max_abs_diff(want, got));
+        compared += 1;
+        Ok(())
+    };
+    // The prompts: every row of one run over n tokens, or the last rows of a run over one
+    // chunk and a run over n (the longer run last: its cache rows are compared below).
+    let ends: Vec<usize> = if last_only {
+        let mut e = vec![p.min(n), n];
+        e.dedup();
+        e
+    } else {
+        vec![n]
+    };
+    for &end in &ends {
+        let out = gen.generate(
+            &tokens[..end],
+            &GenerateOptions {
+                max_new_tokens: 0,
+                record_logits: !last_only,
+                ..GenerateOptions::default()
+            },
+            &mut |_| Ok(()),
+        )?;
+        calls += out.timing.prefill_calls;
+        match out.logits {
+            Some(rows) => {
+                for (t, want) in decoded.iter().enumerate().take(end) {
+                    compare(want, rows.row(t).ok_or(ValidateError::NoLogits)?)?;
+                }
+            }
+            None => compare(&decoded[end - 1], gen.last_logits())?,
+        }
     }
-    let kl = kl / n.max(1) as f64;
-    Ok(vec![item(
-        format!(
-            "prefill (Q={p}) agrees with decode: mean KL over {n} tokens, {} calls",
-            out.timing.prefill_calls
-        ),
+    let kl = kl / compared.max(1) as f64;
+    let rows = if last_only {
+        format!("the last row of {ends:?} tokens")
+    } else {
+        format!("{n} tokens")
+    };
+    let mut items = vec![item(
+        format!("prefill (Q={p}) agrees with decode: mean KL over {rows}, {calls} calls"),
         format!("<= {PREFILL_KL_TOL:e}"),
         format!("{kl:.2e} (max |Δlogit| {diff:.4})"),
         kl <= PREFILL_KL_TOL,
-    )])
+    )];
+    let (keys, values) = gen.valid_rows()?;
+    let rel = relative_rms(&keys, &decode_cache.0).max(relative_rms(&values, &decode_cache.1));
+    items.push(item(
+        format!(
+            "prefill (Q={p}) writes the cache rows decode writes: relative RMS over {n} positions"
+        ),
+        format!("<= {PREFILL_CACHE_TOL:e}"),
+        format!("{rel:.2e}"),
+        rel <= PREFILL_CACHE_TOL,
+    ));
+    Ok(items)
+}
+
+/// ‖a − b‖ / ‖b‖ over two fp16 arrays; infinite when their lengths differ, `b` is all zero
+/// while `a` is not, or either holds a non-finite value.
+fn relative_rms(a: &[f16], b: &[f16]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (x.to_f64(), y.to_f64());
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    let rel = if num == 0.0 { 0.0 } else { (num / den).sqrt() };
+    // A non-finite value (a NaN row, or zeros against values) fails the check.
+    if rel.is_finite() {
+        rel
+    } else {
+        f64::INFINITY
+    }
 }

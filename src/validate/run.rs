@@ -135,6 +135,9 @@ impl StepModel for Instrumented<'_> {
         self.progress.advance(scored as u64);
         Ok(out)
     }
+    fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
+        self.pkg.state_rows(rows)
+    }
 }
 
 /// Refuse a checkpoint the package was not converted from, before anything is compared: its
@@ -232,11 +235,12 @@ pub fn validate_with_progress(
     let (weights, min_bits) = check_weights(&raws, ckpt, &programs)?;
     report.weights = weights;
 
-    let (got, stats) = score_tokens(&package, &tokens, progress)?;
+    let keep = super::functions::prefill_positions(&package, tokens.len());
+    let (got, stats, cache) = score_tokens_keeping(&package, &tokens, progress, keep)?;
     let comparison = compare_logits(&expected, &got, &tokens)?;
-    report
-        .contract
-        .extend(super::functions::check_prefill(&package, &tokens, &got)?);
+    report.contract.extend(super::functions::check_prefill(
+        &package, &tokens, &got, &cache,
+    )?);
     report.activations = stats
         .ops
         .iter()
@@ -268,6 +272,21 @@ pub(super) fn score_tokens(
     tokens: &[u32],
     progress: &dyn Progress,
 ) -> Result<(Vec<Vec<f32>>, Stats), ValidateError> {
+    let (got, stats, _) = score_tokens_keeping(package, tokens, progress, 0)?;
+    Ok((got, stats))
+}
+
+/// The keys and values of a model's first positions: [L, Hkv, P, D] each.
+pub(super) type CacheRows = (Vec<f16>, Vec<f16>);
+
+/// [`score_tokens`], also keeping the cache rows of the first `keep` positions as the
+/// default function wrote them (what `prefill` must write too).
+pub(super) fn score_tokens_keeping(
+    package: &Saved,
+    tokens: &[u32],
+    progress: &dyn Progress,
+    keep: usize,
+) -> Result<(Vec<Vec<f32>>, Stats, CacheRows), ValidateError> {
     let mut gen = Generator::new(Instrumented {
         pkg: package,
         stats: Stats::default(),
@@ -290,7 +309,21 @@ pub(super) fn score_tokens(
     let got: Vec<Vec<f32>> = (0..rows.rows())
         .filter_map(|t| rows.row(t).map(|r| r.to_vec()))
         .collect();
-    Ok((got, gen.into_model().stats))
+    let kept = match keep.min(tokens.len()) {
+        0 => (Vec::new(), Vec::new()),
+        keep => {
+            let (k, v) = gen.valid_rows()?;
+            let d = package.contract().head_dim;
+            let first = |x: Vec<f16>| -> Vec<f16> {
+                x.chunks_exact(tokens.len() * d)
+                    .flat_map(|block| &block[..keep * d])
+                    .copied()
+                    .collect()
+            };
+            (first(k), first(v))
+        }
+    };
+    Ok((got, gen.into_model().stats, kept))
 }
 
 /// The evaluation tokens: BOS (when the contract has one), then the text, at most

@@ -81,6 +81,19 @@ pub(super) fn build_part(
             }
         };
         let nw = norm_weight(&mut b, &mut weights, TensorId::FinalNorm)?;
+        let rows = if opts.last_logits_only { 1 } else { q };
+        if rows < q {
+            let (q, c) = (q as i64, spec.hidden_size as i64);
+            x = b.op(
+                Op::SliceByIndex,
+                "last_position",
+                vec![
+                    ("x", var(&x)),
+                    ("begin", ints(&[0, 0, 0, q - 1])),
+                    ("end", ints(&[1, c, 1, q])),
+                ],
+            );
+        }
         let hn = rms_norm(
             &mut b,
             &x,
@@ -93,7 +106,7 @@ pub(super) fn build_part(
             &parts,
             &contract::logits_widths(spec.vocab_size),
             &hn,
-            q,
+            rows,
         )
     } else {
         let t = tokens_first(&mut b, &x, spec.hidden_size, q, "hidden_out_bqc");

@@ -54,6 +54,9 @@ pub struct StepOptions {
     pub layout: crate::mil::contract::Layout,
     /// How the cache is passed (`--kv-cache`): inputs/outputs, or one state ([`state`]).
     pub kv_cache: crate::mil::contract::KvCache,
+    /// Compute the logits of the last of the Q positions only (a `prefill` function's
+    /// `--prefill-logits last`): the final norm and the lm_head see one row.
+    pub last_logits_only: bool,
 }
 
 /// The step's dimensions.
@@ -366,6 +369,18 @@ pub fn build_part(
             spec.norm_offset().into(),
         )?;
         let ranged = spec.gemma.is_some();
+        if opts.last_logits_only && opts.query_len > 1 {
+            let (q, c) = (opts.query_len as i64, spec.hidden_size as i64);
+            x = b.op(
+                Op::SliceByIndex,
+                "last_position",
+                vec![
+                    ("x", var(&x)),
+                    ("begin", ints(&[0, q - 1, 0])),
+                    ("end", ints(&[1, q, c])),
+                ],
+            );
+        }
         let hn = residual_norm(&mut b, &x, &nw, eps, ranged, "final_norm");
         logits::logits(&mut b, head, &hn)
     } else {
@@ -702,6 +717,7 @@ mod tests {
             target: Default::default(),
             layout: Default::default(),
             kv_cache: Default::default(),
+            last_logits_only: false,
         }
     }
 

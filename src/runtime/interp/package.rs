@@ -102,6 +102,14 @@ impl Package {
             .map(|f| f.contract.query_len)
     }
 
+    /// Whether the `prefill` function returns the last position's logits only.
+    pub fn prefill_last_row_only(&self) -> bool {
+        self.others
+            .iter()
+            .find(|f| f.name == contract::PREFILL)
+            .is_some_and(|f| f.contract.logits_rows() == 1 && f.contract.query_len > 1)
+    }
+
     /// The function that takes `n` tokens a call, with its contract: how a step picks
     /// `decode` or `prefill` (the inputs it is then given do not matter here).
     pub(super) fn function_for(&self, n: usize) -> Result<(&Program, &Contract), RuntimeError> {
@@ -169,7 +177,7 @@ impl Package {
         let k = take(contract::KEY_UPDATE)?;
         let v = take(contract::VALUE_UPDATE)?;
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
-        if logits.len() != c.query_len * c.vocab_size || k.len() != upd || v.len() != upd {
+        if k.len() != upd || v.len() != upd {
             return Err(RuntimeError::Contract {
                 path: String::new(),
                 msg: "output sizes do not match the contract's dimensions".into(),
@@ -346,6 +354,10 @@ impl StepModel for Package {
 
     fn prefill_len(&self) -> Option<usize> {
         Package::prefill_len(self)
+    }
+
+    fn prefill_last_row_only(&self) -> bool {
+        Package::prefill_last_row_only(self)
     }
 
     fn step(

@@ -371,7 +371,8 @@ impl super::Program {
 }
 
 impl super::Package {
-    /// The logits parts of a step's outputs joined: [Q, V].
+    /// The logits parts of a step's outputs joined: [rows, V], rows being Q, or 1 for a
+    /// prefill function that returns the last position's only.
     pub(super) fn logits(
         c: &crate::mil::contract::Contract,
         out: &mut std::collections::HashMap<String, Tensor>,
@@ -381,8 +382,9 @@ impl super::Package {
             .into_iter()
             .map(|(name, width)| super::package::take_output(out, &name).map(|t| (t, width)))
             .collect::<Result<Vec<_>, _>>()?;
-        let logits = super::package::concat_rows(&parts, c.query_len);
-        if logits.len() != c.query_len * c.vocab_size {
+        let rows = c.logits_rows();
+        let logits = super::package::concat_rows(&parts, rows);
+        if logits.len() != rows * c.vocab_size {
             return Err(super::RuntimeError::Contract {
                 path: String::new(),
                 msg: "output sizes do not match the contract's dimensions".into(),
