@@ -42,10 +42,11 @@ pub struct Args {
     /// (`MLState`), for GPU and Mac targets (README, "Stateful KV cache").
     #[arg(long, value_enum, value_name = "MODE")]
     pub kv_cache: Option<KvCacheArg>,
-    /// iOS18: one package with a `prefill` function of Q tokens a call (for prompts) and a
-    /// `decode` function of one token (the default function), sharing every weight; overrides
-    /// the recipe's `prefill_len`. Default with --target ios18: 64 (at most --max-seq-len);
-    /// 0 keeps one function. iOS17 packages have one function: refused there.
+    /// iOS18 and Core AI: one package (or asset) with a `prefill` function of Q tokens a call
+    /// (for prompts) and a `decode` function of one token (the default function), sharing
+    /// every weight; overrides the recipe's `prefill_len`. Default with --target ios18: 64 (at
+    /// most --max-seq-len); with coreai: none. 0 keeps one function. iOS17 packages have one
+    /// function: refused there.
     #[arg(long, value_name = "Q")]
     pub prefill_len: Option<usize>,
     /// The logits the prefill function returns, overriding the recipe's `prefill_logits`:

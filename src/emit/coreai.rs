@@ -110,10 +110,57 @@ pub fn emit_coreai(
     desc["output_specs"] =
         serde_json::to_value(outputs).map_err(|e| EmitError::Protocol(e.to_string()))?;
     desc["round_each_op"] = (arithmetic == Arithmetic::RoundEachOp).into();
-    let desc = desc.to_string();
+    save(desc.to_string(), graph.consts, meta, env, into)
+}
+
+/// Serialize one asset with a function per `(name, graph, outputs)` (a multifunction asset:
+/// `prefill` and `decode`), in native arithmetic. Each constant the functions share crosses to
+/// Python once; Core AI stores equal constants once in the saved program (checked on
+/// coreai-core 1.0.0b3: two functions over one 2 MB weight save 2 MB).
+pub fn emit_coreai_functions(
+    functions: Vec<(String, Graph, Vec<IoSpec>)>,
+    meta: &Metadata,
+    env: &PythonEnv,
+    into: &Path,
+) -> Result<CoreAiReport, EmitError> {
+    let mut outputs = Vec::with_capacity(functions.len());
+    let mut graphs = Vec::with_capacity(functions.len());
+    for (name, graph, outs) in functions {
+        if let Some(op) = unsupported_op(&graph) {
+            return Err(EmitError::Unsupported {
+                target: Target::CoreAi,
+                op: op.as_str().to_string(),
+            });
+        }
+        outputs.push(outs);
+        graphs.push((name, graph));
+    }
+    let default = graphs.last().map(|(n, _)| n.clone()).unwrap_or_default();
+    let described = super::functions::describe(graphs, &default)?;
+    let mut desc: serde_json::Value =
+        serde_json::from_str(&described.desc).map_err(|e| EmitError::Protocol(e.to_string()))?;
+    let list = desc["functions"]
+        .as_array_mut()
+        .ok_or_else(|| EmitError::Protocol("a description without functions".into()))?;
+    for (f, outs) in list.iter_mut().zip(&outputs) {
+        f["graph"]["output_specs"] =
+            serde_json::to_value(outs).map_err(|e| EmitError::Protocol(e.to_string()))?;
+    }
+    save(desc.to_string(), described.consts, meta, env, into)
+}
+
+/// Hand the description and its constants to the bridge, which builds and saves the asset into
+/// `into`.
+fn save(
+    desc: String,
+    consts: Vec<crate::graph::Const>,
+    meta: &Metadata,
+    env: &PythonEnv,
+    into: &Path,
+) -> Result<CoreAiReport, EmitError> {
     let meta_json = serde_json::to_string(meta).map_err(|e| EmitError::Protocol(e.to_string()))?;
     let work = into.to_path_buf();
-    let (consts, env_owned, work_py) = (graph.consts, env.clone(), work.clone());
+    let (env_owned, work_py) = (env.clone(), work.clone());
     let (version, counts) = pyenv::on_python_thread(move || {
         Python::initialize();
         let _quiet = PYTHON_HOLDS_STDERR

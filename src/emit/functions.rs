@@ -28,7 +28,10 @@ pub fn emit_functions(
 }
 
 /// The functions' descriptions and the constants to hand over (see the module docs).
-fn describe(functions: Vec<(String, Graph)>, default: &str) -> Result<Described, EmitError> {
+pub(super) fn describe(
+    functions: Vec<(String, Graph)>,
+    default: &str,
+) -> Result<Described, EmitError> {
     let protocol = |m: String| EmitError::Protocol(m);
     let (target, float) = match functions.first() {
         Some((_, g)) => (g.target, g.float),

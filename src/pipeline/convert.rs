@@ -103,10 +103,7 @@ pub fn convert(
     });
     let mut out = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let emit = match graphs.len() {
-        1 if opts.target.is_coreai() => {
-            let (_, graph) = graphs.into_iter().next().expect("one graph");
-            emit_asset(graph, &contract, meta, opts, out.path())
-        }
+        _ if opts.target.is_coreai() => emit_asset(graphs, &contract, meta, opts, out.path()),
         1 => {
             let (_, graph) = graphs.into_iter().next().expect("one graph");
             crate::emit::emit(graph, &meta, &opts.python_env, out.path())
@@ -163,30 +160,45 @@ pub fn convert(
     Ok(summary)
 }
 
-/// Serialize `graph` as a Core AI asset: the contract's outputs name its results, and the
-/// metadata records the fewest bits of any palettized weight (the asset is not read back, and
-/// `validate` picks its default gates by it). Written into `into`.
+/// Serialize the graphs (`main`, or `prefill` and `decode`) as a Core AI asset: the
+/// contract's outputs (each function's) name their results, and the metadata records the
+/// fewest bits of any palettized weight (the asset is not read back, and `validate` picks its
+/// default gates by it). Written into `into`.
 fn emit_asset(
-    graph: Graph,
+    graphs: Vec<(String, Graph)>,
     contract: &contract::Contract,
     mut meta: Metadata,
     opts: &ConvertOptions,
     into: &std::path::Path,
 ) -> Result<EmitReport, EmitError> {
-    if let Some(bits) = graph.min_lut_bits() {
+    if let Some(bits) = graphs.iter().filter_map(|(_, g)| g.min_lut_bits()).min() {
         meta.user_defined.insert(
             crate::runtime::coreai::MIN_BITS_KEY.to_string(),
             bits.to_string(),
         );
     }
-    let r = crate::emit::coreai::emit_coreai(
-        graph,
-        &contract.outputs,
-        &meta,
-        &opts.python_env,
-        into,
-        crate::emit::coreai::Arithmetic::Native,
-    )?;
+    let r = if graphs.len() == 1 {
+        let (_, graph) = graphs.into_iter().next().expect("one graph");
+        crate::emit::coreai::emit_coreai(
+            graph,
+            &contract.outputs,
+            &meta,
+            &opts.python_env,
+            into,
+            crate::emit::coreai::Arithmetic::Native,
+        )?
+    } else {
+        let functions = graphs
+            .into_iter()
+            .map(|(name, graph)| {
+                let f = contract.for_function(&name).ok_or_else(|| {
+                    EmitError::Protocol(format!("the contract lists no function `{name}`"))
+                })?;
+                Ok((name, graph, f.outputs))
+            })
+            .collect::<Result<Vec<_>, EmitError>>()?;
+        crate::emit::coreai::emit_coreai_functions(functions, &meta, &opts.python_env, into)?
+    };
     Ok(EmitReport {
         package: r.asset,
         coremltools_version: String::new(),

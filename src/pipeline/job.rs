@@ -49,7 +49,8 @@ pub enum ShapeError {
     BeyondContext { max_seq_len: usize, context: usize },
     #[error(
         "--prefill-len {prefill_len}: a package with prefill and decode functions needs \
-         --target ios18 (an iOS17 package has one function); drop --prefill-len or target ios18"
+         --target ios18 or coreai (an iOS17 package has one function); drop --prefill-len or \
+         target ios18"
     )]
     PrefillNeedsIos18 { prefill_len: usize },
     #[error(
@@ -88,7 +89,7 @@ pub fn check_prefill(
     if q == 0 {
         return Ok(0);
     }
-    if target != Target::Ios18 {
+    if !matches!(target, Target::Ios18 | Target::CoreAi) {
         return Err(ShapeError::PrefillNeedsIos18 { prefill_len: q });
     }
     if query_len != 1 {

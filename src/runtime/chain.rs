@@ -229,14 +229,16 @@ impl StepModel for Saved {
     fn prefill_len(&self) -> Option<usize> {
         match self {
             Saved::Package(p) => p.prefill_len(),
-            Saved::Chain(_) | Saved::CoreAi(_) => None,
+            Saved::CoreAi(m) => m.prefill_len(),
+            Saved::Chain(_) => None,
         }
     }
 
     fn prefill_last_row_only(&self) -> bool {
         match self {
             Saved::Package(p) => p.prefill_last_row_only(),
-            Saved::Chain(_) | Saved::CoreAi(_) => false,
+            Saved::CoreAi(m) => m.prefill_last_row_only(),
+            Saved::Chain(_) => false,
         }
     }
 

@@ -10,7 +10,8 @@ use crate::aimodel::{self, Session, Tensor};
 use crate::mil::contract::{self, Contract};
 use crate::pyenv::{PyEnvError, PythonEnv};
 
-/// The function an hf2coreml asset steps with (one function: `main`).
+/// The function of a one-function hf2coreml asset (a multifunction asset has `prefill` and
+/// `decode`, as its contract's `functions` list them).
 pub const FUNCTION: &str = "main";
 
 /// The asset metadata key holding the fewest bits of any palettized weight (absent: every
@@ -23,6 +24,9 @@ pub const MIN_BITS_KEY: &str = "hf2coreml.min_bits";
 pub struct CoreAiModel {
     path: PathBuf,
     contract: Contract,
+    /// Each function's name and the contract as it follows it (Q, I/O): `main`, or `decode`
+    /// and `prefill`.
+    functions: Vec<(String, Contract)>,
     min_bits: Option<u32>,
     session: Session,
 }
@@ -62,12 +66,31 @@ impl CoreAiModel {
                 ),
             });
         }
-        if !contract.kv_cache.is_io() || !contract.functions.is_empty() {
+        if !contract.kv_cache.is_io() {
             return Err(RuntimeError::Contract {
                 path: path.display().to_string(),
-                msg: "a Core AI asset is stepped with its caches as inputs and outputs, one \
-                      function"
-                    .into(),
+                msg: "a Core AI asset is stepped with its caches as inputs and outputs".into(),
+            });
+        }
+        let mut names = contract.function_names();
+        // The default function first: `decode` of a multifunction asset.
+        names.sort_by_key(|n| *n != contract::DECODE);
+        let functions = names
+            .into_iter()
+            .map(|n| {
+                let c = contract
+                    .for_function(n)
+                    .ok_or_else(|| RuntimeError::Contract {
+                        path: path.display().to_string(),
+                        msg: format!("the contract has no function `{n}`"),
+                    })?;
+                Ok((n.to_string(), c))
+            })
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        if functions.len() > 1 && !functions.iter().any(|(n, _)| n == contract::DECODE) {
+            return Err(RuntimeError::Contract {
+                path: path.display().to_string(),
+                msg: format!("several functions and none named `{}`", contract::DECODE),
             });
         }
         let env = PythonEnv::discover(None).map_err(|e| match e {
@@ -78,6 +101,7 @@ impl CoreAiModel {
         let model = CoreAiModel {
             path: path.to_path_buf(),
             contract,
+            functions,
             min_bits,
             session,
         };
@@ -85,9 +109,10 @@ impl CoreAiModel {
         Ok(model)
     }
 
-    /// The asset's `main` declares the contract's inputs, shapes included, and its outputs.
+    /// Each of the asset's functions declares its contract's inputs, shapes included, and its
+    /// outputs.
     fn check_interface(&self) -> Result<(), RuntimeError> {
-        let functions = self
+        let declared = self
             .session
             .functions()
             .map_err(|e| asset_err(&self.path, e))?;
@@ -95,37 +120,71 @@ impl CoreAiModel {
             path: self.path.display().to_string(),
             msg,
         };
-        let f = functions
-            .iter()
-            .find(|f| f.name == FUNCTION)
-            .ok_or_else(|| bad(format!("the asset has no function `{FUNCTION}`")))?;
-        for spec in &self.contract.inputs {
-            let got = f
-                .inputs
+        for (name, c) in &self.functions {
+            let f = declared
                 .iter()
-                .find(|i| i.name == spec.name)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "function `{FUNCTION}` has no input `{}`",
-                        spec.name
-                    ))
-                })?;
-            if got.shape != spec.shape {
-                return Err(bad(format!(
-                    "input `{}` has shape {:?}, the contract {:?}",
-                    spec.name, got.shape, spec.shape
-                )));
+                .find(|f| f.name == *name)
+                .ok_or_else(|| bad(format!("the asset has no function `{name}`")))?;
+            for spec in &c.inputs {
+                let got = f
+                    .inputs
+                    .iter()
+                    .find(|i| i.name == spec.name)
+                    .ok_or_else(|| {
+                        bad(format!("function `{name}` has no input `{}`", spec.name))
+                    })?;
+                if got.shape != spec.shape {
+                    return Err(bad(format!(
+                        "function `{name}`: input `{}` has shape {:?}, the contract {:?}",
+                        spec.name, got.shape, spec.shape
+                    )));
+                }
             }
-        }
-        for spec in &self.contract.outputs {
-            if !f.outputs.contains(&spec.name) {
-                return Err(bad(format!(
-                    "function `{FUNCTION}` has no output `{}`",
-                    spec.name
-                )));
+            for spec in &c.outputs {
+                if !f.outputs.contains(&spec.name) {
+                    return Err(bad(format!(
+                        "function `{name}` has no output `{}`",
+                        spec.name
+                    )));
+                }
             }
         }
         Ok(())
+    }
+
+    /// The Q of the `prefill` function, if the asset has one.
+    pub fn prefill_len(&self) -> Option<usize> {
+        self.functions
+            .iter()
+            .find(|(n, _)| n == contract::PREFILL)
+            .map(|(_, c)| c.query_len)
+    }
+
+    /// Whether the `prefill` function returns the last position's logits only.
+    pub fn prefill_last_row_only(&self) -> bool {
+        self.functions
+            .iter()
+            .find(|(n, _)| n == contract::PREFILL)
+            .is_some_and(|(_, c)| c.logits_rows() == 1 && c.query_len > 1)
+    }
+
+    /// The function that takes `n` tokens a call, with its contract.
+    fn function_for(&self, n: usize) -> Result<(&str, &Contract), RuntimeError> {
+        self.functions
+            .iter()
+            .find(|(_, c)| c.query_len == n)
+            .map(|(name, c)| (name.as_str(), c))
+            .ok_or_else(|| RuntimeError::Input {
+                name: contract::INPUT_IDS.into(),
+                msg: format!(
+                    "{n} tokens; the asset's functions take {}",
+                    self.functions
+                        .iter()
+                        .map(|(name, c)| format!("{} ({name})", c.query_len))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            })
     }
 
     pub fn contract(&self) -> &Contract {
@@ -169,7 +228,7 @@ impl CoreAiModel {
         key_cache: &[f16],
         value_cache: &[f16],
     ) -> Result<StepOutput, RuntimeError> {
-        let c = &self.contract;
+        let (function, c) = self.function_for(input_ids.len())?;
         let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
         let pos = super::interp::check_step(c, input_ids, position, key_cache, value_cache)?;
         let inputs = vec![
@@ -192,7 +251,7 @@ impl CoreAiModel {
         ];
         let mut out = self
             .session
-            .call(FUNCTION, inputs)
+            .call(function, inputs)
             .map_err(|e| asset_err(&self.path, e))?;
         let mut take = |name: &str| {
             out.remove(name).ok_or_else(|| RuntimeError::Contract {
@@ -205,9 +264,9 @@ impl CoreAiModel {
             .into_iter()
             .map(|(name, w)| Ok((take(&name)?.to_f32(), w)))
             .collect::<Result<Vec<_>, RuntimeError>>()?;
-        let (q, v) = (c.query_len, c.vocab_size);
-        let mut logits = Vec::with_capacity(q * v);
-        for row in 0..q {
+        let (q, v, rows) = (c.query_len, c.vocab_size, c.logits_rows());
+        let mut logits = Vec::with_capacity(rows * v);
+        for row in 0..rows {
             for (part, w) in &parts {
                 logits.extend_from_slice(&part[row * w..(row + 1) * w]);
             }
@@ -221,7 +280,7 @@ impl CoreAiModel {
         let k = to_f16(take(contract::KEY_UPDATE)?);
         let val = to_f16(take(contract::VALUE_UPDATE)?);
         let upd = c.num_layers * c.num_kv_heads * q * c.head_dim;
-        if logits.len() != q * v || k.len() != upd || val.len() != upd {
+        if logits.len() != rows * v || k.len() != upd || val.len() != upd {
             return Err(RuntimeError::Contract {
                 path: self.path.display().to_string(),
                 msg: "output sizes do not match the contract's dimensions".into(),

@@ -9,13 +9,14 @@ use super::gates::{default_gates, RecipeKind};
 use super::metrics::compare_logits;
 use super::report::{ContractItem, ValidationReport};
 use super::run::{
-    check_source, item, reference_logits, score_tokens, text_tokens, ValidateError, ValidateOptions,
+    check_source, item, reference_logits, score_tokens_keeping, text_tokens, ValidateError,
+    ValidateOptions,
 };
 use crate::checkpoint::Checkpoint;
 use crate::mil::contract::{self, Contract};
 use crate::progress::Progress;
 use crate::runtime::chain::Saved;
-use crate::runtime::coreai::{CoreAiModel, FUNCTION};
+use crate::runtime::coreai::CoreAiModel;
 
 /// Validate the asset `model` (loaded as `package`) against `ckpt`.
 pub(super) fn validate_asset(
@@ -38,8 +39,12 @@ pub(super) fn validate_asset(
     );
     report.runtime = Some(package.runtime_name().to_string());
     report.contract = check_asset(model, &c, ckpt)?;
-    let (got, _stats) = score_tokens(package, &tokens, progress)?;
+    let keep = super::functions::prefill_positions(package, tokens.len());
+    let (got, _stats, cache) = score_tokens_keeping(package, &tokens, progress, keep)?;
     let comparison = compare_logits(&expected, &got, &tokens)?;
+    report.contract.extend(super::functions::check_prefill(
+        package, &tokens, &got, &cache,
+    )?);
     let gates = if opts.gates.is_empty() {
         default_gates(RecipeKind::from_min_bits(model.min_bits()))
     } else {
@@ -49,8 +54,9 @@ pub(super) fn validate_asset(
     Ok(report)
 }
 
-/// The contract against the checkpoint, and the asset's `main` as Apple's runtime describes
-/// it against the contract's inputs and outputs.
+/// The contract against the checkpoint, and each of the asset's functions (`main`, or
+/// `prefill` and `decode`) as Apple's runtime describes it against the contract's inputs and
+/// outputs for that function.
 fn check_asset(
     model: &CoreAiModel,
     c: &Contract,
@@ -66,37 +72,56 @@ fn check_asset(
         item("vocab", spec.vocab_size, c.vocab_size),
     ];
     let functions = model.functions()?;
-    items.push(item(
-        "functions",
-        FUNCTION,
-        functions
-            .iter()
-            .map(|f| f.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-    ));
-    if let Some(main) = functions.iter().find(|f| f.name == FUNCTION) {
-        for w in &c.inputs {
-            let found = main.inputs.iter().find(|i| i.name == w.name);
+    let mut wanted = c.function_names();
+    wanted.sort_unstable();
+    let mut declared: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+    declared.sort_unstable();
+    items.push(item("functions", wanted.join(", "), declared.join(", ")));
+    // One function: its items read as before (`input `x``); several: prefixed by the function.
+    let several = wanted.len() > 1;
+    for name in wanted {
+        let (Some(f), Some(fc)) = (
+            functions.iter().find(|f| f.name == name),
+            c.for_function(name),
+        ) else {
+            continue;
+        };
+        let what = |s: String| {
+            if several {
+                format!("{name}: {s}")
+            } else {
+                s
+            }
+        };
+        for w in &fc.inputs {
+            let found = f.inputs.iter().find(|i| i.name == w.name);
             items.push(match found {
-                Some(f) => item(
-                    &format!("input `{}`", w.name),
+                Some(got) => item(
+                    &what(format!("input `{}`", w.name)),
                     format!("{:?}", w.shape),
-                    format!("{:?}", f.shape),
+                    format!("{:?}", got.shape),
                 ),
-                None => item(&format!("input `{}`", w.name), "present", "missing"),
+                None => item(&what(format!("input `{}`", w.name)), "present", "missing"),
             });
         }
-        for w in &c.outputs {
-            let present = main.outputs.contains(&w.name);
+        for w in &fc.outputs {
+            let present = f.outputs.contains(&w.name);
             items.push(item(
-                &format!("output `{}`", w.name),
+                &what(format!("output `{}`", w.name)),
                 "present",
                 if present { "present" } else { "missing" },
             ));
         }
-        items.push(item("input count", c.inputs.len(), main.inputs.len()));
-        items.push(item("output count", c.outputs.len(), main.outputs.len()));
+        items.push(item(
+            &what("input count".into()),
+            fc.inputs.len(),
+            f.inputs.len(),
+        ));
+        items.push(item(
+            &what("output count".into()),
+            fc.outputs.len(),
+            f.outputs.len(),
+        ));
     }
     items.push(ContractItem {
         what: "weights".into(),

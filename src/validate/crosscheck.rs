@@ -1,6 +1,8 @@
 //! `validate PKG --cross-check coreai`: the saved package's program, as hf2coreml's MIL
 //! interpreter runs it, lifted into the graph IR ([`Program::lift`]) and replayed on Apple's
-//! Core AI runtime in a scratch directory. Both runtimes score the same evaluation tokens; the
+//! Core AI runtime in a scratch directory. Of a multifunction package the default function,
+//! `decode`, is lifted: it is what `validate` scores, and `prefill` is held to it by the
+//! functions check. Both runtimes score the same evaluation tokens; the
 //! report sets their agreement beside each one's agreement with the float reference.
 //!
 //! Apple's runtime computes the program with the interpreter's arithmetic: every op in fp32,
@@ -115,6 +117,9 @@ pub struct Probe {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CrossCheck {
     pub runtime: String,
+    /// The function replayed: `main`, or a multifunction package's `decode`.
+    #[serde(default)]
+    pub function: String,
     pub positions: usize,
     pub interpreter_vs_reference: Agreement,
     pub coreai_vs_reference: Agreement,
@@ -137,16 +142,16 @@ fn env_err(e: PyEnvError) -> ValidateError {
 }
 
 /// Refuse what cannot be cross-checked before any work: a chain, an asset, a package with
-/// states or several functions, f32 compute.
+/// states, f32 compute.
 pub(super) fn check_request(package: &Saved, f32_compute: bool) -> Result<(), ValidateError> {
     let refuse = |why: &str| Err(ValidateError::CrossCheck(why.to_string()));
     let c = package.contract();
     match package {
         Saved::Chain(_) => refuse("a chain is cross-checked one part at a time: give a package"),
         Saved::CoreAi(_) => refuse("an .aimodel already runs on Apple's runtime: give the package"),
-        Saved::Package(_) if !c.kv_cache.is_io() || !c.functions.is_empty() => refuse(
-            "the cross-check replays one function whose caches are inputs and outputs; this \
-             package has states or several functions",
+        Saved::Package(_) if !c.kv_cache.is_io() => refuse(
+            "the cross-check replays a function whose caches are inputs and outputs; this \
+             package keeps its cache in a state",
         ),
         Saved::Package(_) if f32_compute => {
             refuse("the cross-check compares the program as declared (fp16): drop --compute f32")
@@ -176,6 +181,14 @@ pub(super) fn cross_check(
         .map_err(|e| ValidateError::CrossCheck(format!("a scratch directory: {e}")))?;
     let mut asset_contract = c.clone();
     asset_contract.target = Target::CoreAi;
+    // The asset holds the one function lifted; the contract's own fields describe it.
+    asset_contract.functions.clear();
+    let function = if c.functions.is_empty() {
+        "main"
+    } else {
+        contract::DECODE
+    }
+    .to_string();
     let meta = Metadata::for_contract(&asset_contract, "cross-check")
         .map_err(|e| ValidateError::CrossCheck(e.to_string()))?;
 
@@ -220,6 +233,7 @@ pub(super) fn cross_check(
     )?;
     Ok(CrossCheck {
         runtime,
+        function,
         positions: between.positions,
         interpreter_vs_reference: (&ours_ref).into(),
         coreai_vs_reference: (&theirs_ref).into(),

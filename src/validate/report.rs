@@ -258,8 +258,9 @@ impl ValidationReport {
 fn render_cross_check(s: &mut String, x: &CrossCheck) {
     let _ = writeln!(
         s,
-        "\ncross-check  {}, {} positions: {}",
+        "\ncross-check  {}, function `{}`, {} positions: {}",
         x.runtime,
+        x.function,
         x.positions,
         if x.passed { "agree" } else { "DISAGREE" }
     );

@@ -255,6 +255,89 @@ fn run_generates_from_an_asset() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// `--prefill-len` on Core AI: one asset with `prefill` (8 tokens a call, its last row's
+/// logits) and `decode`, the weights stored once; Apple's runtime runs both, `validate` holds
+/// prefill to decode, and `run` feeds the prompt through prefill.
+#[test]
+fn a_prefill_and_decode_asset_runs_both_functions_on_apples_runtime() {
+    needs!(Python);
+    let dir = fixture("qwen3");
+    let tmp = tempfile::tempdir().unwrap();
+    let (mf, one) = (
+        tmp.path().join("mf.aimodel"),
+        tmp.path().join("one.aimodel"),
+    );
+    let fp16 = ["--keep-fp16", "*"];
+    convert(&dir, &mf, &[&fp16[..], &["--prefill-len", "8"]].concat());
+    convert(&dir, &one, &fp16);
+    let o = hf2coreml(&["inspect", mf.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut names: Vec<&str> = s["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["decode", "prefill"], "{s:#}");
+    let bytes = |p: &Path| hf2coreml::fsutil::dir_bytes(p).unwrap();
+    eprintln!(
+        "asset bytes: prefill + decode {} vs one function {}",
+        bytes(&mf),
+        bytes(&one)
+    );
+    // Weights held twice would nearly double the asset; what a second function adds is its
+    // ops and its few Q-dependent constants (22 KB of 247 KB on this fixture).
+    assert!(
+        (bytes(&mf) - bytes(&one)) * 4 < bytes(&one),
+        "{} vs {}",
+        bytes(&mf),
+        bytes(&one)
+    );
+
+    let o = hf2coreml(&[
+        "validate",
+        mf.to_str().unwrap(),
+        "--against",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("no report ({e}): {}", String::from_utf8_lossy(&o.stderr)));
+    let items = r["contract"].as_array().unwrap();
+    for i in items {
+        if i["what"].as_str().unwrap().starts_with("prefill") {
+            eprintln!("{i}");
+        }
+        assert_eq!(i["ok"], true, "{i}");
+    }
+    assert!(
+        items
+            .iter()
+            .filter(|i| i["what"].as_str().unwrap().starts_with("prefill (Q=8)"))
+            .count()
+            == 2,
+        "{r:#}"
+    );
+    assert_eq!(o.status.code(), Some(0), "{r:#}");
+
+    let o = hf2coreml(&[
+        "run",
+        mf.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3,4,5,6,7,8,9,10,11",
+        "--max-new-tokens",
+        "3",
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let run: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(run["timing"]["prefill_calls"], 2, "{run:#}");
+    assert_eq!(run["timing"]["decode_calls"], 2, "{run:#}");
+}
+
 #[test]
 fn settings_the_backend_does_not_build_are_refused_before_work() {
     needs!(Python);

@@ -707,7 +707,7 @@ impl LlamaHParams {
         match arch {
             Architecture::Phi3 => {
                 if let Some(rot) = self.rotary_dim {
-                    config["partial_rotary_factor"] = (rot as f64 / self.head_dim as f64).into();
+                    config["partial_rotary_factor"] = rotary_factor(rot, self.head_dim).into();
                 }
                 if let Some(lr) = &self.long_rope {
                     config["original_max_position_embeddings"] = lr.original_context.into();
@@ -1033,4 +1033,32 @@ fn write_weights(
     let file = w.into_inner().map_err(|e| io_err(e.into_error()))?;
     file.sync_all().map_err(io_err)?;
     Ok((parameters, types, written))
+}
+
+/// The `partial_rotary_factor` that readers turn back into `rot` rotated dimensions: they
+/// take `int(head_dim × factor)`, and rot / head_dim rounded to f64 can land a hair below, which
+/// truncates to rot − 1 (6 of 47); the next f64 up then gives rot.
+fn rotary_factor(rot: usize, head_dim: usize) -> f64 {
+    let f = rot as f64 / head_dim as f64;
+    if (head_dim as f64 * f) as usize == rot {
+        f
+    } else {
+        f.next_up()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rotary_factor;
+
+    #[test]
+    fn rotary_factor_gives_back_the_rotated_count() {
+        for head_dim in 2..=1024usize {
+            for rot in (2..head_dim).step_by(2) {
+                let f = rotary_factor(rot, head_dim);
+                assert_eq!((head_dim as f64 * f) as usize, rot, "{rot} of {head_dim}");
+            }
+        }
+        assert_eq!(rotary_factor(96, 128), 0.75);
+    }
 }
