@@ -1043,7 +1043,8 @@ fn rotary_factor(rot: usize, head_dim: usize) -> f64 {
     if (head_dim as f64 * f) as usize == rot {
         f
     } else {
-        f.next_up()
+        // The next f64 above a positive finite value (`f64::next_up` needs a newer Rust).
+        f64::from_bits(f.to_bits() + 1)
     }
 }
 
