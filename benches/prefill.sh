@@ -4,9 +4,11 @@
 #   decode.mlpackage   --target ios18 --prefill-len 0         (one function, Q = 1: the baseline)
 #   prefill.mlpackage  --target ios18 --prefill-len 0 --query-len P  (the second of two packages)
 #   mf.mlpackage       --target ios18 --prefill-len P         (prefill and decode in one package)
+#   mfall.mlpackage    the same with --prefill-logits all     (prefill returns every row's logits)
 # Prints the sizes (mf against decode alone and against decode + prefill as two packages) and
 # the time to the first token (`run --json` prompt_seconds, median of REPS interleaved runs) of
-# a P-token prompt and of a short one (padded to P), mf against decode-only.
+# a P-token prompt and of a short one (padded to P), mf against decode-only, and mf (prefill
+# returns the last row's logits, the default) against mfall (every row's).
 # Usage: BIN=target/debug/hf2coreml benches/prefill.sh MODEL_DIR [OUT_DIR]
 set -euo pipefail
 BIN=${BIN:-target/debug/hf2coreml}
@@ -29,19 +31,20 @@ conv() {
 conv decode --prefill-len 0
 conv prefill --prefill-len 0 --query-len "$P"
 conv mf --prefill-len "$P"
+conv mfall --prefill-len "$P" --prefill-logits all
 size() { du -sb "$OUT/$1.mlpackage" | cut -f1; }
 wbin() { stat -c %s "$OUT/$1.mlpackage/Data/com.apple.CoreML/weights/weight.bin"; }
 ids() { seq -s, 100 $((99 + $1)); }
 declare -A ttft
 for r in $(seq "$REPS"); do
-  for pkg in decode mf; do
+  for pkg in decode mf mfall; do
     for n in "$P" "$SHORT"; do
       "$BIN" run "$OUT/$pkg.mlpackage" --prompt-ids "$(ids "$n")" --max-new-tokens 1 --json \
         > "$OUT/$pkg.$n.run$r.json"
     done
   done
 done
-for pkg in decode mf; do
+for pkg in decode mf mfall; do
   for n in "$P" "$SHORT"; do
     ttft[$pkg.$n]=$(for r in $(seq "$REPS"); do
       jq '.timing.prompt_seconds' "$OUT/$pkg.$n.run$r.json"; done | median)
@@ -60,3 +63,7 @@ for n in "$P" "$SHORT"; do
     printf "  %3d-token prompt: decode-only %.3f  prefill %.3f  speedup %.2fx\n", n, d, m, d / m }'
 done
 printf '  (mf, %d-token prompt: %s calls)\n' "$P" "$calls"
+for n in "$P" "$SHORT"; do
+  awk -v n="$n" -v a="${ttft[mfall.$n]}" -v m="${ttft[mf.$n]}" 'BEGIN {
+    printf "  %3d-token prompt: prefill of every row %.3f  of the last row %.3f  speedup %.2fx\n", n, a, m, a / m }'
+done
