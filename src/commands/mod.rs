@@ -22,14 +22,18 @@ pub mod validate;
 /// unmapped when freed. With the weights in place nothing large is freed at load, so the
 /// threshold never rises and a 1B chain's decode step took 2× as long, more system time than
 /// user time (docs/design.md, "The runner's memory"). Fixing the threshold at glibc's dynamic maximum
-/// (32 MiB, and the trim threshold at twice that, its own rule) keeps those blocks in the heap.
+/// (32 MiB) keeps those blocks in the heap. The trim threshold is 512 MiB: a chain's step frees
+/// each part's copy of its caches (tens of MiB at 8B) before the next part allocates its own,
+/// and at glibc's 64 MiB the heap top went back to the kernel and was faulted in again every
+/// part (8B chain decode 1.19 → 1.41 tok/s, peak anonymous memory unchanged:
+/// benches/runner_ab.sh).
 pub fn tune_allocator_for_the_runner() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; it is called before any thread starts
     // allocating these buffers, and an unaccepted value is reported (0), not undefined.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
     }
 }
 

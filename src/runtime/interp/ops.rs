@@ -1087,6 +1087,10 @@ pub fn range_1d(args: &Args) -> OpResult<Tensor> {
 }
 
 /// `x @ y` with optional transposes and numpy batch broadcasting.
+/// The most rows of x a product x·y (y not transposed) takes row by row rather than blocked:
+/// a decode step's query heads of one group (G ≤ 8 in the shipped architectures).
+const AXPY_MAX_ROWS: usize = 8;
+
 pub fn matmul(args: &Args) -> OpResult<Tensor> {
     let x = args.get("x")?;
     let y = args.get("y")?;
@@ -1135,11 +1139,14 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         } else {
             xb
         };
-        if m >= 2 && n >= 2 {
+        if m >= 2 && n >= 2 && (ty || m > AXPY_MAX_ROWS) {
             // A product of two matrices (a prefill chunk's attention: q·kᵀ and probs·v): the
             // blocked product, whose output-major form over yᵀ's rows is x @ y row-major.
             // (Only here: a decode step's products have m = 1, or n = 1 in the Neural Engine
-            // layout, and keep their summation order, which the two layouts share.)
+            // layout, and keep their summation order, which the two layouts share. A decode
+            // step's probs·v over a group of query heads, m = G rows against the whole cache,
+            // takes the row-by-row form below: transposing the cache for the blocked product
+            // cost more than the product.)
             let yt;
             let yb: &[f32] = if ty {
                 yb
@@ -1157,11 +1164,13 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
                 }
             }
         } else {
-            for i in 0..m {
-                let orow = &mut ob[i * n..(i + 1) * n];
-                for kk in 0..k {
+            // Each output sums x[i, kk]·y[kk, j] in kk order; y is read once, row by row, for
+            // all m rows (at most AXPY_MAX_ROWS, or one column).
+            for kk in 0..k {
+                let yr = &yb[kk * n..(kk + 1) * n];
+                for i in 0..m {
                     let a = xb[i * k + kk];
-                    let yr = &yb[kk * n..(kk + 1) * n];
+                    let orow = &mut ob[i * n..(i + 1) * n];
                     for (o, &b) in orow.iter_mut().zip(yr) {
                         *o += a * b;
                     }
@@ -1454,7 +1463,7 @@ mod tests {
     #[test]
     fn matmul_is_the_definition_at_every_transpose() {
         let (b, k, n) = (2, 11, 5);
-        for m in [1, 2, 7] {
+        for m in [1, 2, 7, 11] {
             let x: Vec<f32> = (0..b * m * k)
                 .map(|i| ((i * 7) % 11) as f32 - 5.0)
                 .collect();
