@@ -338,7 +338,7 @@ mod tests {
         for _ in 0..500 {
             let layers = 1 + rng.next_u64() as usize % 12;
             let blocks: Vec<u64> = (0..layers).map(|_| 1 + rng.next_u64() % 200).collect();
-            let tied = rng.next_u64() % 2 == 0;
+            let tied = rng.next_u64().is_multiple_of(2);
             let emb = 1 + rng.next_u64() % 300;
             let head = if tied {
                 emb + 1

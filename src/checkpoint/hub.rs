@@ -23,7 +23,7 @@ pub fn parse_id(arg: &str) -> Option<(&str, &str, Option<&str>)> {
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     };
     let (org, name) = repo.split_once('/')?;
-    let rev_ok = rev.map_or(true, |r| r.split('/').all(part));
+    let rev_ok = rev.is_none_or(|r| r.split('/').all(part));
     (part(org) && part(name) && rev_ok).then_some((org, name, rev))
 }
 

@@ -72,8 +72,8 @@ pub fn tables(
                 sin.push(scale * a.sin());
             }
         }
-        cos.extend(std::iter::repeat(1.0).take(pass));
-        sin.extend(std::iter::repeat(0.0).take(pass));
+        cos.extend(std::iter::repeat_n(1.0, pass));
+        sin.extend(std::iter::repeat_n(0.0, pass));
     }
     (cos, sin)
 }

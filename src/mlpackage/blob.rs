@@ -180,7 +180,7 @@ impl BlobWriter {
 
     /// Append a blob of raw `data` with storage dtype `dtype`; returns its offset.
     pub fn push(&mut self, dtype: DType, data: &[u8]) -> u64 {
-        while self.bytes.len() % RECORD_SIZE != 0 {
+        while !self.bytes.len().is_multiple_of(RECORD_SIZE) {
             self.bytes.push(0);
         }
         let offset = self.bytes.len() as u64;

@@ -285,7 +285,7 @@ mod tests {
     fn empty_entries_are_counted_as_the_structs_they_decode_to() {
         // Model.mlProgram { functions["main"] { blockSpecializations["x"] { operations: [{} × n] } } }
         let n = 1000;
-        let block: Vec<u8> = std::iter::repeat([0x1a, 0x00]).take(n).flatten().collect();
+        let block: Vec<u8> = std::iter::repeat_n([0x1a, 0x00], n).flatten().collect();
         let (model, _) = tiny_program();
         let mut bytes = model.encode_to_vec();
         // A second, hostile Model message merged in: Program with one empty-operation block.

@@ -143,8 +143,8 @@ impl std::fmt::Debug for Reference {
 /// Why candle-transformers cannot compute this checkpoint exactly, if it cannot.
 pub fn candle_limitation(spec: &ModelSpec) -> Option<String> {
     let derived_head_dim = spec.hidden_size / spec.num_attention_heads;
-    let explicit_head_dim =
-        spec.hidden_size % spec.num_attention_heads != 0 || spec.head_dim != derived_head_dim;
+    let explicit_head_dim = !spec.hidden_size.is_multiple_of(spec.num_attention_heads)
+        || spec.head_dim != derived_head_dim;
     match spec.architecture {
         Architecture::Llama => {
             if explicit_head_dim {

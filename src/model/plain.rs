@@ -758,7 +758,7 @@ fn attention(
     let q = head_norm(heads(q, hq)?, w.q_norm.as_ref())?;
     let k = head_norm(heads(k, hkv)?, w.k_norm.as_ref())?;
     // SmolLM3's NoPE blocks leave q and k unrotated.
-    let (q, mut k) = if lo.map_or(true, |l| spec.uses_rope(l)) {
+    let (q, mut k) = if lo.is_none_or(|l| spec.uses_rope(l)) {
         (rope(&q, cos, sin)?, rope(&k, cos, sin)?)
     } else {
         (q, k)
@@ -858,7 +858,7 @@ fn causal_mask(
     let m: Vec<u8> = (0..t)
         .flat_map(|i| {
             let p = position + i;
-            (0..tk).map(move |j| u8::from(j <= p && window.map_or(true, |w| j + w > p)))
+            (0..tk).map(move |j| u8::from(j <= p && window.is_none_or(|w| j + w > p)))
         })
         .collect();
     Tensor::from_vec(m, (t, tk), device)

@@ -785,7 +785,11 @@ mod tests {
         let mut xs: Vec<f64> = (0..n)
             .map(|_| {
                 let x = rng.normal() * 0.05;
-                let x = if rng.next_u64() % 16 == 0 { x * 6.0 } else { x };
+                let x = if rng.next_u64().is_multiple_of(16) {
+                    x * 6.0
+                } else {
+                    x
+                };
                 f16::from_f32(x).to_f64()
             })
             .collect();
@@ -793,7 +797,7 @@ mod tests {
         xs.dedup();
         xs.iter()
             .map(|&x| {
-                let w = if rng.next_u64() % 2 == 0 {
+                let w = if rng.next_u64().is_multiple_of(2) {
                     1.0 + (rng.next_u64() % 400) as f64
                 } else {
                     0.01 + rng.uniform() as f64

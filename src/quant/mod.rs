@@ -168,7 +168,7 @@ impl PalettizedTensor {
             // projection's indices costs a byte per weight, and a conversion holds many).
             let lut = self.luts.into_iter().next().unwrap_or_default();
             vec![group(lut, self.packed_indices)]
-        } else if (per_group * nbits as usize) % 8 == 0 {
+        } else if (per_group * nbits as usize).is_multiple_of(8) {
             // Each group starts on a byte: its packed indices are a byte range.
             let step = (per_group * nbits as usize / 8).max(1);
             self.luts

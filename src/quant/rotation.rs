@@ -27,7 +27,7 @@ impl Rotation {
     /// b for `n` channels: the largest power of two dividing n, at most 512.
     pub fn block_for(n: usize) -> usize {
         let mut block = 1;
-        while n % (block * 2) == 0 && block < 512 {
+        while n.is_multiple_of(block * 2) && block < 512 {
             block *= 2;
         }
         block

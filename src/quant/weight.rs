@@ -124,7 +124,7 @@ impl GroupedLut {
         };
         lut.check(numel)?;
         if self.group_rows == 0
-            || self.luts.len() % (1 << self.nbits) != 0
+            || !self.luts.len().is_multiple_of(1 << self.nbits)
             || self.groups() * self.group_rows != rows
         {
             return Err(format!(

@@ -482,7 +482,7 @@ pub fn q4_k_m_type(
         || ((gguf_name.contains("attn_v") || gguf_name.contains("ffn_down"))
             && layer.is_some_and(more_bits));
     let row = shape[shape.len() - 1];
-    match (wide, row % 256 == 0) {
+    match (wide, row.is_multiple_of(256)) {
         (true, true) => FixtureType::Q6K,
         (true, false) => FixtureType::Q8_0,
         (false, true) => FixtureType::Q4K,

@@ -99,7 +99,7 @@ impl ValidationReport {
 
     /// The cross-check, when asked for, found the two runtimes in agreement.
     pub fn cross_check_ok(&self) -> bool {
-        self.cross_check.as_ref().map_or(true, |x| x.passed)
+        self.cross_check.as_ref().is_none_or(|x| x.passed)
     }
 
     /// Every check passed: contract, no inf/NaN, every gate, the cross-check when asked for.

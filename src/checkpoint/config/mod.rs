@@ -448,7 +448,7 @@ fn head_dim(
             max: MAX_HEAD_DIM,
         }),
         Some(d) => Ok(d),
-        None if hidden_size % num_attention_heads != 0 => Err(format!(
+        None if !hidden_size.is_multiple_of(num_attention_heads) => Err(format!(
             "num_attention_heads ({num_attention_heads}) does not divide hidden_size \
              ({hidden_size}) and no head_dim is given"
         )

@@ -246,7 +246,7 @@ pub(super) fn partial_rotary_dim(
         });
     }
     let dim = (head_dim as f64 * factor) as usize;
-    if !(factor > 0.0 && factor < 1.0) || dim == 0 || dim % 2 != 0 {
+    if !(factor > 0.0 && factor < 1.0) || dim == 0 || !dim.is_multiple_of(2) {
         return Err(format!(
             "`partial_rotary_factor` ({factor}) must be in (0, 1] and rotate an even, non-zero \
              number of the head's {head_dim} dimensions (it gives {dim})"

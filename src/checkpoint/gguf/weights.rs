@@ -181,7 +181,7 @@ pub fn safetensors_header(entries: &[(&str, &[usize])]) -> Vec<u8> {
     }
     let mut json = serde_json::Value::Object(map).to_string().into_bytes();
     // safetensors pads the header with spaces so the data section starts 8-aligned.
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + json.len());

@@ -108,7 +108,7 @@ fn causal_block(q: usize, window: Option<usize>) -> Vec<f16> {
     (0..q)
         .flat_map(|i| {
             (0..q).map(move |k| {
-                if k <= i && window.map_or(true, |w| i - k < w) {
+                if k <= i && window.is_none_or(|w| i - k < w) {
                     f16::ZERO
                 } else {
                     f16::from_f32(MASK_VALUE)

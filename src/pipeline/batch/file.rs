@@ -816,7 +816,7 @@ impl BatchFile {
         Ok(self
             .exports
             .iter()
-            .filter(|e| shard.map_or(true, |s| s.contains(e.index)))
+            .filter(|e| shard.is_none_or(|s| s.contains(e.index)))
             .filter(|e| only.is_empty() || only.contains(&e.name))
             .collect())
     }

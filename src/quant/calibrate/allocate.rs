@@ -290,7 +290,7 @@ fn spend_bits(choices: &mut [BitChoice], methods: &[LinearMethod], target: f64, 
                     return;
                 }
                 let rate = gain / cost;
-                if best.map_or(true, |b| rate > b.3) {
+                if best.is_none_or(|b| rate > b.3) {
                     best = Some((i, k6, k8, rate, cost));
                 }
             };

@@ -88,11 +88,16 @@ pub fn dot_lut_f16(
     row: &mut Vec<f16>,
 ) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if nbits == 4 && e0 % 2 == 0 && avx2() {
+    if nbits == 4 && e0.is_multiple_of(2) && avx2() {
         assert!(
             data.len() * 2 >= e0 + x.len(),
             "4-bit indices past the data"
         );
+        if avx512() {
+            // SAFETY: the CPU has AVX-512 F/BW/VBMI, AVX2, FMA and F16C (checked), and data
+            // holds every index.
+            return unsafe { x86::dot_lut4_f16_avx512(x, data, e0, table) };
+        }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked above), and data holds every index.
         return unsafe { x86::dot_lut4_f16(x, data, e0, table) };
     }
@@ -271,6 +276,20 @@ fn avx2() -> bool {
         std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
+    })
+}
+
+/// AVX-512 with byte permutes (VBMI), besides everything [`avx2`] checks.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn avx512() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        avx2()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
     })
 }
 
@@ -499,7 +518,21 @@ mod x86 {
             }
             i += 32;
         }
-        // The last (< 32) values decoded, then dot_f16's 8-wide steps and scalar tail.
+        lut4_tail(x, data, e0, table, i, acc)
+    }
+
+    /// The last (< 32) values of a 4-bit row from element `i` on, decoded, then `dot_f16`'s
+    /// 8-wide steps into `acc[0]`, its reduction and its scalar tail.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lut4_tail(
+        x: &[f32],
+        data: &[u8],
+        e0: usize,
+        table: &super::Table<f16>,
+        i: usize,
+        mut acc: [__m256; 4],
+    ) -> f32 {
+        let (n, px) = (x.len(), x.as_ptr());
         let r = n - i;
         let mut rest = [f16::ZERO; 32];
         super::unpack_n::<4, f16>(data, e0 + i, table, &mut rest[..r]);
@@ -517,6 +550,56 @@ mod x86 {
             j += 1;
         }
         s
+    }
+
+    /// [`dot_lut4_f16`] with AVX-512: each 16 indices become the low nibbles of 16 dwords in
+    /// one `vpmultishiftqb` of their 8 bytes broadcast, and select from the table widened to
+    /// f32 with one `vpermps` (it reads an index's low 4 bits only). The two 16-lane
+    /// accumulators are the AVX2 kernel's four 8-lane ones side by side, so every lane sums
+    /// the same products in the same order and the result has the same bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F, BW and VBMI besides AVX2, FMA and F16C; `data` and
+    /// `e0` as for [`dot_lut4_f16`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vbmi")]
+    pub unsafe fn dot_lut4_f16_avx512(
+        x: &[f32],
+        data: &[u8],
+        e0: usize,
+        table: &super::Table<f16>,
+    ) -> f32 {
+        let n = x.len();
+        let (px, pd) = (x.as_ptr(), data.as_ptr().add(e0 / 2));
+        let mut wide = [0f32; 16];
+        for (w, t) in wide.iter_mut().zip(&table[..16]) {
+            *w = t.to_f32();
+        }
+        let tab = _mm512_loadu_ps(wide.as_ptr());
+        // Dword j's low byte is bits 4j.. of the 8 broadcast bytes: index j in its low nibble.
+        let mut ctrl = [0u8; 64];
+        for j in 0..16 {
+            ctrl[4 * j] = 4 * j as u8;
+        }
+        let ctrl = _mm512_loadu_si512(ctrl.as_ptr() as *const _);
+        let lookup = |p: *const u8| {
+            let packed = _mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64));
+            _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, packed), tab)
+        };
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut i = 0;
+        while i + 32 <= n {
+            let p = pd.add(i / 2);
+            lo = _mm512_fmadd_ps(_mm512_loadu_ps(px.add(i)), lookup(p), lo);
+            hi = _mm512_fmadd_ps(_mm512_loadu_ps(px.add(i + 16)), lookup(p.add(8)), hi);
+            i += 32;
+        }
+        let acc = [
+            _mm512_castps512_ps256(lo),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(lo))),
+            _mm512_castps512_ps256(hi),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(hi))),
+        ];
+        lut4_tail(x, data, e0, table, i, acc)
     }
 
     /// 4-bit indices looked up 32 at a time: the 16 fp16 entries split into a table of low
@@ -785,6 +868,37 @@ mod tests {
                         "{nbits} bits, e0={e0}, n={n}"
                     );
                 }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_and_avx512_4bit_dot_products_give_the_same_bits() {
+        if !avx512() {
+            eprintln!("no AVX-512 VBMI here: the AVX2 kernel is the only one");
+            return;
+        }
+        let t = table16();
+        let (_, bytes) = packed_indices(1300, 4);
+        for e0 in [0, 2, 8, 64] {
+            for n in [0, 1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 575, 1100] {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7919) % 1013) as f32 / 97.1 - 5.0)
+                    .collect();
+                let mut w = vec![f16::ZERO; n];
+                unpack(&bytes, e0, 4, &t, &mut w);
+                let want = dot_f16(&x, &w);
+                // SAFETY: AVX-512 VBMI, AVX2, FMA and F16C checked above; 1300 indices
+                // cover e0 + n.
+                let (a, b) = unsafe {
+                    (
+                        x86::dot_lut4_f16(&x, &bytes, e0, &t),
+                        x86::dot_lut4_f16_avx512(&x, &bytes, e0, &t),
+                    )
+                };
+                assert_eq!(a.to_bits(), want.to_bits(), "AVX2, e0={e0}, n={n}");
+                assert_eq!(b.to_bits(), want.to_bits(), "AVX-512, e0={e0}, n={n}");
             }
         }
     }

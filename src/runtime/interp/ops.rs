@@ -243,7 +243,7 @@ fn zip_broadcast<A: Copy, B: Copy, R>(
     // Trailing broadcast (e.g. [.., N] op [N]): `b` repeats along the leading dims.
     if ash == out.as_slice()
         && !b.is_empty()
-        && a.len() % b.len() == 0
+        && a.len().is_multiple_of(b.len())
         && out.ends_with(trim_ones(bsh))
     {
         let n = b.len();
@@ -254,7 +254,7 @@ fn zip_broadcast<A: Copy, B: Copy, R>(
     }
     // Leading broadcast (e.g. [.., Q, N] op [.., Q, 1]): each element of `b` applies to a
     // contiguous block of `a`.
-    if ash == out.as_slice() && !b.is_empty() && a.len() % b.len() == 0 {
+    if ash == out.as_slice() && !b.is_empty() && a.len().is_multiple_of(b.len()) {
         let lead = bsh.len() - bsh.iter().rev().take_while(|&&d| d == 1).count();
         let block = a.len() / b.len();
         if bsh[..lead] == out[out.len() - bsh.len()..][..lead]

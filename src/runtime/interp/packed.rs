@@ -84,7 +84,7 @@ impl Packed {
                 (1..=8).contains(&l.nbits)
                     && rows % l.rows_per_table == 0
                     && l.tables.len() == tables.checked_mul(entries)?
-                    && l.scale.as_ref().map_or(true, |s| s.len() == rows)
+                    && l.scale.as_ref().is_none_or(|s| s.len() == rows)
                     && rec.data.len() >= numel.checked_mul(l.nbits as usize)?.div_ceil(8)
             }
         };
@@ -397,7 +397,9 @@ impl Lut {
 
 /// The map's bytes as fp16 values, when aligned for them on a little-endian machine.
 fn as_f16(data: &[u8]) -> Option<&[f16]> {
-    if cfg!(target_endian = "big") || data.as_ptr() as usize % std::mem::align_of::<f16>() != 0 {
+    if cfg!(target_endian = "big")
+        || !(data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f16>())
+    {
         return None;
     }
     // SAFETY: the pointer is aligned for f16 (checked above), the length is whole values,
@@ -590,7 +592,7 @@ fn lut18(
         && lut.shape[1..k].iter().all(|&g| g == 1)
         && lut.shape[k] == 1 << nbits
         && lut.shape[k + 1] == 1;
-    if !single || ity.shape != ty.shape || groups == 0 || rows % groups != 0 {
+    if !single || ity.shape != ty.shape || groups == 0 || !rows.is_multiple_of(groups) {
         return Ok(None);
     }
     if !lut.dtype.is_float() {
@@ -633,7 +635,7 @@ fn scaled18(
             && t.shape.len() == ty.shape.len()
             && t.shape[1..].iter().all(|&d| d == 1)
             && t.shape[0] > 0
-            && rows % t.shape[0] == 0
+            && rows.is_multiple_of(t.shape[0])
     };
     let has_offset = op.inputs.contains_key("offset");
     let offset_ok = offset

@@ -296,7 +296,7 @@ fn a_3b_at_4_bits_from_its_config_alone() {
     let rotation = |n: u64| {
         let b = (0..10)
             .map(|k| 1u64 << k)
-            .filter(|b| n % b == 0)
+            .filter(|b| n.is_multiple_of(*b))
             .max()
             .unwrap();
         let m = n / b;
