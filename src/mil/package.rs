@@ -43,7 +43,7 @@ impl PackageOptions {
                 .as_str()
                 .and_then(Target::parse)
                 .map(|t| self.target = t)
-                .ok_or_else(|| "target must be \"ios17\" or \"ios18\"".to_string()),
+                .ok_or_else(|| "target must be \"ios17\", \"ios18\" or \"coreai\"".to_string()),
             "layout" => value
                 .as_str()
                 .and_then(Layout::parse)
@@ -114,7 +114,14 @@ mod tests {
         assert_eq!(p.prefill_len, Some(32));
         assert!(set("layout", "\"ane\"").unwrap().is_ok());
         assert!(set("kv_cache", "\"state\"").unwrap().is_ok());
-        assert!(set("target", "\"ios19\"").unwrap().is_err());
+        assert_eq!(
+            set("target", "\"coreai\"").unwrap().unwrap().target,
+            Target::CoreAi
+        );
+        let refused = set("target", "\"ios19\"").unwrap().unwrap_err();
+        for t in ["ios17", "ios18", "coreai"] {
+            assert!(refused.contains(t), "{refused}");
+        }
         assert!(set("prefill_len", "-1").unwrap().is_err());
         let p = set("prefill_logits", "\"all\"").unwrap().unwrap();
         assert_eq!(p.prefill_logits, Some(PrefillLogits::All));
