@@ -26,8 +26,9 @@ declare -A BIN ALL
 BIN[A]=$BIN_A BIN[B]=$BIN_B
 for round in $(seq "${ROUNDS:-1}"); do
   for side in A B; do
-    rm -rf "$WORK/out.mlpackage"
-    measure "${BIN[$side]}" convert "$CKPT" -o "$WORK/out.mlpackage" \
+    # A fresh directory a run: the package's sidecars (report, tokenizer) go beside it.
+    rm -rf "$WORK/run" && mkdir "$WORK/run"
+    measure "${BIN[$side]}" convert "$CKPT" -o "$WORK/run/out.mlpackage" \
       --max-seq-len "${S:-2048}" -q "$@"
     [ "$STATUS" = 0 ] || { cat "$WORK/time" >&2; exit 1; }
     ALL[$side]="${ALL[$side]:-} $SECS"

@@ -66,11 +66,6 @@ struct View<T> {
     cs: isize,
 }
 
-// SAFETY: a View is a pointer into a matrix its owner keeps alive; the steps that use views
-// from several threads write disjoint elements.
-unsafe impl<T> Send for View<T> {}
-unsafe impl<T> Sync for View<T> {}
-
 impl<T> Clone for View<T> {
     fn clone(&self) -> Self {
         *self
