@@ -18,9 +18,6 @@ WORK=$(mktemp -d "${SCRATCH:-/tmp}/convert_ab.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/lib.sh"
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
-
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 declare -A BIN ALL
 BIN[A]=$BIN_A BIN[B]=$BIN_B

@@ -30,3 +30,9 @@ measure() {
   WALL=$(awk '/Elapsed \(wall clock\)/ {print $NF}' "$WORK/time")
   SECS=$(awk '/Elapsed \(wall clock\)/ {n=split($NF,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$WORK/time")
 }
+
+# ratio A B: A / B to two decimals, "-" when B is not positive.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+
+# median: the median of the numbers on stdin, one a line or separated by spaces.
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }

@@ -19,9 +19,6 @@ WORK=$(mktemp -d /tmp/runner_ab.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/lib.sh"
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
-
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 declare -A BIN PKG ALL RSS ANON
 BIN[A]=$BIN_A PKG[A]=$PKG_A BIN[B]=$BIN_B PKG[B]=$PKG_B

@@ -25,8 +25,6 @@ trap 'rm -rf "$WORK"' EXIT
 
 source "$(dirname "$0")/lib.sh"
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
-
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 echo "weights on disk: $(( $(du -sbL "$PKG" | cut -f1) / 1048576 )) MiB"
 declare -A WALL RSS ANON TPS ALL
@@ -34,7 +32,7 @@ declare -A WALL RSS ANON TPS ALL
 # the decode speed reported is each mode's median over the rounds.
 if [ "${RUN:-1}" = 1 ]; then
   for round in $(seq "${ROUNDS:-1}"); do
-    for mode in dense mapped; do
+  for mode in dense mapped; do
       flag=(); [ "$mode" = dense ] && flag=(--dense-weights)
       measure "$BIN" run "$PKG" --prompt-ids 1,2,3,4 --max-new-tokens "${TOKENS:-4}" --ignore-eos \
         --json --logits-out "$WORK/logits-$mode.npy" "${flag[@]}"
@@ -46,7 +44,6 @@ if [ "${RUN:-1}" = 1 ]; then
         "peak RSS ${RSS[$mode]} MiB, peak anonymous ${ANON[$mode]} MiB"
     done
   done
-  median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
   for mode in dense mapped; do
     TPS[$mode]=$(echo "${ALL[$mode]}" | median)
     echo "run ($mode): median decode ${TPS[$mode]} tok/s over ${ROUNDS:-1} round(s)"
