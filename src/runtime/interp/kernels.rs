@@ -848,6 +848,24 @@ mod tests {
         }
     }
 
+    /// An x of n values and `dot_f16` of it with the row of n decoded from element e0 on: x
+    /// is not exact in f32, so a different summation order would show in the bits.
+    fn decoded_dot(
+        bytes: &[u8],
+        e0: usize,
+        nbits: u32,
+        t: &Table<f16>,
+        n: usize,
+    ) -> (Vec<f32>, f32) {
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1013) as f32 / 97.1 - 5.0)
+            .collect();
+        let mut w = vec![f16::ZERO; n];
+        unpack(bytes, e0, nbits, t, &mut w);
+        let want = dot_f16(&x, &w);
+        (x, want)
+    }
+
     #[test]
     fn dot_over_a_lut_row_gives_the_bits_of_dot_over_the_decoded_row() {
         let t = table16();
@@ -855,13 +873,7 @@ mod tests {
             let (_, bytes) = packed_indices(1200, nbits);
             for e0 in [0, 1, 2, 8, 64] {
                 for n in [0, 1, 7, 8, 31, 32, 33, 40, 63, 64, 65, 575, 1100] {
-                    // Not exact in f32: a different summation order would show.
-                    let x: Vec<f32> = (0..n)
-                        .map(|i| ((i * 7919) % 1013) as f32 / 97.1 - 5.0)
-                        .collect();
-                    let mut w = vec![f16::ZERO; n];
-                    unpack(&bytes, e0, nbits, &t, &mut w);
-                    let want = dot_f16(&x, &w);
+                    let (x, want) = decoded_dot(&bytes, e0, nbits, &t, n);
                     let got = dot_lut_f16(&x, &bytes, e0, nbits, &t, &mut Vec::new());
                     assert_eq!(
                         got.to_bits(),
@@ -884,12 +896,7 @@ mod tests {
         let (_, bytes) = packed_indices(1300, 4);
         for e0 in [0, 2, 8, 64] {
             for n in [0, 1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 575, 1100] {
-                let x: Vec<f32> = (0..n)
-                    .map(|i| ((i * 7919) % 1013) as f32 / 97.1 - 5.0)
-                    .collect();
-                let mut w = vec![f16::ZERO; n];
-                unpack(&bytes, e0, 4, &t, &mut w);
-                let want = dot_f16(&x, &w);
+                let (x, want) = decoded_dot(&bytes, e0, 4, &t, n);
                 // SAFETY: AVX-512 VBMI, AVX2, FMA and F16C checked above; 1300 indices
                 // cover e0 + n.
                 let (a, b) = unsafe {
