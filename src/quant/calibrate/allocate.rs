@@ -111,6 +111,7 @@ pub(super) fn allocate_bits(
         let mut obs = Grams {
             layer: l,
             grams: dims.iter().map(|&d| Gram::new(d)).collect(),
+            scratch: Vec::new(),
         };
         // The float block outputs: the reference of the block-output errors, then the next
         // block's inputs (nothing here changes the model for good).
@@ -119,6 +120,7 @@ pub(super) fn allocate_bits(
             .map(|x| model.block(l, x, &mut obs))
             .collect::<Result<_, _>>()
             .map_err(|e| calib_err(format!("block {l}"), e))?;
+        obs.scratch = Vec::new();
         for (site, (_, roles)) in SITES.iter().enumerate() {
             let gram = &obs.grams[site];
             let cols = gram.dim;

@@ -114,12 +114,15 @@ fn calibrate_block(
     let mut obs = Grams {
         layer: l,
         grams: dims.iter().map(|&d| Gram::new(d)).collect(),
+        scratch: Vec::new(),
     };
     for x in xs {
         model
             .block(l, x, &mut obs)
             .map_err(|e| calib_err(format!("block {l}"), e))?;
     }
+    // Not held through the fits: at 8B it is the size of down_proj's factor.
+    obs.scratch = Vec::new();
     let slot_of = |role: Role| {
         slots
             .iter()
@@ -211,9 +214,11 @@ fn true_sequential_block(
     let err = |e| calib_err(format!("block {l}"), e);
     let mut fit = |model: &mut PlainModel, site: usize, inputs: &[Tensor]| {
         let mut gram = Gram::new(dims[site]);
+        let mut scratch = Vec::new();
         for x in inputs {
-            gram.accumulate(x).map_err(err)?;
+            gram.accumulate_with(x, &mut scratch).map_err(err)?;
         }
+        drop(scratch);
         let mut site_fit = SiteFit::new(&gram.sum, gram.dim);
         for &role in SITES[site].1 {
             let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role) else {

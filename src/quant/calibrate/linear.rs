@@ -383,21 +383,19 @@ fn gptq_indices(
     luts: &[&[f32]],
     scales: &[f32],
 ) -> Result<Vec<u8>, QuantError> {
-    use candle_core::{Device, Tensor};
-    let fail = |e: candle_core::Error| QuantError::Calibration {
-        message: format!("GPTQ update: {e}"),
-    };
     // Work in quantisation order.
     let mut wp: Vec<f32> = Vec::with_capacity(rows * cols);
     for r in 0..rows {
         wp.extend(order.iter().map(|&j| w[r * cols + j]));
     }
     let mut idx_p = vec![0u8; rows * cols];
+    // One block's scaled errors, [rows, b], reused by every block.
+    let mut err = vec![0.0f32; rows * GPTQ_BLOCK.min(cols)];
     let mut i1 = 0;
     while i1 < cols {
         let i2 = (i1 + GPTQ_BLOCK).min(cols);
         let b = i2 - i1;
-        let mut err = vec![0.0f32; rows * b];
+        let err = &mut err[..rows * b];
         wp.par_chunks_mut(cols)
             .zip(idx_p.par_chunks_mut(cols))
             .zip(err.par_chunks_mut(b))
@@ -417,27 +415,17 @@ fn gptq_indices(
                     }
                 }
             });
-        if i2 < cols {
-            let rest = cols - i2;
-            let mut ub = Vec::with_capacity(b * rest);
-            for k in i1..i2 {
-                ub.extend_from_slice(&u32s[k * cols + i2..(k + 1) * cols]);
-            }
-            let et = Tensor::from_vec(err, (rows, b), &Device::Cpu).map_err(fail)?;
-            let ut = Tensor::from_vec(ub, (b, rest), &Device::Cpu).map_err(fail)?;
-            let upd: Vec<f32> = et
-                .matmul(&ut)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1())
-                .map_err(fail)?;
-            wp.par_chunks_mut(cols)
-                .zip(upd.par_chunks(rest))
-                .for_each(|(row, d)| {
-                    for (x, y) in row[i2..].iter_mut().zip(d) {
-                        *x -= y;
-                    }
-                });
-        }
+        // The columns after the block take the block's errors through U's rows i1..i2.
+        crate::quant::linalg::sub_product(
+            &mut wp,
+            cols,
+            i2..cols,
+            err,
+            &u32s,
+            cols,
+            i1..i2,
+            i2..cols,
+        );
         i1 = i2;
     }
     let mut indices = vec![0u8; rows * cols];

@@ -31,6 +31,8 @@ pub(super) type SiteProjection = (Role, TensorSlot, LinearMethod, Option<Vec<u8>
 pub(super) struct Grams {
     pub(super) layer: usize,
     pub(super) grams: Vec<Gram>,
+    /// One segment's product, shared by the sites ([`Gram::accumulate_with`]).
+    pub(super) scratch: Vec<f32>,
 }
 
 impl Observer for Grams {
@@ -42,7 +44,7 @@ impl Observer for Grams {
     ) -> candle_core::Result<()> {
         if layer == Some(self.layer) {
             if let Some(i) = SITES.iter().position(|(p, _)| *p == point) {
-                self.grams[i].accumulate(x)?;
+                self.grams[i].accumulate_with(x, &mut self.scratch)?;
             }
         }
         Ok(())
