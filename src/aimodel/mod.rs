@@ -140,6 +140,14 @@ impl Tensor {
         }
     }
 
+    /// The values as fp16 (an fp16 tensor's moved, others rounded).
+    pub fn to_f16(self) -> Vec<f16> {
+        match self {
+            Tensor::F16(v, _) => v,
+            other => other.to_f32().into_iter().map(f16::from_f32).collect(),
+        }
+    }
+
     fn to_python<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let shape = self.shape().to_vec();
         Ok(match self {

@@ -275,8 +275,15 @@ fn print_summary(summary: &ConvertSummary) {
         println!("      {}", side.display());
     }
     println!("      {}", o.report.display());
+    // A Core AI asset keeps its weights in each function's bytecode.
+    let coreai = summary.contract.target.is_coreai();
+    let (kind, weights) = if coreai {
+        ("asset", "bytecode")
+    } else {
+        ("package", "weight.bin")
+    };
     println!(
-        "  package {} on disk (weight.bin {}, predicted {}), {:.2} bits/weight over {} parameters",
+        "  {kind} {} on disk ({weights} {}, predicted {}), {:.2} bits/weight over {} parameters",
         fmt_bytes(summary.package_bytes),
         fmt_bytes(summary.weight_bin_bytes),
         fmt_bytes(summary.predicted_weight_bytes),
@@ -285,8 +292,9 @@ fn print_summary(summary: &ConvertSummary) {
     );
     if let Some(chain) = &summary.chain {
         println!(
-            "  a chain of {} packages (chain.json; run, validate and lint take {}):",
+            "  a chain of {} {kind}s (chain.json; run, validate and {} take {}):",
             chain.parts.len(),
+            if coreai { "inspect" } else { "lint" },
             o.package.display()
         );
         for p in &chain.parts {

@@ -1,4 +1,4 @@
-//! `inspect ASSET.aimodel`: what a Core AI asset declares, as Apple's runtime loads it: its
+//! `inspect ASSET.aimodel`: what a Core AI asset (or each part of a chain of them) declares, as Apple's runtime loads it: its
 //! functions with their inputs, outputs and states, the metadata Core AI and hf2coreml wrote,
 //! the contract, and its bytes by file.
 
@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use hf2coreml::aimodel::{self, Session};
+use hf2coreml::mil::chain::ChainFile;
 use hf2coreml::pyenv::PythonEnv;
 use hf2coreml::util::fmt_bytes;
 
@@ -21,6 +22,65 @@ struct AssetSummary {
 }
 
 pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
+    let env = PythonEnv::discover(None).map_err(hf2coreml::emit::EmitError::from)?;
+    let s = summarize(path, &env)?;
+    if json {
+        return super::print_json(&s);
+    }
+    print_asset(&s);
+    Ok(())
+}
+
+/// `inspect CHAIN --json` of a chain of assets: the chain file and each part's summary.
+#[derive(serde::Serialize)]
+struct AssetChainSummary {
+    schema: &'static str,
+    path: String,
+    chain: ChainFile,
+    parts: Vec<AssetSummary>,
+}
+
+/// A chain of Core AI parts: the chain, then each part as Apple's runtime loads it.
+pub fn run_chain(path: &Path, chain: ChainFile, json: bool) -> anyhow::Result<()> {
+    let env = PythonEnv::discover(None).map_err(hf2coreml::emit::EmitError::from)?;
+    let parts = chain
+        .parts
+        .iter()
+        .map(|part| summarize(&ChainFile::part_path(path, part), &env))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if json {
+        return super::print_json(&AssetChainSummary {
+            schema: hf2coreml::mlpackage::summary::SCHEMA,
+            path: path.display().to_string(),
+            chain,
+            parts,
+        });
+    }
+    println!(
+        "{}  a chain of {} Core AI assets ({})",
+        path.display(),
+        parts.len(),
+        fmt_bytes(parts.iter().map(|p| p.total_bytes).sum())
+    );
+    for (part, s) in chain.parts.iter().zip(&parts) {
+        println!();
+        println!(
+            "part {}: layers {}..{}{}{}",
+            part.path,
+            part.layers.start,
+            part.layers.end,
+            if part.embedding { ", embedding" } else { "" },
+            if part.head { ", lm_head" } else { "" }
+        );
+        print_asset(s);
+    }
+    Ok(())
+}
+
+fn summarize(path: &Path, env: &PythonEnv) -> anyhow::Result<AssetSummary> {
+    if !aimodel::is_aimodel(path) {
+        anyhow::bail!("{}: not a Core AI asset", path.display());
+    }
     let meta = aimodel::read_metadata(path)?;
     let mut files = Vec::new();
     for entry in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
@@ -31,19 +91,18 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
         }
     }
     files.sort();
-    let env = PythonEnv::discover(None).map_err(hf2coreml::emit::EmitError::from)?;
-    let functions = Session::open(&env, path)?.functions()?;
-    let s = AssetSummary {
+    let functions = Session::open(env, path)?.functions()?;
+    Ok(AssetSummary {
         path: path.display().to_string(),
         producer: meta.producer,
         functions,
         total_bytes: files.iter().map(|f| f.1).sum(),
         files,
         user_defined: meta.user_defined,
-    };
-    if json {
-        return super::print_json(&s);
-    }
+    })
+}
+
+fn print_asset(s: &AssetSummary) {
     println!("Core AI asset  {}", s.path);
     if let Some(p) = &s.producer {
         println!("  producer     {p}");
@@ -80,5 +139,4 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
             println!("  {k:<12} {v}");
         }
     }
-    Ok(())
 }

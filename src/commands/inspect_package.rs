@@ -32,6 +32,9 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
         };
     }
     let chain = ChainFile::read(path)?;
+    if chain.contract.target.is_coreai() {
+        return super::inspect_asset::run_chain(path, chain, json);
+    }
     let parts = chain
         .parts
         .iter()

@@ -30,6 +30,13 @@ pub enum LintError {
     UnknownRule(String, String),
     #[error(transparent)]
     Chain(#[from] crate::mil::chain::ChainFileError),
+    #[error(
+        "{}: a Core AI asset (or a chain of them): lint checks Core ML programs against the \
+         Neural Engine's rules, and Core AI compiles its assets for the device itself \
+         (`validate` runs them on Apple's runtime)",
+        .0.display()
+    )]
+    CoreAi(PathBuf),
 }
 
 /// What the caller tolerates.
@@ -196,6 +203,9 @@ pub fn lint_saved(path: &Path, policy: &Policy) -> Result<LintReport, LintError>
         return lint(path, policy);
     }
     let chain = ChainFile::read(path)?;
+    if chain.contract.target.is_coreai() {
+        return Err(LintError::CoreAi(path.to_path_buf()));
+    }
     let mut all: Option<LintReport> = None;
     for part in &chain.parts {
         let mut r = lint(&ChainFile::part_path(path, part), policy)?;
@@ -234,6 +244,9 @@ pub fn lint_saved(path: &Path, policy: &Policy) -> Result<LintReport, LintError>
 /// the package's files and its states are checked once).
 pub fn lint(path: &Path, policy: &Policy) -> Result<LintReport, LintError> {
     policy.check()?;
+    if crate::aimodel::is_aimodel(path) {
+        return Err(LintError::CoreAi(path.to_path_buf()));
+    }
     let pkg = MlPackage::open(path)?;
     let main = pkg.main_function()?;
     let mut all = lint_function(path, &pkg, main, policy)?;

@@ -60,7 +60,8 @@ pub struct ChainPart {
     pub head: bool,
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
-    /// sha256 of the package's files (`model.mlmodel`, `weight.bin`), by name.
+    /// sha256 of the package's files (`model.mlmodel`, `weight.bin`), or of a Core AI part's
+    /// (`metadata.json`, `main.mlirb`, `main.hash`), by name ([`ChainFile::part_file`]).
     pub sha256: BTreeMap<String, String>,
     /// Bytes of the package on disk.
     pub bytes: u64,
@@ -84,7 +85,18 @@ pub fn is_chain(path: &Path) -> bool {
     path.join(CHAIN_FILE).is_file()
 }
 
+/// The file of a Core ML part whose hash is checked at load.
+const PACKAGE_PROGRAM_FILE: &str = "model.mlmodel";
+/// The file of a Core AI part whose hash is checked at load (its bytecode holds its weights).
+const ASSET_PROGRAM_FILE: &str = "metadata.json";
+
 impl ChainPart {
+    /// A Core AI asset (`part-N.aimodel`, a chain converted with `--target coreai`), not an
+    /// ML package.
+    pub fn is_asset(&self) -> bool {
+        self.path.ends_with(".aimodel")
+    }
+
     /// The inputs and outputs of a part running `layers`, first and/or last as said.
     pub fn io(
         c: &Contract,
@@ -161,26 +173,55 @@ impl ChainFile {
         Ok(chain)
     }
 
-    /// Each part's program is the one the chain recorded (its `model.mlmodel` sha256, a few
-    /// MB to hash; the weights are `validate`'s to hash): a part copied over another, or
-    /// replaced, is refused at load, not found by its wrong results.
+    /// Each part's program is the one the chain recorded (the sha256 of its `model.mlmodel`,
+    /// or of a Core AI part's `metadata.json`, which names its index and layers: a few MB to
+    /// hash; the weights are `validate`'s to hash): a part copied over another, or replaced, is
+    /// refused at load, not found by its wrong results.
     fn check_programs(&self, dir: &Path) -> Result<(), String> {
         for (i, p) in self.parts.iter().enumerate() {
-            let Some(recorded) = p.sha256.get("model.mlmodel") else {
+            let (file, what) = if p.is_asset() {
+                (ASSET_PROGRAM_FILE, "the one")
+            } else {
+                (PACKAGE_PROGRAM_FILE, "the program")
+            };
+            let Some(recorded) = p.sha256.get(file) else {
                 continue;
             };
-            let model = Self::part_path(dir, p).join("Data/com.apple.CoreML/model.mlmodel");
+            let model = Self::part_file(dir, p, file)?;
             let found = crate::fsutil::sha256_file(&model)
                 .map_err(|e| format!("part {i}: {}: {e}", model.display()))?;
             if &found != recorded {
                 return Err(format!(
-                    "part {i} ({}): its model.mlmodel is not the program the chain recorded \
+                    "part {i} ({}): its {file} is not {what} the chain recorded \
                      (sha256 {found}, recorded {recorded}): the part was replaced or damaged",
                     p.path
                 ));
             }
         }
         Ok(())
+    }
+
+    /// The file a part's `sha256` entry names: a package's `model.mlmodel` and `weight.bin`
+    /// inside `Data/com.apple.CoreML`, a Core AI part's files at its top. A name that is not a
+    /// plain file name is refused (the chain file is input).
+    pub fn part_file(dir: &Path, part: &ChainPart, name: &str) -> Result<PathBuf, String> {
+        let plain = !name.is_empty()
+            && Path::new(name)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+            && !name.contains(['/', '\\']);
+        if !plain {
+            return Err(format!(
+                "{}: hashed file `{name}` is not a name inside the part",
+                part.path
+            ));
+        }
+        let root = Self::part_path(dir, part);
+        Ok(match (part.is_asset(), name) {
+            (true, _) => root.join(name),
+            (false, "weight.bin") => root.join("Data/com.apple.CoreML/weights/weight.bin"),
+            (false, other) => root.join("Data/com.apple.CoreML").join(other),
+        })
     }
 
     /// The parts cover the model's layers once, in order; the first embeds, the last computes
@@ -210,6 +251,14 @@ impl ChainFile {
                 ));
             }
             next = p.layers.end;
+            if p.is_asset() != self.contract.target.is_coreai() {
+                return Err(format!(
+                    "part {i}: `{}` for target `{}` (Core AI parts are `.aimodel` assets, \
+                     the others ML packages)",
+                    p.path,
+                    self.contract.target.as_str()
+                ));
+            }
             if let Some(j) = self.parts[..i].iter().position(|q| q.path == p.path) {
                 return Err(format!(
                     "parts {j} and {i} are both `{}`: one package cannot run two layer ranges",

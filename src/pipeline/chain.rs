@@ -10,7 +10,9 @@ use std::time::Instant;
 use super::contract::contract_for;
 use super::error::{io_err, ConvertError};
 use super::options::ConvertOptions;
-use super::package_files::{package_hashes, source_hashes, stage_sidecars, weight_bin, Outputs};
+use super::package_files::{
+    asset_hashes, asset_weight_bytes, package_hashes, stage_sidecars, weight_bin, Outputs,
+};
 use super::ranges::scaling_for;
 use super::summary::{report_bytes, ConvertSummary, StageTimes};
 use super::weights::WeightStream;
@@ -91,7 +93,7 @@ pub fn convert_chain(
     let mut outputs = Outputs::for_package(&opts.output)?;
     let spec = ckpt.spec().clone();
     let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
-    let contract = contract_for(ckpt, opts, &scaling, job.recipe, source_hashes(ckpt)?)?;
+    let contract = contract_for(ckpt, opts, &scaling, job.recipe, opts.source_hashes(ckpt)?)?;
     let model_name = ckpt
         .dir()
         .file_name()
@@ -110,7 +112,12 @@ pub fn convert_chain(
     for (i, (pp, names)) in job.plan.parts.iter().zip(names).enumerate() {
         progress.working_on(&format!("part {}/{n}: reading and palettizing", i + 1));
         let w = weights.take(&names)?;
-        progress.working_on(&format!("part {}/{n}: coremltools", i + 1));
+        let serializer = if opts.target.is_coreai() {
+            "coreai-core"
+        } else {
+            "coremltools"
+        };
+        progress.working_on(&format!("part {}/{n}: {serializer}", i + 1));
         let t = Instant::now();
         let graph = decoder::build_part(&spec, w, &step, &graph_part(pp))?;
         predicted += graph.const_bytes();
@@ -120,9 +127,17 @@ pub fn convert_chain(
         let meta = Metadata::for_part(&contract, &part, i, n, &model_name)?;
         let path = dir.path().join(&part.path);
         std::fs::create_dir(&path).map_err(io_err(&path))?;
-        emit = Some(crate::emit::emit(graph, &meta, &opts.python_env, &path)?);
+        emit = Some(if opts.target.is_coreai() {
+            super::convert::emit_one_asset(graph, &part.outputs, meta, opts, &path)?
+        } else {
+            crate::emit::emit(graph, &meta, &opts.python_env, &path)?
+        });
         crate::fsutil::release_free_memory();
-        part.sha256 = package_hashes(&path)?;
+        part.sha256 = if part.is_asset() {
+            asset_hashes(&path)?
+        } else {
+            package_hashes(&path)?
+        };
         part.bytes = dir_bytes(&path).map_err(io_err(&path))?;
         parts.push(part);
         times.serialize += t.elapsed().as_secs_f64();
@@ -195,7 +210,7 @@ fn describe(
         opts.precision.as_str(),
     );
     ChainPart {
-        path: format!("part-{i}.mlpackage"),
+        path: format!("part-{i}.{}", opts.target.extension()),
         layers: pp.layers.clone(),
         embedding: pp.embedding,
         head: pp.head,
@@ -206,12 +221,14 @@ fn describe(
     }
 }
 
-/// Bytes of every part's weight.bin.
+/// Bytes of every part's weight.bin (a Core AI part's bytecode, which holds its weights).
 fn chain_weight_bytes(dir: &Path, chain: &ChainFile) -> Result<u64, ConvertError> {
     let mut total = 0;
     for p in &chain.parts {
-        let wb = weight_bin(&ChainFile::part_path(dir, p));
-        if let Ok(m) = std::fs::metadata(&wb) {
+        let path = ChainFile::part_path(dir, p);
+        if p.is_asset() {
+            total += asset_weight_bytes(&path).map_err(io_err(&path))?;
+        } else if let Ok(m) = std::fs::metadata(weight_bin(&path)) {
             total += m.len();
         }
     }

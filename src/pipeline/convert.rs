@@ -9,9 +9,7 @@ use super::chain;
 use super::contract::contract_for;
 use super::error::{io_err, ConvertError};
 use super::options::ConvertOptions;
-use super::package_files::{
-    asset_weight_bytes, source_hashes, stage_sidecars, weight_bin, Outputs,
-};
+use super::package_files::{asset_weight_bytes, stage_sidecars, weight_bin, Outputs};
 use super::ranges::scaling_for;
 use super::summary::{report_bytes, ConvertSummary, StageTimes};
 use super::weights::WeightStream;
@@ -45,13 +43,6 @@ pub fn convert(
     if let Some(limit) = opts.max_package_size {
         let plan = chain::plan(ckpt, opts, &weights, limit)?;
         if !plan.is_single() {
-            if opts.target.is_coreai() {
-                return Err(ConvertError::CoreAi(format!(
-                    "writes one asset: this model needs {} parts under --max-package-size, \
-                     and chains of .aimodel parts are not built (raise the limit)",
-                    plan.parts.len()
-                )));
-            }
             // Refused before anything is built: a chain of stateful parts is not supported.
             crate::graph::decoder::check_kv_cache(opts.kv_cache, opts.target, opts.layout, false)?;
             if opts.prefill_len > 0 {
@@ -84,7 +75,7 @@ pub fn convert(
     let step = opts.step_options(&scaling);
     let graphs = build_functions(&spec, taken, &step, opts.prefill_len, opts.prefill_logits)?;
     let predicted_weight_bytes = graphs[0].1.const_bytes();
-    let files = source_hashes(ckpt)?;
+    let files = opts.source_hashes(ckpt)?;
     let contract = contract_for(ckpt, opts, &scaling, recipe, files)?;
     let model_name = ckpt
         .dir()
@@ -167,27 +158,16 @@ pub fn convert(
 fn emit_asset(
     graphs: Vec<(String, Graph)>,
     contract: &contract::Contract,
-    mut meta: Metadata,
+    meta: Metadata,
     opts: &ConvertOptions,
     into: &std::path::Path,
 ) -> Result<EmitReport, EmitError> {
-    if let Some(bits) = graphs.iter().filter_map(|(_, g)| g.min_lut_bits()).min() {
-        meta.user_defined.insert(
-            crate::runtime::coreai::MIN_BITS_KEY.to_string(),
-            bits.to_string(),
-        );
-    }
-    let r = if graphs.len() == 1 {
+    if graphs.len() == 1 {
         let (_, graph) = graphs.into_iter().next().expect("one graph");
-        crate::emit::coreai::emit_coreai(
-            graph,
-            &contract.outputs,
-            &meta,
-            &opts.python_env,
-            into,
-            crate::emit::coreai::Arithmetic::Native,
-        )?
-    } else {
+        return emit_one_asset(graph, &contract.outputs, meta, opts, into);
+    }
+    let meta = with_min_bits(meta, graphs.iter().map(|(_, g)| g));
+    let r = {
         let functions = graphs
             .into_iter()
             .map(|(name, graph)| {
@@ -199,14 +179,51 @@ fn emit_asset(
             .collect::<Result<Vec<_>, EmitError>>()?;
         crate::emit::coreai::emit_coreai_functions(functions, &meta, &opts.python_env, into)?
     };
-    Ok(EmitReport {
+    Ok(asset_report(r))
+}
+
+/// Serialize one graph (a model's `main`, or a chain part) whose outputs are `outputs` as a
+/// Core AI asset in `into`, in native arithmetic.
+pub(super) fn emit_one_asset(
+    graph: Graph,
+    outputs: &[contract::IoSpec],
+    meta: Metadata,
+    opts: &ConvertOptions,
+    into: &std::path::Path,
+) -> Result<EmitReport, EmitError> {
+    let meta = with_min_bits(meta, [&graph]);
+    let r = crate::emit::coreai::emit_coreai(
+        graph,
+        outputs,
+        &meta,
+        &opts.python_env,
+        into,
+        crate::emit::coreai::Arithmetic::Native,
+    )?;
+    Ok(asset_report(r))
+}
+
+/// The metadata, recording the fewest bits of any palettized weight of `graphs` (absent when
+/// every weight is fp16).
+fn with_min_bits<'g>(mut meta: Metadata, graphs: impl IntoIterator<Item = &'g Graph>) -> Metadata {
+    if let Some(bits) = graphs.into_iter().filter_map(Graph::min_lut_bits).min() {
+        meta.user_defined.insert(
+            crate::runtime::coreai::MIN_BITS_KEY.to_string(),
+            bits.to_string(),
+        );
+    }
+    meta
+}
+
+fn asset_report(r: crate::emit::coreai::CoreAiReport) -> EmitReport {
+    EmitReport {
         package: r.asset,
         coremltools_version: String::new(),
         coreai_version: Some(r.coreai_version),
         specification_version: 0,
         op_counts: r.op_counts,
         python_env: r.python_env,
-    })
+    }
 }
 
 /// The program's functions: `main` alone, or with `prefill_len` > 0 `prefill` (Q =

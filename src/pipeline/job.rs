@@ -528,8 +528,18 @@ impl Job {
         ))
     }
 
+    /// The Python environment the serializer runs in, its packages imported.
+    fn python(&self) -> Result<PythonEnv, JobError> {
+        let env = PythonEnv::discover(self.python_env.as_deref())
+            .map_err(crate::emit::EmitError::from)?;
+        crate::emit::check_environment(&env)?;
+        Ok(env)
+    }
+
     /// Open, plan and convert.
     pub fn run(&self, progress: &dyn Progress) -> Result<ConvertSummary, JobError> {
+        // Before the sources are hashed (minutes at 8B): a missing environment fails at once.
+        self.python()?;
         let inputs = self.inputs()?;
         let opened = self.open(progress)?;
         self.convert(&opened, inputs, progress)
@@ -560,9 +570,7 @@ impl Job {
         })?;
         let given = self.given_ranges()?;
         // Find Python before the expensive stages so a missing environment fails fast.
-        let python_env = PythonEnv::discover(self.python_env.as_deref())
-            .map_err(crate::emit::EmitError::from)?;
-        crate::emit::check_environment(&python_env)?;
+        let python_env = self.python()?;
         progress.detail(&format!(
             "python environment: {}",
             python_env.root.display()
@@ -598,6 +606,8 @@ impl Job {
             ranges,
             force: self.force,
             python_env,
+            // A GGUF's contract hashes what its checkpoint lists, not the one file.
+            source_hashes: (!self.is_gguf()).then(|| inputs.sources.clone()),
             inputs: Some(inputs),
             max_package_size: Some(self.package_limit()?),
             target: self.package.target,

@@ -1,6 +1,7 @@
 //! What a conversion is asked for besides the checkpoint's weights: [`ConvertOptions`], and the
 //! precision the program computes in.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -54,6 +55,10 @@ pub struct ConvertOptions {
     pub python_env: PythonEnv,
     /// What the package is made from, recorded in `X.report.json` (see [`Inputs`]).
     pub inputs: Option<Inputs>,
+    /// sha256 of the checkpoint's files as [`super::package_files::source_hashes`] computes
+    /// them, when the caller has them already (hashing an 8B checkpoint reads 16 GB); `None`:
+    /// computed when the contract is written.
+    pub source_hashes: Option<BTreeMap<String, String>>,
     /// Split into a chain of packages of at most this many bytes each when the model does not
     /// fit in one (docs/design.md, "Chained packages"); `None`: always one package.
     pub max_package_size: Option<u64>,
@@ -71,6 +76,17 @@ pub struct ConvertOptions {
 }
 
 impl ConvertOptions {
+    /// The checkpoint's file hashes the contract records.
+    pub(super) fn source_hashes(
+        &self,
+        ckpt: &crate::checkpoint::Checkpoint,
+    ) -> Result<BTreeMap<String, String>, super::error::ConvertError> {
+        match &self.source_hashes {
+            Some(h) => Ok(h.clone()),
+            None => super::package_files::source_hashes(ckpt),
+        }
+    }
+
     /// The graph builder's options for these settings and the chosen residual scaling (one
     /// package and every part of a chain are built with the same).
     pub(super) fn step_options(&self, scaling: &Scaling) -> StepOptions {

@@ -140,6 +140,23 @@ pub(super) fn package_hashes(package: &Path) -> Result<BTreeMap<String, String>,
     Ok(out)
 }
 
+/// sha256 of every file of a Core AI asset (`metadata.json`, each function's `.mlirb` and
+/// `.hash`), by name: a chain part's entry in `chain.json`.
+pub(super) fn asset_hashes(asset: &Path) -> Result<BTreeMap<String, String>, ConvertError> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(asset).map_err(io_err(asset))? {
+        let path = entry.map_err(io_err(asset))?.path();
+        if path.is_file() {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            out.insert(name, sha256_file(&path).map_err(io_err(&path))?);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

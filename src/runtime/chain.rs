@@ -1,16 +1,18 @@
 //! Running a chain of packages as one model (docs/design.md, "Chained packages"): each step
-//! runs the parts in order, hands each the hidden state of the one before and its own layers'
-//! rows of the caches, and joins their cache updates. The hidden state is passed exactly as the
-//! part returned it (the residual stream times α, as inside one package), so the chain computes
-//! the logits one package computes, bit for bit.
+//! runs the parts in order (ML packages in the interpreter, Core AI parts in Apple's runtime),
+//! hands each the hidden state of the one before and its own layers' rows of the caches, and
+//! joins their cache updates. The hidden state is passed exactly as the part returned it (the
+//! residual stream times α, as inside one package), so the chain computes the logits one
+//! package computes, bit for bit.
 
 use std::path::{Path, PathBuf};
 
 use half::f16;
 
-use super::coreai::CoreAiModel;
-use super::interp::{check_step, concat_rows, Options, Package, Program, Stats, Tensor};
+use super::coreai::{asset_err, CoreAiModel};
+use super::interp::{check_step, concat_rows, Compute, Options, Package, Program, Stats, Tensor};
 use super::{RuntimeError, StepModel, StepOutput};
+use crate::aimodel;
 use crate::mil::chain::{self, ChainFile};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::MlPackage;
@@ -20,7 +22,28 @@ use crate::mlpackage::MlPackage;
 pub struct Chain {
     dir: PathBuf,
     chain: ChainFile,
-    programs: Vec<Program>,
+    parts: Vec<PartRunner>,
+}
+
+/// What executes one part: hf2coreml's interpreter for an ML package, Apple's Core AI runtime
+/// for an `.aimodel` part (loaded once, for the length of the command).
+#[derive(Debug)]
+enum PartRunner {
+    Mil(Box<Program>),
+    CoreAi(aimodel::Session),
+}
+
+/// The hidden state between parts, as the part before returned it.
+enum Hidden {
+    Mil(Tensor),
+    CoreAi(aimodel::Tensor),
+}
+
+/// What one part returns: the hidden state or the logits, and its layers' cache rows.
+struct PartOutput {
+    hidden: Option<Hidden>,
+    logits: Vec<f32>,
+    cache: Option<(Vec<f16>, Vec<f16>)>,
 }
 
 fn contract_err(path: &Path, msg: String) -> RuntimeError {
@@ -31,37 +54,83 @@ fn contract_err(path: &Path, msg: String) -> RuntimeError {
 }
 
 impl Chain {
-    /// Read `dir/chain.json` and compile every part, checking each part's declared inputs
-    /// against the chain file.
+    /// Read `dir/chain.json` and compile every part (or load it in Apple's runtime), checking
+    /// each part's declared inputs against the chain file.
     pub fn load(dir: &Path, options: Options) -> Result<Self, RuntimeError> {
         let chain = ChainFile::read(dir).map_err(|e| contract_err(dir, e.to_string()))?;
-        let mut programs = Vec::with_capacity(chain.parts.len());
+        let env = if chain.contract.target.is_coreai() {
+            Some(super::coreai::python_env()?)
+        } else {
+            None
+        };
+        let mut parts = Vec::with_capacity(chain.parts.len());
         for part in &chain.parts {
             let path = ChainFile::part_path(dir, part);
-            let pkg = MlPackage::open(&path)?;
-            let program = Program::load(&pkg, options)?;
-            for want in &part.inputs {
-                let found = program.inputs().find(|(n, _)| *n == want.name);
-                match found {
-                    Some((_, ty)) if ty.shape == want.shape => {}
-                    _ => {
+            let declared: Vec<(String, Vec<usize>)>;
+            let runner = match &env {
+                Some(env) => {
+                    if !crate::aimodel::is_aimodel(&path) {
+                        return Err(contract_err(&path, "not a Core AI asset".into()));
+                    }
+                    let session = aimodel::Session::open(env, &path).map_err(asset_err)?;
+                    let functions = session.functions().map_err(asset_err)?;
+                    let main = functions
+                        .iter()
+                        .find(|f| f.name == super::coreai::FUNCTION)
+                        .ok_or_else(|| {
+                            contract_err(
+                                &path,
+                                format!("no function `{}`", super::coreai::FUNCTION),
+                            )
+                        })?;
+                    if let Some(missing) = part
+                        .outputs
+                        .iter()
+                        .find(|o| !main.outputs.contains(&o.name))
+                    {
                         return Err(contract_err(
                             &path,
-                            format!(
-                                "the chain file gives input `{}` the shape {:?}; the program \
-                                 does not declare it so",
-                                want.name, want.shape
-                            ),
-                        ))
+                            format!("the part returns no output `{}`", missing.name),
+                        ));
                     }
+                    declared = main
+                        .inputs
+                        .iter()
+                        .map(|i| (i.name.clone(), i.shape.clone()))
+                        .collect();
+                    PartRunner::CoreAi(session)
+                }
+                None => {
+                    let pkg = MlPackage::open(&path)?;
+                    let program = Program::load(&pkg, options)?;
+                    declared = program
+                        .inputs()
+                        .map(|(n, ty)| (n.to_string(), ty.shape.clone()))
+                        .collect();
+                    PartRunner::Mil(Box::new(program))
+                }
+            };
+            for want in &part.inputs {
+                if !declared
+                    .iter()
+                    .any(|(n, shape)| *n == want.name && *shape == want.shape)
+                {
+                    return Err(contract_err(
+                        &path,
+                        format!(
+                            "the chain file gives input `{}` the shape {:?}; the program \
+                             does not declare it so",
+                            want.name, want.shape
+                        ),
+                    ));
                 }
             }
-            programs.push(program);
+            parts.push(runner);
         }
         Ok(Chain {
             dir: dir.to_path_buf(),
             chain,
-            programs,
+            parts,
         })
     }
 
@@ -73,7 +142,179 @@ impl Chain {
         &self.dir
     }
 
-    /// One step through every part, optionally collecting range statistics.
+    /// Whether Apple's Core AI runtime executes the parts (a chain of `.aimodel` parts).
+    pub fn is_coreai(&self) -> bool {
+        self.chain.contract.target.is_coreai()
+    }
+
+    /// The fewest bits of any palettized weight of a Core AI chain's parts, as the converter
+    /// recorded them in each part's metadata (`None`: every weight is fp16, or an ML package
+    /// chain, whose weights `validate` reads itself).
+    pub fn asset_min_bits(&self) -> Result<Option<u32>, RuntimeError> {
+        let mut min = None;
+        for part in self.chain.parts.iter().filter(|p| p.is_asset()) {
+            let path = ChainFile::part_path(&self.dir, part);
+            let bits = super::coreai::recorded_min_bits(&path)?;
+            min = match (min, bits) {
+                (Some(a), Some(b)) => Some(u32::min(a, b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok(min)
+    }
+
+    /// The functions each Core AI part declares, in chain order (for `validate` and
+    /// `inspect`); empty for a chain of ML packages.
+    pub fn asset_functions(&self) -> Result<Vec<Vec<aimodel::FunctionDesc>>, RuntimeError> {
+        self.parts
+            .iter()
+            .filter_map(|p| match p {
+                PartRunner::CoreAi(s) => Some(s.functions().map_err(asset_err)),
+                PartRunner::Mil(_) => None,
+            })
+            .collect()
+    }
+
+    /// Run part `i` on the hidden state (or the tokens, for the first part) and its layers'
+    /// cache rows.
+    #[allow(clippy::too_many_arguments)]
+    fn run_part(
+        &self,
+        i: usize,
+        hidden: Option<Hidden>,
+        input_ids: &[i32],
+        pos: i32,
+        key_cache: &[f16],
+        value_cache: &[f16],
+        stats: Option<&mut Stats>,
+    ) -> Result<PartOutput, RuntimeError> {
+        let (part, runner) = (&self.chain.parts[i], &self.parts[i]);
+        let c = &self.chain.contract;
+        let per_layer = c.num_kv_heads * c.max_seq_len * c.head_dim;
+        let (l0, l1) = (part.layers.start, part.layers.end);
+        let shape = vec![l1 - l0, c.num_kv_heads, c.max_seq_len, c.head_dim];
+        let rows = l0 * per_layer..l1 * per_layer;
+        let missing =
+            |name: &str| contract_err(&self.dir, format!("{}: no output `{name}`", part.path));
+        match runner {
+            PartRunner::Mil(program) => {
+                let mut inputs = Vec::with_capacity(4);
+                match hidden {
+                    Some(Hidden::Mil(h)) if !part.embedding => inputs.push((chain::HIDDEN_IN, h)),
+                    _ => inputs.push((
+                        contract::INPUT_IDS,
+                        Tensor::i32(vec![1, c.query_len], input_ids),
+                    )),
+                }
+                if l1 > l0 {
+                    inputs.push((contract::POSITION, Tensor::i32(vec![1], &[pos])));
+                    inputs.push((
+                        contract::KEY_CACHE,
+                        Tensor::f16(shape.clone(), key_cache[rows.clone()].to_vec()),
+                    ));
+                    inputs.push((
+                        contract::VALUE_CACHE,
+                        Tensor::f16(shape, value_cache[rows].to_vec()),
+                    ));
+                }
+                let mut out = program.run(inputs, stats)?;
+                let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
+                let (mut hidden, mut logits) = (None, Vec::new());
+                if part.head {
+                    let parts = c
+                        .logits_outputs()
+                        .into_iter()
+                        .map(|(name, width)| take(&name).map(|t| (t, width)))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    logits = concat_rows(&parts, c.query_len);
+                } else {
+                    hidden = Some(Hidden::Mil(take(chain::HIDDEN_OUT)?));
+                }
+                let cache = if l1 > l0 {
+                    Some((
+                        take(contract::KEY_UPDATE)?.to_f16_vec(),
+                        take(contract::VALUE_UPDATE)?.to_f16_vec(),
+                    ))
+                } else {
+                    None
+                };
+                Ok(PartOutput {
+                    hidden,
+                    logits,
+                    cache,
+                })
+            }
+            PartRunner::CoreAi(session) => {
+                // A float input as the part declares it (fp32 parts of an fp32 chain).
+                let float = |name: &str, v: &[f16], shape: Vec<usize>| {
+                    let fp32 = part
+                        .inputs
+                        .iter()
+                        .any(|i| i.name == name && i.dtype == "fp32");
+                    if fp32 {
+                        aimodel::Tensor::F32(v.iter().map(|x| x.to_f32()).collect(), shape)
+                    } else {
+                        aimodel::Tensor::F16(v.to_vec(), shape)
+                    }
+                };
+                let mut inputs = Vec::with_capacity(4);
+                match hidden {
+                    Some(Hidden::CoreAi(h)) if !part.embedding => {
+                        inputs.push((chain::HIDDEN_IN.to_string(), h))
+                    }
+                    _ => inputs.push((
+                        contract::INPUT_IDS.to_string(),
+                        aimodel::Tensor::I32(input_ids.to_vec(), vec![1, c.query_len]),
+                    )),
+                }
+                if l1 > l0 {
+                    inputs.push((
+                        contract::POSITION.to_string(),
+                        aimodel::Tensor::I32(vec![pos], vec![1]),
+                    ));
+                    inputs.push((
+                        contract::KEY_CACHE.to_string(),
+                        float(contract::KEY_CACHE, &key_cache[rows.clone()], shape.clone()),
+                    ));
+                    inputs.push((
+                        contract::VALUE_CACHE.to_string(),
+                        float(contract::VALUE_CACHE, &value_cache[rows], shape),
+                    ));
+                }
+                let mut out = session
+                    .call(super::coreai::FUNCTION, inputs)
+                    .map_err(asset_err)?;
+                let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
+                let (mut hidden, mut logits) = (None, Vec::new());
+                if part.head {
+                    let parts = c
+                        .logits_outputs()
+                        .into_iter()
+                        .map(|(name, width)| take(&name).map(|t| (t.to_f32(), width)))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    logits = super::coreai::interleave_rows(&parts, c.query_len);
+                } else {
+                    hidden = Some(Hidden::CoreAi(take(chain::HIDDEN_OUT)?));
+                }
+                let cache = if l1 > l0 {
+                    Some((
+                        take(contract::KEY_UPDATE)?.to_f16(),
+                        take(contract::VALUE_UPDATE)?.to_f16(),
+                    ))
+                } else {
+                    None
+                };
+                Ok(PartOutput {
+                    hidden,
+                    logits,
+                    cache,
+                })
+            }
+        }
+    }
+
+    /// One step through every part, optionally collecting range statistics (the
+    /// interpreter's parts only: Apple's runtime reports none).
     pub fn step_with_stats(
         &self,
         input_ids: &[i32],
@@ -84,53 +325,27 @@ impl Chain {
     ) -> Result<StepOutput, RuntimeError> {
         let c = &self.chain.contract;
         let pos = check_step(c, input_ids, position, key_cache, value_cache)?;
-        let per_layer = c.num_kv_heads * c.max_seq_len * c.head_dim;
-        let mut hidden: Option<Tensor> = None;
+        let mut hidden: Option<Hidden> = None;
         let mut logits = Vec::new();
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
         let (mut key_update, mut value_update) = (Vec::with_capacity(upd), Vec::with_capacity(upd));
-        for (part, program) in self.chain.parts.iter().zip(&self.programs) {
-            let mut inputs = Vec::with_capacity(4);
-            match hidden.take() {
-                Some(h) if !part.embedding => inputs.push((chain::HIDDEN_IN, h)),
-                _ => inputs.push((
-                    contract::INPUT_IDS,
-                    Tensor::i32(vec![1, c.query_len], input_ids),
-                )),
+        for i in 0..self.parts.len() {
+            let out = self.run_part(
+                i,
+                hidden.take(),
+                input_ids,
+                pos,
+                key_cache,
+                value_cache,
+                stats.as_deref_mut(),
+            )?;
+            hidden = out.hidden;
+            if self.chain.parts[i].head {
+                logits = out.logits;
             }
-            let (l0, l1) = (part.layers.start, part.layers.end);
-            if l1 > l0 {
-                let shape = vec![l1 - l0, c.num_kv_heads, c.max_seq_len, c.head_dim];
-                let rows = l0 * per_layer..l1 * per_layer;
-                inputs.push((contract::POSITION, Tensor::i32(vec![1], &[pos])));
-                inputs.push((
-                    contract::KEY_CACHE,
-                    Tensor::f16(shape.clone(), key_cache[rows.clone()].to_vec()),
-                ));
-                inputs.push((
-                    contract::VALUE_CACHE,
-                    Tensor::f16(shape, value_cache[rows].to_vec()),
-                ));
-            }
-            let mut out = program.run(inputs, stats.as_deref_mut())?;
-            let mut take = |name: &str| {
-                out.remove(name).ok_or_else(|| {
-                    contract_err(&self.dir, format!("{}: no output `{name}`", part.path))
-                })
-            };
-            if part.head {
-                let parts = c
-                    .logits_outputs()
-                    .into_iter()
-                    .map(|(name, width)| take(&name).map(|t| (t, width)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                logits = concat_rows(&parts, c.query_len);
-            } else {
-                hidden = Some(take(chain::HIDDEN_OUT)?);
-            }
-            if l1 > l0 {
-                key_update.extend(take(contract::KEY_UPDATE)?.to_f16_vec());
-                value_update.extend(take(contract::VALUE_UPDATE)?.to_f16_vec());
+            if let Some((k, v)) = out.cache {
+                key_update.extend(k);
+                value_update.extend(v);
             }
         }
         if logits.len() != c.query_len * c.vocab_size
@@ -150,6 +365,9 @@ impl Chain {
     }
 }
 
+/// The runtime name `validate` reports for Core AI assets and chains of them.
+const COREAI_RUNTIME: &str = "Apple Core AI runtime (coreai-core)";
+
 /// A saved model: one package, a chain directory, or a Core AI asset (what `run` and
 /// `validate` take).
 #[derive(Debug)]
@@ -164,6 +382,22 @@ impl Saved {
     /// A chain when `path` holds a chain file, a Core AI asset when it holds Core AI's files,
     /// else a package.
     pub fn load(path: &Path, options: Options) -> Result<Self, RuntimeError> {
+        let coreai = crate::aimodel::is_aimodel(path)
+            || (chain::is_chain(path)
+                && ChainFile::read(path).is_ok_and(|c| c.contract.target.is_coreai()));
+        let option = if options.compute == Compute::F32 {
+            Some("--compute f32")
+        } else if options.dense_weights {
+            Some("--dense-weights")
+        } else {
+            None
+        };
+        if let (true, Some(option)) = (coreai, option) {
+            return Err(RuntimeError::NotInterpreted {
+                path: path.display().to_string(),
+                option,
+            });
+        }
         if crate::aimodel::is_aimodel(path) {
             Ok(Saved::CoreAi(Box::new(CoreAiModel::load(path)?)))
         } else if chain::is_chain(path) {
@@ -178,7 +412,14 @@ impl Saved {
     pub fn programs(&self) -> Vec<&Program> {
         match self {
             Saved::Package(p) => vec![p.program()],
-            Saved::Chain(c) => c.programs.iter().collect(),
+            Saved::Chain(c) => c
+                .parts
+                .iter()
+                .filter_map(|p| match p {
+                    PartRunner::Mil(program) => Some(program.as_ref()),
+                    PartRunner::CoreAi(_) => None,
+                })
+                .collect(),
             Saved::CoreAi(_) => Vec::new(),
         }
     }
@@ -194,8 +435,9 @@ impl Saved {
     /// What executes the steps: hf2coreml's MIL interpreter, or Apple's Core AI runtime.
     pub fn runtime_name(&self) -> &'static str {
         match self {
+            Saved::Chain(c) if c.is_coreai() => COREAI_RUNTIME,
             Saved::Package(_) | Saved::Chain(_) => "hf2coreml MIL interpreter",
-            Saved::CoreAi(_) => "Apple Core AI runtime (coreai-core)",
+            Saved::CoreAi(_) => COREAI_RUNTIME,
         }
     }
 

@@ -19,6 +19,39 @@ pub const FUNCTION: &str = "main";
 /// read back, so the converter records it.
 pub const MIN_BITS_KEY: &str = "hf2coreml.min_bits";
 
+/// The fewest bits of any palettized weight of the asset at `path`, as the converter recorded
+/// it in its metadata (`None`: every weight is fp16).
+pub fn recorded_min_bits(path: &Path) -> Result<Option<u32>, RuntimeError> {
+    let meta = aimodel::read_metadata(path).map_err(asset_err)?;
+    let Some(b) = meta.user_defined.get(MIN_BITS_KEY) else {
+        return Ok(None);
+    };
+    b.parse::<u32>()
+        .ok()
+        .filter(|b| (1..=8).contains(b))
+        .map(Some)
+        .ok_or_else(|| RuntimeError::Contract {
+            path: path.display().to_string(),
+            msg: format!("metadata `{MIN_BITS_KEY}` is `{b}`, not a bit width 1-8"),
+        })
+}
+
+/// `rows` rows of logits from the vocabulary's parts (`(values, width)`, each [rows, width]):
+/// each row the parts' rows side by side. A part shorter than its rows gives no logits (the
+/// caller checks the length).
+pub(super) fn interleave_rows(parts: &[(Vec<f32>, usize)], rows: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * parts.iter().map(|(_, w)| w).sum::<usize>());
+    if parts.iter().any(|(p, w)| p.len() != rows * w) {
+        return out;
+    }
+    for row in 0..rows {
+        for (part, w) in parts {
+            out.extend_from_slice(&part[row * w..(row + 1) * w]);
+        }
+    }
+    out
+}
+
 /// A loaded `.aimodel` and its contract.
 #[derive(Debug)]
 pub struct CoreAiModel {
@@ -31,7 +64,16 @@ pub struct CoreAiModel {
     session: Session,
 }
 
-fn asset_err(_path: &Path, e: aimodel::AimodelError) -> RuntimeError {
+/// The Python environment whose Core AI runtime executes assets.
+pub(super) fn python_env() -> Result<PythonEnv, RuntimeError> {
+    PythonEnv::discover(None).map_err(|e| match e {
+        PyEnvError::Environment(e) => RuntimeError::Environment(e),
+        other => RuntimeError::Program(other.to_string()),
+    })
+}
+
+/// A Core AI error as the runtime reports it (an unusable environment keeps its exit code).
+pub(super) fn asset_err(e: aimodel::AimodelError) -> RuntimeError {
     match e {
         aimodel::AimodelError::Python(PyEnvError::Environment(e)) => RuntimeError::Environment(e),
         // The error names the asset already.
@@ -43,20 +85,8 @@ impl CoreAiModel {
     /// Load `path` with the Core AI runtime of the discovered Python environment, and check
     /// that it declares the contract's inputs.
     pub fn load(path: &Path) -> Result<Self, RuntimeError> {
-        let contract = aimodel::read_contract(path).map_err(|e| asset_err(path, e))?;
-        let meta = aimodel::read_metadata(path).map_err(|e| asset_err(path, e))?;
-        let min_bits = match meta.user_defined.get(MIN_BITS_KEY) {
-            None => None,
-            Some(b) => Some(
-                b.parse::<u32>()
-                    .ok()
-                    .filter(|b| (1..=8).contains(b))
-                    .ok_or_else(|| RuntimeError::Contract {
-                        path: path.display().to_string(),
-                        msg: format!("metadata `{MIN_BITS_KEY}` is `{b}`, not a bit width 1-8"),
-                    })?,
-            ),
-        };
+        let contract = aimodel::read_contract(path).map_err(asset_err)?;
+        let min_bits = recorded_min_bits(path)?;
         if !contract.target.is_coreai() {
             return Err(RuntimeError::Contract {
                 path: path.display().to_string(),
@@ -93,11 +123,8 @@ impl CoreAiModel {
                 msg: format!("several functions and none named `{}`", contract::DECODE),
             });
         }
-        let env = PythonEnv::discover(None).map_err(|e| match e {
-            PyEnvError::Environment(e) => RuntimeError::Environment(e),
-            other => RuntimeError::Program(other.to_string()),
-        })?;
-        let session = Session::open(&env, path).map_err(|e| asset_err(path, e))?;
+        let env = python_env()?;
+        let session = Session::open(&env, path).map_err(asset_err)?;
         let model = CoreAiModel {
             path: path.to_path_buf(),
             contract,
@@ -112,10 +139,7 @@ impl CoreAiModel {
     /// Each of the asset's functions declares its contract's inputs, shapes included, and its
     /// outputs.
     fn check_interface(&self) -> Result<(), RuntimeError> {
-        let declared = self
-            .session
-            .functions()
-            .map_err(|e| asset_err(&self.path, e))?;
+        let declared = self.session.functions().map_err(asset_err)?;
         let bad = |msg: String| RuntimeError::Contract {
             path: self.path.display().to_string(),
             msg,
@@ -202,9 +226,7 @@ impl CoreAiModel {
 
     /// The functions the runtime reports, for `inspect`.
     pub fn functions(&self) -> Result<Vec<aimodel::FunctionDesc>, RuntimeError> {
-        self.session
-            .functions()
-            .map_err(|e| asset_err(&self.path, e))
+        self.session.functions().map_err(asset_err)
     }
 
     fn float(&self, name: &str, values: &[f16], shape: Vec<usize>) -> Tensor {
@@ -249,10 +271,7 @@ impl CoreAiModel {
                 self.float(contract::VALUE_CACHE, value_cache, cache_shape),
             ),
         ];
-        let mut out = self
-            .session
-            .call(function, inputs)
-            .map_err(|e| asset_err(&self.path, e))?;
+        let mut out = self.session.call(function, inputs).map_err(asset_err)?;
         let mut take = |name: &str| {
             out.remove(name).ok_or_else(|| RuntimeError::Contract {
                 path: self.path.display().to_string(),
@@ -265,20 +284,9 @@ impl CoreAiModel {
             .map(|(name, w)| Ok((take(&name)?.to_f32(), w)))
             .collect::<Result<Vec<_>, RuntimeError>>()?;
         let (q, v, rows) = (c.query_len, c.vocab_size, c.logits_rows());
-        let mut logits = Vec::with_capacity(rows * v);
-        for row in 0..rows {
-            for (part, w) in &parts {
-                logits.extend_from_slice(&part[row * w..(row + 1) * w]);
-            }
-        }
-        let to_f16 = |t: Tensor| -> Vec<f16> {
-            match t {
-                Tensor::F16(v, _) => v,
-                other => other.to_f32().into_iter().map(f16::from_f32).collect(),
-            }
-        };
-        let k = to_f16(take(contract::KEY_UPDATE)?);
-        let val = to_f16(take(contract::VALUE_UPDATE)?);
+        let logits = interleave_rows(&parts, rows);
+        let k = take(contract::KEY_UPDATE)?.to_f16();
+        let val = take(contract::VALUE_UPDATE)?.to_f16();
         let upd = c.num_layers * c.num_kv_heads * q * c.head_dim;
         if logits.len() != rows * v || k.len() != upd || val.len() != upd {
             return Err(RuntimeError::Contract {

@@ -1,4 +1,4 @@
-//! `validate` of an `.aimodel`: the same contract, reference and gates as for a package, with
+//! `validate` of an `.aimodel` (or a chain of them): the same contract, reference and gates as for a package, with
 //! the logits produced by Apple's Core AI runtime. The asset's bytecode is compiled by that
 //! runtime, not read by hf2coreml: its weights are judged by the logits they produce, and the
 //! report says so.
@@ -9,26 +9,39 @@ use super::gates::{default_gates, RecipeKind};
 use super::metrics::compare_logits;
 use super::report::{ContractItem, ValidationReport};
 use super::run::{
-    check_source, item, reference_logits, score_tokens_keeping, text_tokens, ValidateError,
-    ValidateOptions,
+    chain_items, check_hashes, check_source, item, reference_logits, score_tokens_keeping,
+    text_tokens, ValidateError, ValidateOptions,
 };
 use crate::checkpoint::Checkpoint;
+use crate::mil::chain::ChainPart;
 use crate::mil::contract::{self, Contract};
 use crate::progress::Progress;
-use crate::runtime::chain::Saved;
-use crate::runtime::coreai::CoreAiModel;
+use crate::runtime::chain::{Chain, Saved};
+use crate::runtime::coreai::{CoreAiModel, FUNCTION};
+use crate::runtime::RuntimeError;
 
-/// Validate the asset `model` (loaded as `package`) against `ckpt`.
+/// Validate `package`, an asset or a chain of assets at `path`, against `ckpt`.
 pub(super) fn validate_asset(
     path: &Path,
-    model: &CoreAiModel,
     package: &Saved,
     ckpt: &Checkpoint,
     opts: &ValidateOptions,
     progress: &dyn Progress,
 ) -> Result<ValidationReport, ValidateError> {
-    let c = model.contract().clone();
+    let c = package.contract().clone();
     check_source(&c, ckpt, path)?;
+    let (items, min_bits) = match package {
+        Saved::CoreAi(model) => (check_asset(model, &c, ckpt)?, model.min_bits()),
+        Saved::Chain(chain) => (
+            check_asset_chain(path, chain, ckpt)?,
+            chain.asset_min_bits()?,
+        ),
+        Saved::Package(_) => {
+            return Err(ValidateError::Runtime(RuntimeError::Program(
+                "an ML package runs on the interpreter, not Apple's runtime".into(),
+            )))
+        }
+    };
     let tokens = text_tokens(&c, opts)?;
     let (backend, expected) = reference_logits(ckpt, &tokens, opts.reference_budget, progress)?;
     let mut report = ValidationReport::new(
@@ -38,7 +51,7 @@ pub(super) fn validate_asset(
         opts.text_name,
     );
     report.runtime = Some(package.runtime_name().to_string());
-    report.contract = check_asset(model, &c, ckpt)?;
+    report.contract = items;
     let keep = super::functions::prefill_positions(package, tokens.len());
     let (got, _stats, cache) = score_tokens_keeping(package, &tokens, progress, keep)?;
     let comparison = compare_logits(&expected, &got, &tokens)?;
@@ -46,7 +59,7 @@ pub(super) fn validate_asset(
         package, &tokens, &got, &cache,
     )?);
     let gates = if opts.gates.is_empty() {
-        default_gates(RecipeKind::from_min_bits(model.min_bits()))
+        default_gates(RecipeKind::from_min_bits(min_bits))
     } else {
         opts.gates.clone()
     };
@@ -123,11 +136,88 @@ fn check_asset(
             f.outputs.len(),
         ));
     }
-    items.push(ContractItem {
+    items.push(weights_item());
+    Ok(items)
+}
+
+/// What `validate` says of an asset's weights.
+fn weights_item() -> ContractItem {
+    ContractItem {
         what: "weights".into(),
         expected: "decoded and compared with the checkpoint".into(),
         found: "compiled by Apple's runtime, not read back: judged by the logits".into(),
         ok: true,
-    });
+    }
+}
+
+/// A chain of assets: the chain's contract against the checkpoint, each part's `main` function
+/// as Apple's runtime describes it against the inputs and outputs the chain file gives it, and
+/// each part's files against the hashes the chain recorded.
+fn check_asset_chain(
+    path: &Path,
+    chain: &Chain,
+    ckpt: &Checkpoint,
+) -> Result<Vec<ContractItem>, ValidateError> {
+    let file = chain.chain();
+    let c = &file.contract;
+    let mut items = vec![item("target", "coreai", c.target.as_str())];
+    items.extend(chain_items(file, ckpt));
+    for (part, functions) in file.parts.iter().zip(chain.asset_functions()?) {
+        let p = &part.path;
+        let (inputs, outputs) = ChainPart::io(
+            c,
+            file.hidden_size,
+            &part.layers,
+            part.embedding,
+            part.head,
+            &c.compute_precision,
+        );
+        items.push(item(
+            &format!("{p}: inputs as the chain says"),
+            true,
+            inputs == part.inputs,
+        ));
+        items.push(item(
+            &format!("{p}: outputs as the chain says"),
+            true,
+            outputs == part.outputs,
+        ));
+        let names: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+        items.push(item(&format!("{p}: functions"), FUNCTION, names.join(", ")));
+        let Some(f) = functions.iter().find(|f| f.name == FUNCTION) else {
+            continue;
+        };
+        for w in &inputs {
+            let found = f.inputs.iter().find(|i| i.name == w.name);
+            items.push(match found {
+                Some(got) => item(
+                    &format!("{p}: input `{}`", w.name),
+                    format!("{:?}", w.shape),
+                    format!("{:?}", got.shape),
+                ),
+                None => item(&format!("{p}: input `{}`", w.name), "present", "missing"),
+            });
+        }
+        for w in &outputs {
+            let present = f.outputs.contains(&w.name);
+            items.push(item(
+                &format!("{p}: output `{}`", w.name),
+                "present",
+                if present { "present" } else { "missing" },
+            ));
+        }
+        items.push(item(
+            &format!("{p}: input count"),
+            inputs.len(),
+            f.inputs.len(),
+        ));
+        items.push(item(
+            &format!("{p}: output count"),
+            outputs.len(),
+            f.outputs.len(),
+        ));
+    }
+    items.extend(check_hashes(path, file));
+    items.push(weights_item());
     Ok(items)
 }

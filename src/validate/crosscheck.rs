@@ -153,6 +153,9 @@ pub(super) fn check_request(package: &Saved, f32_compute: bool) -> Result<(), Va
     let refuse = |why: &str| Err(ValidateError::CrossCheck(why.to_string()));
     let c = package.contract();
     match package {
+        Saved::Chain(c) if c.is_coreai() => {
+            refuse("a chain of .aimodel parts already runs on Apple's runtime: give a package")
+        }
         Saved::Chain(_) => refuse("a chain is cross-checked one part at a time: give a package"),
         Saved::CoreAi(_) => refuse("an .aimodel already runs on Apple's runtime: give the package"),
         Saved::Package(_) if !c.kv_cache.is_io() => refuse(

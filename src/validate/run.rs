@@ -191,8 +191,13 @@ pub fn validate_with_progress(
     if opts.cross_check {
         super::crosscheck::check_request(&package, opts.interp.compute == Compute::F32)?;
     }
-    if let Saved::CoreAi(model) = &package {
-        return super::coreai::validate_asset(pkg_path, model, &package, ckpt, opts, progress);
+    let on_apples_runtime = match &package {
+        Saved::CoreAi(_) => true,
+        Saved::Chain(ch) => ch.is_coreai(),
+        Saved::Package(_) => false,
+    };
+    if on_apples_runtime {
+        return super::coreai::validate_asset(pkg_path, &package, ckpt, opts, progress);
     }
     let raws = match &package {
         Saved::Package(_) => vec![MlPackage::open(pkg_path)?],
@@ -477,9 +482,18 @@ fn check_contract(pkg: &MlPackage, c: &Contract, ckpt: &Checkpoint) -> Vec<Contr
 /// (a) for a chain: the chain's contract against the checkpoint, then each part's spec
 /// version and I/O against the chain file's description of it.
 fn check_chain(chain: &ChainFile, pkgs: &[MlPackage], ckpt: &Checkpoint) -> Vec<ContractItem> {
+    let mut items = chain_items(chain, ckpt);
+    for (part, pkg) in chain.parts.iter().zip(pkgs) {
+        items.extend(check_part(part, pkg, &chain.contract, chain.hidden_size));
+    }
+    items
+}
+
+/// The chain's contract and shape against the checkpoint.
+pub(super) fn chain_items(chain: &ChainFile, ckpt: &Checkpoint) -> Vec<ContractItem> {
     let spec = ckpt.spec();
     let c = &chain.contract;
-    let mut items = vec![
+    vec![
         item("contract version", contract::CONTRACT_VERSION, c.version),
         item("layers", spec.num_hidden_layers, c.num_layers),
         item("kv heads", spec.num_key_value_heads, c.num_kv_heads),
@@ -494,25 +508,20 @@ fn check_chain(chain: &ChainFile, pkgs: &[MlPackage], ckpt: &Checkpoint) -> Vec<
                 .unwrap_or(f64::NAN),
             chain.residual_scale,
         ),
-    ];
-    for (part, pkg) in chain.parts.iter().zip(pkgs) {
-        items.extend(check_part(part, pkg, c, chain.hidden_size));
-    }
-    items
+    ]
 }
 
 /// Each part's files hash as the chain file recorded: the parts are the ones converted together.
-fn check_hashes(dir: &Path, chain: &ChainFile) -> Vec<ContractItem> {
+pub(super) fn check_hashes(dir: &Path, chain: &ChainFile) -> Vec<ContractItem> {
     let mut items = Vec::new();
     for part in &chain.parts {
-        let root = ChainFile::part_path(dir, part).join("Data/com.apple.CoreML");
         for (file, want) in &part.sha256 {
-            let path = match file.as_str() {
-                "weight.bin" => root.join("weights/weight.bin"),
-                other => root.join(other),
+            let found = match ChainFile::part_file(dir, part, file) {
+                Ok(path) => {
+                    crate::fsutil::sha256_file(&path).unwrap_or_else(|e| format!("unreadable: {e}"))
+                }
+                Err(e) => e,
             };
-            let found =
-                crate::fsutil::sha256_file(&path).unwrap_or_else(|e| format!("unreadable: {e}"));
             items.push(item(
                 &format!("{}: sha256 of {file}", part.path),
                 want,

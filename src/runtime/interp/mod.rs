@@ -67,6 +67,12 @@ pub enum RuntimeError {
     Input { name: String, msg: String },
     #[error("{path}: contract: {msg}")]
     Contract { path: String, msg: String },
+    /// An interpreter option given for a model Apple's runtime executes.
+    #[error(
+        "{path}: {option} applies to hf2coreml's interpreter; Apple's Core AI runtime \
+             executes this model as it was built"
+    )]
+    NotInterpreted { path: String, option: &'static str },
     /// A declared shape or a computed size above the interpreter's limits ([`limits`]).
     #[error("{what}: {msg}")]
     Limit { what: String, msg: String },

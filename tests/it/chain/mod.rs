@@ -3,6 +3,8 @@
 //! `run --logits-out` and in `validate`; `lint` and `validate` read the chain; a size one block
 //! alone exceeds is refused (exit 2) and leaves nothing at the output.
 
+mod coreai;
+
 use std::path::Path;
 use std::process::Output;
 
