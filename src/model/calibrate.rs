@@ -164,7 +164,7 @@ impl Gram {
         };
         let rows = &cpu.as_slice::<f32>()?[layout.start_offset()..][..t * n];
         scratch.resize(n * n, 0.0);
-        crate::quant::linalg::gram_f32(rows, t, n, &mut scratch[..n * n]);
+        gram_f32(rows, t, n, &mut scratch[..n * n]);
         for (s, &v) in self.sum.iter_mut().zip(scratch.iter()) {
             *s += v as f64;
         }
@@ -177,6 +177,46 @@ impl Gram {
         let n = self.count.max(1) as f64;
         self.sum.iter().map(|v| v / n).collect()
     }
+}
+
+/// `out ← xᵀx` for `x` dense row-major [t, n], `out` [n, n] (overwritten, not read): one
+/// `gemm` call (the crate candle's matmul uses), written where the caller keeps it.
+///
+/// # Panics
+/// If a length does not match.
+fn gram_f32(x: &[f32], t: usize, n: usize, out: &mut [f32]) {
+    assert!(x.len() == t * n && out.len() == n * n);
+    if t == 0 || n == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let (n_i, one) = (n as isize, 1isize);
+    // SAFETY: xᵀ is [n, t] with column stride n and row stride 1, x is [t, n] with column
+    // stride 1 and row stride n, both inside `x`; `out` is [n, n] dense, borrowed mutably so
+    // it overlaps neither; gemm only reads `x`, and does not read `out` (`read_dst` false).
+    unsafe {
+        gemm::gemm(
+            n,
+            n,
+            t,
+            out.as_mut_ptr(),
+            one,
+            n_i,
+            false,
+            x.as_ptr(),
+            n_i,
+            one,
+            x.as_ptr(),
+            one,
+            n_i,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        )
+    };
 }
 
 /// Statistics of one projection input (shared by the projections reading the same tensor:
@@ -533,4 +573,25 @@ pub fn calibrate(
             .map_err(|err| ReferenceError::candle(at(s, e), err))?;
     }
     Ok(collector.finish(bounds.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gram_product_is_xt_x() {
+        let (t, n) = (7, 5);
+        let x: Vec<f32> = (0..t * n).map(|i| ((i * 37) % 13) as f32 - 6.0).collect();
+        let mut out = vec![f32::NAN; n * n];
+        gram_f32(&x, t, n, &mut out);
+        for i in 0..n {
+            for j in 0..n {
+                let want: f32 = (0..t).map(|r| x[r * n + i] * x[r * n + j]).sum();
+                assert_eq!(out[i * n + j], want, "({i}, {j})");
+            }
+        }
+        gram_f32(&[], 0, n, &mut out);
+        assert!(out.iter().all(|&v| v == 0.0));
+    }
 }

@@ -218,55 +218,6 @@ pub fn sub_product(
     unsafe { gemm_acc(c, a, b, -1.0) };
 }
 
-/// `out ← xᵀx` for `x` dense row-major [t, n], `out` [n, n] (overwritten, not read).
-///
-/// # Panics
-/// If a length does not match.
-pub fn gram_f32(x: &[f32], t: usize, n: usize, out: &mut [f32]) {
-    assert!(x.len() == t * n && out.len() == n * n);
-    if n == 0 {
-        return;
-    }
-    let c = View::of(out, n, n);
-    let x = View {
-        ptr: x.as_ptr().cast_mut(),
-        rows: t,
-        cols: n,
-        rs: n as isize,
-        cs: 1,
-    };
-    if t == 0 {
-        out.fill(0.0);
-        return;
-    }
-    // SAFETY: the shapes agree, `out` is borrowed mutably so it overlaps no input, gemm only
-    // reads `x`, and with the destination not read (`read_dst` false) its old values are
-    // ignored.
-    unsafe {
-        gemm::gemm(
-            n,
-            n,
-            t,
-            c.ptr,
-            c.cs,
-            c.rs,
-            false,
-            x.ptr,
-            x.rs,
-            x.cs,
-            x.ptr,
-            x.cs,
-            x.rs,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::Rayon(0),
-        )
-    };
-}
-
 /// Lower Cholesky factor of the symmetric positive definite `a` (row-major n×n): `a = L·Lᵀ`.
 /// Only the lower triangle of `a` is read. `None` when a pivot is not positive (the matrix is
 /// not positive definite at T's precision).
@@ -678,22 +629,6 @@ mod tests {
                 assert_eq!(c[r * cs + j], want, "({r}, {j})");
             }
         }
-    }
-
-    #[test]
-    fn the_gram_product_is_xt_x() {
-        let (t, n) = (7, 5);
-        let x: Vec<f32> = (0..t * n).map(|i| ((i * 37) % 13) as f32 - 6.0).collect();
-        let mut out = vec![f32::NAN; n * n];
-        gram_f32(&x, t, n, &mut out);
-        for i in 0..n {
-            for j in 0..n {
-                let want: f32 = (0..t).map(|r| x[r * n + i] * x[r * n + j]).sum();
-                assert_eq!(out[i * n + j], want, "({i}, {j})");
-            }
-        }
-        gram_f32(&[], 0, n, &mut out);
-        assert!(out.iter().all(|&v| v == 0.0));
     }
 
     #[test]
