@@ -9,11 +9,10 @@ use super::gates::{default_gates, RecipeKind};
 use super::metrics::compare_logits;
 use super::report::{ContractItem, ValidationReport};
 use super::run::{
-    chain_items, check_hashes, check_source, item, reference_logits, score_tokens_keeping,
+    chain_items, check_hashes, check_source, item, part_io, reference_logits, score_tokens_keeping,
     text_tokens, ValidateError, ValidateOptions,
 };
 use crate::checkpoint::Checkpoint;
-use crate::mil::chain::ChainPart;
 use crate::mil::contract::{self, Contract};
 use crate::progress::Progress;
 use crate::runtime::chain::{Chain, Saved};
@@ -164,24 +163,7 @@ fn check_asset_chain(
     items.extend(chain_items(file, ckpt));
     for (part, functions) in file.parts.iter().zip(chain.asset_functions()?) {
         let p = &part.path;
-        let (inputs, outputs) = ChainPart::io(
-            c,
-            file.hidden_size,
-            &part.layers,
-            part.embedding,
-            part.head,
-            &c.compute_precision,
-        );
-        items.push(item(
-            &format!("{p}: inputs as the chain says"),
-            true,
-            inputs == part.inputs,
-        ));
-        items.push(item(
-            &format!("{p}: outputs as the chain says"),
-            true,
-            outputs == part.outputs,
-        ));
+        let (inputs, outputs) = part_io(part, c, file.hidden_size, &mut items);
         let names: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
         items.push(item(&format!("{p}: functions"), FUNCTION, names.join(", ")));
         let Some(f) = functions.iter().find(|f| f.name == FUNCTION) else {

@@ -532,14 +532,15 @@ pub(super) fn check_hashes(dir: &Path, chain: &ChainFile) -> Vec<ContractItem> {
     items
 }
 
-/// One part's spec version and I/O names, dtypes and shapes.
-fn check_part(part: &ChainPart, pkg: &MlPackage, c: &Contract, hidden: usize) -> Vec<ContractItem> {
+/// The inputs and outputs a part of `c` running its layers has, and whether the chain file
+/// gives it those (pushed to `items`).
+pub(super) fn part_io(
+    part: &ChainPart,
+    c: &Contract,
+    hidden: usize,
+    items: &mut Vec<ContractItem>,
+) -> (Vec<contract::IoSpec>, Vec<contract::IoSpec>) {
     let p = &part.path;
-    let mut items = vec![item(
-        &format!("{p}: specificationVersion ({})", c.target.as_str()),
-        c.target.spec_version(),
-        pkg.spec_version(),
-    )];
     let (inputs, outputs) = ChainPart::io(
         c,
         hidden,
@@ -558,6 +559,18 @@ fn check_part(part: &ChainPart, pkg: &MlPackage, c: &Contract, hidden: usize) ->
         true,
         outputs == part.outputs,
     ));
+    (inputs, outputs)
+}
+
+/// One part's spec version and I/O names, dtypes and shapes.
+fn check_part(part: &ChainPart, pkg: &MlPackage, c: &Contract, hidden: usize) -> Vec<ContractItem> {
+    let p = &part.path;
+    let mut items = vec![item(
+        &format!("{p}: specificationVersion ({})", c.target.as_str()),
+        c.target.spec_version(),
+        pkg.spec_version(),
+    )];
+    let (inputs, outputs) = part_io(part, c, hidden, &mut items);
     let desc = pkg.description();
     for (kind, want, have) in [
         ("input", inputs, &desc.inputs),
