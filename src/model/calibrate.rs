@@ -142,7 +142,7 @@ impl Gram {
 
     /// [`Gram::accumulate`], the segment's f32 product xᵀx formed in `scratch` (grown to
     /// dim² once, then reused): at 8B down_proj's is 822 MB, and a fresh product and its copy
-    /// for every segment were more page faults than arithmetic.
+    /// for every segment would cost more in page faults than in arithmetic.
     pub fn accumulate_with(
         &mut self,
         x: &Tensor,
