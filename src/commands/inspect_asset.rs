@@ -135,6 +135,16 @@ fn print_asset(s: &AssetSummary) {
                 c["num_layers"],
                 c["vocab_size"]
             );
+        } else if k == hf2coreml::mil::chain::PART_METADATA_KEY {
+            // The part's description repeats the chain's contract: its place is enough here.
+            let d: serde_json::Value = serde_json::from_str(v).unwrap_or_default();
+            println!(
+                "  chain part   {} of {}, layers {}..{}",
+                d["index"].as_u64().map_or(0, |i| i + 1),
+                d["count"],
+                d["layers"]["start"],
+                d["layers"]["end"]
+            );
         } else {
             println!("  {k:<12} {v}");
         }
