@@ -4,8 +4,7 @@
 The Rust side builds the whole decoder-step graph (the same op list the coremltools bridge
 replays, in MIL's op names and argument conventions) and calls `emit()` once. This module maps
 each MIL op to the Core AI op (or the few ops) that computes the same thing: no graph decisions,
-no numerics beyond laying out bytes (a palettized weight's indices packed as the runtime reads
-them).
+no numerics (a palettized weight's indices arrive packed as the runtime reads them).
 
 Core AI's authoring API declares a graph from a Python function's annotations, so the function
 is made here with the graph's inputs as its parameters. Sub-byte LUT indices go through the one
@@ -70,13 +69,6 @@ def _np_float(np, name):
 _NP_DTYPES = {"fp16": "float16", "fp32": "float32", "int32": "int32", "bool": "bool"}
 
 
-def _pack_bits(np, indices, nbits):
-    """Indices (one per byte) as the little-endian bit stream Core AI reads for a uintN
-    tensor: element i in bits [i*nbits, (i+1)*nbits)."""
-    bits = (indices.reshape(-1, 1).astype(np.uint8) >> np.arange(nbits, dtype=np.uint8)) & 1
-    return np.packbits(bits.reshape(-1), bitorder="little")
-
-
 def _dense_resource(np, packed, shape, nbits, name):
     """A constant of type uint<nbits>[shape] whose storage is `packed` (a bit stream). The
     authoring API's `constant(dtype=uint4)` stores one index per byte while the runtime reads
@@ -106,12 +98,11 @@ def _lut_weight(np, ca, c, arrays, float_np):
     lut = lut.view(np.float16).astype(float_np, copy=False)
     groups = lut.size >> nbits
     lut = lut.reshape([groups] + [1] * (len(shape) - 1) + [1 << nbits, 1])
-    if indices.size == numel:
-        packed = _pack_bits(np, indices, nbits) if nbits < 8 else indices
-    else:
-        # Already a bit stream (the iOS17 form): the same little-endian packing.
-        packed = indices
-    idx = _dense_resource(np, packed, shape, nbits, name)
+    # The bit stream Core AI reads for a uintN tensor: element i in bits [i*nbits, (i+1)*nbits).
+    need = (numel * nbits + 7) // 8
+    if indices.size != need:
+        raise ValueError(f"{name}: {indices.size} bytes of packed indices, {need} expected")
+    idx = _dense_resource(np, indices, shape, nbits, name)
     w = ca.lut_to_dense(idx, constant(lut), constant(np.array(0, dtype=np.int16)))
     if scale is None:
         return w
@@ -425,8 +416,8 @@ def emit(desc_json, dense, luts, meta_json, out_dir):
     desc_json: the graph description (ops, inputs, consts, outputs, output_specs) as JSON, or
     one with `functions` (each {"name", "graph"}) for a multifunction asset.
     dense: const name -> numpy array (fp16 data travels as uint16 bits, int32 as int32).
-    luts: const name -> (indices, uint16 LUT bits[, uint16 per-row scale bits]); indices are
-    either one per byte or already the packed bit stream.
+    luts: const name -> (indices, uint16 LUT bits, uint16 per-row scale bits or None); the
+    indices packed LSB-first, the bit stream a uintN constant holds.
     meta_json: {"user_defined": {...}} stored in the asset's metadata.json.
     Returns the coreai version, the ops in the saved program by type, and the path.
     """

@@ -170,8 +170,9 @@ fn save(
             |py| -> Result<(String, BTreeMap<String, usize>), EmitError> {
                 let bridge = pyenv::load_bridge(py, &env_owned, crate::aimodel::BRIDGE)?;
                 let to_py = |e: PyErr| python_err(py, "handing weights to Python", e);
-                // Core AI reads every LUT form as iOS18 spells it (indices, table, row scale).
-                let (dense, luts) = consts_to_python(py, consts, Target::Ios18).map_err(to_py)?;
+                // Core AI reads every LUT form as iOS18 spells it (indices, table, row scale),
+                // the indices as the packed bit stream.
+                let (dense, luts) = consts_to_python(py, consts, Target::CoreAi).map_err(to_py)?;
                 let work = work_py.to_string_lossy().into_owned();
                 let res = bridge
                     .call_method1("emit", (desc, dense, luts, meta_json, work))

@@ -165,7 +165,9 @@ pub fn check_environment(env: &PythonEnv) -> Result<String, EmitError> {
 
 /// The constants as the bridge takes them: `dense` (name → fp16 bits or int32) and `luts`
 /// (name → (packed uint8 indices, LUT bits) for iOS17; (unpacked indices, LUT bits, row-scale
-/// bits or None) for iOS18, whose uintN packing coremltools does itself).
+/// bits or None) for iOS18, whose uintN packing coremltools does itself; for Core AI, the
+/// iOS18 triple with the indices packed, the bit stream its uintN constants hold: unpacked, an
+/// 8B part's indices would cross at twice their size).
 fn consts_to_python<'py>(
     py: Python<'py>,
     consts: Vec<crate::graph::Const>,
@@ -195,8 +197,14 @@ fn consts_to_python<'py>(
         match c.data {
             ConstData::F16(v) => dense.set_item(&c.name, bits(v).into_pyarray(py))?,
             ConstData::I32(v) => dense.set_item(&c.name, v.into_pyarray(py))?,
+            ConstData::Lut(p) if target == Target::CoreAi => {
+                luts.set_item(&c.name, lut18(p.packed, p.lut, None)?)?
+            }
             ConstData::Lut(p) if target == Target::Ios18 => {
                 luts.set_item(&c.name, lut18(p.indices(numel), p.lut, None)?)?
+            }
+            ConstData::GroupedLut(g) if target == Target::CoreAi => {
+                luts.set_item(&c.name, lut18(g.packed, g.luts, g.row_scale)?)?
             }
             ConstData::GroupedLut(g) => {
                 let idx = g.indices(numel);

@@ -157,26 +157,29 @@ impl Rotation {
         });
     }
 
-    /// Qᵀ·G·Q for a symmetric G [n, n] (the Gram matrix of the rotated inputs x·Q).
-    pub(super) fn rotate_gram(&self, g: &[f64]) -> Vec<f64> {
+    /// G ← Qᵀ·G·Q for a symmetric G [n, n] (the Gram matrix of the rotated inputs x·Q), in
+    /// place: beside G only one f32 copy of it is held.
+    pub(super) fn rotate_gram_in_place(&self, g: &mut [f64]) {
         let n = self.signs.len();
         let mut m: Vec<f32> = g.iter().map(|&v| v as f32).collect();
         // (G·Q) row by row, then Qᵀ·(G·Q) = ((G·Q)ᵀ·Q)ᵀ: G·Q is not symmetric, transpose.
         self.rotate_rows(&mut m);
-        let mut t = vec![0.0f32; n * n];
+        transpose_in_place(&mut m, n);
+        self.rotate_rows(&mut m);
         for i in 0..n {
             for j in 0..n {
-                t[j * n + i] = m[i * n + j];
+                g[i * n + j] = m[j * n + i] as f64;
             }
         }
-        self.rotate_rows(&mut t);
-        let mut out = vec![0.0f64; n * n];
-        for i in 0..n {
-            for j in 0..n {
-                out[i * n + j] = t[j * n + i] as f64;
-            }
+    }
+}
+
+/// Transpose a square [n, n] row-major matrix in place.
+fn transpose_in_place(m: &mut [f32], n: usize) {
+    for i in 0..n {
+        for j in i + 1..n {
+            m.swap(i * n + j, j * n + i);
         }
-        out
     }
 }
 
@@ -230,7 +233,8 @@ mod tests {
                 g
             };
             let want = gram(&xr);
-            let got = r.rotate_gram(&gram(&x));
+            let mut got = gram(&x);
+            r.rotate_gram_in_place(&mut got);
             assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() < 1e-3));
         }
     }

@@ -266,33 +266,27 @@ impl From<QuantizedLinear> for QuantizedWeight {
             log2.round() as i32
         });
         let c = 2f64.powi(shift);
-        let groups = q
-            .groups
-            .iter()
-            .map(|g| {
-                let mut idx = Vec::with_capacity(g.rows.len() * q.cols);
-                for &r in &g.rows {
-                    idx.extend_from_slice(&q.indices[r * q.cols..(r + 1) * q.cols]);
-                }
-                LutRows {
-                    rows: g.rows.len(),
-                    lut: PackedLut {
-                        nbits: g.nbits,
-                        lut: g
-                            .lut
-                            .iter()
-                            .map(|v| f16::from_f64(v.to_f64() * c))
-                            .collect(),
-                        packed: pack_indices(&idx, g.nbits),
-                    },
-                }
-            })
-            .collect();
         // Where each row lands when the groups' outputs are concatenated, if not in place.
         let stored: Vec<usize> = q
             .groups
             .iter()
             .flat_map(|g| g.rows.iter().copied())
+            .collect();
+        let groups = q
+            .groups
+            .into_iter()
+            .map(|g| LutRows {
+                rows: g.rows.len(),
+                lut: PackedLut {
+                    nbits: g.nbits,
+                    lut: g
+                        .lut
+                        .iter()
+                        .map(|v| f16::from_f64(v.to_f64() * c))
+                        .collect(),
+                    packed: g.packed,
+                },
+            })
             .collect();
         let restore = (stored.iter().enumerate().any(|(i, &r)| i != r)).then(|| {
             let mut at = vec![0u32; q.rows];

@@ -2,6 +2,8 @@
 //! spent greedily where they remove the most error per stored bit, within a bits-per-weight
 //! target.
 
+use std::borrow::Cow;
+
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
@@ -19,6 +21,16 @@ const ALLOCATION_SEGMENTS: usize = 2;
 
 /// Candidate bit widths of the mixed-precision allocation.
 pub const MIXED_NBITS: [u8; 3] = [4, 6, 8];
+
+/// How a sensitivity probe palettizes a projection that `m` calibrates: at `nbits`, without
+/// error feedback.
+fn probe_method(m: &LinearMethod, nbits: u8) -> LinearMethod {
+    LinearMethod {
+        nbits,
+        gptq: false,
+        ..*m
+    }
+}
 
 /// One projection's sensitivity and the bit width the allocation gave it.
 #[derive(Debug, Clone, Serialize)]
@@ -122,12 +134,23 @@ pub(super) fn allocate_bits(
             .map_err(|e| calib_err(format!("block {l}"), e))?;
         obs.scratch = Vec::new();
         for (site, (_, roles)) in SITES.iter().enumerate() {
-            let gram = &obs.grams[site];
+            let gram = &mut obs.grams[site];
             let cols = gram.dim;
             let h32: Vec<f32> = gram.sum.iter().map(|&v| v as f32).collect();
             let h =
                 Tensor::from_vec(h32, (cols, cols), &Device::Cpu).map_err(|e| calib_err("H", e))?;
-            let mut site_fit = SiteFit::new(&gram.sum, cols);
+            // The probes fit without error feedback: no GPTQ factor is needed.
+            let probes: Vec<LinearMethod> = roles
+                .iter()
+                .filter_map(|&role| {
+                    let slot = slots
+                        .iter()
+                        .find(|s| s.layer == Some(l) && s.role == role)?;
+                    Some(probe_method(&method_for(slot)?, 0))
+                })
+                .collect();
+            let probes: Vec<&LinearMethod> = probes.iter().collect();
+            let site_fit = SiteFit::new(Cow::Owned(std::mem::take(&mut gram.sum)), cols, &probes)?;
             for &role in roles.iter() {
                 let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role) else {
                     continue;
@@ -154,11 +177,7 @@ pub(super) fn allocate_bits(
                         error[i] = error[i - 1] / 16.0;
                         continue;
                     }
-                    let probe = LinearMethod {
-                        nbits,
-                        gptq: false,
-                        ..m
-                    };
+                    let probe = probe_method(&m, nbits);
                     let (_, wq) = site_fit
                         .fit(&w, rows, &probe, None)
                         .map_err(|e| e.in_tensor(&slot.name))?;

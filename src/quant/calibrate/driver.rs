@@ -2,6 +2,7 @@
 //! each block's projections are palettized on the inputs its quantized predecessors produce, and
 //! the block then runs with its quantized weights to give the next block's inputs.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use candle_core::{Device, Tensor};
@@ -140,14 +141,15 @@ fn calibrate_block(
             })
             .collect();
         if !methods.is_empty() {
-            work.push((site, obs.grams[site].sum.clone(), methods));
+            work.push((site, std::mem::take(&mut obs.grams[site].sum), methods));
         }
     }
+    drop(obs);
     // AWQ folds first, all of them: the o and down scales fold into v_proj and up_proj
     // rows, which must carry them before they are palettized.
     if options.awq {
         for (site, h, methods) in work.iter_mut() {
-            let cols = obs.grams[*site].dim;
+            let cols = dims[*site];
             let choice = awq_search(model, l, *site, methods, h, cols)?;
             if choice.exponent > 0.0 {
                 let sc = awq_scales(h, cols, choice.exponent);
@@ -163,10 +165,12 @@ fn calibrate_block(
             out.awq.push(choice);
         }
     }
-    for (site, h, methods) in &work {
-        let cols = obs.grams[*site].dim;
-        let mut site_fit = SiteFit::new(h, cols);
-        for (role, slot, method, row_bits) in methods {
+    // Site by site, each Gram matrix is consumed by its fit.
+    for (site, h, methods) in work {
+        let cols = dims[site];
+        let prepared: Vec<&LinearMethod> = methods.iter().map(|(_, _, m, _)| m).collect();
+        let site_fit = SiteFit::new(Cow::Owned(h), cols, &prepared)?;
+        for (role, slot, method, row_bits) in &methods {
             let w = model
                 .weight_mut(l, *role, false)
                 .ok_or_else(|| QuantError::Calibration {
@@ -219,14 +223,19 @@ fn true_sequential_block(
             gram.accumulate_with(x, &mut scratch).map_err(err)?;
         }
         drop(scratch);
-        let mut site_fit = SiteFit::new(&gram.sum, gram.dim);
-        for &role in SITES[site].1 {
-            let Some(slot) = slots.iter().find(|s| s.layer == Some(l) && s.role == role) else {
-                continue;
-            };
-            let Some((method, row_bits)) = method_for(slot) else {
-                continue;
-            };
+        let methods: Vec<(Role, &TensorSlot, SlotMethod)> = SITES[site]
+            .1
+            .iter()
+            .filter_map(|&role| {
+                let slot = slots
+                    .iter()
+                    .find(|s| s.layer == Some(l) && s.role == role)?;
+                Some((role, slot, method_for(slot)?))
+            })
+            .collect();
+        let prepared: Vec<&LinearMethod> = methods.iter().map(|(_, _, (m, _))| m).collect();
+        let site_fit = SiteFit::new(Cow::Owned(gram.sum), gram.dim, &prepared)?;
+        for (role, slot, (method, row_bits)) in methods {
             let w = model
                 .weight_mut(l, role, false)
                 .ok_or_else(|| QuantError::Calibration {

@@ -2,10 +2,12 @@
 //! gate/up; down): the Gram matrix XᵀX collected at each ([`Grams`]), and the fit of the
 //! projections reading one, which share its rotation and GPTQ factor ([`SiteFit`]).
 
+use std::borrow::Cow;
+
 use candle_core::Tensor;
 
 use super::linear::{
-    gptq_factor, quantize_linear_factored, GptqFactor, LinearMethod, QuantizedLinear,
+    gptq_factor, gram_diagonal, quantize_linear_prepared, GptqFactor, LinearMethod, QuantizedLinear,
 };
 use crate::arch::{Role, TensorSlot};
 use crate::model::calibrate::Gram;
@@ -55,68 +57,115 @@ impl Observer for Grams {
     }
 }
 
-/// One input site's Gram matrix and what the projections reading it (q/k/v, gate/up) share:
-/// the matrix rotated once under [`LinearMethod::rotate`], and GPTQ's factor once per
-/// (rotation, act order, damping).
-pub(super) struct SiteFit<'a> {
-    gram: &'a [f64],
+/// What the projections reading one input site (q/k/v, gate/up) need of its Gram matrix,
+/// computed once for all of them: its diagonal and GPTQ's factor per (act order, damping), of
+/// the matrix as it is and, under [`LinearMethod::rotate`], rotated. The matrix itself is not
+/// kept: at 8B down_proj's is 1.6 GB in f64, twice its factor.
+pub(super) struct SiteFit {
     cols: usize,
-    rotated: Option<(Rotation, Vec<f64>)>,
-    factors: Vec<((bool, bool, u64), GptqFactor)>,
+    plain: Option<Prepared>,
+    rotated: Option<(Rotation, Prepared)>,
 }
 
-impl<'a> SiteFit<'a> {
-    pub(super) fn new(gram: &'a [f64], cols: usize) -> Self {
-        SiteFit {
-            gram,
-            cols,
-            rotated: None,
-            factors: Vec::new(),
+/// A Gram matrix's diagonal and factors.
+struct Prepared {
+    diag: Vec<f64>,
+    factors: Vec<((bool, u64), GptqFactor)>,
+}
+
+impl Prepared {
+    fn new(gram: &[f64], cols: usize, methods: &[&LinearMethod]) -> Result<Self, QuantError> {
+        let mut factors: Vec<((bool, u64), GptqFactor)> = Vec::new();
+        for m in methods.iter().filter(|m| m.gptq) {
+            let key = factor_key(m);
+            if !factors.iter().any(|(k, _)| *k == key) {
+                factors.push((key, gptq_factor(gram, cols, m)?));
+            }
         }
+        Ok(Prepared {
+            diag: gram_diagonal(gram, cols),
+            factors,
+        })
+    }
+}
+
+fn factor_key(m: &LinearMethod) -> (bool, u64) {
+    (m.act_order, m.damp.to_bits())
+}
+
+impl SiteFit {
+    /// Prepare `gram` [cols, cols] for projections palettized with `methods`. An owned matrix
+    /// is rotated in place.
+    pub(super) fn new(
+        gram: Cow<'_, [f64]>,
+        cols: usize,
+        methods: &[&LinearMethod],
+    ) -> Result<Self, QuantError> {
+        if gram.len() != cols * cols {
+            return Err(QuantError::WeightsLength {
+                values: cols * cols,
+                weights: gram.len(),
+            });
+        }
+        let (rotating, plain): (Vec<&LinearMethod>, Vec<&LinearMethod>) =
+            methods.iter().copied().partition(|m| m.rotate);
+        let plain = if plain.is_empty() {
+            None
+        } else {
+            Some(Prepared::new(&gram, cols, &plain)?)
+        };
+        let rotated = if rotating.is_empty() {
+            None
+        } else {
+            let r = Rotation::new(cols);
+            let mut g = gram.into_owned();
+            r.rotate_gram_in_place(&mut g);
+            let prepared = Prepared::new(&g, cols, &rotating)?;
+            Some((r, prepared))
+        };
+        Ok(SiteFit {
+            cols,
+            plain,
+            rotated,
+        })
     }
 
-    /// Palettize a [rows, cols] projection reading this site; returns it and the f32 weights
-    /// the float model should compute with from now on (its dequantized values, rotated back
-    /// under [`LinearMethod::rotate`]).
+    /// Palettize a [rows, cols] projection reading this site with one of the methods it was
+    /// prepared for; returns it and the f32 weights the float model should compute with from
+    /// now on (its dequantized values, rotated back under [`LinearMethod::rotate`]).
     pub(super) fn fit(
-        &mut self,
+        &self,
         w: &[f32],
         rows: usize,
         method: &LinearMethod,
         row_bits: Option<&[u8]>,
     ) -> Result<(QuantizedLinear, Vec<f32>), QuantError> {
         let cols = self.cols;
-        if method.rotate && self.rotated.is_none() {
-            let r = Rotation::new(cols);
-            let g = r.rotate_gram(self.gram);
-            self.rotated = Some((r, g));
-        }
-        let (rotation, gram) = match &self.rotated {
-            Some((r, g)) if method.rotate => (Some(r), g.as_slice()),
-            _ => (None, self.gram),
+        let unprepared = || QuantError::Calibration {
+            message: "the input site was not prepared for this method".into(),
+        };
+        let (rotation, prepared) = match (&self.rotated, &self.plain, method.rotate) {
+            (Some((r, p)), _, true) => (Some(r), p),
+            (_, Some(p), false) => (None, p),
+            _ => return Err(unprepared()),
         };
         let factor = if method.gptq {
-            let key = (method.rotate, method.act_order, method.damp.to_bits());
-            let at = match self.factors.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    self.factors.push((key, gptq_factor(gram, cols, method)?));
-                    self.factors.len() - 1
-                }
-            };
-            Some(&self.factors[at].1)
+            let key = factor_key(method);
+            let f = prepared.factors.iter().find(|(k, _)| *k == key);
+            Some(&f.ok_or_else(unprepared)?.1)
         } else {
             None
         };
+        let diag = Some(prepared.diag.as_slice());
         let Some(r) = rotation else {
-            let q = quantize_linear_factored(w, rows, cols, Some(gram), method, row_bits, factor)?;
+            let q = quantize_linear_prepared(w, rows, cols, diag, method, row_bits, factor)?;
             let d = q.dequantize();
             return Ok((q, d));
         };
         let mut wr = w.to_vec();
         r.rotate_rows(&mut wr);
-        let mut q =
-            quantize_linear_factored(&wr, rows, cols, Some(gram), method, row_bits, factor)?;
+        let mut q = quantize_linear_prepared(&wr, rows, cols, diag, method, row_bits, factor)?;
+        drop(wr);
         q.rotated = true;
         let mut d = q.dequantize();
         r.unrotate_rows(&mut d);
