@@ -703,8 +703,19 @@ impl Job {
             None => {}
         }
         let t = Instant::now();
-        let stream =
-            super::weights::calibrated_stream(ckpt, &self.recipe, &tokens, progress, tensor_done)?;
+        // Fitted projections wait beside the destination, on the disk the package goes to.
+        let spill = match self.output.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let stream = super::weights::calibrated_stream(
+            ckpt,
+            &self.recipe,
+            &tokens,
+            Some(spill),
+            progress,
+            tensor_done,
+        )?;
         if !tokens.is_empty() && self.recipe.calibrates(&ckpt.slots()) {
             progress.detail(&format!(
                 "fitted the calibrated projections in {:.1} s",

@@ -2,6 +2,8 @@
 //! rest as dense fp16, in the form the graph builder takes.
 
 use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use half::f16;
@@ -11,7 +13,8 @@ use crate::arch::TensorSlot;
 use crate::checkpoint::Checkpoint;
 use crate::graph::Weight;
 use crate::progress::Progress;
-use crate::quant::{self, Decision, Granularity, Recipe};
+use crate::quant::calibrate::QuantizedLinear;
+use crate::quant::{self, Decision, Granularity, QuantError, QuantizedWeight, Recipe};
 
 /// Palettize what `recipe` selects and read the rest as dense fp16, all at once (`palettize`
 /// reports them; `convert` takes them package by package through a [`WeightStream`]). A recipe
@@ -30,7 +33,7 @@ pub fn prepare_weights(
         progress.working_on(&line.name);
         progress.advance(1);
     };
-    let mut stream = calibrated_stream(ckpt, recipe, calibration, progress, &tensor_done)?;
+    let mut stream = calibrated_stream(ckpt, recipe, calibration, None, progress, &tensor_done)?;
     progress.begin(
         "palettize",
         stream.report().totals.palettized_tensors as u64,
@@ -40,12 +43,14 @@ pub fn prepare_weights(
     Ok((weights?, stream.finish().report))
 }
 
-/// [`WeightStream::new`], its calibration reported to `progress` as a "calibrate" stage of one
+/// [`WeightStream::new`] (`spill`: where fitted projections wait for their package, see
+/// [`Fitted`]), its calibration reported to `progress` as a "calibrate" stage of one
 /// step per decoder block, with a detail line per block and the time so far (`-v`).
 pub fn calibrated_stream<'a>(
     ckpt: &'a Checkpoint,
     recipe: &Recipe,
     calibration: &[u32],
+    spill: Option<&Path>,
     progress: &dyn Progress,
     tensor_done: &'a (dyn Fn(&quant::TensorReport) + Sync),
 ) -> Result<WeightStream<'a>, ConvertError> {
@@ -66,7 +71,7 @@ pub fn calibrated_stream<'a>(
             progress.working_on(&format!("block {}/{total}", done + 1));
         }
     };
-    let stream = WeightStream::new(ckpt, recipe, calibration, &blocks, tensor_done);
+    let stream = WeightStream::new(ckpt, recipe, calibration, spill, &blocks, tensor_done);
     if calibrates {
         progress.end();
     }
@@ -84,7 +89,7 @@ pub struct WeightStream<'a> {
     slots: Vec<TensorSlot>,
     report: quant::Report,
     /// Calibrated projections, packed, by tensor name.
-    fitted: BTreeMap<String, Weight>,
+    fitted: Fitted,
     /// Unpalettized tensors calibration changed (f32).
     replaced: BTreeMap<String, Vec<f32>>,
     /// Slots already taken once (a tied table is taken by the first and the last package).
@@ -111,30 +116,32 @@ pub struct Streamed {
 
 impl<'a> WeightStream<'a> {
     /// Plan every tensor's storage and run calibration, if the recipe calibrates
-    /// (`blocks(done, total)` after each decoder block). Nothing else is read yet.
+    /// (`blocks(done, total)` after each decoder block). Nothing else is read yet. With
+    /// `spill`, the fitted projections' indices wait in an unnamed file there.
     pub fn new(
         ckpt: &'a Checkpoint,
         recipe: &Recipe,
         calibration: &[u32],
+        spill: Option<&Path>,
         blocks: &(dyn Fn(usize, usize) + Sync),
         progress: &'a (dyn Fn(&quant::TensorReport) + Sync),
     ) -> Result<Self, ConvertError> {
         let t = Instant::now();
         let mut report = quant::Report::plan(ckpt, recipe)?;
-        let mut fitted = BTreeMap::new();
+        let mut fitted = Fitted::default();
         let mut replaced = BTreeMap::new();
-        if let Some(c) = calibrate(ckpt, recipe, calibration, blocks)? {
+        let mut sink = |name: String, q: QuantizedLinear| {
+            if let Some(line) = report.tensors.iter_mut().find(|l| l.name == name) {
+                fitted_line(line, &q);
+            }
+            fitted.insert(spill, name, q.into())
+        };
+        if let Some(c) = calibrate(ckpt, recipe, calibration, blocks, &mut sink)? {
             if let (Some(target), false) = (
                 recipe.calibration().and_then(|c| c.target_bpw),
                 c.allocation.is_empty(),
             ) {
                 report.mixed_precision = Some(quant::MixedPrecision::new(target, &c.allocation));
-            }
-            for (name, q) in c.linears {
-                if let Some(line) = report.tensors.iter_mut().find(|l| l.name == name) {
-                    fitted_line(line, &q);
-                }
-                fitted.insert(name, Weight::Quantized(q.into()));
             }
             replaced = c.replaced;
             crate::fsutil::release_free_memory();
@@ -161,8 +168,8 @@ impl<'a> WeightStream<'a> {
 
     /// Bytes `slot` will take in weight.bin, before it is palettized (what the planner splits).
     pub fn bytes(&self, slot: &TensorSlot) -> u64 {
-        if let Some(w) = self.fitted.get(&slot.name) {
-            return weight_bytes(w);
+        if let Some(bytes) = self.fitted.bytes(&slot.name) {
+            return bytes;
         }
         self.report
             .tensors
@@ -197,7 +204,7 @@ impl<'a> WeightStream<'a> {
             .copied()
             .filter(|&i| {
                 let name = &self.slots[i].name;
-                !self.fitted.contains_key(name) && !self.replaced.contains_key(name)
+                !self.fitted.contains(name) && !self.replaced.contains_key(name)
             })
             .collect();
         let done = quant::palettize_slots(
@@ -250,8 +257,8 @@ impl<'a> WeightStream<'a> {
     /// A calibrated projection (moved out: a projection is in one package; the flag says it
     /// was one), a tensor calibration changed, or a tensor read as fp16.
     fn unpalettized(&mut self, name: &str) -> Result<(Weight, bool), ConvertError> {
-        if let Some(w) = self.fitted.remove(name) {
-            return Ok((w, true));
+        if let Some(w) = self.fitted.remove(name)? {
+            return Ok((Weight::Quantized(w), true));
         }
         if let Some(v) = self.replaced.get(name) {
             let dense = v.iter().map(|&x| f16::from_f32(x)).collect();
@@ -272,12 +279,96 @@ impl<'a> WeightStream<'a> {
     }
 }
 
-/// Fit the recipe's calibrated projections, if it has any to fit.
+/// Calibrated projections, packed, until their package takes them. With a spill directory
+/// their indices (all but a few bytes of each) wait in an unnamed file there, written as each
+/// block is fitted: at 8B and 4 bits they are 3.5 GB, more than the rest of calibration holds
+/// at its peak. The file is unlinked from the start, so nothing is left behind, even by a
+/// killed run.
+#[derive(Default)]
+struct Fitted {
+    /// Each projection, its bytes in weight.bin and, spilled, where each group's indices are
+    /// in the file.
+    weights: BTreeMap<String, (QuantizedWeight, u64, Vec<Span>)>,
+    file: Option<(std::fs::File, PathBuf)>,
+    end: u64,
+}
+
+impl Fitted {
+    /// Keep `w`, its indices in a file in `spill` if given (the file is made on first use).
+    fn insert(
+        &mut self,
+        spill: Option<&Path>,
+        name: String,
+        mut w: QuantizedWeight,
+    ) -> Result<(), QuantError> {
+        let bytes = quantized_bytes(&w);
+        let mut spans = Vec::new();
+        if let Some(dir) = spill {
+            if self.file.is_none() {
+                std::fs::create_dir_all(dir).map_err(|e| spill_err(dir, e))?;
+                let file = tempfile::tempfile_in(dir).map_err(|e| spill_err(dir, e))?;
+                self.file = Some((file, dir.to_path_buf()));
+            }
+            let (file, dir) = self.file.as_ref().expect("made above");
+            for g in &mut w.groups {
+                let packed = std::mem::take(&mut g.lut.packed);
+                file.write_all_at(&packed, self.end)
+                    .map_err(|e| spill_err(dir, e))?;
+                spans.push((self.end, packed.len()));
+                self.end += packed.len() as u64;
+            }
+        }
+        self.weights.insert(name, (w, bytes, spans));
+        Ok(())
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.weights.contains_key(name)
+    }
+
+    /// Bytes the projection takes in weight.bin.
+    fn bytes(&self, name: &str) -> Option<u64> {
+        self.weights.get(name).map(|(_, b, _)| *b)
+    }
+
+    /// The projection, whole (moved out: a projection is in one package).
+    fn remove(&mut self, name: &str) -> Result<Option<QuantizedWeight>, ConvertError> {
+        let Some((mut w, _, spans)) = self.weights.remove(name) else {
+            return Ok(None);
+        };
+        if let Some((file, dir)) = &self.file {
+            for (g, (at, len)) in w.groups.iter_mut().zip(spans) {
+                let mut packed = vec![0u8; len];
+                file.read_exact_at(&mut packed, at)
+                    .map_err(|e| ConvertError::Quant(spill_err(dir, e)))?;
+                g.lut.packed = packed;
+            }
+        }
+        Ok(Some(w))
+    }
+}
+
+/// Where a group's indices are in the spill file: offset, length.
+type Span = (u64, usize);
+
+/// A spill file's I/O error, naming its directory.
+fn spill_err(dir: &Path, e: std::io::Error) -> QuantError {
+    QuantError::Calibration {
+        message: format!(
+            "keeping the fitted projections in an unnamed file in {}: {e}",
+            dir.display()
+        ),
+    }
+}
+
+/// Fit the recipe's calibrated projections, if it has any to fit, handing each to `sink` as
+/// its block is done.
 fn calibrate(
     ckpt: &Checkpoint,
     recipe: &Recipe,
     calibration: &[u32],
     blocks: &(dyn Fn(usize, usize) + Sync),
+    sink: quant::calibrate::Sink<'_>,
 ) -> Result<Option<quant::calibrate::CalibratedWeights>, ConvertError> {
     let method_for = |slot: &TensorSlot| {
         let cal = recipe.calibration()?;
@@ -302,7 +393,14 @@ fn calibrate(
         chunk_rows: cal.allocation_rows,
         ..Default::default()
     };
-    let w = quant::calibrate::quantize_streaming(ckpt, calibration, &method_for, &options, blocks)?;
+    let w = quant::calibrate::quantize_streaming_into(
+        ckpt,
+        calibration,
+        &method_for,
+        &options,
+        blocks,
+        sink,
+    )?;
     crate::fsutil::release_free_memory();
     Ok(Some(w))
 }
@@ -334,11 +432,62 @@ fn fitted_line(line: &mut quant::TensorReport, q: &quant::calibrate::QuantizedLi
 pub fn weight_bytes(w: &Weight) -> u64 {
     match w {
         Weight::Dense(v) => v.len() as u64 * 2,
-        Weight::Quantized(q) => {
-            let luts: u64 = q.groups.iter().map(|g| g.lut.bytes()).sum();
-            let scales = q.row_scale.as_ref().map_or(0, |s| s.len() as u64 * 2);
-            let restore = q.restore.as_ref().map_or(0, |r| r.len() as u64 * 4);
-            luts + scales + restore
+        Weight::Quantized(q) => quantized_bytes(q),
+    }
+}
+
+fn quantized_bytes(q: &QuantizedWeight) -> u64 {
+    let luts: u64 = q.groups.iter().map(|g| g.lut.bytes()).sum();
+    let scales = q.row_scale.as_ref().map_or(0, |s| s.len() as u64 * 2);
+    let restore = q.restore.as_ref().map_or(0, |r| r.len() as u64 * 4);
+    luts + scales + restore
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{pack_indices, LutRows, PackedLut};
+
+    /// A spilled projection comes back whole, sized as it was, and the spill directory shows
+    /// no file at any point.
+    #[test]
+    fn spilled_projections_come_back_whole() {
+        let group = |rows: usize, nbits: u8, seed: u8| LutRows {
+            rows,
+            lut: PackedLut {
+                nbits,
+                lut: (0..1u16 << nbits)
+                    .map(|i| f16::from_f32(i as f32))
+                    .collect(),
+                packed: pack_indices(
+                    &(0..rows * 5)
+                        .map(|i| (i as u8).wrapping_mul(seed) % (1 << nbits))
+                        .collect::<Vec<_>>(),
+                    nbits,
+                ),
+            },
+        };
+        let w = |seed: u8| QuantizedWeight {
+            groups: vec![group(3, 4, seed), group(2, 6, seed + 1)],
+            restore: Some(vec![0, 1, 2, 3, 4]),
+            row_scale: Some(vec![f16::ONE; 5]),
+            rotated: true,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let spill = dir.path().join("out");
+        for at in [None, Some(spill.as_path())] {
+            let mut fitted = Fitted::default();
+            for seed in [3, 7] {
+                fitted.insert(at, format!("w{seed}"), w(seed)).unwrap();
+            }
+            if at.is_some() {
+                assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0);
+            }
+            assert!(fitted.contains("w7") && !fitted.contains("w1"));
+            assert_eq!(fitted.bytes("w3"), Some(quantized_bytes(&w(3))));
+            assert_eq!(fitted.remove("w7").unwrap(), Some(w(7)));
+            assert_eq!(fitted.remove("w3").unwrap(), Some(w(3)));
+            assert_eq!(fitted.remove("w3").unwrap(), None);
         }
     }
 }

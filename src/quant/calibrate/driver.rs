@@ -11,7 +11,7 @@ use super::allocate::allocate_bits;
 use super::awq::{apply_scales, awq_scales, awq_search, expand_o_scales, site_scales};
 use super::linear::LinearMethod;
 use super::site::{Grams, SiteFit, SiteProjection, SlotMethod, SITES};
-use super::{calib_err, fetch, to_vec, CalibratedWeights, SequentialOptions};
+use super::{calib_err, fetch, to_vec, CalibratedWeights, SequentialOptions, Sink};
 use crate::arch::{expected_tensors, Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
 use crate::model::calibrate::Gram;
@@ -27,6 +27,7 @@ pub(super) fn quantize_model(
     method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
     options: &SequentialOptions,
     progress: &(dyn Fn(usize, usize) + Sync),
+    mut sink: Option<Sink<'_>>,
 ) -> Result<CalibratedWeights, QuantError> {
     let spec = ckpt.spec().clone();
     if tokens.is_empty() {
@@ -85,6 +86,7 @@ pub(super) fn quantize_model(
             fetch(model, ckpt, l)?;
             xs = true_sequential_block(model, l, &xs, &slots, &method_for, &dims, &mut out)?;
             model.release_layer(l);
+            hand_over(&mut out, &mut sink)?;
             progress(l + 1, n_layers);
         }
         return Ok(out);
@@ -93,9 +95,20 @@ pub(super) fn quantize_model(
         fetch(model, ckpt, l)?;
         xs = calibrate_block(model, l, &xs, &slots, &method_for, options, &mut out)?;
         model.release_layer(l);
+        hand_over(&mut out, &mut sink)?;
         progress(l + 1, n_layers);
     }
     Ok(out)
+}
+
+/// A block's fitted projections to the sink, if there is one.
+fn hand_over(out: &mut CalibratedWeights, sink: &mut Option<Sink<'_>>) -> Result<(), QuantError> {
+    if let Some(sink) = sink {
+        for (name, q) in std::mem::take(&mut out.linears) {
+            sink(name, q)?;
+        }
+    }
+    Ok(())
 }
 
 /// One block of calibration: each input site's XᵀX is accumulated from the block's float

@@ -132,9 +132,15 @@ pub fn quantize_checkpoint(
     let mut model = PlainModel::load(ckpt).map_err(|e| QuantError::Calibration {
         message: e.to_string(),
     })?;
-    let weights = driver::quantize_model(&mut model, ckpt, tokens, method_for, options, progress)?;
+    let weights = driver::quantize_model(
+        &mut model, ckpt, tokens, method_for, options, progress, None,
+    )?;
     Ok((weights, model))
 }
+
+/// Where fitted projections go as each block is done (tensor name, projection), instead of
+/// [`CalibratedWeights::linears`].
+pub type Sink<'a> = &'a mut dyn FnMut(String, QuantizedLinear) -> Result<(), QuantError>;
 
 /// [`quantize_checkpoint`] on a [`PlainModel::streaming`] model: one block is in memory in
 /// f32 at a time (read, fitted, dropped), so memory does not grow with the model's depth.
@@ -149,7 +155,33 @@ pub fn quantize_streaming(
     let mut model = PlainModel::streaming(ckpt).map_err(|e| QuantError::Calibration {
         message: e.to_string(),
     })?;
-    driver::quantize_model(&mut model, ckpt, tokens, method_for, options, progress)
+    driver::quantize_model(
+        &mut model, ckpt, tokens, method_for, options, progress, None,
+    )
+}
+
+/// [`quantize_streaming`] handing each block's fitted projections to `sink` as the block is
+/// done: the returned [`CalibratedWeights::linears`] is empty.
+pub fn quantize_streaming_into(
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
+    options: &SequentialOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+    sink: Sink<'_>,
+) -> Result<CalibratedWeights, QuantError> {
+    let mut model = PlainModel::streaming(ckpt).map_err(|e| QuantError::Calibration {
+        message: e.to_string(),
+    })?;
+    driver::quantize_model(
+        &mut model,
+        ckpt,
+        tokens,
+        method_for,
+        options,
+        progress,
+        Some(sink),
+    )
 }
 
 fn fetch(model: &mut PlainModel, ckpt: &Checkpoint, l: usize) -> Result<(), QuantError> {
