@@ -82,8 +82,8 @@ pub fn calibrated_stream<'a>(
 /// "Streaming convert"): [`WeightStream::take`] reads and palettizes a package's tensors from
 /// the memory-mapped checkpoint, so only that package's weights are in memory at a time. A
 /// calibrated recipe fits its projections up front, block by block (each fit needs the
-/// previous blocks' quantized outputs); the stream then holds the fitted projections, packed,
-/// until their package takes them.
+/// previous blocks' quantized outputs); the stream then holds the fitted projections, packed
+/// (their indices on disk with a spill directory: [`Fitted`]), until their package takes them.
 pub struct WeightStream<'a> {
     ckpt: &'a Checkpoint,
     slots: Vec<TensorSlot>,
