@@ -32,6 +32,25 @@ fn probe_method(m: &LinearMethod, nbits: u8) -> LinearMethod {
     }
 }
 
+/// The probe methods of the projections of block `l` reading one input site (`roles`). The
+/// probes fit without error feedback: no GPTQ factor is needed.
+fn site_probes(
+    roles: &[Role],
+    l: usize,
+    slots: &[TensorSlot],
+    method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
+) -> Vec<LinearMethod> {
+    roles
+        .iter()
+        .filter_map(|&role| {
+            let slot = slots
+                .iter()
+                .find(|s| s.layer == Some(l) && s.role == role)?;
+            Some(probe_method(&method_for(slot)?, 0))
+        })
+        .collect()
+}
+
 /// One projection's sensitivity and the bit width the allocation gave it.
 #[derive(Debug, Clone, Serialize)]
 pub struct BitChoice {
@@ -139,16 +158,7 @@ pub(super) fn allocate_bits(
             let h32: Vec<f32> = gram.sum.iter().map(|&v| v as f32).collect();
             let h =
                 Tensor::from_vec(h32, (cols, cols), &Device::Cpu).map_err(|e| calib_err("H", e))?;
-            // The probes fit without error feedback: no GPTQ factor is needed.
-            let probes: Vec<LinearMethod> = roles
-                .iter()
-                .filter_map(|&role| {
-                    let slot = slots
-                        .iter()
-                        .find(|s| s.layer == Some(l) && s.role == role)?;
-                    Some(probe_method(&method_for(slot)?, 0))
-                })
-                .collect();
+            let probes = site_probes(roles, l, slots, method_for);
             let probes: Vec<&LinearMethod> = probes.iter().collect();
             let site_fit = SiteFit::new(Cow::Owned(std::mem::take(&mut gram.sum)), cols, &probes)?;
             for &role in roles.iter() {

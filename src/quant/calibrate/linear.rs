@@ -112,6 +112,21 @@ pub struct RowGroup {
 }
 
 impl RowGroup {
+    /// The group of `rows` at `nbits` with `lut`, its indices taken from all of a layer's,
+    /// `indices` [.., cols] row-major.
+    fn pack(rows: Vec<usize>, nbits: u8, lut: Vec<f16>, indices: &[u8], cols: usize) -> Self {
+        let mut idx = Vec::with_capacity(rows.len() * cols);
+        for &r in &rows {
+            idx.extend_from_slice(&indices[r * cols..(r + 1) * cols]);
+        }
+        RowGroup {
+            packed: crate::quant::pack_indices(&idx, nbits),
+            rows,
+            nbits,
+            lut,
+        }
+    }
+
     /// The group's indices unpacked, [rows.len(), cols] in `rows` order.
     pub fn indices(&self, cols: usize) -> Vec<u8> {
         crate::quant::unpack_indices(&self.packed, self.nbits, self.rows.len() * cols)
@@ -388,19 +403,7 @@ pub(crate) fn quantize_linear_prepared(
     let groups = plan
         .into_iter()
         .zip(luts)
-        .map(|((nbits, rows), lut)| {
-            let mut idx = Vec::with_capacity(rows.len() * cols);
-            for &r in &rows {
-                idx.extend_from_slice(&indices[r * cols..(r + 1) * cols]);
-            }
-            let packed = crate::quant::pack_indices(&idx, nbits);
-            RowGroup {
-                rows,
-                nbits,
-                lut,
-                packed,
-            }
-        })
+        .map(|((nbits, rows), lut)| RowGroup::pack(rows, nbits, lut, &indices, cols))
         .collect();
     drop(indices);
     let mut q = QuantizedLinear {
