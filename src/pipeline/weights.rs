@@ -393,13 +393,13 @@ fn calibrate(
         chunk_rows: cal.allocation_rows,
         ..Default::default()
     };
-    let w = quant::calibrate::quantize_streaming_into(
+    let w = quant::calibrate::quantize_streaming(
         ckpt,
         calibration,
         &method_for,
         &options,
         blocks,
-        sink,
+        Some(sink),
     )?;
     crate::fsutil::release_free_memory();
     Ok(Some(w))

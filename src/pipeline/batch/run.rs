@@ -395,10 +395,8 @@ pub fn run_one(
     report.fingerprint = Some(inputs.fingerprint.clone());
     let outputs = Outputs::for_package(&export.output)?;
     let recorded = Inputs::recorded(&export.output);
-    let up_to_date = !settings.force
-        && (export.output.join("Manifest.json").is_file()
-            || crate::aimodel::is_aimodel(&export.output))
-        && recorded.as_ref() == Some(&inputs);
+    let up_to_date =
+        !settings.force && is_output(&export.output) && recorded.as_ref() == Some(&inputs);
     let mut opened = None;
     if up_to_date {
         report.status = Status::UpToDate;
@@ -448,6 +446,14 @@ pub fn run_one(
         report.status = Status::Failed;
     }
     Ok(())
+}
+
+/// Whether `path` holds what a conversion writes there: an ML package, a Core AI asset, or a
+/// chain of either (a model larger than the device's package limit).
+fn is_output(path: &Path) -> bool {
+    path.join("Manifest.json").is_file()
+        || crate::aimodel::is_aimodel(path)
+        || crate::mil::chain::is_chain(path)
 }
 
 /// Sizes of an up-to-date package, from its recorded report.
@@ -586,6 +592,32 @@ mod tests {
         assert_eq!((r.counts.invalid, r.counts.not_run), (1, 1));
         assert!(crate::pipeline::batch::render_summary(&r)
             .ends_with("2 exports: 1 invalid, 1 not run · exit 2\n"));
+    }
+
+    /// A chain directory is a conversion's output as much as one package is: an export whose
+    /// model was split can be up to date.
+    #[test]
+    fn chains_and_assets_are_outputs() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str, files: &[&str]| {
+            let p = dir.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            for f in files {
+                std::fs::write(p.join(f), b"{}").unwrap();
+            }
+            p
+        };
+        assert!(is_output(&at("a.mlpackage", &["Manifest.json"])));
+        assert!(is_output(&at(
+            "b.aimodel",
+            &["metadata.json", "main.mlirb"]
+        )));
+        assert!(is_output(&at(
+            "c.mlpackage",
+            &[crate::mil::chain::CHAIN_FILE]
+        )));
+        assert!(!is_output(&at("d.mlpackage", &["weight.bin"])));
+        assert!(!is_output(&dir.path().join("missing.mlpackage")));
     }
 
     #[test]

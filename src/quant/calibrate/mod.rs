@@ -144,43 +144,21 @@ pub type Sink<'a> = &'a mut dyn FnMut(String, QuantizedLinear) -> Result<(), Qua
 
 /// [`quantize_checkpoint`] on a [`PlainModel::streaming`] model: one block is in memory in
 /// f32 at a time (read, fitted, dropped), so memory does not grow with the model's depth.
-/// The weights are the same.
+/// The weights are the same. With a `sink`, each block's fitted projections go to it as the
+/// block is done and the returned [`CalibratedWeights::linears`] is empty.
 pub fn quantize_streaming(
     ckpt: &Checkpoint,
     tokens: &[u32],
     method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
     options: &SequentialOptions,
     progress: &(dyn Fn(usize, usize) + Sync),
+    sink: Option<Sink<'_>>,
 ) -> Result<CalibratedWeights, QuantError> {
     let mut model = PlainModel::streaming(ckpt).map_err(|e| QuantError::Calibration {
         message: e.to_string(),
     })?;
     driver::quantize_model(
-        &mut model, ckpt, tokens, method_for, options, progress, None,
-    )
-}
-
-/// [`quantize_streaming`] handing each block's fitted projections to `sink` as the block is
-/// done: the returned [`CalibratedWeights::linears`] is empty.
-pub fn quantize_streaming_into(
-    ckpt: &Checkpoint,
-    tokens: &[u32],
-    method_for: &(dyn Fn(&TensorSlot) -> Option<LinearMethod> + Sync),
-    options: &SequentialOptions,
-    progress: &(dyn Fn(usize, usize) + Sync),
-    sink: Sink<'_>,
-) -> Result<CalibratedWeights, QuantError> {
-    let mut model = PlainModel::streaming(ckpt).map_err(|e| QuantError::Calibration {
-        message: e.to_string(),
-    })?;
-    driver::quantize_model(
-        &mut model,
-        ckpt,
-        tokens,
-        method_for,
-        options,
-        progress,
-        Some(sink),
+        &mut model, ckpt, tokens, method_for, options, progress, sink,
     )
 }
 
@@ -263,7 +241,7 @@ mod tests {
             let (loaded, _) =
                 quantize_checkpoint(&ckpt, &tokens, &method, &options, &|_, _| {}).unwrap();
             let streamed =
-                quantize_streaming(&ckpt, &tokens, &method, &options, &|_, _| {}).unwrap();
+                quantize_streaming(&ckpt, &tokens, &method, &options, &|_, _| {}, None).unwrap();
             assert!(!loaded.linears.is_empty());
             let dense = |w: &CalibratedWeights| -> BTreeMap<String, (u8, Vec<f32>)> {
                 w.linears
