@@ -11,12 +11,12 @@
 #           free disk)
 # env: RECIPE (default data-free-4bit), HF2COREML_PYTHON_ENV, BIN (default
 #      target/release/hf2coreml), GEN (the synthetic_checkpoint example, default
-#      target/release/tools/synthetic_checkpoint)
+#      target/release/examples/synthetic_checkpoint)
 set -euo pipefail
 SIZE=${1:-medium}
 shift || true
 BIN=${BIN:-target/release/hf2coreml}
-GEN=${GEN:-target/release/tools/synthetic_checkpoint}
+GEN=${GEN:-target/release/examples/synthetic_checkpoint}
 CACHE=${CACHE:-$HOME/.cache/hf2coreml}
 case "$SIZE" in
   medium) DIMS="8 1024 2816 32000" ;;

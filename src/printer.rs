@@ -1,5 +1,6 @@
 //! The one place that writes to the terminal's stderr: the output mode (`--quiet`,
-//! `--verbose`), notes, details and progress bars (hidden when stderr is not a terminal).
+//! `--verbose`), notes, details and progress (bars on a terminal, a line now and then for a
+//! long stage elsewhere).
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -120,7 +121,8 @@ pub fn stderr_is_terminal() -> bool {
         && std::env::var_os("NO_COLOR").is_none()
 }
 
-/// A progress bar on stderr, hidden when stderr is not a terminal.
+/// A progress bar on stderr, hidden when stderr is not a terminal (see [`Lines`] for what is
+/// written instead).
 pub fn progress_bar(len: u64, label: &str) -> indicatif::ProgressBar {
     if !stderr_is_terminal() {
         return indicatif::ProgressBar::hidden();
@@ -156,18 +158,92 @@ fn eta(elapsed: std::time::Duration, pos: u64, len: u64) -> String {
     format!("{:#}", indicatif::HumanDuration(left))
 }
 
+/// True when a stage reports itself as plain lines: output is wanted (no `--quiet`, one
+/// export at a time) but no bar is drawn (stderr is a file or a pipe, or `CI` / `NO_COLOR`).
+fn plain_progress() -> bool {
+    !is_quiet() && !BARS_OFF.load(Ordering::Relaxed) && !stderr_is_terminal()
+}
+
+/// The least time between two of a stage's plain lines.
+const LINE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A stage's progress as plain lines, for a log instead of a terminal: a step that ends at
+/// least [`LINE_EVERY`] after the stage began or after its last line writes one, and the end
+/// of a stage that wrote any writes its total time. A short stage writes nothing; a long
+/// convert shows it is moving (CI runners stop a job that prints nothing for some minutes).
+struct Lines {
+    label: String,
+    total: u64,
+    pos: u64,
+    start: std::time::Instant,
+    last: std::time::Instant,
+    printed: bool,
+}
+
+impl Lines {
+    fn new(label: &str, total: u64, now: std::time::Instant) -> Self {
+        Lines {
+            label: label.to_string(),
+            total,
+            pos: 0,
+            start: now,
+            last: now,
+            printed: false,
+        }
+    }
+
+    /// `steps` more done at `now`: the line to write, if one is due.
+    fn advance(&mut self, steps: u64, now: std::time::Instant) -> Option<String> {
+        self.pos = self.pos.saturating_add(steps);
+        if now.duration_since(self.last) < LINE_EVERY {
+            return None;
+        }
+        self.last = now;
+        self.printed = true;
+        let elapsed = now.duration_since(self.start);
+        Some(format!(
+            "{} {}/{}, {:#} (eta {})",
+            self.label,
+            self.pos,
+            self.total,
+            indicatif::HumanDuration(elapsed),
+            eta(elapsed, self.pos, self.total)
+        ))
+    }
+
+    /// The stage is over at `now`: its total time if it wrote lines and finished (an abandoned
+    /// stage, an error, says nothing more: the error does).
+    fn end(&self, now: std::time::Instant) -> Option<String> {
+        (self.printed && self.pos >= self.total).then(|| {
+            format!(
+                "{} {}/{} in {:#}",
+                self.label,
+                self.pos,
+                self.total,
+                indicatif::HumanDuration(now.duration_since(self.start))
+            )
+        })
+    }
+}
+
 /// Draws a library operation's [`Progress`](hf2coreml::progress::Progress) as one bar at a
-/// time on stderr (hidden where [`progress_bar`] hides bars), and prints its notes and
-/// details as [`info`] and [`detail`] do.
+/// time on stderr where bars are drawn, as plain lines for a long stage where they are not
+/// ([`Lines`]), and prints its notes and details as [`info`] and [`detail`] do.
 #[derive(Default)]
 pub struct Bars {
     bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
+    lines: std::sync::Mutex<Option<Lines>>,
 }
 
 impl Bars {
     fn with(&self, f: impl FnOnce(&mut Option<indicatif::ProgressBar>)) {
         // A panic elsewhere while the lock was held only loses a bar's state.
         let mut guard = self.bar.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard);
+    }
+
+    fn with_lines(&self, f: impl FnOnce(&mut Option<Lines>)) {
+        let mut guard = self.lines.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut guard);
     }
 }
@@ -178,6 +254,9 @@ impl hf2coreml::progress::Progress for Bars {
             if let Some(old) = b.replace(progress_bar(total, label)) {
                 old.finish_and_clear();
             }
+        });
+        self.with_lines(|l| {
+            *l = plain_progress().then(|| Lines::new(label, total, std::time::Instant::now()));
         });
     }
 
@@ -197,6 +276,14 @@ impl hf2coreml::progress::Progress for Bars {
                 b.force_draw();
             }
         });
+        self.with_lines(|l| {
+            if let Some(line) = l
+                .as_mut()
+                .and_then(|l| l.advance(steps, std::time::Instant::now()))
+            {
+                info(line);
+            }
+        });
     }
 
     /// A finished stage's bar stays on the terminal at 100%, with the stage's time; an
@@ -209,6 +296,11 @@ impl hf2coreml::progress::Progress for Bars {
                 } else {
                     b.finish_and_clear();
                 }
+            }
+        });
+        self.with_lines(|l| {
+            if let Some(line) = l.take().and_then(|l| l.end(std::time::Instant::now())) {
+                info(line);
             }
         });
     }
@@ -239,5 +331,32 @@ mod tests {
         assert_eq!(super::eta(Duration::from_secs(30), 10, 20), "30s");
         assert_eq!(super::eta(Duration::from_secs(30), 0, 20), "?");
         assert_eq!(super::eta(Duration::from_secs(30), 20, 20), "0s");
+    }
+
+    #[test]
+    fn a_long_stage_writes_a_line_at_most_every_30_seconds_and_its_total() {
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut lines = super::Lines::new("calibrate", 4, t0);
+        assert_eq!(lines.advance(1, at(20)), None);
+        assert_eq!(
+            lines.advance(1, at(40)).as_deref(),
+            Some("calibrate 2/4, 40s (eta 40s)")
+        );
+        assert_eq!(lines.advance(1, at(60)), None, "20 s after the last line");
+        assert_eq!(
+            lines.advance(1, at(125)).as_deref(),
+            Some("calibrate 4/4, 2m (eta 0s)")
+        );
+        assert_eq!(lines.end(at(126)).as_deref(), Some("calibrate 4/4 in 2m"));
+
+        // A short stage says nothing, neither on the way nor at its end.
+        let mut short = super::Lines::new("serialize", 1, t0);
+        assert_eq!(short.advance(1, at(3)), None);
+        assert_eq!(short.end(at(3)), None);
+        // An abandoned stage (an error) writes no total.
+        let mut cut = super::Lines::new("calibrate", 4, t0);
+        assert!(cut.advance(1, at(31)).is_some());
+        assert_eq!(cut.end(at(32)), None);
     }
 }

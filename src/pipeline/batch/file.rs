@@ -123,6 +123,9 @@ pub struct Export {
     pub calibration: Option<PathBuf>,
     pub increased_memory_limit: bool,
     pub allow_over_budget: bool,
+    /// The largest package before the model is split into a chain (`--max-package-size`);
+    /// none: the device's limit, else 1 GB.
+    pub max_package_size: Option<u64>,
     pub validate: Option<ValidateSpec>,
 }
 
@@ -190,6 +193,7 @@ struct RawEntry {
     calibration: Option<Spanned<String>>,
     increased_memory_limit: Option<Spanned<bool>>,
     allow_over_budget: Option<Spanned<bool>>,
+    max_package_size: Option<Spanned<toml::Value>>,
     validate: Option<Spanned<toml::Value>>,
 }
 
@@ -214,6 +218,7 @@ impl RawEntry {
             allow_over_budget: self
                 .allow_over_budget
                 .or_else(|| d.allow_over_budget.clone()),
+            max_package_size: self.max_package_size.or_else(|| d.max_package_size.clone()),
             validate: self.validate.or_else(|| d.validate.clone()),
         }
     }
@@ -340,6 +345,38 @@ impl Ctx<'_> {
                 ),
             })
             .collect()
+    }
+
+    /// `max_package_size`: a size as `--max-package-size` takes it (`"1GiB"`, `"900 MB"`) or a
+    /// byte count, at least 1 byte.
+    fn package_size(&self, value: &Spanned<toml::Value>) -> Result<u64, BatchError> {
+        let bytes = match value.get_ref() {
+            toml::Value::String(s) => crate::budget::parse_size(s)
+                .or_else(|e| self.err(value.span(), format!("max_package_size: {e}")))?,
+            toml::Value::Integer(n) => u64::try_from(*n).unwrap_or(0),
+            other => {
+                return self.err(
+                    value.span(),
+                    format!(
+                        "max_package_size: expected a size such as \"1GiB\" or a byte count, \
+                         found `{other}`"
+                    ),
+                )
+            }
+        };
+        if bytes == 0 {
+            return self.err(
+                value.span(),
+                "max_package_size: a package size must be at least 1 byte",
+            );
+        }
+        if bytes > crate::budget::MAX_SIZE {
+            return self.err(
+                value.span(),
+                format!("max_package_size: {bytes} bytes is beyond the largest size hf2coreml plans with (8 PiB)"),
+            );
+        }
+        Ok(bytes)
     }
 
     fn sizes(&self, value: &Spanned<toml::Value>, key: &str) -> Result<Vec<usize>, BatchError> {
@@ -554,6 +591,7 @@ struct Axes<'e> {
     devices: Vec<Option<String>>,
     precision: ComputePrecision,
     calibration: Option<PathBuf>,
+    package_size: Option<u64>,
     validate: Option<ValidateSpec>,
 }
 
@@ -625,6 +663,10 @@ impl Ctx<'_> {
             Some(c) => Some(self.path(c.get_ref(), c.span(), "calibration")?),
             None => None,
         };
+        let package_size = match &e.max_package_size {
+            Some(v) => Some(self.package_size(v)?),
+            None => None,
+        };
         let validate = match &e.validate {
             Some(v) => self.validate(v)?,
             None => None,
@@ -638,6 +680,7 @@ impl Ctx<'_> {
             devices,
             precision,
             calibration,
+            package_size,
             validate,
         })
     }
@@ -679,6 +722,7 @@ impl Ctx<'_> {
                                 calibration: axes.calibration.clone(),
                                 increased_memory_limit: flag(&e.increased_memory_limit),
                                 allow_over_budget: flag(&e.allow_over_budget),
+                                max_package_size: axes.package_size,
                                 validate: axes.validate.clone(),
                             });
                         }

@@ -381,7 +381,7 @@ pub fn run_one(
         device: export.device.clone(),
         increased_memory_limit: export.increased_memory_limit,
         allow_over_budget: export.allow_over_budget,
-        max_package_size: None,
+        max_package_size: export.max_package_size,
         force: settings.force,
         python_env: settings.python_env.clone(),
     };

@@ -699,3 +699,67 @@ validate = { max_tokens = 12 }
     let b = report(&dir.join("b.json"));
     assert_eq!(statuses(&b), [("ai".to_string(), "up-to-date".to_string())]);
 }
+
+/// `max_package_size` splits an export into a chain as `--max-package-size` does: validated
+/// part by part, up to date on a second run, and rebuilt as one package when the limit grows.
+#[test]
+fn max_package_size_makes_a_chain_that_is_up_to_date_on_a_second_run() {
+    needs!(Python);
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let model = TinyModel {
+        layers: 4,
+        logit_gain: 4.0,
+        ..TinyModel::llama()
+    };
+    std::fs::create_dir_all(dir.join("tiny4")).unwrap();
+    model.write(&dir.join("tiny4")).unwrap();
+    // A block of the tiny model is about 74 kB beside each part's 1 MiB allowance: 3+ parts.
+    let batch = |limit: &str| {
+        format!(
+            "[[export]]\nmodel = \"tiny4\"\noutput = \"out/c.mlpackage\"\nmax_seq_len = 16\n\
+             recipe = {{ default = \"fp16\" }}\nmax_package_size = {limit}\n\
+             validate = {{ max_tokens = 12 }}\n"
+        )
+    };
+    std::fs::write(dir.join("batch.toml"), batch("1200000")).unwrap();
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "a.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let a = report(&dir.join("a.json"));
+    assert_eq!(statuses(&a), [("c".to_string(), "converted".to_string())]);
+    assert_eq!(a["exports"][0]["max_package_size"], 1_200_000);
+    assert_eq!(a["exports"][0]["validation"]["passed"], true);
+    let chain = dir.join("out/c.mlpackage");
+    assert!(chain.join("chain.json").is_file(), "not a chain");
+    let parts = std::fs::read_dir(&chain)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().join("Manifest.json").is_file())
+        .count();
+    assert!(parts >= 3, "{parts} parts");
+
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "b.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let b = report(&dir.join("b.json"));
+    assert_eq!(statuses(&b), [("c".to_string(), "up-to-date".to_string())]);
+
+    std::fs::write(dir.join("batch.toml"), batch("\"1GiB\"")).unwrap();
+    let o = batch_in(dir, &["batch", "batch.toml", "--json", "c.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let c = report(&dir.join("c.json"));
+    assert_eq!(statuses(&c), [("c".to_string(), "converted".to_string())]);
+    assert_eq!(c["exports"][0]["max_package_size"], 1u64 << 30);
+    assert!(chain.join("Manifest.json").is_file(), "not one package");
+    assert!(!chain.join("chain.json").exists());
+
+    for (bad, why) in [
+        ("0", "at least 1 byte"),
+        ("\"9 parsecs\"", "parsecs"),
+        ("true", "byte count"),
+    ] {
+        std::fs::write(dir.join("bad.toml"), batch(bad)).unwrap();
+        let o = batch_in(dir, &["batch", "bad.toml"]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("bad.toml:6"), "{}", text(&o));
+        assert!(text(&o).contains(why), "{}", text(&o));
+    }
+}
