@@ -9,7 +9,8 @@
 # usage: benches/runner_ab.sh BIN_A PKG_A BIN_B PKG_B
 #   e.g. a baseline binary on the chain it wrote against target/release/hf2coreml on its own
 #   (benches/big_model.sh with KEEP=1 makes a chain; both converted from one checkpoint).
-# env: TOKENS (default 16), ROUNDS (default 2), PYTHON (default python3, with numpy)
+# env: TOKENS (default 16), ROUNDS (default 2), PYTHON (with numpy; default the venv `make
+#      setup` builds, else python3)
 set -euo pipefail
 BIN_A=${1:?usage: benches/runner_ab.sh BIN_A PKG_A BIN_B PKG_B}
 PKG_A=${2:?}
@@ -40,7 +41,9 @@ for side in A B; do
 done
 echo "B/A decode speed: $(ratio "${ALL[B]}" "${ALL[A]}")"
 BYTES=$(find "$PKG_B" -name weight.bin -printf '%s\n' | awk '{s+=$1} END {printf "%.0f", s}')
-GBS=$("${PYTHON:-python3}" -c '
+VENV_PY="$(dirname "$0")/../.venv/bin/python"
+[ -x "$VENV_PY" ] || VENV_PY=python3
+GBS=$("${PYTHON:-$VENV_PY}" -c '
 import time, numpy as np
 a = np.ones(1 << 28, dtype=np.float32)
 best = 0.0
