@@ -237,15 +237,17 @@ pub struct Bars {
 
 impl Bars {
     fn with(&self, f: impl FnOnce(&mut Option<indicatif::ProgressBar>)) {
-        // A panic elsewhere while the lock was held only loses a bar's state.
-        let mut guard = self.bar.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut guard);
+        f(&mut locked(&self.bar));
     }
 
     fn with_lines(&self, f: impl FnOnce(&mut Option<Lines>)) {
-        let mut guard = self.lines.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut guard);
+        f(&mut locked(&self.lines));
     }
+}
+
+/// A panic elsewhere while the lock was held only loses a bar's or a stage's state.
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl hf2coreml::progress::Progress for Bars {

@@ -105,6 +105,18 @@ pub enum SizeError {
     OutOfRange(String),
     #[error("`{0}` is beyond the largest size hf2coreml plans with (8 PiB)")]
     TooLarge(String),
+    #[error("`{0}`: a package size must be at least 1 byte")]
+    EmptyPackage(String),
+}
+
+/// A package size limit (`--max-package-size`, a batch export's `max_package_size`): a
+/// byte count from 1 byte to [`MAX_SIZE`].
+pub fn package_size(bytes: u64, text: &str) -> Result<u64, SizeError> {
+    match bytes {
+        0 => Err(SizeError::EmptyPackage(text.to_string())),
+        b if b > MAX_SIZE => Err(SizeError::TooLarge(text.to_string())),
+        b => Ok(b),
+    }
 }
 
 /// The largest size a flag may give: 2^53 bytes (8 PiB), below which every byte count is

@@ -324,9 +324,7 @@ fn print_summary(summary: &ConvertSummary) {
 
 /// `--max-package-size`: a size, at least 1 byte.
 fn parse_package_size(s: &str) -> Result<u64, String> {
-    match hf2coreml::budget::parse_size(s) {
-        Ok(0) => Err("a package size must be at least 1 byte".into()),
-        Ok(b) => Ok(b),
-        Err(e) => Err(e.to_string()),
-    }
+    hf2coreml::budget::parse_size(s)
+        .and_then(|b| hf2coreml::budget::package_size(b, s))
+        .map_err(|e| e.to_string())
 }

@@ -351,9 +351,12 @@ impl Ctx<'_> {
     /// byte count, at least 1 byte.
     fn package_size(&self, value: &Spanned<toml::Value>) -> Result<u64, BatchError> {
         let bytes = match value.get_ref() {
-            toml::Value::String(s) => crate::budget::parse_size(s)
-                .or_else(|e| self.err(value.span(), format!("max_package_size: {e}")))?,
-            toml::Value::Integer(n) => u64::try_from(*n).unwrap_or(0),
+            toml::Value::String(s) => {
+                crate::budget::parse_size(s).and_then(|b| crate::budget::package_size(b, s))
+            }
+            toml::Value::Integer(n) => {
+                crate::budget::package_size(u64::try_from(*n).unwrap_or(0), &n.to_string())
+            }
             other => {
                 return self.err(
                     value.span(),
@@ -364,19 +367,7 @@ impl Ctx<'_> {
                 )
             }
         };
-        if bytes == 0 {
-            return self.err(
-                value.span(),
-                "max_package_size: a package size must be at least 1 byte",
-            );
-        }
-        if bytes > crate::budget::MAX_SIZE {
-            return self.err(
-                value.span(),
-                format!("max_package_size: {bytes} bytes is beyond the largest size hf2coreml plans with (8 PiB)"),
-            );
-        }
-        Ok(bytes)
+        bytes.or_else(|e| self.err(value.span(), format!("max_package_size: {e}")))
     }
 
     fn sizes(&self, value: &Spanned<toml::Value>, key: &str) -> Result<Vec<usize>, BatchError> {
