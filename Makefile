@@ -30,11 +30,13 @@ build:
 	$(CARGO) build --release --locked
 
 # The Python environment for the emit bridge: a venv in the cache keyed by the requirements'
-# hash (so CI can cache it), linked as ./.venv where the binary looks for it.
+# hash (so CI can cache it), linked as ./.venv where the binary looks for it. The hash in its
+# name is the whole key: the stamp depends on no file, because a fresh clone's requirements.txt
+# is newer than any cached stamp and would rebuild a venv whose contents cannot differ.
 setup: $(VENV)/.complete
 	ln -sfn $(VENV) .venv
 
-$(VENV)/.complete: python/requirements.txt
+$(VENV)/.complete:
 	mkdir -p $(CACHE)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
@@ -118,7 +120,7 @@ clean-cache:
 # HF2COREML_BENCH_SKLEARN=1 also times coremltools' scikit-learn path (minutes).
 BENCH_VENV := $(CACHE)/venv-bench-$(REQ_HASH)
 
-$(BENCH_VENV)/.complete: python/requirements.txt
+$(BENCH_VENV)/.complete:
 	mkdir -p $(CACHE)
 	rm -rf $(BENCH_VENV)
 	$(PYTHON) -m venv $(BENCH_VENV)

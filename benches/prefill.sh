@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 item 3: what a `prefill` function buys in the interpreter, and what it costs on disk.
+# What a `prefill` function buys in the interpreter, and what it costs on disk.
 # SmolLM2-135M-Instruct (fp16 weights: no k-means in the way) converted in the same run as
 #   decode.mlpackage   --target ios18 --prefill-len 0         (one function, Q = 1: the baseline)
 #   prefill.mlpackage  --target ios18 --prefill-len 0 --query-len P  (the second of two packages)

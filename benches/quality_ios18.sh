@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 item 6: iOS18 grouped LUTs on a checkpoint (SmolLM2-135M-Instruct), as real packages.
+# iOS18 grouped LUTs on a checkpoint (SmolLM2-135M-Instruct), as real packages.
 # Each row converts with a variant of configs/recipes/ios18-4bit.toml (timed), then `validate`s
 # the package against the checkpoint over TOKENS tokens of BOTH evaluation texts (prose:
 # assets/evaluation.txt, code: assets/evaluation_code.txt). Bits per weight are over the

@@ -1,5 +1,5 @@
-//! Config fields and tensors hf2coreml does not compute are refused, never ignored (issue 27,
-//! items 1-2): `inspect`, `convert` and `validate --against` exit 2 naming the field or the
+//! Config fields and tensors hf2coreml does not compute are refused, never ignored:
+//! `inspect`, `convert` and `validate --against` exit 2 naming the field or the
 //! tensor, and say what is supported.
 
 use std::path::Path;

@@ -122,7 +122,7 @@ fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::
 /// The 4-bit package is validated on 256 positions, not 128: top-1 agreement over n positions
 /// has a binomial standard error of √(0.85·0.15/n) = 0.032 at n = 128, as wide as the margin
 /// the gate leaves, and the first positions (little context) weigh more in a short window.
-/// Measured on these fixtures (2026-12-01): Qwen3 top-1 0.836 at 128 positions (the 0.85 gate
+/// Measured on these fixtures: Qwen3 top-1 0.836 at 128 positions (the 0.85 gate
 /// failed), 0.895 at 256 (KL 0.088 → 0.058); Phi-3 0.844 → 0.867. Data-free 4-bit gets KL
 /// 0.55 (Qwen3) and 0.76 (Phi-3) on the same packages: calibration works, the miss was the
 /// sample size.

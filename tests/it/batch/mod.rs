@@ -639,7 +639,7 @@ device = ["iphone-15", "iphone-16-pro", "mac-m1-16gb"]
     assert_eq!(r["counts"]["up_to_date"], 3, "{r:#}");
 }
 
-/// A recipe's `layout` reaches the package through batch (issue 23 item 4): the ane export's
+/// A recipe's `layout` reaches the package through batch: the ane export's
 /// contract records it, the default one's records nothing, and a bad layout names its line.
 #[test]
 fn batch_recipes_carry_the_layout() {

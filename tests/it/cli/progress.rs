@@ -134,8 +134,8 @@ fn model() -> tempfile::TempDir {
 
 fn check_stages(raw: &str) {
     let f = frames(raw);
-    // convert's range measurement is a one-step stage also labelled "calibrate" (issue 28,
-    // item 12): the blocks' stage is the one of BLOCKS steps.
+    // convert's range measurement is a one-step stage also labelled "calibrate": the
+    // blocks' stage is the one of BLOCKS steps.
     let cal: Vec<(usize, usize)> = positions(&f, "calibrate")
         .into_iter()
         .filter(|&(_, n)| n == BLOCKS)

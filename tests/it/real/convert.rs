@@ -14,7 +14,7 @@ use crate::support::{convert, needs};
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
-/// Issue 5's gate for the all-fp16 package against the reference.
+/// The gate for the all-fp16 package against the reference.
 const MIN_TOP1: f64 = 0.95;
 /// Evaluation tokens interpreted (the interpreter runs the whole 30-layer graph per token).
 const EVAL_TOKENS: usize = 48;

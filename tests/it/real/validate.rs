@@ -14,7 +14,7 @@ const EVAL_TOKENS: &str = "24";
 /// A small S keeps the caches and attention cheap; the contract is the same at any S.
 const MAX_SEQ_LEN: &str = "64";
 /// Mean KL bound for the 8-bit package: the 8-bit gate is 0.02, ten times what 8-bit LUTs
-/// measure (0.0021 over 384 tokens; 0.0033 over these 24, 2026-12-01, data-free so
+/// measure (0.0021 over 384 tokens; 0.0033 over these 24, data-free so
 /// deterministic); 2.4× the measured value catches an 8-bit package that degraded without
 /// failing its gate.
 const MAX_KL_MEAN_8BIT: f64 = 0.008;

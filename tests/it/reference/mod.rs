@@ -535,7 +535,7 @@ fn fp16_residual_scale_keeps_squares_in_range() {
     }
 }
 
-/// Validation's bounded reference (issue 22): block by block over the whole sequence, the
+/// Validation's bounded reference: block by block over the whole sequence, the
 /// lm_head a slice of the vocabulary at a time, equals the whole model's forward pass (the
 /// plain backend's, the same code loaded at once) to f32 rounding and candle's to TOL.
 fn check_layerwise(model: TinyModel) {
