@@ -217,8 +217,8 @@ pub fn render_list(file: &BatchFile, selected: &[Export]) -> String {
         .max(4);
     let _ = writeln!(
         s,
-        "{:>3}  {:w$}  {:>6}  {:>2}  {:<16}  {:<14}  {:<8}  output",
-        "#", "name", "S", "Q", "recipe", "device", "validate"
+        "{:>3}  {:w$}  {:>6}  {:>2}  {:<16}  {:<14}  {:<11}  {:<8}  output",
+        "#", "name", "S", "Q", "recipe", "device", "max package", "validate"
     );
     for e in selected {
         let validate = match &e.validate {
@@ -228,13 +228,14 @@ pub fn render_list(file: &BatchFile, selected: &[Export]) -> String {
         };
         let _ = writeln!(
             s,
-            "{:>3}  {:w$}  {:>6}  {:>2}  {:<16}  {:<14}  {:<8}  {}",
+            "{:>3}  {:w$}  {:>6}  {:>2}  {:<16}  {:<14}  {:<11}  {:<8}  {}",
             e.index + 1,
             e.name,
             e.max_seq_len,
             e.query_len,
             short_recipe(e),
             e.device.as_deref().unwrap_or("-"),
+            e.max_package_size.map_or_else(|| "-".to_string(), fmt_bytes),
             validate,
             e.output.display()
         );

@@ -68,6 +68,7 @@ output = "out/no-model.mlpackage"
 name = "bad-device"
 output = "out/bad-device.mlpackage"
 device = "iphone-1"
+max_package_size = "1GiB"
 
 [[export]]
 name = "good-8bit"
