@@ -235,7 +235,8 @@ pub fn render_list(file: &BatchFile, selected: &[Export]) -> String {
             e.query_len,
             short_recipe(e),
             e.device.as_deref().unwrap_or("-"),
-            e.max_package_size.map_or_else(|| "-".to_string(), fmt_bytes),
+            e.max_package_size
+                .map_or_else(|| "-".to_string(), fmt_bytes),
             validate,
             e.output.display()
         );
