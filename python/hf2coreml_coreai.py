@@ -302,8 +302,29 @@ class _Ops:
         r = len(_shape(x))
         return self.op_transpose(x, list(range(r - 2)) + [r - 1, r - 2])
 
+    def op_conv(self, x, weight, strides, pad, dilations, groups, bias=None):
+        """MIL's `conv` with explicit padding; Core AI's `conv2d` pads nothing, so only a zero
+        `pad` has a translation."""
+        if any(pad):
+            raise ValueError(f"conv: padding {list(pad)} has no translation in the Core AI bridge")
+        y = self.ca.conv2d(x, weight, self.u32(list(strides)), self.u32(list(dilations)), self.u32(groups))
+        if bias is None:
+            return y
+        return self.ca.broadcasting_add(y, self.op_reshape(bias, [1, _shape(bias)[0], 1, 1]))
+
     def op_linear(self, x, weight, bias=None):
-        y = self.ca.broadcasting_batch_matmul(x, self._swap_last(weight))
+        # A 1×1 conv over the rows as its batch ([n, in, 1, 1], reshapes only): the runtime
+        # accumulates a conv's dot products in fp32 where an fp16 `batch_matmul` accumulates in
+        # fp16 (docs/reference/coreai.md).
+        lead, n_in = _shape(x)[:-1], _shape(x)[-1]
+        n_out = _shape(weight)[0]
+        rows = 1
+        for d in lead:
+            rows *= d
+        x4 = self.op_reshape(x, [rows, n_in, 1, 1])
+        w4 = self.op_reshape(weight, [n_out, n_in, 1, 1])
+        y = self.ca.conv2d(x4, w4, self.u32([1, 1]), self.u32([1, 1]), self.u32(1))
+        y = self.op_reshape(y, lead + [n_out])
         return y if bias is None else self.ca.broadcasting_add(y, bias)
 
 

@@ -56,6 +56,7 @@ pub const COREAI_OPS: &[Op] = &[
     Op::Gather,
     Op::Matmul,
     Op::Linear,
+    Op::Conv,
 ];
 
 /// The first op of `graph` the Core AI bridge cannot express, if any.

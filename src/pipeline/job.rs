@@ -254,9 +254,8 @@ fn open_checkpoint(dir: &Path, named: &Path) -> Result<Checkpoint, JobError> {
     })
 }
 
-/// What the target writes must be what the output's name says, and the Core AI backend builds
-/// the default layout with its caches as inputs and outputs: anything else is refused here,
-/// before any work.
+/// What the target writes must be what the output's name says, and the Core AI backend passes
+/// the caches as inputs and outputs: anything else is refused here, before any work.
 fn check_target_output(p: &PackageOptions, output: &Path) -> Result<(), ConvertError> {
     let ext = p.target.extension();
     let named = output
@@ -271,13 +270,6 @@ fn check_target_output(p: &PackageOptions, output: &Path) -> Result<(), ConvertE
     }
     if !p.target.is_coreai() {
         return Ok(());
-    }
-    if p.layout != crate::mil::contract::Layout::Default {
-        return Err(ConvertError::CoreAi(
-            "builds the default layout only: the Neural Engine layout's 1×1 `conv` \
-             projections have no translation in the Core AI bridge (drop --layout ane)"
-                .into(),
-        ));
     }
     if !p.kv_cache.is_io() {
         return Err(ConvertError::CoreAi(

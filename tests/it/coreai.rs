@@ -9,7 +9,7 @@ use std::process::Command;
 use hf2coreml::runtime::chain::Saved;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Options;
-use hf2coreml::testing::python_env;
+use hf2coreml::testing::{python_env, TinyModel, FP16_LOGIT_TOL};
 
 use crate::support::needs;
 
@@ -109,6 +109,10 @@ fn argmax(v: &[f32]) -> usize {
 }
 
 fn fp16_matches_transformers(arch: &str) {
+    fp16_matches_transformers_in(arch, "default");
+}
+
+fn fp16_matches_transformers_in(arch: &str, layout: &str) {
     let dir = fixture(arch);
     let tmp = tempfile::tempdir().unwrap();
     let asset = tmp.path().join(format!("{arch}.aimodel"));
@@ -117,7 +121,7 @@ fn fp16_matches_transformers(arch: &str) {
         &dir,
         &asset,
         tokens.len().next_multiple_of(64),
-        &["--keep-fp16", "*"],
+        &["--keep-fp16", "*", "--layout", layout],
     );
     assert!(asset.join("metadata.json").is_file());
     assert!(tmp.path().join(format!("{arch}.report.json")).is_file());
@@ -132,7 +136,9 @@ fn fp16_matches_transformers(arch: &str) {
         top1 += usize::from(argmax(g) == argmax(w));
     }
     let top1 = top1 as f32 / want.len() as f32;
-    eprintln!("{arch}: Core AI fp16, max relative RMS {worst:.2e}, top-1 {top1:.3}");
+    eprintln!(
+        "{arch} ({layout} layout): Core AI fp16, max relative RMS {worst:.2e}, top-1 {top1:.3}"
+    );
     assert!(worst <= MAX_REL_RMS, "{arch}: relative RMS {worst}");
     assert!(top1 >= MIN_TOP1, "{arch}: top-1 {top1}");
 }
@@ -141,6 +147,49 @@ fn fp16_matches_transformers(arch: &str) {
 fn gemma3_fp16_asset_matches_transformers() {
     needs!(Python);
     fp16_matches_transformers("gemma3");
+}
+
+/// The Neural Engine layout (1×1 `conv` projections on [1, C, 1, Q], attention per kv head)
+/// as an asset: Apple's runtime runs it as it runs the default layout, on the fixtures of
+/// architectures that layout builds (Gemma 3, Qwen3's q/k norms and partial RoPE it refuses).
+#[test]
+fn ane_layout_assets_match_transformers() {
+    needs!(Python);
+    for arch in ["phi3", "smollm3"] {
+        fp16_matches_transformers_in(arch, "ane");
+    }
+}
+
+/// Both layouts as assets on Apple's runtime, over the same tokens: Qwen2's biases (the conv's
+/// bias) in fp16, and 4-bit LUT weights decoded into conv kernels.
+#[test]
+fn ane_and_default_layout_assets_agree() {
+    needs!(Python);
+    for (model, flags) in [
+        (TinyModel::qwen2(), &["--keep-fp16", "*"][..]),
+        (TinyModel::llama(), &["--recipe", "data-free-4bit"][..]),
+    ] {
+        let arch = model.architecture;
+        let dir = model.write_temp().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let tokens: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % model.vocab as u32).collect();
+        let mut logits = Vec::new();
+        for layout in ["default", "ane"] {
+            let asset = tmp.path().join(format!("{layout}.aimodel"));
+            let mut all = flags.to_vec();
+            all.extend(["--layout", layout]);
+            convert_at(dir.path(), &asset, 16, &all);
+            logits.push(asset_logits(&asset, &tokens));
+        }
+        let worst = logits[0]
+            .iter()
+            .flatten()
+            .zip(logits[1].iter().flatten())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("{arch} {flags:?}: layouts differ by {worst} at most");
+        assert!(worst <= FP16_LOGIT_TOL, "{arch} {flags:?}: {worst}");
+    }
 }
 
 #[test]
@@ -348,12 +397,6 @@ fn settings_the_backend_does_not_build_are_refused_before_work() {
     let a = asset.to_str().unwrap();
     let pkg = tmp.path().join("x.mlpackage");
     for (args, says) in [
-        (
-            vec![
-                "convert", d, "-o", a, "--target", "coreai", "--layout", "ane",
-            ],
-            "--layout ane",
-        ),
         (
             vec![
                 "convert",
