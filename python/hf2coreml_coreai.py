@@ -554,3 +554,122 @@ class Session:
 
 def open_session(path):
     return Session(path)
+
+
+# The worker: Apple's runtime runs in a child process of hf2coreml (`serve` is its main), so a
+# bytecode file that makes it abort, fault or allocate without end takes only the child down.
+# The parent speaks over the child's stdin and stdout, one request and one reply at a time:
+# a frame is a little-endian u32 length, a JSON header of that length, then the raw bytes of
+# the tensors the header lists (C order, in the listed order). Everything else the process
+# writes goes to stderr, which the parent keeps in a file.
+
+_FRAME_DTYPES = {"float16": 2, "float32": 4, "int32": 4}
+
+
+def _read_exact(f, n):
+    """n bytes from f, or None at a clean end of input before the first byte."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
+            if got == 0:
+                return None
+            raise EOFError(f"input ended after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def _read_frame(f, np):
+    import struct
+
+    head = _read_exact(f, 4)
+    if head is None:
+        return None, {}
+    (n,) = struct.unpack("<I", head)
+    if n > (16 << 20):
+        raise ValueError(f"a request header of {n} bytes")
+    req = json.loads(bytes(_read_exact(f, n)))
+    arrays = {}
+    for t in req.get("tensors", []):
+        arr = np.empty(t["shape"], dtype=t["dtype"])
+        view = memoryview(arr.reshape(-1)).cast("B")
+        got = 0
+        while got < arr.nbytes:
+            k = f.readinto(view[got:])
+            if not k:
+                raise EOFError("input ended inside a tensor")
+            got += k
+        arrays[t["name"]] = arr
+    return req, arrays
+
+
+def _write_frame(f, header, arrays, np):
+    import struct
+
+    tensors = []
+    blobs = []
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        if a.dtype.name not in _FRAME_DTYPES:
+            raise TypeError(f"output `{name}` of dtype {a.dtype.name}")
+        tensors.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape)})
+        blobs.append(a)
+    header = dict(header, tensors=tensors)
+    body = json.dumps(header).encode()
+    f.write(struct.pack("<I", len(body)))
+    f.write(body)
+    for a in blobs:
+        f.write(memoryview(a.reshape(-1)).cast("B"))
+    f.flush()
+
+
+def serve():
+    """Answer the parent's requests (open, functions, call, close) until its end of the pipe
+    closes. Ctrl-C at the terminal reaches the whole process group: the parent decides what
+    it means, so the worker ignores it."""
+    import signal
+    import time
+
+    import numpy as np
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    rfd, wfd = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    rd = os.fdopen(rfd, "rb", buffering=0)
+    wr = os.fdopen(wfd, "wb", buffering=1 << 20)
+    session = None
+    while True:
+        req, arrays = _read_frame(rd, np)
+        if req is None:
+            break
+        op = req.get("op")
+        out = {}
+        try:
+            if op == "open":
+                session = Session(req["path"])
+                reply = {}
+            elif op == "functions":
+                reply = {
+                    "functions": [
+                        dict(name=n, **session.describe(n)) for n in session.function_names()
+                    ]
+                }
+            elif op == "call":
+                started = time.perf_counter()
+                out = session.call(req["function"], arrays)
+                reply = {"runtime_seconds": time.perf_counter() - started}
+            elif op == "close":
+                if session is not None:
+                    session.close()
+                _write_frame(wr, {"ok": True}, {}, np)
+                break
+            else:
+                raise ValueError(f"unknown request `{op}`")
+            _write_frame(wr, dict(reply, ok=True), out, np)
+        except Exception as e:  # noqa: BLE001 - every failure is the parent's to report
+            _write_frame(wr, {"ok": False, "error": f"{type(e).__name__}: {e}"}, {}, np)

@@ -9,16 +9,19 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::Mutex;
 
 use half::f16;
-use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods};
-use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use thiserror::Error;
 
 use crate::mil::contract::{self, Contract};
-use crate::pyenv::{self, Bridge, PyEnvError, PythonEnv};
+use crate::pyenv::{Bridge, PyEnvError, PythonEnv};
+
+mod check;
+mod worker;
+
+pub use check::{check_asset, Bytecode, CheckedAsset};
+use worker::Worker;
 
 /// The Core AI bridge, compiled in: the same module authors assets (`emit::coreai`).
 pub const BRIDGE: Bridge = Bridge {
@@ -35,15 +38,25 @@ pub const METADATA_FILE: &str = "metadata.json";
 /// The largest metadata file read (a contract is a few kilobytes).
 const MAX_METADATA_BYTES: u64 = 16 << 20;
 
-/// Whether `path` is an `.aimodel` asset: a directory holding Core AI's metadata file and at
-/// least one function's bytecode (`*.mlirb`).
+/// Whether `path` is meant as an `.aimodel` asset: a directory named `*.aimodel`, or one that
+/// holds Core AI's files (its metadata, a function's bytecode or hash) and neither an ML
+/// package's manifest nor a chain file. Whether the asset is whole is [`check_asset`]'s to say, so a damaged one is
+/// reported as an asset, not as a package without its manifest.
 pub fn is_aimodel(path: &Path) -> bool {
-    path.join(METADATA_FILE).is_file()
-        && std::fs::read_dir(path).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.path().extension().is_some_and(|x| x == "mlirb"))
+    let other = |name: &str| std::fs::symlink_metadata(path.join(name)).is_ok();
+    if !path.is_dir() || other("Manifest.json") || other(crate::mil::chain::CHAIN_FILE) {
+        return false;
+    }
+    if path.extension().is_some_and(|x| x == "aimodel") {
+        return true;
+    }
+    std::fs::read_dir(path).is_ok_and(|entries| {
+        entries.flatten().take(1024).any(|e| {
+            let name = e.file_name();
+            let p = Path::new(&name);
+            name == METADATA_FILE || p.extension().is_some_and(|x| x == "mlirb" || x == "hash")
         })
+    })
 }
 
 #[derive(Debug, Error)]
@@ -79,6 +92,12 @@ pub struct AssetMetadata {
 /// Read `metadata.json` (bounded) and the contract it carries.
 pub fn read_metadata(path: &Path) -> Result<AssetMetadata, AimodelError> {
     let file = path.join(METADATA_FILE);
+    if std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(AimodelError::asset(
+            &file,
+            "a symlink: an asset's files are its own",
+        ));
+    }
     let text = crate::fsutil::read_input_text(&file, MAX_METADATA_BYTES)
         .map_err(|e| AimodelError::asset(&file, e.to_string()))?;
     let v: serde_json::Value = serde_json::from_str(&text)
@@ -147,44 +166,10 @@ impl Tensor {
             other => other.to_f32().into_iter().map(f16::from_f32).collect(),
         }
     }
-
-    fn to_python<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let shape = self.shape().to_vec();
-        Ok(match self {
-            Tensor::F16(v, _) => {
-                let bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
-                let arr = bits.into_pyarray(py).reshape(shape)?;
-                arr.call_method1("view", ("float16",))?
-            }
-            Tensor::F32(v, _) => v.clone().into_pyarray(py).reshape(shape)?.into_any(),
-            Tensor::I32(v, _) => v.clone().into_pyarray(py).reshape(shape)?.into_any(),
-        })
-    }
-
-    fn from_python(a: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-        let dtype: String = a.getattr("dtype")?.getattr("name")?.extract()?;
-        let shape: Vec<usize> = a.getattr("shape")?.extract()?;
-        let flat = a.call_method0("ravel")?;
-        Ok(match dtype.as_str() {
-            "float16" => {
-                let bits = flat.call_method1("view", ("uint16",))?;
-                let bits = bits.cast::<PyArrayDyn<u16>>()?.to_vec()?;
-                Tensor::F16(bits.into_iter().map(f16::from_bits).collect(), shape)
-            }
-            "float32" => Tensor::F32(flat.cast::<PyArrayDyn<f32>>()?.to_vec()?, shape),
-            "int32" => Tensor::I32(flat.cast::<PyArrayDyn<i32>>()?.to_vec()?, shape),
-            other => {
-                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                    "output of dtype {other}"
-                )))
-            }
-        })
-    }
 }
 
 /// One input as the runtime describes it.
-#[derive(Debug, Clone, serde::Serialize, pyo3::FromPyObject)]
-#[pyo3(from_item_all)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct InputDesc {
     pub name: String,
     pub shape: Vec<usize>,
@@ -200,10 +185,11 @@ pub struct FunctionDesc {
     pub states: Vec<String>,
 }
 
-/// An asset loaded by Apple's runtime for the length of a command.
+/// An asset loaded by Apple's runtime, in a process of its own, for the length of a command.
 pub struct Session {
     path: PathBuf,
-    handle: Arc<Py<PyAny>>,
+    checked: CheckedAsset,
+    worker: Mutex<Worker>,
 }
 
 impl std::fmt::Debug for Session {
@@ -213,71 +199,63 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Load `path` with the runtime in `env`.
+    /// Check the asset's files ([`check_asset`]), then load it with the runtime in `env`, in
+    /// the worker process.
     pub fn open(env: &PythonEnv, path: &Path) -> Result<Session, AimodelError> {
-        let (env, owned) = (env.clone(), path.to_path_buf());
-        let handle = pyenv::on_python_thread(move || {
-            Python::initialize();
-            let _quiet = pyenv::PYTHON_HOLDS_STDERR
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            Python::attach(|py| -> Result<Py<PyAny>, PyEnvError> {
-                let m = pyenv::load_bridge(py, &env, BRIDGE)?;
-                m.call_method1("open_session", (owned.to_string_lossy().into_owned(),))
-                    .map(|s| s.unbind())
-                    .map_err(|e| pyenv::python_err(py, "loading the asset", e))
-            })
-        });
-        let handle = handle.map_err(|e| match e {
-            PyEnvError::Environment(_) => AimodelError::Python(e),
-            PyEnvError::Python { stage, message } => AimodelError::Runtime {
-                path: path.to_path_buf(),
-                stage,
-                message,
-            },
-        })?;
+        let checked = check_asset(path)?;
+        let bytes = checked.bytecode_bytes();
+        let mut worker = Worker::spawn(env, path, bytes)?;
+        worker.request(
+            "loading the asset",
+            serde_json::json!({"op": "open", "path": path.to_string_lossy()}),
+            &[],
+            Worker::load_timeout(bytes),
+        )?;
         Ok(Session {
             path: path.to_path_buf(),
-            handle: Arc::new(handle),
+            checked,
+            worker: Mutex::new(worker),
         })
     }
 
-    /// Run `f` on the Python thread with the session object.
-    fn with<R: Send + 'static>(
+    /// What the checks of the asset's files found (its bytecode and their sha256).
+    pub fn checked(&self) -> &CheckedAsset {
+        &self.checked
+    }
+
+    fn request(
         &self,
         stage: &str,
-        f: impl FnOnce(&Bound<'_, PyAny>) -> PyResult<R> + Send + 'static,
-    ) -> Result<R, AimodelError> {
-        let handle = Arc::clone(&self.handle);
-        let r = pyenv::on_python_thread(move || {
-            let _quiet = pyenv::PYTHON_HOLDS_STDERR
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            Python::attach(|py| f(handle.bind(py)).map_err(|e| pyenv::py_message(py, &e)))
-        });
-        r.map_err(|message| AimodelError::Runtime {
-            path: self.path.clone(),
-            stage: stage.into(),
-            message,
-        })
+        header: serde_json::Value,
+        tensors: &[(String, Tensor)],
+    ) -> Result<worker::Reply, AimodelError> {
+        self.worker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .request(stage, header, tensors, Worker::call_timeout())
     }
 
     /// The functions the asset holds, each with its interface.
     pub fn functions(&self) -> Result<Vec<FunctionDesc>, AimodelError> {
-        self.with("describing its functions", |s| {
-            let names: Vec<String> = s.call_method0("function_names")?.extract()?;
-            let mut out = Vec::new();
-            for name in names {
-                let d = s.call_method1("describe", (name.as_str(),))?;
-                out.push(FunctionDesc {
-                    name,
-                    inputs: d.get_item("inputs")?.extract()?,
-                    outputs: d.get_item("outputs")?.extract()?,
-                    states: d.get_item("states")?.extract()?,
-                });
-            }
-            Ok(out)
-        })
+        let stage = "describing its functions";
+        let (reply, _) = self.request(stage, serde_json::json!({"op": "functions"}), &[])?;
+        let raw: Vec<RawFunction> = serde_json::from_value(
+            reply.get("functions").cloned().unwrap_or_default(),
+        )
+        .map_err(|e| AimodelError::Runtime {
+            path: self.path.clone(),
+            stage: stage.into(),
+            message: format!("an unreadable description: {e}"),
+        })?;
+        Ok(raw
+            .into_iter()
+            .map(|f| FunctionDesc {
+                name: f.name,
+                inputs: f.inputs,
+                outputs: f.outputs,
+                states: f.states,
+            })
+            .collect())
     }
 
     /// Run `function` on `inputs`; its outputs by name.
@@ -286,26 +264,38 @@ impl Session {
         function: &str,
         inputs: Vec<(String, Tensor)>,
     ) -> Result<BTreeMap<String, Tensor>, AimodelError> {
-        let function = function.to_string();
-        self.with("running a step", move |s| {
-            let py = s.py();
-            let dict = PyDict::new(py);
-            for (name, t) in &inputs {
-                dict.set_item(name, t.to_python(py)?)?;
-            }
-            let out = s.call_method1("call", (function, dict))?;
-            let out = out.cast::<PyDict>()?;
-            let mut res = BTreeMap::new();
-            for (k, v) in out.iter() {
-                res.insert(k.extract::<String>()?, Tensor::from_python(&v)?);
-            }
-            Ok(res)
-        })
+        self.call_timed(function, inputs).map(|(out, _)| out)
+    }
+
+    /// [`Session::call`], and the time the runtime itself took (as the worker measured it
+    /// around the call): the rest of a call's time is the wall's (benches/coreai_wall.rs).
+    pub fn call_timed(
+        &self,
+        function: &str,
+        inputs: Vec<(String, Tensor)>,
+    ) -> Result<(BTreeMap<String, Tensor>, std::time::Duration), AimodelError> {
+        let (reply, out) = self.request(
+            "running a step",
+            serde_json::json!({"op": "call", "function": function}),
+            &inputs,
+        )?;
+        let inside = reply
+            .get("runtime_seconds")
+            .and_then(|s| s.as_f64())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map_or(
+                std::time::Duration::ZERO,
+                std::time::Duration::from_secs_f64,
+            );
+        Ok((out.into_iter().collect(), inside))
     }
 }
 
-impl Drop for Session {
-    fn drop(&mut self) {
-        let _ = self.with("closing the asset", |s| s.call_method0("close").map(|_| ()));
-    }
+/// A function as the worker describes it.
+#[derive(serde::Deserialize)]
+struct RawFunction {
+    name: String,
+    inputs: Vec<InputDesc>,
+    outputs: Vec<String>,
+    states: Vec<String>,
 }

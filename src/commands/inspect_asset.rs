@@ -10,6 +10,8 @@ use hf2coreml::mil::chain::ChainFile;
 use hf2coreml::pyenv::PythonEnv;
 use hf2coreml::util::fmt_bytes;
 
+use crate::printer::escape_controls as esc;
+
 #[derive(Debug, serde::Serialize)]
 struct AssetSummary {
     path: String,
@@ -81,17 +83,20 @@ fn summarize(path: &Path, env: &PythonEnv) -> anyhow::Result<AssetSummary> {
     if !aimodel::is_aimodel(path) {
         anyhow::bail!("{}: not a Core AI asset", path.display());
     }
+    // The session checks the asset's files (regular, its own, the bytecode's hash) before
+    // anything else is read from them.
+    let session = Session::open(env, path)?;
     let meta = aimodel::read_metadata(path)?;
     let mut files = Vec::new();
     for entry in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
         let entry = entry?;
-        let md = entry.metadata()?;
+        let md = std::fs::symlink_metadata(entry.path())?;
         if md.is_file() {
             files.push((entry.file_name().to_string_lossy().into_owned(), md.len()));
         }
     }
     files.sort();
-    let functions = Session::open(env, path)?.functions()?;
+    let functions = session.functions()?;
     Ok(AssetSummary {
         path: path.display().to_string(),
         producer: meta.producer,
@@ -102,38 +107,48 @@ fn summarize(path: &Path, env: &PythonEnv) -> anyhow::Result<AssetSummary> {
     })
 }
 
+/// Everything printed from the asset's own files goes through [`escape_controls`]: metadata a
+/// stranger wrote must not drive the terminal.
 fn print_asset(s: &AssetSummary) {
-    println!("Core AI asset  {}", s.path);
+    println!("Core AI asset  {}", esc(&s.path));
     if let Some(p) = &s.producer {
-        println!("  producer     {p}");
+        println!("  producer     {}", esc(p));
     }
     for f in &s.functions {
-        println!("  function `{}`", f.name);
+        println!("  function `{}`", esc(&f.name));
         for i in &f.inputs {
-            println!("    input    {:<14} {} {:?}", i.name, i.dtype, i.shape);
+            println!(
+                "    input    {:<14} {} {:?}",
+                esc(&i.name),
+                esc(&i.dtype),
+                i.shape
+            );
         }
         for o in &f.outputs {
-            println!("    output   {o}");
+            println!("    output   {}", esc(o));
         }
         for st in &f.states {
-            println!("    state    {st}");
+            println!("    state    {}", esc(st));
         }
     }
     for (name, bytes) in &s.files {
-        println!("  {:<13} {}", name, fmt_bytes(*bytes));
+        println!("  {:<13} {}", esc(name), fmt_bytes(*bytes));
     }
     println!("  total         {}", fmt_bytes(s.total_bytes));
     for (k, v) in &s.user_defined {
         if k == hf2coreml::mil::contract::METADATA_KEY {
             let c: serde_json::Value = serde_json::from_str(v).unwrap_or_default();
             println!(
-                "  contract     v{} target {} S={} Q={} layers {} vocab {}",
-                c["version"],
-                c["target"],
-                c["max_seq_len"],
-                c["query_len"],
-                c["num_layers"],
-                c["vocab_size"]
+                "  contract     {}",
+                esc(&format!(
+                    "v{} target {} S={} Q={} layers {} vocab {}",
+                    c["version"],
+                    c["target"],
+                    c["max_seq_len"],
+                    c["query_len"],
+                    c["num_layers"],
+                    c["vocab_size"]
+                ))
             );
         } else if k == hf2coreml::mil::chain::PART_METADATA_KEY {
             // The part's description repeats the chain's contract: its place is enough here.
@@ -146,7 +161,7 @@ fn print_asset(s: &AssetSummary) {
                 d["layers"]["end"]
             );
         } else {
-            println!("  {k:<12} {v}");
+            println!("  {:<12} {}", esc(k), esc(v));
         }
     }
 }

@@ -208,6 +208,11 @@ fn recorded_contract(package: &Path) -> anyhow::Result<Option<Contract>> {
             .with_context(|| format!("cannot read {}", package.display()))?;
         return Ok(Some(chain.contract));
     }
+    if hf2coreml::aimodel::is_aimodel(package) {
+        let contract = hf2coreml::aimodel::read_contract(package)
+            .with_context(|| format!("cannot read {}", package.display()))?;
+        return Ok(Some(contract));
+    }
     let pkg = hf2coreml::mlpackage::MlPackage::open(package)
         .with_context(|| format!("cannot read {}", package.display()))?;
     Ok(pkg

@@ -81,8 +81,22 @@ pub enum ChainFileError {
 }
 
 /// Whether `path` is a chain directory (holds a [`CHAIN_FILE`]).
+/// (any file of that name: one that is not a regular file is the chain's error to report, not
+/// a reason to read the directory as a package).
 pub fn is_chain(path: &Path) -> bool {
-    path.join(CHAIN_FILE).is_file()
+    path.is_dir() && std::fs::symlink_metadata(path.join(CHAIN_FILE)).is_ok()
+}
+
+/// Refuse `path` when it is a symlink: a chain's files and parts are its own, and one that
+/// links out would run what the chain does not hold.
+fn refuse_symlink(path: &Path, what: &str) -> Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(format!(
+            "{}: {what} is a symlink; a chain's files and parts are its own",
+            path.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The file of a Core ML part whose hash is checked at load.
@@ -156,6 +170,10 @@ impl ChainFile {
     /// Read and check `dir/chain.json`.
     pub fn read(dir: &Path) -> Result<Self, ChainFileError> {
         let path = dir.join(CHAIN_FILE);
+        refuse_symlink(&path, "the chain file").map_err(|message| ChainFileError::Invalid {
+            path: path.clone(),
+            message,
+        })?;
         let text =
             crate::fsutil::read_input_text(&path, MAX_CHAIN_FILE_BYTES).map_err(|source| {
                 ChainFileError::Io {
@@ -179,6 +197,14 @@ impl ChainFile {
     /// refused at load, not found by its wrong results.
     fn check_programs(&self, dir: &Path) -> Result<(), String> {
         for (i, p) in self.parts.iter().enumerate() {
+            let root = Self::part_path(dir, p);
+            refuse_symlink(&root, &format!("part {i}"))?;
+            if !root.is_dir() {
+                return Err(format!(
+                    "part {i}: {} is not a directory (the part is missing or damaged)",
+                    root.display()
+                ));
+            }
             let (file, what) = if p.is_asset() {
                 (ASSET_PROGRAM_FILE, "the one")
             } else {

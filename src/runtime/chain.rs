@@ -53,6 +53,30 @@ fn contract_err(path: &Path, msg: String) -> RuntimeError {
     }
 }
 
+/// A Core AI part's bytecode is the one the chain recorded: the session checked it against the
+/// asset's own hash, so comparing that hash costs nothing, and a part taken from another
+/// conversion (whose bytecode carries other weights) is refused at load.
+fn check_recorded_bytecode(
+    path: &Path,
+    part: &chain::ChainPart,
+    session: &aimodel::Session,
+) -> Result<(), RuntimeError> {
+    for (name, recorded) in part.sha256.iter().filter(|(n, _)| n.ends_with(".mlirb")) {
+        let found = session.checked().sha256_of(name);
+        if found != Some(recorded.as_str()) {
+            return Err(contract_err(
+                path,
+                format!(
+                    "its {name} is not the one the chain recorded (sha256 {}, recorded \
+                     {recorded}): the part was replaced or damaged",
+                    found.unwrap_or("absent")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Chain {
     /// Read `dir/chain.json` and compile every part (or load it in Apple's runtime), checking
     /// each part's declared inputs against the chain file.
@@ -73,6 +97,7 @@ impl Chain {
                         return Err(contract_err(&path, "not a Core AI asset".into()));
                     }
                     let session = aimodel::Session::open(env, &path).map_err(asset_err)?;
+                    check_recorded_bytecode(&path, part, &session)?;
                     let functions = session.functions().map_err(asset_err)?;
                     let main = functions
                         .iter()
@@ -383,6 +408,7 @@ impl Saved {
     /// else a package.
     pub fn load(path: &Path, options: Options) -> Result<Self, RuntimeError> {
         let coreai = crate::aimodel::is_aimodel(path)
+            || path.extension().is_some_and(|x| x == "aimodel")
             || (chain::is_chain(path)
                 && ChainFile::read(path).is_ok_and(|c| c.contract.target.is_coreai()));
         let option = if options.compute == Compute::F32 {
@@ -398,7 +424,11 @@ impl Saved {
                 option,
             });
         }
-        if crate::aimodel::is_aimodel(path) {
+        // Named an asset, it is loaded as one: a missing or damaged one then says so, not
+        // that a package lacks its manifest.
+        let named_asset =
+            !chain::is_chain(path) && path.extension().is_some_and(|x| x == "aimodel");
+        if crate::aimodel::is_aimodel(path) || named_asset {
             Ok(Saved::CoreAi(Box::new(CoreAiModel::load(path)?)))
         } else if chain::is_chain(path) {
             Ok(Saved::Chain(Box::new(Chain::load(path, options)?)))

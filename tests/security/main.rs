@@ -20,6 +20,7 @@
 #[path = "../it/support/mod.rs"]
 mod support;
 
+mod assets;
 mod checkpoints;
 mod gguf;
 mod interrupts;
@@ -53,6 +54,11 @@ struct Outcome {
 /// Run the binary with `args` (stdout to `stdout` if given), under [`TIMEOUT`], measuring
 /// the child's own peak RSS with wait4.
 fn run_bin(args: &[&OsStr], stdout: Option<std::fs::File>) -> Outcome {
+    run_bin_env(args, stdout, &[])
+}
+
+/// [`run_bin`] with `env` added to the child's environment.
+fn run_bin_env(args: &[&OsStr], stdout: Option<std::fs::File>, env: &[(&str, &OsStr)]) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
     let out_file = match stdout {
@@ -60,10 +66,11 @@ fn run_bin(args: &[&OsStr], stdout: Option<std::fs::File>) -> Outcome {
         None => std::fs::File::create(&out_path).unwrap(),
     };
     let started = Instant::now();
+    let mut cmd = cli(args).command();
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // Reaped by wait4 below (which also gives its peak RSS), not by Child::wait.
     #[allow(clippy::zombie_processes)]
-    let child = cli(args)
-        .command()
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(out_file)
         .stderr(std::fs::File::create(&err_path).unwrap())
