@@ -1,7 +1,8 @@
 //! `.aimodel` assets (Apple's Core AI, iOS / macOS 27) read back and executed by Apple's own
-//! runtime, the one `coreai-core` carries for Linux, through the embedded Python
-//! (`python/hf2coreml_coreai.py`). One [`Session`] per command: the asset is loaded once and
-//! each step is one call of one of its functions.
+//! runtime, the one `coreai-core` carries for Linux. One [`Session`] per command: the asset's
+//! files are checked ([`check_asset`]), then a child process running the bridge
+//! (`python/hf2coreml_coreai.py`, `serve`) loads it once and runs one of its functions per step
+//! (`worker.rs`): whatever the runtime does to a bad asset ends that process, not the command.
 //!
 //! This is the judge of a graph that hf2coreml did not write itself: `run` and `validate` use
 //! it for `.aimodel` assets, and `validate --cross-check coreai` sets it beside the MIL
