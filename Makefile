@@ -115,6 +115,12 @@ fmt:
 clean-cache:
 	rm -rf $(CACHE)
 
+# The Rust benches that need nothing beyond the venv and the real model, on the dev profile
+# (its dependencies are built at opt-level 3 already, so no second build of them): the packed
+# LUT kernels, generation's host overhead, and the cost of the wall around Apple's runtime.
+bench: setup model
+	$(CARGO) bench --locked --profile dev --bench packed_kernel --bench generate_overhead --bench coreai_wall
+
 # The palettizer against coremltools' k-means on the real SmolLM2 projections. The
 # baseline needs kmeans1d and scikit-learn beside coremltools, so it gets its own venv.
 # HF2COREML_BENCH_SKLEARN=1 also times coremltools' scikit-learn path (minutes).

@@ -12,8 +12,8 @@ pub mod progress;
 pub mod pyenv;
 pub mod util;
 
-// The pipeline, lowest layer first: a module imports only modules listed above it (the table
-// in docs/architecture.md says which). rustfmt sorts modules between comments, hence one each.
+// The pipeline, lowest layer first: a module imports only modules declared above it (the table
+// in docs/architecture.md says which; tests/it/architecture checks both). rustfmt sorts modules between comments, hence one each.
 // What builder, bridge and reader share: element types, ops, the contract.
 pub mod mil;
 // Architectures, tensor roles and names.
@@ -28,14 +28,15 @@ pub mod quant;
 pub mod budget;
 // The decoder-step graph.
 pub mod graph;
-// Serialization through coremltools.
+// `.aimodel` assets read back, checked and run by Apple's Core AI runtime (in a child process).
+pub mod aimodel;
+// Serialization through coremltools and coreai-core.
 pub mod emit;
-// Reading packages back (it, lint, runtime and validate never import `graph` or `emit`).
+// Reading packages back (it and lint never import `graph` or `emit`; runtime uses the graph
+// IR's types only to lift a loaded program for the cross-check).
 pub mod mlpackage;
 // Neural Engine readiness of a saved package.
 pub mod lint;
-// `.aimodel` assets read back and run by Apple's Core AI runtime.
-pub mod aimodel;
 // The interpreter and generation.
 pub mod runtime;
 // Checking a package against its checkpoint.

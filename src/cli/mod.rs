@@ -6,7 +6,8 @@ use crate::commands;
 
 pub mod completions;
 
-/// Turn Hugging Face causal language models into iOS17 Core ML packages, and prove them right.
+/// Turn Hugging Face causal language models into Core ML packages (iOS17, iOS18) and Core AI
+/// assets, and prove them right.
 #[derive(Debug, Parser)]
 #[command(name = "hf2coreml", version, about, long_about = None)]
 pub struct Cli {
@@ -28,7 +29,8 @@ pub enum Command {
     Recipes(commands::recipes::Args),
     /// Check a plan against a device's app memory limit (exit 1 when it does not fit).
     Budget(commands::budget::Args),
-    /// Convert a checkpoint to an iOS17 Core ML package (fixed max_seq_len, static KV cache).
+    /// Convert a checkpoint to a Core ML package (iOS17 by default, or iOS18) or a Core AI asset
+    /// (fixed max_seq_len, static KV cache).
     Convert(commands::convert::Args),
     /// Palettize a checkpoint's weights under a recipe and report sizes and errors (writes no package).
     Palettize(commands::palettize::Args),

@@ -148,6 +148,40 @@ fn modules_import_only_what_docs_architecture_allows() {
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 
+/// The library's modules in the order `src/lib.rs` declares them.
+fn declared_order() -> Vec<String> {
+    let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    lib.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';').to_string())
+        .collect()
+}
+
+#[test]
+fn lib_rs_declares_every_module_after_what_it_may_import() {
+    let allowed = allowed();
+    let order = declared_order();
+    let place = |m: &str| order.iter().position(|o| o == m);
+    let mut problems = Vec::new();
+    for (i, module) in order.iter().enumerate() {
+        let Some(may) = allowed.get(module) else {
+            problems.push(format!(
+                "src/lib.rs declares `{module}`, which the table lacks"
+            ));
+            continue;
+        };
+        for import in may {
+            match place(import) {
+                Some(j) if j < i => {}
+                _ => problems.push(format!(
+                    "`{module}` may import `{import}`, which src/lib.rs does not declare above it"
+                )),
+            }
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
 #[test]
 fn the_table_forbids_what_it_should() {
     // The test above is only as good as its reading of the table: check a few rows.
