@@ -13,12 +13,8 @@ use sha2::{Digest, Sha256};
 use super::{mkfifo, os, run_bin_env, tiny_checkpoint, Outcome, MAX_RSS_BYTES};
 use crate::support::{cli, copy_dir, needs};
 
-/// A tiny asset (4-bit, S 16) converted from the tiny checkpoint, with `extra` flags.
-fn convert_asset(root: &Path, name: &str, extra: &[&str]) -> PathBuf {
-    let ckpt = root.join("ckpt");
-    if !ckpt.exists() {
-        tiny_checkpoint(root);
-    }
+/// `convert CKPT -o root/NAME --target TARGET --max-seq-len 16 EXTRA...`, which must succeed.
+fn convert_into(root: &Path, ckpt: &Path, name: &str, target: &str, extra: &[&str]) -> PathBuf {
     let out = root.join(name);
     cli(&[
         os("convert"),
@@ -26,16 +22,32 @@ fn convert_asset(root: &Path, name: &str, extra: &[&str]) -> PathBuf {
         os("-o"),
         out.as_os_str(),
         os("--target"),
-        os("coreai"),
+        os(target),
         os("--max-seq-len"),
         os("16"),
-        os("--recipe"),
-        os("data-free-4bit"),
     ])
     .args(extra)
     .python()
     .ok();
     out
+}
+
+/// The tiny checkpoint in `root/ckpt`, written on first use.
+fn ckpt(root: &Path) -> PathBuf {
+    let ckpt = root.join("ckpt");
+    if !ckpt.exists() {
+        tiny_checkpoint(root);
+    }
+    ckpt
+}
+
+/// A tiny 4-bit asset converted from the tiny checkpoint, with `extra` flags.
+fn convert_asset(root: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let flags: Vec<&str> = ["--recipe", "data-free-4bit"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    convert_into(root, &ckpt(root), name, "coreai", &flags)
 }
 
 /// Rewrite `main.hash` to match the bytecode as it is now: the damage then reaches the runtime.
@@ -308,29 +320,11 @@ fn inspect_escapes_control_characters_from_the_assets_metadata() {
     assert!(out.contains("\\u{202e}reversed"), "{out}");
 }
 
-/// A chain of tiny assets, and of tiny packages, made under a tiny package-size limit.
+/// A chain of tiny fp16 assets or packages, made under a tiny package-size limit.
+const CHAIN_FLAGS: [&str; 4] = ["--keep-fp16", "*", "--max-package-size", "1200000"];
+
 fn convert_chain(root: &Path, name: &str, target: &str) -> PathBuf {
-    let ckpt = root.join("ckpt");
-    if !ckpt.exists() {
-        tiny_checkpoint(root);
-    }
-    let out = root.join(name);
-    cli(&[
-        os("convert"),
-        ckpt.as_os_str(),
-        os("-o"),
-        out.as_os_str(),
-        os("--target"),
-        os(target),
-        os("--max-seq-len"),
-        os("16"),
-        os("--keep-fp16"),
-        os("*"),
-        os("--max-package-size"),
-        os("1200000"),
-    ])
-    .python()
-    .ok();
+    let out = convert_into(root, &ckpt(root), name, target, &CHAIN_FLAGS);
     assert!(out.join("chain.json").is_file(), "{name}: not a chain");
     out
 }
@@ -403,24 +397,7 @@ fn chains_refuse_links_out_and_parts_from_other_conversions() {
         let mut m = hf2coreml::testing::TinyModel::llama();
         m.seed = m.seed.wrapping_add(1);
         m.write(&ckpt2).unwrap();
-        let out = root.join("other.aimodel");
-        cli(&[
-            os("convert"),
-            ckpt2.as_os_str(),
-            os("-o"),
-            out.as_os_str(),
-            os("--target"),
-            os("coreai"),
-            os("--max-seq-len"),
-            os("16"),
-            os("--keep-fp16"),
-            os("*"),
-            os("--max-package-size"),
-            os("1200000"),
-        ])
-        .python()
-        .ok();
-        out
+        convert_into(root, &ckpt2, "other.aimodel", "coreai", &CHAIN_FLAGS)
     };
     let c = root.join("swapped.aimodel");
     copy_dir(&good, &c);
