@@ -1,5 +1,7 @@
 //! `--layout ane`: the same decode/chunk step laid out for the Neural Engine, as Apple's rules
-//! and ml-ane-transformers describe it (docs/design.md, "The Neural Engine layout").
+//! and ml-ane-transformers describe it (docs/design.md, "The Neural Engine layout"). The
+//! blocks are the default layout's, lowered here ([`super::lower`]); this file holds the
+//! step's edges and the pieces that differ.
 //!
 //! The hidden state is (B, C, 1, Q), channels first. Every projection is a 1×1 `conv` whose
 //! weight is the checkpoint's [out, in] constant given the shape [out, in, 1, 1] (the same
@@ -17,18 +19,22 @@
 use std::collections::BTreeMap;
 
 use super::linear::{LinearWeight, Weights};
-use super::{logits, shared_inputs, stack, Dims, Part, Shared, StepOptions};
-use crate::arch::{LayerTensor, ModelSpec, TensorId};
+use super::lower::Lowering;
+use super::{block, logits, rms_norm, shared_inputs, stack, Dims, Part, Shared, StepOptions};
+use crate::arch::{ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, Graph, GraphError, Op, Weight};
 use crate::mil::chain::{HIDDEN_IN, HIDDEN_OUT};
 use crate::mil::contract;
 use crate::mil::DType;
 
+/// The channel axis of the (B, C, 1, Q) hidden state.
+pub(super) const CHANNELS: i64 = 1;
+
 /// The shared values in the channels-first form: RoPE rows [D, Q] and the mask [S+Q, Q].
-struct Cf<'a> {
+pub(super) struct Cf<'a> {
     shared: &'a Shared,
-    cos: String,
-    sin: String,
+    pub(super) cos: String,
+    pub(super) sin: String,
     mask: String,
 }
 
@@ -64,9 +70,9 @@ pub(super) fn build_part(
     let mut key_rows = Vec::with_capacity(part.layers.len());
     let mut value_rows = Vec::with_capacity(part.layers.len());
     if let Some(shared) = &shared {
-        let cf = Cf::new(&mut b, shared);
+        let lower = Lowering::Ane(Cf::new(&mut b, shared));
         for l in part.layers.clone() {
-            let (out, k, v) = block(&mut b, &mut weights, &cf, l, &x)?;
+            let (out, k, v) = block(&mut b, &mut weights, &lower, shared, l, &x)?;
             x = out;
             key_rows.push(k);
             value_rows.push(v);
@@ -99,6 +105,7 @@ pub(super) fn build_part(
             &x,
             &nw,
             spec.rms_norm_eps * alpha * alpha,
+            CHANNELS,
             "final_norm",
         );
         logits_parts(
@@ -363,7 +370,7 @@ fn conv(b: &mut Builder, x: &str, w: &str, bias: Option<&String>, name: &str) ->
 /// `W·x (+ bias)` over [1, in, 1, Q] for a dense, palettized or calibrated weight (row
 /// groups concatenated along the channels, restored to row order, scaled per row). A rotated
 /// input is refused: its x·Q is written for the tokens-first layout.
-fn project(
+pub(super) fn project(
     b: &mut Builder,
     w: LinearWeight,
     bias: Option<String>,
@@ -430,146 +437,19 @@ fn conv_bias_shape(s: &[usize]) -> Vec<usize> {
 }
 
 /// A norm's weight [C] as [C, 1, 1].
-fn norm_weight(b: &mut Builder, weights: &mut Weights, id: TensorId) -> Result<String, GraphError> {
+pub(super) fn norm_weight(
+    b: &mut Builder,
+    weights: &mut Weights,
+    id: TensorId,
+) -> Result<String, GraphError> {
     let w = weights.single(b, id)?;
     b.reshape_const(&w, conv_bias_shape)?;
     Ok(w)
 }
 
-/// RMSNorm over the channel axis of [1, C, 1, Q], computed as the default layout computes it
-/// (ε inside the root).
-fn rms_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
-    let sq = b.op(
-        Op::Mul,
-        &format!("{name}_sq"),
-        vec![("x", var(x)), ("y", var(x))],
-    );
-    let ms = b.op(
-        Op::ReduceMean,
-        &format!("{name}_mean"),
-        vec![
-            ("x", var(&sq)),
-            ("axes", ints(&[1])),
-            ("keep_dims", Arg::Bool(true)),
-        ],
-    );
-    let r = b.op(
-        Op::Rsqrt,
-        &format!("{name}_rsqrt"),
-        vec![("x", var(&ms)), ("epsilon", Arg::Float(eps))],
-    );
-    let n = b.op(
-        Op::Mul,
-        &format!("{name}_normed"),
-        vec![("x", var(x)), ("y", var(&r))],
-    );
-    b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
-}
-
-/// Decoder block `l` on [1, C, 1, Q]: the new stream and the layer's key and value rows
-/// [1, Hkv, Q, D] (the contract's cache form).
-fn block(
-    b: &mut Builder,
-    weights: &mut Weights,
-    cf: &Cf,
-    l: usize,
-    x: &str,
-) -> Result<(String, String, String), GraphError> {
-    let shared = cf.shared;
-    let tag = format!("layers_{l}");
-    let nw = norm_weight(b, weights, TensorId::Layer(l, LayerTensor::InputNorm))?;
-    let hn = rms_norm(b, x, &nw, shared.eps, &format!("{tag}_input_norm"));
-    let (attn, k, v) = attention(b, weights, cf, l, &hn)?;
-    let x = b.op(
-        Op::Add,
-        &format!("{tag}_residual_attn"),
-        vec![("x", var(x)), ("y", var(&attn))],
-    );
-    let nw = norm_weight(b, weights, TensorId::Layer(l, LayerTensor::PostNorm))?;
-    let hn = rms_norm(b, &x, &nw, shared.eps, &format!("{tag}_post_norm"));
-    let id = |t: LayerTensor| TensorId::Layer(l, t);
-    let wg = weights.linear(b, id(LayerTensor::Gate), 1.0)?;
-    let wu = weights.linear(b, id(LayerTensor::Up), 1.0)?;
-    let wd = weights.linear(b, id(LayerTensor::Down), shared.alpha)?;
-    let g = project(b, wg, None, &hn, &format!("{tag}_gate"))?;
-    let g = b.op(Op::Silu, &format!("{tag}_gate_act"), vec![("x", var(&g))]);
-    let u = project(b, wu, None, &hn, &format!("{tag}_up"))?;
-    let gu = b.op(
-        Op::Mul,
-        &format!("{tag}_gate_up"),
-        vec![("x", var(&g)), ("y", var(&u))],
-    );
-    let down = project(b, wd, None, &gu, &format!("{tag}_mlp_out"))?;
-    let x = b.op(
-        Op::Add,
-        &format!("{tag}_residual_mlp"),
-        vec![("x", var(&x)), ("y", var(&down))],
-    );
-    Ok((x, k, v))
-}
-
-/// Self-attention of block `l` over [1, C, 1, Q]: the o projection's output and the layer's
-/// key and value rows.
-fn attention(
-    b: &mut Builder,
-    weights: &mut Weights,
-    cf: &Cf,
-    l: usize,
-    hn: &str,
-) -> Result<(String, String, String), GraphError> {
-    let (shared, tag) = (cf.shared, format!("layers_{l}"));
-    let dims = &shared.dims;
-    let mut proj = Vec::with_capacity(3);
-    let ts = [LayerTensor::Q, LayerTensor::K, LayerTensor::V];
-    let bs = [LayerTensor::QBias, LayerTensor::KBias, LayerTensor::VBias];
-    for ((t, bt), n) in ts.into_iter().zip(bs).zip(["q", "k", "v"]) {
-        let w = weights.linear(b, TensorId::Layer(l, t), 1.0)?;
-        let bias = match shared.attention_bias {
-            true => Some(weights.single(b, TensorId::Layer(l, bt))?),
-            false => None,
-        };
-        proj.push(project(b, w, bias, hn, &format!("{tag}_{n}"))?);
-    }
-    let mut q = heads(b, &proj[0], dims.h, dims, &format!("{tag}_q"));
-    let mut k = heads(b, &proj[1], dims.hkv, dims, &format!("{tag}_k"));
-    let v = heads(b, &proj[2], dims.hkv, dims, &format!("{tag}_v"));
-    if shared.rope_in_layer[l] {
-        q = rope(b, cf, &q, &format!("{tag}_q_rope"));
-        k = rope(b, cf, &k, &format!("{tag}_k_rope"));
-    }
-    let qs = b.op(
-        Op::Mul,
-        &format!("{tag}_q_scaled"),
-        vec![("x", var(&q)), ("y", Arg::Float(shared.q_scale))],
-    );
-    let key_row = rows(b, &k, &format!("{tag}_k_rows"));
-    let value_row = rows(b, &v, &format!("{tag}_v_rows"));
-    let at = l - shared.first_layer;
-    let keys = cached_and_new(
-        b,
-        &shared.key_cache,
-        &key_row,
-        dims,
-        at,
-        &format!("{tag}_keys"),
-    );
-    let values = cached_and_new(
-        b,
-        &shared.value_cache,
-        &value_row,
-        dims,
-        at,
-        &format!("{tag}_values"),
-    );
-    let ctx = per_group(b, cf, &qs, &keys, &values, &tag);
-    let wo = weights.linear(b, TensorId::Layer(l, LayerTensor::O), shared.alpha)?;
-    let out = project(b, wo, None, &ctx, &format!("{tag}_attn_out"))?;
-    Ok((out, key_row, value_row))
-}
-
 /// [1, n·D, 1, Q] → [1, n, D, Q]: each head's D channels (a reshape: the channels of head i are
 /// contiguous).
-fn heads(b: &mut Builder, x: &str, n: usize, dims: &Dims, name: &str) -> String {
+pub(super) fn heads(b: &mut Builder, x: &str, n: usize, dims: &Dims, name: &str) -> String {
     b.op(
         Op::Reshape,
         &format!("{name}_heads"),
@@ -580,46 +460,8 @@ fn heads(b: &mut Builder, x: &str, n: usize, dims: &Dims, name: &str) -> String 
     )
 }
 
-/// x·cos + rotate_half(x)·sin over the D axis of [1, n, D, Q], with the tables as [D, Q].
-fn rope(b: &mut Builder, cf: &Cf, x: &str, name: &str) -> String {
-    let halves = b.op_multi(
-        Op::Split,
-        &[&format!("{name}_lo"), &format!("{name}_hi")],
-        vec![
-            ("x", var(x)),
-            ("num_splits", Arg::Int(2)),
-            ("axis", Arg::Int(2)),
-        ],
-    );
-    let neg_hi = b.op(
-        Op::Mul,
-        &format!("{name}_neg_hi"),
-        vec![("x", var(&halves[1])), ("y", Arg::Float(-1.0))],
-    );
-    let rot = b.op(
-        Op::Concat,
-        &format!("{name}_rotated"),
-        vec![
-            ("values", Arg::Vars(vec![neg_hi, halves[0].clone()])),
-            ("axis", Arg::Int(2)),
-            ("interleave", Arg::Bool(false)),
-        ],
-    );
-    let xc = b.op(
-        Op::Mul,
-        &format!("{name}_cos"),
-        vec![("x", var(x)), ("y", var(&cf.cos))],
-    );
-    let rs = b.op(
-        Op::Mul,
-        &format!("{name}_sin"),
-        vec![("x", var(&rot)), ("y", var(&cf.sin))],
-    );
-    b.op(Op::Add, name, vec![("x", var(&xc)), ("y", var(&rs))])
-}
-
 /// [1, Hkv, D, Q] → [1, Hkv, Q, D]: the contract's key/value rows.
-fn rows(b: &mut Builder, x: &str, name: &str) -> String {
+pub(super) fn rows(b: &mut Builder, x: &str, name: &str) -> String {
     b.op(
         Op::Transpose,
         name,
@@ -627,40 +469,17 @@ fn rows(b: &mut Builder, x: &str, name: &str) -> String {
     )
 }
 
-/// Layer `at`'s cached rows [1, Hkv, S, D] followed by the new ones: [1, Hkv, S+Q, D].
-fn cached_and_new(
-    b: &mut Builder,
-    cache: &str,
-    new: &str,
-    dims: &Dims,
-    at: usize,
-    name: &str,
-) -> String {
-    let (hkv, s, d) = (dims.hkv as i64, dims.s as i64, dims.d as i64);
-    let cached = b.op(
-        Op::SliceByIndex,
-        &format!("{name}_cached"),
-        vec![
-            ("x", var(cache)),
-            ("begin", ints(&[at as i64, 0, 0, 0])),
-            ("end", ints(&[at as i64 + 1, hkv, s, d])),
-        ],
-    );
-    b.op(
-        Op::Concat,
-        name,
-        vec![
-            ("values", Arg::Vars(vec![cached, new.to_string()])),
-            ("axis", Arg::Int(2)),
-            ("interleave", Arg::Bool(false)),
-        ],
-    )
-}
-
 /// Attention one key/value group at a time: queries [1, G, D, Q] · keys [1, 1, S+Q, D] →
 /// scores [1, G, S+Q, Q], masked, soft-maxed over the keys, times the values → [1, G, D, Q];
 /// the groups joined and laid out as [1, H·D, 1, Q].
-fn per_group(b: &mut Builder, cf: &Cf, qs: &str, keys: &str, values: &str, tag: &str) -> String {
+pub(super) fn per_group(
+    b: &mut Builder,
+    cf: &Cf,
+    qs: &str,
+    keys: &str,
+    values: &str,
+    tag: &str,
+) -> String {
     let dims = &cf.shared.dims;
     let (g, n) = (dims.h / dims.hkv, dims.s + dims.q);
     let (d, q) = (dims.d as i64, dims.q as i64);

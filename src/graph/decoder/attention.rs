@@ -8,6 +8,7 @@
 //! unrepeated cache rows, so no copy of the cache is made per query head.
 
 use super::linear::{Projections, Weights};
+use super::lower::Lowering;
 use super::{Dims, Shared};
 use crate::arch::{LayerTensor, TensorId};
 use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
@@ -16,28 +17,31 @@ use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
 pub(super) struct Attention {
     /// The o projection's output [1, Q, hidden].
     pub(super) out: String,
-    /// This layer's new keys (after RoPE) and values [1, Hkv, Q, D], for the cache updates.
+    /// This layer's new keys (after RoPE) and values as the contract's cache rows
+    /// [1, Hkv, Q, D], for the cache updates.
     pub(super) key_row: String,
     pub(super) value_row: String,
 }
 
-/// Self-attention of block `l` over its normed input `hn`.
+/// Self-attention of block `l` over its normed input `hn`, in the layout `lower` builds.
 pub(super) fn attention(
     b: &mut Builder,
     weights: &mut Weights,
     proj: &mut Projections,
+    lower: &Lowering,
     shared: &Shared,
     l: usize,
     hn: &str,
 ) -> Result<Attention, GraphError> {
     let dims = &shared.dims;
     let tag = format!("layers_{l}");
-    let (q, k, v) = qkv(b, weights, proj, shared, l, hn)?;
+    let (q, k, v) = qkv(b, weights, proj, lower, shared, l, hn)?;
     let qs = b.op(
         Op::Mul,
         &format!("{tag}_q_scaled"),
         vec![("x", var(&q)), ("y", Arg::Float(shared.q_scale))],
     );
+    let (k, v) = lower.cache_rows(b, k, v, &tag);
     // The caches hold this package's layers only: a chain's part starts at `first_layer`.
     let at = l - shared.first_layer;
     let kc = cache_rows(b, &shared.key_cache, dims, at, &format!("{tag}_key_cache"));
@@ -50,13 +54,9 @@ pub(super) fn attention(
     );
     let keys = join(b, &kc, &k, &format!("{tag}_keys"));
     let values = join(b, &vc, &v, &format!("{tag}_values"));
-    let mask = match (&shared.local, shared.sliding[l]) {
-        (Some((_, _, window_mask)), true) => window_mask,
-        _ => &shared.mask,
-    };
-    let ctx = attend(b, &qs, &keys, &values, mask, dims, &tag);
+    let ctx = lower.attend(b, shared, l, (&qs, &keys, &values), &tag);
     let wo = weights.linear(b, TensorId::Layer(l, LayerTensor::O), shared.alpha)?;
-    let out = proj.apply(b, wo, None, &ctx, &format!("{tag}_attn_out"));
+    let out = lower.project(b, proj, wo, None, &ctx, &format!("{tag}_attn_out"))?;
     Ok(Attention {
         out,
         key_row: k,
@@ -64,11 +64,12 @@ pub(super) fn attention(
     })
 }
 
-/// The queries [1, H, Q, D] and keys [1, Hkv, Q, D] after RoPE, and the values.
+/// The queries and keys after RoPE, and the values, as heads in the layout `lower` builds.
 fn qkv(
     b: &mut Builder,
     weights: &mut Weights,
     proj: &mut Projections,
+    lower: &Lowering,
     shared: &Shared,
     l: usize,
     hn: &str,
@@ -87,27 +88,39 @@ fn qkv(
     }
     let mut out = Vec::with_capacity(3);
     for ((w, bias), n) in ws.into_iter().zip(biases).zip(["q", "k", "v"]) {
-        out.push(proj.apply(b, w, bias, hn, &format!("{tag}_{n}")));
+        out.push(lower.project(b, proj, w, bias, hn, &format!("{tag}_{n}"))?);
     }
-    let mut qh = heads(b, &out[0], dims.h, dims, &format!("{tag}_q"));
-    let mut kh = heads(b, &out[1], dims.hkv, dims, &format!("{tag}_k"));
-    let vh = heads(b, &out[2], dims.hkv, dims, &format!("{tag}_v"));
+    let mut qh = lower.heads(b, &out[0], dims.h, dims, &format!("{tag}_q"));
+    let mut kh = lower.heads(b, &out[1], dims.hkv, dims, &format!("{tag}_k"));
+    let vh = lower.heads(b, &out[2], dims.hkv, dims, &format!("{tag}_v"));
     if let Some(eps) = shared.qk_norm_eps {
         let off = shared.norm_offset;
-        let qw = super::norm_weight(b, weights, TensorId::Layer(l, LayerTensor::QNorm), off)?;
-        let kw = super::norm_weight(b, weights, TensorId::Layer(l, LayerTensor::KNorm), off)?;
-        qh = head_norm(b, &qh, &qw, eps, &format!("{tag}_q_norm"));
-        kh = head_norm(b, &kh, &kw, eps, &format!("{tag}_k_norm"));
+        let qw = lower.norm_weight(b, weights, TensorId::Layer(l, LayerTensor::QNorm), off)?;
+        let kw = lower.norm_weight(b, weights, TensorId::Layer(l, LayerTensor::KNorm), off)?;
+        qh = lower.head_norm(b, &qh, &qw, eps, &format!("{tag}_q_norm"))?;
+        kh = lower.head_norm(b, &kh, &kw, eps, &format!("{tag}_k_norm"))?;
     }
     if !shared.rope_in_layer[l] {
         return Ok((qh, kh, vh));
     }
-    let rope = match (&shared.local, shared.sliding[l]) {
-        (Some((cos, sin, _)), true) => (cos.as_str(), sin.as_str()),
-        _ => (shared.cos.as_str(), shared.sin.as_str()),
-    };
-    let qr = apply_rope(b, &qh, dims.h, shared, rope, &format!("{tag}_q_rope"));
-    let kr = apply_rope(b, &kh, dims.hkv, shared, rope, &format!("{tag}_k_rope"));
+    let rope = lower.rope_tables(shared, l);
+    let axis = lower.head_axis();
+    let qr = apply_rope(
+        b,
+        &qh,
+        (dims.h, axis),
+        shared,
+        rope,
+        &format!("{tag}_q_rope"),
+    )?;
+    let kr = apply_rope(
+        b,
+        &kh,
+        (dims.hkv, axis),
+        shared,
+        rope,
+        &format!("{tag}_k_rope"),
+    )?;
     Ok((qr, kr, vh))
 }
 
@@ -117,18 +130,18 @@ fn qkv(
 const HEAD_NORM_PRESCALE: f64 = 1.0 / 16.0;
 
 /// RMSNorm over the last axis (each head's D values) of [1, n, Q, D] with weight [D].
-fn head_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+pub(super) fn head_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
     let c = HEAD_NORM_PRESCALE;
     let xs = b.op(
         Op::Mul,
         &format!("{name}_prescaled"),
         vec![("x", var(x)), ("y", Arg::Float(c))],
     );
-    super::rms_norm(b, &xs, w, eps * c * c, name)
+    super::rms_norm(b, &xs, w, eps * c * c, super::TOKENS_CHANNELS, name)
 }
 
 /// [1, Q, n·D] → [1, n, Q, D].
-fn heads(b: &mut Builder, t: &str, n: usize, dims: &Dims, name: &str) -> String {
+pub(super) fn heads(b: &mut Builder, t: &str, n: usize, dims: &Dims, name: &str) -> String {
     let r = b.op(
         Op::Reshape,
         &format!("{name}_heads"),
@@ -144,17 +157,18 @@ fn heads(b: &mut Builder, t: &str, n: usize, dims: &Dims, name: &str) -> String 
     )
 }
 
-/// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the last axis of x
-/// [1, n, Q, D]. With partial RoPE only the first R dimensions form [a, b]; the rest are
+/// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the heads' D `axis`
+/// of x ([1, n, Q, D], or the Neural Engine layout's [1, n, D, Q] with its transposed tables).
+/// With partial RoPE (the default layout only) the first R dimensions form [a, b]; the rest are
 /// carried along into the rotated copy, where the table's sin 0 (and cos 1) leave x's own.
 fn apply_rope(
     b: &mut Builder,
     x: &str,
-    n: usize,
+    (n, axis): (usize, i64),
     shared: &Shared,
     (cos, sin): (&str, &str),
     name: &str,
-) -> String {
+) -> Result<String, GraphError> {
     let (d, r) = (shared.dims.d, shared.rotary);
     let pieces: Vec<String> = if r == d {
         b.op_multi(
@@ -163,9 +177,13 @@ fn apply_rope(
             vec![
                 ("x", var(x)),
                 ("num_splits", Arg::Int(2)),
-                ("axis", Arg::Int(-1)),
+                ("axis", Arg::Int(axis)),
             ],
         )
+    } else if axis != -1 {
+        return Err(GraphError::Unsupported(
+            "partial RoPE (Phi-4-mini) is not built in --layout ane: use --layout default".into(),
+        ));
     } else {
         let end = [1, n as i64, shared.dims.q as i64];
         let mut slice = |from: usize, to: usize, part: &str| {
@@ -197,7 +215,7 @@ fn apply_rope(
         &format!("{name}_rotated"),
         vec![
             ("values", Arg::Vars(rotated)),
-            ("axis", Arg::Int(-1)),
+            ("axis", Arg::Int(axis)),
             ("interleave", Arg::Bool(false)),
         ],
     );
@@ -211,7 +229,7 @@ fn apply_rope(
         &format!("{name}_sin"),
         vec![("x", var(&rot)), ("y", var(sin))],
     );
-    b.op(Op::Add, name, vec![("x", var(&xc)), ("y", var(&rs))])
+    Ok(b.op(Op::Add, name, vec![("x", var(&xc)), ("y", var(&rs))]))
 }
 
 /// Layer `l`'s rows of `cache` [L, Hkv, S, D]: [1, Hkv, S, D].
@@ -267,7 +285,7 @@ pub(super) fn group_masks(b: &mut Builder, shared: &mut Shared) {
 }
 
 /// softmax(q·kᵀ + mask)·v, heads merged back: [1, Q, H·D].
-fn attend(
+pub(super) fn attend(
     b: &mut Builder,
     qs: &str,
     keys: &str,

@@ -1,16 +1,18 @@
 //! One block's gated MLP: `down(silu(gate(x)) ⊙ up(x))`.
 
 use super::linear::{Projections, Weights};
+use super::lower::Lowering;
 use super::Shared;
 use crate::arch::{LayerTensor, TensorId};
 use crate::graph::{var, Arg, Builder, GraphError, Op};
 
-/// The MLP of block `l` over its normed input `hn`; the down projection carries the residual
-/// scale.
+/// The MLP of block `l` over its normed input `hn` (in the layout `lower` builds); the down
+/// projection carries the residual scale.
 pub(super) fn mlp(
     b: &mut Builder,
     weights: &mut Weights,
     proj: &mut Projections,
+    lower: &Lowering,
     shared: &Shared,
     l: usize,
     hn: &str,
@@ -20,19 +22,19 @@ pub(super) fn mlp(
     let wg = weights.linear(b, id(LayerTensor::Gate), 1.0)?;
     let wu = weights.linear(b, id(LayerTensor::Up), 1.0)?;
     let wd = weights.linear(b, id(LayerTensor::Down), shared.alpha)?;
-    let g = proj.apply(b, wg, None, hn, &format!("{tag}_gate"));
+    let g = lower.project(b, proj, wg, None, hn, &format!("{tag}_gate"))?;
     let g = if shared.gelu_tanh {
         gelu_tanh(b, &g, &format!("{tag}_gate_act"))
     } else {
         b.op(Op::Silu, &format!("{tag}_gate_act"), vec![("x", var(&g))])
     };
-    let u = proj.apply(b, wu, None, hn, &format!("{tag}_up"));
+    let u = lower.project(b, proj, wu, None, hn, &format!("{tag}_up"))?;
     let gu = b.op(
         Op::Mul,
         &format!("{tag}_gate_up"),
         vec![("x", var(&g)), ("y", var(&u))],
     );
-    Ok(proj.apply(b, wd, None, &gu, &format!("{tag}_mlp_out")))
+    lower.project(b, proj, wd, None, &gu, &format!("{tag}_mlp_out"))
 }
 
 /// Where the cube is taken: tanh(√(2/π)·(x + 0.044715·x³)) is ±1 in f32 for |x| ≥ 10, so

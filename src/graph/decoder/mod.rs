@@ -18,6 +18,7 @@ mod ane;
 mod attention;
 mod linear;
 mod logits;
+mod lower;
 mod mask;
 mod mlp;
 mod state;
@@ -32,6 +33,7 @@ use crate::arch::{LayerTensor, ModelSpec, RopeScaling, TensorId};
 use crate::mil::chain::{HIDDEN_IN, HIDDEN_OUT};
 use crate::mil::contract;
 use linear::{Projections, Weights};
+use lower::Lowering;
 
 /// Masked attention scores: large and finite, because -inf turns a fully masked row into NaN
 /// (and the Neural Engine mishandles -inf in softmax) and fp16 has no room for anything below
@@ -345,7 +347,7 @@ pub fn build_part(
     let mut value_rows = Vec::with_capacity(part.layers.len());
     if let Some(shared) = &shared {
         for l in part.layers.clone() {
-            let (out, k, v) = block(&mut b, &mut weights, shared, l, &x)?;
+            let (out, k, v) = block(&mut b, &mut weights, &Lowering::Default, shared, l, &x)?;
             x = out;
             key_rows.push(k);
             value_rows.push(v);
@@ -465,11 +467,12 @@ fn shared_inputs(
     (shared, state)
 }
 
-/// Decoder block `l` on the residual stream `x`: returns the new stream and the layer's new
-/// keys and values.
+/// Decoder block `l` on the residual stream `x` (in the layout `lower` builds): returns the new
+/// stream and the layer's new keys and values as the contract's cache rows.
 fn block(
     b: &mut Builder,
     weights: &mut Weights,
+    lower: &Lowering,
     shared: &Shared,
     l: usize,
     x: &str,
@@ -477,13 +480,21 @@ fn block(
     let tag = format!("layers_{l}");
     let id = |t| TensorId::Layer(l, t);
     let off = shared.norm_offset;
-    let nw = norm_weight(b, weights, id(LayerTensor::InputNorm), off)?;
+    let nw = lower.norm_weight(b, weights, id(LayerTensor::InputNorm), off)?;
     let ranged = shared.ranged_norms;
-    let hn = residual_norm(b, x, &nw, shared.eps, ranged, &format!("{tag}_input_norm"));
+    let name = format!("{tag}_input_norm");
+    let hn = lower.residual_norm(b, x, &nw, shared.eps, ranged, &name)?;
     let mut proj = Projections::new(shared.dims.q);
-    let attn = attention::attention(b, weights, &mut proj, shared, l, &hn)?;
+    let attn = attention::attention(b, weights, &mut proj, lower, shared, l, &hn)?;
     let (attn_out, mlp_in) = if shared.sandwich {
-        let out = out_norm(b, weights, shared, id(LayerTensor::PostNorm), &attn.out)?;
+        let out = out_norm(
+            b,
+            weights,
+            lower,
+            shared,
+            id(LayerTensor::PostNorm),
+            &attn.out,
+        )?;
         (out, LayerTensor::PreFfnNorm)
     } else {
         (attn.out, LayerTensor::PostNorm)
@@ -493,11 +504,19 @@ fn block(
         &format!("{tag}_residual_attn"),
         vec![("x", var(x)), ("y", var(&attn_out))],
     );
-    let nw = norm_weight(b, weights, id(mlp_in), off)?;
-    let hn = residual_norm(b, &x, &nw, shared.eps, ranged, &format!("{tag}_post_norm"));
-    let mut down = mlp::mlp(b, weights, &mut proj, shared, l, &hn)?;
+    let nw = lower.norm_weight(b, weights, id(mlp_in), off)?;
+    let name = format!("{tag}_post_norm");
+    let hn = lower.residual_norm(b, &x, &nw, shared.eps, ranged, &name)?;
+    let mut down = mlp::mlp(b, weights, &mut proj, lower, shared, l, &hn)?;
     if shared.sandwich {
-        down = out_norm(b, weights, shared, id(LayerTensor::PostFfnNorm), &down)?;
+        down = out_norm(
+            b,
+            weights,
+            lower,
+            shared,
+            id(LayerTensor::PostFfnNorm),
+            &down,
+        )?;
     }
     let x = b.op(
         Op::Add,
@@ -533,12 +552,13 @@ fn norm_weight(
 fn out_norm(
     b: &mut Builder,
     weights: &mut Weights,
+    lower: &Lowering,
     shared: &Shared,
     id: TensorId,
     x: &str,
 ) -> Result<String, GraphError> {
     let name = crate::arch::mil_name(&id.hf_name());
-    let mut nw = norm_weight(b, weights, id, shared.norm_offset)?;
+    let mut nw = lower.norm_weight(b, weights, id, shared.norm_offset)?;
     if shared.alpha != 1.0 {
         nw = b.op(
             Op::Mul,
@@ -547,14 +567,7 @@ fn out_norm(
         );
     }
     let ranged = shared.ranged_norms;
-    Ok(residual_norm(
-        b,
-        x,
-        &nw,
-        shared.eps,
-        ranged,
-        &format!("{name}_out"),
-    ))
+    lower.residual_norm(b, x, &nw, shared.eps, ranged, &format!("{name}_out"))
 }
 
 /// [`rms_norm`], or with `ranged` [`rms_norm_ranged`].
@@ -562,9 +575,12 @@ fn residual_norm(b: &mut Builder, x: &str, w: &str, eps: f64, ranged: bool, name
     if ranged {
         rms_norm_ranged(b, x, w, eps, name)
     } else {
-        rms_norm(b, x, w, eps, name)
+        rms_norm(b, x, w, eps, TOKENS_CHANNELS, name)
     }
 }
+
+/// The channel axis of the default layout's [1, Q, C] (and of a head's [1, n, Q, D]).
+const TOKENS_CHANNELS: i64 = -1;
 
 /// Smallest per-token maximum |x| [`rms_norm_ranged`] divides by (fp16's smallest normal):
 /// an all-zero token stays finite.
@@ -638,8 +654,9 @@ fn rms_norm_ranged(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> S
     b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
 }
 
-/// x / sqrt(mean(x²) + ε) · w, the way Hugging Face computes it (ε inside the root).
-fn rms_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+/// x / sqrt(mean(x²) + ε) · w over `axis`, the way Hugging Face computes it (ε inside the
+/// root).
+fn rms_norm(b: &mut Builder, x: &str, w: &str, eps: f64, axis: i64, name: &str) -> String {
     let sq = b.op(
         Op::Mul,
         &format!("{name}_sq"),
@@ -650,7 +667,7 @@ fn rms_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
         &format!("{name}_mean"),
         vec![
             ("x", var(&sq)),
-            ("axes", ints(&[-1])),
+            ("axes", ints(&[axis])),
             ("keep_dims", Arg::Bool(true)),
         ],
     );
