@@ -227,7 +227,7 @@ fn embedding(
     let widths = contract::logits_widths(shape[0]);
     let parts = logits::row_parts(b, &name, &shape, table, &widths)?;
     let head = conv_head(b, logits::Head { parts })?;
-    let mut x = gather_rows(b, &head, &widths, input_ids, (q, shape[1]))?;
+    let mut x = logits::gather_rows(b, &head, &widths, input_ids, true, Some((q, shape[1])))?;
     if alpha != 1.0 {
         x = b.op(
             Op::Mul,
@@ -249,85 +249,6 @@ fn conv_head(b: &mut Builder, head: logits::Head) -> Result<Vec<String>, GraphEr
 /// [out, in] → [out, in, 1, 1].
 fn conv_shape(s: &[usize]) -> Vec<usize> {
     s.iter().copied().chain([1, 1]).collect()
-}
-
-/// The rows of `input_ids` [1, Q] from the [w, C, 1, 1] parts: each part is gathered at the
-/// token's row clamped into it, and `select` keeps the part that holds the token.
-fn gather_rows(
-    b: &mut Builder,
-    parts: &[String],
-    widths: &[usize],
-    input_ids: &str,
-    (q, c): (usize, usize),
-) -> Result<String, GraphError> {
-    let mut x = String::new();
-    let mut offset = 0usize;
-    for (i, (part, &w)) in parts.iter().zip(widths).enumerate() {
-        let row = if parts.len() == 1 {
-            input_ids.to_string()
-        } else {
-            let local = b.op(
-                Op::Sub,
-                &format!("embed_part{i}_local"),
-                vec![("x", var(input_ids)), ("y", Arg::Int(offset as i64))],
-            );
-            let below = b.op(
-                Op::Minimum,
-                &format!("embed_part{i}_below"),
-                vec![("x", var(&local)), ("y", Arg::Int(w as i64 - 1))],
-            );
-            b.op(
-                Op::Maximum,
-                &format!("embed_part{i}_row"),
-                vec![("x", var(&below)), ("y", Arg::Int(0))],
-            )
-        };
-        let got = b.op(
-            Op::Gather,
-            &format!("embed_part{i}_rows"),
-            vec![
-                ("x", var(part)),
-                ("indices", var(&row)),
-                ("axis", Arg::Int(0)),
-            ],
-        );
-        let last = i + 1 == parts.len();
-        let name = match (i, last) {
-            (0, true) => "embed".to_string(),
-            _ => format!("embed_part{i}"),
-        };
-        let got = b.op(
-            Op::Reshape,
-            &name,
-            vec![("x", var(&got)), ("shape", ints(&[1, q as i64, c as i64]))],
-        );
-        x = if i == 0 {
-            got
-        } else {
-            let inside = b.op(
-                Op::GreaterEqual,
-                &format!("embed_part{i}_holds"),
-                vec![("x", var(input_ids)), ("y", Arg::Int(offset as i64))],
-            );
-            let inside = b.op(
-                Op::ExpandDims,
-                &format!("embed_part{i}_holds_3d"),
-                vec![("x", var(&inside)), ("axes", ints(&[-1]))],
-            );
-            let name = if last {
-                "embed".to_string()
-            } else {
-                format!("embed_upto{i}")
-            };
-            b.op(
-                Op::Select,
-                &name,
-                vec![("cond", var(&inside)), ("a", var(&got)), ("b", var(&x))],
-            )
-        };
-        offset += w;
-    }
-    Ok(x)
 }
 
 /// One conv per logits part, each [1, w, 1, Q] → [1, Q, w], named as the contract's outputs.

@@ -36,7 +36,7 @@ pub(super) fn embedding_and_head(
     } else {
         vec![constant(b, &mil_name(&name), shape, table, &name)?]
     };
-    let mut x = gather_rows(b, &table_parts, &widths, input_ids, tied)?;
+    let mut x = gather_rows(b, &table_parts, &widths, input_ids, tied, None)?;
     if alpha != 1.0 {
         x = b.op(
             Op::Mul,
@@ -81,24 +81,40 @@ pub(super) fn logits(b: &mut Builder, head: &Head, hn: &str) -> Vec<String> {
         .collect()
 }
 
-/// The embedding rows of `input_ids` from the table's parts (one part: a plain `gather`).
-fn gather_rows(
+/// The rows of `input_ids` [1, Q] from the table's parts: one `gather` when the table is one
+/// part (or `split` is off), else each part gathered at the token's row clamped into it and
+/// `select` keeping the part that holds it. With `conv` = (Q, C) the parts are the Neural
+/// Engine layout's [w, C, 1, 1] convolution weights, and each gather is reshaped to [1, Q, C].
+pub(super) fn gather_rows(
     b: &mut Builder,
     parts: &[String],
     widths: &[usize],
     input_ids: &str,
     split: bool,
+    conv: Option<(usize, usize)>,
 ) -> Result<String, GraphError> {
-    if !split || parts.len() == 1 {
-        return Ok(b.op(
-            Op::Gather,
-            "embed",
+    let gather = |b: &mut Builder, part: &str, rows: &str, i: usize, name: &str| {
+        let args = |rows: &str| {
             vec![
-                ("x", var(&parts[0])),
-                ("indices", var(input_ids)),
+                ("x", var(part)),
+                ("indices", var(rows)),
                 ("axis", Arg::Int(0)),
-            ],
-        ));
+            ]
+        };
+        match conv {
+            None => b.op(Op::Gather, name, args(rows)),
+            Some((q, c)) => {
+                let got = b.op(Op::Gather, &format!("embed_part{i}_rows"), args(rows));
+                b.op(
+                    Op::Reshape,
+                    name,
+                    vec![("x", var(&got)), ("shape", ints(&[1, q as i64, c as i64]))],
+                )
+            }
+        }
+    };
+    if !split || parts.len() == 1 {
+        return Ok(gather(b, &parts[0], input_ids, 0, "embed"));
     }
     let mut x = String::new();
     let mut offset = 0usize;
@@ -118,15 +134,7 @@ fn gather_rows(
             &format!("embed_part{i}_row"),
             vec![("x", var(&below)), ("y", Arg::Int(0))],
         );
-        let got = b.op(
-            Op::Gather,
-            &format!("embed_part{i}"),
-            vec![
-                ("x", var(part)),
-                ("indices", var(&row)),
-                ("axis", Arg::Int(0)),
-            ],
-        );
+        let got = gather(b, part, &row, i, &format!("embed_part{i}"));
         x = if i == 0 {
             got
         } else {
