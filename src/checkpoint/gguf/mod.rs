@@ -896,6 +896,10 @@ pub fn import(
             ),
         });
     }
+    // The config.json written below is read back as any checkpoint's is: a value that makes
+    // no model (a RoPE factor whose angles overflow, ...) is refused here, naming its key.
+    let config = hp.config_json(tok.special_ids());
+    hp.spec_of(&g, &config)?;
 
     let out = AtomicDir::new(dest, opts.force).map_err(|source| {
         if source.kind() == std::io::ErrorKind::AlreadyExists {
@@ -925,7 +929,7 @@ pub fn import(
         s
     };
     let files = [
-        ("config.json", json(&hp.config_json(tok.special_ids()))),
+        ("config.json", json(&config)),
         ("generation_config.json", json(&generation_config(&tok))),
         ("tokenizer_config.json", json(&tok.config_json(hp.context))),
         (
