@@ -22,6 +22,7 @@ mod support;
 
 mod checkpoints;
 mod gguf;
+mod hub;
 mod interrupts;
 mod numerics;
 mod options;
