@@ -20,6 +20,7 @@
 #[path = "../it/support/mod.rs"]
 mod support;
 
+mod batch;
 mod checkpoints;
 mod gguf;
 mod hub;
