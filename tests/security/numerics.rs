@@ -339,6 +339,27 @@ fn gguf_rope_keys_that_compute_nothing() {
         import_refused(&s, &w, &[says, "rope_"]);
     }
 
+    // A special token id wider than 32 bits: refused by the header summary and the import,
+    // never dropped or wrapped to token 0.
+    let s = Scratch::new();
+    let mut w = base.clone();
+    w.meta(
+        "tokenizer.ggml.eos_token_id",
+        Meta::Value(Value::U64(1 << 32)),
+    );
+    import_refused(&s, &w, &["tokenizer.ggml.eos_token_id", "4294967296"]);
+    let p = s.path().join("m.gguf");
+    super::expect(
+        s.path(),
+        &["inspect".as_ref(), p.as_os_str()],
+        2,
+        &[
+            "m.gguf",
+            "tokenizer.ggml.eos_token_id",
+            "does not fit 32 bits",
+        ],
+    );
+
     // Phi-3's LongRoPE factors are tensors: the one holding 1e-38 is named.
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
     let ckpt = hf2coreml::checkpoint::Checkpoint::open(fixtures.join("phi3_longrope")).unwrap();
