@@ -82,10 +82,58 @@ pub enum Miss {
     NoRevision {
         repo: PathBuf,
         rev: String,
-        snapshots: Vec<String>,
+        snapshots: Listing,
     },
     /// `refs/REV` names a commit whose snapshot directory is missing.
     NoSnapshot(PathBuf),
+    /// A path of the cache is there but is not what huggingface_hub writes (a ref that is no
+    /// regular file or holds no commit, a snapshot or repository that is no directory, a
+    /// symlink loop): `why` says what it is instead.
+    Broken { path: PathBuf, why: String },
+}
+
+/// Most names a message lists from one directory: a cache with 30,000 snapshots makes a
+/// message of a few lines, not of a megabyte.
+pub const MAX_LISTED: usize = 5;
+
+/// The first [`MAX_LISTED`] names of a directory's entries, in order, and how many there are.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Listing {
+    pub first: Vec<String>,
+    pub total: usize,
+}
+
+impl Listing {
+    /// The names of the directories in `dir` (none when it cannot be read), each escaped so
+    /// that control characters in a name cannot reach the terminal.
+    fn directories(dir: &Path) -> Self {
+        let mut first: Vec<String> = Vec::new();
+        let mut total = 0;
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if !e.path().is_dir() {
+                continue;
+            }
+            total += 1;
+            let name = e.file_name().to_string_lossy().escape_debug().to_string();
+            // Keep the smallest names only: memory stays bounded however many there are.
+            let at = first.partition_point(|n| *n < name);
+            if at < MAX_LISTED {
+                first.insert(at, name);
+                first.truncate(MAX_LISTED);
+            }
+        }
+        Listing { first, total }
+    }
+}
+
+impl std::fmt::Display for Listing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.first.join(", "))?;
+        match self.total.saturating_sub(self.first.len()) {
+            0 => Ok(()),
+            more => write!(f, " and {more} more"),
+        }
+    }
 }
 
 impl std::fmt::Display for Miss {
@@ -98,54 +146,136 @@ impl std::fmt::Display for Miss {
                 snapshots,
             } => {
                 write!(f, "{} (no refs/{rev}", repo.display())?;
-                match snapshots.as_slice() {
-                    [] => write!(f, ", no snapshots)"),
-                    s => write!(f, "; snapshots: {}; name one with @COMMIT)", s.join(", ")),
+                match snapshots.total {
+                    0 => write!(f, ", no snapshots)"),
+                    _ => write!(f, "; snapshots: {snapshots}; name one with @COMMIT)"),
                 }
             }
             Miss::NoSnapshot(p) => {
                 write!(f, "{} (the commit its ref names is absent)", p.display())
             }
+            Miss::Broken { path, why } => write!(f, "{} ({why})", path.display()),
         }
     }
+}
+
+/// What `path` is when it is not a directory, or `None` when it is one or is absent (a
+/// dangling symlink counts as absent: its target never arrived).
+fn not_a_directory(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => None,
+        Ok(m) => Some(format!("{}, not a directory", file_kind(&m))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(cannot_look(&e)),
+    }
+}
+
+/// What a path that cannot be looked at is: a symlink loop, or the system's reason.
+fn cannot_look(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => "a symlink loop".into(),
+        _ => format!("cannot be looked at: {e}"),
+    }
+}
+
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    match () {
+        _ if t.is_dir() => "a directory",
+        _ if t.is_file() => "a regular file",
+        _ if t.is_fifo() => "a FIFO",
+        _ if t.is_char_device() => "a character device",
+        _ if t.is_block_device() => "a block device",
+        _ if t.is_socket() => "a socket",
+        _ => "not a regular file",
+    }
+}
+
+/// The commit `refs/REV` names: `Ok(None)` when there is no such file, `Err(why)` when there
+/// is one that is not a ref huggingface_hub wrote (a ref file holds a 40-digit commit).
+fn read_ref(file: &Path) -> Result<Option<String>, String> {
+    match std::fs::metadata(file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(cannot_look(&e)),
+        Ok(m) if !m.is_file() => {
+            return Err(format!(
+                "{}, not a regular file: a ref is a file holding a commit",
+                file_kind(&m)
+            ))
+        }
+        Ok(_) => {}
+    }
+    let text = crate::fsutil::read_input_text(file, 256).map_err(|e| e.to_string())?;
+    let c = text.trim();
+    let shown = || {
+        let mut s: String = c
+            .chars()
+            .take(48)
+            .collect::<String>()
+            .escape_debug()
+            .to_string();
+        if c.chars().count() > 48 {
+            s.push('…');
+        }
+        s
+    };
+    if c.is_empty() {
+        return Err("empty: a ref holds a commit (40 hex digits)".into());
+    }
+    if c.contains("..") || c.contains('/') || c.contains('\\') {
+        return Err(format!(
+            "holds `{}`, a path: a ref holds a commit (40 hex digits), never a path",
+            shown()
+        ));
+    }
+    if !(c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Err(format!("holds `{}`, not a commit (40 hex digits)", shown()));
+    }
+    Ok(Some(c.to_string()))
 }
 
 /// The snapshot directory of `org/name` at `rev` (default `main`) in `root`.
 pub fn find_in(root: &Path, org: &str, name: &str, rev: Option<&str>) -> Result<PathBuf, Miss> {
     let repo = root.join(format!("models--{org}--{name}"));
+    let broken = |path: PathBuf, why: String| Miss::Broken { path, why };
+    if let Some(why) = not_a_directory(&repo) {
+        return Err(broken(repo, why));
+    }
     if !repo.is_dir() {
         return Err(Miss::NoRepo(repo));
     }
     let rev = rev.unwrap_or("main");
     let snapshots = repo.join("snapshots");
-    let is_commit = rev.len() == 40 && rev.bytes().all(|b| b.is_ascii_hexdigit());
-    if is_commit && snapshots.join(rev).is_dir() {
-        return Ok(snapshots.join(rev));
+    if let Some(why) = not_a_directory(&snapshots) {
+        return Err(broken(snapshots, why));
     }
-    // A ref file holds a 40-digit commit; anything else is not a ref huggingface_hub wrote.
-    let commit = crate::fsutil::read_input_text(&repo.join("refs").join(rev), 256)
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|c| c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()));
-    match commit {
-        Some(c) if snapshots.join(&c).is_dir() => Ok(snapshots.join(c)),
-        Some(c) => Err(Miss::NoSnapshot(snapshots.join(c))),
-        None => {
-            let mut names: Vec<String> = std::fs::read_dir(&snapshots)
-                .map(|d| {
-                    d.filter_map(|e| e.ok())
-                        .filter(|e| e.path().is_dir())
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .collect()
-                })
-                .unwrap_or_default();
-            names.sort();
-            Err(Miss::NoRevision {
-                repo,
-                rev: rev.to_string(),
-                snapshots: names,
-            })
+    let is_commit = rev.len() == 40 && rev.bytes().all(|b| b.is_ascii_hexdigit());
+    if is_commit {
+        let snap = snapshots.join(rev);
+        if let Some(why) = not_a_directory(&snap) {
+            return Err(broken(snap, why));
         }
+        if snap.is_dir() {
+            return Ok(snap);
+        }
+    }
+    let ref_file = repo.join("refs").join(rev);
+    match read_ref(&ref_file) {
+        Err(why) => Err(broken(ref_file, why)),
+        Ok(Some(c)) => {
+            let snap = snapshots.join(c);
+            match not_a_directory(&snap) {
+                Some(why) => Err(broken(snap, why)),
+                None if snap.is_dir() => Ok(snap),
+                None => Err(Miss::NoSnapshot(snap)),
+            }
+        }
+        Ok(None) => Err(Miss::NoRevision {
+            repo,
+            rev: rev.to_string(),
+            snapshots: Listing::directories(&snapshots),
+        }),
     }
 }
 
@@ -243,7 +373,10 @@ mod tests {
             Miss::NoRevision {
                 repo: r.clone(),
                 rev: "main".into(),
-                snapshots: vec![C1.into()]
+                snapshots: Listing {
+                    first: vec![C1.into()],
+                    total: 1
+                }
             }
         );
         assert!(miss.to_string().contains("@COMMIT"), "{miss}");
@@ -252,6 +385,43 @@ mod tests {
             find_in(t.path(), "Org", "Model-1.5B", Some("v2")),
             Err(Miss::NoSnapshot(r.join("snapshots").join(C2)))
         );
+    }
+
+    #[test]
+    fn a_ref_or_snapshot_that_is_there_but_broken_says_what_it_is() {
+        let t = tempfile::tempdir().unwrap();
+        let r = repo(t.path(), &[("main", "")], &[C1]);
+        let why = |rev: Option<&str>| match find_in(t.path(), "Org", "Model-1.5B", rev) {
+            Err(Miss::Broken { path, why }) => (path, why),
+            other => panic!("{other:?}"),
+        };
+        let main = r.join("refs/main");
+        assert_eq!(why(None), (main.clone(), why(None).1));
+        assert!(why(None).1.starts_with("empty"), "{}", why(None).1);
+        std::fs::write(&main, "../snapshots").unwrap();
+        assert!(why(None).1.contains("a path"), "{}", why(None).1);
+        std::fs::remove_file(&main).unwrap();
+        std::fs::create_dir(&main).unwrap();
+        assert!(why(None).1.starts_with("a directory"), "{}", why(None).1);
+        let snap = r.join("snapshots").join(C1);
+        std::fs::remove_dir(&snap).unwrap();
+        std::os::unix::fs::symlink(C1, &snap).unwrap();
+        assert_eq!(why(Some(C1)), (snap, "a symlink loop".to_string()));
+    }
+
+    #[test]
+    fn listings_keep_the_first_names_and_count_the_rest() {
+        let t = tempfile::tempdir().unwrap();
+        for i in (0..12).rev() {
+            std::fs::create_dir(t.path().join(format!("s{i:02}"))).unwrap();
+        }
+        std::fs::write(t.path().join("a-file"), b"").unwrap();
+        let l = Listing::directories(t.path());
+        assert_eq!(l.first, ["s00", "s01", "s02", "s03", "s04"]);
+        assert_eq!(l.total, 12);
+        assert_eq!(l.to_string(), "s00, s01, s02, s03, s04 and 7 more");
+        let l = Listing::directories(&t.path().join("absent"));
+        assert_eq!((l.to_string(), l.total), (String::new(), 0));
     }
 
     #[test]

@@ -21,9 +21,12 @@
 mod support;
 
 mod assets;
+mod batch;
 mod checkpoints;
 mod gguf;
+mod hub;
 mod interrupts;
+mod numerics;
 mod options;
 mod outputs;
 mod packages;
@@ -36,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use hf2coreml::testing::TinyModel;
 
-use crate::support::cli;
+use crate::support::{cli, Cli};
 
 /// Every case finishes well within this (the slowest, a tiny conversion, takes seconds).
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -54,11 +57,17 @@ struct Outcome {
 /// Run the binary with `args` (stdout to `stdout` if given), under [`TIMEOUT`], measuring
 /// the child's own peak RSS with wait4.
 fn run_bin(args: &[&OsStr], stdout: Option<std::fs::File>) -> Outcome {
-    run_bin_env(args, stdout, &[])
+    run_cli(cli(args), &format!("{args:?}"), stdout)
 }
 
 /// [`run_bin`] with `env` added to the child's environment.
 fn run_bin_env(args: &[&OsStr], stdout: Option<std::fs::File>, env: &[(&str, &OsStr)]) -> Outcome {
+    let command = env.iter().fold(cli(args), |c, (k, v)| c.env(k, v));
+    run_cli(command, &format!("{args:?}"), stdout)
+}
+
+/// [`run_bin`] of a command line built with its own environment; `what` names it in messages.
+fn run_cli(command: Cli, what: &str, stdout: Option<std::fs::File>) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
     let out_file = match stdout {
@@ -66,11 +75,10 @@ fn run_bin_env(args: &[&OsStr], stdout: Option<std::fs::File>, env: &[(&str, &Os
         None => std::fs::File::create(&out_path).unwrap(),
     };
     let started = Instant::now();
-    let mut cmd = cli(args).command();
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // Reaped by wait4 below (which also gives its peak RSS), not by Child::wait.
     #[allow(clippy::zombie_processes)]
-    let child = cmd
+    let child = command
+        .command()
         .stdin(Stdio::null())
         .stdout(out_file)
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -88,7 +96,7 @@ fn run_bin_env(args: &[&OsStr], stdout: Option<std::fs::File>, env: &[(&str, &Os
         if started.elapsed() > TIMEOUT {
             // SAFETY: our own child, not yet reaped.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("{args:?} hung: killed after {TIMEOUT:?}");
+            panic!("{what} hung: killed after {TIMEOUT:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -114,12 +122,17 @@ fn entries(dir: &Path) -> Vec<String> {
 
 /// Expect `code`, every needle in stderr, no panic, bounded memory, and `root` unchanged.
 fn expect(root: &Path, args: &[&OsStr], code: i32, needles: &[&str]) -> Outcome {
+    expect_cli(root, cli(args), &format!("{args:?}"), code, needles)
+}
+
+/// [`expect`] of a command line built with its own environment; `what` names it in messages.
+fn expect_cli(root: &Path, command: Cli, what: &str, code: i32, needles: &[&str]) -> Outcome {
     let before = entries(root);
-    let o = run_bin(args, None);
+    let o = run_cli(command, what, None);
     assert_eq!(
         o.code,
         Some(code),
-        "{args:?}\nstdout: {}\nstderr: {}",
+        "{what}\nstdout: {}\nstderr: {}",
         o.stdout,
         o.stderr
     );

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+mod numerics;
 mod per_arch;
 
 use per_arch::{
@@ -54,6 +55,10 @@ pub enum ConfigError {
     /// A value out of range, or values inconsistent with each other.
     #[error("{0}")]
     Invalid(String),
+    /// A field whose value the model cannot compute with; `field` is its path in config.json
+    /// (`rope_scaling.short_factor[3]`), so that an importer can name its own key.
+    #[error("`{field}` {message}")]
+    Field { field: String, message: String },
 }
 
 impl From<String> for ConfigError {
@@ -234,17 +239,40 @@ fn max_for(key: &str) -> usize {
     }
 }
 
-fn token_ids(v: &Option<serde_json::Value>) -> Vec<u32> {
-    match v {
-        Some(serde_json::Value::Number(n)) => {
-            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
-        }
-        Some(serde_json::Value::Array(a)) => a
+/// A special token id field: absent, null, one id or a list of ids, each a non-negative
+/// integer inside the vocabulary. Anything else is refused rather than dropped or truncated:
+/// a wrapped id would make another token a stop token.
+fn token_ids(
+    field: &str,
+    v: &Option<serde_json::Value>,
+    vocab_size: usize,
+) -> Result<Vec<u32>, ConfigError> {
+    use serde_json::Value;
+    let items: Vec<(String, &Value)> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a
             .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .enumerate()
+            .map(|(i, x)| (format!("{field}[{i}]"), x))
             .collect(),
-        _ => Vec::new(),
+        Some(x) => vec![(field.to_string(), x)],
+    };
+    let mut ids = Vec::with_capacity(items.len());
+    for (key, x) in items {
+        let id = x.as_u64().ok_or_else(|| ConfigError::Field {
+            field: key.clone(),
+            message: format!("({x}) must be a token id: a non-negative integer"),
+        })?;
+        if id >= vocab_size as u64 {
+            return Err(ConfigError::Field {
+                field: key,
+                message: format!("({id}) is outside the vocabulary (vocab_size {vocab_size})"),
+            });
+        }
+        // Below vocab_size, itself within MAX_VOCAB: the id fits a u32.
+        ids.push(id as u32);
     }
+    Ok(ids)
 }
 
 /// RMSNorm's ε (default 1e-6): a non-negative number fp16 can hold, since it becomes a
@@ -253,12 +281,14 @@ fn token_ids(v: &Option<serde_json::Value>) -> Vec<u32> {
 fn rms_norm_eps(eps: Option<f64>) -> Result<f64, ConfigError> {
     let eps = eps.unwrap_or(1e-6);
     if !(eps.is_finite() && eps >= 0.0) {
+        let eps = numerics::short(eps);
         return Err(format!("rms_norm_eps ({eps}) must be a non-negative number").into());
     }
     if eps > f64::from(half::f16::MAX) {
         return Err(format!(
-            "rms_norm_eps ({eps}) is beyond fp16's largest value (65504), which the package \
-             computes in"
+            "rms_norm_eps ({}) is beyond fp16's largest value (65504), which the package \
+             computes in",
+            numerics::short(eps)
         )
         .into());
     }
@@ -270,21 +300,9 @@ fn special_tokens(
     raw: &RawConfig,
     vocab_size: usize,
 ) -> Result<(Option<u32>, Vec<u32>), ConfigError> {
-    let bos = token_ids(&raw.bos_token_id).first().copied();
-    let eos = token_ids(&raw.eos_token_id);
-    for (field, id) in bos
-        .iter()
-        .map(|id| ("bos_token_id", id))
-        .chain(eos.iter().map(|id| ("eos_token_id", id)))
-    {
-        if *id as usize >= vocab_size {
-            return Err(format!(
-                "{field} ({id}) is outside the vocabulary (vocab_size {vocab_size})"
-            )
-            .into());
-        }
-    }
-    Ok((bos, eos))
+    let bos = token_ids("bos_token_id", &raw.bos_token_id, vocab_size)?;
+    let eos = token_ids("eos_token_id", &raw.eos_token_id, vocab_size)?;
+    Ok((bos.first().copied(), eos))
 }
 
 impl ModelSpec {
@@ -351,30 +369,13 @@ impl ModelSpec {
         if head_dim % 2 != 0 {
             return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings").into());
         }
-        // transformers 5 nests rope settings in `rope_parameters`; v4 has top-level keys.
-        let rope_params = raw.rope_parameters.as_ref().filter(|v| v.is_object());
-        let rope_theta = raw
-            .rope_theta
-            .or_else(|| {
-                rope_params
-                    .and_then(|p| p.get("rope_theta"))
-                    .and_then(|v| v.as_f64())
-            })
-            .unwrap_or(10_000.0);
-        if !(rope_theta.is_finite() && rope_theta > 0.0) {
-            return Err(format!("rope_theta ({rope_theta}) must be a positive number").into());
-        }
-        let scaling_obj = raw
-            .rope_scaling
-            .as_ref()
-            .filter(|v| v.is_object())
-            .or(rope_params);
-        let rope_scaling = parse_rope_scaling(scaling_obj)?;
-        // Gemma 3 in transformers 5 nests one rope object per layer type.
-        let (rope_theta, rope_scaling) = match gemma_global_rope(&raw, rope_params, architecture)? {
-            Some((theta, scaling)) => (theta, Some(scaling)),
-            None => (rope_theta, rope_scaling),
-        };
+        let Rope {
+            params: rope_params,
+            scaling_obj,
+            theta: rope_theta,
+            scaling: rope_scaling,
+            keys: rope_keys,
+        } = rope(&raw, architecture)?;
         let rms_norm_eps = rms_norm_eps(raw.rms_norm_eps)?;
         let max_position_embeddings = positions(raw.max_position_embeddings)?;
         check_unhonoured(&raw, architecture)?;
@@ -404,7 +405,7 @@ impl ModelSpec {
         };
         let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
         let (bos_token_id, eos_token_ids) = special_tokens(&raw, vocab_size)?;
-        Ok(ModelSpec {
+        let spec = ModelSpec {
             architecture,
             num_hidden_layers,
             hidden_size,
@@ -430,8 +431,78 @@ impl ModelSpec {
             no_rope_layers,
             partial_rotary_dim,
             gemma,
-        })
+        };
+        numerics::check(&spec, &rope_keys)?;
+        Ok(spec)
     }
+}
+
+/// The RoPE settings of a config, and the fields they were read from.
+struct Rope<'a> {
+    /// transformers 5's `rope_parameters` object, if any.
+    params: Option<&'a serde_json::Value>,
+    /// The object the scaling is read from (`rope_scaling`, else `rope_parameters`).
+    scaling_obj: Option<&'a serde_json::Value>,
+    theta: f64,
+    /// `None`: LongRoPE, finished by [`long_rope`].
+    scaling: Option<RopeScaling>,
+    keys: numerics::RopeKeys,
+}
+
+/// The base and scaling of the model's RoPE: transformers 4's top-level `rope_theta` and
+/// `rope_scaling`, transformers 5's `rope_parameters` (Gemma 3: one object per layer type).
+fn rope(raw: &RawConfig, architecture: Architecture) -> Result<Rope<'_>, ConfigError> {
+    let params = raw.rope_parameters.as_ref().filter(|v| v.is_object());
+    let nested_theta = match params.and_then(|p| p.get("rope_theta")) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(v.as_f64().ok_or_else(|| ConfigError::Field {
+            field: "rope_parameters.rope_theta".into(),
+            message: format!("({v}) must be a number"),
+        })?),
+    };
+    let theta = raw.rope_theta.or(nested_theta).unwrap_or(10_000.0);
+    let theta_key = match (raw.rope_theta, nested_theta) {
+        (None, Some(_)) => "rope_parameters.rope_theta",
+        _ => "rope_theta",
+    };
+    if !(theta.is_finite() && theta > 0.0) {
+        let theta = numerics::short(theta);
+        return Err(format!("{theta_key} ({theta}) must be a positive number").into());
+    }
+    let top_scaling = raw.rope_scaling.as_ref().filter(|v| v.is_object());
+    let scaling_obj = top_scaling.or(params);
+    let scaling_key = match (top_scaling, params) {
+        (None, Some(_)) => "rope_parameters",
+        _ => "rope_scaling",
+    };
+    let scaling = parse_rope_scaling(scaling_obj)?;
+    let local_theta = match params.and_then(|p| p.get("sliding_attention")) {
+        Some(_) => "rope_parameters.sliding_attention.rope_theta",
+        None => "rope_local_base_freq",
+    };
+    let mut keys = numerics::RopeKeys {
+        theta: theta_key.into(),
+        scaling: scaling_key.into(),
+        local_theta,
+    };
+    // Gemma 3 in transformers 5 nests one rope object per layer type.
+    let (theta, scaling) = match gemma_global_rope(raw, params, architecture)? {
+        Some((theta, scaling, nested)) => {
+            if nested {
+                keys.theta = "rope_parameters.full_attention.rope_theta".into();
+                keys.scaling = "rope_parameters.full_attention".into();
+            }
+            (theta, Some(scaling))
+        }
+        None => (theta, scaling),
+    };
+    Ok(Rope {
+        params,
+        scaling_obj,
+        theta,
+        scaling,
+        keys,
+    })
 }
 
 /// The explicit `head_dim`, or hidden / heads when they divide.
@@ -547,7 +618,19 @@ fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<Option<RopeScal
             factor: num("factor")?,
             low_freq_factor: num("low_freq_factor")?,
             high_freq_factor: num("high_freq_factor")?,
-            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+            original_max_position_embeddings: match obj
+                .get("original_max_position_embeddings")
+                .and_then(|v| v.as_u64())
+            {
+                Some(n) if n > 0 && n <= MAX_POSITIONS as u64 => n as usize,
+                _ => {
+                    return Err(format!(
+                        "rope scaling `{kind}` needs `original_max_position_embeddings`, an \
+                         integer from 1 to {MAX_POSITIONS}"
+                    )
+                    .into())
+                }
+            },
         },
         "longrope" | "su" => return Ok(None),
         other => return Err(ConfigError::UnsupportedRopeScaling(other.to_string())),
@@ -570,12 +653,39 @@ mod tests {
             (
                 r#""bos_token_id":1"#,
                 r#""bos_token_id":49152"#,
-                "bos_token_id (49152)",
+                "`bos_token_id` (49152) is outside",
             ),
             (
                 r#""eos_token_id":2"#,
                 r#""eos_token_id":[2, 99999]"#,
-                "eos_token_id (99999)",
+                "`eos_token_id[1]` (99999) is outside",
+            ),
+            // Wider than 32 bits, negative, fractional or not a number: refused, never
+            // wrapped to another token or dropped.
+            (
+                r#""eos_token_id":2"#,
+                r#""eos_token_id":[2, 1099511627776]"#,
+                "`eos_token_id[1]` (1099511627776) is outside",
+            ),
+            (
+                r#""eos_token_id":2"#,
+                r#""eos_token_id":[2, -1]"#,
+                "`eos_token_id[1]` (-1) must be a token id",
+            ),
+            (
+                r#""eos_token_id":2"#,
+                r#""eos_token_id":2.5"#,
+                "`eos_token_id` (2.5) must be a token id",
+            ),
+            (
+                r#""bos_token_id":1"#,
+                r#""bos_token_id":"1""#,
+                "`bos_token_id` (\"1\") must be a token id",
+            ),
+            (
+                r#""eos_token_id":2"#,
+                r#""eos_token_id":[2, null]"#,
+                "`eos_token_id[1]` (null) must be a token id",
             ),
             (
                 r#""rms_norm_eps":1e-5"#,
@@ -595,6 +705,60 @@ mod tests {
             &V4.replace(r#""rms_norm_eps":1e-5"#, r#""rms_norm_eps":0.5"#)
         )
         .is_ok());
+    }
+
+    #[test]
+    fn rope_values_that_compute_nothing_are_refused_naming_the_field_as_written() {
+        let v4_rope = r#""rope_theta":100000.0,"rope_scaling":null"#;
+        for (to, says) in [
+            (
+                r#""rope_theta":1e-300"#,
+                "`rope_theta` (1e-300) must be greater than 1",
+            ),
+            (
+                r#""rope_theta":1e39"#,
+                "`rope_theta` (1e39) overflows float32",
+            ),
+            (
+                r#""rope_scaling":{"type":"linear","factor":1e-38}"#,
+                "`rope_scaling.factor` makes pair 0's RoPE frequency 1e38, whose angle",
+            ),
+            (
+                r#""rope_scaling":{"type":"linear","factor":1e39}"#,
+                "`rope_scaling.factor` (1e39) overflows float32",
+            ),
+            (
+                r#""rope_parameters":{"rope_type":"linear","rope_theta":1e4,"factor":1e-38}"#,
+                "`rope_parameters.factor` makes pair 0's",
+            ),
+            (
+                r#""rope_parameters":{"rope_type":"default","rope_theta":1e39}"#,
+                "`rope_parameters.rope_theta` (1e39) overflows",
+            ),
+            (
+                r#""rope_parameters":{"rope_type":"default","rope_theta":"1e4"}"#,
+                "`rope_parameters.rope_theta` (\"1e4\") must be a number",
+            ),
+            (
+                r#""rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,
+                  "high_freq_factor":4.0,"original_max_position_embeddings":0.5}"#,
+                "`original_max_position_embeddings`, an integer",
+            ),
+            (
+                r#""rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":4.0,
+                  "high_freq_factor":1.0,"original_max_position_embeddings":8192}"#,
+                "`rope_scaling.high_freq_factor` (1) must be greater than low_freq_factor",
+            ),
+            (
+                r#""rope_scaling":{"type":"dynamic","factor":1e-38}"#,
+                "unsupported `rope_scaling` type `dynamic`",
+            ),
+        ] {
+            let e = ModelSpec::from_config_str(&V4.replace(v4_rope, to))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{to}: {e}");
+        }
     }
 
     #[test]

@@ -26,12 +26,13 @@ pub(super) fn refuse_multimodal_gemma(raw: &RawConfig) -> Result<(), ConfigError
 
 /// Gemma 3's global RoPE from transformers 5's per-layer-type `rope_parameters`
 /// (`full_attention`), if that is how the config gives it; `None` otherwise (top-level
-/// `rope_theta` and `rope_scaling`, transformers 4: then Gemma's default base is 10^6).
+/// `rope_theta` and `rope_scaling`, transformers 4: then Gemma's default base is 10^6). The
+/// flag says whether they came from `rope_parameters.full_attention`.
 pub(super) fn gemma_global_rope(
     raw: &RawConfig,
     rope_params: Option<&serde_json::Value>,
     architecture: Architecture,
-) -> Result<Option<(f64, RopeScaling)>, ConfigError> {
+) -> Result<Option<(f64, RopeScaling, bool)>, ConfigError> {
     if architecture != Architecture::Gemma3 {
         return Ok(None);
     }
@@ -40,7 +41,7 @@ pub(super) fn gemma_global_rope(
         let scaling = parse_rope_scaling(raw.rope_scaling.as_ref().filter(|v| v.is_object()))?;
         // LongRoPE (None here) is Phi-3's: refused for Gemma.
         let scaling = scaling.ok_or_else(|| gemma_unhonoured("rope_scaling", "longrope"))?;
-        return Ok(Some((theta, scaling)));
+        return Ok(Some((theta, scaling, false)));
     };
     let theta = positive(
         full.get("rope_theta"),
@@ -48,7 +49,7 @@ pub(super) fn gemma_global_rope(
     )?;
     let scaling = parse_rope_scaling(Some(full))?
         .ok_or_else(|| gemma_unhonoured("rope_parameters.full_attention", "longrope"))?;
-    Ok(Some((theta, scaling)))
+    Ok(Some((theta, scaling, true)))
 }
 
 fn gemma_unhonoured(key: &str, value: &str) -> ConfigError {
@@ -64,7 +65,11 @@ fn gemma_unhonoured(key: &str, value: &str) -> ConfigError {
 fn positive(v: Option<&serde_json::Value>, key: &str) -> Result<f64, ConfigError> {
     match v.and_then(|v| v.as_f64()) {
         Some(x) if x.is_finite() && x > 0.0 => Ok(x),
-        Some(x) => Err(format!("`{key}` ({x}) must be a positive number").into()),
+        Some(x) => Err(format!(
+            "`{key}` ({}) must be a positive number",
+            super::numerics::short(x)
+        )
+        .into()),
         None => Err(ConfigError::Missing(key.into())),
     }
 }
@@ -248,8 +253,9 @@ pub(super) fn partial_rotary_dim(
     let dim = (head_dim as f64 * factor) as usize;
     if !(factor > 0.0 && factor < 1.0) || dim == 0 || !dim.is_multiple_of(2) {
         return Err(format!(
-            "`partial_rotary_factor` ({factor}) must be in (0, 1] and rotate an even, non-zero \
-             number of the head's {head_dim} dimensions (it gives {dim})"
+            "`partial_rotary_factor` ({}) must be in (0, 1] and rotate an even, non-zero \
+             number of the head's {head_dim} dimensions (it gives {dim})",
+            super::numerics::short(factor)
         )
         .into());
     }
@@ -440,6 +446,48 @@ mod tests {
             e.contains("hidden_activation") || e.contains("query_pre_attn_scalar"),
             "{e}"
         );
+        // Values that compute nothing, named as the config spells them.
+        for (from, to, says) in [
+            (
+                "\"query_pre_attn_scalar\":256",
+                "\"query_pre_attn_scalar\":1e-30",
+                "`query_pre_attn_scalar` (1e-30) gives the attention scale 1e15",
+            ),
+            (
+                "\"query_pre_attn_scalar\":256",
+                "\"query_pre_attn_scalar\":1e30",
+                "`query_pre_attn_scalar` (1e30)",
+            ),
+            (
+                "\"rope_local_base_freq\":10000.0",
+                "\"rope_local_base_freq\":1e-300",
+                "`rope_local_base_freq` (1e-300) must be greater than 1",
+            ),
+            (
+                "\"factor\":8.0",
+                "\"factor\":1e-38",
+                "`rope_scaling.factor` makes pair 0's",
+            ),
+            (
+                "\"rope_theta\":1000000.0,",
+                "\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"linear\",\
+                 \"rope_theta\":1e6,\"factor\":1e-38},\"sliding_attention\":\
+                 {\"rope_type\":\"default\",\"rope_theta\":1e39}},",
+                "`rope_parameters.full_attention.factor` makes pair 0's",
+            ),
+        ] {
+            let c = v4.replace(from, to);
+            let c = match to.contains("full_attention") {
+                // transformers 5's nested form replaces the top-level scaling.
+                true => c.replace(
+                    "\"rope_scaling\":{\"factor\":8.0,\"rope_type\":\"linear\"},",
+                    "",
+                ),
+                false => c,
+            };
+            let e = ModelSpec::from_config_str(&c).unwrap_err().to_string();
+            assert!(e.contains(says), "{to}: {e}");
+        }
         let multimodal = v4.replace("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration");
         let e = ModelSpec::from_config_str(&multimodal)
             .unwrap_err()

@@ -11,6 +11,7 @@ use super::dequant::block_layout;
 use super::reader::{type_name, GgufFile};
 use super::{plan_tensors_unchecked, GgufError, LlamaHParams};
 use crate::arch::{self, ModelSpec};
+use crate::checkpoint::ConfigError;
 
 /// A tensor type's storage cost.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -56,12 +57,56 @@ impl LlamaHParams {
     /// the tokenizer metadata): that config.json, read back.
     pub fn spec(&self, g: &GgufFile) -> Result<ModelSpec, GgufError> {
         let config = self.config_json(super::SpecialIds::from_metadata(g)?);
-        ModelSpec::from_config_str(&config.to_string()).map_err(|e| GgufError::Metadata {
-            path: g.path().to_path_buf(),
-            key: format!("{}.*", self.arch),
-            message: format!("the hyperparameters make no model hf2coreml converts: {e}"),
+        self.spec_of(g, &config)
+    }
+
+    /// `config` (what [`LlamaHParams::config_json`] made of `g`) read back as config.json is:
+    /// a value that makes no model is refused naming the GGUF key or tensor it came from.
+    pub(super) fn spec_of(
+        &self,
+        g: &GgufFile,
+        config: &serde_json::Value,
+    ) -> Result<ModelSpec, GgufError> {
+        ModelSpec::from_config_str(&config.to_string()).map_err(|e| {
+            let message = format!("the hyperparameters make no model hf2coreml converts: {e}");
+            let path = g.path().to_path_buf();
+            let ConfigError::Field { field, .. } = &e else {
+                let key = format!("{}.*", self.arch);
+                return GgufError::Metadata { path, key, message };
+            };
+            match self.gguf_source(field) {
+                Source::Key(key) => GgufError::Metadata { path, key, message },
+                Source::Tensor(tensor) => GgufError::Tensor {
+                    path,
+                    tensor: tensor.into(),
+                    message,
+                },
+            }
         })
     }
+
+    /// Where the imported config.json's `field` comes from in the GGUF file.
+    fn gguf_source(&self, field: &str) -> Source {
+        let key = |k: &str| Source::Key(format!("{}.{k}", self.arch));
+        let name = field.split('[').next().unwrap_or(field);
+        match name {
+            "rope_theta" | "rope_parameters.full_attention.rope_theta" => key("rope.freq_base"),
+            "rope_scaling.factor" | "rope_parameters.full_attention.factor" => {
+                key("rope.scaling.factor")
+            }
+            "rope_scaling.long_factor" => Source::Tensor(super::ROPE_FACTORS[0]),
+            "rope_scaling.short_factor" => Source::Tensor(super::ROPE_FACTORS[1]),
+            "rms_norm_eps" => key("attention.layer_norm_rms_epsilon"),
+            "bos_token_id" | "eos_token_id" => Source::Key(format!("tokenizer.ggml.{name}")),
+            _ => Source::Key(format!("{}.*", self.arch)),
+        }
+    }
+}
+
+/// A GGUF metadata key or tensor.
+enum Source {
+    Key(String),
+    Tensor(&'static str),
 }
 
 /// Read `path`'s header (a file whose tensor data is cut short is accepted and said so).

@@ -159,10 +159,16 @@ pub struct SpecialIds {
 }
 
 impl SpecialIds {
-    /// The ids `tokenizer.ggml.*_token_id` declare (unchecked: the tokenizer checks them).
+    /// The ids `tokenizer.ggml.*_token_id` declare (against the vocabulary: the tokenizer and
+    /// config.json check them). An id wider than 32 bits is refused, never dropped.
     pub fn from_metadata(g: &GgufFile) -> Result<Self, GgufError> {
         let id = |k: &str| -> Result<Option<u32>, GgufError> {
-            Ok(g.get_uint(k)?.and_then(|v| u32::try_from(v).ok()))
+            g.get_uint(k)?
+                .map(|v| {
+                    u32::try_from(v)
+                        .map_err(|_| meta_err(g, k, format!("token id {v} does not fit 32 bits")))
+                })
+                .transpose()
         };
         Ok(SpecialIds {
             bos: id("tokenizer.ggml.bos_token_id")?,
@@ -896,6 +902,10 @@ pub fn import(
             ),
         });
     }
+    // The config.json written below is read back as any checkpoint's is: a value that makes
+    // no model (a RoPE factor whose angles overflow, ...) is refused here, naming its key.
+    let config = hp.config_json(tok.special_ids());
+    hp.spec_of(&g, &config)?;
 
     let out = AtomicDir::new(dest, opts.force).map_err(|source| {
         if source.kind() == std::io::ErrorKind::AlreadyExists {
@@ -925,7 +935,7 @@ pub fn import(
         s
     };
     let files = [
-        ("config.json", json(&hp.config_json(tok.special_ids()))),
+        ("config.json", json(&config)),
         ("generation_config.json", json(&generation_config(&tok))),
         ("tokenizer_config.json", json(&tok.config_json(hp.context))),
         (

@@ -857,61 +857,184 @@ impl BatchFile {
     }
 }
 
-/// Two exports writing one package, or sharing a name, would race or overwrite each other; an
-/// export writing over, into or around another's model would destroy that export's input.
-fn check_unique(path: &Path, exports: &[Export]) -> Result<(), BatchError> {
+/// A path one export writes: its package or one of the sidecars beside it.
+struct Written<'e> {
+    export: &'e Export,
+    /// Resolved (`o/./x/../a` and a symlinked folder name the same place).
+    path: PathBuf,
+    /// The package this path belongs to (the export's output), for the messages.
+    package: &'e Path,
+    /// The path is the package itself, not a sidecar.
+    is_package: bool,
+}
+
+/// Every path `e` writes, resolved: the package (first) and the sidecars named after it (the
+/// tokenizer, its config, the report, and the validation when it validates).
+fn written(e: &Export) -> Vec<PathBuf> {
+    let mut paths = vec![e.output.clone()];
+    // A name that makes no sidecars is refused when the export runs; here it writes only
+    // its package.
+    if let Ok(o) = crate::pipeline::package_files::Outputs::for_package(&e.output) {
+        paths.extend(o.tokenizer);
+        paths.extend(o.tokenizer_config);
+        paths.push(o.report);
+    }
+    if e.validate.is_some() {
+        paths.push(super::run::validation_path(&e.output));
+    }
     let resolved = |p: &Path| crate::fsutil::resolved(p).unwrap_or_else(|_| p.to_path_buf());
+    paths.iter().map(|p| resolved(p)).collect()
+}
+
+/// Two exports writing one file (a package, or the sidecars `o/x.mlpackage` and
+/// `o/x.aimodel` share), one writing inside what another writes, or sharing a name, would
+/// race or overwrite each other; an export writing over, into or around another's model
+/// would destroy that export's input. Paths are compared resolved, and also ignoring case:
+/// on a case-insensitive file system (macOS's default) `X.mlpackage` is `x.mlpackage`.
+fn check_unique(path: &Path, exports: &[Export]) -> Result<(), BatchError> {
+    let invalid = |e: &Export, message: String| BatchError::Invalid {
+        path: path.to_path_buf(),
+        line: e.line,
+        message,
+    };
+    let resolved = |p: &Path| crate::fsutil::resolved(p).unwrap_or_else(|_| p.to_path_buf());
+    let models: BTreeMap<PathBuf, &Export> =
+        exports.iter().map(|e| (resolved(&e.model), e)).collect();
+    let mut all: BTreeMap<PathBuf, Written<'_>> = BTreeMap::new();
+    let mut folded: BTreeMap<String, PathBuf> = BTreeMap::new();
     for e in exports {
-        let out = resolved(&e.output);
-        for other in exports {
-            let model = resolved(&other.model);
-            if out.starts_with(&model) || model.starts_with(&out) {
-                return Err(BatchError::Invalid {
-                    path: path.to_path_buf(),
-                    line: e.line,
-                    message: format!(
-                        "export `{}` writes {}, which would overlap the model {} of export `{}` \
-                         (line {}): choose an output elsewhere",
-                        e.name,
-                        e.output.display(),
-                        other.model.display(),
-                        other.name,
-                        other.line
-                    ),
-                });
+        for (i, p) in written(e).into_iter().enumerate() {
+            check_model_overlap(&p, e, &models).map_err(|m| invalid(e, m))?;
+            let w = Written {
+                export: e,
+                path: p.clone(),
+                package: &e.output,
+                is_package: i == 0,
+            };
+            if let Some(first) = all.get(&p) {
+                return Err(invalid(e, same_file(first, &w)));
             }
+            let key = p.to_string_lossy().to_lowercase();
+            if let Some(other) = folded.get(&key).and_then(|o| all.get(o)) {
+                return Err(invalid(e, same_file_ignoring_case(other, &w)));
+            }
+            folded.insert(key, p.clone());
+            all.insert(p, w);
         }
     }
-    let mut outputs: BTreeMap<PathBuf, &Export> = BTreeMap::new();
     let mut names: BTreeMap<&str, &Export> = BTreeMap::new();
     for e in exports {
-        // Compared resolved: `o/./x/../a` and a symlinked folder name the same package.
-        let key = crate::fsutil::resolved(&e.output).unwrap_or_else(|_| e.output.clone());
-        if let Some(first) = outputs.insert(key, e) {
-            return Err(BatchError::Invalid {
-                path: path.to_path_buf(),
-                line: e.line,
-                message: format!(
-                    "two exports write {} (the entries at lines {} and {}): put {{max_seq_len}}, \
-                     {{device}}, {{recipe}} or {{model}} in `output`",
-                    e.output.display(),
-                    first.line,
-                    e.line
-                ),
-            });
-        }
         if let Some(first) = names.insert(&e.name, e) {
-            return Err(BatchError::Invalid {
-                path: path.to_path_buf(),
-                line: e.line,
-                message: format!(
+            return Err(invalid(
+                e,
+                format!(
                     "two exports are named `{}` (lines {} and {}): set `name`",
                     e.name, first.line, e.line
                 ),
-            });
+            ));
+        }
+    }
+    // Whatever lies under a written path is written into another export's package (or under
+    // a file): the paths below `p` follow it in the map's component order.
+    for (p, outer) in &all {
+        let inner = all
+            .range::<PathBuf, _>((std::ops::Bound::Excluded(p), std::ops::Bound::Unbounded))
+            .next()
+            .filter(|(q, _)| q.starts_with(p));
+        if let Some((_, inner)) = inner {
+            return Err(invalid(inner.export, nested(outer, inner)));
         }
     }
     Ok(())
+}
+
+/// An export's written path `p` over, into or around any export's model.
+fn check_model_overlap(
+    p: &Path,
+    e: &Export,
+    models: &BTreeMap<PathBuf, &Export>,
+) -> Result<(), String> {
+    let inside = p.ancestors().find_map(|a| models.get(a));
+    let around = models
+        .range::<Path, _>((std::ops::Bound::Included(p), std::ops::Bound::Unbounded))
+        .next()
+        .filter(|(m, _)| m.starts_with(p))
+        .map(|(_, other)| other);
+    match inside.or(around) {
+        Some(other) => Err(format!(
+            "export `{}` writes {}, which would overlap the model {} of export `{}` (line {}): \
+             choose an output elsewhere",
+            e.name,
+            p.display(),
+            other.model.display(),
+            other.name,
+            other.line
+        )),
+        None => Ok(()),
+    }
+}
+
+/// "its package" or "a sidecar of X" for a written path.
+fn role(w: &Written<'_>) -> String {
+    match w.is_package {
+        true => "its package".into(),
+        false => format!("a sidecar of {}", w.package.display()),
+    }
+}
+
+fn same_file(first: &Written<'_>, second: &Written<'_>) -> String {
+    let (a, b) = (first.export, second.export);
+    if first.is_package && second.is_package {
+        return format!(
+            "two exports write {} (`{}` and `{}`, the entries at lines {} and {}): put \
+             {{max_seq_len}}, {{device}}, {{recipe}} or {{model}} in `output`",
+            second.path.display(),
+            a.name,
+            b.name,
+            a.line,
+            b.line
+        );
+    }
+    format!(
+        "exports `{}` (line {}) and `{}` (line {}) both write {}: {} for `{}`, {} for `{}`; \
+         one would replace the other's. Name their outputs apart by more than the extension",
+        a.name,
+        a.line,
+        b.name,
+        b.line,
+        second.path.display(),
+        role(first),
+        a.name,
+        role(second),
+        b.name
+    )
+}
+
+fn same_file_ignoring_case(first: &Written<'_>, second: &Written<'_>) -> String {
+    format!(
+        "exports `{}` (line {}) and `{}` (line {}) write {} and {}, which differ only in case: \
+         one file on a case-insensitive file system (macOS's default). Name them apart",
+        first.export.name,
+        first.export.line,
+        second.export.name,
+        second.export.line,
+        first.path.display(),
+        second.path.display()
+    )
+}
+
+fn nested(outer: &Written<'_>, inner: &Written<'_>) -> String {
+    format!(
+        "export `{}` (line {}) writes {}, inside {} that export `{}` (line {}) writes ({}): \
+         choose an output outside it",
+        inner.export.name,
+        inner.export.line,
+        inner.path.display(),
+        outer.path.display(),
+        outer.export.name,
+        outer.export.line,
+        role(outer)
+    )
 }
 
 #[cfg(test)]
@@ -996,6 +1119,50 @@ recipe = ["default", "data-free-4bit"]
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("two exports write /b/o.mlpackage"), "{e}");
+    }
+
+    #[test]
+    fn exports_sharing_a_sidecar_or_writing_inside_another_are_refused() {
+        let two = |a: &str, b: &str| {
+            parse(&format!(
+                "[[export]]\nname = \"a\"\nmodel = \"m\"\noutput = \"{a}\"\n\
+                 [[export]]\nname = \"b\"\nmodel = \"m\"\noutput = \"{b}\"\n"
+            ))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        // One stem, two targets: the tokenizer and report beside them are one file.
+        let e = two("o/x.mlpackage", "o/x.aimodel").unwrap_err();
+        assert!(
+            e.starts_with(
+                "/b/batch.toml:5: exports `a` (line 1) and `b` (line 5) both write \
+                 /b/o/x.tokenizer.json: a sidecar of /b/o/x.mlpackage for `a`, a sidecar of \
+                 /b/o/x.aimodel for `b`"
+            ),
+            "{e}"
+        );
+        // Inside another export's package, or under its sidecar file.
+        let e = two("o/x.mlpackage", "o/x.mlpackage/y.mlpackage").unwrap_err();
+        assert!(
+            e.contains(
+                "export `b` (line 5) writes /b/o/x.mlpackage/y.mlpackage, inside \
+                 /b/o/x.mlpackage that export `a` (line 1) writes (its package)"
+            ),
+            "{e}"
+        );
+        let e = two("o/x.mlpackage/y.mlpackage", "o/x.mlpackage").unwrap_err();
+        assert!(
+            e.contains("export `a` (line 1) writes /b/o/x.mlpackage/y"),
+            "{e}"
+        );
+        let e = two("o/x.mlpackage", "o/x.report.json/y.mlpackage").unwrap_err();
+        assert!(e.contains("(a sidecar of /b/o/x.mlpackage)"), "{e}");
+        // One file where case does not count (macOS).
+        let e = two("o/X.mlpackage", "o/x.mlpackage").unwrap_err();
+        assert!(e.contains("differ only in case"), "{e}");
+        // Neighbours whose names only share a prefix are apart.
+        two("o/x.mlpackage", "o/x.mlpackage2.mlpackage").unwrap();
+        two("o/x.mlpackage", "o/xy.aimodel").unwrap();
     }
 
     #[test]
