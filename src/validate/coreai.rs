@@ -5,13 +5,12 @@
 
 use std::path::Path;
 
+use super::contract_items::{chain_items, check_hashes, check_source, item, part_io};
+use super::error::{ValidateError, ValidateOptions};
 use super::gates::{default_gates, RecipeKind};
 use super::metrics::compare_logits;
 use super::report::{ContractItem, ValidationReport};
-use super::run::{
-    chain_items, check_hashes, check_source, item, part_io, reference_logits, score_tokens_keeping,
-    text_tokens, ValidateError, ValidateOptions,
-};
+use super::scoring::{reference_logits, score_tokens_keeping, text_tokens};
 use crate::checkpoint::Checkpoint;
 use crate::mil::contract::{self, Contract};
 use crate::progress::Progress;

@@ -22,8 +22,9 @@ use std::path::Path;
 use half::f16;
 use serde::{Deserialize, Serialize};
 
+use super::error::ValidateError;
 use super::metrics::{compare_logits, LogitComparison};
-use super::run::{score_tokens, ValidateError};
+use super::scoring::score_tokens;
 use crate::aimodel::{self, Session};
 use crate::emit::coreai::{emit_coreai, Arithmetic};
 use crate::emit::Metadata;
