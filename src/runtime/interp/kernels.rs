@@ -1,33 +1,71 @@
 //! The interpreter's inner loops: dot products of f32 activations with f32 or fp16 weights.
 //!
 //! A decode step is bound by reading the weights once, so these run at memory speed only when
-//! they use the CPU's vector units fully. On x86-64 with AVX2, FMA and F16C (checked at run
-//! time, once) they use 256-bit fused multiply-adds and widen fp16 in registers, and with
-//! AVX-512 VBMI the 4-bit LUT product looks its weights up 16 at a time; elsewhere a
-//! portable 16-lane loop the compiler vectorizes for the baseline target.
+//! they use the CPU's vector units fully. Every function runs at the process's instruction-set
+//! level ([`crate::util::isa`]: the best the CPU has, capped by `HF2COREML_ISA`), and has an
+//! `_at` variant taking the level, so tests and benches can hold every variant against the
+//! portable one on one machine. At AVX2 (with FMA and F16C) they use 256-bit fused
+//! multiply-adds and widen fp16 in registers; at AVX-512 VBMI the 4-bit LUT product looks its
+//! weights up 16 at a time; at `scalar`, a portable 16-lane loop the compiler vectorizes for
+//! the baseline target.
+//!
+//! Lookups (`unpack_f16`) give the same bits at every level. Dot products keep one summation
+//! order per level: at AVX2 and AVX-512 four 8-lane FMA accumulators (the two levels agree bit
+//! for bit), at `scalar` 16 lanes of multiply then add. The LUT product at a level gives the
+//! bits of that level's `dot_f16` over the decoded row, so packed and dense weights agree.
 
 use half::f16;
+
+use crate::util::isa::{self, Isa};
+
+/// `level`, checked: a variant the CPU lacks must never run.
+///
+/// # Panics
+/// When the CPU lacks `level` ([`Isa::available`] says so beforehand).
+#[inline]
+fn usable(level: Isa) -> Isa {
+    assert!(
+        level.available(),
+        "kernels at {level} asked for on a CPU whose best is {}",
+        isa::detected()
+    );
+    level
+}
 
 /// Σ a[i]·b[i] over the common length.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
-        return unsafe { x86::dot_f32(a, b) };
+    dot_at(isa::selected(), a, b)
+}
+
+/// [`dot`] at `level`.
+pub fn dot_at(level: Isa, a: &[f32], b: &[f32]) -> f32 {
+    match usable(level) {
+        Isa::Scalar => dot_portable(a, b),
+        // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vbmi => unsafe { x86::dot_f32(a, b) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 level is available here"),
     }
-    dot_portable(a, b)
 }
 
 /// Σ x[i]·w[i] with fp16 weights, widened exactly.
 #[inline]
 pub fn dot_f16(x: &[f32], w: &[f16]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
-        return unsafe { x86::dot_f16(x, w) };
+    dot_f16_at(isa::selected(), x, w)
+}
+
+/// [`dot_f16`] at `level`.
+pub fn dot_f16_at(level: Isa, x: &[f32], w: &[f16]) -> f32 {
+    match usable(level) {
+        Isa::Scalar => dot_f16_portable(x, w),
+        // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vbmi => unsafe { x86::dot_f16(x, w) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 level is available here"),
     }
-    dot_f16_portable(x, w)
 }
 
 /// `out[o·rows + r] = Σ_k x[r·k + kk] · w[o·k + kk]` for every row r of x (`rows` rows of k)
@@ -37,49 +75,92 @@ pub fn dot_f16(x: &[f32], w: &[f16]) -> f32 {
 /// tokens. The summation order is not `dot`'s: results agree with it to f32 rounding, not bit
 /// for bit.
 pub fn gemm_nt(x: &[f32], rows: usize, w: &[f32], wrows: usize, k: usize, out: &mut [f32]) {
+    gemm_nt_at(isa::selected(), x, rows, w, wrows, k, out)
+}
+
+/// [`gemm_nt`] at `level`.
+pub fn gemm_nt_at(
+    level: Isa,
+    x: &[f32],
+    rows: usize,
+    w: &[f32],
+    wrows: usize,
+    k: usize,
+    out: &mut [f32],
+) {
     assert!(x.len() >= rows * k && w.len() >= wrows * k && out.len() >= rows * wrows);
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above); the lengths are checked above.
-        return unsafe { x86::gemm_nt(x, rows, w, wrows, k, out) };
+    match usable(level) {
+        Isa::Scalar => gemm_nt_portable(x, rows, w, wrows, k, out, |v| v),
+        // SAFETY: the CPU has AVX2 and FMA (`usable` checked); the lengths are checked above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vbmi => unsafe { x86::gemm_nt(x, rows, w, wrows, k, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 level is available here"),
     }
-    gemm_nt_portable(x, rows, w, wrows, k, out, |v| v)
 }
 
 /// [`gemm_nt`] with fp16 weights, widened exactly in registers as they are loaded (each
 /// widened vector serves four tokens).
 pub fn gemm_nt_f16(x: &[f32], rows: usize, w: &[f16], wrows: usize, k: usize, out: &mut [f32]) {
+    gemm_nt_f16_at(isa::selected(), x, rows, w, wrows, k, out)
+}
+
+/// [`gemm_nt_f16`] at `level`.
+pub fn gemm_nt_f16_at(
+    level: Isa,
+    x: &[f32],
+    rows: usize,
+    w: &[f16],
+    wrows: usize,
+    k: usize,
+    out: &mut [f32],
+) {
     assert!(x.len() >= rows * k && w.len() >= wrows * k && out.len() >= rows * wrows);
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above); lengths checked above.
-        return unsafe { x86::gemm_nt_f16(x, rows, w, wrows, k, out) };
+    match usable(level) {
+        Isa::Scalar => gemm_nt_portable(x, rows, w, wrows, k, out, f16::to_f32),
+        // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked); lengths checked above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vbmi => unsafe { x86::gemm_nt_f16(x, rows, w, wrows, k, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 level is available here"),
     }
-    gemm_nt_portable(x, rows, w, wrows, k, out, f16::to_f32)
 }
 
 /// A table of LUT entries, padded to 256 so that an index byte needs no bound check.
 pub type Table<T> = [T; 256];
 
 /// `out[i] = table[index of element e0 + i]`, the `nbits`-bit indices (1-8) packed
-/// LSB-first in `data` (Core ML's packing), for fp16 entries: on AVX2 with F16C, 4-bit
-/// indices are looked up 32 at a time with byte shuffles.
+/// LSB-first in `data` (Core ML's packing), for fp16 entries: from AVX2 up, 4-bit indices are
+/// looked up 32 at a time with byte shuffles.
 pub fn unpack_f16(data: &[u8], e0: usize, nbits: u32, table: &Table<f16>, out: &mut [f16]) {
+    unpack_f16_at(isa::selected(), data, e0, nbits, table, out)
+}
+
+/// [`unpack_f16`] at `level`: the same bits at every level.
+pub fn unpack_f16_at(
+    level: Isa,
+    data: &[u8],
+    e0: usize,
+    nbits: u32,
+    table: &Table<f16>,
+    out: &mut [f16],
+) {
     #[cfg(target_arch = "x86_64")]
-    if nbits == 4 && avx2() {
+    if nbits == 4 && usable(level) >= Isa::Avx2 {
         assert!(
             data.len() * 2 >= e0 + out.len(),
             "4-bit indices past the data"
         );
-        // SAFETY: the CPU has AVX2 (checked above), and data holds every index read.
+        // SAFETY: the CPU has AVX2 (`usable` checked), and data holds every index read.
         return unsafe { x86::unpack4_f16(data, e0, table, out) };
     }
+    let _ = usable(level);
     unpack(data, e0, nbits, table, out)
 }
 
 /// `dot_f16(x, w)` for the row `w` of `x.len()` fp16 values that `unpack_f16` would decode
-/// (elements `e0..`), the same bits: on AVX2, 4-bit rows starting on a byte are looked up and
-/// multiplied in one pass; otherwise the row is decoded into `row` first.
+/// (elements `e0..`), the same bits: from AVX2 up, 4-bit rows starting on a byte are looked up
+/// and multiplied in one pass; otherwise the row is decoded into `row` first.
 pub fn dot_lut_f16(
     x: &[f32],
     data: &[u8],
@@ -88,23 +169,38 @@ pub fn dot_lut_f16(
     table: &Table<f16>,
     row: &mut Vec<f16>,
 ) -> f32 {
+    dot_lut_f16_at(isa::selected(), x, data, e0, nbits, table, row)
+}
+
+/// [`dot_lut_f16`] at `level`: the bits of `dot_f16_at(level, ..)` over the decoded row.
+pub fn dot_lut_f16_at(
+    level: Isa,
+    x: &[f32],
+    data: &[u8],
+    e0: usize,
+    nbits: u32,
+    table: &Table<f16>,
+    row: &mut Vec<f16>,
+) -> f32 {
+    let level = usable(level);
     #[cfg(target_arch = "x86_64")]
-    if nbits == 4 && e0.is_multiple_of(2) && avx2() {
+    if nbits == 4 && e0.is_multiple_of(2) && level >= Isa::Avx2 {
         assert!(
             data.len() * 2 >= e0 + x.len(),
             "4-bit indices past the data"
         );
-        if avx512() {
-            // SAFETY: the CPU has AVX-512 F/BW/VBMI, AVX2, FMA and F16C (checked), and data
-            // holds every index.
-            return unsafe { x86::dot_lut4_f16_avx512(x, data, e0, table) };
-        }
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above), and data holds every index.
-        return unsafe { x86::dot_lut4_f16(x, data, e0, table) };
+        return match level {
+            // SAFETY: the CPU has AVX-512 F/BW/VBMI, AVX2, FMA and F16C (`usable` checked),
+            // and data holds every index.
+            Isa::Avx512Vbmi => unsafe { x86::dot_lut4_f16_avx512(x, data, e0, table) },
+            // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked), and data holds every
+            // index.
+            _ => unsafe { x86::dot_lut4_f16(x, data, e0, table) },
+        };
     }
     row.resize(x.len(), f16::ZERO);
-    unpack_f16(data, e0, nbits, table, row);
-    dot_f16(x, row)
+    unpack_f16_at(level, data, e0, nbits, table, row);
+    dot_f16_at(level, x, row)
 }
 
 /// The same for any entries, in portable code: whole groups of 8 indices (`nbits` bytes)
@@ -191,8 +287,8 @@ fn words<const NB: usize, T: Copy>(data: &[u8], table: &Table<T>, out: &mut [T])
 /// Largest finite |x| and the count of inf/NaN (range statistics of every op's result).
 pub fn scan_f32(v: &[f32]) -> (f32, u64) {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 (checked above).
+    if isa::selected() >= Isa::Avx2 {
+        // SAFETY: the selected level is one the CPU has, and it includes AVX2.
         return unsafe { x86::scan_f32(v) };
     }
     scan_f32_lanes(v)
@@ -201,8 +297,8 @@ pub fn scan_f32(v: &[f32]) -> (f32, u64) {
 /// The same on fp16 bits.
 pub fn scan_f16(v: &[f16]) -> (f32, u64) {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 (checked above).
+    if isa::selected() >= Isa::Avx2 {
+        // SAFETY: the selected level is one the CPU has, and it includes AVX2.
         return unsafe { x86::scan_f16(v) };
     }
     scan_f16_lanes(v)
@@ -266,32 +362,6 @@ fn scan_f16_lanes(v: &[f16]) -> (f32, u64) {
         }
     }
     (f16::from_bits(best as u16).to_f32(), n_bad)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn avx2() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    })
-}
-
-/// AVX-512 with byte permutes (VBMI), besides everything [`avx2`] checks.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn avx512() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        avx2()
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vbmi")
-    })
 }
 
 const LANES: usize = 16;
@@ -770,6 +840,26 @@ mod tests {
         (x, w)
     }
 
+    /// The levels this CPU has. Each one it lacks is named on the test run's stderr (written
+    /// past the harness's capture, so a passing run shows it too): skipped, never silently.
+    fn levels() -> Vec<Isa> {
+        use std::io::Write;
+        Isa::ALL
+            .into_iter()
+            .filter(|&level| {
+                let here = level.available();
+                if !here {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "kernels: this CPU lacks {level} (best {}): its variants are skipped",
+                        isa::detected()
+                    );
+                }
+                here
+            })
+            .collect()
+    }
+
     #[test]
     fn kernels_agree_with_the_definition_at_every_length() {
         for n in [0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 576, 1537] {
@@ -778,6 +868,10 @@ mod tests {
             let want: f32 = x.iter().zip(&wf).map(|(a, b)| a * b).sum();
             assert_eq!(dot(&x, &wf), want, "dot n={n}");
             assert_eq!(dot_f16(&x, &w), want, "dot_f16 n={n}");
+            for level in levels() {
+                assert_eq!(dot_at(level, &x, &wf), want, "dot at {level}, n={n}");
+                assert_eq!(dot_f16_at(level, &x, &w), want, "dot_f16 at {level}, n={n}");
+            }
             assert_eq!(dot_portable(&x, &wf), want, "portable n={n}");
             assert_eq!(dot_f16_portable(&x, &w), want, "portable f16 n={n}");
         }
@@ -790,6 +884,13 @@ mod tests {
             let want = v.iter().fold(0f32, |m, x| m.max(x.abs()));
             assert_eq!(scan_f32(&v), (want, 0), "n={n}");
             assert_eq!(scan_f32_lanes(&v), (want, 0), "n={n}");
+            #[cfg(target_arch = "x86_64")]
+            if levels().contains(&Isa::Avx2) {
+                let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                // SAFETY: the CPU has AVX2 (checked above).
+                let (a, b) = unsafe { (x86::scan_f32(&v), x86::scan_f16(&h)) };
+                assert_eq!((a, b), ((want, 0), (want, 0)), "AVX2 scans, n={n}");
+            }
             let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
             assert_eq!(scan_f16(&h), (want, 0), "n={n}");
             assert_eq!(scan_f16_lanes(&h), (want, 0), "n={n}");
@@ -885,48 +986,55 @@ mod tests {
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_avx2_and_avx512_4bit_dot_products_give_the_same_bits() {
-        if !avx512() {
-            eprintln!("no AVX-512 VBMI here: the AVX2 kernel is the only one");
-            return;
-        }
+    fn every_level_looks_up_the_bits_of_the_portable_lookup() {
         let t = table16();
-        let (_, bytes) = packed_indices(1300, 4);
-        for e0 in [0, 2, 8, 64] {
-            for n in [0, 1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 575, 1100] {
-                let (x, want) = decoded_dot(&bytes, e0, 4, &t, n);
-                // SAFETY: AVX-512 VBMI, AVX2, FMA and F16C checked above; 1300 indices
-                // cover e0 + n.
-                let (a, b) = unsafe {
-                    (
-                        x86::dot_lut4_f16(&x, &bytes, e0, &t),
-                        x86::dot_lut4_f16_avx512(&x, &bytes, e0, &t),
-                    )
-                };
-                assert_eq!(a.to_bits(), want.to_bits(), "AVX2, e0={e0}, n={n}");
-                assert_eq!(b.to_bits(), want.to_bits(), "AVX-512, e0={e0}, n={n}");
+        for nbits in [2, 4, 6, 8] {
+            let (_, bytes) = packed_indices(1000, nbits);
+            for level in levels() {
+                for e0 in [0, 1, 2, 31, 32, 33] {
+                    for n in [0, 1, 31, 32, 33, 63, 64, 65, 96, 900] {
+                        let (mut a, mut b) = (vec![f16::ZERO; n], vec![f16::ONE; n]);
+                        unpack(&bytes, e0, nbits, &t, &mut a);
+                        unpack_f16_at(level, &bytes, e0, nbits, &t, &mut b);
+                        assert_eq!(a, b, "{level}, {nbits} bits, e0={e0}, n={n}");
+                    }
+                }
             }
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
+    /// The LUT product at each level against that level's `dot_f16` over the decoded row (not
+    /// exact in f32: a different summation order shows), and the x86 levels against each other.
     #[test]
-    fn the_avx2_4bit_lookup_matches_the_portable_one() {
-        if !avx2() {
-            eprintln!("no AVX2 here: the portable path is the only one");
-            return;
-        }
+    fn every_level_multiplies_a_lut_row_as_its_dense_product_does() {
         let t = table16();
-        let (_, bytes) = packed_indices(1000, 4);
-        for e0 in [0, 1, 2, 31, 32, 33] {
-            for n in [0, 1, 31, 32, 33, 63, 64, 65, 96, 900] {
-                let (mut a, mut b) = (vec![f16::ZERO; n], vec![f16::ONE; n]);
-                unpack(&bytes, e0, 4, &t, &mut a);
-                // SAFETY: AVX2 checked above; 1000 indices cover e0 + n.
-                unsafe { x86::unpack4_f16(&bytes, e0, &t, &mut b) };
-                assert_eq!(a, b, "e0={e0}, n={n}");
+        for nbits in [3, 4, 6] {
+            let (_, bytes) = packed_indices(1300, nbits);
+            for e0 in [0, 1, 2, 8, 64] {
+                for n in [0, 1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 575, 1100] {
+                    let (x, _) = decoded_dot(&bytes, e0, nbits, &t, n);
+                    let mut w = vec![f16::ZERO; n];
+                    unpack(&bytes, e0, nbits, &t, &mut w);
+                    let mut got = Vec::new();
+                    for level in levels() {
+                        let want = dot_f16_at(level, &x, &w);
+                        let lut = dot_lut_f16_at(level, &x, &bytes, e0, nbits, &t, &mut Vec::new());
+                        let what = format!("{level}, {nbits} bits, e0={e0}, n={n}");
+                        assert_eq!(lut.to_bits(), want.to_bits(), "{what}");
+                        got.push((level, lut));
+                    }
+                    // AVX2 and AVX-512 keep the same accumulators.
+                    let x86: Vec<u32> = got
+                        .iter()
+                        .filter(|(l, _)| *l >= Isa::Avx2)
+                        .map(|(_, v)| v.to_bits())
+                        .collect();
+                    assert!(
+                        x86.windows(2).all(|p| p[0] == p[1]),
+                        "{nbits} bits, e0={e0}, n={n}"
+                    );
+                }
             }
         }
     }
@@ -948,6 +1056,15 @@ mod tests {
                             })
                         })
                         .collect();
+                    for level in levels() {
+                        let mut got = vec![f32::NAN; rows * wrows];
+                        gemm_nt_at(level, &x, rows, &w, wrows, k, &mut got);
+                        assert_eq!(got, want, "{level} k={k} rows={rows} wrows={wrows}");
+                        let h: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+                        let mut got = vec![f32::NAN; rows * wrows];
+                        gemm_nt_f16_at(level, &x, rows, &h, wrows, k, &mut got);
+                        assert_eq!(got, want, "{level} fp16 k={k} rows={rows} wrows={wrows}");
+                    }
                     let mut got = vec![f32::NAN; rows * wrows];
                     gemm_nt(&x, rows, &w, wrows, k, &mut got);
                     assert_eq!(got, want, "k={k} rows={rows} wrows={wrows}");
