@@ -557,8 +557,76 @@ mod x86 {
         )
     }
 
+    /// The 16 fp16 entries of `table` widened to f32, as byte planes 1-3 of their bits (byte
+    /// 0 of a widened fp16 is always zero: its low 13 mantissa bits are), in both lanes.
+    /// Built in registers: it runs once per row.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn plane_table(table: &super::Table<f16>) -> [__m256i; 3] {
+        let pt = table.as_ptr() as *const __m128i;
+        let (a, b) = (
+            _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(pt))),
+            _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(pt.add(1)))),
+        );
+        // Per lane (4 entries): byte 1 of each, then byte 2 of each, then byte 3 of each.
+        const Z: i8 = -128;
+        #[rustfmt::skip]
+        let bytes = _mm256_setr_epi8(
+            1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, Z, Z, Z, Z,
+            1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, Z, Z, Z, Z,
+        );
+        // Dwords of both lanes side by side: low half planes 1 and 2 of 8 entries, high half
+        // plane 3.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let a = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(a, bytes), order);
+        let b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(b, bytes), order);
+        // Lanes: planes 1 | 3, and plane 2 | nothing.
+        let (p13, p2) = (_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+        [
+            _mm256_permute2x128_si256::<0x00>(p13, p13),
+            _mm256_permute2x128_si256::<0x00>(p2, p2),
+            _mm256_permute2x128_si256::<0x11>(p13, p13),
+        ]
+    }
+
+    /// The 32 f32 values of the 32 4-bit indices in the 16 bytes at `p`, as four vectors of 8
+    /// in order, from the byte planes of [`plane_table`]. Each lane's indices are picked so
+    /// that the in-lane unpacks which rebuild the f32 bits put every value in its place: lane
+    /// L, byte q holds element 8·(q / 4) + 4·L + q % 4, and unpacking bytes then words turns
+    /// bytes 4k..4k + 4 of both lanes into vector k.
+    #[target_feature(enable = "avx2")]
+    unsafe fn lookup32_f32(p: *const u8, planes: &[__m256i; 3], sel: __m256i) -> [__m256; 4] {
+        let m = _mm256_set1_epi8(0x0f);
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        // Lane 0 keeps bytes 0, 1, 4, 5, ... (elements 0-3, 8-11, ...), lane 1 bytes 2, 3, 6,
+        // 7, ... (elements 4-7, 12-15, ...); each byte's nibbles then become two bytes.
+        let s = _mm256_shuffle_epi8(v, sel);
+        let idx = _mm256_unpacklo_epi8(
+            _mm256_and_si256(s, m),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(s), m),
+        );
+        let [t1, t2, t3] = *planes;
+        let (b1, b2, b3) = (
+            _mm256_shuffle_epi8(t1, idx),
+            _mm256_shuffle_epi8(t2, idx),
+            _mm256_shuffle_epi8(t3, idx),
+        );
+        let zero = _mm256_setzero_si256();
+        let (lo01, hi01) = (
+            _mm256_unpacklo_epi8(zero, b1),
+            _mm256_unpackhi_epi8(zero, b1),
+        );
+        let (lo23, hi23) = (_mm256_unpacklo_epi8(b2, b3), _mm256_unpackhi_epi8(b2, b3));
+        [
+            _mm256_castsi256_ps(_mm256_unpacklo_epi16(lo01, lo23)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(lo01, lo23)),
+            _mm256_castsi256_ps(_mm256_unpacklo_epi16(hi01, hi23)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(hi01, hi23)),
+        ]
+    }
+
     /// `dot_f16` over the 4-bit row at element `e0` (even), looked up as it is multiplied:
-    /// the same accumulators, in the same order, as `dot_f16` over the decoded row.
+    /// the same accumulators, in the same order, as `dot_f16` over the decoded row. The
+    /// lookup yields f32 directly (byte planes of the widened table), with no fp16 stage.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `data` must hold the indices of elements
@@ -571,21 +639,21 @@ mod x86 {
         table: &super::Table<f16>,
     ) -> f32 {
         let n = x.len();
-        let px = x.as_ptr();
-        let (tlo, thi) = split_table(table);
+        let (px, pd) = (x.as_ptr(), data.as_ptr().add(e0 / 2));
+        let planes = plane_table(table);
+        const Z: i8 = -128;
+        #[rustfmt::skip]
+        let sel = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, Z, Z, Z, Z, Z, Z, Z, Z,
+            2, 3, 6, 7, 10, 11, 14, 15, Z, Z, Z, Z, Z, Z, Z, Z,
+        );
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 32 <= n {
-            let (a, b) = lookup32(data.as_ptr().add((e0 + i) / 2), tlo, thi);
-            let w = [
-                _mm256_castsi256_si128(a),
-                _mm256_extracti128_si256::<1>(a),
-                _mm256_castsi256_si128(b),
-                _mm256_extracti128_si256::<1>(b),
-            ];
+            let w = lookup32_f32(pd.add(i / 2), &planes, sel);
             for (k, acc) in acc.iter_mut().enumerate() {
                 let xv = _mm256_loadu_ps(px.add(i + 8 * k));
-                *acc = _mm256_fmadd_ps(xv, _mm256_cvtph_ps(w[k]), *acc);
+                *acc = _mm256_fmadd_ps(xv, w[k], *acc);
             }
             i += 32;
         }
@@ -641,17 +709,9 @@ mod x86 {
     ) -> f32 {
         let n = x.len();
         let (px, pd) = (x.as_ptr(), data.as_ptr().add(e0 / 2));
-        let mut wide = [0f32; 16];
-        for (w, t) in wide.iter_mut().zip(&table[..16]) {
-            *w = t.to_f32();
-        }
-        let tab = _mm512_loadu_ps(wide.as_ptr());
+        let tab = _mm512_cvtph_ps(_mm256_loadu_si256(table.as_ptr() as *const __m256i));
         // Dword j's low byte is bits 4j.. of the 8 broadcast bytes: index j in its low nibble.
-        let mut ctrl = [0u8; 64];
-        for j in 0..16 {
-            ctrl[4 * j] = 4 * j as u8;
-        }
-        let ctrl = _mm512_loadu_si512(ctrl.as_ptr() as *const _);
+        let ctrl = _mm512_set_epi32(60, 56, 52, 48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
         let lookup = |p: *const u8| {
             let packed = _mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64));
             _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, packed), tab)
