@@ -21,7 +21,7 @@ use std::time::Instant;
 use half::f16;
 use hf2coreml::mil::DType;
 use hf2coreml::mlpackage::{pack_bits, BlobFile, BlobWriter, TensorTypeInfo};
-use hf2coreml::runtime::interp::kernels::{self, Table};
+use hf2coreml::runtime::interp::kernels::{self, LutTable, Table};
 use hf2coreml::runtime::interp::ops::{self, Args};
 use hf2coreml::runtime::interp::packed::{self, Form, Lut, Packed};
 use hf2coreml::runtime::interp::tensor::{Data, Tensor};
@@ -131,6 +131,7 @@ fn isa_case(oc: usize, ic: usize, nbits: u32, rounds: usize) {
     for (t, v) in table.iter_mut().zip(lcg(entries, 13)) {
         *t = f16::from_f32(v as f32 / u32::MAX as f32 - 0.5);
     }
+    let table = LutTable::new(&table, entries);
     let x: Vec<f32> = lcg(ic, 17)
         .map(|v| v as f32 / u32::MAX as f32 - 0.5)
         .collect();

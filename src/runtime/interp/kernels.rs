@@ -129,6 +129,43 @@ pub fn gemm_nt_f16_at(
 /// A table of LUT entries, padded to 256 so that an index byte needs no bound check.
 pub type Table<T> = [T; 256];
 
+/// A LUT's fp16 entries prepared for [`dot_lut_f16`], once per table rather than once per
+/// row: the entries widened to f32 (exactly, so a product reads the values `dot_f16` would
+/// widen), and bytes 1-3 of the first 16 widened entries, the AVX2 4-bit kernel's byte-shuffle
+/// tables (byte 0 of a widened fp16 is always zero: its low 13 mantissa bits are).
+#[derive(Clone)]
+pub struct LutTable {
+    wide: Table<f32>,
+    planes: [[u8; 16]; 3],
+}
+
+impl LutTable {
+    /// The first `entries` of `table` prepared (the rest read as zero).
+    pub fn new(table: &Table<f16>, entries: usize) -> Self {
+        let mut t = LutTable {
+            wide: [0.0; 256],
+            planes: [[0; 16]; 3],
+        };
+        t.set(table, entries);
+        t
+    }
+
+    /// Prepare the first `entries` of `table` in place.
+    pub fn set(&mut self, table: &Table<f16>, entries: usize) {
+        let entries = entries.min(256);
+        for (w, h) in self.wide[..entries].iter_mut().zip(table) {
+            *w = h.to_f32();
+        }
+        for (k, w) in self.wide[..16].iter().enumerate() {
+            let b = w.to_bits().to_le_bytes();
+            debug_assert_eq!(b[0], 0, "a widened fp16 has a zero low byte");
+            for (plane, &byte) in self.planes.iter_mut().zip(&b[1..]) {
+                plane[k] = byte;
+            }
+        }
+    }
+}
+
 /// `out[i] = table[index of element e0 + i]`, the `nbits`-bit indices (1-8) packed
 /// LSB-first in `data` (Core ML's packing), for fp16 entries: from AVX2 up, 4-bit indices are
 /// looked up 32 at a time with byte shuffles.
@@ -159,15 +196,16 @@ pub fn unpack_f16_at(
 }
 
 /// `dot_f16(x, w)` for the row `w` of `x.len()` fp16 values that `unpack_f16` would decode
-/// (elements `e0..`), the same bits: from AVX2 up, 4-bit rows starting on a byte are looked up
-/// and multiplied in one pass; otherwise the row is decoded into `row` first.
+/// (elements `e0..`) through the table `table` was prepared from, the same bits: from AVX2 up,
+/// 4-bit rows starting on a byte are looked up and multiplied in one pass; otherwise the row is
+/// decoded to f32 into `row` first (the widened values `dot_f16` would multiply).
 pub fn dot_lut_f16(
     x: &[f32],
     data: &[u8],
     e0: usize,
     nbits: u32,
-    table: &Table<f16>,
-    row: &mut Vec<f16>,
+    table: &LutTable,
+    row: &mut Vec<f32>,
 ) -> f32 {
     dot_lut_f16_at(isa::selected(), x, data, e0, nbits, table, row)
 }
@@ -179,8 +217,8 @@ pub fn dot_lut_f16_at(
     data: &[u8],
     e0: usize,
     nbits: u32,
-    table: &Table<f16>,
-    row: &mut Vec<f16>,
+    table: &LutTable,
+    row: &mut Vec<f32>,
 ) -> f32 {
     let level = usable(level);
     #[cfg(target_arch = "x86_64")]
@@ -198,9 +236,10 @@ pub fn dot_lut_f16_at(
             _ => unsafe { x86::dot_lut4_f16(x, data, e0, table) },
         };
     }
-    row.resize(x.len(), f16::ZERO);
-    unpack_f16_at(level, data, e0, nbits, table, row);
-    dot_f16_at(level, x, row)
+    row.resize(x.len(), 0.0);
+    unpack(data, e0, nbits, &table.wide, row);
+    // `dot` and `dot_f16` sum alike at every level, and the widened values are exact.
+    dot_at(level, x, row)
 }
 
 /// The same for any entries, in portable code: whole groups of 8 indices (`nbits` bytes)
@@ -557,35 +596,12 @@ mod x86 {
         )
     }
 
-    /// The 16 fp16 entries of `table` widened to f32, as byte planes 1-3 of their bits (byte
-    /// 0 of a widened fp16 is always zero: its low 13 mantissa bits are), in both lanes.
-    /// Built in registers: it runs once per row.
-    #[target_feature(enable = "avx2,f16c")]
-    unsafe fn plane_table(table: &super::Table<f16>) -> [__m256i; 3] {
-        let pt = table.as_ptr() as *const __m128i;
-        let (a, b) = (
-            _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(pt))),
-            _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(pt.add(1)))),
-        );
-        // Per lane (4 entries): byte 1 of each, then byte 2 of each, then byte 3 of each.
-        const Z: i8 = -128;
-        #[rustfmt::skip]
-        let bytes = _mm256_setr_epi8(
-            1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, Z, Z, Z, Z,
-            1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, Z, Z, Z, Z,
-        );
-        // Dwords of both lanes side by side: low half planes 1 and 2 of 8 entries, high half
-        // plane 3.
-        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        let a = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(a, bytes), order);
-        let b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(b, bytes), order);
-        // Lanes: planes 1 | 3, and plane 2 | nothing.
-        let (p13, p2) = (_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
-        [
-            _mm256_permute2x128_si256::<0x00>(p13, p13),
-            _mm256_permute2x128_si256::<0x00>(p2, p2),
-            _mm256_permute2x128_si256::<0x11>(p13, p13),
-        ]
+    /// The prepared byte planes of `table`, in both lanes.
+    #[target_feature(enable = "avx2")]
+    unsafe fn plane_table(table: &super::LutTable) -> [__m256i; 3] {
+        table
+            .planes
+            .map(|p| _mm256_broadcastsi128_si256(_mm_loadu_si128(p.as_ptr() as *const __m128i)))
     }
 
     /// The 32 f32 values of the 32 4-bit indices in the 16 bytes at `p`, as four vectors of 8
@@ -632,12 +648,7 @@ mod x86 {
     /// The CPU must support AVX2, FMA and F16C; `data` must hold the indices of elements
     /// `e0..e0 + x.len()`, and `e0` must be even.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_lut4_f16(
-        x: &[f32],
-        data: &[u8],
-        e0: usize,
-        table: &super::Table<f16>,
-    ) -> f32 {
+    pub unsafe fn dot_lut4_f16(x: &[f32], data: &[u8], e0: usize, table: &super::LutTable) -> f32 {
         let n = x.len();
         let (px, pd) = (x.as_ptr(), data.as_ptr().add(e0 / 2));
         let planes = plane_table(table);
@@ -662,30 +673,31 @@ mod x86 {
 
     /// The last (< 32) values of a 4-bit row from element `i` on, decoded, then `dot_f16`'s
     /// 8-wide steps into `acc[0]`, its reduction and its scalar tail.
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn lut4_tail(
         x: &[f32],
         data: &[u8],
         e0: usize,
-        table: &super::Table<f16>,
+        table: &super::LutTable,
         i: usize,
         mut acc: [__m256; 4],
     ) -> f32 {
         let (n, px) = (x.len(), x.as_ptr());
         let r = n - i;
-        let mut rest = [f16::ZERO; 32];
-        super::unpack_n::<4, f16>(data, e0 + i, table, &mut rest[..r]);
-        let pw = rest.as_ptr() as *const u16;
+        let mut rest = [0f32; 32];
+        if r > 0 {
+            super::unpack_n::<4, f32>(data, e0 + i, &table.wide, &mut rest[..r]);
+        }
         let mut j = 0;
         while j + 8 <= r {
-            let wv = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(j) as *const __m128i));
+            let wv = _mm256_loadu_ps(rest.as_ptr().add(j));
             acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i + j)), wv, acc[0]);
             j += 8;
         }
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         let mut s = hsum(v);
         while j < r {
-            s += x[i + j] * rest[j].to_f32();
+            s += x[i + j] * rest[j];
             j += 1;
         }
         s
@@ -705,11 +717,11 @@ mod x86 {
         x: &[f32],
         data: &[u8],
         e0: usize,
-        table: &super::Table<f16>,
+        table: &super::LutTable,
     ) -> f32 {
         let n = x.len();
         let (px, pd) = (x.as_ptr(), data.as_ptr().add(e0 / 2));
-        let tab = _mm512_cvtph_ps(_mm256_loadu_si256(table.as_ptr() as *const __m256i));
+        let tab = _mm512_loadu_ps(table.wide.as_ptr());
         // Dword j's low byte is bits 4j.. of the 8 broadcast bytes: index j in its low nibble.
         let ctrl = _mm512_set_epi32(60, 56, 52, 48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
         let lookup = |p: *const u8| {
@@ -1035,7 +1047,8 @@ mod tests {
             for e0 in [0, 1, 2, 8, 64] {
                 for n in [0, 1, 7, 8, 31, 32, 33, 40, 63, 64, 65, 575, 1100] {
                     let (x, want) = decoded_dot(&bytes, e0, nbits, &t, n);
-                    let got = dot_lut_f16(&x, &bytes, e0, nbits, &t, &mut Vec::new());
+                    let lut = LutTable::new(&t, 1 << nbits);
+                    let got = dot_lut_f16(&x, &bytes, e0, nbits, &lut, &mut Vec::new());
                     assert_eq!(
                         got.to_bits(),
                         want.to_bits(),
@@ -1077,9 +1090,11 @@ mod tests {
                     let mut w = vec![f16::ZERO; n];
                     unpack(&bytes, e0, nbits, &t, &mut w);
                     let mut got = Vec::new();
+                    let prepared = LutTable::new(&t, 1 << nbits);
                     for level in levels() {
                         let want = dot_f16_at(level, &x, &w);
-                        let lut = dot_lut_f16_at(level, &x, &bytes, e0, nbits, &t, &mut Vec::new());
+                        let mut row = Vec::new();
+                        let lut = dot_lut_f16_at(level, &x, &bytes, e0, nbits, &prepared, &mut row);
                         let what = format!("{level}, {nbits} bits, e0={e0}, n={n}");
                         assert_eq!(lut.to_bits(), want.to_bits(), "{what}");
                         got.push((level, lut));
@@ -1096,6 +1111,37 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Entries whose widening is unusual (signed zeros, subnormals, the extremes): the byte
+    /// planes and the widened table hold exactly what `dot_f16` widens.
+    #[test]
+    fn every_level_reads_signed_zeros_subnormals_and_extremes_exactly() {
+        let mut t = [f16::ZERO; 256];
+        let special = [
+            f16::ZERO,
+            f16::NEG_ZERO,
+            f16::from_bits(0x0001),
+            f16::from_bits(0x83ff),
+            f16::MIN_POSITIVE,
+            f16::MAX,
+            f16::MIN,
+            f16::from_f32(-1.0),
+        ];
+        for (k, v) in t[..16].iter_mut().enumerate() {
+            *v = special[k % 8];
+        }
+        t[9] = f16::from_f32(3.0e-5);
+        let (_, bytes) = packed_indices(700, 4);
+        let x: Vec<f32> = (0..600).map(|i| ((i * 31) % 17) as f32 - 8.5).collect();
+        let mut w = vec![f16::ZERO; 600];
+        unpack(&bytes, 0, 4, &t, &mut w);
+        let prepared = LutTable::new(&t, 16);
+        for level in levels() {
+            let want = dot_f16_at(level, &x, &w);
+            let got = dot_lut_f16_at(level, &x, &bytes, 0, 4, &prepared, &mut Vec::new());
+            assert_eq!(got.to_bits(), want.to_bits(), "{level}");
         }
     }
 
