@@ -7,7 +7,12 @@
 //! and checks that both gave the same bits. The last case is an fp16 weight of half a 1B's
 //! lm_head, read from the map against the same values in anonymous memory.
 //!
-//! Run: `cargo bench --profile dev --bench packed_kernel` (env ROUNDS, default 9).
+//! Then the LUT dot product alone at every instruction-set level this CPU has (`HF2COREML_ISA`
+//! caps what `run` uses; here each level is called explicitly), the levels alternating within
+//! every round: the time per byte of packed weights and each level's time over the fastest's.
+//!
+//! Run: `cargo bench --profile dev --bench packed_kernel` (env ROUNDS, default 9; ONLY=isa for
+//! the per-level section alone).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,9 +21,11 @@ use std::time::Instant;
 use half::f16;
 use hf2coreml::mil::DType;
 use hf2coreml::mlpackage::{pack_bits, BlobFile, BlobWriter, TensorTypeInfo};
+use hf2coreml::runtime::interp::kernels::{self, LutTable, Table};
 use hf2coreml::runtime::interp::ops::{self, Args};
 use hf2coreml::runtime::interp::packed::{self, Form, Lut, Packed};
 use hf2coreml::runtime::interp::tensor::{Data, Tensor};
+use hf2coreml::util::isa::Isa;
 
 /// Deterministic pseudo-random numbers (a 64-bit LCG's high bits).
 fn lcg(n: usize, seed: u64) -> impl Iterator<Item = u32> {
@@ -114,6 +121,60 @@ fn case(dir: &std::path::Path, oc: usize, ic: usize, nbits: u32, rows: usize, ro
     );
 }
 
+/// `oc` rows of `ic` `nbits`-bit indices against one x, through `dot_lut_f16_at` at every
+/// level the CPU has, one thread: what a decode step's packed `linear` spends per row.
+fn isa_case(oc: usize, ic: usize, nbits: u32, rounds: usize) {
+    let entries = 1usize << nbits;
+    let idx: Vec<u32> = lcg(oc * ic, 11).map(|v| v % entries as u32).collect();
+    let data = pack_bits(&idx, nbits);
+    let mut table: Table<f16> = [f16::ZERO; 256];
+    for (t, v) in table.iter_mut().zip(lcg(entries, 13)) {
+        *t = f16::from_f32(v as f32 / u32::MAX as f32 - 0.5);
+    }
+    let table = LutTable::new(&table, entries);
+    let x: Vec<f32> = lcg(ic, 17)
+        .map(|v| v as f32 / u32::MAX as f32 - 0.5)
+        .collect();
+    let levels: Vec<Isa> = Isa::ALL.into_iter().filter(|l| l.available()).collect();
+    for l in Isa::ALL.iter().filter(|l| !l.available()) {
+        println!("  {l}: not on this CPU, skipped");
+    }
+    let mut times = vec![Vec::new(); levels.len()];
+    let mut row = Vec::new();
+    for _ in 0..rounds {
+        let mut sums = Vec::new();
+        for (level, t) in levels.iter().zip(&mut times) {
+            let (secs, sum) = time(|| {
+                (0..oc)
+                    .map(|r| {
+                        kernels::dot_lut_f16_at(*level, &x, &data, r * ic, nbits, &table, &mut row)
+                    })
+                    .sum::<f32>()
+            });
+            t.push(secs);
+            sums.push((*level, sum));
+        }
+        let x86: Vec<u32> = sums
+            .iter()
+            .filter(|(l, _)| *l >= Isa::Avx2)
+            .map(|(_, s)| s.to_bits())
+            .collect();
+        assert!(x86.windows(2).all(|p| p[0] == p[1]), "x86 levels differ");
+    }
+    let med: Vec<f64> = times.into_iter().map(median).collect();
+    let best = med.iter().copied().fold(f64::INFINITY, f64::min);
+    let bytes = data.len() as f64;
+    for (level, m) in levels.iter().zip(&med) {
+        println!(
+            "  {oc}x{ic} {nbits}-bit, {level:<12} {:7.2} ms, {:6.3} ns/byte, {:5.2} GB/s, {:.2}x the fastest",
+            m * 1e3,
+            m * 1e9 / bytes,
+            bytes / m / 1e9,
+            m / best
+        );
+    }
+}
+
 fn main() {
     let rounds: usize = std::env::var("ROUNDS")
         .ok()
@@ -127,6 +188,19 @@ fn main() {
             .unwrap_or_default()
             .trim()
     );
+    let only_isa = std::env::var("ONLY").is_ok_and(|v| v == "isa");
+    for (oc, ic, nbits) in [
+        (8192, 2048, 4),
+        (2048, 8192, 4),
+        (8192, 2048, 6),
+        (8192, 2048, 8),
+    ] {
+        isa_case(oc, ic, nbits, rounds);
+    }
+    if only_isa {
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     for (oc, ic, nbits, rows) in [
         (8192, 2048, 4, 1),
         (2048, 8192, 4, 1),

@@ -27,7 +27,11 @@ fn main() {
         Err(e) => help_or_usage_error(e),
     };
     crate::printer::set_output_mode(cli.quiet, cli.verbose);
-    let result = cli.command.run();
+    // A cap on the kernels' instruction set that names no level is refused before any work.
+    let result = match hf2coreml::util::isa::from_env() {
+        Ok(_) => cli.command.run(),
+        Err(e) => Err(e.into()),
+    };
     // An interrupted run exits with 128 + the signal, not with the error its cleanup caused.
     hf2coreml::fsutil::wait_if_interrupted();
     let code = match result {

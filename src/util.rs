@@ -1,5 +1,7 @@
 //! Small pure helpers: a deterministic random generator, byte and count formatting, sha256 as
-//! hex.
+//! hex, and the instruction-set level the vector kernels run at ([`isa`]).
+
+pub mod isa;
 
 /// A tiny deterministic generator (SplitMix64): the same numbers on every machine, for
 /// test fixtures and for fixed random choices the output depends on (the input rotation of

@@ -1,5 +1,6 @@
 //! `inspect PKG`: what a saved package (or each part of a chain) declares: functions, inputs,
-//! outputs, states, metadata, the contract, ops by kind and weight bytes by storage kind.
+//! outputs, states, metadata, the contract, ops by kind and weight bytes by storage kind; and
+//! the kernels `run` would execute it with on this machine.
 
 use std::path::Path;
 
@@ -7,7 +8,7 @@ use anyhow::Context;
 use hf2coreml::mil::chain::{is_chain, ChainFile};
 use hf2coreml::mlpackage::summary::{self, PackageSummary};
 use hf2coreml::mlpackage::FeatureInfo;
-use hf2coreml::util::{fmt_bytes, fmt_count};
+use hf2coreml::util::{fmt_bytes, fmt_count, isa};
 
 /// `inspect CHAIN --json`: the chain file and each part's summary.
 #[derive(serde::Serialize)]
@@ -16,6 +17,42 @@ struct ChainSummary {
     path: String,
     chain: ChainFile,
     parts: Vec<PackageSummary>,
+    runner: Runner,
+}
+
+/// `inspect PKG --json`: the package's summary and what `run` would execute it with here.
+#[derive(serde::Serialize)]
+struct WithRunner {
+    #[serde(flatten)]
+    summary: PackageSummary,
+    runner: Runner,
+}
+
+/// The interpreter's kernels on this machine: the level `run` uses and the CPU's best.
+#[derive(serde::Serialize)]
+struct Runner {
+    kernels: &'static str,
+    cpu_best: &'static str,
+}
+
+impl Runner {
+    fn here() -> Self {
+        Runner {
+            kernels: isa::selected().name(),
+            cpu_best: isa::detected().name(),
+        }
+    }
+
+    fn print(&self) {
+        let cap = match std::env::var(isa::ENV) {
+            Ok(v) if !v.trim().is_empty() => format!(", capped by {}={v}", isa::ENV),
+            _ => String::new(),
+        };
+        println!(
+            "  runner      kernels {} on this CPU (its best: {}{cap})",
+            self.kernels, self.cpu_best
+        );
+    }
 }
 
 pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
@@ -25,9 +62,13 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
     if !is_chain(path) {
         let s = read(path)?;
         return if json {
-            super::print_json(&s)
+            super::print_json(&WithRunner {
+                summary: s,
+                runner: Runner::here(),
+            })
         } else {
             print_package(&s);
+            Runner::here().print();
             Ok(())
         };
     }
@@ -46,6 +87,7 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
             path: path.display().to_string(),
             chain,
             parts,
+            runner: Runner::here(),
         });
     }
     println!(
@@ -66,6 +108,8 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
         );
         print_package(s);
     }
+    println!();
+    Runner::here().print();
     Ok(())
 }
 

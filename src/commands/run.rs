@@ -324,7 +324,8 @@ fn one_shot(
     };
     report(&generation);
     if args.json {
-        print_json(args, &generation, &streamed, error.as_ref())?;
+        let kernels = kernels(generator.model());
+        print_json(args, &generation, &streamed, error.as_ref(), kernels)?;
     }
     if let (Some(path), Some(rows)) = (&args.logits_out, &generation.logits) {
         hf2coreml::fsutil::atomic_write(path, &rows.to_npy())
@@ -348,11 +349,21 @@ fn one_shot(
     }
 }
 
+/// What ran the model's ops: the interpreter's instruction-set level (`HF2COREML_ISA` caps
+/// it), or Apple's runtime for a Core AI asset.
+pub(super) fn kernels(model: &Saved) -> &'static str {
+    match model {
+        Saved::CoreAi(_) => "core-ai-runtime",
+        Saved::Package(_) | Saved::Chain(_) => hf2coreml::util::isa::selected().name(),
+    }
+}
+
 fn print_json(
     args: &Args,
     generation: &Generation,
     streamed: &[u8],
     error: Option<&TextError>,
+    kernels: &str,
 ) -> anyhow::Result<()> {
     let text = String::from_utf8_lossy(streamed);
     let t = &generation.timing;
@@ -364,6 +375,7 @@ fn print_json(
         // Decoded text, or the ids space-separated without a tokenizer.
         "text": text.strip_suffix('\n').unwrap_or(&text),
         "stop": stop_reason(generation),
+        "kernels": kernels,
         "timing": {
             "prompt_tokens": t.prompt_tokens,
             "prompt_seconds": t.prompt_time.as_secs_f64(),

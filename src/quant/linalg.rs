@@ -411,19 +411,13 @@ fn lower_inverse_unblocked<T: Real>(l: &[T], n: usize) -> Vec<T> {
 }
 
 /// Σ a[i]·b[i]. The inner loop of both factorisations (n³/3 multiply-adds each), so it runs
-/// with AVX2+FMA when the CPU has them (checked once) and as portable code otherwise.
+/// with AVX2+FMA when the process's instruction-set level ([`crate::util::isa::selected`])
+/// includes them, and as portable code otherwise.
 fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static AVX2: OnceLock<bool> = OnceLock::new();
-        if *AVX2.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-        }) {
-            // SAFETY: the CPU supports AVX2 and FMA (checked above).
-            return unsafe { dot_avx2(a, b) };
-        }
+    if crate::util::isa::selected() >= crate::util::isa::Isa::Avx2 {
+        // SAFETY: the selected level is one the CPU has, and it includes AVX2 and FMA.
+        return unsafe { dot_avx2(a, b) };
     }
     dot_lanes::<T, false>(a, b)
 }

@@ -1,33 +1,71 @@
 //! The interpreter's inner loops: dot products of f32 activations with f32 or fp16 weights.
 //!
 //! A decode step is bound by reading the weights once, so these run at memory speed only when
-//! they use the CPU's vector units fully. On x86-64 with AVX2, FMA and F16C (checked at run
-//! time, once) they use 256-bit fused multiply-adds and widen fp16 in registers, and with
-//! AVX-512 VBMI the 4-bit LUT product looks its weights up 16 at a time; elsewhere a
-//! portable 16-lane loop the compiler vectorizes for the baseline target.
+//! they use the CPU's vector units fully. Every function runs at the process's instruction-set
+//! level ([`crate::util::isa`]: the best the CPU has, capped by `HF2COREML_ISA`), and has an
+//! `_at` variant taking the level, so tests and benches can hold every variant against the
+//! portable one on one machine. At AVX2 (with FMA and F16C) they use 256-bit fused
+//! multiply-adds and widen fp16 in registers; at AVX-512 VBMI the 4-bit LUT product looks its
+//! weights up 16 at a time; at `scalar`, a portable 16-lane loop the compiler vectorizes for
+//! the baseline target.
+//!
+//! Lookups (`unpack_f16`) give the same bits at every level. Dot products keep one summation
+//! order per level: at AVX2 and AVX-512 four 8-lane FMA accumulators (the two levels agree bit
+//! for bit), at `scalar` 16 lanes of multiply then add. The LUT product at a level gives the
+//! bits of that level's `dot_f16` over the decoded row, so packed and dense weights agree.
 
 use half::f16;
+
+use crate::util::isa::{self, Isa};
+
+/// `level`, checked: a variant the CPU lacks must never run.
+///
+/// # Panics
+/// When the CPU lacks `level` ([`Isa::available`] says so beforehand).
+#[inline]
+fn usable(level: Isa) -> Isa {
+    assert!(
+        level.available(),
+        "kernels at {level} asked for on a CPU whose best is {}",
+        isa::detected()
+    );
+    level
+}
 
 /// Σ a[i]·b[i] over the common length.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
-        return unsafe { x86::dot_f32(a, b) };
+    dot_at(isa::selected(), a, b)
+}
+
+/// [`dot`] at `level`.
+pub fn dot_at(level: Isa, a: &[f32], b: &[f32]) -> f32 {
+    match usable(level) {
+        Isa::Scalar => dot_portable(a, b),
+        // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vbmi => unsafe { x86::dot_f32(a, b) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 level is available here"),
     }
-    dot_portable(a, b)
 }
 
 /// Σ x[i]·w[i] with fp16 weights, widened exactly.
 #[inline]
 pub fn dot_f16(x: &[f32], w: &[f16]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
-        return unsafe { x86::dot_f16(x, w) };
+    dot_f16_at(isa::selected(), x, w)
+}
+
+/// [`dot_f16`] at `level`.
+pub fn dot_f16_at(level: Isa, x: &[f32], w: &[f16]) -> f32 {
+    match usable(level) {
+        Isa::Scalar => dot_f16_portable(x, w),
+        // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vbmi => unsafe { x86::dot_f16(x, w) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 level is available here"),
     }
-    dot_f16_portable(x, w)
 }
 
 /// `out[o·rows + r] = Σ_k x[r·k + kk] · w[o·k + kk]` for every row r of x (`rows` rows of k)
@@ -37,74 +75,171 @@ pub fn dot_f16(x: &[f32], w: &[f16]) -> f32 {
 /// tokens. The summation order is not `dot`'s: results agree with it to f32 rounding, not bit
 /// for bit.
 pub fn gemm_nt(x: &[f32], rows: usize, w: &[f32], wrows: usize, k: usize, out: &mut [f32]) {
+    gemm_nt_at(isa::selected(), x, rows, w, wrows, k, out)
+}
+
+/// [`gemm_nt`] at `level`.
+pub fn gemm_nt_at(
+    level: Isa,
+    x: &[f32],
+    rows: usize,
+    w: &[f32],
+    wrows: usize,
+    k: usize,
+    out: &mut [f32],
+) {
     assert!(x.len() >= rows * k && w.len() >= wrows * k && out.len() >= rows * wrows);
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above); the lengths are checked above.
-        return unsafe { x86::gemm_nt(x, rows, w, wrows, k, out) };
+    match usable(level) {
+        Isa::Scalar => gemm_nt_portable(x, rows, w, wrows, k, out, |v| v),
+        // SAFETY: the CPU has AVX2 and FMA (`usable` checked); the lengths are checked above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vbmi => unsafe { x86::gemm_nt(x, rows, w, wrows, k, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 level is available here"),
     }
-    gemm_nt_portable(x, rows, w, wrows, k, out, |v| v)
 }
 
 /// [`gemm_nt`] with fp16 weights, widened exactly in registers as they are loaded (each
 /// widened vector serves four tokens).
 pub fn gemm_nt_f16(x: &[f32], rows: usize, w: &[f16], wrows: usize, k: usize, out: &mut [f32]) {
+    gemm_nt_f16_at(isa::selected(), x, rows, w, wrows, k, out)
+}
+
+/// [`gemm_nt_f16`] at `level`.
+pub fn gemm_nt_f16_at(
+    level: Isa,
+    x: &[f32],
+    rows: usize,
+    w: &[f16],
+    wrows: usize,
+    k: usize,
+    out: &mut [f32],
+) {
     assert!(x.len() >= rows * k && w.len() >= wrows * k && out.len() >= rows * wrows);
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above); lengths checked above.
-        return unsafe { x86::gemm_nt_f16(x, rows, w, wrows, k, out) };
+    match usable(level) {
+        Isa::Scalar => gemm_nt_portable(x, rows, w, wrows, k, out, f16::to_f32),
+        // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked); lengths checked above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vbmi => unsafe { x86::gemm_nt_f16(x, rows, w, wrows, k, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 level is available here"),
     }
-    gemm_nt_portable(x, rows, w, wrows, k, out, f16::to_f32)
 }
 
 /// A table of LUT entries, padded to 256 so that an index byte needs no bound check.
 pub type Table<T> = [T; 256];
 
+/// A LUT's fp16 entries prepared for [`dot_lut_f16`], once per table rather than once per
+/// row: the entries widened to f32 (exactly, so a product reads the values `dot_f16` would
+/// widen), and bytes 1-3 of the first 16 widened entries, the AVX2 4-bit kernel's byte-shuffle
+/// tables (byte 0 of a widened fp16 is always zero: its low 13 mantissa bits are).
+#[derive(Clone)]
+pub struct LutTable {
+    wide: Table<f32>,
+    planes: [[u8; 16]; 3],
+}
+
+impl LutTable {
+    /// The first `entries` of `table` prepared (the rest read as zero).
+    pub fn new(table: &Table<f16>, entries: usize) -> Self {
+        let mut t = LutTable {
+            wide: [0.0; 256],
+            planes: [[0; 16]; 3],
+        };
+        t.set(table, entries);
+        t
+    }
+
+    /// Prepare the first `entries` of `table` in place.
+    pub fn set(&mut self, table: &Table<f16>, entries: usize) {
+        let entries = entries.min(256);
+        for (w, h) in self.wide[..entries].iter_mut().zip(table) {
+            *w = h.to_f32();
+        }
+        for (k, w) in self.wide[..16].iter().enumerate() {
+            let b = w.to_bits().to_le_bytes();
+            debug_assert_eq!(b[0], 0, "a widened fp16 has a zero low byte");
+            for (plane, &byte) in self.planes.iter_mut().zip(&b[1..]) {
+                plane[k] = byte;
+            }
+        }
+    }
+}
+
 /// `out[i] = table[index of element e0 + i]`, the `nbits`-bit indices (1-8) packed
-/// LSB-first in `data` (Core ML's packing), for fp16 entries: on AVX2 with F16C, 4-bit
-/// indices are looked up 32 at a time with byte shuffles.
+/// LSB-first in `data` (Core ML's packing), for fp16 entries: from AVX2 up, 4-bit indices are
+/// looked up 32 at a time with byte shuffles.
 pub fn unpack_f16(data: &[u8], e0: usize, nbits: u32, table: &Table<f16>, out: &mut [f16]) {
+    unpack_f16_at(isa::selected(), data, e0, nbits, table, out)
+}
+
+/// [`unpack_f16`] at `level`: the same bits at every level.
+pub fn unpack_f16_at(
+    level: Isa,
+    data: &[u8],
+    e0: usize,
+    nbits: u32,
+    table: &Table<f16>,
+    out: &mut [f16],
+) {
     #[cfg(target_arch = "x86_64")]
-    if nbits == 4 && avx2() {
+    if nbits == 4 && usable(level) >= Isa::Avx2 {
         assert!(
             data.len() * 2 >= e0 + out.len(),
             "4-bit indices past the data"
         );
-        // SAFETY: the CPU has AVX2 (checked above), and data holds every index read.
+        // SAFETY: the CPU has AVX2 (`usable` checked), and data holds every index read.
         return unsafe { x86::unpack4_f16(data, e0, table, out) };
     }
+    let _ = usable(level);
     unpack(data, e0, nbits, table, out)
 }
 
 /// `dot_f16(x, w)` for the row `w` of `x.len()` fp16 values that `unpack_f16` would decode
-/// (elements `e0..`), the same bits: on AVX2, 4-bit rows starting on a byte are looked up and
-/// multiplied in one pass; otherwise the row is decoded into `row` first.
+/// (elements `e0..`) through the table `table` was prepared from, the same bits: from AVX2 up,
+/// 4-bit rows starting on a byte are looked up and multiplied in one pass; otherwise the row is
+/// decoded to f32 into `row` first (the widened values `dot_f16` would multiply).
 pub fn dot_lut_f16(
     x: &[f32],
     data: &[u8],
     e0: usize,
     nbits: u32,
-    table: &Table<f16>,
-    row: &mut Vec<f16>,
+    table: &LutTable,
+    row: &mut Vec<f32>,
 ) -> f32 {
+    dot_lut_f16_at(isa::selected(), x, data, e0, nbits, table, row)
+}
+
+/// [`dot_lut_f16`] at `level`: the bits of `dot_f16_at(level, ..)` over the decoded row.
+pub fn dot_lut_f16_at(
+    level: Isa,
+    x: &[f32],
+    data: &[u8],
+    e0: usize,
+    nbits: u32,
+    table: &LutTable,
+    row: &mut Vec<f32>,
+) -> f32 {
+    let level = usable(level);
     #[cfg(target_arch = "x86_64")]
-    if nbits == 4 && e0.is_multiple_of(2) && avx2() {
+    if nbits == 4 && e0.is_multiple_of(2) && level >= Isa::Avx2 {
         assert!(
             data.len() * 2 >= e0 + x.len(),
             "4-bit indices past the data"
         );
-        if avx512() {
-            // SAFETY: the CPU has AVX-512 F/BW/VBMI, AVX2, FMA and F16C (checked), and data
-            // holds every index.
-            return unsafe { x86::dot_lut4_f16_avx512(x, data, e0, table) };
-        }
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above), and data holds every index.
-        return unsafe { x86::dot_lut4_f16(x, data, e0, table) };
+        return match level {
+            // SAFETY: the CPU has AVX-512 F/BW/VBMI, AVX2, FMA and F16C (`usable` checked),
+            // and data holds every index.
+            Isa::Avx512Vbmi => unsafe { x86::dot_lut4_f16_avx512(x, data, e0, table) },
+            // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked), and data holds every
+            // index.
+            _ => unsafe { x86::dot_lut4_f16(x, data, e0, table) },
+        };
     }
-    row.resize(x.len(), f16::ZERO);
-    unpack_f16(data, e0, nbits, table, row);
-    dot_f16(x, row)
+    row.resize(x.len(), 0.0);
+    unpack(data, e0, nbits, &table.wide, row);
+    // `dot` and `dot_f16` sum alike at every level, and the widened values are exact.
+    dot_at(level, x, row)
 }
 
 /// The same for any entries, in portable code: whole groups of 8 indices (`nbits` bytes)
@@ -191,8 +326,8 @@ fn words<const NB: usize, T: Copy>(data: &[u8], table: &Table<T>, out: &mut [T])
 /// Largest finite |x| and the count of inf/NaN (range statistics of every op's result).
 pub fn scan_f32(v: &[f32]) -> (f32, u64) {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 (checked above).
+    if isa::selected() >= Isa::Avx2 {
+        // SAFETY: the selected level is one the CPU has, and it includes AVX2.
         return unsafe { x86::scan_f32(v) };
     }
     scan_f32_lanes(v)
@@ -201,8 +336,8 @@ pub fn scan_f32(v: &[f32]) -> (f32, u64) {
 /// The same on fp16 bits.
 pub fn scan_f16(v: &[f16]) -> (f32, u64) {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 (checked above).
+    if isa::selected() >= Isa::Avx2 {
+        // SAFETY: the selected level is one the CPU has, and it includes AVX2.
         return unsafe { x86::scan_f16(v) };
     }
     scan_f16_lanes(v)
@@ -266,32 +401,6 @@ fn scan_f16_lanes(v: &[f16]) -> (f32, u64) {
         }
     }
     (f16::from_bits(best as u16).to_f32(), n_bad)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn avx2() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    })
-}
-
-/// AVX-512 with byte permutes (VBMI), besides everything [`avx2`] checks.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn avx512() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        avx2()
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vbmi")
-    })
 }
 
 const LANES: usize = 16;
@@ -487,35 +596,75 @@ mod x86 {
         )
     }
 
+    /// The prepared byte planes of `table`, in both lanes.
+    #[target_feature(enable = "avx2")]
+    unsafe fn plane_table(table: &super::LutTable) -> [__m256i; 3] {
+        table
+            .planes
+            .map(|p| _mm256_broadcastsi128_si256(_mm_loadu_si128(p.as_ptr() as *const __m128i)))
+    }
+
+    /// The 32 f32 values of the 32 4-bit indices in the 16 bytes at `p`, as four vectors of 8
+    /// in order, from the byte planes of [`plane_table`]. Each lane's indices are picked so
+    /// that the in-lane unpacks which rebuild the f32 bits put every value in its place: lane
+    /// L, byte q holds element 8·(q / 4) + 4·L + q % 4, and unpacking bytes then words turns
+    /// bytes 4k..4k + 4 of both lanes into vector k.
+    #[target_feature(enable = "avx2")]
+    unsafe fn lookup32_f32(p: *const u8, planes: &[__m256i; 3], sel: __m256i) -> [__m256; 4] {
+        let m = _mm256_set1_epi8(0x0f);
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        // Lane 0 keeps bytes 0, 1, 4, 5, ... (elements 0-3, 8-11, ...), lane 1 bytes 2, 3, 6,
+        // 7, ... (elements 4-7, 12-15, ...); each byte's nibbles then become two bytes.
+        let s = _mm256_shuffle_epi8(v, sel);
+        let idx = _mm256_unpacklo_epi8(
+            _mm256_and_si256(s, m),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(s), m),
+        );
+        let [t1, t2, t3] = *planes;
+        let (b1, b2, b3) = (
+            _mm256_shuffle_epi8(t1, idx),
+            _mm256_shuffle_epi8(t2, idx),
+            _mm256_shuffle_epi8(t3, idx),
+        );
+        let zero = _mm256_setzero_si256();
+        let (lo01, hi01) = (
+            _mm256_unpacklo_epi8(zero, b1),
+            _mm256_unpackhi_epi8(zero, b1),
+        );
+        let (lo23, hi23) = (_mm256_unpacklo_epi8(b2, b3), _mm256_unpackhi_epi8(b2, b3));
+        [
+            _mm256_castsi256_ps(_mm256_unpacklo_epi16(lo01, lo23)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(lo01, lo23)),
+            _mm256_castsi256_ps(_mm256_unpacklo_epi16(hi01, hi23)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(hi01, hi23)),
+        ]
+    }
+
     /// `dot_f16` over the 4-bit row at element `e0` (even), looked up as it is multiplied:
-    /// the same accumulators, in the same order, as `dot_f16` over the decoded row.
+    /// the same accumulators, in the same order, as `dot_f16` over the decoded row. The
+    /// lookup yields f32 directly (byte planes of the widened table), with no fp16 stage.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `data` must hold the indices of elements
     /// `e0..e0 + x.len()`, and `e0` must be even.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_lut4_f16(
-        x: &[f32],
-        data: &[u8],
-        e0: usize,
-        table: &super::Table<f16>,
-    ) -> f32 {
+    pub unsafe fn dot_lut4_f16(x: &[f32], data: &[u8], e0: usize, table: &super::LutTable) -> f32 {
         let n = x.len();
-        let px = x.as_ptr();
-        let (tlo, thi) = split_table(table);
+        let (px, pd) = (x.as_ptr(), data.as_ptr().add(e0 / 2));
+        let planes = plane_table(table);
+        const Z: i8 = -128;
+        #[rustfmt::skip]
+        let sel = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, Z, Z, Z, Z, Z, Z, Z, Z,
+            2, 3, 6, 7, 10, 11, 14, 15, Z, Z, Z, Z, Z, Z, Z, Z,
+        );
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 32 <= n {
-            let (a, b) = lookup32(data.as_ptr().add((e0 + i) / 2), tlo, thi);
-            let w = [
-                _mm256_castsi256_si128(a),
-                _mm256_extracti128_si256::<1>(a),
-                _mm256_castsi256_si128(b),
-                _mm256_extracti128_si256::<1>(b),
-            ];
+            let w = lookup32_f32(pd.add(i / 2), &planes, sel);
             for (k, acc) in acc.iter_mut().enumerate() {
                 let xv = _mm256_loadu_ps(px.add(i + 8 * k));
-                *acc = _mm256_fmadd_ps(xv, _mm256_cvtph_ps(w[k]), *acc);
+                *acc = _mm256_fmadd_ps(xv, w[k], *acc);
             }
             i += 32;
         }
@@ -524,30 +673,31 @@ mod x86 {
 
     /// The last (< 32) values of a 4-bit row from element `i` on, decoded, then `dot_f16`'s
     /// 8-wide steps into `acc[0]`, its reduction and its scalar tail.
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn lut4_tail(
         x: &[f32],
         data: &[u8],
         e0: usize,
-        table: &super::Table<f16>,
+        table: &super::LutTable,
         i: usize,
         mut acc: [__m256; 4],
     ) -> f32 {
         let (n, px) = (x.len(), x.as_ptr());
         let r = n - i;
-        let mut rest = [f16::ZERO; 32];
-        super::unpack_n::<4, f16>(data, e0 + i, table, &mut rest[..r]);
-        let pw = rest.as_ptr() as *const u16;
+        let mut rest = [0f32; 32];
+        if r > 0 {
+            super::unpack_n::<4, f32>(data, e0 + i, &table.wide, &mut rest[..r]);
+        }
         let mut j = 0;
         while j + 8 <= r {
-            let wv = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(j) as *const __m128i));
+            let wv = _mm256_loadu_ps(rest.as_ptr().add(j));
             acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i + j)), wv, acc[0]);
             j += 8;
         }
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         let mut s = hsum(v);
         while j < r {
-            s += x[i + j] * rest[j].to_f32();
+            s += x[i + j] * rest[j];
             j += 1;
         }
         s
@@ -567,21 +717,13 @@ mod x86 {
         x: &[f32],
         data: &[u8],
         e0: usize,
-        table: &super::Table<f16>,
+        table: &super::LutTable,
     ) -> f32 {
         let n = x.len();
         let (px, pd) = (x.as_ptr(), data.as_ptr().add(e0 / 2));
-        let mut wide = [0f32; 16];
-        for (w, t) in wide.iter_mut().zip(&table[..16]) {
-            *w = t.to_f32();
-        }
-        let tab = _mm512_loadu_ps(wide.as_ptr());
+        let tab = _mm512_loadu_ps(table.wide.as_ptr());
         // Dword j's low byte is bits 4j.. of the 8 broadcast bytes: index j in its low nibble.
-        let mut ctrl = [0u8; 64];
-        for j in 0..16 {
-            ctrl[4 * j] = 4 * j as u8;
-        }
-        let ctrl = _mm512_loadu_si512(ctrl.as_ptr() as *const _);
+        let ctrl = _mm512_set_epi32(60, 56, 52, 48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
         let lookup = |p: *const u8| {
             let packed = _mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64));
             _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, packed), tab)
@@ -770,6 +912,26 @@ mod tests {
         (x, w)
     }
 
+    /// The levels this CPU has. Each one it lacks is named on the test run's stderr (written
+    /// past the harness's capture, so a passing run shows it too): skipped, never silently.
+    fn levels() -> Vec<Isa> {
+        use std::io::Write;
+        Isa::ALL
+            .into_iter()
+            .filter(|&level| {
+                let here = level.available();
+                if !here {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "kernels: this CPU lacks {level} (best {}): its variants are skipped",
+                        isa::detected()
+                    );
+                }
+                here
+            })
+            .collect()
+    }
+
     #[test]
     fn kernels_agree_with_the_definition_at_every_length() {
         for n in [0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 576, 1537] {
@@ -778,6 +940,10 @@ mod tests {
             let want: f32 = x.iter().zip(&wf).map(|(a, b)| a * b).sum();
             assert_eq!(dot(&x, &wf), want, "dot n={n}");
             assert_eq!(dot_f16(&x, &w), want, "dot_f16 n={n}");
+            for level in levels() {
+                assert_eq!(dot_at(level, &x, &wf), want, "dot at {level}, n={n}");
+                assert_eq!(dot_f16_at(level, &x, &w), want, "dot_f16 at {level}, n={n}");
+            }
             assert_eq!(dot_portable(&x, &wf), want, "portable n={n}");
             assert_eq!(dot_f16_portable(&x, &w), want, "portable f16 n={n}");
         }
@@ -790,6 +956,13 @@ mod tests {
             let want = v.iter().fold(0f32, |m, x| m.max(x.abs()));
             assert_eq!(scan_f32(&v), (want, 0), "n={n}");
             assert_eq!(scan_f32_lanes(&v), (want, 0), "n={n}");
+            #[cfg(target_arch = "x86_64")]
+            if levels().contains(&Isa::Avx2) {
+                let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                // SAFETY: the CPU has AVX2 (checked above).
+                let (a, b) = unsafe { (x86::scan_f32(&v), x86::scan_f16(&h)) };
+                assert_eq!((a, b), ((want, 0), (want, 0)), "AVX2 scans, n={n}");
+            }
             let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
             assert_eq!(scan_f16(&h), (want, 0), "n={n}");
             assert_eq!(scan_f16_lanes(&h), (want, 0), "n={n}");
@@ -874,7 +1047,8 @@ mod tests {
             for e0 in [0, 1, 2, 8, 64] {
                 for n in [0, 1, 7, 8, 31, 32, 33, 40, 63, 64, 65, 575, 1100] {
                     let (x, want) = decoded_dot(&bytes, e0, nbits, &t, n);
-                    let got = dot_lut_f16(&x, &bytes, e0, nbits, &t, &mut Vec::new());
+                    let lut = LutTable::new(&t, 1 << nbits);
+                    let got = dot_lut_f16(&x, &bytes, e0, nbits, &lut, &mut Vec::new());
                     assert_eq!(
                         got.to_bits(),
                         want.to_bits(),
@@ -885,49 +1059,89 @@ mod tests {
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_avx2_and_avx512_4bit_dot_products_give_the_same_bits() {
-        if !avx512() {
-            eprintln!("no AVX-512 VBMI here: the AVX2 kernel is the only one");
-            return;
-        }
+    fn every_level_looks_up_the_bits_of_the_portable_lookup() {
         let t = table16();
-        let (_, bytes) = packed_indices(1300, 4);
-        for e0 in [0, 2, 8, 64] {
-            for n in [0, 1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 575, 1100] {
-                let (x, want) = decoded_dot(&bytes, e0, 4, &t, n);
-                // SAFETY: AVX-512 VBMI, AVX2, FMA and F16C checked above; 1300 indices
-                // cover e0 + n.
-                let (a, b) = unsafe {
-                    (
-                        x86::dot_lut4_f16(&x, &bytes, e0, &t),
-                        x86::dot_lut4_f16_avx512(&x, &bytes, e0, &t),
-                    )
-                };
-                assert_eq!(a.to_bits(), want.to_bits(), "AVX2, e0={e0}, n={n}");
-                assert_eq!(b.to_bits(), want.to_bits(), "AVX-512, e0={e0}, n={n}");
+        for nbits in [2, 4, 6, 8] {
+            let (_, bytes) = packed_indices(1000, nbits);
+            for level in levels() {
+                for e0 in [0, 1, 2, 31, 32, 33] {
+                    for n in [0, 1, 31, 32, 33, 63, 64, 65, 96, 900] {
+                        let (mut a, mut b) = (vec![f16::ZERO; n], vec![f16::ONE; n]);
+                        unpack(&bytes, e0, nbits, &t, &mut a);
+                        unpack_f16_at(level, &bytes, e0, nbits, &t, &mut b);
+                        assert_eq!(a, b, "{level}, {nbits} bits, e0={e0}, n={n}");
+                    }
+                }
             }
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
+    /// The LUT product at each level against that level's `dot_f16` over the decoded row (not
+    /// exact in f32: a different summation order shows), and the x86 levels against each other.
     #[test]
-    fn the_avx2_4bit_lookup_matches_the_portable_one() {
-        if !avx2() {
-            eprintln!("no AVX2 here: the portable path is the only one");
-            return;
-        }
+    fn every_level_multiplies_a_lut_row_as_its_dense_product_does() {
         let t = table16();
-        let (_, bytes) = packed_indices(1000, 4);
-        for e0 in [0, 1, 2, 31, 32, 33] {
-            for n in [0, 1, 31, 32, 33, 63, 64, 65, 96, 900] {
-                let (mut a, mut b) = (vec![f16::ZERO; n], vec![f16::ONE; n]);
-                unpack(&bytes, e0, 4, &t, &mut a);
-                // SAFETY: AVX2 checked above; 1000 indices cover e0 + n.
-                unsafe { x86::unpack4_f16(&bytes, e0, &t, &mut b) };
-                assert_eq!(a, b, "e0={e0}, n={n}");
+        for nbits in [3, 4, 6] {
+            let (_, bytes) = packed_indices(1300, nbits);
+            for e0 in [0, 1, 2, 8, 64] {
+                for n in [0, 1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 575, 1100] {
+                    let (x, _) = decoded_dot(&bytes, e0, nbits, &t, n);
+                    let mut w = vec![f16::ZERO; n];
+                    unpack(&bytes, e0, nbits, &t, &mut w);
+                    let mut got = Vec::new();
+                    let prepared = LutTable::new(&t, 1 << nbits);
+                    for level in levels() {
+                        let want = dot_f16_at(level, &x, &w);
+                        let mut row = Vec::new();
+                        let lut = dot_lut_f16_at(level, &x, &bytes, e0, nbits, &prepared, &mut row);
+                        let what = format!("{level}, {nbits} bits, e0={e0}, n={n}");
+                        assert_eq!(lut.to_bits(), want.to_bits(), "{what}");
+                        got.push((level, lut));
+                    }
+                    // AVX2 and AVX-512 keep the same accumulators.
+                    let x86: Vec<u32> = got
+                        .iter()
+                        .filter(|(l, _)| *l >= Isa::Avx2)
+                        .map(|(_, v)| v.to_bits())
+                        .collect();
+                    assert!(
+                        x86.windows(2).all(|p| p[0] == p[1]),
+                        "{nbits} bits, e0={e0}, n={n}"
+                    );
+                }
             }
+        }
+    }
+
+    /// Entries whose widening is unusual (signed zeros, subnormals, the extremes): the byte
+    /// planes and the widened table hold exactly what `dot_f16` widens.
+    #[test]
+    fn every_level_reads_signed_zeros_subnormals_and_extremes_exactly() {
+        let mut t = [f16::ZERO; 256];
+        let special = [
+            f16::ZERO,
+            f16::NEG_ZERO,
+            f16::from_bits(0x0001),
+            f16::from_bits(0x83ff),
+            f16::MIN_POSITIVE,
+            f16::MAX,
+            f16::MIN,
+            f16::from_f32(-1.0),
+        ];
+        for (k, v) in t[..16].iter_mut().enumerate() {
+            *v = special[k % 8];
+        }
+        t[9] = f16::from_f32(3.0e-5);
+        let (_, bytes) = packed_indices(700, 4);
+        let x: Vec<f32> = (0..600).map(|i| ((i * 31) % 17) as f32 - 8.5).collect();
+        let mut w = vec![f16::ZERO; 600];
+        unpack(&bytes, 0, 4, &t, &mut w);
+        let prepared = LutTable::new(&t, 16);
+        for level in levels() {
+            let want = dot_f16_at(level, &x, &w);
+            let got = dot_lut_f16_at(level, &x, &bytes, 0, 4, &prepared, &mut Vec::new());
+            assert_eq!(got.to_bits(), want.to_bits(), "{level}");
         }
     }
 
@@ -948,6 +1162,15 @@ mod tests {
                             })
                         })
                         .collect();
+                    for level in levels() {
+                        let mut got = vec![f32::NAN; rows * wrows];
+                        gemm_nt_at(level, &x, rows, &w, wrows, k, &mut got);
+                        assert_eq!(got, want, "{level} k={k} rows={rows} wrows={wrows}");
+                        let h: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+                        let mut got = vec![f32::NAN; rows * wrows];
+                        gemm_nt_f16_at(level, &x, rows, &h, wrows, k, &mut got);
+                        assert_eq!(got, want, "{level} fp16 k={k} rows={rows} wrows={wrows}");
+                    }
                     let mut got = vec![f32::NAN; rows * wrows];
                     gemm_nt(&x, rows, &w, wrows, k, &mut got);
                     assert_eq!(got, want, "k={k} rows={rows} wrows={wrows}");

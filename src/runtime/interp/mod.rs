@@ -18,7 +18,7 @@
 
 mod constexpr;
 mod consts;
-mod kernels;
+pub mod kernels;
 mod lift;
 pub mod limits;
 mod liveness;

@@ -14,7 +14,9 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::constexpr::ios18::index_bits;
-use super::kernels::{dot, dot_f16, dot_lut_f16, gemm_nt, gemm_nt_f16, unpack, unpack_f16, Table};
+use super::kernels::{
+    dot, dot_f16, dot_lut_f16, gemm_nt, gemm_nt_f16, unpack, unpack_f16, LutTable, Table,
+};
 use super::loader::Loader;
 use super::ops::{self, Args, OpResult};
 use super::tensor::{Data, Tensor};
@@ -298,7 +300,7 @@ impl Packed {
         match (&self.form, self.dtype == DType::F16) {
             (Form::Lut(l), true) if out.len() == 1 => {
                 l.fill_table(o, &mut s.table);
-                out[0] = dot_lut_f16(xv, data, o * ic, l.nbits, &s.table.f16, &mut s.half);
+                out[0] = dot_lut_f16(xv, data, o * ic, l.nbits, &s.table.lut, &mut s.full);
             }
             (_, true) => {
                 let w = self.row_f16(data, o, s);
@@ -328,20 +330,24 @@ impl Packed {
 }
 
 /// A row's table as the dense weight holds its values: scaled, and as fp16 for the fp16
-/// kernel; `key` names the table (or the row, when rows are scaled) it was made for.
+/// kernel (prepared for the LUT product in `lut`); `key` names the table (or the row, when
+/// rows are scaled) it was made for.
 #[derive(Clone)]
 struct RowTable {
     key: Option<usize>,
     f32: Table<f32>,
     f16: Table<f16>,
+    lut: LutTable,
 }
 
 impl RowTable {
     fn new() -> Self {
+        let f16 = [f16::ZERO; 256];
         RowTable {
             key: None,
             f32: [0.0; 256],
-            f16: [f16::ZERO; 256],
+            lut: LutTable::new(&f16, 0),
+            f16,
         }
     }
 }
@@ -391,6 +397,7 @@ impl Lut {
             t.f32[i] = v;
             t.f16[i] = f16::from_f32(v);
         }
+        t.lut.set(&t.f16, entries);
         t.key = Some(key);
     }
 }

@@ -1,7 +1,8 @@
 //! The runtime around a package: the token loop against a strict toy model, chat templates,
-//! prompts and streamed text, and the logits file `run` writes.
+//! prompts and streamed text, the logits file `run` writes, and the kernels' level.
 
 mod chat;
 mod generate;
+mod isa;
 mod logits;
 mod stream;
