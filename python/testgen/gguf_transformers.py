@@ -10,7 +10,8 @@ beside it:
    "tensors": {HF name: sha256 of the weight rounded to fp16, little-endian},
    "text": TEXT, "ids": transformers' ids of TEXT (no special tokens), "ids_with_specials"
    (as a model is prompted: BOS/EOS as the file asks), "specials", "specials_ids" (a text
-   spelling special tokens), "decoded" (ids back to text),
+   spelling special tokens), "decoded" (ids back to text), "whitespace", "whitespace_ids" and
+   "whitespace_decoded" (runs of spaces, tabs and newlines beside HTML tags),
    "tokens": [...], "logits": [[V floats] per position] (float32 forward pass, every weight
    rounded to fp16 first)}
 
@@ -33,6 +34,9 @@ from gguf import GGUFReader
 TEXT = "Hello world! 12345 the  thin\tcat\n\n  café 東京 🚀✨ déjà-vu 0.5e-3"
 # The vocabulary's own special tokens written out: kept whole, never split into pieces.
 SPECIALS = "<s>Hi</s> <unk>x<|im_start|>y"
+# Runs of spaces, tabs and newlines beside HTML tags: where user-defined pieces (Gemma's
+# whitespace runs and tags) must keep their own ids.
+WHITESPACE = "<h1>Hi</h1>\n\n\n<table>\t\t\tcat  the   in    a\n \t<br>x<br/>  \n\t end  "
 TOKENS = [(i * 37 + 11) % 259 for i in range(24)]
 
 
@@ -81,6 +85,9 @@ def describe(path):
         "ids_with_specials": tok.encode(TEXT, add_special_tokens=True),
         "specials": SPECIALS,
         "specials_ids": tok.encode(SPECIALS, add_special_tokens=False),
+        "whitespace": WHITESPACE,
+        "whitespace_ids": tok.encode(WHITESPACE, add_special_tokens=False),
+        "whitespace_decoded": tok.decode(tok.encode(WHITESPACE, add_special_tokens=False)),
         "decoded": tok.decode(tok.encode(TEXT, add_special_tokens=False)),
         "tokens": TOKENS,
         "logits": [[float(f"{x:.7g}") for x in row] for row in logits.astype(np.float32)],

@@ -89,6 +89,12 @@ pub enum CheckpointError {
         tensor: String,
         architecture: String,
     },
+    #[error(
+        "{path}: `lm_head.weight` differs from `{embedding}`, but config.json ties them \
+         (tie_word_embeddings is true, so transformers would use the embedding and ignore it); \
+         set tie_word_embeddings to false to convert with this lm_head, or remove it"
+    )]
+    TiedLmHeadDiffers { path: PathBuf, embedding: String },
     #[error("{path}: tensor `{tensor}` has dtype {dtype}; supported: BF16, F16, F32")]
     UnsupportedDtype {
         path: PathBuf,
@@ -659,8 +665,26 @@ impl Checkpoint {
                 tensor: name.clone(),
                 architecture: self.spec.architecture.hf_name().into(),
             }),
-            None => Ok(()),
+            None => self.check_tied_lm_head(),
         }
+    }
+
+    /// A tied model's stored `lm_head.weight` must be the embedding itself: one that differs
+    /// is a model that was untied and would silently lose its own head.
+    fn check_tied_lm_head(&self) -> Result<(), CheckpointError> {
+        let head = arch::TensorId::LmHead.hf_name();
+        let embedding = arch::TensorId::Embedding.hf_name();
+        if !self.spec.tie_word_embeddings || !self.tensors.contains_key(&head) {
+            return Ok(());
+        }
+        let (h, e) = (self.tensor(&head)?, self.tensor(&embedding)?);
+        if h.dtype == e.dtype && h.shape == e.shape && h.data == e.data {
+            return Ok(());
+        }
+        Err(CheckpointError::TiedLmHeadDiffers {
+            path: self.files[self.tensors[&head].file].path.clone(),
+            embedding,
+        })
     }
 
     pub fn dir(&self) -> &Path {

@@ -1,12 +1,19 @@
 //! `hf2coreml run --chat` without `--prompt`: an interactive session. Each line read is a user
 //! turn; the conversation is rendered through the chat template and the generator feeds only
 //! what its cache does not hold yet. `/reset` starts over, `/exit` or the end of input ends.
+//!
+//! Ctrl-C stops the reply under way and returns to the prompt: the words already printed stay
+//! in the conversation and in the cache (a press before the reply began drops the message, and
+//! the cache keeps only the conversation's own positions). Ctrl-C again at the prompt, or
+//! Ctrl-D, ends the session; `--save-cache` saves what the conversation holds on the way out.
 
 use std::io::{BufRead, IsTerminal, Write};
 
+use hf2coreml::fsutil::{is_ctrl_c, take_ctrl_c, CtrlC, CtrlCStdin};
+
 use anyhow::Context;
 use hf2coreml::runtime::chain::Saved;
-use hf2coreml::runtime::generate::{GenerateError, GenerateOptions, Generator};
+use hf2coreml::runtime::generate::{GenerateError, GenerateOptions, Generator, StopReason};
 use hf2coreml::runtime::text::{Conversation, TextError};
 
 use super::run::{report, save_cache, Args};
@@ -35,27 +42,49 @@ pub fn repl(
     conv: &mut Conversation,
     opts: &GenerateOptions,
 ) -> anyhow::Result<()> {
-    let stdin = std::io::stdin();
-    let interactive = stdin.is_terminal();
+    let interactive = std::io::stdin().is_terminal();
     if interactive {
         crate::printer::info(format_args!(
-            "chat: type a message; /reset starts over, /exit or Ctrl-D ends"
+            "chat: type a message; Ctrl-C stops a reply; /reset starts over, /exit or Ctrl-D ends"
         ));
     }
     let max_seq_len = generator.model().contract().max_seq_len;
     let limit = hf2coreml::runtime::text::max_line_bytes(conv.tokenizer, max_seq_len);
-    let mut input = stdin.lock();
+    let _ctrl_c = CtrlC::catch();
+    generator.stop_when(Some(hf2coreml::fsutil::ctrl_c_pending));
+    let mut input = std::io::BufReader::new(CtrlCStdin);
     let mut buf = Vec::new();
+    // The last thing that happened was a Ctrl-C (a stopped reply, or a press at the prompt).
+    let mut after_ctrl_c = false;
     loop {
         if interactive {
             eprint!("> ");
             std::io::stderr().flush().ok();
         }
-        let line = match read_line(&mut input, limit, &mut buf).context("reading stdin")? {
+        let read = match read_line(&mut input, limit, &mut buf) {
+            Err(e) if is_ctrl_c(&e) => {
+                take_ctrl_c();
+                eprintln!();
+                if after_ctrl_c {
+                    break;
+                }
+                crate::printer::info(format_args!("chat: Ctrl-C again, or Ctrl-D, ends the chat"));
+                after_ctrl_c = true;
+                continue;
+            }
+            read => read.context("reading stdin")?,
+        };
+        after_ctrl_c = false;
+        let line = match read {
             Read::End => break,
             Read::Line(line) => line,
             Read::TooLong if interactive => {
-                skip_line(&mut input).context("reading stdin")?;
+                match skip_line(&mut input) {
+                    Err(e) if is_ctrl_c(&e) => {
+                        take_ctrl_c();
+                    }
+                    skipped => skipped.context("reading stdin")?,
+                }
                 too_long(limit, max_seq_len, "not sent");
                 continue;
             }
@@ -74,11 +103,11 @@ pub fn repl(
                 generator.reset();
                 crate::printer::info(format_args!("chat: conversation cleared"));
             }
-            Line::Say(text) => {
-                if !turn(generator, conv, text, opts)? {
-                    break;
-                }
-            }
+            Line::Say(text) => match turn(generator, conv, text, opts)? {
+                Turn::Done => {}
+                Turn::Stopped => after_ctrl_c = true,
+                Turn::Full => break,
+            },
         }
     }
     let sequence = generator.cached_tokens().to_vec();
@@ -142,36 +171,60 @@ fn too_long(limit: usize, max_seq_len: usize, what: &str) {
     ));
 }
 
-/// One turn, streamed to stdout; false when the context is full (the session ends there,
-/// with a message saying so, not an error).
+/// How a turn ended.
+enum Turn {
+    Done,
+    /// Ctrl-C stopped it.
+    Stopped,
+    /// The context is full: the session ends there, with a message saying so, not an error.
+    Full,
+}
+
+/// One turn, streamed to stdout.
 fn turn(
     generator: &mut Generator<Saved>,
     conv: &mut Conversation,
     text: &str,
     opts: &GenerateOptions,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Turn> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let result = conv.turn(generator, text, opts, &mut out);
     out.flush().map_err(crate::printer::Unwritten)?;
     let s = generator.model().contract().max_seq_len;
     match result {
+        Ok(g) if g.stop == StopReason::Interrupted => {
+            take_ctrl_c();
+            report(&g);
+            crate::printer::info(format_args!(
+                "chat: reply stopped (Ctrl-C); what it said stays in the conversation"
+            ));
+            Ok(Turn::Stopped)
+        }
         Ok(g) => {
             report(&g);
-            Ok(true)
+            Ok(Turn::Done)
+        }
+        Err(TextError::Generate(GenerateError::Interrupted { .. })) => {
+            take_ctrl_c();
+            writeln!(out).ok();
+            crate::printer::info(format_args!(
+                "chat: stopped before the reply (Ctrl-C); the message was dropped"
+            ));
+            Ok(Turn::Stopped)
         }
         Err(TextError::Generate(GenerateError::ContextFull { partial, .. })) => {
             writeln!(out).ok();
             report(&partial);
             full(s, "the reply filled it");
-            Ok(false)
+            Ok(Turn::Full)
         }
         Err(TextError::Generate(GenerateError::PromptTooLong { prompt_len, .. })) => {
             full(
                 s,
                 &format!("this turn would make the conversation {prompt_len} tokens"),
             );
-            Ok(false)
+            Ok(Turn::Full)
         }
         Err(e) => Err(e.into()),
     }

@@ -129,13 +129,54 @@ pub(super) fn template(args: &Args, tokenizer_path: &Path) -> anyhow::Result<Opt
     ))
 }
 
-/// A conversation restored from a cache file's JSON (empty outside --chat).
-pub(super) fn restored_messages(kv: Option<&KvFile>) -> anyhow::Result<Vec<Message>> {
-    match kv {
-        Some(kv) if !kv.conversation.is_empty() => serde_json::from_str(&kv.conversation)
-            .context("the cache file's conversation is not a list of messages"),
-        _ => Ok(Vec::new()),
+/// The conversation a `--chat` cache file holds (none without a cache), checked against what
+/// the package's context can hold before any of it is rendered or tokenized: every message
+/// takes at least one position, and its text no more bytes than `max_seq_len` tokens spell
+/// ([`text::max_line_bytes`]). A file outside these bounds was not saved by a chat with this
+/// package, and rendering it could cost far more than its size.
+pub(super) fn restored_messages(
+    args: &Args,
+    kv: Option<&KvFile>,
+    tokenizer: &Tokenizer,
+    max_seq_len: usize,
+) -> anyhow::Result<Vec<Message>> {
+    let Some(kv) = kv else {
+        return Ok(Vec::new());
+    };
+    let path = args
+        .load_cache
+        .as_deref()
+        .unwrap_or(Path::new(""))
+        .display();
+    if kv.conversation.is_empty() {
+        if !kv.tokens.is_empty() {
+            anyhow::bail!(
+                "--chat continues a conversation: the cache {path} was saved without --chat"
+            );
+        }
+        return Ok(Vec::new());
     }
+    let messages: Vec<Message> = serde_json::from_str(&kv.conversation)
+        .with_context(|| format!("{path}: the conversation is not a list of messages"))?;
+    if messages.len() > max_seq_len {
+        anyhow::bail!(
+            "{path}: the conversation holds {} messages, more than the package's context has \
+             positions ({max_seq_len}): a chat with this package cannot have saved it",
+            messages.len()
+        );
+    }
+    let bytes: usize = messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum();
+    let limit = text::max_line_bytes(tokenizer, max_seq_len);
+    if bytes > limit {
+        anyhow::bail!(
+            "{path}: the conversation's text is {bytes} bytes, more than {max_seq_len} tokens \
+             can spell (at most {limit}): a chat with this package cannot have saved it"
+        );
+    }
+    Ok(messages)
 }
 
 /// The prompt's token ids: after the restored cache's tokens, if any; a chat renders the whole
@@ -243,26 +284,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (tokenizer, tokenizer_path) = tokenizer(&args)?;
     let template = template(&args, &tokenizer_path)?;
     let (mut generator, kv) = load(&args)?;
-    let mut conversation =
-        match (&template, &tokenizer) {
-            (Some(t), Some(tok)) => {
-                let mut c = Conversation::new(tok, t, args.system.clone());
-                let restored = restored_messages(kv.as_ref())?;
-                if let (Some(kv), true) = (&kv, restored.is_empty()) {
-                    if !kv.tokens.is_empty() {
-                        anyhow::bail!(
-                        "--chat continues a conversation: the cache {} was saved without --chat",
-                        args.load_cache.as_deref().unwrap_or(Path::new("")).display()
-                    );
-                    }
-                }
-                if !restored.is_empty() {
-                    c.messages = restored;
-                }
-                Some(c)
-            }
-            _ => None,
-        };
+    let mut conversation = match (&template, &tokenizer) {
+        (Some(t), Some(tok)) => {
+            let mut c = Conversation::new(tok, t, args.system.clone());
+            let s = generator.model().contract().max_seq_len;
+            c.messages = restored_messages(&args, kv.as_ref(), tok, s)?;
+            Some(c)
+        }
+        _ => None,
+    };
     if args.prompt.is_none() && args.chat {
         let Some(conv) = conversation.as_mut() else {
             anyhow::bail!("--chat needs a tokenizer");
@@ -396,6 +426,7 @@ fn stop_reason(g: &Generation) -> String {
         StopReason::Eos(id) => format!("eos (id {id})"),
         StopReason::MaxNewTokens => "max new tokens".to_string(),
         StopReason::ContextFull => "context full".to_string(),
+        StopReason::Interrupted => "interrupted".to_string(),
     }
 }
 

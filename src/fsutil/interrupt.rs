@@ -104,6 +104,106 @@ pub fn handle_interrupts() {
     signals::install();
 }
 
+/// While a [`CtrlC`] guard lives, SIGINT is counted here instead of ending the process.
+static CATCH_CTRL_C: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// SIGINTs counted while caught, and how many of them were taken ([`take_ctrl_c`]).
+static CTRL_C_PRESSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static CTRL_C_TAKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Ctrl-C for an interactive session: while the guard lives, SIGINT does not end the process
+/// but is counted, for the session to stop what it is doing ([`ctrl_c_pending`]); SIGTERM and
+/// SIGHUP still end it with the usual cleanup.
+#[derive(Debug)]
+pub struct CtrlC(());
+
+impl CtrlC {
+    pub fn catch() -> Self {
+        #[cfg(unix)]
+        signals::install();
+        take_ctrl_c();
+        CATCH_CTRL_C.store(true, std::sync::atomic::Ordering::SeqCst);
+        CtrlC(())
+    }
+}
+
+impl Drop for CtrlC {
+    fn drop(&mut self) {
+        CATCH_CTRL_C.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Whether Ctrl-C was pressed (while caught) and not yet taken.
+pub fn ctrl_c_pending() -> bool {
+    use std::sync::atomic::Ordering::SeqCst;
+    CTRL_C_PRESSES.load(SeqCst) != CTRL_C_TAKEN.load(SeqCst)
+}
+
+/// Take the pending presses: how many there were.
+pub fn take_ctrl_c() -> u64 {
+    use std::sync::atomic::Ordering::SeqCst;
+    let presses = CTRL_C_PRESSES.load(SeqCst);
+    presses - CTRL_C_TAKEN.swap(presses, SeqCst)
+}
+
+/// The error [`CtrlCStdin`] reads end with when Ctrl-C is pressed.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted (Ctrl-C)")]
+pub struct CtrlCPressed;
+
+/// Whether `e` is a read that Ctrl-C ended.
+pub fn is_ctrl_c(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<CtrlCPressed>())
+}
+
+/// Standard input read so that a Ctrl-C caught by [`CtrlC`] ends a read that is waiting for
+/// input: `read` waits in poll(2) for input or a press, and a press is an error
+/// ([`is_ctrl_c`]; not `Interrupted`, which readers retry). Unbuffered: wrap it in a
+/// `BufReader`, and read stdin through nothing else meanwhile.
+#[derive(Debug, Default)]
+pub struct CtrlCStdin;
+
+impl std::io::Read for CtrlCStdin {
+    #[cfg(unix)]
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if ctrl_c_pending() {
+                return Err(std::io::Error::other(CtrlCPressed));
+            }
+            let mut fd = libc::pollfd {
+                fd: libc::STDIN_FILENO,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // A press lands as EINTR, or within the 100 ms the wait is cut into.
+            // SAFETY: one pollfd, valid for the call.
+            let ready = unsafe { libc::poll(&mut fd, 1, 100) };
+            if ready == 0
+                || (ready < 0
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR))
+            {
+                continue;
+            }
+            if ready < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: reading at most buf.len() bytes into buf.
+            let n = unsafe { libc::read(libc::STDIN_FILENO, buf.as_mut_ptr().cast(), buf.len()) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+
+    #[cfg(not(unix))]
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        std::io::stdin().read(buf)
+    }
+}
+
 /// Put this module's handlers back after foreign code (Python, a library it imports) may
 /// have replaced them. Does nothing before [`handle_interrupts`].
 pub fn reassert_interrupt_handlers() {
@@ -153,10 +253,18 @@ mod signals {
                 .name("interrupt-cleanup".into())
                 .spawn(move || {
                     let mut b = 0u8;
-                    // SAFETY: reading one byte into a live stack variable from our pipe.
-                    let n = unsafe { libc::read(read_fd, (&mut b as *mut u8).cast(), 1) };
-                    if n != 1 {
-                        return;
+                    loop {
+                        // SAFETY: reading one byte into a live stack variable from our pipe.
+                        let n = unsafe { libc::read(read_fd, (&mut b as *mut u8).cast(), 1) };
+                        if n != 1 {
+                            return;
+                        }
+                        let caught = b as libc::c_int == libc::SIGINT
+                            && super::CATCH_CTRL_C.load(Ordering::SeqCst);
+                        if !caught {
+                            break;
+                        }
+                        super::CTRL_C_PRESSES.fetch_add(1, Ordering::SeqCst);
                     }
                     super::INTERRUPTED.store(true, Ordering::SeqCst);
                     // Wait for a commit under way to finish, and keep any other from starting

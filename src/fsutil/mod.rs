@@ -11,8 +11,8 @@ mod tree;
 
 pub use input::{open_input, read_input, read_input_text, sha256_file};
 pub use interrupt::{
-    handle_interrupts, keep_on_interrupt, reassert_interrupt_handlers, remove_on_interrupt,
-    scratch_dir, wait_if_interrupted,
+    ctrl_c_pending, handle_interrupts, is_ctrl_c, keep_on_interrupt, reassert_interrupt_handlers,
+    remove_on_interrupt, scratch_dir, take_ctrl_c, wait_if_interrupted, CtrlC, CtrlCStdin,
 };
 pub use memory::release_free_memory;
 pub use output::{

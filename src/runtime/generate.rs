@@ -65,6 +65,8 @@ pub enum StopReason {
     MaxNewTokens,
     /// Only in [`GenerateError::ContextFull`]'s partial result.
     ContextFull,
+    /// The stop check ([`Generator::stop_when`]) said so after this many tokens.
+    Interrupted,
 }
 
 /// Wall-clock time spent in the model and sampler, split at the first generated token.
@@ -224,6 +226,9 @@ pub enum GenerateError {
     },
     #[error("writing the generated text failed")]
     Output(#[source] std::io::Error),
+    /// The stop check ended the prompt's processing: `processed` of its positions are cached.
+    #[error("interrupted after {processed} positions of the prompt")]
+    Interrupted { processed: usize },
 }
 
 /// One model call: Q tokens from `start`; positions `[first_new, end)` are processed for the
@@ -301,6 +306,8 @@ pub struct Generator<M> {
     input: Vec<i32>,
     /// The tokens whose cache rows are valid, in position order (rows `[0, cached.len())`).
     cached: Vec<u32>,
+    /// Asked before each model call (see [`Generator::stop_when`]).
+    stop: Option<fn() -> bool>,
 }
 
 impl<M: StepModel> Generator<M> {
@@ -365,7 +372,20 @@ impl<M: StepModel> Generator<M> {
             stateful,
             input: Vec::with_capacity(q.max(prefill.unwrap_or(0))),
             cached: Vec::new(),
+            stop: None,
         })
+    }
+
+    /// Ask `stop` before each model call (an interactive session's Ctrl-C): when it says
+    /// true, a reply ends there ([`StopReason::Interrupted`], the tokens so far kept) and a
+    /// prompt being processed ends with [`GenerateError::Interrupted`]. Either way the cache
+    /// holds exactly the positions processed, as [`Generator::cached_tokens`] says.
+    pub fn stop_when(&mut self, stop: Option<fn() -> bool>) {
+        self.stop = stop;
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.is_some_and(|f| f())
     }
 
     pub fn model(&self) -> &M {
@@ -533,7 +553,7 @@ impl<M: StepModel> Generator<M> {
         last.resize(self.v, 0.0);
 
         let t0 = Instant::now();
-        let done = self.process(&seq, reused, &mut last, logits.as_mut(), &mut timing);
+        let done = self.process(&seq, reused, &mut last, logits.as_mut(), &mut timing, true);
         self.last = last;
         done?;
         timing.prompt_time = t0.elapsed();
@@ -566,6 +586,10 @@ impl<M: StepModel> Generator<M> {
             if n + 1 == opts.max_new_tokens {
                 break;
             }
+            if self.stopped() {
+                stop = StopReason::Interrupted;
+                break;
+            }
             if seq.len() > self.s {
                 let partial = finish(tokens, StopReason::ContextFull, logits, timing);
                 return Err(GenerateError::ContextFull {
@@ -574,7 +598,15 @@ impl<M: StepModel> Generator<M> {
                 });
             }
             let mut last = std::mem::take(&mut self.last);
-            let done = self.process(&seq, seq.len() - 1, &mut last, logits.as_mut(), &mut timing);
+            let position = seq.len() - 1;
+            let done = self.process(
+                &seq,
+                position,
+                &mut last,
+                logits.as_mut(),
+                &mut timing,
+                false,
+            );
             self.last = last;
             done?;
             timing.decode_tokens += 1;
@@ -614,7 +646,8 @@ impl<M: StepModel> Generator<M> {
     }
 
     /// Run the model over positions `[done, seq.len())`, writing cache rows in place and
-    /// leaving the logits of the last position in `last`.
+    /// leaving the logits of the last position in `last`. `interruptible`: ask the stop check
+    /// before each call (a prompt; a generated token was checked before it was fed).
     fn process(
         &mut self,
         seq: &[u32],
@@ -622,9 +655,13 @@ impl<M: StepModel> Generator<M> {
         last: &mut [f32],
         mut record: Option<&mut LogitRows>,
         timing: &mut Timing,
+        interruptible: bool,
     ) -> Result<(), GenerateError> {
         let total = seq.len();
         while done < total {
+            if interruptible && self.stopped() {
+                return Err(GenerateError::Interrupted { processed: done });
+            }
             let (q, c) = self.next_call(done, total, record.is_some());
             self.input.clear();
             self.input

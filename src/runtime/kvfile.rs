@@ -310,14 +310,41 @@ impl Layout {
         };
         let mut hash = [0u8; 32];
         hash.copy_from_slice(&b[12..44]);
+        let (keys, values) = (halves(at), halves(at + 2 * self.rows));
+        self.finite(path, "keys", &keys)?;
+        self.finite(path, "values", &values)?;
         Ok(KvFile {
             contract_hash: hash,
             shape: self.shape,
             position: self.position,
             tokens,
             conversation,
-            keys: halves(at),
-            values: halves(at + 2 * self.rows),
+            keys,
+            values,
         })
+    }
+
+    /// A package computes finite rows (the runner stops at the first non-finite value), so a
+    /// NaN or an infinity in a file was not written by one: refused here, naming the file,
+    /// rather than met later as the model's own failure.
+    fn finite(&self, path: &Path, what: &str, rows: &[f16]) -> Result<(), KvFileError> {
+        let Some(i) = rows.iter().position(|x| !x.is_finite()) else {
+            return Ok(());
+        };
+        let [_, heads, _, d] = self.shape;
+        let per_layer = heads * self.position * d;
+        let (layer, head, position) = (
+            i / per_layer,
+            i % per_layer / (self.position * d),
+            i % (self.position * d) / d,
+        );
+        Err(invalid(
+            path,
+            format!(
+                "the {what} hold {} at layer {layer}, KV head {head}, position {position} \
+                 (a package computes finite rows)",
+                rows[i]
+            ),
+        ))
     }
 }

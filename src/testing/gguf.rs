@@ -60,6 +60,8 @@ pub enum Meta {
     StrArray(Vec<String>),
     I32Array(Vec<i32>),
     U8Array(Vec<u8>),
+    /// An array of strings written as these bytes, UTF-8 or not (a damaged file).
+    BytesArray(Vec<Vec<u8>>),
     /// Any value as the reader parsed it (copying another file's metadata).
     Value(candle_core::quantized::gguf_file::Value),
 }
@@ -72,7 +74,7 @@ impl Meta {
             Meta::F32(_) => 6,
             Meta::Bool(_) => 7,
             Meta::Str(_) => 8,
-            Meta::StrArray(_) | Meta::I32Array(_) | Meta::U8Array(_) => 9,
+            Meta::StrArray(_) | Meta::I32Array(_) | Meta::U8Array(_) | Meta::BytesArray(_) => 9,
             Meta::Value(v) => value_type(v),
         }
     }
@@ -89,6 +91,14 @@ impl Meta {
                 out.extend_from_slice(&(items.len() as u64).to_le_bytes());
                 for s in items {
                     put_str(out, s);
+                }
+            }
+            Meta::BytesArray(items) => {
+                out.extend_from_slice(&8u32.to_le_bytes());
+                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+                for b in items {
+                    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                    out.extend_from_slice(b);
                 }
             }
             Meta::U8Array(items) => {
@@ -1015,13 +1025,18 @@ const SPM_PIECES: [&str; 24] = [
     "12", "123", "▁▁", "▁", "e", "l", "o", "r", "w",
 ];
 const SPM_CHARS: &str = "abcdhinstH0123456789.!-";
+/// Gemma's user-defined pieces (token type 4), as its files list them before the learned
+/// pieces: runs of newlines and tabs, runs of spaces spelled with real spaces (which
+/// transformers respells with `▁`, so they are not added tokens), and HTML tags.
+const GEMMA_USER_DEFINED: [&str; 10] = [
+    "\n", "\n\n", "  ", "   ", "\t", "\t\t", "<h1>", "</h1>", "<table>", "<br>",
+];
 
 /// A SentencePiece vocabulary as llama.cpp writes Llama 2's (`tokenizer.ggml.model = llama`):
 /// `<unk>`, `<s>`, `</s>`, the 256 `<0xNN>` byte pieces, then [`SPM_PIECES`] and single
 /// characters, each with its score and token type (2 unknown, 3 control, 6 byte, 1 normal).
 /// `gemma`: Gemma's specials first (`<pad>`, `<eos>`, `<bos>`, `<unk>`, `<mask>`, the turn
-/// markers) and
-/// its whitespace pieces spelled with real spaces, as its files store them.
+/// markers) and its user-defined pieces ([`GEMMA_USER_DEFINED`]) after the byte pieces.
 pub fn spm_vocabulary(gemma: bool) -> Vec<(String, f32, i32)> {
     let specials: &[(&str, i32)] = match gemma {
         false => &[("<unk>", 2), ("<s>", 3), ("</s>", 3)],
@@ -1040,10 +1055,11 @@ pub fn spm_vocabulary(gemma: bool) -> Vec<(String, f32, i32)> {
         .map(|(t, ty)| (t.to_string(), 0.0, *ty))
         .collect();
     v.extend((0..=255u8).map(|b| (format!("<0x{b:02X}>"), 0.0, 6)));
-    let spaces: &[&str] = if gemma { &["  ", "   "] } else { &[] };
+    if gemma {
+        v.extend(GEMMA_USER_DEFINED.iter().map(|t| (t.to_string(), 0.0, 4)));
+    }
     let pieces = SPM_PIECES
         .iter()
-        .chain(spaces)
         .map(|p| p.to_string())
         .chain(SPM_CHARS.chars().map(String::from))
         .collect::<Vec<_>>();

@@ -377,3 +377,36 @@ fn config_json_over_1_mib_is_refused() {
         "{err}"
     );
 }
+
+/// A tied model may store `lm_head.weight` as a copy of the embedding (transformers ignores
+/// it); a stored head that differs is a model that was untied, refused rather than dropped.
+#[test]
+fn a_stored_lm_head_that_differs_from_the_tied_embedding_is_refused() {
+    let s = Scratch::new();
+    let ckpt = checkpoint(&s);
+    let copy_embedding = |h: &mut serde_json::Value, data: &mut Vec<u8>| {
+        let e = h["model.embed_tokens.weight"].clone();
+        let [a, b] = [0, 1].map(|i| e["data_offsets"][i].as_u64().unwrap() as usize);
+        let start = data.len();
+        data.extend_from_within(a..b);
+        let mut head = e.clone();
+        head["data_offsets"] = serde_json::json!([start, start + b - a]);
+        h["lm_head.weight"] = head;
+    };
+    edit_header(&ckpt, copy_embedding);
+    let o = hf2coreml(&[std::ffi::OsStr::new("inspect"), ckpt.as_os_str()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    edit_header(&ckpt, |h, data| {
+        let at = h["lm_head.weight"]["data_offsets"][0].as_u64().unwrap() as usize;
+        data[at] ^= 1;
+    });
+    convert_refused(
+        &s,
+        &ckpt,
+        &[
+            "model.safetensors",
+            "`lm_head.weight` differs from `model.embed_tokens.weight`",
+            "tie_word_embeddings",
+        ],
+    );
+}

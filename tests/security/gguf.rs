@@ -169,3 +169,75 @@ fn a_fifo_gguf_or_device_table_is_refused_at_once() {
     );
     assert!(o.elapsed < Duration::from_secs(10), "{:?}", o.elapsed);
 }
+
+/// A SentencePiece vocabulary (no merges stored) with `pieces` after the specials and the byte
+/// pieces, over the tiny llama GGUF's weights.
+fn sentencepiece_gguf(s: &Scratch, pieces: &[&[u8]]) -> PathBuf {
+    use candle_core::quantized::gguf_file::Value as V;
+    let mut w = TinyGguf::llama().build().writer;
+    w.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
+    let mut tokens: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec(), b"</s>".to_vec()];
+    let mut types = vec![2, 3, 3];
+    tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>").into_bytes()));
+    types.extend([6; 256]);
+    tokens.extend(pieces.iter().map(|p| p.to_vec()));
+    types.extend(vec![1; pieces.len()]);
+    let scores = (0..tokens.len()).map(|i| V::F32(-(i as f32))).collect();
+    w.meta("tokenizer.ggml.model", Meta::Str("llama".into()))
+        .meta("tokenizer.ggml.tokens", Meta::BytesArray(tokens))
+        .meta("tokenizer.ggml.scores", Meta::Value(V::Array(scores)))
+        .meta("tokenizer.ggml.token_type", Meta::I32Array(types))
+        .meta("tokenizer.ggml.bos_token_id", Meta::U32(1))
+        .meta("tokenizer.ggml.eos_token_id", Meta::U32(2))
+        .meta("tokenizer.ggml.unknown_token_id", Meta::U32(0));
+    write_gguf(s, &w.to_bytes())
+}
+
+/// One 1 MiB SentencePiece piece, with pieces that split it: the merges recovered from the
+/// vocabulary cost time linear in the file (the square of the piece's length was minutes).
+#[test]
+fn a_one_mib_sentencepiece_piece_imports_in_linear_time() {
+    let s = Scratch::new();
+    let long = vec![b'a'; 1 << 20];
+    let gguf = sentencepiece_gguf(&s, &[b"\xe2\x96\x81", b"a", &long[1..], &long]);
+    let dest = s.path().join("ckpt");
+    let o = super::run_bin(
+        &[
+            os("import-gguf"),
+            gguf.as_os_str(),
+            os("-o"),
+            dest.as_os_str(),
+        ],
+        None,
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.elapsed < Duration::from_secs(20), "{:?}", o.elapsed);
+    assert!(o.max_rss < 1 << 30, "peak RSS {} MiB", o.max_rss >> 20);
+    // Both long pieces in the vocabulary, and their merge.
+    let tokenizer = std::fs::metadata(dest.join("tokenizer.json"))
+        .unwrap()
+        .len();
+    assert!(tokenizer > 3 << 20, "tokenizer.json is {tokenizer} bytes");
+}
+
+/// A vocabulary SentencePiece could not have written: a piece twice (only one of its ids
+/// could ever come out), a piece that is not UTF-8 (it would become U+FFFD, another piece).
+#[test]
+fn sentencepiece_duplicates_and_pieces_not_utf8_are_refused() {
+    let s = Scratch::new();
+    let gguf = sentencepiece_gguf(&s, &[b"\xe2\x96\x81", b"ab", b"cd", b"ab"]);
+    import(
+        &s,
+        &gguf,
+        &["m.gguf", "\"ab\" appears twice", "ids 260 and 262"],
+    );
+    let gguf = sentencepiece_gguf(&s, &[b"\xe2\x96\x81", b"a\xffb"]);
+    import(
+        &s,
+        &gguf,
+        &[
+            "m.gguf",
+            "`tokenizer.ggml.tokens` holds a string that is not UTF-8",
+        ],
+    );
+}

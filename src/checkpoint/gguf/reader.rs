@@ -125,6 +125,9 @@ pub struct GgufFile {
     tensors: Vec<GgufTensor>,
     /// Where the last tensor's data ends (beyond `file_size` in a truncated file).
     data_end: u64,
+    /// Keys holding a string that is not UTF-8 (kept with U+FFFD in its place), with the
+    /// byte offset of the first such string.
+    not_utf8: HashMap<String, u64>,
 }
 
 /// A bounds-checked little-endian reader over the header.
@@ -135,6 +138,8 @@ struct Header<'a> {
     /// Array elements still allowed (see [`MAX_ARRAY_ELEMENTS`]).
     elements_left: u64,
     path: &'a Path,
+    /// See [`GgufFile::not_utf8`].
+    not_utf8: HashMap<String, u64>,
 }
 
 impl Header<'_> {
@@ -185,9 +190,17 @@ impl Header<'_> {
 
     fn string(&mut self, what: &str) -> Result<String, GgufError> {
         let n = self.u64(what)?;
+        let at = self.pos;
         let b = self.bytes(n, what)?;
-        // Converters occasionally write invalid UTF-8 in names or descriptions; keep going.
-        Ok(String::from_utf8_lossy(&b).into_owned())
+        // Converters occasionally write invalid UTF-8 in names or descriptions; keep going,
+        // and remember where, for the readers to whom the text is data (the vocabulary).
+        match String::from_utf8(b) {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                self.not_utf8.entry(what.to_string()).or_insert(at);
+                Ok(String::from_utf8_lossy(e.as_bytes()).into_owned())
+            }
+        }
     }
 
     fn value(&mut self, ty: u32, depth: usize, key: &str) -> Result<Value, GgufError> {
@@ -291,6 +304,7 @@ impl GgufFile {
             size: file_size,
             elements_left: MAX_ARRAY_ELEMENTS,
             path,
+            not_utf8: HashMap::new(),
         };
         let magic = h.array::<4>("the magic number")?;
         if &magic != b"GGUF" {
@@ -361,6 +375,7 @@ impl GgufFile {
             .checked_next_multiple_of(alignment)
             .ok_or_else(|| h.malformed("header size overflows".into()))?;
 
+        let not_utf8 = std::mem::take(&mut h.not_utf8);
         let tensors = tensor_table(path, infos, data_start, file_size, header_only)?;
         let data_end = tensors
             .iter()
@@ -375,7 +390,14 @@ impl GgufFile {
             metadata,
             tensors,
             data_end,
+            not_utf8,
         })
+    }
+
+    /// When metadata `key` holds a string that is not UTF-8 (read with U+FFFD in place of
+    /// the bad bytes): the byte offset of the first such string.
+    pub fn not_utf8(&self, key: &str) -> Option<u64> {
+        self.not_utf8.get(key).copied()
     }
 
     /// The GGUF format version (2 or 3).

@@ -38,14 +38,19 @@ pub fn spelled(tokens: &[&str], flavour: Flavour) -> Vec<String> {
     tokens
         .iter()
         .map(|t| {
-            let respell =
-                flavour == Flavour::Gemma && t.contains(' ') && t.chars().all(char::is_whitespace);
+            let respell = flavour == Flavour::Gemma && t.contains(' ') && t.chars().all(py_space);
             match respell {
                 true => SPACE.to_string().repeat(t.chars().count()),
                 false => t.to_string(),
             }
         })
         .collect()
+}
+
+/// Python's `str.isspace` (transformers tests `not t.strip()`): Unicode's white space and the
+/// four ASCII separators U+001C..U+001F.
+fn py_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
 /// transformers' `generate_merges(vocab, ranks)`: for each piece in file order, its splits into
@@ -69,28 +74,125 @@ pub fn merges(tokens: &[String], ranks: &[f32]) -> Vec<(String, String)> {
             }
         }
     }
+    // Every split of every piece is looked up, so a lookup must cost O(1), not the length of
+    // the part (hashing the parts of one 1 MiB piece took minutes): parts are found by their
+    // polynomial hash, computed for all splits of a piece in one pass, and a hit is confirmed
+    // by comparing the strings (what the merge list then holds anyway).
+    let hashes = PieceHashes::new(tokens);
     let mut all: Vec<(&str, &str, f32)> = Vec::new();
+    let mut prefix = Vec::new();
     for (piece, rank) in order {
-        let mut local: Vec<(&str, &str, f32)> = piece
-            .char_indices()
-            .skip(1)
-            .map(|(at, _)| piece.split_at(at))
-            .filter(|(l, r)| vocab.contains_key(l) && vocab.contains_key(r))
-            .map(|(l, r)| (l, r, rank))
+        hashes.prefixes(piece, &mut prefix);
+        let n = piece.len();
+        let mut local: Vec<(&str, &str, f32)> = (1..n)
+            .filter(|&at| piece.is_char_boundary(at))
+            .map(|at| (at, prefix[at], hashes.suffix(&prefix, at, n)))
+            .filter(|&(_, hl, hr)| hashes.known(hl) && hashes.known(hr))
+            .map(|(at, hl, hr)| (piece.split_at(at), hl, hr))
+            .filter(|&((l, r), hl, hr)| hashes.is_piece(hl, l) && hashes.is_piece(hr, r))
+            .map(|((l, r), _, _)| (l, r, rank))
             .collect();
         local.sort_by_key(|(l, r, _)| (vocab[l], vocab[r]));
         all.extend(local);
     }
-    let key = |(l, r, rank): &(&str, &str, f32)| (*rank, l.chars().count(), r.chars().count());
-    all.sort_by(|a, b| {
-        let (ka, kb) = (key(a), key(b));
-        kb.0.total_cmp(&ka.0)
-            .then(kb.1.cmp(&ka.1))
-            .then(kb.2.cmp(&ka.2))
-    });
-    all.into_iter()
-        .map(|(l, r, _)| (l.to_string(), r.to_string()))
+    // The parts' lengths in characters, counted once (not at every comparison).
+    let mut keyed: Vec<(&str, &str, f32, usize, usize)> = all
+        .into_iter()
+        .map(|(l, r, rank)| (l, r, rank, l.chars().count(), r.chars().count()))
+        .collect();
+    keyed.sort_by(|a, b| b.2.total_cmp(&a.2).then(b.3.cmp(&a.3)).then(b.4.cmp(&a.4)));
+    keyed
+        .into_iter()
+        .map(|(l, r, ..)| (l.to_string(), r.to_string()))
         .collect()
+}
+
+/// Polynomial hashes modulo the Mersenne prime 2^61 − 1 with a base drawn per run (a fixed
+/// base would let a crafted vocabulary collide on purpose; a collision costs only time, as
+/// every hit is checked against the strings).
+struct PieceHashes<'t> {
+    base: u64,
+    /// base^k for k up to the longest piece.
+    powers: Vec<u64>,
+    /// Each distinct piece's hash → the pieces with that hash.
+    pieces: HashMap<u64, Vec<&'t str>>,
+}
+
+const MERSENNE_61: u64 = (1 << 61) - 1;
+
+fn mul_mod(a: u64, b: u64) -> u64 {
+    let p = a as u128 * b as u128;
+    let r = (p & MERSENNE_61 as u128) as u64 + (p >> 61) as u64;
+    if r >= MERSENNE_61 {
+        r - MERSENNE_61
+    } else {
+        r
+    }
+}
+
+fn add_mod(a: u64, b: u64) -> u64 {
+    let r = a + b;
+    if r >= MERSENNE_61 {
+        r - MERSENNE_61
+    } else {
+        r
+    }
+}
+
+impl<'t> PieceHashes<'t> {
+    fn new(tokens: &'t [String]) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u8(0);
+        let base = 256 + h.finish() % (MERSENNE_61 - 512);
+        let longest = tokens.iter().map(String::len).max().unwrap_or(0);
+        let mut powers = Vec::with_capacity(longest + 1);
+        powers.push(1);
+        for k in 0..longest {
+            powers.push(mul_mod(powers[k], base));
+        }
+        let mut this = PieceHashes {
+            base,
+            powers,
+            pieces: HashMap::with_capacity(tokens.len()),
+        };
+        let mut prefix = Vec::new();
+        for t in tokens {
+            this.prefixes(t, &mut prefix);
+            let list = this.pieces.entry(prefix[t.len()]).or_default();
+            if !list.contains(&t.as_str()) {
+                list.push(t);
+            }
+        }
+        this
+    }
+
+    /// `out[k]` = the hash of `piece[..k]`, for k in 0..=len.
+    fn prefixes(&self, piece: &str, out: &mut Vec<u64>) {
+        out.clear();
+        out.push(0);
+        let mut h = 0;
+        for &b in piece.as_bytes() {
+            h = add_mod(mul_mod(h, self.base), b as u64 + 1);
+            out.push(h);
+        }
+    }
+
+    /// Whether some piece has this hash.
+    fn known(&self, hash: u64) -> bool {
+        self.pieces.contains_key(&hash)
+    }
+
+    /// Whether `part`, whose hash is `hash`, is a piece.
+    fn is_piece(&self, hash: u64, part: &str) -> bool {
+        self.pieces.get(&hash).is_some_and(|l| l.contains(&part))
+    }
+
+    /// The hash of `piece[at..n]` from its prefix hashes.
+    fn suffix(&self, prefix: &[u64], at: usize, n: usize) -> u64 {
+        let shifted = mul_mod(prefix[at], self.powers[n - at]);
+        add_mod(prefix[n], MERSENNE_61 - shifted)
+    }
 }
 
 /// The ranks transformers sorts `flavour`'s merges by: the scores, or Gemma's −position.

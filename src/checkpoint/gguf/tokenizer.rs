@@ -89,7 +89,7 @@ pub fn build(g: &GgufFile) -> Result<GgufTokenizer, GgufError> {
         false => sentencepiece(g, &tokens)?,
     };
     tokenizer.with_post_processor(post_processor(g, &specials, byte_level)?);
-    let added = added_tokens(types.as_deref(), &tokens, &specials);
+    let added = added_tokens(types.as_deref(), &tokens, &specials, &tokenizer);
     add_tokens(g, &mut tokenizer, &added)?;
 
     let chat_template = g.get_str("tokenizer.chat_template")?.map(str::to_string);
@@ -157,6 +157,9 @@ fn sentencepiece(g: &GgufFile, tokens: &[&str]) -> Result<(String, Tokenizer), G
         }
         _ => Flavour::Llama,
     };
+    // SentencePiece refuses a model that defines a piece twice; Gemma's respelling may still
+    // make two pieces one (transformers keeps the last id, and so does `spm`).
+    unique(g, tokens)?;
     let spelled = spm::spelled(tokens, flavour);
     let merges = match g.get_str_array("tokenizer.ggml.merges")? {
         Some(_) => vocab_and_merges(g, tokens)?.1,
@@ -230,7 +233,36 @@ fn tokens(g: &GgufFile) -> Result<Vec<&str>, GgufError> {
     if u32::try_from(tokens.len()).is_err() {
         return Err(tok_err(g, format!("{} tokens is too many", tokens.len())));
     }
+    // A piece read with U+FFFD in place of its bytes is another piece: the text would
+    // tokenize differently from the model's training (transformers refuses such a file too).
+    for key in [
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.chat_template",
+    ] {
+        if let Some(at) = g.not_utf8(key) {
+            return Err(tok_err(
+                g,
+                format!("`{key}` holds a string that is not UTF-8 (at byte {at})"),
+            ));
+        }
+    }
     Ok(tokens)
+}
+
+/// Refuse a vocabulary that spells a piece twice: only one of the two ids could ever be
+/// produced, and which one is a guess.
+fn unique(g: &GgufFile, tokens: &[&str]) -> Result<(), GgufError> {
+    let mut seen = std::collections::HashMap::with_capacity(tokens.len());
+    for (id, t) in tokens.iter().enumerate() {
+        if let Some(first) = seen.insert(*t, id) {
+            return Err(tok_err(
+                g,
+                format!("token {t:?} appears twice in the vocabulary (ids {first} and {id})"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The BPE vocabulary (every token once) and `tokenizer.ggml.merges` as pairs.
@@ -238,15 +270,12 @@ fn vocab_and_merges(
     g: &GgufFile,
     tokens: &[&str],
 ) -> Result<(Vocab, Vec<(String, String)>), GgufError> {
-    let mut vocab = Vocab::default();
-    for (id, t) in tokens.iter().enumerate() {
-        if vocab.insert(t.to_string(), id as u32).is_some() {
-            return Err(tok_err(
-                g,
-                format!("token {t:?} (id {id}) appears twice in the vocabulary"),
-            ));
-        }
-    }
+    unique(g, tokens)?;
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.to_string(), id as u32))
+        .collect();
     let merges_raw = g.get_str_array("tokenizer.ggml.merges")?.ok_or_else(|| {
         tok_err(
             g,
@@ -372,17 +401,30 @@ fn post_processor(
 }
 
 /// Control and user-defined tokens as (id, content, special), sorted by id; bos/eos/pad/unk are
-/// special even when a converter forgot to mark them as control.
+/// special even when a converter forgot to mark them as control. As transformers adds them:
+/// every control token, and each user-defined token the vocabulary spells as the file does
+/// (Gemma's runs of spaces are user-defined but respelled with `▁`: they stay pieces the
+/// model finds by merging, not added tokens). Each keeps the id the vocabulary gives it.
 fn added_tokens(
     types: Option<&[u64]>,
     tokens: &[&str],
     specials: &Specials,
+    tokenizer: &Tokenizer,
 ) -> Vec<(u32, String, bool)> {
-    let mut added = Vec::new();
+    let mut added: Vec<(u32, String, bool)> = Vec::new();
     if let Some(types) = types {
         for (id, (&ty, t)) in types.iter().zip(tokens.iter()).enumerate() {
-            if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED {
-                added.push((id as u32, t.to_string(), ty == TOKEN_TYPE_CONTROL));
+            let in_vocab = tokenizer.token_to_id(t);
+            match ty {
+                TOKEN_TYPE_CONTROL => {
+                    added.push((in_vocab.unwrap_or(id as u32), t.to_string(), true))
+                }
+                TOKEN_TYPE_USER_DEFINED => {
+                    if let Some(id) = in_vocab {
+                        added.push((id, t.to_string(), false));
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -393,6 +435,7 @@ fn added_tokens(
         }
     }
     added.sort_by_key(|(id, _, _)| *id);
+    added.dedup_by_key(|(id, _, _)| *id);
     added
 }
 
@@ -410,7 +453,7 @@ fn add_tokens(
     let users: Vec<AddedToken> = added
         .iter()
         .filter(|(_, _, s)| !*s)
-        .map(|(_, t, _)| AddedToken::from(t.clone(), false))
+        .map(|(_, t, _)| AddedToken::from(t.clone(), false).normalized(false))
         .collect();
     tokenizer
         .add_special_tokens(specials)
@@ -510,7 +553,7 @@ impl GgufTokenizer {
                 serde_json::json!({
                     "content": content,
                     "lstrip": false,
-                    "normalized": !special,
+                    "normalized": false,
                     "rstrip": false,
                     "single_word": false,
                     "special": special,

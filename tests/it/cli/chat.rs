@@ -451,3 +451,252 @@ fn a_streamed_reply_to_a_full_stdout_is_exit_3_and_one_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("error: cannot write the results"), "{err}");
 }
+
+/// Cache files no chat with this package could have written are refused naming the file,
+/// before their conversation is rendered or tokenized: a NaN key row, 300,000 empty
+/// messages (more than the context's positions), one 15 MB message (more text than 96 tokens
+/// spell), the last two under the 1 GiB address-space cap the long-line test uses.
+#[test]
+fn cache_files_no_chat_could_write_are_refused_naming_the_file() {
+    use std::os::unix::process::CommandExt;
+    needs!(Python);
+    let f = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("chat.kv");
+    let c = cache.to_str().unwrap();
+    ok(&run(&f.one, &[CHAT, &["--save-cache", c]].concat(), "hi\n"));
+    let pkg = hf2coreml::runtime::chain::Saved::load(&f.one, Default::default()).unwrap();
+    let good = KvFile::load(&cache, pkg.contract()).unwrap();
+    let bad = dir.path().join("bad.kv");
+    let refused = |kv: &KvFile, needle: &str| {
+        kv.save(&bad).unwrap();
+        let mut cmd = Cli::new()
+            .arg("run")
+            .arg(&f.one)
+            .args(CHAT)
+            .args(["--load-cache", bad.to_str().unwrap()])
+            .command();
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let cap = libc::rlimit {
+                    rlim_cur: 1 << 30,
+                    rlim_max: 1 << 30,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &cap) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let o = cmd.output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{needle}: {err}");
+        assert!(
+            err.contains(needle) && err.contains("bad.kv"),
+            "{needle}: {err}"
+        );
+        assert!(!err.contains("template"), "{needle}: {err}");
+    };
+    let mut nan = good.clone();
+    let at = nan.keys.len() / 2;
+    nan.keys[at] = half::f16::NAN;
+    refused(&nan, "the keys hold NaN at layer");
+    let mut inf = good.clone();
+    inf.values[0] = half::f16::NEG_INFINITY;
+    refused(
+        &inf,
+        "the values hold -inf at layer 0, KV head 0, position 0",
+    );
+    let mut many = good.clone();
+    let empty = serde_json::json!({"role": "user", "content": ""});
+    many.conversation = serde_json::to_string(&vec![empty; 300_000]).unwrap();
+    refused(&many, "holds 300000 messages");
+    let mut long = good.clone();
+    let message = serde_json::json!({"role": "user", "content": "x".repeat(15 << 20)});
+    long.conversation = serde_json::to_string(&[message]).unwrap();
+    refused(&long, "more than 96 tokens can spell");
+}
+
+/// A session on a real terminal (a pty the test holds the other side of), as a user drives it.
+struct Terminal {
+    master: std::fs::File,
+    child: std::process::Child,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Terminal {
+    fn open(pkg: &Path, args: &[&str]) -> Self {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the standard pty sequence; every call's result is checked.
+        let (master, slave) = unsafe {
+            let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+            assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::grantpt(m), 0);
+            assert_eq!(libc::unlockpt(m), 0);
+            let mut name = [0 as libc::c_char; 128];
+            assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
+            let s = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY);
+            assert!(s >= 0, "open the pty: {}", std::io::Error::last_os_error());
+            (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s))
+        };
+        let mut cmd = Cli::new().arg("run").arg(pkg).args(args).command();
+        cmd.stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave);
+        // SAFETY: setsid and ioctl are async-signal-safe: the child leads a session whose
+        // controlling terminal is the pty, so Ctrl-C typed there signals it.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (mut reader, sink) = (master.try_clone().unwrap(), seen.clone());
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            // Reading the master side fails with EIO once the child is gone.
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Terminal {
+            master,
+            child,
+            seen,
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
+    }
+
+    /// Wait until the terminal has shown `needle` `times` times in all.
+    fn wait_for(&self, needle: &str, times: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.text().matches(needle).count() < times {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited for {needle:?} ×{times}; the terminal shows:\n{}",
+                self.text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Wait until the session's main thread is blocked writing to stdout (Linux's
+    /// /proc/PID/syscall: the syscall number, then its arguments; fd 1 first).
+    fn wait_writing_stdout(&self) {
+        #[cfg(target_arch = "x86_64")]
+        const WRITE: &str = "1 0x1 ";
+        #[cfg(not(target_arch = "x86_64"))]
+        const WRITE: &str = "64 0x1 ";
+        let path = format!("/proc/{}/syscall", self.child.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match std::fs::read_to_string(&path) {
+                Ok(s) if s.starts_with(WRITE) => return,
+                Ok(_) => {}
+                // Not readable here: give the reply time to reach its first write.
+                Err(_) => return std::thread::sleep(std::time::Duration::from_secs(2)),
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the reply never started writing; the terminal shows:\n{}",
+                self.text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    fn type_(&mut self, bytes: &[u8]) {
+        self.master.write_all(bytes).unwrap();
+    }
+
+    fn exit_code(mut self) -> Option<i32> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                self.child.kill().ok();
+                panic!("the session did not end; it shows:\n{}", self.text());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// Ctrl-C during a reply stops the reply and returns to the prompt (the reply so far kept in
+/// the conversation and the cache); Ctrl-C again at the prompt ends the session, which saves
+/// the cache on its way out. The reply is held mid-way by the terminal's own flow control: the
+/// test types XOFF (Ctrl-S) before the message, so the reply's first write waits until the
+/// Ctrl-C (which restarts output) has been typed.
+#[test]
+fn ctrl_c_in_a_terminal_stops_the_reply_then_ends_the_chat() {
+    needs!(Python);
+    let f = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("chat.kv");
+    let args = [
+        "--chat",
+        "--ignore-eos",
+        "--max-new-tokens",
+        "60",
+        "--save-cache",
+        cache.to_str().unwrap(),
+    ];
+    let mut t = Terminal::open(&f.one, &args);
+    t.wait_for("> ", 1);
+    t.type_(b"\x13hi\n");
+    t.wait_writing_stdout();
+    t.type_(b"\x03");
+    t.wait_for("reply stopped (Ctrl-C)", 1);
+    t.wait_for("> ", 2);
+    t.type_(b"\x03");
+    let code = t.exit_code();
+    assert_eq!(code, Some(0));
+    let pkg = hf2coreml::runtime::chain::Saved::load(&f.one, Default::default()).unwrap();
+    let kv = KvFile::load(&cache, pkg.contract()).unwrap();
+    let messages: Vec<serde_json::Value> = serde_json::from_str(&kv.conversation).unwrap();
+    assert_eq!(messages.len(), 2, "{}", kv.conversation);
+    assert_eq!(messages[0]["content"], "hi");
+    // Stopped: the reply so far is the assistant's message, and the cache holds the turn and
+    // that reply (but its last token, never fed), fewer than the 60 tokens asked for.
+    assert_eq!(messages[1]["role"], "assistant");
+    let reply = messages[1]["content"].as_str().unwrap();
+    let fed = 1 + 4 + 1 + 2 + 1 + 1 + 1 + 9 + 1;
+    assert!(
+        kv.tokens.len() < fed + 59,
+        "{} tokens: {reply:?}",
+        kv.tokens.len()
+    );
+    assert!(kv.tokens.len() >= fed, "{} tokens", kv.tokens.len());
+}
+
+/// Ctrl-C at the prompt says how to end the chat and keeps it going; Ctrl-D ends it.
+#[test]
+fn ctrl_c_at_the_prompt_keeps_the_chat_and_ctrl_d_ends_it() {
+    needs!(Python);
+    let f = fixture();
+    let mut t = Terminal::open(&f.one, &["--chat", "--max-new-tokens", "3", "--ignore-eos"]);
+    t.wait_for("> ", 1);
+    t.type_(b"\x03");
+    t.wait_for("Ctrl-C again, or Ctrl-D, ends the chat", 1);
+    t.wait_for("> ", 2);
+    t.type_(b"hi\n");
+    t.wait_for("prompt: ", 1);
+    t.wait_for("> ", 3);
+    t.type_(b"\x04");
+    assert_eq!(t.exit_code(), Some(0));
+}

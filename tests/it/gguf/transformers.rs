@@ -105,8 +105,8 @@ fn same_weights(m: &Imported) {
 }
 
 /// transformers' ids of the recorded texts from the imported tokenizer.json: without special
-/// tokens, with them (BOS/EOS as the file asks), a text spelling the specials; and the ids
-/// decoded back to text.
+/// tokens, with them (BOS/EOS as the file asks), a text spelling the specials, runs of
+/// whitespace beside HTML tags (Gemma's user-defined pieces); and the ids decoded back to text.
 fn same_ids(m: &Imported) {
     let tok = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
     let ids = |key: &str| -> Vec<u32> {
@@ -115,16 +115,20 @@ fn same_ids(m: &Imported) {
     };
     let text = m.want["text"].as_str().unwrap();
     let specials = m.want["specials"].as_str().unwrap();
+    let whitespace = m.want["whitespace"].as_str().unwrap();
     for (t, add, key) in [
         (text, false, "ids"),
         (text, true, "ids_with_specials"),
         (specials, false, "specials_ids"),
+        (whitespace, false, "whitespace_ids"),
     ] {
         let got = tok.encode(t, add).unwrap().get_ids().to_vec();
         assert_eq!(got, ids(key), "{key}: ids of {t:?}");
     }
-    let decoded = tok.decode(&ids("ids"), false).unwrap();
-    assert_eq!(decoded, m.want["decoded"].as_str().unwrap());
+    for (key, decoded) in [("ids", "decoded"), ("whitespace_ids", "whitespace_decoded")] {
+        let got = tok.decode(&ids(key), false).unwrap();
+        assert_eq!(got, m.want[decoded].as_str().unwrap(), "{key} decoded");
+    }
 }
 
 fn logits(m: &Imported) -> (Vec<u32>, Vec<Vec<f32>>) {
