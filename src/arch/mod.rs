@@ -9,8 +9,10 @@
 
 use serde::{Deserialize, Serialize};
 
+mod layers;
 mod spec;
 
+pub use layers::{Attention, LayerKind, Rope, StateEntry};
 pub use spec::{Architecture, GemmaSpec, ModelSpec, RopeScaling};
 
 /// What a tensor does in the model; recipes match on these.

@@ -193,11 +193,6 @@ impl ModelSpec {
         self.num_key_value_heads * self.head_dim
     }
 
-    /// Whether block `l` rotates its q and k.
-    pub fn uses_rope(&self, l: usize) -> bool {
-        !self.no_rope_layers.contains(&l)
-    }
-
     /// The leading dimensions of each head that RoPE rotates (even, at most `head_dim`).
     pub fn rotary_dim(&self) -> usize {
         self.partial_rotary_dim.unwrap_or(self.head_dim)
@@ -236,15 +231,6 @@ impl ModelSpec {
     /// What the embedding rows are multiplied by (Gemma: √hidden, else 1).
     pub fn embedding_scale(&self) -> f64 {
         self.gemma.as_ref().map_or(1.0, |g| g.embedding_scale)
-    }
-
-    /// The attention window of block `l`, if it has one. Gemma: its sliding blocks; other
-    /// architectures: every block when `sliding_window` is set.
-    pub fn window(&self, l: usize) -> Option<usize> {
-        match &self.gemma {
-            Some(g) if !g.sliding_layers.contains(&l) => None,
-            _ => self.sliding_window,
-        }
     }
 
     /// The sequence length past which the references and the graph refuse to compute because

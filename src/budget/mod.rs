@@ -354,13 +354,10 @@ pub struct Budget {
 /// Largest S the bisection considers.
 pub const MAX_SEQ_CAP: usize = 1 << 20;
 
-/// 2 × L × Hkv × D × S × 2 bytes.
+/// The state the blocks keep at context length S ([`ModelSpec::state_bytes`]): for
+/// attention, 2 × L × Hkv × D × S × 2 bytes.
 pub fn kv_cache_bytes(spec: &ModelSpec, max_seq_len: usize) -> u64 {
-    2 * spec.num_hidden_layers as u64
-        * spec.num_key_value_heads as u64
-        * spec.head_dim as u64
-        * max_seq_len as u64
-        * FP16_BYTES
+    spec.state_bytes(max_seq_len)
 }
 
 /// One step's transient memory: logits, cache updates, one layer's attention scores (and their

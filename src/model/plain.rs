@@ -678,11 +678,8 @@ struct RopeTables {
 
 impl RopeTables {
     fn layer(&self, spec: &ModelSpec, l: usize) -> (&Tensor, &Tensor) {
-        let sliding = spec
-            .gemma
-            .as_ref()
-            .is_some_and(|g| g.sliding_layers.contains(&l));
-        let (cos, sin) = match (&self.local, sliding) {
+        let local = spec.layer(l).attention().rope == crate::arch::Rope::Local;
+        let (cos, sin) = match (&self.local, local) {
             (Some(local), true) => local,
             _ => &self.global,
         };
@@ -758,7 +755,8 @@ fn attention(
     let q = head_norm(heads(q, hq)?, w.q_norm.as_ref())?;
     let k = head_norm(heads(k, hkv)?, w.k_norm.as_ref())?;
     // SmolLM3's NoPE blocks leave q and k unrotated.
-    let (q, mut k) = if lo.is_none_or(|l| spec.uses_rope(l)) {
+    let rotates = |l: usize| spec.layer(l).attention().rope != crate::arch::Rope::None;
+    let (q, mut k) = if lo.is_none_or(rotates) {
         (rope(&q, cos, sin)?, rope(&k, cos, sin)?)
     } else {
         (q, k)
@@ -780,7 +778,7 @@ fn attention(
     let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((hq, t, tk))?;
     // The new tokens are the last t of the tk positions: token i sees keys 0..=tk - t + i
     // (within the block's window, if it has one).
-    let window = lo.and_then(|l| spec.window(l));
+    let window = lo.and_then(|l| spec.layer(l).attention().window);
     let visible = causal_mask(t, tk - t, window, device)?.broadcast_as((hq, t, tk))?;
     if obs.wants(Point::Scores) {
         obs.observe(

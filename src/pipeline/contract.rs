@@ -19,12 +19,20 @@ pub fn contract_for(
     files: BTreeMap<String, String>,
 ) -> Result<Contract, ConvertError> {
     let spec = ckpt.spec();
+    // The cache's dimensions are what the blocks keep (arch::layers), stacked over them.
+    let (hkv, d) = spec.stacked_kv().ok_or_else(|| {
+        ConvertError::State(
+            "the blocks keep state of different kinds or shapes, which one stacked KV cache \
+             [L, Hkv, S, D] cannot hold"
+                .into(),
+        )
+    })?;
     let dims = (
         opts.max_seq_len,
         opts.query_len,
         spec.num_hidden_layers,
-        spec.num_key_value_heads,
-        spec.head_dim,
+        hkv,
+        d,
         spec.vocab_size,
     );
     let (s, q, l, hkv, d, v) = dims;
@@ -45,8 +53,8 @@ pub fn contract_for(
         max_seq_len: opts.max_seq_len,
         query_len: opts.query_len,
         num_layers: spec.num_hidden_layers,
-        num_kv_heads: spec.num_key_value_heads,
-        head_dim: spec.head_dim,
+        num_kv_heads: hkv,
+        head_dim: d,
         vocab_size: spec.vocab_size,
         inputs,
         outputs,

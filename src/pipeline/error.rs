@@ -78,6 +78,9 @@ pub enum ConvertError {
     /// The recipe asks for what its target cannot store (grouped or 3-bit LUTs on iOS17).
     #[error("{0} (use --target ios18, or target = \"ios18\" in the recipe)")]
     Target(String),
+    /// The blocks keep state the contract's one stacked KV cache cannot hold.
+    #[error("{0}")]
+    State(String),
 }
 
 /// An I/O error about `path`, as a [`ConvertError`].

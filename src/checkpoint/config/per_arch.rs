@@ -389,7 +389,11 @@ mod tests {
         let listed = format!("{base},\"no_rope_layers\":[1,1,1,0,1,0,1,0]}}");
         let s = ModelSpec::from_config_str(&listed).unwrap();
         assert_eq!(s.no_rope_layers, vec![3, 5, 7]);
-        assert!(s.uses_rope(0) && !s.uses_rope(3));
+        let rope = |l: usize| s.layer(l).attention().rope;
+        assert_eq!(
+            (rope(0), rope(3)),
+            (crate::arch::Rope::Global, crate::arch::Rope::None)
+        );
         // Derived from the interval when the list is absent (every 4th block).
         let derived = format!("{base}}}");
         assert_eq!(
@@ -437,7 +441,11 @@ mod tests {
         assert_eq!(s.rope_scaling, RopeScaling::Linear { factor: 8.0 });
         assert_eq!(g.embedding_scale, 50.5, "√2560 = 50.596 rounded to bf16");
         assert_eq!(s.attention_scale(), 1.0 / 16.0);
-        assert_eq!(s.window(5), None);
+        let (sliding, global) = (s.layer(4), s.layer(5));
+        assert_eq!(global.attention().window, None);
+        assert_eq!(global.attention().rope, crate::arch::Rope::Global);
+        assert_eq!(sliding.attention().window, Some(1024));
+        assert_eq!(sliding.attention().rope, crate::arch::Rope::Local);
         assert_eq!(s.unbuilt_window(), None);
         // The same fields on another architecture are refused, naming them.
         let llama = v4.replace("Gemma3ForCausalLM", "LlamaForCausalLM");

@@ -431,12 +431,10 @@ fn shared_inputs(
     let local = mask::rope_rows(b, &tables, &position, true)
         .zip(mask::window_mask(b, &tables, &position, &dims))
         .map(|((c, s), m)| (c, s, m));
-    let sliding = (0..spec.num_hidden_layers)
-        .map(|l| {
-            spec.gemma
-                .as_ref()
-                .is_some_and(|g| g.sliding_layers.contains(&l))
-        })
+    let layers = spec.layers();
+    let sliding = layers
+        .iter()
+        .map(|k| k.attention().rope == crate::arch::Rope::Local)
         .collect();
     let shared = Shared {
         q_scale: spec.attention_scale(),
@@ -451,8 +449,9 @@ fn shared_inputs(
         eps: spec.rms_norm_eps * alpha * alpha,
         attention_bias: spec.attention_bias,
         qk_norm_eps: spec.qk_norm.then_some(spec.rms_norm_eps),
-        rope_in_layer: (0..spec.num_hidden_layers)
-            .map(|l| spec.uses_rope(l))
+        rope_in_layer: layers
+            .iter()
+            .map(|k| k.attention().rope != crate::arch::Rope::None)
             .collect(),
         rotary: spec.rotary_dim(),
         first_layer: part.layers.start,

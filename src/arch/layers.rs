@@ -1,0 +1,191 @@
+//! What each decoder block is ([`LayerKind`]) and the state it carries from one call to the next
+//! ([`StateEntry`]): the one place the float reference, the graph, `budget` and the runner's
+//! cache learn which blocks attend over which positions, how they rotate, and what memory a
+//! sequence costs them. A block kind is added here first (with its state), then lowered.
+
+use super::ModelSpec;
+
+/// What one decoder block computes beside its norms and MLP.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LayerKind {
+    /// Softmax attention over cached key and value rows, one row per position.
+    Attention(Attention),
+}
+
+/// An attention block's shape and reach.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attention {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Token i sees keys j with i − window < j ≤ i only (Gemma 3's sliding blocks; every
+    /// block of a model with `sliding_window`); `None`: every earlier position.
+    pub window: Option<usize>,
+    pub rope: Rope,
+}
+
+/// How an attention block rotates its queries and keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rope {
+    /// Not at all (SmolLM3's NoPE blocks).
+    None,
+    /// With the model's base and scaling (`rope_theta`, `rope_scaling`).
+    Global,
+    /// With Gemma 3's sliding blocks' own base and no scaling.
+    Local,
+}
+
+/// One tensor of state a block keeps per sequence, fp16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateEntry {
+    /// Key rows [heads, S, head_dim]: a row per position.
+    Keys { heads: usize, head_dim: usize },
+    /// Value rows [heads, S, head_dim].
+    Values { heads: usize, head_dim: usize },
+}
+
+impl StateEntry {
+    /// Its shape at context length `max_seq_len`.
+    pub fn shape(&self, max_seq_len: usize) -> [usize; 3] {
+        match *self {
+            StateEntry::Keys { heads, head_dim } | StateEntry::Values { heads, head_dim } => {
+                [heads, max_seq_len, head_dim]
+            }
+        }
+    }
+
+    /// Its size in bytes at context length `max_seq_len` (fp16).
+    pub fn bytes(&self, max_seq_len: usize) -> u64 {
+        self.shape(max_seq_len)
+            .iter()
+            .map(|&d| d as u64)
+            .product::<u64>()
+            * 2
+    }
+}
+
+impl LayerKind {
+    /// The state the block keeps per sequence.
+    pub fn state(&self) -> Vec<StateEntry> {
+        match *self {
+            LayerKind::Attention(a) => {
+                let (heads, head_dim) = (a.kv_heads, a.head_dim);
+                vec![
+                    StateEntry::Keys { heads, head_dim },
+                    StateEntry::Values { heads, head_dim },
+                ]
+            }
+        }
+    }
+
+    /// The attention block's parameters (every kind is attention so far).
+    pub fn attention(&self) -> &Attention {
+        match self {
+            LayerKind::Attention(a) => a,
+        }
+    }
+}
+
+impl ModelSpec {
+    /// Block `l`'s kind.
+    pub fn layer(&self, l: usize) -> LayerKind {
+        let sliding = self.gemma.as_ref().map(|g| g.sliding_layers.contains(&l));
+        let rope = match sliding {
+            _ if self.no_rope_layers.contains(&l) => Rope::None,
+            Some(true) => Rope::Local,
+            _ => Rope::Global,
+        };
+        LayerKind::Attention(Attention {
+            kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            // Gemma's global blocks see everything; elsewhere `sliding_window` is every block's.
+            window: match sliding {
+                Some(false) => None,
+                _ => self.sliding_window,
+            },
+            rope,
+        })
+    }
+
+    /// Every block's kind, in order.
+    pub fn layers(&self) -> Vec<LayerKind> {
+        (0..self.num_hidden_layers).map(|l| self.layer(l)).collect()
+    }
+
+    /// (KV heads, head size) when every block keeps key and value rows of that one shape and
+    /// nothing else: the state the contract stacks into one cache [L, Hkv, S, D].
+    pub fn stacked_kv(&self) -> Option<(usize, usize)> {
+        let mut shape = None;
+        for kind in self.layers() {
+            let [StateEntry::Keys { heads, head_dim }, StateEntry::Values {
+                heads: vh,
+                head_dim: vd,
+            }] = kind.state()[..]
+            else {
+                return None;
+            };
+            if (heads, head_dim) != (vh, vd) || shape.is_some_and(|s| s != (heads, head_dim)) {
+                return None;
+            }
+            shape = Some((heads, head_dim));
+        }
+        shape
+    }
+
+    /// The state every block keeps per sequence at context length `max_seq_len`, in bytes
+    /// (the KV cache of an all-attention model: 2 × L × Hkv × S × D × 2).
+    pub fn state_bytes(&self, max_seq_len: usize) -> u64 {
+        self.layers()
+            .iter()
+            .flat_map(LayerKind::state)
+            .map(|e| e.bytes(max_seq_len))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(config: &str) -> ModelSpec {
+        ModelSpec::from_config_str(config).unwrap()
+    }
+
+    const LLAMA: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,
+        "intermediate_size":128,"num_attention_heads":4,"num_hidden_layers":3,
+        "num_key_value_heads":2,"vocab_size":100"#;
+
+    #[test]
+    fn an_attention_block_keeps_a_key_and_a_value_row_per_position() {
+        let s = spec(&format!("{LLAMA}}}"));
+        let kinds = s.layers();
+        assert_eq!(kinds.len(), 3);
+        let a = kinds[1].attention();
+        assert_eq!(
+            (a.kv_heads, a.head_dim, a.window, a.rope),
+            (2, 16, None, Rope::Global)
+        );
+        assert_eq!(
+            kinds[1].state(),
+            [
+                StateEntry::Keys {
+                    heads: 2,
+                    head_dim: 16
+                },
+                StateEntry::Values {
+                    heads: 2,
+                    head_dim: 16
+                }
+            ]
+        );
+        assert_eq!(kinds[1].state()[0].shape(512), [2, 512, 16]);
+        // 2 × L × Hkv × S × D × 2 bytes.
+        assert_eq!(s.state_bytes(512), 2 * 3 * 2 * 512 * 16 * 2);
+        assert_eq!(s.stacked_kv(), Some((2, 16)));
+    }
+
+    #[test]
+    fn a_window_without_gemma_is_every_blocks() {
+        let s = spec(&format!("{LLAMA},\"sliding_window\":8}}").replace("Llama", "Mistral"));
+        assert!(s.layers().iter().all(|k| k.attention().window == Some(8)));
+    }
+}
