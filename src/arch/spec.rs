@@ -180,6 +180,11 @@ pub struct ModelSpec {
     /// Gemma 3's numerics; `None` for every other architecture.
     #[serde(default)]
     pub gemma: Option<GemmaSpec>,
+    /// The multimodal class whose text decoder this is (`Gemma3ForConditionalGeneration`):
+    /// its config was `text_config`, its tensors are renamed from the class's prefixes and
+    /// its towers are skipped unread. `None` for a text-only checkpoint.
+    #[serde(default)]
+    pub text_of: Option<String>,
 }
 
 impl ModelSpec {

@@ -273,6 +273,45 @@ pub struct Checkpoint {
     spec: ModelSpec,
     files: Vec<MappedFile>,
     tensors: BTreeMap<String, TensorEntry>,
+    /// A multimodal checkpoint's towers and projectors, skipped unread.
+    dropped: Dropped,
+}
+
+/// What a conversion of a multimodal checkpoint leaves out: the tensors of each part other
+/// than the text decoder (the vision tower, the projector), by prefix.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// (prefix, tensors, parameters, bytes), in prefix order.
+    pub parts: Vec<(String, usize, u64, u64)>,
+}
+
+/// The name prefixes of a multimodal class's text decoder (renamed to a text model's) and of
+/// its other parts (skipped): transformers 5 writes `language_model.model.*`, the Hub's
+/// converted checkpoints `model.language_model.*`.
+const TEXT_PREFIXES: [(&str, &str); 3] = [
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+];
+const OTHER_PREFIXES: [&str; 4] = [
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+    "vision_tower.",
+    "multi_modal_projector.",
+];
+
+/// A multimodal checkpoint's tensor name as the text model's, or `None` for a tower's
+/// (returned as its prefix).
+fn text_name(name: &str) -> Result<String, &'static str> {
+    if let Some(p) = OTHER_PREFIXES.iter().find(|p| name.starts_with(*p)) {
+        return Err(p);
+    }
+    for (from, to) in TEXT_PREFIXES {
+        if let Some(rest) = name.strip_prefix(from) {
+            return Ok(format!("{to}{rest}"));
+        }
+    }
+    Ok(name.to_string())
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -542,6 +581,23 @@ pub fn resolve_source(path: &Path) -> Result<PathBuf, CheckpointError> {
     Ok(hub_snapshot(path)?.unwrap_or_else(|| path.to_path_buf()))
 }
 
+impl Dropped {
+    fn add(&mut self, prefix: &str, shape: &[usize], bytes: u64) {
+        let params = shape.iter().map(|&d| d as u64).product::<u64>();
+        match self.parts.iter_mut().find(|p| p.0 == prefix) {
+            Some(p) => {
+                p.1 += 1;
+                p.2 += params;
+                p.3 += bytes;
+            }
+            None => {
+                self.parts.push((prefix.to_string(), 1, params, bytes));
+                self.parts.sort();
+            }
+        }
+    }
+}
+
 impl Checkpoint {
     /// Open `dir`, parse config.json, map the weights and check every expected tensor's
     /// presence, shape and dtype.
@@ -565,6 +621,7 @@ impl Checkpoint {
         let shard_names = shard_list(&dir)?;
         let mut files = Vec::with_capacity(shard_names.len());
         let mut tensors = BTreeMap::new();
+        let mut dropped = Dropped::default();
         for (file_idx, shard) in shard_names.iter().enumerate() {
             let path = dir.join(shard);
             if !present(&path) {
@@ -583,7 +640,16 @@ impl Checkpoint {
                 path: path.clone(),
                 source,
             })?;
-            for e in parse_safetensors(&path, &map)? {
+            for mut e in parse_safetensors(&path, &map)? {
+                if spec.text_of.is_some() {
+                    match text_name(&e.name) {
+                        Ok(name) => e.name = name,
+                        Err(prefix) => {
+                            dropped.add(prefix, &e.shape, (e.end - e.start) as u64);
+                            continue;
+                        }
+                    }
+                }
                 if tensors.len() >= MAX_TENSORS {
                     return Err(CheckpointError::Safetensors {
                         path: path.clone(),
@@ -617,6 +683,7 @@ impl Checkpoint {
             spec,
             files,
             tensors,
+            dropped,
         };
         ckpt.check_expected()?;
         Ok(ckpt)
@@ -693,6 +760,11 @@ impl Checkpoint {
 
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
+    }
+
+    /// The parts of a multimodal checkpoint a conversion leaves out (empty otherwise).
+    pub fn dropped(&self) -> &Dropped {
+        &self.dropped
     }
 
     /// The safetensors files backing this checkpoint.

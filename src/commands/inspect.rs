@@ -59,6 +59,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return super::print_json(&s);
     }
     println!("{}  {}", s.architecture, s.path);
+    if let Some(class) = &s.text_of {
+        println!("  text decoder of {class}; a conversion leaves out, unread:");
+        for d in &s.dropped {
+            println!(
+                "    {}*  {} tensors, {} parameters, {}",
+                d.prefix,
+                d.tensors,
+                hf2coreml::util::fmt_count(d.parameters),
+                hf2coreml::util::fmt_bytes(d.bytes)
+            );
+        }
+    }
     println!(
         "  parameters   {} ({}tied embeddings)",
         fmt_count(s.parameters),

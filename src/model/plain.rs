@@ -664,6 +664,8 @@ fn honoured(spec: &ModelSpec) {
         dtype: _,
         bos_token_id: _,
         eos_token_ids: _,
+        // Where the text decoder came from (its tensors renamed at load).
+        text_of: _,
         // `load_norm` (1 + w), `embed`/`embed_rows`, `attention` (scale, window),
         // `rope_tables` (local base), `out_norm`, `activation`.
         gemma: _,

@@ -59,6 +59,22 @@ pub struct Summary {
     /// What a GGUF source's header says (tensor types, bits per weight, truncation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gguf: Option<HeaderInfo>,
+    /// The multimodal class whose text decoder this is, when it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_of: Option<String>,
+    /// What a conversion of a multimodal checkpoint leaves out, part by part.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<DroppedPart>,
+}
+
+/// One part of a multimodal checkpoint a conversion leaves out (never read).
+#[derive(Debug, Clone, Serialize)]
+pub struct DroppedPart {
+    /// The tensor name prefix (`vision_tower.`).
+    pub prefix: String,
+    pub tensors: usize,
+    pub parameters: u64,
+    pub bytes: u64,
 }
 
 /// Bits per weight the recipe gives the projections (the palettized indices; tables aside),
@@ -163,6 +179,8 @@ fn build(
         recipe: recipe.origin().to_string(),
         recipe_bytes: recipe.weights_bytes(slots),
         gguf: None,
+        text_of: None,
+        dropped: Vec::new(),
     }
 }
 
@@ -197,5 +215,18 @@ pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
         checkpoint_bytes: ckpt.file_bytes(),
     };
     let stored = |name: &str| ckpt.tensor(name).map_or(0, |t| t.data.len() as u64);
-    build(ckpt.spec(), &ckpt.slots(), stored, source, recipe)
+    let mut s = build(ckpt.spec(), &ckpt.slots(), stored, source, recipe);
+    s.text_of = ckpt.spec().text_of.clone();
+    s.dropped = ckpt
+        .dropped()
+        .parts
+        .iter()
+        .map(|(prefix, tensors, parameters, bytes)| DroppedPart {
+            prefix: prefix.clone(),
+            tensors: *tensors,
+            parameters: *parameters,
+            bytes: *bytes,
+        })
+        .collect();
+    s
 }

@@ -13,8 +13,7 @@ mod numerics;
 mod per_arch;
 
 use per_arch::{
-    gemma, gemma_global_rope, long_rope, no_rope_layers, partial_rotary_dim,
-    refuse_multimodal_gemma,
+    gemma, gemma_global_rope, long_rope, no_rope_layers, partial_rotary_dim, text_model,
 };
 
 use super::CheckpointError;
@@ -317,9 +316,11 @@ impl ModelSpec {
 
     /// Parse and check config.json text; the error is a message without the path.
     pub fn from_config_str(text: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig =
+        let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
-        refuse_multimodal_gemma(&raw)?;
+        let (value, text_of) = text_model(value)?;
+        let raw: RawConfig =
+            serde_json::from_value(value).map_err(|e| ConfigError::Json(e.to_string()))?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(list), _) if !list.is_empty() => {
                 let name = &list[0];
@@ -431,6 +432,7 @@ impl ModelSpec {
             no_rope_layers,
             partial_rotary_dim,
             gemma,
+            text_of,
         };
         numerics::check(&spec, &rope_keys)?;
         Ok(spec)

@@ -5,23 +5,74 @@
 use super::{parse_rope_scaling, ConfigError, RawConfig};
 use crate::arch::{Architecture, GemmaSpec, RopeScaling};
 
-/// The multimodal Gemma 3 config (`Gemma3ForConditionalGeneration`, model_type `gemma3`) is
-/// refused, saying what is missing: its text model's fields are nested under `text_config` and
-/// its tensors named `language_model.*` beside a vision tower.
-pub(super) fn refuse_multimodal_gemma(raw: &RawConfig) -> Result<(), ConfigError> {
-    let arch = raw.architectures.as_ref().and_then(|a| a.first());
-    let multimodal = arch.is_some_and(|a| a == "Gemma3ForConditionalGeneration")
-        || (arch.is_none() && raw.model_type.as_deref() == Some("gemma3"));
-    if multimodal {
-        return Err(ConfigError::Invalid(
-            "`Gemma3ForConditionalGeneration` (model_type `gemma3`) is Gemma 3 with a vision \
-             tower: hf2coreml converts the text model only (Gemma3ForCausalLM, model_type \
-             `gemma3_text`) and does not read a nested `text_config` nor the \
-             `language_model.*` tensor names; save the text model on its own first"
-                .into(),
-        ));
+/// `Gemma3TextConfig`'s defaults (transformers 5.23) for the keys a multimodal config's
+/// `text_config` may leave out (the Hub's Gemma 3 4B-27B configs list only what differs).
+const GEMMA3_TEXT_DEFAULTS: [(&str, f64); 12] = [
+    ("vocab_size", 262_208.0),
+    ("hidden_size", 2304.0),
+    ("intermediate_size", 9216.0),
+    ("num_hidden_layers", 26.0),
+    ("num_attention_heads", 8.0),
+    ("num_key_value_heads", 4.0),
+    ("head_dim", 256.0),
+    ("rms_norm_eps", 1e-6),
+    ("max_position_embeddings", 131_072.0),
+    ("query_pre_attn_scalar", 256.0),
+    ("sliding_window", 4096.0),
+    ("rope_local_base_freq", 10_000.0),
+];
+
+/// The text decoder's config out of a multimodal one: for `Gemma3ForConditionalGeneration`
+/// (or model_type `gemma3` without `architectures`), its `text_config` with
+/// `Gemma3TextConfig`'s defaults filled in, the top level's `tie_word_embeddings` and dtype
+/// where the text config has none, named `Gemma3ForCausalLM`; with the class's name, which
+/// tells the checkpoint to rename its tensors. Any other config as it is.
+pub(super) fn text_model(
+    mut config: serde_json::Value,
+) -> Result<(serde_json::Value, Option<String>), ConfigError> {
+    const CLASS: &str = "Gemma3ForConditionalGeneration";
+    let arch = config["architectures"].get(0).and_then(|a| a.as_str());
+    let multimodal =
+        arch == Some(CLASS) || (arch.is_none() && config["model_type"].as_str() == Some("gemma3"));
+    if !multimodal {
+        return Ok((config, None));
     }
-    Ok(())
+    let Some(serde_json::Value::Object(mut text)) =
+        config.get_mut("text_config").map(std::mem::take)
+    else {
+        return Err(ConfigError::Invalid(format!(
+            "`{CLASS}` (model_type `gemma3`) nests its text model's settings in `text_config`, \
+             and this config has no `text_config` object"
+        )));
+    };
+    if !text.contains_key("rope_parameters") && !text.contains_key("rope_theta") {
+        text.insert("rope_theta".into(), 1_000_000.0.into());
+    }
+    if !text.contains_key("layer_types") && !text.contains_key("sliding_window_pattern") {
+        text.insert("sliding_window_pattern".into(), 6.into());
+    }
+    for (key, value) in GEMMA3_TEXT_DEFAULTS {
+        if !text.contains_key(key) {
+            let v = match value.fract() == 0.0 && value >= 1.0 {
+                true => serde_json::Value::from(value as u64),
+                false => serde_json::Value::from(value),
+            };
+            text.insert(key.into(), v);
+        }
+    }
+    for key in ["tie_word_embeddings", "dtype", "torch_dtype"] {
+        if let (false, Some(v)) = (text.contains_key(key), config.get(key)) {
+            if !v.is_null() {
+                text.insert(key.into(), v.clone());
+            }
+        }
+    }
+    text.insert(
+        "architectures".into(),
+        serde_json::json!(["Gemma3ForCausalLM"]),
+    );
+    text.insert("model_type".into(), "gemma3_text".into());
+    Ok((serde_json::Value::Object(text), Some(CLASS.to_string())))
 }
 
 /// Gemma 3's global RoPE from transformers 5's per-layer-type `rope_parameters`
@@ -500,6 +551,24 @@ mod tests {
         let e = ModelSpec::from_config_str(&multimodal)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("text_config"), "{e}");
+        assert!(e.contains("no `text_config` object"), "{e}");
+        // The same settings nested, as the multimodal class writes them: the same text model.
+        let text: serde_json::Value = serde_json::from_str(v4).unwrap();
+        let nested = serde_json::json!({
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "model_type": "gemma3",
+            "text_config": text,
+            "vision_config": {"hidden_size": 32},
+        });
+        let m = ModelSpec::from_config_str(&nested.to_string()).unwrap();
+        assert_eq!(m.text_of.as_deref(), Some("Gemma3ForConditionalGeneration"));
+        // Gemma3TextConfig's own context, where a text-only config without the key gets 2048.
+        assert_eq!(m.max_position_embeddings, 131_072);
+        let m = ModelSpec {
+            text_of: None,
+            max_position_embeddings: s.max_position_embeddings,
+            ..m
+        };
+        assert_eq!(m, s);
     }
 }

@@ -219,6 +219,8 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         dtype: _,
         bos_token_id: _,
         eos_token_ids: _,
+        // Where the text decoder came from (its tensors renamed at load).
+        text_of: _,
         sliding_window: _,
         // Gemma: (1 + w) norms (`norm_weight`), sandwich norms (`block`), GeGLU (`mlp`), the
         // embedding scale (`build_part`), q scale, local RoPE tables and banded masks

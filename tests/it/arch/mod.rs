@@ -3,3 +3,4 @@
 
 mod config;
 mod hf;
+mod multimodal;
