@@ -27,7 +27,7 @@ import transformers
 VOCAB = 128
 # Long enough to exceed the sliding windows; LENGTH overrides the length per fixture.
 TOKENS = [(i * 37 + 11) % VOCAB for i in range(40)]
-LENGTH = {"phi3_longrope": 136}
+LENGTH = {"phi3_longrope": 136, "lfm2": 56, "lfm2_untied": 56}
 
 
 def common(**kw):
@@ -142,6 +142,38 @@ def gemma3(**kw):
     return transformers.Gemma3ForCausalLM, cfg
 
 
+def lfm2():
+    """LFM2: short-convolution blocks (kernel 3, no biases) around two attention blocks with
+    q/k norms, KV heads ≠ query heads, tied; the feed-forward width from LFM2's rule
+    (int(2 · 128 / 3) = 85, rounded up to a multiple of 32: 96)."""
+    cfg = transformers.Lfm2Config(
+        **common(num_hidden_layers=5, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
+        norm_eps=1e-5,
+        tie_word_embeddings=True,
+        conv_L_cache=3,
+        block_multiple_of=32,
+        block_auto_adjust_ff_dim=True,
+        layer_types=["conv", "full_attention", "conv", "conv", "full_attention"],
+    )
+    return transformers.Lfm2ForCausalLM, cfg
+
+
+def lfm2_untied():
+    """LFM2 with biases in its conv blocks, kernel 4, a separate lm_head, the feed-forward
+    width scaled (1.5 · int(2 · 128 / 3) = 127, rounded up to 128 by multiple_of 16)."""
+    cfg = transformers.Lfm2Config(
+        **common(num_hidden_layers=3, num_key_value_heads=1, rope_parameters={"rope_type": "default", "rope_theta": 10_000.0}),
+        norm_eps=1e-5,
+        tie_word_embeddings=False,
+        conv_L_cache=4,
+        conv_bias=True,
+        block_multiple_of=16,
+        block_ffn_dim_multiplier=1.5,
+        layer_types=["conv", "full_attention", "conv"],
+    )
+    return transformers.Lfm2ForCausalLM, cfg
+
+
 ARCHS = {
     "qwen3": qwen3,
     "smollm3": smollm3,
@@ -151,6 +183,8 @@ ARCHS = {
     "phi3_longrope": phi3_longrope,
     "gemma3": gemma3,
     "gemma3_big": gemma3,
+    "lfm2": lfm2,
+    "lfm2_untied": lfm2_untied,
 }
 # Fixtures whose post-attention and post-feed-forward norm weights are this large: Gemma's
 # residual stream then passes fp16's 65,504 (the real models reach ~300,000).
@@ -175,7 +209,8 @@ def randomize(model, gain, arch):
                     p.add_(big)
             else:
                 p.copy_(0.08 * torch.randn(p.shape, generator=gen))
-        w = model.model.norm.weight
+        # LFM2's final norm is its `embedding_norm` (applied after the last block).
+        w = model.model.norm.weight if hasattr(model.model, "norm") else model.model.embedding_norm.weight
         if gemma:
             w.copy_((1.0 + w) * gain - 1.0)
         else:

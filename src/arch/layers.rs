@@ -10,6 +10,18 @@ use super::ModelSpec;
 pub enum LayerKind {
     /// Softmax attention over cached key and value rows, one row per position.
     Attention(Attention),
+    /// LFM2's gated short convolution: a fixed-size state, whatever the context.
+    ShortConv(ShortConv),
+}
+
+/// A short-convolution block's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShortConv {
+    /// Channels of the depthwise convolution (the hidden size).
+    pub channels: usize,
+    /// Its taps; the state holds the last `kernel − 1` inputs.
+    pub kernel: usize,
+    pub bias: bool,
 }
 
 /// An attention block's shape and reach.
@@ -41,15 +53,19 @@ pub enum StateEntry {
     Keys { heads: usize, head_dim: usize },
     /// Value rows [heads, S, head_dim].
     Values { heads: usize, head_dim: usize },
+    /// A convolution's last inputs [channels, width], oldest first: the same size at any
+    /// context length.
+    Conv { channels: usize, width: usize },
 }
 
 impl StateEntry {
     /// Its shape at context length `max_seq_len`.
-    pub fn shape(&self, max_seq_len: usize) -> [usize; 3] {
+    pub fn shape(&self, max_seq_len: usize) -> Vec<usize> {
         match *self {
             StateEntry::Keys { heads, head_dim } | StateEntry::Values { heads, head_dim } => {
-                [heads, max_seq_len, head_dim]
+                vec![heads, max_seq_len, head_dim]
             }
+            StateEntry::Conv { channels, width } => vec![channels, width],
         }
     }
 
@@ -74,13 +90,18 @@ impl LayerKind {
                     StateEntry::Values { heads, head_dim },
                 ]
             }
+            LayerKind::ShortConv(c) => vec![StateEntry::Conv {
+                channels: c.channels,
+                width: c.kernel - 1,
+            }],
         }
     }
 
-    /// The attention block's parameters (every kind is attention so far).
-    pub fn attention(&self) -> &Attention {
+    /// The attention block's parameters, if it attends.
+    pub fn attention(&self) -> Option<&Attention> {
         match self {
-            LayerKind::Attention(a) => a,
+            LayerKind::Attention(a) => Some(a),
+            LayerKind::ShortConv(_) => None,
         }
     }
 }
@@ -88,6 +109,13 @@ impl LayerKind {
 impl ModelSpec {
     /// Block `l`'s kind.
     pub fn layer(&self, l: usize) -> LayerKind {
+        if let Some(c) = self.short_conv.as_ref().filter(|c| c.layers.contains(&l)) {
+            return LayerKind::ShortConv(ShortConv {
+                channels: self.hidden_size,
+                kernel: c.kernel,
+                bias: c.bias,
+            });
+        }
         let sliding = self.gemma.as_ref().map(|g| g.sliding_layers.contains(&l));
         let rope = match sliding {
             _ if self.no_rope_layers.contains(&l) => Rope::None,
@@ -159,7 +187,7 @@ mod tests {
         let s = spec(&format!("{LLAMA}}}"));
         let kinds = s.layers();
         assert_eq!(kinds.len(), 3);
-        let a = kinds[1].attention();
+        let a = kinds[1].attention().unwrap();
         assert_eq!(
             (a.kv_heads, a.head_dim, a.window, a.rope),
             (2, 16, None, Rope::Global)
@@ -186,6 +214,9 @@ mod tests {
     #[test]
     fn a_window_without_gemma_is_every_blocks() {
         let s = spec(&format!("{LLAMA},\"sliding_window\":8}}").replace("Llama", "Mistral"));
-        assert!(s.layers().iter().all(|k| k.attention().window == Some(8)));
+        assert!(s
+            .layers()
+            .iter()
+            .all(|k| k.attention().unwrap().window == Some(8)));
     }
 }

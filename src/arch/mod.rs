@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 mod layers;
 mod spec;
 
-pub use layers::{Attention, LayerKind, Rope, StateEntry};
-pub use spec::{Architecture, GemmaSpec, ModelSpec, RopeScaling};
+pub use layers::{Attention, LayerKind, Rope, ShortConv, StateEntry};
+pub use spec::{Architecture, GemmaSpec, ModelSpec, RopeScaling, ShortConvSpec};
 
 /// What a tensor does in the model; recipes match on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -28,13 +28,17 @@ pub enum Role {
     Up,
     Down,
     Norm,
-    /// q/k/v biases (Qwen2): tiny, always kept in fp16.
+    /// q/k/v biases (Qwen2), LFM2's conv biases: tiny, always kept in fp16.
     Bias,
     LmHead,
+    /// LFM2's conv-block input projection (to B, C and x), beside q/k/v on the block input.
+    ConvIn,
+    /// LFM2's depthwise convolution taps [channels, 1, kernel]: kept in fp16 like a norm.
+    Conv,
 }
 
 impl Role {
-    pub const ALL: [Role; 11] = [
+    pub const ALL: [Role; 13] = [
         Role::Embedding,
         Role::Q,
         Role::K,
@@ -46,6 +50,8 @@ impl Role {
         Role::Norm,
         Role::Bias,
         Role::LmHead,
+        Role::ConvIn,
+        Role::Conv,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -61,6 +67,8 @@ impl Role {
             Role::Norm => "norm",
             Role::Bias => "bias",
             Role::LmHead => "lm_head",
+            Role::ConvIn => "conv_in",
+            Role::Conv => "conv",
         }
     }
 
@@ -72,7 +80,9 @@ impl Role {
     pub fn group(self) -> RoleGroup {
         match self {
             Role::Embedding => RoleGroup::Embedding,
-            Role::Q | Role::K | Role::V | Role::O | Role::Bias => RoleGroup::Attention,
+            Role::Q | Role::K | Role::V | Role::O | Role::Bias | Role::ConvIn | Role::Conv => {
+                RoleGroup::Attention
+            }
             Role::Gate | Role::Up | Role::Down => RoleGroup::Mlp,
             Role::Norm => RoleGroup::Norms,
             Role::LmHead => RoleGroup::LmHead,
@@ -83,7 +93,14 @@ impl Role {
     pub fn is_projection(self) -> bool {
         matches!(
             self,
-            Role::Q | Role::K | Role::V | Role::O | Role::Gate | Role::Up | Role::Down
+            Role::Q
+                | Role::K
+                | Role::V
+                | Role::O
+                | Role::Gate
+                | Role::Up
+                | Role::Down
+                | Role::ConvIn
         )
     }
 }
@@ -166,13 +183,28 @@ pub enum LayerTensor {
     Down,
     /// Gemma's norm of the MLP output, before the residual add.
     PostFfnNorm,
+    /// LFM2's conv block: `in_proj` [3H, H] (B, C, x), the depthwise taps [H, 1, K] and
+    /// `out_proj` [H, H], each with a bias under `conv_bias`.
+    ConvIn,
+    ConvInBias,
+    Conv,
+    ConvBias,
+    ConvOut,
+    ConvOutBias,
 }
 
 impl LayerTensor {
     /// Every block tensor, in model order (the biases exist only with `attention_bias`, the
-    /// q/k norms only with `qk_norm`).
-    pub const ALL: [LayerTensor; 16] = [
+    /// q/k norms only with `qk_norm`, the conv tensors only in conv blocks, which have no
+    /// attention tensors).
+    pub const ALL: [LayerTensor; 22] = [
         LayerTensor::InputNorm,
+        LayerTensor::ConvIn,
+        LayerTensor::ConvInBias,
+        LayerTensor::Conv,
+        LayerTensor::ConvBias,
+        LayerTensor::ConvOut,
+        LayerTensor::ConvOutBias,
         LayerTensor::Q,
         LayerTensor::K,
         LayerTensor::V,
@@ -209,6 +241,12 @@ impl LayerTensor {
             LayerTensor::Gate => "mlp.gate_proj.weight",
             LayerTensor::Up => "mlp.up_proj.weight",
             LayerTensor::Down => "mlp.down_proj.weight",
+            LayerTensor::ConvIn => "conv.in_proj.weight",
+            LayerTensor::ConvInBias => "conv.in_proj.bias",
+            LayerTensor::Conv => "conv.conv.weight",
+            LayerTensor::ConvBias => "conv.conv.bias",
+            LayerTensor::ConvOut => "conv.out_proj.weight",
+            LayerTensor::ConvOutBias => "conv.out_proj.bias",
         }
     }
 
@@ -223,21 +261,31 @@ impl LayerTensor {
             LayerTensor::Q => Role::Q,
             LayerTensor::K => Role::K,
             LayerTensor::V => Role::V,
-            LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias => Role::Bias,
-            LayerTensor::O => Role::O,
+            LayerTensor::QBias
+            | LayerTensor::KBias
+            | LayerTensor::VBias
+            | LayerTensor::ConvInBias
+            | LayerTensor::ConvBias
+            | LayerTensor::ConvOutBias => Role::Bias,
+            LayerTensor::O | LayerTensor::ConvOut => Role::O,
+            LayerTensor::ConvIn => Role::ConvIn,
+            LayerTensor::Conv => Role::Conv,
             LayerTensor::Gate => Role::Gate,
             LayerTensor::Up => Role::Up,
             LayerTensor::Down => Role::Down,
         }
     }
 
-    /// The projection weight of a projection role.
-    pub fn projection(role: Role) -> Option<LayerTensor> {
+    /// The projection weight of a projection role in a block of kind `kind`.
+    pub fn projection(role: Role, kind: &LayerKind) -> Option<LayerTensor> {
+        let conv = matches!(kind, LayerKind::ShortConv(_));
         Some(match role {
-            Role::Q => LayerTensor::Q,
-            Role::K => LayerTensor::K,
-            Role::V => LayerTensor::V,
+            Role::Q if !conv => LayerTensor::Q,
+            Role::K if !conv => LayerTensor::K,
+            Role::V if !conv => LayerTensor::V,
+            Role::O if conv => LayerTensor::ConvOut,
             Role::O => LayerTensor::O,
+            Role::ConvIn if conv => LayerTensor::ConvIn,
             Role::Gate => LayerTensor::Gate,
             Role::Up => LayerTensor::Up,
             Role::Down => LayerTensor::Down,
@@ -245,9 +293,30 @@ impl LayerTensor {
         })
     }
 
-    /// Whether `spec`'s blocks hold this tensor.
-    fn present(self, spec: &ModelSpec) -> bool {
+    /// Whether block `l` of `spec` holds this tensor.
+    pub fn present(self, spec: &ModelSpec, l: usize) -> bool {
+        let conv = match spec.layer(l) {
+            LayerKind::ShortConv(c) => Some(c),
+            LayerKind::Attention(_) => None,
+        };
         match self {
+            LayerTensor::ConvIn | LayerTensor::Conv | LayerTensor::ConvOut => conv.is_some(),
+            LayerTensor::ConvInBias | LayerTensor::ConvBias | LayerTensor::ConvOutBias => {
+                conv.is_some_and(|c| c.bias)
+            }
+            LayerTensor::Q
+            | LayerTensor::K
+            | LayerTensor::V
+            | LayerTensor::QBias
+            | LayerTensor::KBias
+            | LayerTensor::VBias
+            | LayerTensor::QNorm
+            | LayerTensor::KNorm
+            | LayerTensor::O
+                if conv.is_some() =>
+            {
+                false
+            }
             LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias => spec.attention_bias,
             LayerTensor::QNorm | LayerTensor::KNorm => spec.qk_norm,
             LayerTensor::PreFfnNorm | LayerTensor::PostFfnNorm => spec.gemma.is_some(),
@@ -267,7 +336,13 @@ impl LayerTensor {
             LayerTensor::InputNorm
             | LayerTensor::PostNorm
             | LayerTensor::PreFfnNorm
-            | LayerTensor::PostFfnNorm => vec![h],
+            | LayerTensor::PostFfnNorm
+            | LayerTensor::ConvBias
+            | LayerTensor::ConvOutBias => vec![h],
+            LayerTensor::ConvIn => vec![3 * h, h],
+            LayerTensor::ConvInBias => vec![3 * h],
+            LayerTensor::Conv => vec![h, 1, spec.short_conv.as_ref().map_or(0, |c| c.kernel)],
+            LayerTensor::ConvOut => vec![h, h],
             LayerTensor::Q => vec![q, h],
             LayerTensor::K | LayerTensor::V => vec![kv, h],
             LayerTensor::QBias => vec![q],
@@ -345,6 +420,61 @@ impl TensorId {
     }
 }
 
+/// LFM2's names for tensors every other architecture here names Llama's way: (LFM2's suffix,
+/// the shared suffix), inside `model.layers.{l}.` or, for the final norm, `model.`.
+const LFM2_NAMES: [(&str, &str); 9] = [
+    ("operator_norm.weight", "input_layernorm.weight"),
+    ("ffn_norm.weight", "post_attention_layernorm.weight"),
+    ("feed_forward.w1.weight", "mlp.gate_proj.weight"),
+    ("feed_forward.w3.weight", "mlp.up_proj.weight"),
+    ("feed_forward.w2.weight", "mlp.down_proj.weight"),
+    ("self_attn.out_proj.weight", "self_attn.o_proj.weight"),
+    ("self_attn.q_layernorm.weight", "self_attn.q_norm.weight"),
+    ("self_attn.k_layernorm.weight", "self_attn.k_norm.weight"),
+    ("embedding_norm.weight", "norm.weight"),
+];
+
+/// Swap a name's suffix by `pairs` (from `.0` to `.1`), inside a block or, for the final norm,
+/// at the top of `model.`.
+fn swap_suffix(name: &str, pairs: impl Iterator<Item = (&'static str, &'static str)>) -> String {
+    let (head, tail) = match name.strip_prefix("model.layers.") {
+        Some(rest) => match rest.split_once('.') {
+            Some((l, tail)) => (format!("model.layers.{l}."), tail),
+            None => return name.to_string(),
+        },
+        None => match name.strip_prefix("model.") {
+            Some(tail) => ("model.".to_string(), tail),
+            None => return name.to_string(),
+        },
+    };
+    let block = head != "model.";
+    for (from, to) in pairs {
+        let top_level = from == "embedding_norm.weight" || to == "embedding_norm.weight";
+        if tail == from && top_level != block {
+            return format!("{head}{to}");
+        }
+    }
+    name.to_string()
+}
+
+/// The name the pipeline knows a checkpoint tensor by ([`TensorId::hf_name`]): LFM2's
+/// `feed_forward.w1` is `mlp.gate_proj`, and so on; every other architecture's as stored.
+pub fn canonical_name(architecture: Architecture, stored: &str) -> String {
+    match architecture {
+        Architecture::Lfm2 => swap_suffix(stored, LFM2_NAMES.into_iter()),
+        _ => stored.to_string(),
+    }
+}
+
+/// The name `architecture`'s checkpoints store a tensor under: what messages about the file
+/// name (the inverse of [`canonical_name`]).
+pub fn stored_name(architecture: Architecture, canonical: &str) -> String {
+    match architecture {
+        Architecture::Lfm2 => swap_suffix(canonical, LFM2_NAMES.into_iter().map(|(a, b)| (b, a))),
+        _ => canonical.to_string(),
+    }
+}
+
 /// The Hugging Face name of tensor `t` of block `layer`.
 pub fn tensor_name(layer: usize, t: LayerTensor) -> String {
     TensorId::Layer(layer, t).hf_name()
@@ -359,7 +489,7 @@ pub fn tensor_ids(spec: &ModelSpec) -> Vec<TensorId> {
         out.extend(
             LayerTensor::ALL
                 .into_iter()
-                .filter(|t| t.present(spec))
+                .filter(|t| t.present(spec, l))
                 .map(|t| TensorId::Layer(l, t)),
         );
     }
@@ -498,6 +628,40 @@ mod tests {
         );
         let head = TensorId::head(&spec(true, false));
         assert_eq!(head.hf_name(), "model.embed_tokens.weight");
+    }
+
+    #[test]
+    fn lfm2_names_swap_both_ways_and_leave_others_alone() {
+        let a = Architecture::Lfm2;
+        for (stored, canonical) in [
+            (
+                "model.layers.3.feed_forward.w1.weight",
+                "model.layers.3.mlp.gate_proj.weight",
+            ),
+            (
+                "model.layers.0.operator_norm.weight",
+                "model.layers.0.input_layernorm.weight",
+            ),
+            ("model.embedding_norm.weight", "model.norm.weight"),
+            (
+                "model.layers.1.conv.in_proj.weight",
+                "model.layers.1.conv.in_proj.weight",
+            ),
+            ("model.embed_tokens.weight", "model.embed_tokens.weight"),
+            ("lm_head.weight", "lm_head.weight"),
+        ] {
+            assert_eq!(canonical_name(a, stored), canonical);
+            assert_eq!(stored_name(a, canonical), stored);
+        }
+        // A block has no final norm, nor the model a block's norm.
+        let odd = "model.layers.2.embedding_norm.weight";
+        assert_eq!(canonical_name(a, odd), odd);
+        assert_eq!(
+            canonical_name(a, "model.ffn_norm.weight"),
+            "model.ffn_norm.weight"
+        );
+        let llama = "model.layers.0.feed_forward.w1.weight";
+        assert_eq!(canonical_name(Architecture::Llama, llama), llama);
     }
 
     #[test]

@@ -28,10 +28,14 @@ pub enum Architecture {
     /// their own RoPE base interleaved with global ones ([`GemmaSpec`]).
     #[serde(rename = "Gemma3ForCausalLM")]
     Gemma3,
+    /// Liquid's LFM2: short causal convolution blocks ([`ShortConvSpec`]) between attention
+    /// blocks with q/k norms; Llama's norms and SwiGLU under other names.
+    #[serde(rename = "Lfm2ForCausalLM")]
+    Lfm2,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 7] = [
+    pub const ALL: [Architecture; 8] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -39,6 +43,7 @@ impl Architecture {
         Self::SmolLM3,
         Self::Phi3,
         Self::Gemma3,
+        Self::Lfm2,
     ];
 
     /// The name transformers uses in `architectures`.
@@ -51,6 +56,7 @@ impl Architecture {
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::Phi3 => "Phi3ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Lfm2 => "Lfm2ForCausalLM",
         }
     }
 
@@ -64,6 +70,7 @@ impl Architecture {
             Self::SmolLM3 => "smollm3",
             Self::Phi3 => "phi3",
             Self::Gemma3 => "gemma3_text",
+            Self::Lfm2 => "lfm2",
         }
     }
 
@@ -142,6 +149,19 @@ pub struct GemmaSpec {
     pub embedding_scale: f64,
 }
 
+/// LFM2's short-convolution blocks: `in_proj` to three streams B, C and x, B·x through a
+/// depthwise causal convolution of `kernel` taps (no activation), C times its output, then
+/// `out_proj`. Each keeps the last `kernel − 1` conv inputs as its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShortConvSpec {
+    /// The blocks that are convolutions (`layer_types` "conv"), ascending; the others attend.
+    pub layers: Vec<usize>,
+    /// Taps of the depthwise convolution (`conv_L_cache`).
+    pub kernel: usize,
+    /// `in_proj`, the convolution and `out_proj` carry biases (`conv_bias`).
+    pub bias: bool,
+}
+
 /// Everything the pipeline needs to know about a checkpoint's shape and numerics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
@@ -185,6 +205,9 @@ pub struct ModelSpec {
     /// its towers are skipped unread. `None` for a text-only checkpoint.
     #[serde(default)]
     pub text_of: Option<String>,
+    /// LFM2's convolution blocks; `None` when every block attends.
+    #[serde(default)]
+    pub short_conv: Option<ShortConvSpec>,
 }
 
 impl ModelSpec {

@@ -650,6 +650,7 @@ impl Checkpoint {
                         }
                     }
                 }
+                e.name = arch::canonical_name(spec.architecture, &e.name);
                 if tensors.len() >= MAX_TENSORS {
                     return Err(CheckpointError::Safetensors {
                         path: path.clone(),
@@ -690,17 +691,18 @@ impl Checkpoint {
     }
 
     fn check_expected(&self) -> Result<(), CheckpointError> {
+        let stored = |name: &str| arch::stored_name(self.spec.architecture, name);
         for slot in arch::expected_tensors(&self.spec) {
             let Some(entry) = self.tensors.get(&slot.name) else {
                 return Err(CheckpointError::MissingTensor {
                     path: self.dir.clone(),
-                    tensor: slot.name,
+                    tensor: stored(&slot.name),
                 });
             };
             if entry.shape != slot.shape {
                 return Err(CheckpointError::WrongShape {
                     path: self.files[entry.file].path.clone(),
-                    tensor: slot.name,
+                    tensor: stored(&slot.name),
                     expected: slot.shape,
                     found: entry.shape.clone(),
                 });
@@ -729,7 +731,7 @@ impl Checkpoint {
         {
             Some((name, entry)) => Err(CheckpointError::UnusedTensor {
                 path: self.files[entry.file].path.clone(),
-                tensor: name.clone(),
+                tensor: arch::stored_name(self.spec.architecture, name),
                 architecture: self.spec.architecture.hf_name().into(),
             }),
             None => self.check_tied_lm_head(),

@@ -243,10 +243,7 @@ fn print_budget(
     row(
         "kv cache",
         b.kv_cache_bytes,
-        &format!(
-            "2 × {} layers × {} kv heads × {} × S {} × 2 B",
-            spec.num_hidden_layers, spec.num_key_value_heads, spec.head_dim, b.max_seq_len
-        ),
+        &kv_formula(spec, b.max_seq_len),
     );
     row(
         "step working set",
@@ -355,5 +352,27 @@ fn print_source(
     }
     if let Some(at) = info.truncated_at {
         println!("  source                 tensor data truncated at byte {at}");
+    }
+}
+
+/// How the state bytes are made: the attention blocks' rows, and a hybrid model's fixed
+/// convolution states beside them.
+fn kv_formula(spec: &hf2coreml::arch::ModelSpec, max_seq_len: usize) -> String {
+    let conv = spec.short_conv.as_ref();
+    let attention = spec.num_hidden_layers - conv.map_or(0, |c| c.layers.len());
+    let rows = format!(
+        "2 × {attention} {}layers × {} kv heads × {} × S {max_seq_len} × 2 B",
+        if conv.is_some() { "attention " } else { "" },
+        spec.num_key_value_heads,
+        spec.head_dim
+    );
+    match conv {
+        Some(c) => format!(
+            "{rows} + {} conv states of {} × {} × 2 B",
+            c.layers.len(),
+            spec.hidden_size,
+            c.kernel - 1
+        ),
+        None => rows,
     }
 }

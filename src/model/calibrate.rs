@@ -348,7 +348,10 @@ struct Collector {
 }
 
 const SITES: [(Point, &[Role]); 4] = [
-    (Point::AttentionInput, &[Role::Q, Role::K, Role::V]),
+    (
+        Point::AttentionInput,
+        &[Role::Q, Role::K, Role::V, Role::ConvIn],
+    ),
     (Point::OInput, &[Role::O]),
     (Point::MlpInput, &[Role::Gate, Role::Up]),
     (Point::SiluUp, &[Role::Down]),
@@ -374,7 +377,16 @@ impl Collector {
                     .iter()
                     .zip(dims)
                     .map(|((_, roles), dim)| InputSite {
-                        roles: roles.to_vec(),
+                        // The site's projections this block has (q/k/v or a conv's in_proj).
+                        roles: roles
+                            .iter()
+                            .copied()
+                            .filter(|&r| {
+                                crate::arch::LayerTensor::projection(r, &spec.layer(layer))
+                                    .is_some()
+                                    || !r.is_projection()
+                            })
+                            .collect(),
                         mean_square: vec![0.0; dim],
                         max_abs: vec![0.0; dim],
                         gram: match &gram {

@@ -186,6 +186,13 @@ pub fn candle_limitation(spec: &ModelSpec) -> Option<String> {
         Architecture::SmolLM3 => {
             return Some("candle-transformers has no SmolLM3 (NoPE blocks)".into())
         }
+        Architecture::Lfm2 => {
+            return Some(
+                "candle's lfm2 is not wired here: the plain forward pass computes it (with its \
+                 conv blocks' state)"
+                    .into(),
+            )
+        }
         Architecture::Phi3 => {
             return Some(
                 "candle's phi3 reads the fused tensors the checkpoint splits at load: the plain \
@@ -509,12 +516,14 @@ fn load_candle(
         Device::Cpu,
     );
     match spec.architecture {
-        Architecture::Qwen3 | Architecture::SmolLM3 | Architecture::Phi3 | Architecture::Gemma3 => {
-            Err(ReferenceError::candle(
-                "loading",
-                candle_core::Error::Msg(candle_limitation(spec).unwrap_or_default()),
-            ))
-        }
+        Architecture::Qwen3
+        | Architecture::SmolLM3
+        | Architecture::Phi3
+        | Architecture::Gemma3
+        | Architecture::Lfm2 => Err(ReferenceError::candle(
+            "loading",
+            candle_core::Error::Msg(candle_limitation(spec).unwrap_or_default()),
+        )),
         Architecture::Llama => {
             let rope_scaling = match spec.rope_scaling {
                 RopeScaling::Llama3 {

@@ -72,16 +72,11 @@ impl Observer for Blind {
 
 struct Layer {
     input_norm: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_bias: Option<Tensor>,
-    k_bias: Option<Tensor>,
-    v_bias: Option<Tensor>,
-    /// Qwen3's and Gemma's per-head norms on q and k, [D].
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
+    mixer: Mixer,
+    /// The mixer's output projection: o_proj, or a conv block's out_proj.
     o: Tensor,
+    /// A conv block's out_proj bias (`conv_bias`).
+    o_bias: Option<Tensor>,
     /// Gemma's norm of the attention output (`post_attention_layernorm`).
     attn_out_norm: Option<Tensor>,
     /// The MLP's input norm (`spec.mlp_norm()`).
@@ -93,7 +88,35 @@ struct Layer {
     mlp_out_norm: Option<Tensor>,
 }
 
-/// The plain f32 model with its own growing KV cache.
+/// What a block computes between its input norm and its output projection.
+enum Mixer {
+    Attention(AttentionWeights),
+    ShortConv(ConvWeights),
+}
+
+struct AttentionWeights {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_bias: Option<Tensor>,
+    k_bias: Option<Tensor>,
+    v_bias: Option<Tensor>,
+    /// Qwen3's, Gemma's and LFM2's per-head norms on q and k, [D].
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+}
+
+/// LFM2's conv block before out_proj.
+struct ConvWeights {
+    /// [3H, H]: B, C and x.
+    in_proj: Tensor,
+    in_bias: Option<Tensor>,
+    /// The depthwise taps [K, H], oldest input first.
+    taps: Tensor,
+    taps_bias: Option<Tensor>,
+}
+
+/// The plain f32 model with its own growing KV cache (and conv blocks' states).
 ///
 /// [`PlainModel::load`] holds every weight; [`PlainModel::streaming`] holds only the final
 /// norm and lets a layer-by-layer caller bring one block in at a time
@@ -113,6 +136,8 @@ pub struct PlainModel {
     streaming: bool,
     /// Per layer: keys (after rope) and values, [Hkv, cached, D].
     cache: Vec<Option<(Tensor, Tensor)>>,
+    /// Per conv block: its last K − 1 conv inputs [K − 1, H], oldest first (`None`: zeros).
+    conv_state: Vec<Option<Tensor>>,
     cached: usize,
 }
 
@@ -154,17 +179,45 @@ fn load_layer(
     let bias = |t: LayerTensor| optional(t, spec.attention_bias);
     let qk_norm = |t: LayerTensor| optional_norm(t, spec.qk_norm);
     let gemma = spec.gemma.is_some();
+    let (mixer, o, o_bias) = match spec.layer(l) {
+        arch::LayerKind::Attention(_) => (
+            Mixer::Attention(AttentionWeights {
+                q: get(LayerTensor::Q)?,
+                k: get(LayerTensor::K)?,
+                v: get(LayerTensor::V)?,
+                q_bias: bias(LayerTensor::QBias)?,
+                k_bias: bias(LayerTensor::KBias)?,
+                v_bias: bias(LayerTensor::VBias)?,
+                q_norm: qk_norm(LayerTensor::QNorm)?,
+                k_norm: qk_norm(LayerTensor::KNorm)?,
+            }),
+            get(LayerTensor::O)?,
+            None,
+        ),
+        arch::LayerKind::ShortConv(c) => {
+            let name = arch::tensor_name(l, LayerTensor::Conv);
+            // [H, 1, K] → [K, H]: tap j of every channel in one row.
+            let taps = get(LayerTensor::Conv)?
+                .reshape((c.channels, c.kernel))
+                .and_then(|t| t.t()?.contiguous())
+                .map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))?;
+            (
+                Mixer::ShortConv(ConvWeights {
+                    in_proj: get(LayerTensor::ConvIn)?,
+                    in_bias: optional(LayerTensor::ConvInBias, c.bias)?,
+                    taps,
+                    taps_bias: optional(LayerTensor::ConvBias, c.bias)?,
+                }),
+                get(LayerTensor::ConvOut)?,
+                optional(LayerTensor::ConvOutBias, c.bias)?,
+            )
+        }
+    };
     Ok(Layer {
         input_norm: norm(LayerTensor::InputNorm)?,
-        q: get(LayerTensor::Q)?,
-        k: get(LayerTensor::K)?,
-        v: get(LayerTensor::V)?,
-        q_bias: bias(LayerTensor::QBias)?,
-        k_bias: bias(LayerTensor::KBias)?,
-        v_bias: bias(LayerTensor::VBias)?,
-        q_norm: qk_norm(LayerTensor::QNorm)?,
-        k_norm: qk_norm(LayerTensor::KNorm)?,
-        o: get(LayerTensor::O)?,
+        mixer,
+        o,
+        o_bias,
         attn_out_norm: optional_norm(LayerTensor::PostNorm, gemma)?,
         post_norm: norm(spec.mlp_norm())?,
         gate: get(LayerTensor::Gate)?,
@@ -298,6 +351,7 @@ impl PlainModel {
         let device = Device::Cpu;
         Ok(PlainModel {
             cache: vec![None; spec.num_hidden_layers],
+            conv_state: vec![None; spec.num_hidden_layers],
             cached: 0,
             norm: load_norm(ckpt, &TensorId::FinalNorm.hf_name(), &device)?,
             spec,
@@ -368,6 +422,7 @@ impl PlainModel {
 
     pub fn clear_cache(&mut self) {
         self.cache.iter_mut().for_each(|c| *c = None);
+        self.conv_state.iter_mut().for_each(|c| *c = None);
         self.cached = 0;
     }
 
@@ -461,6 +516,7 @@ impl PlainModel {
             spec,
             layers,
             cache,
+            conv_state,
             device,
             ..
         } = self;
@@ -469,10 +525,22 @@ impl PlainModel {
         obs.observe(lo, Point::NormInput, x)?;
         let h = rms_norm(x, &w.input_norm, spec.rms_norm_eps)?;
         obs.observe(lo, Point::AttentionInput, &h)?;
-        let slot = if use_cache { Some(&mut cache[l]) } else { None };
-        let attn = attention(spec, w, &h, cos, sin, slot, device, lo, obs)?;
+        let attn = match &w.mixer {
+            Mixer::Attention(a) => {
+                let slot = if use_cache { Some(&mut cache[l]) } else { None };
+                attention(spec, a, &h, cos, sin, slot, device, lo, obs)?
+            }
+            Mixer::ShortConv(c) => {
+                let state = if use_cache {
+                    Some(&mut conv_state[l])
+                } else {
+                    None
+                };
+                short_conv(c, &h, state)?
+            }
+        };
         obs.observe(lo, Point::OInput, &attn)?;
-        let o = linear(&attn, &w.o, None)?;
+        let o = linear(&attn, &w.o, w.o_bias.as_ref())?;
         obs.observe(lo, Point::O, &o)?;
         let o = out_norm(spec, w.attn_out_norm.as_ref(), o, lo, obs)?;
         let x = (x + o)?;
@@ -530,18 +598,20 @@ impl PlainModel {
         let t = h.dim(0)?;
         let tables = self.rope_tables(0, t)?;
         let (cos, sin) = tables.layer(&self.spec, l);
-        let w = self.weights(l)?;
-        attention(
-            &self.spec,
-            w,
-            h,
-            cos,
-            sin,
-            None,
-            &self.device,
-            Some(l),
-            &mut Blind,
-        )
+        match &self.weights(l)?.mixer {
+            Mixer::Attention(a) => attention(
+                &self.spec,
+                a,
+                h,
+                cos,
+                sin,
+                None,
+                &self.device,
+                Some(l),
+                &mut Blind,
+            ),
+            Mixer::ShortConv(c) => short_conv(c, h, None),
+        }
     }
 
     /// (the residual after attention, the gate/up input) from block input x and o_proj input.
@@ -552,7 +622,7 @@ impl PlainModel {
         attn: &Tensor,
     ) -> candle_core::Result<(Tensor, Tensor)> {
         let w = self.weights(l)?;
-        let o = linear(attn, &w.o, None)?;
+        let o = linear(attn, &w.o, w.o_bias.as_ref())?;
         let o = out_norm(&self.spec, w.attn_out_norm.as_ref(), o, None, &mut Blind)?;
         let x = (x + o)?;
         let h = rms_norm(&x, &w.post_norm, self.spec.rms_norm_eps)?;
@@ -602,16 +672,17 @@ impl PlainModel {
     /// selects post_attention_layernorm) of block `l`.
     pub(crate) fn weight_mut(&mut self, l: usize, role: Role, post: bool) -> Option<&mut Tensor> {
         let w = self.layers.get_mut(l)?.as_mut()?;
-        Some(match role {
-            Role::Q => &mut w.q,
-            Role::K => &mut w.k,
-            Role::V => &mut w.v,
-            Role::O => &mut w.o,
-            Role::Gate => &mut w.gate,
-            Role::Up => &mut w.up,
-            Role::Down => &mut w.down,
-            Role::Norm if post => &mut w.post_norm,
-            Role::Norm => &mut w.input_norm,
+        Some(match (role, &mut w.mixer) {
+            (Role::Q, Mixer::Attention(a)) => &mut a.q,
+            (Role::K, Mixer::Attention(a)) => &mut a.k,
+            (Role::V, Mixer::Attention(a)) => &mut a.v,
+            (Role::ConvIn, Mixer::ShortConv(c)) => &mut c.in_proj,
+            (Role::O, _) => &mut w.o,
+            (Role::Gate, _) => &mut w.gate,
+            (Role::Up, _) => &mut w.up,
+            (Role::Down, _) => &mut w.down,
+            (Role::Norm, _) if post => &mut w.post_norm,
+            (Role::Norm, _) => &mut w.input_norm,
             _ => return None,
         })
     }
@@ -619,10 +690,11 @@ impl PlainModel {
     /// The bias of q/k/v in block `l` (Qwen2), if any.
     pub(crate) fn bias_mut(&mut self, l: usize, role: Role) -> Option<&mut Tensor> {
         let w = self.layers.get_mut(l)?.as_mut()?;
-        match role {
-            Role::Q => w.q_bias.as_mut(),
-            Role::K => w.k_bias.as_mut(),
-            Role::V => w.v_bias.as_mut(),
+        match (role, &mut w.mixer) {
+            (Role::Q, Mixer::Attention(a)) => a.q_bias.as_mut(),
+            (Role::K, Mixer::Attention(a)) => a.k_bias.as_mut(),
+            (Role::V, Mixer::Attention(a)) => a.v_bias.as_mut(),
+            (Role::ConvIn, Mixer::ShortConv(c)) => c.in_bias.as_mut(),
             _ => None,
         }
     }
@@ -669,6 +741,8 @@ fn honoured(spec: &ModelSpec) {
         // `load_norm` (1 + w), `embed`/`embed_rows`, `attention` (scale, window),
         // `rope_tables` (local base), `out_norm`, `activation`.
         gemma: _,
+        // `ShortConv::forward`: LFM2's conv blocks and their state.
+        short_conv: _,
     } = spec;
 }
 
@@ -680,7 +754,10 @@ struct RopeTables {
 
 impl RopeTables {
     fn layer(&self, spec: &ModelSpec, l: usize) -> (&Tensor, &Tensor) {
-        let local = spec.layer(l).attention().rope == crate::arch::Rope::Local;
+        let local = spec
+            .layer(l)
+            .attention()
+            .is_some_and(|a| a.rope == crate::arch::Rope::Local);
         let (cos, sin) = match (&self.local, local) {
             (Some(local), true) => local,
             _ => &self.global,
@@ -724,7 +801,7 @@ fn activation(spec: &ModelSpec, gate: &Tensor) -> candle_core::Result<Tensor> {
 #[allow(clippy::too_many_arguments)]
 fn attention(
     spec: &ModelSpec,
-    w: &Layer,
+    w: &AttentionWeights,
     h: &Tensor,
     cos: &Tensor,
     sin: &Tensor,
@@ -757,7 +834,11 @@ fn attention(
     let q = head_norm(heads(q, hq)?, w.q_norm.as_ref())?;
     let k = head_norm(heads(k, hkv)?, w.k_norm.as_ref())?;
     // SmolLM3's NoPE blocks leave q and k unrotated.
-    let rotates = |l: usize| spec.layer(l).attention().rope != crate::arch::Rope::None;
+    let rotates = |l: usize| {
+        spec.layer(l)
+            .attention()
+            .is_some_and(|a| a.rope != crate::arch::Rope::None)
+    };
     let (q, mut k) = if lo.is_none_or(rotates) {
         (rope(&q, cos, sin)?, rope(&k, cos, sin)?)
     } else {
@@ -780,7 +861,7 @@ fn attention(
     let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((hq, t, tk))?;
     // The new tokens are the last t of the tk positions: token i sees keys 0..=tk - t + i
     // (within the block's window, if it has one).
-    let window = lo.and_then(|l| spec.layer(l).attention().window);
+    let window = lo.and_then(|l| spec.layer(l).attention().and_then(|a| a.window));
     let visible = causal_mask(t, tk - t, window, device)?.broadcast_as((hq, t, tk))?;
     if obs.wants(Point::Scores) {
         obs.observe(
@@ -799,6 +880,45 @@ fn attention(
         .transpose(0, 1)?
         .reshape((t, hq * d))?;
     Ok(attn)
+}
+
+/// LFM2's short convolution on the normalised block input h [T, H]: in_proj to B, C and x,
+/// B·x through the depthwise causal convolution (its K − 1 earlier inputs from `state`, zeros
+/// when there are none), times C. `state` (when given) is left holding the last K − 1 conv
+/// inputs. Returns the out_proj input [T, H].
+fn short_conv(
+    w: &ConvWeights,
+    h: &Tensor,
+    state: Option<&mut Option<Tensor>>,
+) -> candle_core::Result<Tensor> {
+    let (t, hidden) = h.dims2()?;
+    let (kernel, _) = w.taps.dims2()?;
+    let bcx = linear(h, &w.in_proj, w.in_bias.as_ref())?;
+    let (b, c, x) = (
+        bcx.narrow(1, 0, hidden)?,
+        bcx.narrow(1, hidden, hidden)?,
+        bcx.narrow(1, 2 * hidden, hidden)?,
+    );
+    let bx = (b * x)?;
+    let past = match state.as_deref() {
+        Some(Some(s)) => s.clone(),
+        _ => Tensor::zeros((kernel - 1, hidden), bx.dtype(), bx.device())?,
+    };
+    // Row i + K − 1 of `seq` is input i; output i sums taps j over rows i .. i + K − 1.
+    let seq = Tensor::cat(&[&past, &bx], 0)?;
+    let mut y = match &w.taps_bias {
+        Some(bias) => bias.unsqueeze(0)?.broadcast_as((t, hidden))?.contiguous()?,
+        None => Tensor::zeros((t, hidden), bx.dtype(), bx.device())?,
+    };
+    for j in 0..kernel {
+        y = (y + seq
+            .narrow(0, j, t)?
+            .broadcast_mul(&w.taps.narrow(0, j, 1)?)?)?;
+    }
+    if let Some(state) = state {
+        *state = Some(seq.narrow(0, t, kernel - 1)?.contiguous()?);
+    }
+    c * y
 }
 
 /// x · W^T (+ b) for x [T, in], W [out, in].

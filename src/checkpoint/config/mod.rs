@@ -13,7 +13,7 @@ mod numerics;
 mod per_arch;
 
 use per_arch::{
-    gemma, gemma_global_rope, long_rope, no_rope_layers, partial_rotary_dim, text_model,
+    gemma, gemma_global_rope, lfm2, long_rope, no_rope_layers, partial_rotary_dim, text_model,
 };
 
 use super::CheckpointError;
@@ -354,7 +354,15 @@ impl ModelSpec {
         };
         let num_hidden_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
         let hidden_size = need(raw.hidden_size, "hidden_size")?;
-        let intermediate_size = need(raw.intermediate_size, "intermediate_size")?;
+        let lfm2 = match architecture {
+            Architecture::Lfm2 => Some(lfm2(&raw, num_hidden_layers)?),
+            _ => None,
+        };
+        let intermediate_size = need(
+            lfm2.as_ref()
+                .map_or(raw.intermediate_size, |m| Some(m.intermediate_size)),
+            "intermediate_size",
+        )?;
         let num_attention_heads = need(raw.num_attention_heads, "num_attention_heads")?;
         let num_key_value_heads = need(
             Some(raw.num_key_value_heads.unwrap_or(num_attention_heads)),
@@ -377,7 +385,7 @@ impl ModelSpec {
             scaling: rope_scaling,
             keys: rope_keys,
         } = rope(&raw, architecture)?;
-        let rms_norm_eps = rms_norm_eps(raw.rms_norm_eps)?;
+        let rms_norm_eps = rms_norm_eps(lfm2.as_ref().map_or(raw.rms_norm_eps, |m| m.norm_eps))?;
         let max_position_embeddings = positions(raw.max_position_embeddings)?;
         check_unhonoured(&raw, architecture)?;
         let partial_rotary_dim = partial_rotary_dim(&raw, rope_params, architecture, head_dim)?;
@@ -402,6 +410,8 @@ impl ModelSpec {
                     .transpose()?;
                 (Some(g), w)
             }
+            // LFM2's `layer_types` name conv and attention blocks, none windowed.
+            Architecture::Lfm2 => (None, None),
             _ => (None, sliding_window(&raw)?),
         };
         let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
@@ -417,9 +427,12 @@ impl ModelSpec {
             vocab_size,
             rms_norm_eps,
             // Gemma3TextConfig ties by default; the other configs do not.
-            tie_word_embeddings: raw
-                .tie_word_embeddings
-                .unwrap_or(architecture == Architecture::Gemma3),
+            tie_word_embeddings: match &lfm2 {
+                Some(m) => m.tie_word_embeddings,
+                None => raw
+                    .tie_word_embeddings
+                    .unwrap_or(architecture == Architecture::Gemma3),
+            },
             rope_theta,
             rope_scaling,
             max_position_embeddings,
@@ -428,11 +441,15 @@ impl ModelSpec {
             bos_token_id,
             eos_token_ids,
             sliding_window,
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Lfm2
+            ),
             no_rope_layers,
             partial_rotary_dim,
             gemma,
             text_of,
+            short_conv: lfm2.map(|m| m.conv),
         };
         numerics::check(&spec, &rope_keys)?;
         Ok(spec)
@@ -462,7 +479,12 @@ fn rope(raw: &RawConfig, architecture: Architecture) -> Result<Rope<'_>, ConfigE
             message: format!("({v}) must be a number"),
         })?),
     };
-    let theta = raw.rope_theta.or(nested_theta).unwrap_or(10_000.0);
+    // Lfm2Config's `default_theta`; every other config here defaults to 10⁴.
+    let default_theta = match architecture {
+        Architecture::Lfm2 => 1_000_000.0,
+        _ => 10_000.0,
+    };
+    let theta = raw.rope_theta.or(nested_theta).unwrap_or(default_theta);
     let theta_key = match (raw.rope_theta, nested_theta) {
         (None, Some(_)) => "rope_parameters.rope_theta",
         _ => "rope_theta",

@@ -3,7 +3,7 @@
 //! blocks without RoPE. The keys every architecture shares are read in [`super`].
 
 use super::{parse_rope_scaling, ConfigError, RawConfig};
-use crate::arch::{Architecture, GemmaSpec, RopeScaling};
+use crate::arch::{Architecture, GemmaSpec, RopeScaling, ShortConvSpec};
 
 /// `Gemma3TextConfig`'s defaults (transformers 5.23) for the keys a multimodal config's
 /// `text_config` may leave out (the Hub's Gemma 3 4B-27B configs list only what differs).
@@ -123,6 +123,170 @@ fn positive(v: Option<&serde_json::Value>, key: &str) -> Result<f64, ConfigError
         .into()),
         None => Err(ConfigError::Missing(key.into())),
     }
+}
+
+/// Largest convolution LFM2's blocks may declare (`conv_L_cache`; the released models use 3).
+const MAX_CONV_KERNEL: usize = 64;
+
+/// What LFM2 reads from config.json beside the shared keys, as transformers 5.23's
+/// `Lfm2Config` and `Lfm2MLP` compute it.
+pub(super) struct Lfm2 {
+    pub conv: ShortConvSpec,
+    /// The feed-forward width `w1`/`w3` have.
+    pub intermediate_size: usize,
+    pub tie_word_embeddings: bool,
+    /// `norm_eps`, every RMSNorm's ε (LFM2 has no `rms_norm_eps`).
+    pub norm_eps: Option<f64>,
+}
+
+/// LFM2's fields: which blocks convolve (`layer_types` "conv", or every block not in
+/// `full_attn_idxs`), the convolution (`conv_L_cache` taps, `conv_bias`), the feed-forward
+/// width from `intermediate_size` (alias `block_ff_dim`) by `block_auto_adjust_ff_dim`,
+/// `block_ffn_dim_multiplier` and `block_multiple_of`, and the tie (alias `tie_embedding`).
+pub(super) fn lfm2(raw: &RawConfig, layers: usize) -> Result<Lfm2, ConfigError> {
+    use serde_json::Value;
+    let rest = &raw.rest;
+    let field = |key: &str, message: String| ConfigError::Field {
+        field: key.into(),
+        message,
+    };
+    let get = |key: &str| rest.get(key).filter(|v| !v.is_null());
+    let uint = |key: &str| -> Result<Option<usize>, ConfigError> {
+        get(key)
+            .map(|v| {
+                v.as_u64()
+                    .map(|n| n as usize)
+                    .ok_or_else(|| field(key, format!("({v}) must be a whole number")))
+            })
+            .transpose()
+    };
+    let boolean = |key: &str| -> Result<Option<bool>, ConfigError> {
+        get(key)
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| field(key, format!("({v}) must be true or false")))
+            })
+            .transpose()
+    };
+    let attention: Vec<bool> = match (&raw.layer_types, get("full_attn_idxs")) {
+        (Some(types), _) => {
+            if types.len() != layers {
+                return Err(field(
+                    "layer_types",
+                    format!("has {} entries for {layers} layers", types.len()),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "conv" => Ok(false),
+                    "full_attention" => Ok(true),
+                    other => Err(field(
+                        "layer_types",
+                        format!(
+                            "names a block kind \"{other}\" that LFM2 does not have (conv, full_attention)"
+                        ),
+                    )),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        (None, Some(Value::Array(idxs))) => {
+            let mut attention = vec![false; layers];
+            for v in idxs {
+                match v.as_u64().map(|i| i as usize) {
+                    Some(i) if i < layers => attention[i] = true,
+                    _ => {
+                        return Err(field(
+                            "full_attn_idxs",
+                            format!("({v}) is not a block index below {layers}"),
+                        ))
+                    }
+                }
+            }
+            attention
+        }
+        (None, Some(v)) => {
+            return Err(field(
+                "full_attn_idxs",
+                format!("({v}) must be a list of block indices"),
+            ))
+        }
+        // Lfm2Config: every block attends when neither is given.
+        (None, None) => vec![true; layers],
+    };
+    let kernel = uint("conv_L_cache")?.unwrap_or(3);
+    if !(2..=MAX_CONV_KERNEL).contains(&kernel) {
+        return Err(field(
+            "conv_L_cache",
+            format!(
+                "({kernel}) must be between 2 and {MAX_CONV_KERNEL}: the taps of each block's \
+                 causal convolution, whose state keeps the last conv_L_cache − 1 inputs"
+            ),
+        ));
+    }
+    let bias = boolean("conv_bias")?.unwrap_or(false);
+    // transformers pops `block_ff_dim` into `intermediate_size` when both are given.
+    let declared = match uint("block_ff_dim")? {
+        Some(n) => Some(n),
+        None => raw.intermediate_size,
+    }
+    .unwrap_or(12_288);
+    if declared == 0 {
+        return Err(ConfigError::NotPositive("intermediate_size".into()));
+    }
+    let mut width = declared;
+    if boolean("block_auto_adjust_ff_dim")?.unwrap_or(true) {
+        // Python's int(2 * n / 3): the float quotient, truncated.
+        width = (2.0 * declared as f64 / 3.0) as usize;
+        let multiplier = match rest.get("block_ffn_dim_multiplier") {
+            None => Some(1.0),
+            Some(Value::Null) => None,
+            Some(v) => match v.as_f64() {
+                Some(m) if m.is_finite() && m > 0.0 => Some(m),
+                _ => {
+                    return Err(field(
+                        "block_ffn_dim_multiplier",
+                        format!("({v}) must be a positive number"),
+                    ))
+                }
+            },
+        };
+        if let Some(m) = multiplier {
+            let multiple = uint("block_multiple_of")?.unwrap_or(256);
+            if multiple == 0 {
+                return Err(ConfigError::NotPositive("block_multiple_of".into()));
+            }
+            width = (m * width as f64) as usize;
+            width = width.div_ceil(multiple).saturating_mul(multiple);
+        }
+        if width == 0 {
+            return Err(field(
+                "intermediate_size",
+                format!("({declared}) leaves LFM2's adjusted feed-forward width at 0"),
+            ));
+        }
+    }
+    let tie_word_embeddings = match boolean("tie_embedding")? {
+        Some(t) => t,
+        None => raw.tie_word_embeddings.unwrap_or(true),
+    };
+    let norm_eps = get("norm_eps")
+        .map(|v| {
+            v.as_f64()
+                .ok_or_else(|| field("norm_eps", format!("({v}) must be a number")))
+        })
+        .transpose()?
+        .or(Some(1e-5));
+    Ok(Lfm2 {
+        conv: ShortConvSpec {
+            layers: (0..layers).filter(|&l| !attention[l]).collect(),
+            kernel,
+            bias,
+        },
+        intermediate_size: width,
+        tie_word_embeddings,
+        norm_eps,
+    })
 }
 
 /// Gemma 3's own fields: the activation (tanh GELU only), `query_pre_attn_scalar`, the local
@@ -440,7 +604,7 @@ mod tests {
         let listed = format!("{base},\"no_rope_layers\":[1,1,1,0,1,0,1,0]}}");
         let s = ModelSpec::from_config_str(&listed).unwrap();
         assert_eq!(s.no_rope_layers, vec![3, 5, 7]);
-        let rope = |l: usize| s.layer(l).attention().rope;
+        let rope = |l: usize| s.layer(l).attention().unwrap().rope;
         assert_eq!(
             (rope(0), rope(3)),
             (crate::arch::Rope::Global, crate::arch::Rope::None)
@@ -493,10 +657,10 @@ mod tests {
         assert_eq!(g.embedding_scale, 50.5, "√2560 = 50.596 rounded to bf16");
         assert_eq!(s.attention_scale(), 1.0 / 16.0);
         let (sliding, global) = (s.layer(4), s.layer(5));
-        assert_eq!(global.attention().window, None);
-        assert_eq!(global.attention().rope, crate::arch::Rope::Global);
-        assert_eq!(sliding.attention().window, Some(1024));
-        assert_eq!(sliding.attention().rope, crate::arch::Rope::Local);
+        assert_eq!(global.attention().unwrap().window, None);
+        assert_eq!(global.attention().unwrap().rope, crate::arch::Rope::Global);
+        assert_eq!(sliding.attention().unwrap().window, Some(1024));
+        assert_eq!(sliding.attention().unwrap().rope, crate::arch::Rope::Local);
         assert_eq!(s.unbuilt_window(), None);
         // The same fields on another architecture are refused, naming them.
         let llama = v4.replace("Gemma3ForCausalLM", "LlamaForCausalLM");
@@ -566,6 +730,7 @@ mod tests {
         assert_eq!(m.max_position_embeddings, 131_072);
         let m = ModelSpec {
             text_of: None,
+            short_conv: None,
             max_position_embeddings: s.max_position_embeddings,
             ..m
         };

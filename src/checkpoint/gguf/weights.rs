@@ -43,6 +43,13 @@ pub fn gguf_name(id: TensorId, gemma: bool) -> String {
             LayerTensor::VBias => ("attn_v", "bias"),
             LayerTensor::QNorm => ("attn_q_norm", "weight"),
             LayerTensor::KNorm => ("attn_k_norm", "weight"),
+            // llama.cpp's `lfm2` names (src/llama-arch.cpp).
+            LayerTensor::ConvIn => ("shortconv.in_proj", "weight"),
+            LayerTensor::ConvInBias => ("shortconv.in_proj", "bias"),
+            LayerTensor::Conv => ("shortconv.conv", "weight"),
+            LayerTensor::ConvBias => ("shortconv.conv", "bias"),
+            LayerTensor::ConvOut => ("shortconv.out_proj", "weight"),
+            LayerTensor::ConvOutBias => ("shortconv.out_proj", "bias"),
         },
     };
     format!("blk.{}.{part}.{suffix}", id.layer().unwrap_or(0))

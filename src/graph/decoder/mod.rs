@@ -226,7 +226,18 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         // embedding scale (`build_part`), q scale, local RoPE tables and banded masks
         // (`shared_inputs`, `mask::window_mask`).
         gemma: _,
+        // Refused below: a convolution block's state has no place in the package yet.
+        short_conv,
     } = spec;
+    if let Some(conv) = short_conv {
+        return Err(GraphError::Unsupported(format!(
+            "{} has {} short-convolution blocks, whose state the package contract does not \
+             carry yet: `inspect`, `budget` and the float reference read this model, \
+             `convert` cannot write it",
+            spec.architecture,
+            conv.layers.len()
+        )));
+    }
     // LongRoPE switches to its long factors once the sequence outgrows the original
     // context; a package's tables are fixed, so its context stays within it.
     if let RopeScaling::LongRope {
@@ -436,7 +447,10 @@ fn shared_inputs(
     let layers = spec.layers();
     let sliding = layers
         .iter()
-        .map(|k| k.attention().rope == crate::arch::Rope::Local)
+        .map(|k| {
+            k.attention()
+                .is_some_and(|a| a.rope == crate::arch::Rope::Local)
+        })
         .collect();
     let shared = Shared {
         q_scale: spec.attention_scale(),
@@ -453,7 +467,10 @@ fn shared_inputs(
         qk_norm_eps: spec.qk_norm.then_some(spec.rms_norm_eps),
         rope_in_layer: layers
             .iter()
-            .map(|k| k.attention().rope != crate::arch::Rope::None)
+            .map(|k| {
+                k.attention()
+                    .is_some_and(|a| a.rope != crate::arch::Rope::None)
+            })
             .collect(),
         rotary: spec.rotary_dim(),
         first_layer: part.layers.start,

@@ -112,13 +112,18 @@ pub(super) fn apply_scales(
         let name = crate::arch::tensor_name(l, t);
         slots.iter().any(|x| x.name == name).then_some(name)
     };
-    for &role in SITES[site].1 {
+    let kind = spec.layer(l);
+    // The site's projections this block has (a conv block reads its input with in_proj alone).
+    let present = SITES[site].1.iter().filter_map(|&role| {
+        Some((
+            role,
+            LayerTensor::projection(role, &kind).and_then(name_of)?,
+        ))
+    });
+    for (role, name) in present {
         let w = model.weight_mut(l, role, false).ok_or_else(missing)?;
         scale_tensor(w, &cols_scale, true)?;
         // Recorded in case the recipe keeps it fp16; dropped again once it is palettized.
-        let name = LayerTensor::projection(role)
-            .and_then(name_of)
-            .ok_or_else(missing)?;
         replaced.insert(name, to_vec(w)?);
     }
     match site {
@@ -218,7 +223,12 @@ pub(super) fn awq_search(
     }
     Ok(AwqChoice {
         layer: l,
-        roles: SITES[site].1.to_vec(),
+        roles: SITES[site]
+            .1
+            .iter()
+            .copied()
+            .filter(|&r| LayerTensor::projection(r, &spec.layer(l)).is_some())
+            .collect(),
         exponent: best.1,
         error_unscaled: unscaled,
         error_chosen: best.0,

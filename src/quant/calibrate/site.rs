@@ -17,7 +17,10 @@ use crate::quant::QuantError;
 
 /// The four projection inputs of a block and the projections reading each.
 pub(super) const SITES: [(Point, &[Role]); 4] = [
-    (Point::AttentionInput, &[Role::Q, Role::K, Role::V]),
+    (
+        Point::AttentionInput,
+        &[Role::Q, Role::K, Role::V, Role::ConvIn],
+    ),
     (Point::OInput, &[Role::O]),
     (Point::MlpInput, &[Role::Gate, Role::Up]),
     (Point::SiluUp, &[Role::Down]),

@@ -519,3 +519,130 @@ fn gemma3_unsupported_fields_exit_2() {
     );
     assert!(!out.exists());
 }
+
+/// LFM2: short-convolution blocks between attention blocks, the feed-forward width by LFM2's
+/// rule, its own tensor names; tied (kernel 3) and untied with biases (kernel 4).
+#[test]
+fn lfm2_reference_matches_transformers() {
+    for (arch, width, kernel, conv_layers) in [
+        ("lfm2", 96, 3, vec![0, 2, 3]),
+        ("lfm2_untied", 128, 4, vec![0, 2]),
+    ] {
+        let spec = Checkpoint::open(fixture(arch)).unwrap().spec().clone();
+        let conv = spec.short_conv.clone().expect("conv blocks");
+        assert_eq!(
+            (spec.intermediate_size, conv.kernel, conv.layers),
+            (width, kernel, conv_layers),
+            "{arch}"
+        );
+        assert!(spec.qk_norm);
+        assert_eq!(conv.bias, arch == "lfm2_untied");
+        assert_eq!(spec.tie_word_embeddings, arch == "lfm2");
+        reference_matches_transformers(arch);
+    }
+}
+
+/// A conv block's state carries across calls: the tokens fed in calls of several sizes give
+/// the whole pass's logits at the end of every call.
+#[test]
+fn lfm2_state_carries_across_calls_of_any_size() {
+    for arch in ["lfm2", "lfm2_untied"] {
+        let dir = fixture(arch);
+        let want = expected(&dir);
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let mut r = Reference::load_with(&ckpt, BackendChoice::Auto).unwrap();
+        let scale = want
+            .logits
+            .iter()
+            .flatten()
+            .fold(0f32, |m, v| m.max(v.abs()));
+        let mut at = 0;
+        for n in [1, 2, 5, 1, 13, 3, 31] {
+            let row = r.step(&want.tokens[at..at + n], at).unwrap();
+            at += n;
+            let d = max_diff(&[row], &want.logits[at - 1..at]);
+            assert!(
+                d <= 1e-4 * scale,
+                "{arch}: call ending at {at} differs by {d}"
+            );
+        }
+        assert_eq!(at, want.tokens.len());
+    }
+}
+
+/// `inspect` and `budget` read LFM2; `convert` refuses it by its conv blocks, exit 2.
+#[test]
+fn lfm2_is_inspected_and_its_conversion_refused_by_name() {
+    let model = fixture("lfm2");
+    for args in [
+        &["inspect"][..],
+        &["budget", "--device", "iphone-15", "--max-seq-len", "128"],
+    ] {
+        let o = Cli::new().args(args).arg(&model).output();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{}: {err}", args[0]);
+        assert!(stdout(&o).contains("Lfm2ForCausalLM"), "{}", stdout(&o));
+    }
+    // Two attention blocks keep rows (2 × 2 × 2 heads × 16 × 128 × 2 B = 32 KiB), three conv
+    // blocks their 2 inputs of 64 channels (768 B): 32.75 KiB, whatever the rows.
+    let o = Cli::new()
+        .args(["budget", "--device", "iphone-15", "--max-seq-len", "128"])
+        .arg(&model)
+        .output();
+    let text = stdout(&o);
+    assert!(
+        text.contains("32.75 KiB")
+            && text.contains("2 attention layers")
+            && text.contains("3 conv states"),
+        "{text}"
+    );
+    let out = tempfile::tempdir().unwrap();
+    let o = Cli::new()
+        .arg("convert")
+        .arg(&model)
+        .arg("-o")
+        .arg(out.path().join("m.mlpackage"))
+        .args(["--keep-fp16", "*", "--max-seq-len", "64"])
+        .output();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("3 short-convolution blocks"), "{err}");
+    assert!(!out.path().join("m.mlpackage").exists());
+}
+
+/// An LFM2 config that does not describe a model exits 2 naming the field.
+#[test]
+fn lfm2_inconsistent_configs_exit_2_naming_the_field() {
+    let base = std::fs::read_to_string(fixture("lfm2").join("config.json")).unwrap();
+    for (from, to, field) in [
+        ("\"conv_L_cache\": 3", "\"conv_L_cache\": 0", "conv_L_cache"),
+        (
+            "\"conv\",\n    \"full_attention\",\n    \"conv\"",
+            "\"conv\",\n    \"mamba\",\n    \"conv\"",
+            "layer_types",
+        ),
+        (
+            "\"block_multiple_of\": 32",
+            "\"block_multiple_of\": 0",
+            "block_multiple_of",
+        ),
+        (
+            "\"conv_bias\": false",
+            "\"conv_bias\": true",
+            "conv.in_proj.bias",
+        ),
+    ] {
+        assert!(base.contains(from), "{from}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), base.replace(from, to)).unwrap();
+        std::fs::copy(
+            fixture("lfm2").join("model.safetensors"),
+            dir.path().join("model.safetensors"),
+        )
+        .unwrap();
+        let o = Cli::new().arg("inspect").arg(dir.path()).output();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{field}: {err}");
+        assert!(err.contains(field), "{field}: {err}");
+    }
+}
