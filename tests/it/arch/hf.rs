@@ -101,6 +101,24 @@ fn reference_matches_transformers(arch: &str) {
     }
 }
 
+/// `inspect` of fixture `arch` with `edit.0` replaced by `edit.1` in its config.json exits 2,
+/// naming `field`.
+fn inspect_refuses_edited_config(arch: &str, edit: (&str, &str), field: &str) {
+    let base = std::fs::read_to_string(fixture(arch).join("config.json")).unwrap();
+    assert!(base.contains(edit.0), "{}", edit.0);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), base.replace(edit.0, edit.1)).unwrap();
+    std::fs::copy(
+        fixture(arch).join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let o = Cli::new().arg("inspect").arg(dir.path()).output();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{field}: {err}");
+    assert!(err.contains(field), "{field}: {err}");
+}
+
 fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::Value, String) {
     let o = Cli::new()
         .arg("validate")
@@ -463,7 +481,6 @@ fn gemma3_batch_inspect_budget() {
 #[test]
 fn gemma3_unsupported_fields_exit_2() {
     needs!(Python);
-    let base = std::fs::read_to_string(fixture("gemma3").join("config.json")).unwrap();
     for (from, to, field) in [
         (
             "\"attn_logit_softcapping\": null",
@@ -487,18 +504,7 @@ fn gemma3_unsupported_fields_exit_2() {
             "text_config",
         ),
     ] {
-        assert!(base.contains(from), "{from}");
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("config.json"), base.replace(from, to)).unwrap();
-        std::fs::copy(
-            fixture("gemma3").join("model.safetensors"),
-            dir.path().join("model.safetensors"),
-        )
-        .unwrap();
-        let o = Cli::new().arg("inspect").arg(dir.path()).output();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{field}: {err}");
-        assert!(err.contains(field), "{field}: {err}");
+        inspect_refuses_edited_config("gemma3", (from, to), field);
     }
     // The ane layout does not build Gemma 3: refused by name, nothing written.
     let root = tempfile::tempdir().unwrap();
@@ -613,7 +619,6 @@ fn lfm2_is_inspected_and_its_conversion_refused_by_name() {
 /// An LFM2 config that does not describe a model exits 2 naming the field.
 #[test]
 fn lfm2_inconsistent_configs_exit_2_naming_the_field() {
-    let base = std::fs::read_to_string(fixture("lfm2").join("config.json")).unwrap();
     for (from, to, field) in [
         ("\"conv_L_cache\": 3", "\"conv_L_cache\": 0", "conv_L_cache"),
         (
@@ -632,17 +637,6 @@ fn lfm2_inconsistent_configs_exit_2_naming_the_field() {
             "conv.in_proj.bias",
         ),
     ] {
-        assert!(base.contains(from), "{from}");
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("config.json"), base.replace(from, to)).unwrap();
-        std::fs::copy(
-            fixture("lfm2").join("model.safetensors"),
-            dir.path().join("model.safetensors"),
-        )
-        .unwrap();
-        let o = Cli::new().arg("inspect").arg(dir.path()).output();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{field}: {err}");
-        assert!(err.contains(field), "{field}: {err}");
+        inspect_refuses_edited_config("lfm2", (from, to), field);
     }
 }
