@@ -102,6 +102,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             } => format!("longrope (short factors up to {n} tokens)"),
         }
     );
+    if let Some(h) = &s.hybrid_state {
+        println!(
+            "  state        {} attention blocks: {} per token; {} conv blocks: {} in all",
+            h.attention_blocks,
+            fmt_bytes(h.kv_bytes_per_token),
+            h.conv_blocks,
+            fmt_bytes(h.conv_state_bytes)
+        );
+    }
     match &s.gguf {
         Some(g) => print_gguf(g),
         None => println!(

@@ -65,6 +65,48 @@ pub struct Summary {
     /// What a conversion of a multimodal checkpoint leaves out, part by part.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<DroppedPart>,
+    /// The state of a model whose blocks are not all attention (LFM2's conv blocks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hybrid_state: Option<HybridState>,
+}
+
+/// What a hybrid model keeps per sequence: key/value rows of its attention blocks, which grow
+/// with the context, and the fixed state of its other blocks.
+#[derive(Debug, Clone, Serialize)]
+pub struct HybridState {
+    pub attention_blocks: usize,
+    /// Key and value bytes per position over the attention blocks (fp16).
+    pub kv_bytes_per_token: u64,
+    pub conv_blocks: usize,
+    /// The conv blocks' state bytes, whatever the context (fp16).
+    pub conv_state_bytes: u64,
+}
+
+impl HybridState {
+    fn of(spec: &crate::arch::ModelSpec) -> Option<Self> {
+        use crate::arch::{LayerKind, StateEntry};
+        spec.short_conv.as_ref()?;
+        let kinds = spec.layers();
+        let attention = kinds
+            .iter()
+            .filter(|k| matches!(k, LayerKind::Attention(_)))
+            .count();
+        let per_token = |e: &StateEntry| match e {
+            StateEntry::Keys { .. } | StateEntry::Values { .. } => e.bytes(1),
+            StateEntry::Conv { .. } => 0,
+        };
+        let fixed = |e: &StateEntry| match e {
+            StateEntry::Conv { .. } => e.bytes(1),
+            _ => 0,
+        };
+        let entries: Vec<StateEntry> = kinds.iter().flat_map(LayerKind::state).collect();
+        Some(HybridState {
+            attention_blocks: attention,
+            kv_bytes_per_token: entries.iter().map(per_token).sum(),
+            conv_blocks: kinds.len() - attention,
+            conv_state_bytes: entries.iter().map(fixed).sum(),
+        })
+    }
 }
 
 /// One part of a multimodal checkpoint a conversion leaves out (never read).
@@ -181,6 +223,7 @@ fn build(
         gguf: None,
         text_of: None,
         dropped: Vec::new(),
+        hybrid_state: HybridState::of(spec),
     }
 }
 

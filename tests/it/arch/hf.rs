@@ -589,6 +589,14 @@ fn lfm2_is_inspected_and_its_conversion_refused_by_name() {
         assert!(o.status.success(), "{}: {err}", args[0]);
         assert!(stdout(&o).contains("Lfm2ForCausalLM"), "{}", stdout(&o));
     }
+    let o = Cli::new().arg("inspect").arg(&model).output();
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "state        2 attention blocks: 256 B per token; 3 conv blocks: 768 B in all"
+        ),
+        "{text}"
+    );
     // Two attention blocks keep rows (2 × 2 × 2 heads × 16 × 128 × 2 B = 32 KiB), three conv
     // blocks their 2 inputs of 64 channels (768 B): 32.75 KiB, whatever the rows.
     let o = Cli::new()
