@@ -22,7 +22,7 @@ export HF2COREML_GGUF := $(MODEL_GGUF)
 export HF2COREML_GGUF_7B_HEAD := $(GGUF_7B_HEAD)
 export PYO3_PYTHON := $(PYTHON)
 
-.PHONY: all setup model demo test lint fmt build bench clean-cache
+.PHONY: all setup model demo test test-big lint fmt build bench clean-cache
 
 all: build
 
@@ -108,6 +108,12 @@ test: setup
 	# One test at a time: each hostile run's peak memory is measured from its child, whose
 	# ru_maxrss starts at this process's peak, which tests building inputs side by side raise.
 	$(CARGO) test --locked --test security -- --test-threads=1
+
+# The big-model tests `make test` leaves out: each converts SmolLM2 with the default recipe
+# once more (minutes of calibration on two cores) for what the tests in `make test` already
+# show on the same model or on tiny ones (tests/it/real/coreai.rs says which).
+test-big: setup model
+	$(CARGO) test --locked --test it -- --ignored
 
 fmt:
 	$(CARGO) fmt

@@ -34,6 +34,7 @@ impl FixedModel {
             kv_cache: Default::default(),
             states: Vec::new(),
             functions: Vec::new(),
+            recurrent: None,
             max_seq_len: S,
             query_len: 1,
             num_layers: L,
@@ -79,6 +80,7 @@ impl StepModel for FixedModel {
             logits: self.logits.clone(),
             key_update: self.update.clone(),
             value_update: self.update.clone(),
+            recurrent: Vec::new(),
         })
     }
 }

@@ -53,7 +53,7 @@ pub enum StateEntry {
     Keys { heads: usize, head_dim: usize },
     /// Value rows [heads, S, head_dim].
     Values { heads: usize, head_dim: usize },
-    /// A convolution's last inputs [channels, width], oldest first: the same size at any
+    /// A convolution's last inputs [width, channels], oldest first: the same size at any
     /// context length.
     Conv { channels: usize, width: usize },
 }
@@ -65,7 +65,7 @@ impl StateEntry {
             StateEntry::Keys { heads, head_dim } | StateEntry::Values { heads, head_dim } => {
                 vec![heads, max_seq_len, head_dim]
             }
-            StateEntry::Conv { channels, width } => vec![channels, width],
+            StateEntry::Conv { channels, width } => vec![width, channels],
         }
     }
 
@@ -139,24 +139,62 @@ impl ModelSpec {
         (0..self.num_hidden_layers).map(|l| self.layer(l)).collect()
     }
 
-    /// (KV heads, head size) when every block keeps key and value rows of that one shape and
-    /// nothing else: the state the contract stacks into one cache [L, Hkv, S, D].
+    /// (KV heads, head size) when every attention block keeps key and value rows of that one
+    /// shape: the state the contract stacks into one cache [L, Hkv, S, D] (L the attention
+    /// blocks). `None` when shapes differ or no block attends.
     pub fn stacked_kv(&self) -> Option<(usize, usize)> {
         let mut shape = None;
         for kind in self.layers() {
-            let [StateEntry::Keys { heads, head_dim }, StateEntry::Values {
-                heads: vh,
-                head_dim: vd,
-            }] = kind.state()[..]
-            else {
-                return None;
+            let Some(a) = kind.attention() else {
+                continue;
             };
-            if (heads, head_dim) != (vh, vd) || shape.is_some_and(|s| s != (heads, head_dim)) {
+            let here = (a.kv_heads, a.head_dim);
+            if shape.is_some_and(|s| s != here) {
                 return None;
             }
-            shape = Some((heads, head_dim));
+            shape = Some(here);
         }
         shape
+    }
+
+    /// The layers a stacked cache holds: every block, or a hybrid model's attention blocks.
+    pub fn cache_layers(&self) -> usize {
+        self.attention_layers(0..self.num_hidden_layers).len()
+    }
+
+    /// The blocks of `layers` that attend (their rows are the caches' slots, in order).
+    pub fn attention_layers(&self, layers: std::ops::Range<usize>) -> Vec<usize> {
+        layers
+            .filter(|&l| self.layer(l).attention().is_some())
+            .collect()
+    }
+
+    /// The recurrent state blocks `layers` carry beside the caches, as the contract declares
+    /// it; `None` when every one of them attends.
+    pub fn recurrent_state(
+        &self,
+        layers: std::ops::Range<usize>,
+    ) -> Option<crate::mil::contract::Recurrent> {
+        let conv: Vec<(usize, ShortConv)> = layers
+            .clone()
+            .filter_map(|l| match self.layer(l) {
+                LayerKind::ShortConv(c) => Some((l, c)),
+                LayerKind::Attention(_) => None,
+            })
+            .collect();
+        if conv.is_empty() {
+            return None;
+        }
+        let (_, first) = conv[0];
+        Some(crate::mil::contract::Recurrent {
+            blocks: layers.len(),
+            attention_layers: self.attention_layers(layers),
+            conv: Some(crate::mil::contract::ConvState {
+                layers: conv.iter().map(|(l, _)| *l).collect(),
+                width: first.kernel - 1,
+                channels: first.channels,
+            }),
+        })
     }
 
     /// The state every block keeps per sequence at context length `max_seq_len`, in bytes

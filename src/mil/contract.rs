@@ -241,6 +241,85 @@ pub const VALUE_CACHE: &str = "value_cache";
 pub const LOGITS: &str = "logits";
 pub const KEY_UPDATE: &str = "key_update";
 pub const VALUE_UPDATE: &str = "value_update";
+/// A hybrid package's count of real tokens in `input_ids` (Q > 1 only): the rest is padding,
+/// which must not reach a recurrent state.
+pub const VALID_LEN: &str = "valid_len";
+/// The short-convolution blocks' states, [Lc, W, C].
+pub const CONV_STATE: &str = "conv_state";
+/// The same states after the step's real tokens.
+pub const CONV_STATE_UPDATE: &str = "conv_state_update";
+
+/// The state a hybrid model's blocks carry beside the attention blocks' KV rows
+/// (docs/contract.md, "Hybrid packages"). `num_layers` then counts the attention blocks only:
+/// the caches hold their rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recurrent {
+    /// Decoder blocks in all (attention and recurrent) the package runs.
+    pub blocks: usize,
+    /// The blocks that attend, in order: slot i of the caches is block `attention_layers[i]`.
+    pub attention_layers: Vec<usize>,
+    /// The short-convolution blocks' states, if it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv: Option<ConvState>,
+}
+
+/// The short-convolution blocks' state: the last W = K − 1 inputs of each block's depthwise
+/// convolution, oldest first, [Lc, W, C].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvState {
+    /// The blocks, in order: slot i of the state is block `layers[i]`.
+    pub layers: Vec<usize>,
+    /// W: the inputs each block keeps.
+    pub width: usize,
+    /// C: its channels.
+    pub channels: usize,
+}
+
+impl Recurrent {
+    /// The conv state's shape [Lc, W, C], if there is one.
+    pub fn conv_shape(&self) -> Option<Vec<usize>> {
+        self.conv
+            .as_ref()
+            .map(|c| vec![c.layers.len(), c.width, c.channels])
+    }
+
+    /// Values in all the recurrent state holds (the host's copy).
+    pub fn len(&self) -> usize {
+        self.conv_shape().map_or(0, |s| s.iter().product::<usize>())
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Add its inputs and outputs to a step's at Q tokens: `valid_len` after `position`
+    /// (Q > 1), the state after the caches, its update after theirs.
+    pub fn add_io(
+        &self,
+        q: usize,
+        float: &str,
+        inputs: &mut Vec<IoSpec>,
+        outputs: &mut Vec<IoSpec>,
+    ) {
+        let io = |name: &str, dtype: &str, shape: Vec<usize>| IoSpec {
+            name: name.into(),
+            dtype: dtype.into(),
+            shape,
+        };
+        if q > 1 {
+            let at = inputs
+                .iter()
+                .position(|i| i.name == POSITION)
+                .map_or(inputs.len(), |i| i + 1);
+            inputs.insert(at, io(VALID_LEN, "int32", vec![1]));
+        }
+        if let Some(shape) = self.conv_shape() {
+            inputs.push(io(CONV_STATE, float, shape.clone()));
+            outputs.push(io(CONV_STATE_UPDATE, float, shape));
+        }
+    }
+}
 
 /// Name, dtype and shape of one input or output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -307,6 +386,9 @@ pub struct Contract {
     /// [`DECODE`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub functions: Vec<FunctionSpec>,
+    /// A hybrid model's recurrent state beside the caches (absent: every block attends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recurrent: Option<Recurrent>,
 }
 
 /// The function of a multifunction package that processes the prompt, Q tokens a call.
@@ -422,13 +504,22 @@ impl Contract {
             self.head_dim,
             self.vocab_size,
         );
-        match self.kv_cache {
+        let (mut i, mut o, st) = match self.kv_cache {
             KvCache::Io => {
                 let (i, o) = Self::io(s, q, l, hkv, d, v, float);
                 (i, o, Vec::new())
             }
             KvCache::State => Self::state_io(s, q, l, hkv, d, v, float),
+        };
+        if let Some(r) = &self.recurrent {
+            r.add_io(q, float, &mut i, &mut o);
         }
+        (i, o, st)
+    }
+
+    /// The values of the recurrent state a host keeps between steps (0 without one).
+    pub fn recurrent_len(&self) -> usize {
+        self.recurrent.as_ref().map_or(0, Recurrent::len)
     }
 
     /// The names of the package's functions: `main` alone, or each of [`Contract::functions`].

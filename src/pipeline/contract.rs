@@ -27,23 +27,22 @@ pub fn contract_for(
                 .into(),
         )
     })?;
-    let dims = (
-        opts.max_seq_len,
-        opts.query_len,
-        spec.num_hidden_layers,
-        hkv,
-        d,
-        spec.vocab_size,
-    );
+    // A hybrid model's caches hold its attention blocks' rows; the rest is recurrent state.
+    let recurrent = spec.recurrent_state(0..spec.num_hidden_layers);
+    let l = spec.cache_layers();
+    let dims = (opts.max_seq_len, opts.query_len, l, hkv, d, spec.vocab_size);
     let (s, q, l, hkv, d, v) = dims;
     let precision = opts.precision.as_str();
-    let (inputs, outputs, states) = match opts.kv_cache {
+    let (mut inputs, mut outputs, states) = match opts.kv_cache {
         contract::KvCache::Io => {
             let (i, o) = Contract::io(s, q, l, hkv, d, v, precision);
             (i, o, Vec::new())
         }
         contract::KvCache::State => Contract::state_io(s, q, l, hkv, d, v, precision),
     };
+    if let Some(r) = &recurrent {
+        r.add_io(q, precision, &mut inputs, &mut outputs);
+    }
     Ok(Contract {
         version: contract::CONTRACT_VERSION,
         target: opts.target,
@@ -52,7 +51,7 @@ pub fn contract_for(
         states,
         max_seq_len: opts.max_seq_len,
         query_len: opts.query_len,
-        num_layers: spec.num_hidden_layers,
+        num_layers: l,
         num_kv_heads: hkv,
         head_dim: d,
         vocab_size: spec.vocab_size,
@@ -75,6 +74,7 @@ pub fn contract_for(
         tool: "hf2coreml".to_string(),
         tool_version: crate::VERSION.to_string(),
         functions: function_specs(opts, spec),
+        recurrent,
     })
 }
 
@@ -94,20 +94,23 @@ fn function_specs(opts: &ConvertOptions, spec: &ModelSpec) -> Vec<contract::Func
         let dims = (
             opts.max_seq_len,
             q,
-            spec.num_hidden_layers,
+            spec.cache_layers(),
             spec.num_key_value_heads,
             spec.head_dim,
             spec.vocab_size,
         );
         let (s, q, l, hkv, d, v) = dims;
         let precision = opts.precision.as_str();
-        let (inputs, mut outputs) = match opts.kv_cache {
+        let (mut inputs, mut outputs) = match opts.kv_cache {
             contract::KvCache::Io => Contract::io(s, q, l, hkv, d, v, precision),
             contract::KvCache::State => {
                 let (i, o, _) = Contract::state_io(s, q, l, hkv, d, v, precision);
                 (i, o)
             }
         };
+        if let Some(r) = spec.recurrent_state(0..spec.num_hidden_layers) {
+            r.add_io(q, precision, &mut inputs, &mut outputs);
+        }
         if name == contract::PREFILL && opts.prefill_logits == contract::PrefillLogits::Last {
             let n = contract::logits_widths(v).len();
             let logits: Vec<String> = (0..n).map(|i| contract::logits_name(i, n)).collect();

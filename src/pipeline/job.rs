@@ -422,6 +422,15 @@ impl Job {
         let spec = ckpt.spec();
         check_context(spec, self.max_seq_len)?;
         crate::graph::decoder::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
+        let p = &self.package;
+        crate::graph::decoder::check_recurrent(
+            spec,
+            p.target,
+            p.layout,
+            p.kv_cache,
+            self.prefill_len()?,
+        )
+        .map_err(ConvertError::from)?;
         let predicted = self.recipe.weights_bytes(&ckpt.slots());
         self.check_split(ckpt)?;
         let budget = match &self.device {
@@ -457,12 +466,20 @@ impl Job {
         let bytes = budget::chain::ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| {
             self.recipe.storage(s).bytes(s.numel())
         });
-        budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
+        let plan = budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
             ConvertError::Chain {
                 path: self.output.clone(),
                 source,
             }
         })?;
+        if !plan.is_single() && spec.short_conv.is_some() {
+            return Err(ConvertError::State(format!(
+                "{} has short-convolution blocks, whose state a chain's parts do not carry \
+                 yet, and does not fit one package of {} bytes: raise --max-package-size",
+                spec.architecture, plan.limit
+            ))
+            .into());
+        }
         Ok(())
     }
 

@@ -349,7 +349,7 @@ impl Chain {
         mut stats: Option<&mut Stats>,
     ) -> Result<StepOutput, RuntimeError> {
         let c = &self.chain.contract;
-        let pos = check_step(c, input_ids, position, key_cache, value_cache)?;
+        let pos = check_step(c, input_ids, position, key_cache, value_cache, None)?;
         let mut hidden: Option<Hidden> = None;
         let mut logits = Vec::new();
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
@@ -386,6 +386,7 @@ impl Chain {
             logits,
             key_update,
             value_update,
+            recurrent: Vec::new(),
         })
     }
 }
@@ -480,15 +481,33 @@ impl Saved {
         value_cache: &[f16],
         stats: Option<&mut Stats>,
     ) -> Result<StepOutput, RuntimeError> {
-        match self {
-            Saved::Package(p) => {
-                p.step_with_stats(input_ids, position, key_cache, value_cache, stats)
+        let caches = (key_cache, value_cache);
+        self.step_full(input_ids, position, caches, None, stats)
+    }
+
+    /// One step of any model: `recurrent` is a hybrid package's (valid tokens, state in), as
+    /// [`StepModel::step_recurrent`] takes them; optionally collecting range statistics.
+    pub fn step_full(
+        &self,
+        input_ids: &[i32],
+        position: usize,
+        (key_cache, value_cache): (&[f16], &[f16]),
+        recurrent: Option<(usize, &[f16])>,
+        stats: Option<&mut Stats>,
+    ) -> Result<StepOutput, RuntimeError> {
+        match (self, recurrent) {
+            (Saved::Package(p), _) => {
+                let caches = (key_cache, value_cache);
+                p.step_full(input_ids, position, caches, recurrent, stats)
             }
-            Saved::Chain(c) => {
+            (Saved::Chain(c), None) => {
                 c.step_with_stats(input_ids, position, key_cache, value_cache, stats)
             }
             // Apple's runtime reports no per-op ranges.
-            Saved::CoreAi(m) => m.step(input_ids, position, key_cache, value_cache),
+            (Saved::CoreAi(m), None) => m.step(input_ids, position, key_cache, value_cache),
+            (Saved::Chain(_) | Saved::CoreAi(_), Some(_)) => Err(RuntimeError::Program(
+                "chains and Core AI assets carry no recurrent state".into(),
+            )),
         }
     }
 }
@@ -522,6 +541,19 @@ impl StepModel for Saved {
         value_cache: &[f16],
     ) -> Result<StepOutput, RuntimeError> {
         self.step_with_stats(input_ids, position, key_cache, value_cache, None)
+    }
+
+    fn step_recurrent(
+        &mut self,
+        input_ids: &[i32],
+        valid: usize,
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+        recurrent: &[f16],
+    ) -> Result<StepOutput, RuntimeError> {
+        let caches = (key_cache, value_cache);
+        self.step_full(input_ids, position, caches, Some((valid, recurrent)), None)
     }
 
     fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {

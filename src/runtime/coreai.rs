@@ -252,7 +252,7 @@ impl CoreAiModel {
     ) -> Result<StepOutput, RuntimeError> {
         let (function, c) = self.function_for(input_ids.len())?;
         let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
-        let pos = super::interp::check_step(c, input_ids, position, key_cache, value_cache)?;
+        let pos = super::interp::check_step(c, input_ids, position, key_cache, value_cache, None)?;
         let inputs = vec![
             (
                 contract::INPUT_IDS.to_string(),
@@ -298,6 +298,7 @@ impl CoreAiModel {
             logits,
             key_update: k,
             value_update: val,
+            recurrent: Vec::new(),
         })
     }
 }

@@ -303,6 +303,10 @@ pub struct Generator<M> {
     value_cache: Vec<f16>,
     /// The model holds the cache: no host copy, no update rows to write.
     stateful: bool,
+    /// A hybrid model's recurrent state after the cached tokens (empty for the others): it
+    /// cannot be rolled back, so a call never recomputes a position it holds.
+    recurrent: Vec<f16>,
+    hybrid: bool,
     input: Vec<i32>,
     /// The tokens whose cache rows are valid, in position order (rows `[0, cached.len())`).
     cached: Vec<u32>,
@@ -346,6 +350,17 @@ impl<M: StepModel> Generator<M> {
         }
         let eos = c.eos_token_ids.clone();
         let pad = eos.first().copied().unwrap_or(0);
+        let hybrid = c.recurrent.is_some();
+        let recurrent_len = match c.recurrent.as_ref().and_then(|r| r.conv_shape()) {
+            Some(shape) => shape
+                .iter()
+                .try_fold(1usize, |a, &b| a.checked_mul(b))
+                .filter(|&n| n <= isize::MAX as usize / 2)
+                .ok_or_else(|| {
+                    GenerateError::BadContract(format!("recurrent state {shape:?} is too large"))
+                })?,
+            None => 0,
+        };
         let stateful = c.kv_cache == crate::mil::contract::KvCache::State;
         let host_cache = if stateful { 0 } else { cache_len };
         let prefill = model.prefill_len();
@@ -370,6 +385,8 @@ impl<M: StepModel> Generator<M> {
             key_cache: vec![f16::ZERO; host_cache],
             value_cache: vec![f16::ZERO; host_cache],
             stateful,
+            recurrent: vec![f16::ZERO; recurrent_len],
+            hybrid,
             input: Vec::with_capacity(q.max(prefill.unwrap_or(0))),
             cached: Vec::new(),
             stop: None,
@@ -421,6 +438,13 @@ impl<M: StepModel> Generator<M> {
     /// Forget the cached tokens: the next call starts at position 0.
     pub fn reset(&mut self) {
         self.cached.clear();
+        self.recurrent.fill(f16::ZERO);
+    }
+
+    /// A hybrid model's recurrent state after [`cached_tokens`](Self::cached_tokens) (empty
+    /// for the others).
+    pub fn recurrent_state(&self) -> &[f16] {
+        &self.recurrent
     }
 
     /// The valid rows of both caches, `[L, Hkv, P, D]` each with P = `cached_tokens().len()`
@@ -446,14 +470,24 @@ impl<M: StepModel> Generator<M> {
 
     /// Put back rows [`valid_rows`](Self::valid_rows) returned for `tokens`: the next call
     /// continues after them as if they had just been processed.
+    /// A hybrid model's `recurrent` state is the one [`recurrent_state`](Self::recurrent_state)
+    /// returned after those tokens (empty for the others).
     pub fn restore(
         &mut self,
         tokens: &[u32],
         keys: &[f16],
         values: &[f16],
+        recurrent: &[f16],
     ) -> Result<(), GenerateError> {
         let p = tokens.len();
         let want = self.layers_heads * p * self.d;
+        if recurrent.len() != self.recurrent.len() {
+            return Err(GenerateError::BadContract(format!(
+                "restoring a recurrent state of {} values into a model whose state holds {}",
+                recurrent.len(),
+                self.recurrent.len()
+            )));
+        }
         if p > self.s || keys.len() != want || values.len() != want {
             return Err(GenerateError::BadContract(format!(
                 "restoring {p} positions of {} key and {} value values into a cache of {} rows                  of {} values",
@@ -481,6 +515,7 @@ impl<M: StepModel> Generator<M> {
             self.value_cache[dst..dst + block]
                 .copy_from_slice(&values[lh * block..(lh + 1) * block]);
         }
+        self.recurrent.copy_from_slice(recurrent);
         self.cached = tokens.to_vec();
         Ok(())
     }
@@ -543,7 +578,13 @@ impl<M: StepModel> Generator<M> {
             data: Vec::new(),
         });
         // At least the last prompt token is processed: its logits choose the first new token.
-        let reused = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
+        let mut reused = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
+        // A recurrent state holds every cached token and cannot be rolled back: it is kept
+        // only when the new sequence continues all of them.
+        if self.hybrid && reused < self.cached.len() {
+            self.reset();
+            reused = 0;
+        }
         self.cached.truncate(reused);
         let mut timing = Timing {
             prompt_tokens: prompt.len() - reused,
@@ -633,6 +674,17 @@ impl<M: StepModel> Generator<M> {
     /// position's logits are wanted, which a last-row prefill function does not return.
     fn next_call(&self, done: usize, total: usize, recording: bool) -> (usize, Chunk) {
         let q = self.call_len(total - done);
+        if self.hybrid {
+            // Never back over rows the state holds: the chunk starts at `done` and its padding
+            // may run past S (the package takes it, docs/contract.md "Hybrid packages").
+            let end = total.min(done + q);
+            let chunk = Chunk {
+                start: done,
+                first_new: done,
+                end,
+            };
+            return (q, chunk);
+        }
         match self.prefill {
             Some(p) if q == p && q != self.q && self.prefill_last_row => {
                 if recording {
@@ -667,13 +719,19 @@ impl<M: StepModel> Generator<M> {
             self.input
                 .extend(seq[c.start..c.end].iter().map(|&t| t as i32));
             self.input.resize(q, self.pad as i32);
-            let out = self
-                .model
-                .step(&self.input, c.start, &self.key_cache, &self.value_cache)
-                .map_err(|e| GenerateError::Step {
-                    position: c.start,
-                    source: e.into(),
-                })?;
+            let (keys, values) = (&self.key_cache, &self.value_cache);
+            let out = if self.hybrid {
+                let valid = c.end - c.start;
+                let state = &self.recurrent;
+                self.model
+                    .step_recurrent(&self.input, valid, c.start, keys, values, state)
+            } else {
+                self.model.step(&self.input, c.start, keys, values)
+            }
+            .map_err(|e| GenerateError::Step {
+                position: c.start,
+                source: e.into(),
+            })?;
             timing.model_calls += 1;
             if q != self.q {
                 timing.prefill_calls += 1;
@@ -703,16 +761,19 @@ impl<M: StepModel> Generator<M> {
             let rows = if self.stateful { 0 } else { rows };
             check("key_update", out.key_update.len(), rows)?;
             check("value_update", out.value_update.len(), rows)?;
+            check("recurrent state", out.recurrent.len(), self.recurrent.len())?;
             // key_update[l, h] is a contiguous [Q, D] block that lands on cache rows
-            // [start, start + Q) of the contiguous [S, D] block cache[l, h].
-            let block = q * self.d;
+            // [start, start + Q) of the contiguous [S, D] block cache[l, h]; a hybrid chunk's
+            // padding rows past S have no place and are dropped.
+            let kept = q.min(self.s - c.start) * self.d;
             for lh in 0..self.layers_heads * usize::from(!self.stateful) {
                 let dst = (lh * self.s + c.start) * self.d;
-                let src = lh * block;
-                self.key_cache[dst..dst + block].copy_from_slice(&out.key_update[src..src + block]);
-                self.value_cache[dst..dst + block]
-                    .copy_from_slice(&out.value_update[src..src + block]);
+                let src = lh * q * self.d;
+                self.key_cache[dst..dst + kept].copy_from_slice(&out.key_update[src..src + kept]);
+                self.value_cache[dst..dst + kept]
+                    .copy_from_slice(&out.value_update[src..src + kept]);
             }
+            self.recurrent.copy_from_slice(&out.recurrent);
             let row = |p: usize| {
                 let r = p.checked_sub(first_row).filter(|&r| r < logit_rows).ok_or(
                     GenerateError::BadStepOutput {

@@ -16,7 +16,10 @@
 //! | C | the conversation: UTF-8 JSON (`[{"role", "content"}, ...]`), empty outside `--chat` |
 //! | 2 × L·Hkv·P·D | keys, fp16, [L, Hkv, P, D] row-major: only the valid rows |
 //! | 2 × L·Hkv·P·D | values, the same |
+//! | 2 × R | version 2 only: a hybrid package's recurrent state after the P positions, fp16, R = the contract's recurrent values |
 //! | 32 | sha256 of every byte before it |
+//!
+//! A hybrid package's file is version 2, every other package's version 1.
 //!
 //! Reading checks the magic, the version and every declared size against the file's length
 //! before allocating, then the checksum, then the contract hash and dimensions against the
@@ -33,7 +36,10 @@ use super::StepModel;
 use crate::mil::contract::Contract;
 
 pub const MAGIC: &[u8; 8] = b"HF2CMKV\n";
+/// The version of a file without a recurrent state.
 pub const VERSION: u32 = 1;
+/// The version of a hybrid package's file: the recurrent state follows the values.
+pub const VERSION_RECURRENT: u32 = 2;
 /// Bytes before the token ids.
 const HEADER: usize = 8 + 4 + 32 + 4 * 7;
 /// Largest conversation stored.
@@ -89,6 +95,8 @@ pub struct KvFile {
     /// [L, Hkv, P, D] each.
     pub keys: Vec<f16>,
     pub values: Vec<f16>,
+    /// A hybrid package's recurrent state after the `position` rows (empty otherwise).
+    pub recurrent: Vec<f16>,
 }
 
 impl KvFile {
@@ -114,6 +122,7 @@ impl KvFile {
             conversation,
             keys,
             values,
+            recurrent: g.recurrent_state().to_vec(),
         })
     }
 
@@ -122,7 +131,8 @@ impl KvFile {
         &self,
         g: &mut Generator<M>,
     ) -> Result<(), super::generate::GenerateError> {
-        g.restore(&self.tokens[..self.position], &self.keys, &self.values)
+        let tokens = &self.tokens[..self.position];
+        g.restore(tokens, &self.keys, &self.values, &self.recurrent)
     }
 
     /// Refuse a cache another package wrote.
@@ -147,10 +157,15 @@ impl KvFile {
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
-        let rows = self.keys.len() + self.values.len();
+        let rows = self.keys.len() + self.values.len() + self.recurrent.len();
         let mut out = Vec::with_capacity(HEADER + 4 * self.tokens.len() + 2 * rows + 32);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
+        let version = if self.recurrent.is_empty() {
+            VERSION
+        } else {
+            VERSION_RECURRENT
+        };
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&self.contract_hash);
         let [l, h, s, d] = self.shape;
         let conv = self.conversation.as_bytes();
@@ -161,7 +176,7 @@ impl KvFile {
             out.extend_from_slice(&t.to_le_bytes());
         }
         out.extend_from_slice(conv);
-        for x in self.keys.iter().chain(&self.values) {
+        for x in self.keys.iter().chain(&self.values).chain(&self.recurrent) {
             out.extend_from_slice(&x.to_bits().to_le_bytes());
         }
         let sum = Sha256::digest(&out);
@@ -233,6 +248,8 @@ struct Layout {
     conversation: usize,
     /// L·Hkv·P·D: values in each of keys and values.
     rows: usize,
+    /// R: the recurrent state's values.
+    recurrent: usize,
     total: usize,
 }
 
@@ -242,10 +259,22 @@ impl Layout {
             return Err(invalid(path, "no HF2CMKV magic".into()));
         }
         let version = u32_at(h, 8);
-        if version != VERSION {
+        // R is the contract's (its program declares the state's shape): a file of the package
+        // holds exactly that many values.
+        let recurrent = c.recurrent_len();
+        let expected = if recurrent == 0 {
+            VERSION
+        } else {
+            VERSION_RECURRENT
+        };
+        if version != expected {
             return Err(invalid(
                 path,
-                format!("format version {version}; this build reads version {VERSION}"),
+                format!(
+                    "format version {version}; this build reads version {VERSION} (and \
+                     {VERSION_RECURRENT} for a hybrid package's state), and this package's \
+                     files are version {expected}"
+                ),
             ));
         }
         let n = |i: usize| u32_at(h, 44 + 4 * i) as usize;
@@ -273,7 +302,7 @@ impl Layout {
         }
         // Bounded by the contract's dimensions, so no overflow: S·L·Hkv·D is the cache's size.
         let rows = shape[0] * shape[1] * position * shape[3];
-        let total = HEADER + 4 * tokens + conversation + 4 * rows + 32;
+        let total = HEADER + 4 * tokens + conversation + 4 * rows + 2 * recurrent + 32;
         if len != total as u64 {
             return Err(invalid(
                 path,
@@ -286,6 +315,7 @@ impl Layout {
             tokens,
             conversation,
             rows,
+            recurrent,
             total,
         })
     }
@@ -302,17 +332,24 @@ impl Layout {
             .map_err(|_| invalid(path, "the conversation is not UTF-8".into()))?
             .to_string();
         at += self.conversation;
-        let halves = |from: usize| -> Vec<f16> {
-            b[from..from + 2 * self.rows]
+        let halves = |from: usize, n: usize| -> Vec<f16> {
+            b[from..from + 2 * n]
                 .chunks_exact(2)
                 .map(|x| f16::from_bits(u16::from_le_bytes([x[0], x[1]])))
                 .collect()
         };
         let mut hash = [0u8; 32];
         hash.copy_from_slice(&b[12..44]);
-        let (keys, values) = (halves(at), halves(at + 2 * self.rows));
+        let (keys, values) = (halves(at, self.rows), halves(at + 2 * self.rows, self.rows));
+        let recurrent = halves(at + 4 * self.rows, self.recurrent);
         self.finite(path, "keys", &keys)?;
         self.finite(path, "values", &values)?;
+        if let Some(x) = recurrent.iter().find(|x| !x.is_finite()) {
+            return Err(invalid(
+                path,
+                format!("the recurrent state holds {x} (a package computes a finite state)"),
+            ));
+        }
         Ok(KvFile {
             contract_hash: hash,
             shape: self.shape,
@@ -321,6 +358,7 @@ impl Layout {
             conversation,
             keys,
             values,
+            recurrent,
         })
     }
 

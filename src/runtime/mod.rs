@@ -38,6 +38,34 @@ pub trait StepModel {
         value_cache: &[f16],
     ) -> Result<StepOutput, RuntimeError>;
 
+    /// A hybrid model's step (the contract's `recurrent`): as [`step`](Self::step), but only
+    /// the first `valid` of `input_ids` are real tokens (the rest padding, which the model
+    /// keeps out of its state), and `recurrent` holds the state after the positions before
+    /// `position` ([`Contract::recurrent_len`](crate::mil::contract::Contract::recurrent_len)
+    /// values, zeros at position 0). The output's `recurrent` is the state after the `valid`
+    /// tokens. Models without a recurrent state have no such step.
+    fn step_recurrent(
+        &mut self,
+        input_ids: &[i32],
+        valid: usize,
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+        recurrent: &[f16],
+    ) -> Result<StepOutput, RuntimeError> {
+        let _ = (
+            input_ids,
+            valid,
+            position,
+            key_cache,
+            value_cache,
+            recurrent,
+        );
+        Err(RuntimeError::Program(
+            "the model carries no recurrent state".into(),
+        ))
+    }
+
     /// A stateful model (`kv_cache = "state"`, which ignores the caches `step` is given and
     /// returns no update rows): the first `rows` rows of its cache, [L, Hkv, rows, D] keys and
     /// values. Models without a state have none.
@@ -72,6 +100,8 @@ pub struct StepOutput {
     /// [L, Hkv, Q, D]: rows for cache positions `position .. position + Q`.
     pub key_update: Vec<f16>,
     pub value_update: Vec<f16>,
+    /// A hybrid model's recurrent state after the step's real tokens (empty otherwise).
+    pub recurrent: Vec<f16>,
 }
 
 pub mod chain;

@@ -21,7 +21,7 @@ pub(super) fn check_source(
 ) -> Result<(), ValidateError> {
     let spec = ckpt.spec();
     let pairs = [
-        ("layers", c.num_layers, spec.num_hidden_layers),
+        ("layers", c.num_layers, spec.cache_layers()),
         ("kv heads", c.num_kv_heads, spec.num_key_value_heads),
         ("head_dim", c.head_dim, spec.head_dim),
         ("vocab", c.vocab_size, spec.vocab_size),
@@ -39,6 +39,14 @@ pub(super) fn check_source(
         checkpoint: ckpt.dir().to_path_buf(),
         differ: differ.join(", "),
     })
+}
+
+/// A recurrent state as the report prints it.
+fn recurrent_text(r: Option<&contract::Recurrent>) -> String {
+    match r {
+        None => "none".into(),
+        Some(r) => serde_json::to_string(r).unwrap_or_default(),
+    }
 }
 
 pub(super) fn item(what: &str, expected: impl ToString, found: impl ToString) -> ContractItem {
@@ -65,10 +73,15 @@ pub(super) fn check_contract(
             pkg.spec_version(),
         ),
         item("contract version", contract::CONTRACT_VERSION, c.version),
-        item("layers", spec.num_hidden_layers, c.num_layers),
+        item("layers", spec.cache_layers(), c.num_layers),
         item("kv heads", spec.num_key_value_heads, c.num_kv_heads),
         item("head_dim", spec.head_dim, c.head_dim),
         item("vocab", spec.vocab_size, c.vocab_size),
+        item(
+            "recurrent state",
+            recurrent_text(spec.recurrent_state(0..spec.num_hidden_layers).as_ref()),
+            recurrent_text(c.recurrent.as_ref()),
+        ),
     ];
     let float = if c.compute_precision == "fp32" {
         "fp32"
@@ -131,7 +144,7 @@ pub(super) fn chain_items(chain: &ChainFile, ckpt: &Checkpoint) -> Vec<ContractI
     let c = &chain.contract;
     vec![
         item("contract version", contract::CONTRACT_VERSION, c.version),
-        item("layers", spec.num_hidden_layers, c.num_layers),
+        item("layers", spec.cache_layers(), c.num_layers),
         item("kv heads", spec.num_key_value_heads, c.num_kv_heads),
         item("head_dim", spec.head_dim, c.head_dim),
         item("vocab", spec.vocab_size, c.vocab_size),

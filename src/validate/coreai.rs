@@ -77,7 +77,7 @@ fn check_asset(
     let mut items = vec![
         item("target", "coreai", c.target.as_str()),
         item("contract version", contract::CONTRACT_VERSION, c.version),
-        item("layers", spec.num_hidden_layers, c.num_layers),
+        item("layers", spec.cache_layers(), c.num_layers),
         item("kv heads", spec.num_key_value_heads, c.num_kv_heads),
         item("head_dim", spec.head_dim, c.head_dim),
         item("vocab", spec.vocab_size, c.vocab_size),

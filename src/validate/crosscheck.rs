@@ -149,7 +149,7 @@ fn env_err(e: PyEnvError) -> ValidateError {
 }
 
 /// Refuse what cannot be cross-checked before any work: a chain, an asset, a package with
-/// states, f32 compute.
+/// states, a hybrid package, f32 compute.
 pub(super) fn check_request(package: &Saved, f32_compute: bool) -> Result<(), ValidateError> {
     let refuse = |why: &str| Err(ValidateError::CrossCheck(why.to_string()));
     let c = package.contract();
@@ -162,6 +162,10 @@ pub(super) fn check_request(package: &Saved, f32_compute: bool) -> Result<(), Va
         Saved::Package(_) if !c.kv_cache.is_io() => refuse(
             "the cross-check replays a function whose caches are inputs and outputs; this \
              package keeps its cache in a state",
+        ),
+        Saved::Package(_) if c.recurrent.is_some() => refuse(
+            "the cross-check replays one step from its caches alone; this hybrid package's \
+             steps also carry a recurrent state",
         ),
         Saved::Package(_) if f32_compute => {
             refuse("the cross-check compares the program as declared (fp16): drop --compute f32")

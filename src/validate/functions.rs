@@ -131,6 +131,19 @@ impl StepModel for Borrowed<'_> {
         self.0
             .step_with_stats(input_ids, position, key_cache, value_cache, None)
     }
+    fn step_recurrent(
+        &mut self,
+        input_ids: &[i32],
+        valid: usize,
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+        recurrent: &[f16],
+    ) -> Result<StepOutput, RuntimeError> {
+        let caches = (key_cache, value_cache);
+        self.0
+            .step_full(input_ids, position, caches, Some((valid, recurrent)), None)
+    }
 }
 
 /// How many leading positions [`check_prefill`] runs through `prefill`: a full chunk and a

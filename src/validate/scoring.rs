@@ -46,6 +46,27 @@ impl StepModel for Instrumented<'_> {
         self.progress.advance(scored as u64);
         Ok(out)
     }
+    fn step_recurrent(
+        &mut self,
+        input_ids: &[i32],
+        valid: usize,
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+        recurrent: &[f16],
+    ) -> Result<StepOutput, RuntimeError> {
+        let out = self.pkg.step_full(
+            input_ids,
+            position,
+            (key_cache, value_cache),
+            Some((valid, recurrent)),
+            Some(&mut self.stats),
+        )?;
+        let scored = valid.min(self.unscored);
+        self.unscored -= scored;
+        self.progress.advance(scored as u64);
+        Ok(out)
+    }
     fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
         self.pkg.state_rows(rows)
     }

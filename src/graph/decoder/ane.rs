@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use super::linear::{LinearWeight, Weights};
 use super::lower::Lowering;
-use super::{block, logits, rms_norm, shared_inputs, stack, Dims, Part, Shared, StepOptions};
+use super::{block, logits, rms_norm, shared_inputs, stack, Dims, Kept, Part, Shared, StepOptions};
 use crate::arch::{ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, Graph, GraphError, Op, Weight};
 use crate::mil::chain::{HIDDEN_IN, HIDDEN_OUT};
@@ -72,10 +72,13 @@ pub(super) fn build_part(
     if let Some(shared) = &shared {
         let lower = Lowering::Ane(Cf::new(&mut b, shared));
         for l in part.layers.clone() {
-            let (out, k, v) = block(&mut b, &mut weights, &lower, shared, l, &x)?;
+            let (out, kept) = block(&mut b, &mut weights, &lower, shared, l, &x)?;
             x = out;
-            key_rows.push(k);
-            value_rows.push(v);
+            // Short-convolution blocks are refused in this layout (`check_recurrent`).
+            if let Kept::Rows(k, v) = kept {
+                key_rows.push(k);
+                value_rows.push(v);
+            }
         }
     }
     let mut outputs = if part.head {

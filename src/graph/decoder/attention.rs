@@ -42,8 +42,9 @@ pub(super) fn attention(
         vec![("x", var(&q)), ("y", Arg::Float(shared.q_scale))],
     );
     let (k, v) = lower.cache_rows(b, k, v, &tag);
-    // The caches hold this package's layers only: a chain's part starts at `first_layer`.
-    let at = l - shared.first_layer;
+    // The caches hold this package's attention blocks only (a chain's part starts at
+    // `first_layer`; a hybrid model's other blocks keep no rows).
+    let at = shared.slot(l);
     let kc = cache_rows(b, &shared.key_cache, dims, at, &format!("{tag}_key_cache"));
     let vc = cache_rows(
         b,

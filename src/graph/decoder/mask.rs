@@ -21,13 +21,18 @@ pub(super) struct Tables {
 }
 
 impl Tables {
-    pub(super) fn new(b: &mut Builder, spec: &ModelSpec, dims: &Dims) -> Self {
+    /// `padded_tail`: the RoPE tables cover S + Q − 1 positions, so a chunk whose padding
+    /// runs past S gathers rows for it (a hybrid package's chunks never slide back).
+    pub(super) fn new(b: &mut Builder, spec: &ModelSpec, dims: &Dims, padded_tail: bool) -> Self {
         let (s, q) = (dims.s, dims.q);
-        let (cos, sin) = rope_table(b, spec, dims, spec.rope_theta, &spec.rope_scaling, "rope");
+        let rows = if padded_tail { s + q - 1 } else { s };
+        let global = (spec.rope_theta, &spec.rope_scaling);
+        let (cos, sin) = rope_table(b, spec, (rows, dims.d), global, "rope");
         let local = match (&spec.gemma, spec.sliding_window) {
             (Some(g), Some(w)) if !g.sliding_layers.is_empty() => {
                 let none = crate::arch::RopeScaling::None;
-                let (c, s) = rope_table(b, spec, dims, g.local_rope_theta, &none, "rope_local");
+                let base = (g.local_rope_theta, &none);
+                let (c, s) = rope_table(b, spec, (rows, dims.d), base, "rope_local");
                 Some((c, s, w))
             }
             _ => None,
@@ -79,12 +84,10 @@ impl Tables {
 fn rope_table(
     b: &mut Builder,
     spec: &ModelSpec,
-    dims: &Dims,
-    theta: f64,
-    scaling: &crate::arch::RopeScaling,
+    (s, d): (usize, usize),
+    (theta, scaling): (f64, &crate::arch::RopeScaling),
     name: &str,
 ) -> (String, String) {
-    let (s, d) = (dims.s, dims.d);
     let inv = rope::inv_freq(spec.rotary_dim(), theta, scaling);
     let (cos_t, sin_t) = rope::tables(s, d, &inv, scaling.attention_factor());
     let to16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<_>>();

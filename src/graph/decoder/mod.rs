@@ -16,6 +16,7 @@
 
 mod ane;
 mod attention;
+mod conv;
 mod linear;
 mod logits;
 mod lower;
@@ -145,6 +146,28 @@ struct Shared {
     value_offset: usize,
     /// The `position` input.
     position: String,
+    /// Every block's kind (by absolute index).
+    kinds: Vec<crate::arch::LayerKind>,
+    /// Per block of this part (from `first_layer`): its index among the part's blocks of its
+    /// kind, the slot of its cache rows or conv state.
+    slots: Vec<usize>,
+    /// The short-convolution blocks' inputs, if the part has any.
+    conv: Option<conv::ConvInputs>,
+}
+
+impl Shared {
+    /// Block `l`'s slot in the caches (an attention block) or the conv state.
+    fn slot(&self, l: usize) -> usize {
+        self.slots[l - self.first_layer]
+    }
+}
+
+/// The state a block leaves for the next step.
+enum Kept {
+    /// An attention block's new key and value rows.
+    Rows(String, String),
+    /// A short-convolution block's new state [1, W, C].
+    Conv(String),
 }
 
 /// Refuse hyperparameters that become constants the program's float type cannot hold: in
@@ -226,18 +249,10 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         // embedding scale (`build_part`), q scale, local RoPE tables and banded masks
         // (`shared_inputs`, `mask::window_mask`).
         gemma: _,
-        // Refused below: a convolution block's state has no place in the package yet.
-        short_conv,
+        // LFM2's short-convolution blocks (`conv::short_conv`), their state an input and an
+        // output beside the caches; the forms that cannot carry it yet: `check_recurrent`.
+        short_conv: _,
     } = spec;
-    if let Some(conv) = short_conv {
-        return Err(GraphError::Unsupported(format!(
-            "{} has {} short-convolution blocks, whose state the package contract does not \
-             carry yet: `inspect`, `budget` and the float reference read this model, \
-             `convert` cannot write it",
-            spec.architecture,
-            conv.layers.len()
-        )));
-    }
     // LongRoPE switches to its long factors once the sequence outgrows the original
     // context; a package's tables are fixed, so its context stays within it.
     if let RopeScaling::LongRope {
@@ -265,6 +280,41 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         }
     }
     Ok(())
+}
+
+/// Refuse the forms of the contract a hybrid model's recurrent state (LFM2's conv blocks) is
+/// not carried through: they keep the state only as the io inputs and outputs of one
+/// single-function package in the default layout, on iOS17 or iOS18.
+pub fn check_recurrent(
+    spec: &ModelSpec,
+    target: crate::mil::contract::Target,
+    layout: crate::mil::contract::Layout,
+    kv_cache: crate::mil::contract::KvCache,
+    prefill_len: usize,
+) -> Result<(), GraphError> {
+    let Some(conv) = &spec.short_conv else {
+        return Ok(());
+    };
+    let what = format!(
+        "{} has {} short-convolution blocks, whose state",
+        spec.architecture,
+        conv.layers.len()
+    );
+    let refused = if target.is_coreai() {
+        Some("a Core AI asset does not carry yet: use --target ios17 or ios18")
+    } else if layout == crate::mil::contract::Layout::Ane {
+        Some("the --layout ane builder does not carry yet: use --layout default")
+    } else if kv_cache == crate::mil::contract::KvCache::State {
+        Some("a --kv-cache state package does not carry yet: use --kv-cache io")
+    } else if prefill_len > 0 {
+        Some("a prefill function does not carry yet: use --prefill-len 0")
+    } else {
+        None
+    };
+    match refused {
+        Some(why) => Err(GraphError::Unsupported(format!("{what} {why}"))),
+        None => Ok(()),
+    }
 }
 
 /// Which slice of the model one package computes: the whole model, or one part of a chain
@@ -314,6 +364,14 @@ pub fn build_part(
     check_constants(spec, opts)?;
     let whole = *part == Part::whole(spec);
     state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
+    check_recurrent(spec, opts.target, opts.layout, opts.kv_cache, 0)?;
+    if spec.short_conv.is_some() && !whole {
+        return Err(GraphError::Unsupported(format!(
+            "{} has short-convolution blocks, whose state a chain's parts do not carry yet: \
+             raise --max-package-size so the model fits one package",
+            spec.architecture
+        )));
+    }
     if opts.layout == crate::mil::contract::Layout::Ane {
         return ane::build_part(spec, weights, opts, part);
     }
@@ -358,12 +416,18 @@ pub fn build_part(
     };
     let mut key_rows = Vec::with_capacity(part.layers.len());
     let mut value_rows = Vec::with_capacity(part.layers.len());
+    let mut conv_states = Vec::new();
     if let Some(shared) = &shared {
         for l in part.layers.clone() {
-            let (out, k, v) = block(&mut b, &mut weights, &Lowering::Default, shared, l, &x)?;
+            let (out, kept) = block(&mut b, &mut weights, &Lowering::Default, shared, l, &x)?;
             x = out;
-            key_rows.push(k);
-            value_rows.push(v);
+            match kept {
+                Kept::Rows(k, v) => {
+                    key_rows.push(k);
+                    value_rows.push(v);
+                }
+                Kept::Conv(st) => conv_states.push(st),
+            }
         }
     }
 
@@ -412,6 +476,9 @@ pub fn build_part(
         }
         _ => {}
     }
+    if !conv_states.is_empty() {
+        outputs.push(stack(&mut b, conv_states, contract::CONV_STATE_UPDATE));
+    }
     weights.finish()?;
     b.finish(outputs)
 }
@@ -428,23 +495,48 @@ fn shared_inputs(
 ) -> (Shared, Option<state::StateCache>) {
     let fl = b.float();
     let position = b.input(contract::POSITION, DType::I32, vec![1]);
+    let layers = spec.layers();
+    let recurrent = spec.recurrent_state(part.layers.clone());
+    let valid = (recurrent.is_some() && dims.q > 1)
+        .then(|| b.input(contract::VALID_LEN, DType::I32, vec![1]));
+    // Each block's index among this part's blocks of its kind: its slot in the caches or in
+    // the conv state.
+    let mut counts = [0usize; 2];
+    let slots = part
+        .layers
+        .clone()
+        .map(|l| {
+            let kind = usize::from(layers[l].attention().is_none());
+            counts[kind] += 1;
+            counts[kind] - 1
+        })
+        .collect();
+    let cache_layers = counts[0];
     let (key_cache, value_cache, value_offset, state) =
         if opts.kv_cache == crate::mil::contract::KvCache::State {
-            let st = state::read(b, part.layers.len(), &dims);
+            let st = state::read(b, cache_layers, &dims);
             (st.read.clone(), st.read.clone(), st.layers, Some(st))
         } else {
-            let cache_shape = vec![part.layers.len(), dims.hkv, dims.s, dims.d];
+            let cache_shape = vec![cache_layers, dims.hkv, dims.s, dims.d];
             let k = b.input(contract::KEY_CACHE, fl, cache_shape.clone());
             let v = b.input(contract::VALUE_CACHE, fl, cache_shape);
             (k, v, 0, None)
         };
-    let tables = mask::Tables::new(b, spec, &dims);
+    let conv = recurrent.as_ref().and_then(|r| r.conv.as_ref()).map(|c| {
+        let bias = spec.short_conv.as_ref().is_some_and(|s| s.bias);
+        conv::ConvInputs::new(
+            b,
+            (c.layers.len(), c.width, c.channels, bias),
+            valid.as_deref(),
+        )
+    });
+    // A hybrid step's padding may run past S (its real tokens end by S): RoPE rows for it too.
+    let tables = mask::Tables::new(b, spec, &dims, recurrent.is_some());
     let (cos, sin) = mask::rope_rows(b, &tables, &position, false).expect("global tables");
     let mask = mask::mask(b, &tables, &position, &dims);
     let local = mask::rope_rows(b, &tables, &position, true)
         .zip(mask::window_mask(b, &tables, &position, &dims))
         .map(|((c, s), m)| (c, s, m));
-    let layers = spec.layers();
     let sliding = layers
         .iter()
         .map(|k| {
@@ -481,6 +573,9 @@ fn shared_inputs(
         value_cache,
         value_offset,
         position,
+        kinds: layers,
+        slots,
+        conv,
     };
     (shared, state)
 }
@@ -494,7 +589,7 @@ fn block(
     shared: &Shared,
     l: usize,
     x: &str,
-) -> Result<(String, String, String), GraphError> {
+) -> Result<(String, Kept), GraphError> {
     let tag = format!("layers_{l}");
     let id = |t| TensorId::Layer(l, t);
     let off = shared.norm_offset;
@@ -503,19 +598,22 @@ fn block(
     let name = format!("{tag}_input_norm");
     let hn = lower.residual_norm(b, x, &nw, shared.eps, ranged, &name)?;
     let mut proj = Projections::new(shared.dims.q);
-    let attn = attention::attention(b, weights, &mut proj, lower, shared, l, &hn)?;
+    let (mixed, kept) = match shared.kinds[l] {
+        crate::arch::LayerKind::Attention(_) => {
+            let a = attention::attention(b, weights, &mut proj, lower, shared, l, &hn)?;
+            (a.out, Kept::Rows(a.key_row, a.value_row))
+        }
+        crate::arch::LayerKind::ShortConv(_) => {
+            let slot = (l, shared.slot(l));
+            let c = conv::short_conv(b, weights, &mut proj, lower, shared, slot, &hn)?;
+            (c.out, Kept::Conv(c.state))
+        }
+    };
     let (attn_out, mlp_in) = if shared.sandwich {
-        let out = out_norm(
-            b,
-            weights,
-            lower,
-            shared,
-            id(LayerTensor::PostNorm),
-            &attn.out,
-        )?;
+        let out = out_norm(b, weights, lower, shared, id(LayerTensor::PostNorm), &mixed)?;
         (out, LayerTensor::PreFfnNorm)
     } else {
-        (attn.out, LayerTensor::PostNorm)
+        (mixed, LayerTensor::PostNorm)
     };
     let x = b.op(
         Op::Add,
@@ -541,7 +639,7 @@ fn block(
         &format!("{tag}_residual_mlp"),
         vec![("x", var(&x)), ("y", var(&down))],
     );
-    Ok((x, attn.key_row, attn.value_row))
+    Ok((x, kept))
 }
 
 /// A norm's weight as it multiplies: w, or with Gemma's offset 1 + w (an `add` on the stored

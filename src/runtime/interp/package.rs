@@ -150,13 +150,27 @@ impl Package {
         value_cache: &[f16],
         stats: Option<&mut Stats>,
     ) -> Result<StepOutput, RuntimeError> {
+        self.step_full(input_ids, position, (key_cache, value_cache), None, stats)
+    }
+
+    /// One step of any package: `recurrent` is a hybrid package's (valid tokens, state in),
+    /// as [`StepModel::step_recurrent`] takes them; optionally collecting range statistics.
+    pub fn step_full(
+        &self,
+        input_ids: &[i32],
+        position: usize,
+        (key_cache, value_cache): (&[f16], &[f16]),
+        recurrent: Option<(usize, &[f16])>,
+        stats: Option<&mut Stats>,
+    ) -> Result<StepOutput, RuntimeError> {
         if let Some(states) = &self.states {
             return self.state_step(states, input_ids, position, stats);
         }
         let (program, c) = self.function_for(input_ids.len())?;
         let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
-        let pos = check_step(c, input_ids, position, key_cache, value_cache)?;
-        let inputs = vec![
+        let valid = recurrent.map(|(v, _)| v);
+        let pos = check_step(c, input_ids, position, key_cache, value_cache, valid)?;
+        let mut inputs = vec![
             (
                 contract::INPUT_IDS,
                 Tensor::i32(vec![1, c.query_len], input_ids),
@@ -171,13 +185,36 @@ impl Package {
                 Tensor::f16(cache_shape, value_cache.to_vec()),
             ),
         ];
+        let conv_shape = c.recurrent.as_ref().and_then(|r| r.conv_shape());
+        if let Some(shape) = &conv_shape {
+            let (valid, state) = recurrent.unwrap_or((0, &[]));
+            let want = shape.iter().product::<usize>();
+            if state.len() != want {
+                return Err(RuntimeError::Input {
+                    name: contract::CONV_STATE.into(),
+                    msg: format!("{} elements, expected {want} ({shape:?})", state.len()),
+                });
+            }
+            if c.query_len > 1 {
+                // `check_step` bounded it by Q.
+                inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[valid as i32])));
+            }
+            inputs.push((
+                contract::CONV_STATE,
+                Tensor::f16(shape.clone(), state.to_vec()),
+            ));
+        }
         let mut out = program.run(inputs, stats)?;
         let logits = Self::logits(c, &mut out)?;
         let mut take = |name: &str| take_output(&mut out, name);
         let k = take(contract::KEY_UPDATE)?;
         let v = take(contract::VALUE_UPDATE)?;
+        let state = match &conv_shape {
+            Some(_) => take(contract::CONV_STATE_UPDATE)?.to_f16_vec(),
+            None => Vec::new(),
+        };
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
-        if k.len() != upd || v.len() != upd {
+        if k.len() != upd || v.len() != upd || state.len() != c.recurrent_len() {
             return Err(RuntimeError::Contract {
                 path: String::new(),
                 msg: "output sizes do not match the contract's dimensions".into(),
@@ -187,6 +224,7 @@ impl Package {
             logits,
             key_update: k.to_f16_vec(),
             value_update: v.to_f16_vec(),
+            recurrent: state,
         })
     }
 }
@@ -209,6 +247,7 @@ pub(crate) fn check_step(
     position: usize,
     key_cache: &[f16],
     value_cache: &[f16],
+    valid: Option<usize>,
 ) -> Result<i32, RuntimeError> {
     let cache_shape = [c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
     let cache_len = cache_shape.iter().product::<usize>();
@@ -222,12 +261,34 @@ pub(crate) fn check_step(
             ),
         });
     }
-    if position + c.query_len > c.max_seq_len {
+    // A hybrid package takes `valid` real tokens (its padding may run past S); the others'
+    // Q tokens are all real.
+    let real = match (&c.recurrent, valid) {
+        (Some(_), Some(n)) if (1..=c.query_len).contains(&n) => n,
+        (Some(_), _) => {
+            return Err(RuntimeError::Input {
+                name: contract::VALID_LEN.into(),
+                msg: format!(
+                    "{valid:?}: a hybrid package's step takes 1 to {} real tokens and its \
+                     recurrent state",
+                    c.query_len
+                ),
+            })
+        }
+        (None, Some(_)) => {
+            return Err(RuntimeError::Input {
+                name: contract::VALID_LEN.into(),
+                msg: "the package carries no recurrent state".into(),
+            })
+        }
+        (None, None) => c.query_len,
+    };
+    if position + real > c.max_seq_len {
         return Err(RuntimeError::Input {
             name: contract::POSITION.into(),
             msg: format!(
-                "position {position} + {} tokens passes max_seq_len {}",
-                c.query_len, c.max_seq_len
+                "position {position} + {real} tokens passes max_seq_len {}",
+                c.max_seq_len
             ),
         });
     }
@@ -368,6 +429,19 @@ impl StepModel for Package {
         value_cache: &[f16],
     ) -> Result<StepOutput, RuntimeError> {
         self.step_with_stats(input_ids, position, key_cache, value_cache, None)
+    }
+
+    fn step_recurrent(
+        &mut self,
+        input_ids: &[i32],
+        valid: usize,
+        position: usize,
+        key_cache: &[f16],
+        value_cache: &[f16],
+        recurrent: &[f16],
+    ) -> Result<StepOutput, RuntimeError> {
+        let caches = (key_cache, value_cache);
+        self.step_full(input_ids, position, caches, Some((valid, recurrent)), None)
     }
 
     fn state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {

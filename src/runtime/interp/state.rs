@@ -405,7 +405,7 @@ impl super::Package {
         use crate::mil::contract;
         // Every function of a multifunction package reads and writes the same state.
         let (program, c) = self.function_for(input_ids.len())?;
-        let pos = super::package::check_step(c, input_ids, position, &[], &[])?;
+        let pos = super::package::check_step(c, input_ids, position, &[], &[], None)?;
         let inputs = vec![
             (
                 contract::INPUT_IDS,
@@ -419,6 +419,7 @@ impl super::Package {
             logits: Self::logits(c, &mut out)?,
             key_update: Vec::new(),
             value_update: Vec::new(),
+            recurrent: Vec::new(),
         })
     }
 

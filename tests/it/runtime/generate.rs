@@ -199,12 +199,12 @@ fn extend_and_restore_continue_the_cached_sequence() {
         let mut first_gen = generator(24, q, vec![]);
         run(&mut first_gen, &first, &greedy(4)).0.unwrap();
         let mut other = Generator::new(first_gen.into_model()).unwrap();
-        other.restore(&cached, &keys, &values).unwrap();
+        other.restore(&cached, &keys, &values, &[]).unwrap();
         let again = other.extend(&whole, &greedy(8), &mut |_| Ok(())).unwrap();
         assert_eq!(again.tokens, two.tokens);
         assert_eq!(again.logits, two.logits);
         // Restored rows must fit the cache.
-        assert!(other.restore(&cached, &keys[1..], &values).is_err());
+        assert!(other.restore(&cached, &keys[1..], &values, &[]).is_err());
 
         // A sequence that diverges at position 2 recomputes from there.
         let fork = [3u32, 1, 7, 7];

@@ -170,7 +170,7 @@ fn restored_state_rows_continue_like_the_io_cache() {
     let straight = a.extend(&whole, &greedy(6), &mut |_| Ok(())).unwrap();
     // A fresh package (zero state) given the saved rows continues the same way.
     let mut b = load();
-    b.restore(&cached, &keys, &values).unwrap();
+    b.restore(&cached, &keys, &values, &[]).unwrap();
     let resumed = b.extend(&whole, &greedy(6), &mut |_| Ok(())).unwrap();
     assert_eq!(resumed.timing.prompt_tokens, whole.len() - cached.len());
     assert_eq!(resumed.tokens, straight.tokens);

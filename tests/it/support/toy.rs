@@ -41,6 +41,7 @@ pub fn contract(s: usize, q: usize, v: usize, eos: Vec<u32>) -> Contract {
         tool: "test".into(),
         tool_version: "0".into(),
         functions: Vec::new(),
+        recurrent: None,
     }
 }
 
@@ -233,6 +234,7 @@ impl StepModel for ToyModel {
             logits,
             key_update,
             value_update,
+            recurrent: Vec::new(),
         })
     }
 }

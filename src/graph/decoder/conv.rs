@@ -1,0 +1,280 @@
+//! LFM2's gated short-convolution block: in_proj to B, C and x, B·x through a depthwise causal
+//! convolution that continues the block's state (its last W = K − 1 inputs), C times the
+//! result, out_proj.
+//!
+//! The convolution is K shifted slices of [state; B·x] times one tap each: no `conv` op, so it
+//! lowers the same on every backend and is exact per tap. The new state is the W rows that
+//! follow the real tokens: a static slice when every token is real (Q = 1), else a `gather` at
+//! `valid_len + [0, W)`, so a padded chunk leaves the state as its real tokens alone would.
+
+use super::linear::{Projections, Weights};
+use super::lower::Lowering;
+use super::Shared;
+use crate::arch::{LayerTensor, TensorId};
+use crate::graph::{ints, var, Arg, Builder, ConstData, GraphError, Op};
+
+/// What every short-convolution block of a step reads besides its weights.
+pub(super) struct ConvInputs {
+    /// The `conv_state` input [Lc, W, C].
+    pub(super) state: String,
+    /// `valid_len + [0, W)`: where the new state starts in [state; B·x] (Q > 1 only).
+    pub(super) keep: Option<String>,
+    /// W.
+    pub(super) width: usize,
+    /// C.
+    pub(super) channels: usize,
+    pub(super) bias: bool,
+}
+
+impl ConvInputs {
+    /// The inputs of a step with `layers` conv blocks of `width` × `channels` state, Q tokens;
+    /// `valid` is the `valid_len` input when Q > 1.
+    pub(super) fn new(
+        b: &mut Builder,
+        (layers, width, channels, bias): (usize, usize, usize, bool),
+        valid: Option<&str>,
+    ) -> Self {
+        let fl = b.float();
+        let state = b.input(
+            crate::mil::contract::CONV_STATE,
+            fl,
+            vec![layers, width, channels],
+        );
+        let keep = valid.map(|valid| {
+            let offsets = b.constant(
+                "conv_state_offsets",
+                vec![width],
+                ConstData::I32((0..width as i32).collect()),
+                None,
+            );
+            b.op(
+                Op::Add,
+                "conv_state_keep",
+                vec![("x", var(valid)), ("y", var(&offsets))],
+            )
+        });
+        ConvInputs {
+            state,
+            keep,
+            width,
+            channels,
+            bias,
+        }
+    }
+}
+
+/// What the block hands back: its output [1, Q, C] (times α, as o_proj's) and its new state
+/// [1, W, C].
+pub(super) struct ConvOut {
+    pub(super) out: String,
+    pub(super) state: String,
+}
+
+/// Block `l`'s short convolution over its normed input `hn` [1, Q, C]; `slot` is its index in
+/// the `conv_state` input.
+pub(super) fn short_conv(
+    b: &mut Builder,
+    weights: &mut Weights,
+    proj: &mut Projections,
+    lower: &Lowering,
+    shared: &Shared,
+    (l, slot): (usize, usize),
+    hn: &str,
+) -> Result<ConvOut, GraphError> {
+    let Lowering::Default = lower else {
+        return Err(GraphError::Unsupported(
+            "short-convolution blocks (LFM2) are built in the default layout only: use \
+             --layout default"
+                .into(),
+        ));
+    };
+    let conv = shared
+        .conv
+        .as_ref()
+        .ok_or_else(|| GraphError::Unsupported(format!("block {l} has no conv state input")))?;
+    let (q, w, c) = (
+        shared.dims.q as i64,
+        conv.width as i64,
+        conv.channels as i64,
+    );
+    let tag = format!("layers_{l}_conv");
+    let id = |t| TensorId::Layer(l, t);
+    let w_in = weights.linear(b, id(LayerTensor::ConvIn), 1.0)?;
+    let in_bias = if conv.bias {
+        Some(weights.single(b, id(LayerTensor::ConvInBias))?)
+    } else {
+        None
+    };
+    let bcx = lower.project(b, proj, w_in, in_bias, hn, &format!("{tag}_in"))?;
+    let third = |b: &mut Builder, i: i64, name: &str| {
+        b.op(
+            Op::SliceByIndex,
+            &format!("{tag}_{name}"),
+            vec![
+                ("x", var(&bcx)),
+                ("begin", ints(&[0, 0, i * c])),
+                ("end", ints(&[1, q, (i + 1) * c])),
+            ],
+        )
+    };
+    let gate_b = third(b, 0, "b");
+    let gate_c = third(b, 1, "c");
+    let x = third(b, 2, "x");
+    let bx = b.op(
+        Op::Mul,
+        &format!("{tag}_bx"),
+        vec![("x", var(&gate_b)), ("y", var(&x))],
+    );
+    let slot = slot as i64;
+    let past = b.op(
+        Op::SliceByIndex,
+        &format!("{tag}_state"),
+        vec![
+            ("x", var(&conv.state)),
+            ("begin", ints(&[slot, 0, 0])),
+            ("end", ints(&[slot + 1, w, c])),
+        ],
+    );
+    // Row i + W of `seq` is input i; output i sums tap j times row i + j.
+    let seq = b.op(
+        Op::Concat,
+        &format!("{tag}_seq"),
+        vec![
+            ("values", Arg::Vars(vec![past, bx])),
+            ("axis", Arg::Int(1)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    );
+    let taps = conv_taps(b, weights, l, (w + 1, c), &tag)?;
+    let mut y = causal_conv(b, &seq, &taps, (q, w, c), &tag);
+    if conv.bias {
+        let bias = weights.single(b, id(LayerTensor::ConvBias))?;
+        y = b.op(
+            Op::Add,
+            &format!("{tag}_biased"),
+            vec![("x", var(&y)), ("y", var(&bias))],
+        );
+    }
+    let gated = b.op(
+        Op::Mul,
+        &format!("{tag}_gated"),
+        vec![("x", var(&gate_c)), ("y", var(&y))],
+    );
+    let w_out = weights.linear(b, id(LayerTensor::ConvOut), shared.alpha)?;
+    let out_bias = if conv.bias {
+        let bias = weights.single(b, id(LayerTensor::ConvOutBias))?;
+        Some(if shared.alpha == 1.0 {
+            bias
+        } else {
+            b.op(
+                Op::Mul,
+                &format!("{tag}_out_bias_scaled"),
+                vec![("x", var(&bias)), ("y", Arg::Float(shared.alpha))],
+            )
+        })
+    } else {
+        None
+    };
+    let out = lower.project(b, proj, w_out, out_bias, &gated, &format!("{tag}_out"))?;
+    let state = new_state(b, &seq, conv.keep.as_deref(), (q, w, c), &tag);
+    Ok(ConvOut { out, state })
+}
+
+/// Tap j times rows j .. j + Q of `seq` [1, W + Q, C], summed over the K = W + 1 taps
+/// [K, C]: the depthwise causal convolution of the Q inputs.
+fn causal_conv(
+    b: &mut Builder,
+    seq: &str,
+    taps: &str,
+    (q, w, c): (i64, i64, i64),
+    tag: &str,
+) -> String {
+    let mut y: Option<String> = None;
+    for j in 0..=w {
+        let rows = b.op(
+            Op::SliceByIndex,
+            &format!("{tag}_rows_{j}"),
+            vec![
+                ("x", var(seq)),
+                ("begin", ints(&[0, j, 0])),
+                ("end", ints(&[1, j + q, c])),
+            ],
+        );
+        let tap = b.op(
+            Op::SliceByIndex,
+            &format!("{tag}_tap_{j}"),
+            vec![
+                ("x", var(taps)),
+                ("begin", ints(&[j, 0])),
+                ("end", ints(&[j + 1, c])),
+            ],
+        );
+        let term = b.op(
+            Op::Mul,
+            &format!("{tag}_term_{j}"),
+            vec![("x", var(&rows)), ("y", var(&tap))],
+        );
+        y = Some(match y {
+            None => term,
+            Some(acc) => b.op(
+                Op::Add,
+                &format!("{tag}_sum_{j}"),
+                vec![("x", var(&acc)), ("y", var(&term))],
+            ),
+        });
+    }
+    y.unwrap_or_default()
+}
+
+/// The W rows of `seq` [1, W + Q, C] after the real inputs: rows Q .. Q + W when all Q are
+/// real, else the rows `keep` (`valid_len + [0, W)`) names.
+fn new_state(
+    b: &mut Builder,
+    seq: &str,
+    keep: Option<&str>,
+    (q, w, c): (i64, i64, i64),
+    tag: &str,
+) -> String {
+    let name = format!("{tag}_state_update");
+    match keep {
+        None => b.op(
+            Op::SliceByIndex,
+            &name,
+            vec![
+                ("x", var(seq)),
+                ("begin", ints(&[0, q, 0])),
+                ("end", ints(&[1, q + w, c])),
+            ],
+        ),
+        Some(keep) => b.op(
+            Op::Gather,
+            &name,
+            vec![
+                ("x", var(seq)),
+                ("indices", var(keep)),
+                ("axis", Arg::Int(1)),
+            ],
+        ),
+    }
+}
+
+/// The depthwise taps [K, C] (the checkpoint's [C, 1, K], transposed once in the program).
+fn conv_taps(
+    b: &mut Builder,
+    weights: &mut Weights,
+    l: usize,
+    (k, c): (i64, i64),
+    tag: &str,
+) -> Result<String, GraphError> {
+    let raw = weights.single(b, TensorId::Layer(l, LayerTensor::Conv))?;
+    let flat = b.op(
+        Op::Reshape,
+        &format!("{tag}_taps_flat"),
+        vec![("x", var(&raw)), ("shape", ints(&[c, k]))],
+    );
+    Ok(b.op(
+        Op::Transpose,
+        &format!("{tag}_taps"),
+        vec![("x", var(&flat)), ("perm", ints(&[1, 0]))],
+    ))
+}
