@@ -504,9 +504,12 @@ impl Saved {
                 c.step_with_stats(input_ids, position, key_cache, value_cache, stats)
             }
             // Apple's runtime reports no per-op ranges.
-            (Saved::CoreAi(m), None) => m.step(input_ids, position, key_cache, value_cache),
-            (Saved::Chain(_) | Saved::CoreAi(_), Some(_)) => Err(RuntimeError::Program(
-                "chains and Core AI assets carry no recurrent state".into(),
+            (Saved::CoreAi(m), _) => {
+                let caches = (key_cache, value_cache);
+                m.step_full(input_ids, position, caches, recurrent)
+            }
+            (Saved::Chain(_), Some(_)) => Err(RuntimeError::Program(
+                "a chain carries no recurrent state".into(),
             )),
         }
     }

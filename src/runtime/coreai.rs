@@ -250,10 +250,23 @@ impl CoreAiModel {
         key_cache: &[f16],
         value_cache: &[f16],
     ) -> Result<StepOutput, RuntimeError> {
+        self.step_full(input_ids, position, (key_cache, value_cache), None)
+    }
+
+    /// One step of any asset: `recurrent` is a hybrid model's (valid tokens, state in), as
+    /// [`crate::runtime::StepModel::step_recurrent`] takes them.
+    pub fn step_full(
+        &self,
+        input_ids: &[i32],
+        position: usize,
+        (key_cache, value_cache): (&[f16], &[f16]),
+        recurrent: Option<(usize, &[f16])>,
+    ) -> Result<StepOutput, RuntimeError> {
         let (function, c) = self.function_for(input_ids.len())?;
         let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
-        let pos = super::interp::check_step(c, input_ids, position, key_cache, value_cache, None)?;
-        let inputs = vec![
+        let valid = recurrent.map(|(v, _)| v);
+        let pos = super::interp::check_step(c, input_ids, position, key_cache, value_cache, valid)?;
+        let mut inputs = vec![
             (
                 contract::INPUT_IDS.to_string(),
                 Tensor::I32(input_ids.to_vec(), vec![1, c.query_len]),
@@ -271,6 +284,24 @@ impl CoreAiModel {
                 self.float(contract::VALUE_CACHE, value_cache, cache_shape),
             ),
         ];
+        let conv_shape = c.recurrent.as_ref().and_then(|r| r.conv_shape());
+        if let Some(shape) = &conv_shape {
+            let (valid, state) = recurrent.unwrap_or((0, &[]));
+            let want = shape.iter().product::<usize>();
+            if state.len() != want {
+                return Err(RuntimeError::Input {
+                    name: contract::CONV_STATE.into(),
+                    msg: format!("{} elements, expected {want} ({shape:?})", state.len()),
+                });
+            }
+            if c.query_len > 1 {
+                // `check_step` bounded it by Q.
+                let valid = Tensor::I32(vec![valid as i32], vec![1]);
+                inputs.push((contract::VALID_LEN.to_string(), valid));
+            }
+            let state = self.float(contract::CONV_STATE, state, shape.clone());
+            inputs.push((contract::CONV_STATE.to_string(), state));
+        }
         let mut out = self.session.call(function, inputs).map_err(asset_err)?;
         let mut take = |name: &str| {
             out.remove(name).ok_or_else(|| RuntimeError::Contract {
@@ -287,8 +318,13 @@ impl CoreAiModel {
         let logits = interleave_rows(&parts, rows);
         let k = take(contract::KEY_UPDATE)?.to_f16();
         let val = take(contract::VALUE_UPDATE)?.to_f16();
+        let state = match conv_shape {
+            Some(_) => take(contract::CONV_STATE_UPDATE)?.to_f16(),
+            None => Vec::new(),
+        };
         let upd = c.num_layers * c.num_kv_heads * q * c.head_dim;
-        if logits.len() != rows * v || k.len() != upd || val.len() != upd {
+        let sizes = [(logits.len(), rows * v), (k.len(), upd), (val.len(), upd)];
+        if sizes.iter().any(|(a, b)| a != b) || state.len() != c.recurrent_len() {
             return Err(RuntimeError::Contract {
                 path: self.path.display().to_string(),
                 msg: "output sizes do not match the contract's dimensions".into(),
@@ -298,7 +334,7 @@ impl CoreAiModel {
             logits,
             key_update: k,
             value_update: val,
-            recurrent: Vec::new(),
+            recurrent: state,
         })
     }
 }

@@ -673,8 +673,12 @@ impl<M: StepModel> Generator<M> {
     /// The next call over positions `[done, total)`: its Q and chunk. `recording`: every
     /// position's logits are wanted, which a last-row prefill function does not return.
     fn next_call(&self, done: usize, total: usize, recording: bool) -> (usize, Chunk) {
-        let q = self.call_len(total - done);
+        let mut q = self.call_len(total - done);
         if self.hybrid {
+            // Every position's logits: a last-row prefill function returns one row, decode all.
+            if recording && self.prefill_last_row && q != self.q {
+                q = self.q;
+            }
             // Never back over rows the state holds: the chunk starts at `done` and its padding
             // may run past S (the package takes it, docs/contract.md "Hybrid packages").
             let end = total.min(done + q);
@@ -756,7 +760,11 @@ impl<M: StepModel> Generator<M> {
                 q
             };
             check("logits", out.logits.len(), logit_rows * self.v)?;
-            let first_row = c.start + q - logit_rows;
+            // A hybrid chunk's one row is its last real token's (its padding follows it).
+            let first_row = match (logit_rows < q, self.hybrid) {
+                (true, true) => c.end - logit_rows,
+                _ => c.start + q - logit_rows,
+            };
             // A stateful model wrote its rows itself and returns none.
             let rows = if self.stateful { 0 } else { rows };
             check("key_update", out.key_update.len(), rows)?;

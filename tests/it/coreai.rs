@@ -143,6 +143,46 @@ fn fp16_matches_transformers_in(arch: &str, layout: &str) {
     assert!(top1 >= MIN_TOP1, "{arch}: top-1 {top1}");
 }
 
+/// LFM2's hybrid contract on Apple's runtime: the conv blocks' state through every step of
+/// the fp16 assets (both fixtures: kernels 3 and 4, conv biases), against transformers.
+#[test]
+fn lfm2_fp16_assets_match_transformers() {
+    needs!(Python);
+    fp16_matches_transformers("lfm2");
+    fp16_matches_transformers("lfm2_untied");
+}
+
+/// An LFM2 asset with a prefill function (`valid_len` picks the last real row of a padded
+/// chunk) passes validate on Apple's runtime, prefill held to decode.
+#[test]
+fn lfm2_asset_with_prefill_passes_validate() {
+    needs!(Python);
+    let dir = fixture("lfm2_untied");
+    let tmp = tempfile::tempdir().unwrap();
+    let asset = tmp.path().join("lfm2.aimodel");
+    convert(&dir, &asset, &["--keep-fp16", "*", "--prefill-len", "8"]);
+    let o = hf2coreml(&[
+        "validate",
+        asset.to_str().unwrap(),
+        "--against",
+        dir.to_str().unwrap(),
+        "--max-tokens",
+        "40",
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert!(
+        o.status.success(),
+        "{}\n{report:#}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let items = report["contract"].to_string();
+    assert!(
+        items.contains("prefill (Q=8) agrees with decode"),
+        "{items}"
+    );
+}
+
 #[test]
 fn gemma3_fp16_asset_matches_transformers() {
     needs!(Python);

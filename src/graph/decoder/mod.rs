@@ -153,6 +153,8 @@ struct Shared {
     slots: Vec<usize>,
     /// The short-convolution blocks' inputs, if the part has any.
     conv: Option<conv::ConvInputs>,
+    /// A hybrid step's `valid_len` input (Q > 1).
+    valid: Option<String>,
 }
 
 impl Shared {
@@ -283,14 +285,12 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
 }
 
 /// Refuse the forms of the contract a hybrid model's recurrent state (LFM2's conv blocks) is
-/// not carried through: they keep the state only as the io inputs and outputs of one
-/// single-function package in the default layout, on iOS17 or iOS18.
+/// not carried through: they keep the state only as the io inputs and outputs of a package
+/// or asset in the default layout (one function, or prefill and decode).
 pub fn check_recurrent(
     spec: &ModelSpec,
-    target: crate::mil::contract::Target,
     layout: crate::mil::contract::Layout,
     kv_cache: crate::mil::contract::KvCache,
-    prefill_len: usize,
 ) -> Result<(), GraphError> {
     let Some(conv) = &spec.short_conv else {
         return Ok(());
@@ -300,14 +300,10 @@ pub fn check_recurrent(
         spec.architecture,
         conv.layers.len()
     );
-    let refused = if target.is_coreai() {
-        Some("a Core AI asset does not carry yet: use --target ios17 or ios18")
-    } else if layout == crate::mil::contract::Layout::Ane {
+    let refused = if layout == crate::mil::contract::Layout::Ane {
         Some("the --layout ane builder does not carry yet: use --layout default")
     } else if kv_cache == crate::mil::contract::KvCache::State {
         Some("a --kv-cache state package does not carry yet: use --kv-cache io")
-    } else if prefill_len > 0 {
-        Some("a prefill function does not carry yet: use --prefill-len 0")
     } else {
         None
     };
@@ -364,7 +360,7 @@ pub fn build_part(
     check_constants(spec, opts)?;
     let whole = *part == Part::whole(spec);
     state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
-    check_recurrent(spec, opts.target, opts.layout, opts.kv_cache, 0)?;
+    check_recurrent(spec, opts.layout, opts.kv_cache)?;
     if spec.short_conv.is_some() && !whole {
         return Err(GraphError::Unsupported(format!(
             "{} has short-convolution blocks, whose state a chain's parts do not carry yet: \
@@ -448,7 +444,24 @@ pub fn build_part(
             spec.norm_offset().into(),
         )?;
         let ranged = spec.gemma.is_some();
-        if opts.last_logits_only && opts.query_len > 1 {
+        let valid = shared.as_ref().and_then(|sh| sh.valid.clone());
+        if let (true, Some(valid)) = (opts.last_logits_only, valid) {
+            // A hybrid chunk's last real token, `valid_len − 1`: its padding follows it.
+            let last = b.op(
+                Op::Sub,
+                "last_position_index",
+                vec![("x", var(&valid)), ("y", Arg::Int(1))],
+            );
+            x = b.op(
+                Op::Gather,
+                "last_position",
+                vec![
+                    ("x", var(&x)),
+                    ("indices", var(&last)),
+                    ("axis", Arg::Int(1)),
+                ],
+            );
+        } else if opts.last_logits_only && opts.query_len > 1 {
             let (q, c) = (opts.query_len as i64, spec.hidden_size as i64);
             x = b.op(
                 Op::SliceByIndex,
@@ -576,6 +589,7 @@ fn shared_inputs(
         kinds: layers,
         slots,
         conv,
+        valid,
     };
     (shared, state)
 }

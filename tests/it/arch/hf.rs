@@ -614,13 +614,11 @@ fn lfm2_is_inspected_and_its_conversion_refused_by_name() {
     // before any work.
     let out = tempfile::tempdir().unwrap();
     for (args, needle) in [
-        (&["--target", "coreai"][..], "Core AI"),
-        (&["--layout", "ane"], "--layout default"),
+        (&["--layout", "ane"][..], "--layout default"),
         (
             &["--target", "ios18", "--kv-cache", "state"],
             "--kv-cache io",
         ),
-        (&["--target", "ios18"], "--prefill-len 0"),
         (&["--max-package-size", "1200KB"], "chain"),
     ] {
         let ext = if args.contains(&"coreai") {
@@ -686,6 +684,57 @@ fn lfm2_packages_validate() {
             "conv_state"
         ]
     );
+}
+
+/// An iOS18 LFM2 package with a prefill function (8 tokens a call, the last row's logits: the
+/// chunk's last real token, found by `valid_len`) beside decode passes validate (which holds
+/// prefill to decode), and a 53-token prompt (no multiple of 8) then greedy tokens give what the
+/// one-function package gives.
+#[test]
+fn lfm2_prefill_and_decode_functions_agree_with_one_function() {
+    use hf2coreml::runtime::generate::{GenerateOptions, Generator};
+    use hf2coreml::runtime::interp::Package;
+    needs!(Python);
+    let dir = fixture("lfm2_untied");
+    let want = expected(&dir);
+    let out = tempfile::tempdir().unwrap();
+    let two = out.path().join("two.mlpackage");
+    convert(&dir, &two)
+        .args([
+            "--max-seq-len",
+            "64",
+            "--target",
+            "ios18",
+            "--prefill-len",
+            "8",
+        ])
+        .args(["--keep-fp16", "*"])
+        .ok();
+    let (code, report, err) = validate(&two, &dir, 64);
+    assert_eq!(code, Some(0), "{err}\n{report:#}");
+    let items = report["contract"].to_string();
+    assert!(
+        items.contains("prefill (Q=8) agrees with decode"),
+        "{items}"
+    );
+    let one = out.path().join("one.mlpackage");
+    convert(&dir, &one)
+        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
+        .ok();
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let prompt = &want.tokens[..53];
+    let mut gens = Vec::new();
+    for pkg in [&two, &one] {
+        let mut g = Generator::new(Package::load(pkg, Default::default()).unwrap()).unwrap();
+        let gen = g.generate(prompt, &opts, &mut |_| Ok(())).unwrap();
+        gens.push(gen);
+    }
+    assert_eq!(gens[0].timing.prefill_calls, 7, "{:?}", gens[0].timing);
+    assert_eq!(gens[0].tokens, gens[1].tokens);
 }
 
 /// A chunked LFM2 package (Q = 5, conv biases, kernel 4) over a prompt that is no multiple of
