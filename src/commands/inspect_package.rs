@@ -191,4 +191,30 @@ fn print_contract(c: &serde_json::Value) {
         n("head_dim"),
         n("vocab_size"),
     );
+    // A hybrid package: which blocks the caches hold, and the state beside them.
+    if let Some(r) = c.get("recurrent") {
+        let list = |v: Option<&serde_json::Value>| {
+            v.and_then(|v| v.as_array()).map_or(String::new(), |a| {
+                a.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+        };
+        let conv = r.get("conv");
+        println!(
+            "  recurrent   {} blocks: attention [{}] in the caches; conv [{}] in conv_state \
+             (the last {} inputs of {} channels)",
+            n2(r, "blocks"),
+            list(r.get("attention_layers")),
+            list(conv.and_then(|c| c.get("layers"))),
+            conv.map_or("?".into(), |c| n2(c, "width")),
+            conv.map_or("?".into(), |c| n2(c, "channels")),
+        );
+    }
+}
+
+/// A JSON field as text, `?` when absent.
+fn n2(v: &serde_json::Value, k: &str) -> String {
+    v.get(k).map_or("?".to_string(), |x| x.to_string())
 }

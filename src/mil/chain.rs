@@ -120,15 +120,36 @@ impl ChainPart {
         head: bool,
         float: &str,
     ) -> (Vec<IoSpec>, Vec<IoSpec>) {
-        let (all_in, all_out) = Contract::io(
+        // A hybrid model's part holds its own attention blocks' rows and its own conv blocks'
+        // state.
+        let (cache_layers, conv_layers) = match &c.recurrent {
+            Some(r) => {
+                let (a, v) = r.slots(layers);
+                (a.len(), v.len())
+            }
+            None => (layers.len(), 0),
+        };
+        let (mut all_in, mut all_out) = Contract::io(
             c.max_seq_len,
             c.query_len,
-            layers.len(),
+            cache_layers,
             c.num_kv_heads,
             c.head_dim,
             c.vocab_size,
             float,
         );
+        if let (Some(r), true) = (&c.recurrent, conv_layers > 0) {
+            let conv = r.conv.as_ref().map(|v| contract::ConvState {
+                layers: v.layers[r.slots(layers).1].to_vec(),
+                ..v.clone()
+            });
+            let part = contract::Recurrent {
+                blocks: layers.len(),
+                attention_layers: Vec::new(),
+                conv,
+            };
+            part.add_io(c.query_len, float, &mut all_in, &mut all_out);
+        }
         let hidden = |name: &str| IoSpec {
             name: name.to_string(),
             dtype: float.to_string(),
@@ -139,9 +160,16 @@ impl ChainPart {
         if !embedding {
             inputs.push(hidden(HIDDEN_IN));
         }
+        let caches = [
+            contract::KEY_CACHE,
+            contract::VALUE_CACHE,
+            contract::KEY_UPDATE,
+            contract::VALUE_UPDATE,
+        ];
         for i in all_in {
             let keep = match i.name.as_str() {
                 contract::INPUT_IDS => embedding,
+                n if caches.contains(&n) => cache_layers > 0,
                 _ => has_layers,
             };
             if keep {
@@ -153,8 +181,12 @@ impl ChainPart {
             outputs.push(hidden(HIDDEN_OUT));
         }
         for o in all_out {
-            let cache = o.name == contract::KEY_UPDATE || o.name == contract::VALUE_UPDATE;
-            if (cache && has_layers) || (!cache && head) {
+            let keep = match o.name.as_str() {
+                n if caches.contains(&n) => cache_layers > 0,
+                contract::CONV_STATE_UPDATE => true,
+                _ => head,
+            };
+            if keep {
                 outputs.push(o);
             }
         }
@@ -301,10 +333,13 @@ impl ChainFile {
                 ));
             }
         }
-        if next != self.contract.num_layers {
+        if let Some(r) = &self.contract.recurrent {
+            r.check(self.contract.num_layers)?;
+        }
+        if next != self.contract.blocks() {
             return Err(format!(
                 "the parts run {next} layers, the model has {}",
-                self.contract.num_layers
+                self.contract.blocks()
             ));
         }
         Ok(())

@@ -293,6 +293,59 @@ impl Recurrent {
         self.len() == 0
     }
 
+    /// Whether it describes `num_layers` attention blocks among `blocks`: every block
+    /// attends or convolves, once, in order (a foreign file's state is sliced by these).
+    pub fn check(&self, num_layers: usize) -> Result<(), String> {
+        let conv = self.conv.as_ref().map_or(&[][..], |c| &c.layers[..]);
+        let mut kinds = vec![0u8; self.blocks];
+        for &l in self.attention_layers.iter().chain(conv) {
+            match kinds.get_mut(l) {
+                Some(k) if *k == 0 => *k = 1,
+                _ => {
+                    return Err(format!(
+                        "recurrent: block {l} is listed twice or is not one of {} blocks",
+                        self.blocks
+                    ))
+                }
+            }
+        }
+        let sorted = |v: &[usize]| v.windows(2).all(|w| w[0] < w[1]);
+        if kinds.contains(&0) || !sorted(&self.attention_layers) || !sorted(conv) {
+            return Err(format!(
+                "recurrent: the attention and conv blocks do not list each of {} blocks once, \
+                 in order",
+                self.blocks
+            ));
+        }
+        if self.attention_layers.len() != num_layers {
+            return Err(format!(
+                "recurrent: {} attention blocks, the caches hold {num_layers}",
+                self.attention_layers.len()
+            ));
+        }
+        if let Some(c) = &self.conv {
+            if c.width == 0 || c.channels == 0 {
+                return Err("recurrent: a conv state of zero width or channels".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The cache slots and conv-state slots of blocks `layers`: the attention blocks before
+    /// `layers.start` to those before `layers.end`, and the same for the conv blocks.
+    pub fn slots(
+        &self,
+        layers: &std::ops::Range<usize>,
+    ) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let before = |v: &[usize], at: usize| v.iter().filter(|&&l| l < at).count();
+        let conv = self.conv.as_ref().map_or(&[][..], |c| &c.layers[..]);
+        let a = &self.attention_layers;
+        (
+            before(a, layers.start)..before(a, layers.end),
+            before(conv, layers.start)..before(conv, layers.end),
+        )
+    }
+
     /// Add its inputs and outputs to a step's at Q tokens: `valid_len` after `position`
     /// (Q > 1), the state after the caches, its update after theirs.
     pub fn add_io(
@@ -515,6 +568,13 @@ impl Contract {
             r.add_io(q, float, &mut i, &mut o);
         }
         (i, o, st)
+    }
+
+    /// Decoder blocks in all: the attention blocks, and a hybrid model's others.
+    pub fn blocks(&self) -> usize {
+        self.recurrent
+            .as_ref()
+            .map_or(self.num_layers, |r| r.blocks)
     }
 
     /// The values of the recurrent state a host keeps between steps (0 without one).

@@ -460,20 +460,12 @@ impl Job {
         let bytes = budget::chain::ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| {
             self.recipe.storage(s).bytes(s.numel())
         });
-        let plan = budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
+        budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
             ConvertError::Chain {
                 path: self.output.clone(),
                 source,
             }
         })?;
-        if !plan.is_single() && spec.short_conv.is_some() {
-            return Err(ConvertError::State(format!(
-                "{} has short-convolution blocks, whose state a chain's parts do not carry \
-                 yet, and does not fit one package of {} bytes: raise --max-package-size",
-                spec.architecture, plan.limit
-            ))
-            .into());
-        }
         Ok(())
     }
 

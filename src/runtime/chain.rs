@@ -39,11 +39,67 @@ enum Hidden {
     CoreAi(aimodel::Tensor),
 }
 
-/// What one part returns: the hidden state or the logits, and its layers' cache rows.
+/// What one part returns: the hidden state or the logits, its layers' cache rows and a hybrid
+/// model's part its conv blocks' new state.
 struct PartOutput {
     hidden: Option<Hidden>,
     logits: Vec<f32>,
     cache: Option<(Vec<f16>, Vec<f16>)>,
+    state: Option<Vec<f16>>,
+}
+
+/// Where one part's rows and state lie in the model's: its cache slots (its attention blocks)
+/// and its conv-state slots, with the sizes of one slot.
+struct PartSlots {
+    cache: std::ops::Range<usize>,
+    conv: std::ops::Range<usize>,
+    per_cache: usize,
+    per_conv: usize,
+}
+
+impl PartSlots {
+    fn of(c: &Contract, layers: &std::ops::Range<usize>) -> Self {
+        let per_cache = c.num_kv_heads * c.max_seq_len * c.head_dim;
+        match &c.recurrent {
+            Some(r) => {
+                let (cache, conv) = r.slots(layers);
+                let per_conv = r.conv.as_ref().map_or(0, |v| v.width * v.channels);
+                PartSlots {
+                    cache,
+                    conv,
+                    per_cache,
+                    per_conv,
+                }
+            }
+            None => PartSlots {
+                cache: layers.clone(),
+                conv: 0..0,
+                per_cache,
+                per_conv: 0,
+            },
+        }
+    }
+
+    fn cache_shape(&self, c: &Contract) -> Vec<usize> {
+        vec![self.cache.len(), c.num_kv_heads, c.max_seq_len, c.head_dim]
+    }
+
+    fn cache_rows(&self) -> std::ops::Range<usize> {
+        self.cache.start * self.per_cache..self.cache.end * self.per_cache
+    }
+
+    fn conv_shape(&self, c: &Contract) -> Vec<usize> {
+        let r = c.recurrent.as_ref().and_then(|r| r.conv.as_ref());
+        vec![
+            self.conv.len(),
+            r.map_or(0, |v| v.width),
+            r.map_or(0, |v| v.channels),
+        ]
+    }
+
+    fn conv_values(&self) -> std::ops::Range<usize> {
+        self.conv.start * self.per_conv..self.conv.end * self.per_conv
+    }
 }
 
 fn contract_err(path: &Path, msg: String) -> RuntimeError {
@@ -200,8 +256,8 @@ impl Chain {
             .collect()
     }
 
-    /// Run part `i` on the hidden state (or the tokens, for the first part) and its layers'
-    /// cache rows.
+    /// Run part `i` on the hidden state (or the tokens, for the first part), its layers'
+    /// cache rows and a hybrid model's (valid tokens, conv state).
     #[allow(clippy::too_many_arguments)]
     fn run_part(
         &self,
@@ -209,16 +265,27 @@ impl Chain {
         hidden: Option<Hidden>,
         input_ids: &[i32],
         pos: i32,
-        key_cache: &[f16],
-        value_cache: &[f16],
+        (key_cache, value_cache): (&[f16], &[f16]),
+        recurrent: Option<(usize, &[f16])>,
         stats: Option<&mut Stats>,
     ) -> Result<PartOutput, RuntimeError> {
         let (part, runner) = (&self.chain.parts[i], &self.parts[i]);
         let c = &self.chain.contract;
-        let per_layer = c.num_kv_heads * c.max_seq_len * c.head_dim;
         let (l0, l1) = (part.layers.start, part.layers.end);
-        let shape = vec![l1 - l0, c.num_kv_heads, c.max_seq_len, c.head_dim];
-        let rows = l0 * per_layer..l1 * per_layer;
+        let slots = PartSlots::of(c, &part.layers);
+        let shape = slots.cache_shape(c);
+        let rows = slots.cache_rows();
+        let has_cache = !slots.cache.is_empty();
+        let (valid, state) = recurrent.unwrap_or((0, &[]));
+        // A part's conv state, with `valid_len` beside it when Q > 1 (checked by the step).
+        let conv = (!slots.conv.is_empty()).then(|| {
+            let values = state.get(slots.conv_values()).unwrap_or(&[]);
+            (
+                values,
+                slots.conv_shape(c),
+                (c.query_len > 1).then_some(valid as i32),
+            )
+        });
         let missing =
             |name: &str| contract_err(&self.dir, format!("{}: no output `{name}`", part.path));
         match runner {
@@ -233,6 +300,11 @@ impl Chain {
                 }
                 if l1 > l0 {
                     inputs.push((contract::POSITION, Tensor::i32(vec![1], &[pos])));
+                }
+                if let Some((_, _, Some(v))) = &conv {
+                    inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[*v])));
+                }
+                if has_cache {
                     inputs.push((
                         contract::KEY_CACHE,
                         Tensor::f16(shape.clone(), key_cache[rows.clone()].to_vec()),
@@ -240,6 +312,12 @@ impl Chain {
                     inputs.push((
                         contract::VALUE_CACHE,
                         Tensor::f16(shape, value_cache[rows].to_vec()),
+                    ));
+                }
+                if let Some((values, shape, _)) = &conv {
+                    inputs.push((
+                        contract::CONV_STATE,
+                        Tensor::f16(shape.clone(), values.to_vec()),
                     ));
                 }
                 let mut out = program.run(inputs, stats)?;
@@ -255,7 +333,7 @@ impl Chain {
                 } else {
                     hidden = Some(Hidden::Mil(take(chain::HIDDEN_OUT)?));
                 }
-                let cache = if l1 > l0 {
+                let cache = if has_cache {
                     Some((
                         take(contract::KEY_UPDATE)?.to_f16_vec(),
                         take(contract::VALUE_UPDATE)?.to_f16_vec(),
@@ -263,10 +341,15 @@ impl Chain {
                 } else {
                     None
                 };
+                let state = match conv {
+                    Some(_) => Some(take(contract::CONV_STATE_UPDATE)?.to_f16_vec()),
+                    None => None,
+                };
                 Ok(PartOutput {
                     hidden,
                     logits,
                     cache,
+                    state,
                 })
             }
             PartRunner::CoreAi(session) => {
@@ -297,6 +380,12 @@ impl Chain {
                         contract::POSITION.to_string(),
                         aimodel::Tensor::I32(vec![pos], vec![1]),
                     ));
+                }
+                if let Some((_, _, Some(v))) = &conv {
+                    let valid = aimodel::Tensor::I32(vec![*v], vec![1]);
+                    inputs.push((contract::VALID_LEN.to_string(), valid));
+                }
+                if has_cache {
                     inputs.push((
                         contract::KEY_CACHE.to_string(),
                         float(contract::KEY_CACHE, &key_cache[rows.clone()], shape.clone()),
@@ -305,6 +394,10 @@ impl Chain {
                         contract::VALUE_CACHE.to_string(),
                         float(contract::VALUE_CACHE, &value_cache[rows], shape),
                     ));
+                }
+                if let Some((values, shape, _)) = &conv {
+                    let state = float(contract::CONV_STATE, values, shape.clone());
+                    inputs.push((contract::CONV_STATE.to_string(), state));
                 }
                 let mut out = session
                     .call(super::coreai::FUNCTION, inputs)
@@ -321,7 +414,7 @@ impl Chain {
                 } else {
                     hidden = Some(Hidden::CoreAi(take(chain::HIDDEN_OUT)?));
                 }
-                let cache = if l1 > l0 {
+                let cache = if has_cache {
                     Some((
                         take(contract::KEY_UPDATE)?.to_f16(),
                         take(contract::VALUE_UPDATE)?.to_f16(),
@@ -329,10 +422,15 @@ impl Chain {
                 } else {
                     None
                 };
+                let state = match conv {
+                    Some(_) => Some(take(contract::CONV_STATE_UPDATE)?.to_f16()),
+                    None => None,
+                };
                 Ok(PartOutput {
                     hidden,
                     logits,
                     cache,
+                    state,
                 })
             }
         }
@@ -346,10 +444,33 @@ impl Chain {
         position: usize,
         key_cache: &[f16],
         value_cache: &[f16],
+        stats: Option<&mut Stats>,
+    ) -> Result<StepOutput, RuntimeError> {
+        let caches = (key_cache, value_cache);
+        self.step_full(input_ids, position, caches, None, stats)
+    }
+
+    /// One step of any chain: `recurrent` is a hybrid model's (valid tokens, state in), as
+    /// [`StepModel::step_recurrent`] takes them; each part gets its own blocks' slots.
+    pub fn step_full(
+        &self,
+        input_ids: &[i32],
+        position: usize,
+        (key_cache, value_cache): (&[f16], &[f16]),
+        recurrent: Option<(usize, &[f16])>,
         mut stats: Option<&mut Stats>,
     ) -> Result<StepOutput, RuntimeError> {
         let c = &self.chain.contract;
-        let pos = check_step(c, input_ids, position, key_cache, value_cache, None)?;
+        let valid = recurrent.map(|(v, _)| v);
+        let pos = check_step(c, input_ids, position, key_cache, value_cache, valid)?;
+        let state_len = c.recurrent_len();
+        if recurrent.is_some_and(|(_, s)| s.len() != state_len) {
+            return Err(RuntimeError::Input {
+                name: contract::CONV_STATE.into(),
+                msg: format!("a recurrent state of {state_len} values is expected"),
+            });
+        }
+        let mut new_state = Vec::with_capacity(state_len);
         let mut hidden: Option<Hidden> = None;
         let mut logits = Vec::new();
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
@@ -360,10 +481,11 @@ impl Chain {
                 hidden.take(),
                 input_ids,
                 pos,
-                key_cache,
-                value_cache,
+                (key_cache, value_cache),
+                recurrent,
                 stats.as_deref_mut(),
             )?;
+            new_state.extend(out.state.unwrap_or_default());
             hidden = out.hidden;
             if self.chain.parts[i].head {
                 logits = out.logits;
@@ -376,6 +498,7 @@ impl Chain {
         if logits.len() != c.query_len * c.vocab_size
             || key_update.len() != upd
             || value_update.len() != upd
+            || new_state.len() != state_len
         {
             return Err(contract_err(
                 &self.dir,
@@ -386,7 +509,7 @@ impl Chain {
             logits,
             key_update,
             value_update,
-            recurrent: Vec::new(),
+            recurrent: new_state,
         })
     }
 }
@@ -500,17 +623,15 @@ impl Saved {
                 let caches = (key_cache, value_cache);
                 p.step_full(input_ids, position, caches, recurrent, stats)
             }
-            (Saved::Chain(c), None) => {
-                c.step_with_stats(input_ids, position, key_cache, value_cache, stats)
+            (Saved::Chain(c), _) => {
+                let caches = (key_cache, value_cache);
+                c.step_full(input_ids, position, caches, recurrent, stats)
             }
             // Apple's runtime reports no per-op ranges.
             (Saved::CoreAi(m), _) => {
                 let caches = (key_cache, value_cache);
                 m.step_full(input_ids, position, caches, recurrent)
             }
-            (Saved::Chain(_), Some(_)) => Err(RuntimeError::Program(
-                "a chain carries no recurrent state".into(),
-            )),
         }
     }
 }

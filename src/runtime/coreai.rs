@@ -144,6 +144,9 @@ impl CoreAiModel {
             path: self.path.display().to_string(),
             msg,
         };
+        if let Some(r) = &self.contract.recurrent {
+            r.check(self.contract.num_layers).map_err(bad)?;
+        }
         for (name, c) in &self.functions {
             let f = declared
                 .iter()

@@ -361,13 +361,6 @@ pub fn build_part(
     let whole = *part == Part::whole(spec);
     state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
     check_recurrent(spec, opts.layout, opts.kv_cache)?;
-    if spec.short_conv.is_some() && !whole {
-        return Err(GraphError::Unsupported(format!(
-            "{} has short-convolution blocks, whose state a chain's parts do not carry yet: \
-             raise --max-package-size so the model fits one package",
-            spec.architecture
-        )));
-    }
     if opts.layout == crate::mil::contract::Layout::Ane {
         return ane::build_part(spec, weights, opts, part);
     }
@@ -483,7 +476,8 @@ pub fn build_part(
             let position = sh.position.clone();
             state::write(&mut b, st, key_rows, value_rows, &position, &sh.dims);
         }
-        (Some(_), None) => {
+        // A hybrid model's part may hold no attention block, and then no cache.
+        (Some(_), None) if !key_rows.is_empty() => {
             outputs.push(stack(&mut b, key_rows, contract::KEY_UPDATE));
             outputs.push(stack(&mut b, value_rows, contract::VALUE_UPDATE));
         }
@@ -529,6 +523,9 @@ fn shared_inputs(
         if opts.kv_cache == crate::mil::contract::KvCache::State {
             let st = state::read(b, cache_layers, &dims);
             (st.read.clone(), st.read.clone(), st.layers, Some(st))
+        } else if cache_layers == 0 {
+            // A chain part of a hybrid model whose blocks all convolve: nothing attends.
+            (String::new(), String::new(), 0, None)
         } else {
             let cache_shape = vec![cache_layers, dims.hkv, dims.s, dims.d];
             let k = b.input(contract::KEY_CACHE, fl, cache_shape.clone());
@@ -543,8 +540,9 @@ fn shared_inputs(
             valid.as_deref(),
         )
     });
-    // A hybrid step's padding may run past S (its real tokens end by S): RoPE rows for it too.
-    let tables = mask::Tables::new(b, spec, &dims, recurrent.is_some());
+    // A hybrid step's padding may run past S (its real tokens end by S): RoPE rows for it too,
+    // in every part of a chain.
+    let tables = mask::Tables::new(b, spec, &dims, spec.short_conv.is_some());
     let (cos, sin) = mask::rope_rows(b, &tables, &position, false).expect("global tables");
     let mask = mask::mask(b, &tables, &position, &dims);
     let local = mask::rope_rows(b, &tables, &position, true)

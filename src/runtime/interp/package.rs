@@ -60,6 +60,9 @@ impl Package {
             path: path.display().to_string(),
             msg,
         };
+        if let Some(r) = &contract.recurrent {
+            r.check(contract.num_layers).map_err(bad)?;
+        }
         let program = Program::load(&pkg, options)?;
         check_contract_inputs(&program, &contract).map_err(bad)?;
         let others = load_other_functions(&pkg, &contract, options).map_err(|e| match e {

@@ -619,7 +619,6 @@ fn lfm2_is_inspected_and_its_conversion_refused_by_name() {
             &["--target", "ios18", "--kv-cache", "state"],
             "--kv-cache io",
         ),
-        (&["--max-package-size", "1200KB"], "chain"),
     ] {
         let ext = if args.contains(&"coreai") {
             "aimodel"
@@ -737,6 +736,80 @@ fn lfm2_prefill_and_decode_functions_agree_with_one_function() {
     assert_eq!(gens[0].tokens, gens[1].tokens);
 }
 
+/// LFM2 as a chain (`--max-package-size`), four tokens a call: each part carries its own
+/// blocks' caches and conv state (a part whose blocks all convolve has no cache), and the
+/// chain's logits and state equal the one package's bit for bit over a 53-token prompt; the
+/// chain passes validate.
+#[test]
+fn lfm2_chain_parts_carry_their_own_state() {
+    use hf2coreml::mil::chain::ChainFile;
+    use hf2coreml::runtime::chain::Saved;
+    use hf2coreml::runtime::generate::{GenerateOptions, Generator};
+    needs!(Python);
+    let dir = fixture("lfm2");
+    let want = expected(&dir);
+    let out = tempfile::tempdir().unwrap();
+    let (one, chain) = (out.path().join("one.mlpackage"), out.path().join("chain.mlpackage"));
+    let args = [
+        "--max-seq-len",
+        "64",
+        "--query-len",
+        "4",
+        "--keep-fp16",
+        "*",
+    ];
+    convert(&dir, &one).args(args).ok();
+    convert(&dir, &chain)
+        .args(args)
+        .args(["--max-package-size", LFM2_PART_LIMIT])
+        .ok();
+    let file = ChainFile::read(&chain).unwrap();
+    let layers: Vec<_> = file.parts.iter().map(|p| p.layers.clone()).collect();
+    assert!(layers.len() >= 3, "{layers:?}");
+    let names = |io: &[hf2coreml::mil::contract::IoSpec]| -> Vec<String> {
+        io.iter().map(|i| i.name.clone()).collect()
+    };
+    // Blocks 2 and 3 convolve: a part of those alone takes no cache.
+    let conv_only = file
+        .parts
+        .iter()
+        .find(|p| p.layers == (2..4))
+        .unwrap_or_else(|| panic!("no part of blocks 2..4: {layers:?}"));
+    assert_eq!(
+        names(&conv_only.inputs),
+        ["hidden_in", "position", "valid_len", "conv_state"]
+    );
+    assert_eq!(
+        names(&conv_only.outputs),
+        ["hidden_out", "conv_state_update"]
+    );
+    let opts = GenerateOptions {
+        max_new_tokens: 0,
+        record_logits: true,
+        ..Default::default()
+    };
+    let mut got = Vec::new();
+    for path in [&one, &chain] {
+        let mut g = Generator::new(Saved::load(path, Default::default()).unwrap()).unwrap();
+        let rows = g
+            .generate(&want.tokens[..53], &opts, &mut |_| Ok(()))
+            .unwrap()
+            .logits
+            .unwrap();
+        got.push((rows, g.recurrent_state().to_vec()));
+    }
+    assert!(
+        got[0] == got[1],
+        "the chain computes what the package computes"
+    );
+    let (code, report, err) = validate(&chain, &dir, 64);
+    assert_eq!(code, Some(0), "{err}\n{report:#}");
+}
+
+/// A package size limit that splits the `lfm2` fixture at S = 64 into blocks 0..2, 2..4 (both
+/// convolutions) and 4..5 (the planner counts ~1 MB a part for tables and masks).
+const LFM2_PART_LIMIT: &str = "1250KB";
+
 /// A chunked LFM2 package (Q = 5, conv biases, kernel 4) over a prompt that is no multiple of
 /// Q, in a context whose last chunk's padding runs past S: every position's logits match
 /// transformers' and the one-token package's, the state after the prompt is the one-token
@@ -823,11 +896,19 @@ fn lfm2_chunks_padding_and_the_cache_file_keep_the_state_exact() {
         .save(&file)
         .unwrap();
     let mut resumed = load(5);
-    let kv = KvFile::load(
-        &file,
-        hf2coreml::runtime::StepModel::contract(resumed.model()),
-    )
-    .unwrap();
+    let contract = hf2coreml::runtime::StepModel::contract(resumed.model()).clone();
+    // A version 1 file (no state) of a hybrid package is refused, naming the versions.
+    let mut bytes = std::fs::read(&file).unwrap();
+    assert_eq!(bytes[8..12], 2u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let old = out.path().join("v1.kv");
+    std::fs::write(&old, &bytes).unwrap();
+    let err = KvFile::load(&old, &contract).unwrap_err().to_string();
+    assert!(
+        err.contains("version 1") && err.contains("files are version 2"),
+        "{err}"
+    );
+    let kv = KvFile::load(&file, &contract).unwrap();
     assert_eq!(kv.recurrent.len(), 2 * 3 * 64);
     kv.restore(&mut resumed).unwrap();
     let tail = {
