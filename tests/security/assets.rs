@@ -411,3 +411,68 @@ fn chains_refuse_links_out_and_parts_from_other_conversions() {
         &["main.mlirb is not the one the chain recorded"],
     );
 }
+
+/// A hybrid model's chain (LFM2: conv and attention blocks) whose chain.json lists blocks that
+/// do not describe the model, a block twice, one past the last, the attention blocks
+/// miscounted, is refused with exit 2 naming `recurrent` before any part runs (the runner
+/// slices the caches and the conv state by those lists); a KV-cache file of a hybrid package
+/// cut short (its state missing) is refused naming its length.
+#[test]
+fn hybrid_chains_and_cache_files_that_do_not_describe_the_model() {
+    needs!(Python);
+    let s = tempfile::tempdir().unwrap();
+    let root = s.path();
+    let lfm2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/lfm2");
+    let flags = ["--keep-fp16", "*", "--max-package-size", "1250KB"];
+    let good = convert_into(root, &lfm2, "good.mlpackage", "ios17", &flags);
+    assert!(chain_parts(&good).len() >= 2);
+    let edits: [(&str, fn(&mut serde_json::Value)); 3] = [
+        ("twice", |r| {
+            r["attention_layers"] = serde_json::json!([1, 1])
+        }),
+        ("past the last", |r| {
+            r["attention_layers"] = serde_json::json!([1, 9])
+        }),
+        ("miscounted", |r| {
+            r["attention_layers"] = serde_json::json!([1]);
+            r["conv"]["layers"] = serde_json::json!([0, 2, 3, 4]);
+        }),
+    ];
+    for (what, edit) in edits {
+        let c = root.join(format!("{}.mlpackage", what.replace(' ', "-")));
+        copy_dir(&good, &c);
+        let file = c.join("chain.json");
+        let mut j: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        edit(&mut j["contract"]["recurrent"]);
+        std::fs::write(&file, serde_json::to_vec(&j).unwrap()).unwrap();
+        refused(
+            root,
+            &[os("run"), c.as_os_str(), os("--prompt-ids"), os("1,2,3")],
+            &["chain.json", "recurrent"],
+        );
+    }
+
+    let pkg = convert_into(root, &lfm2, "one.mlpackage", "ios17", &["--keep-fp16", "*"]);
+    let kv = root.join("one.kv");
+    cli(&[os("run"), pkg.as_os_str(), os("--prompt-ids"), os("1,2,3")])
+        .args(["--max-new-tokens", "2", "--save-cache"])
+        .arg(&kv)
+        .ok();
+    let bytes = std::fs::read(&kv).unwrap();
+    let cut = root.join("cut.kv");
+    // The state (3 conv blocks × 2 inputs × 64 channels, fp16) sits before the checksum.
+    std::fs::write(&cut, &bytes[..bytes.len() - 32 - 2 * 3 * 2 * 64]).unwrap();
+    refused(
+        root,
+        &[
+            os("run"),
+            pkg.as_os_str(),
+            os("--prompt-ids"),
+            os("1,2,3,4"),
+            os("--load-cache"),
+            cut.as_os_str(),
+        ],
+        &["cut.kv", "the header declares"],
+    );
+}

@@ -749,7 +749,10 @@ fn lfm2_chain_parts_carry_their_own_state() {
     let dir = fixture("lfm2");
     let want = expected(&dir);
     let out = tempfile::tempdir().unwrap();
-    let (one, chain) = (out.path().join("one.mlpackage"), out.path().join("chain.mlpackage"));
+    let (one, chain) = (
+        out.path().join("one.mlpackage"),
+        out.path().join("chain.mlpackage"),
+    );
     let args = [
         "--max-seq-len",
         "64",
