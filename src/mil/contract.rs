@@ -674,6 +674,61 @@ mod tests {
     }
 
     #[test]
+    fn a_recurrent_state_lists_every_block_once_and_slots_follow_the_kinds() {
+        let r = Recurrent {
+            blocks: 5,
+            attention_layers: vec![1, 4],
+            conv: Some(ConvState {
+                layers: vec![0, 2, 3],
+                width: 2,
+                channels: 8,
+            }),
+        };
+        assert_eq!(r.check(2), Ok(()));
+        assert_eq!(r.conv_shape(), Some(vec![3, 2, 8]));
+        assert_eq!(r.len(), 48);
+        // Blocks 2..4 convolve: no cache slot, conv slots 1..3.
+        assert_eq!(r.slots(&(2..4)), (1..1, 1..3));
+        assert_eq!(r.slots(&(0..5)), (0..2, 0..3));
+        assert_eq!(r.slots(&(4..5)), (1..2, 3..3));
+        assert!(r.check(3).unwrap_err().contains("the caches hold 3"));
+        let twice = Recurrent {
+            attention_layers: vec![1, 2],
+            ..r.clone()
+        };
+        assert!(twice.check(2).unwrap_err().contains("block 2"));
+        let unsorted = Recurrent {
+            attention_layers: vec![4, 1],
+            ..r.clone()
+        };
+        assert!(unsorted.check(2).is_err());
+        let missing = Recurrent {
+            blocks: 6,
+            ..r.clone()
+        };
+        assert!(missing.check(2).is_err());
+        // Q > 1 adds `valid_len` after `position`; the state follows the caches.
+        let (mut i, mut o) = Contract::io(16, 4, 2, 1, 8, 32, "fp16");
+        r.add_io(4, "fp16", &mut i, &mut o);
+        let names = |v: &[IoSpec]| v.iter().map(|x| x.name.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(&i),
+            [
+                "input_ids",
+                "position",
+                "valid_len",
+                "key_cache",
+                "value_cache",
+                "conv_state"
+            ]
+        );
+        assert_eq!(
+            names(&o),
+            ["logits", "key_update", "value_update", "conv_state_update"]
+        );
+    }
+
+    #[test]
     fn state_io_drops_the_cache_features_and_pads_the_rows() {
         let (i, o, st) = Contract::state_io(100, 1, 3, 2, 64, 300, "fp16");
         let names = |v: &[IoSpec]| v.iter().map(|x| x.name.clone()).collect::<Vec<_>>();

@@ -48,6 +48,22 @@ struct PartOutput {
     state: Option<Vec<f16>>,
 }
 
+/// What one part's call is given besides its runner: the pieces `run_part` slices.
+struct Call<'a> {
+    part: &'a chain::ChainPart,
+    hidden: Option<Hidden>,
+    input_ids: &'a [i32],
+    pos: i32,
+    /// Its caches' shape and rows (empty without an attention block).
+    shape: Vec<usize>,
+    keys: &'a [f16],
+    values: &'a [f16],
+    has_layers: bool,
+    has_cache: bool,
+    /// Its conv state, shape and `valid_len` (Q > 1), when it has conv blocks.
+    conv: Option<(&'a [f16], Vec<usize>, Option<i32>)>,
+}
+
 /// Where one part's rows and state lie in the model's: its cache slots (its attention blocks)
 /// and its conv-state slots, with the sizes of one slot.
 struct PartSlots {
@@ -269,13 +285,10 @@ impl Chain {
         recurrent: Option<(usize, &[f16])>,
         stats: Option<&mut Stats>,
     ) -> Result<PartOutput, RuntimeError> {
-        let (part, runner) = (&self.chain.parts[i], &self.parts[i]);
+        let part = &self.chain.parts[i];
         let c = &self.chain.contract;
-        let (l0, l1) = (part.layers.start, part.layers.end);
         let slots = PartSlots::of(c, &part.layers);
-        let shape = slots.cache_shape(c);
         let rows = slots.cache_rows();
-        let has_cache = !slots.cache.is_empty();
         let (valid, state) = recurrent.unwrap_or((0, &[]));
         // A part's conv state, with `valid_len` beside it when Q > 1 (checked by the step).
         let conv = (!slots.conv.is_empty()).then(|| {
@@ -286,154 +299,211 @@ impl Chain {
                 (c.query_len > 1).then_some(valid as i32),
             )
         });
+        let has_cache = !slots.cache.is_empty();
+        let call = Call {
+            part,
+            hidden,
+            input_ids,
+            pos,
+            shape: slots.cache_shape(c),
+            keys: if has_cache {
+                &key_cache[rows.clone()]
+            } else {
+                &[]
+            },
+            values: if has_cache { &value_cache[rows] } else { &[] },
+            has_layers: !part.layers.is_empty(),
+            has_cache,
+            conv,
+        };
+        match &self.parts[i] {
+            PartRunner::Mil(program) => self.run_mil(program, call, stats),
+            PartRunner::CoreAi(session) => self.run_coreai(session, call),
+        }
+    }
+
+    /// [`run_part`](Self::run_part) in the interpreter.
+    fn run_mil(
+        &self,
+        program: &Program,
+        call: Call<'_>,
+        stats: Option<&mut Stats>,
+    ) -> Result<PartOutput, RuntimeError> {
+        let Call {
+            part,
+            hidden,
+            input_ids,
+            pos,
+            shape,
+            keys,
+            values,
+            has_layers,
+            has_cache,
+            conv,
+        } = call;
+        let c = &self.chain.contract;
         let missing =
             |name: &str| contract_err(&self.dir, format!("{}: no output `{name}`", part.path));
-        match runner {
-            PartRunner::Mil(program) => {
-                let mut inputs = Vec::with_capacity(4);
-                match hidden {
-                    Some(Hidden::Mil(h)) if !part.embedding => inputs.push((chain::HIDDEN_IN, h)),
-                    _ => inputs.push((
-                        contract::INPUT_IDS,
-                        Tensor::i32(vec![1, c.query_len], input_ids),
-                    )),
-                }
-                if l1 > l0 {
-                    inputs.push((contract::POSITION, Tensor::i32(vec![1], &[pos])));
-                }
-                if let Some((_, _, Some(v))) = &conv {
-                    inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[*v])));
-                }
-                if has_cache {
-                    inputs.push((
-                        contract::KEY_CACHE,
-                        Tensor::f16(shape.clone(), key_cache[rows.clone()].to_vec()),
-                    ));
-                    inputs.push((
-                        contract::VALUE_CACHE,
-                        Tensor::f16(shape, value_cache[rows].to_vec()),
-                    ));
-                }
-                if let Some((values, shape, _)) = &conv {
-                    inputs.push((
-                        contract::CONV_STATE,
-                        Tensor::f16(shape.clone(), values.to_vec()),
-                    ));
-                }
-                let mut out = program.run(inputs, stats)?;
-                let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
-                let (mut hidden, mut logits) = (None, Vec::new());
-                if part.head {
-                    let parts = c
-                        .logits_outputs()
-                        .into_iter()
-                        .map(|(name, width)| take(&name).map(|t| (t, width)))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    logits = concat_rows(&parts, c.query_len);
-                } else {
-                    hidden = Some(Hidden::Mil(take(chain::HIDDEN_OUT)?));
-                }
-                let cache = if has_cache {
-                    Some((
-                        take(contract::KEY_UPDATE)?.to_f16_vec(),
-                        take(contract::VALUE_UPDATE)?.to_f16_vec(),
-                    ))
-                } else {
-                    None
-                };
-                let state = match conv {
-                    Some(_) => Some(take(contract::CONV_STATE_UPDATE)?.to_f16_vec()),
-                    None => None,
-                };
-                Ok(PartOutput {
-                    hidden,
-                    logits,
-                    cache,
-                    state,
-                })
-            }
-            PartRunner::CoreAi(session) => {
-                // A float input as the part declares it (fp32 parts of an fp32 chain).
-                let float = |name: &str, v: &[f16], shape: Vec<usize>| {
-                    let fp32 = part
-                        .inputs
-                        .iter()
-                        .any(|i| i.name == name && i.dtype == "fp32");
-                    if fp32 {
-                        aimodel::Tensor::F32(v.iter().map(|x| x.to_f32()).collect(), shape)
-                    } else {
-                        aimodel::Tensor::F16(v.to_vec(), shape)
-                    }
-                };
-                let mut inputs = Vec::with_capacity(4);
-                match hidden {
-                    Some(Hidden::CoreAi(h)) if !part.embedding => {
-                        inputs.push((chain::HIDDEN_IN.to_string(), h))
-                    }
-                    _ => inputs.push((
-                        contract::INPUT_IDS.to_string(),
-                        aimodel::Tensor::I32(input_ids.to_vec(), vec![1, c.query_len]),
-                    )),
-                }
-                if l1 > l0 {
-                    inputs.push((
-                        contract::POSITION.to_string(),
-                        aimodel::Tensor::I32(vec![pos], vec![1]),
-                    ));
-                }
-                if let Some((_, _, Some(v))) = &conv {
-                    let valid = aimodel::Tensor::I32(vec![*v], vec![1]);
-                    inputs.push((contract::VALID_LEN.to_string(), valid));
-                }
-                if has_cache {
-                    inputs.push((
-                        contract::KEY_CACHE.to_string(),
-                        float(contract::KEY_CACHE, &key_cache[rows.clone()], shape.clone()),
-                    ));
-                    inputs.push((
-                        contract::VALUE_CACHE.to_string(),
-                        float(contract::VALUE_CACHE, &value_cache[rows], shape),
-                    ));
-                }
-                if let Some((values, shape, _)) = &conv {
-                    let state = float(contract::CONV_STATE, values, shape.clone());
-                    inputs.push((contract::CONV_STATE.to_string(), state));
-                }
-                let mut out = session
-                    .call(super::coreai::FUNCTION, inputs)
-                    .map_err(asset_err)?;
-                let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
-                let (mut hidden, mut logits) = (None, Vec::new());
-                if part.head {
-                    let parts = c
-                        .logits_outputs()
-                        .into_iter()
-                        .map(|(name, width)| take(&name).map(|t| (t.to_f32(), width)))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    logits = super::coreai::interleave_rows(&parts, c.query_len);
-                } else {
-                    hidden = Some(Hidden::CoreAi(take(chain::HIDDEN_OUT)?));
-                }
-                let cache = if has_cache {
-                    Some((
-                        take(contract::KEY_UPDATE)?.to_f16(),
-                        take(contract::VALUE_UPDATE)?.to_f16(),
-                    ))
-                } else {
-                    None
-                };
-                let state = match conv {
-                    Some(_) => Some(take(contract::CONV_STATE_UPDATE)?.to_f16()),
-                    None => None,
-                };
-                Ok(PartOutput {
-                    hidden,
-                    logits,
-                    cache,
-                    state,
-                })
-            }
+        let mut inputs = Vec::with_capacity(4);
+        match hidden {
+            Some(Hidden::Mil(h)) if !part.embedding => inputs.push((chain::HIDDEN_IN, h)),
+            _ => inputs.push((
+                contract::INPUT_IDS,
+                Tensor::i32(vec![1, c.query_len], input_ids),
+            )),
         }
+        if has_layers {
+            inputs.push((contract::POSITION, Tensor::i32(vec![1], &[pos])));
+        }
+        if let Some((_, _, Some(v))) = &conv {
+            inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[*v])));
+        }
+        if has_cache {
+            inputs.push((
+                contract::KEY_CACHE,
+                Tensor::f16(shape.clone(), keys.to_vec()),
+            ));
+            inputs.push((contract::VALUE_CACHE, Tensor::f16(shape, values.to_vec())));
+        }
+        if let Some((state, conv_shape, _)) = &conv {
+            inputs.push((
+                contract::CONV_STATE,
+                Tensor::f16(conv_shape.clone(), state.to_vec()),
+            ));
+        }
+        let mut out = program.run(inputs, stats)?;
+        let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
+        let (mut hidden, mut logits) = (None, Vec::new());
+        if part.head {
+            let parts = c
+                .logits_outputs()
+                .into_iter()
+                .map(|(name, width)| take(&name).map(|t| (t, width)))
+                .collect::<Result<Vec<_>, _>>()?;
+            logits = concat_rows(&parts, c.query_len);
+        } else {
+            hidden = Some(Hidden::Mil(take(chain::HIDDEN_OUT)?));
+        }
+        let cache = if has_cache {
+            Some((
+                take(contract::KEY_UPDATE)?.to_f16_vec(),
+                take(contract::VALUE_UPDATE)?.to_f16_vec(),
+            ))
+        } else {
+            None
+        };
+        let state = match conv {
+            Some(_) => Some(take(contract::CONV_STATE_UPDATE)?.to_f16_vec()),
+            None => None,
+        };
+        Ok(PartOutput {
+            hidden,
+            logits,
+            cache,
+            state,
+        })
+    }
+
+    /// [`run_part`](Self::run_part) in Apple's runtime.
+    fn run_coreai(
+        &self,
+        session: &aimodel::Session,
+        call: Call<'_>,
+    ) -> Result<PartOutput, RuntimeError> {
+        let Call {
+            part,
+            hidden,
+            input_ids,
+            pos,
+            shape,
+            keys,
+            values,
+            has_layers,
+            has_cache,
+            conv,
+        } = call;
+        let c = &self.chain.contract;
+        let missing =
+            |name: &str| contract_err(&self.dir, format!("{}: no output `{name}`", part.path));
+        // A float input as the part declares it (fp32 parts of an fp32 chain).
+        let float = |name: &str, v: &[f16], shape: Vec<usize>| {
+            let fp32 = part
+                .inputs
+                .iter()
+                .any(|i| i.name == name && i.dtype == "fp32");
+            if fp32 {
+                aimodel::Tensor::F32(v.iter().map(|x| x.to_f32()).collect(), shape)
+            } else {
+                aimodel::Tensor::F16(v.to_vec(), shape)
+            }
+        };
+        let mut inputs = Vec::with_capacity(4);
+        match hidden {
+            Some(Hidden::CoreAi(h)) if !part.embedding => {
+                inputs.push((chain::HIDDEN_IN.to_string(), h))
+            }
+            _ => inputs.push((
+                contract::INPUT_IDS.to_string(),
+                aimodel::Tensor::I32(input_ids.to_vec(), vec![1, c.query_len]),
+            )),
+        }
+        if has_layers {
+            inputs.push((
+                contract::POSITION.to_string(),
+                aimodel::Tensor::I32(vec![pos], vec![1]),
+            ));
+        }
+        if let Some((_, _, Some(v))) = &conv {
+            let valid = aimodel::Tensor::I32(vec![*v], vec![1]);
+            inputs.push((contract::VALID_LEN.to_string(), valid));
+        }
+        if has_cache {
+            inputs.push((
+                contract::KEY_CACHE.to_string(),
+                float(contract::KEY_CACHE, keys, shape.clone()),
+            ));
+            inputs.push((
+                contract::VALUE_CACHE.to_string(),
+                float(contract::VALUE_CACHE, values, shape),
+            ));
+        }
+        if let Some((state, conv_shape, _)) = &conv {
+            let state = float(contract::CONV_STATE, state, conv_shape.clone());
+            inputs.push((contract::CONV_STATE.to_string(), state));
+        }
+        let mut out = session
+            .call(super::coreai::FUNCTION, inputs)
+            .map_err(asset_err)?;
+        let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
+        let (mut hidden, mut logits) = (None, Vec::new());
+        if part.head {
+            let parts = c
+                .logits_outputs()
+                .into_iter()
+                .map(|(name, width)| take(&name).map(|t| (t.to_f32(), width)))
+                .collect::<Result<Vec<_>, _>>()?;
+            logits = super::coreai::interleave_rows(&parts, c.query_len);
+        } else {
+            hidden = Some(Hidden::CoreAi(take(chain::HIDDEN_OUT)?));
+        }
+        let cache = if has_cache {
+            Some((
+                take(contract::KEY_UPDATE)?.to_f16(),
+                take(contract::VALUE_UPDATE)?.to_f16(),
+            ))
+        } else {
+            None
+        };
+        let state = match conv {
+            Some(_) => Some(take(contract::CONV_STATE_UPDATE)?.to_f16()),
+            None => None,
+        };
+        Ok(PartOutput {
+            hidden,
+            logits,
+            cache,
+            state,
+        })
     }
 
     /// One step through every part, optionally collecting range statistics (the

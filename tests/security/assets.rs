@@ -426,7 +426,8 @@ fn hybrid_chains_and_cache_files_that_do_not_describe_the_model() {
     let flags = ["--keep-fp16", "*", "--max-package-size", "1250KB"];
     let good = convert_into(root, &lfm2, "good.mlpackage", "ios17", &flags);
     assert!(chain_parts(&good).len() >= 2);
-    let edits: [(&str, fn(&mut serde_json::Value)); 3] = [
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
         ("twice", |r| {
             r["attention_layers"] = serde_json::json!([1, 1])
         }),
