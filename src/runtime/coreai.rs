@@ -287,16 +287,9 @@ impl CoreAiModel {
                 self.float(contract::VALUE_CACHE, value_cache, cache_shape),
             ),
         ];
-        let conv_shape = c.recurrent.as_ref().and_then(|r| r.conv_shape());
+        let conv_shape = super::interp::conv_state_shape(c, recurrent)?;
         if let Some(shape) = &conv_shape {
             let (valid, state) = recurrent.unwrap_or((0, &[]));
-            let want = shape.iter().product::<usize>();
-            if state.len() != want {
-                return Err(RuntimeError::Input {
-                    name: contract::CONV_STATE.into(),
-                    msg: format!("{} elements, expected {want} ({shape:?})", state.len()),
-                });
-            }
             if c.query_len > 1 {
                 // `check_step` bounded it by Q.
                 let valid = Tensor::I32(vec![valid as i32], vec![1]);

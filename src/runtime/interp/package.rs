@@ -188,16 +188,9 @@ impl Package {
                 Tensor::f16(cache_shape, value_cache.to_vec()),
             ),
         ];
-        let conv_shape = c.recurrent.as_ref().and_then(|r| r.conv_shape());
+        let conv_shape = conv_state_shape(c, recurrent)?;
         if let Some(shape) = &conv_shape {
             let (valid, state) = recurrent.unwrap_or((0, &[]));
-            let want = shape.iter().product::<usize>();
-            if state.len() != want {
-                return Err(RuntimeError::Input {
-                    name: contract::CONV_STATE.into(),
-                    msg: format!("{} elements, expected {want} ({shape:?})", state.len()),
-                });
-            }
             if c.query_len > 1 {
                 // `check_step` bounded it by Q.
                 inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[valid as i32])));
@@ -240,6 +233,28 @@ pub(super) fn take_output(
         path: String::new(),
         msg: format!("the program has no output `{name}`"),
     })
+}
+
+/// A hybrid contract's conv state shape [Lc, W, C], once the state a step is given holds
+/// exactly that many values; `None` without one.
+pub(crate) fn conv_state_shape(
+    c: &Contract,
+    recurrent: Option<(usize, &[f16])>,
+) -> Result<Option<Vec<usize>>, RuntimeError> {
+    let Some(shape) = c.recurrent.as_ref().and_then(|r| r.conv_shape()) else {
+        return Ok(None);
+    };
+    let (want, got) = (
+        shape.iter().product::<usize>(),
+        recurrent.map_or(0, |(_, s)| s.len()),
+    );
+    if got != want {
+        return Err(RuntimeError::Input {
+            name: contract::CONV_STATE.into(),
+            msg: format!("{got} elements, expected {want} ({shape:?})"),
+        });
+    }
+    Ok(Some(shape))
 }
 
 /// The step's arguments against the contract: Q tokens, a position that leaves room for them,
