@@ -27,7 +27,7 @@ import transformers
 VOCAB = 128
 # Long enough to exceed the sliding windows; LENGTH overrides the length per fixture.
 TOKENS = [(i * 37 + 11) % VOCAB for i in range(40)]
-LENGTH = {"phi3_longrope": 136, "lfm2": 56, "lfm2_untied": 56}
+LENGTH = {"phi3_longrope": 136, "lfm2": 56, "lfm2_untied": 56, "qwen3_5": 72}
 
 
 def common(**kw):
@@ -174,6 +174,32 @@ def lfm2_untied():
     return transformers.Lfm2ForCausalLM, cfg
 
 
+def qwen3_5():
+    """Qwen3.5 text: Gated DeltaNet blocks (grouped value heads, key head size ≠ value head
+    size, conv kernel 4) around a gated attention block (q_proj twice as wide: query and a
+    sigmoid output gate per head) with zero-centred q/k norms, partial rotary 0.25 and the
+    multimodal RoPE sections a text position collapses to plain RoPE; untied."""
+    cfg = transformers.Qwen3_5TextConfig(
+        **common(num_hidden_layers=4, head_dim=32),
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+    )
+    return transformers.Qwen3_5ForCausalLM, cfg
+
+
 ARCHS = {
     "qwen3": qwen3,
     "smollm3": smollm3,
@@ -185,6 +211,7 @@ ARCHS = {
     "gemma3_big": gemma3,
     "lfm2": lfm2,
     "lfm2_untied": lfm2_untied,
+    "qwen3_5": qwen3_5,
 }
 # Fixtures whose post-attention and post-feed-forward norm weights are this large: Gemma's
 # residual stream then passes fp16's 65,504 (the real models reach ~300,000).
@@ -202,8 +229,11 @@ def randomize(model, gain, arch):
     gemma = arch.startswith("gemma3")
     with torch.no_grad():
         for name, p in model.named_parameters():
+            # Qwen3.5's norms multiply by 1 + w too, but for the plain gated norm of its
+            # DeltaNet blocks.
+            centred = gemma or (arch == "qwen3_5" and "linear_attn.norm" not in name)
             if p.dim() == 1 and "norm" in name:
-                p.copy_((0.0 if gemma else 1.0) + 0.1 * torch.randn(p.shape, generator=gen))
+                p.copy_((0.0 if centred else 1.0) + 0.1 * torch.randn(p.shape, generator=gen))
                 big = POST_NORM.get(arch)
                 if big and ("post_attention" in name or "post_feedforward" in name):
                     p.add_(big)
@@ -211,7 +241,7 @@ def randomize(model, gain, arch):
                 p.copy_(0.08 * torch.randn(p.shape, generator=gen))
         # LFM2's final norm is its `embedding_norm` (applied after the last block).
         w = model.model.norm.weight if hasattr(model.model, "norm") else model.model.embedding_norm.weight
-        if gemma:
+        if gemma or arch == "qwen3_5":
             w.copy_((1.0 + w) * gain - 1.0)
         else:
             w.mul_(gain)

@@ -12,6 +12,26 @@ pub enum LayerKind {
     Attention(Attention),
     /// LFM2's gated short convolution: a fixed-size state, whatever the context.
     ShortConv(ShortConv),
+    /// Qwen3.5's Gated DeltaNet: a short convolution, then linear attention whose state is a
+    /// fixed-size matrix per value head.
+    GatedDelta(GatedDelta),
+}
+
+/// A Gated DeltaNet block's shape (see [`crate::arch::GatedDeltaSpec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatedDelta {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub kernel: usize,
+}
+
+impl GatedDelta {
+    /// The convolution's channels: q, k and v side by side.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
 }
 
 /// A short-convolution block's shape.
@@ -56,6 +76,13 @@ pub enum StateEntry {
     /// A convolution's last inputs [width, channels], oldest first: the same size at any
     /// context length.
     Conv { channels: usize, width: usize },
+    /// A Gated DeltaNet's state [value heads, key_dim, value_dim]: the same size at any
+    /// context length.
+    Delta {
+        heads: usize,
+        key_dim: usize,
+        value_dim: usize,
+    },
 }
 
 impl StateEntry {
@@ -66,6 +93,11 @@ impl StateEntry {
                 vec![heads, max_seq_len, head_dim]
             }
             StateEntry::Conv { channels, width } => vec![width, channels],
+            StateEntry::Delta {
+                heads,
+                key_dim,
+                value_dim,
+            } => vec![heads, key_dim, value_dim],
         }
     }
 
@@ -94,6 +126,17 @@ impl LayerKind {
                 channels: c.channels,
                 width: c.kernel - 1,
             }],
+            LayerKind::GatedDelta(g) => vec![
+                StateEntry::Conv {
+                    channels: g.conv_channels(),
+                    width: g.kernel - 1,
+                },
+                StateEntry::Delta {
+                    heads: g.value_heads,
+                    key_dim: g.key_dim,
+                    value_dim: g.value_dim,
+                },
+            ],
         }
     }
 
@@ -101,7 +144,16 @@ impl LayerKind {
     pub fn attention(&self) -> Option<&Attention> {
         match self {
             LayerKind::Attention(a) => Some(a),
-            LayerKind::ShortConv(_) => None,
+            LayerKind::ShortConv(_) | LayerKind::GatedDelta(_) => None,
+        }
+    }
+
+    /// The depthwise convolution's (channels, kernel) of a block that convolves.
+    pub fn conv(&self) -> Option<(usize, usize)> {
+        match self {
+            LayerKind::Attention(_) => None,
+            LayerKind::ShortConv(c) => Some((c.channels, c.kernel)),
+            LayerKind::GatedDelta(g) => Some((g.conv_channels(), g.kernel)),
         }
     }
 }
@@ -114,6 +166,15 @@ impl ModelSpec {
                 channels: self.hidden_size,
                 kernel: c.kernel,
                 bias: c.bias,
+            });
+        }
+        if let Some(g) = self.gated_delta.as_ref().filter(|g| g.layers.contains(&l)) {
+            return LayerKind::GatedDelta(GatedDelta {
+                key_heads: g.key_heads,
+                value_heads: g.value_heads,
+                key_dim: g.key_dim,
+                value_dim: g.value_dim,
+                kernel: g.kernel,
             });
         }
         let sliding = self.gemma.as_ref().map(|g| g.sliding_layers.contains(&l));
@@ -175,24 +236,36 @@ impl ModelSpec {
         &self,
         layers: std::ops::Range<usize>,
     ) -> Option<crate::mil::contract::Recurrent> {
-        let conv: Vec<(usize, ShortConv)> = layers
+        use crate::mil::contract::{ConvState, DeltaState, Recurrent};
+        // Every block that convolves (LFM2's, or a DeltaNet's conv) shares one conv state
+        // shape: a model mixes no two kinds of them (the config checks it).
+        let conv: Vec<(usize, (usize, usize))> = layers
+            .clone()
+            .filter_map(|l| self.layer(l).conv().map(|c| (l, c)))
+            .collect();
+        let delta: Vec<(usize, GatedDelta)> = layers
             .clone()
             .filter_map(|l| match self.layer(l) {
-                LayerKind::ShortConv(c) => Some((l, c)),
-                LayerKind::Attention(_) => None,
+                LayerKind::GatedDelta(g) => Some((l, g)),
+                _ => None,
             })
             .collect();
         if conv.is_empty() {
             return None;
         }
-        let (_, first) = conv[0];
-        Some(crate::mil::contract::Recurrent {
+        Some(Recurrent {
             blocks: layers.len(),
             attention_layers: self.attention_layers(layers),
-            conv: Some(crate::mil::contract::ConvState {
+            conv: conv.first().map(|&(_, (channels, kernel))| ConvState {
                 layers: conv.iter().map(|(l, _)| *l).collect(),
-                width: first.kernel - 1,
-                channels: first.channels,
+                width: kernel - 1,
+                channels,
+            }),
+            delta: delta.first().map(|&(_, g)| DeltaState {
+                layers: delta.iter().map(|(l, _)| *l).collect(),
+                heads: g.value_heads,
+                key_dim: g.key_dim,
+                value_dim: g.value_dim,
             }),
         })
     }

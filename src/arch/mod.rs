@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 mod layers;
 mod spec;
 
-pub use layers::{Attention, LayerKind, Rope, ShortConv, StateEntry};
-pub use spec::{Architecture, GemmaSpec, ModelSpec, RopeScaling, ShortConvSpec};
+pub use layers::{Attention, GatedDelta, LayerKind, Rope, ShortConv, StateEntry};
+pub use spec::{Architecture, GatedDeltaSpec, GemmaSpec, ModelSpec, RopeScaling, ShortConvSpec};
 
 /// What a tensor does in the model; recipes match on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -35,10 +35,17 @@ pub enum Role {
     ConvIn,
     /// LFM2's depthwise convolution taps [channels, 1, kernel]: kept in fp16 like a norm.
     Conv,
+    /// A Gated DeltaNet's `in_proj_z`: the gate on its output, beside `in_proj_qkv` (whose
+    /// role is [`Role::ConvIn`]) on the block input.
+    OutputGate,
+    /// A Gated DeltaNet's decay and write strength: `in_proj_a`, `in_proj_b` ([value heads,
+    /// hidden]), `A_log` and `dt_bias`: tiny, always kept in fp16 (the decay compounds over
+    /// every step).
+    DeltaStep,
 }
 
 impl Role {
-    pub const ALL: [Role; 13] = [
+    pub const ALL: [Role; 15] = [
         Role::Embedding,
         Role::Q,
         Role::K,
@@ -52,6 +59,8 @@ impl Role {
         Role::LmHead,
         Role::ConvIn,
         Role::Conv,
+        Role::OutputGate,
+        Role::DeltaStep,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,6 +78,8 @@ impl Role {
             Role::LmHead => "lm_head",
             Role::ConvIn => "conv_in",
             Role::Conv => "conv",
+            Role::OutputGate => "output_gate",
+            Role::DeltaStep => "delta_step",
         }
     }
 
@@ -80,9 +91,15 @@ impl Role {
     pub fn group(self) -> RoleGroup {
         match self {
             Role::Embedding => RoleGroup::Embedding,
-            Role::Q | Role::K | Role::V | Role::O | Role::Bias | Role::ConvIn | Role::Conv => {
-                RoleGroup::Attention
-            }
+            Role::Q
+            | Role::K
+            | Role::V
+            | Role::O
+            | Role::Bias
+            | Role::ConvIn
+            | Role::Conv
+            | Role::OutputGate
+            | Role::DeltaStep => RoleGroup::Attention,
             Role::Gate | Role::Up | Role::Down => RoleGroup::Mlp,
             Role::Norm => RoleGroup::Norms,
             Role::LmHead => RoleGroup::LmHead,
@@ -101,6 +118,7 @@ impl Role {
                 | Role::Up
                 | Role::Down
                 | Role::ConvIn
+                | Role::OutputGate
         )
     }
 }
@@ -191,14 +209,35 @@ pub enum LayerTensor {
     ConvBias,
     ConvOut,
     ConvOutBias,
+    /// A Gated DeltaNet block (`linear_attn.*`): `in_proj_qkv` [2·Hk·Dk + Hv·Dv, H] into
+    /// the depthwise conv [that, 1, K], `in_proj_z` [Hv·Dv, H], `in_proj_b` and `in_proj_a`
+    /// [Hv, H], `dt_bias` and `A_log` [Hv], the gated output norm [Dv], `out_proj` [H, Hv·Dv].
+    DeltaQkv,
+    DeltaZ,
+    DeltaB,
+    DeltaA,
+    DeltaConv,
+    DeltaDtBias,
+    DeltaALog,
+    DeltaNorm,
+    DeltaOut,
 }
 
 impl LayerTensor {
     /// Every block tensor, in model order (the biases exist only with `attention_bias`, the
     /// q/k norms only with `qk_norm`, the conv tensors only in conv blocks, which have no
     /// attention tensors).
-    pub const ALL: [LayerTensor; 22] = [
+    pub const ALL: [LayerTensor; 31] = [
         LayerTensor::InputNorm,
+        LayerTensor::DeltaQkv,
+        LayerTensor::DeltaZ,
+        LayerTensor::DeltaB,
+        LayerTensor::DeltaA,
+        LayerTensor::DeltaConv,
+        LayerTensor::DeltaDtBias,
+        LayerTensor::DeltaALog,
+        LayerTensor::DeltaNorm,
+        LayerTensor::DeltaOut,
         LayerTensor::ConvIn,
         LayerTensor::ConvInBias,
         LayerTensor::Conv,
@@ -247,6 +286,15 @@ impl LayerTensor {
             LayerTensor::ConvBias => "conv.conv.bias",
             LayerTensor::ConvOut => "conv.out_proj.weight",
             LayerTensor::ConvOutBias => "conv.out_proj.bias",
+            LayerTensor::DeltaQkv => "linear_attn.in_proj_qkv.weight",
+            LayerTensor::DeltaZ => "linear_attn.in_proj_z.weight",
+            LayerTensor::DeltaB => "linear_attn.in_proj_b.weight",
+            LayerTensor::DeltaA => "linear_attn.in_proj_a.weight",
+            LayerTensor::DeltaConv => "linear_attn.conv1d.weight",
+            LayerTensor::DeltaDtBias => "linear_attn.dt_bias",
+            LayerTensor::DeltaALog => "linear_attn.A_log",
+            LayerTensor::DeltaNorm => "linear_attn.norm.weight",
+            LayerTensor::DeltaOut => "linear_attn.out_proj.weight",
         }
     }
 
@@ -257,7 +305,8 @@ impl LayerTensor {
             | LayerTensor::PreFfnNorm
             | LayerTensor::PostFfnNorm
             | LayerTensor::QNorm
-            | LayerTensor::KNorm => Role::Norm,
+            | LayerTensor::KNorm
+            | LayerTensor::DeltaNorm => Role::Norm,
             LayerTensor::Q => Role::Q,
             LayerTensor::K => Role::K,
             LayerTensor::V => Role::V,
@@ -267,9 +316,14 @@ impl LayerTensor {
             | LayerTensor::ConvInBias
             | LayerTensor::ConvBias
             | LayerTensor::ConvOutBias => Role::Bias,
-            LayerTensor::O | LayerTensor::ConvOut => Role::O,
-            LayerTensor::ConvIn => Role::ConvIn,
-            LayerTensor::Conv => Role::Conv,
+            LayerTensor::O | LayerTensor::ConvOut | LayerTensor::DeltaOut => Role::O,
+            LayerTensor::ConvIn | LayerTensor::DeltaQkv => Role::ConvIn,
+            LayerTensor::Conv | LayerTensor::DeltaConv => Role::Conv,
+            LayerTensor::DeltaZ => Role::OutputGate,
+            LayerTensor::DeltaB
+            | LayerTensor::DeltaA
+            | LayerTensor::DeltaDtBias
+            | LayerTensor::DeltaALog => Role::DeltaStep,
             LayerTensor::Gate => Role::Gate,
             LayerTensor::Up => Role::Up,
             LayerTensor::Down => Role::Down,
@@ -279,13 +333,18 @@ impl LayerTensor {
     /// The projection weight of a projection role in a block of kind `kind`.
     pub fn projection(role: Role, kind: &LayerKind) -> Option<LayerTensor> {
         let conv = matches!(kind, LayerKind::ShortConv(_));
+        let delta = matches!(kind, LayerKind::GatedDelta(_));
+        let attends = kind.attention().is_some();
         Some(match role {
-            Role::Q if !conv => LayerTensor::Q,
-            Role::K if !conv => LayerTensor::K,
-            Role::V if !conv => LayerTensor::V,
+            Role::Q if attends => LayerTensor::Q,
+            Role::K if attends => LayerTensor::K,
+            Role::V if attends => LayerTensor::V,
             Role::O if conv => LayerTensor::ConvOut,
+            Role::O if delta => LayerTensor::DeltaOut,
             Role::O => LayerTensor::O,
             Role::ConvIn if conv => LayerTensor::ConvIn,
+            Role::ConvIn if delta => LayerTensor::DeltaQkv,
+            Role::OutputGate if delta => LayerTensor::DeltaZ,
             Role::Gate => LayerTensor::Gate,
             Role::Up => LayerTensor::Up,
             Role::Down => LayerTensor::Down,
@@ -295,11 +354,22 @@ impl LayerTensor {
 
     /// Whether block `l` of `spec` holds this tensor.
     pub fn present(self, spec: &ModelSpec, l: usize) -> bool {
-        let conv = match spec.layer(l) {
+        let kind = spec.layer(l);
+        let conv = match kind {
             LayerKind::ShortConv(c) => Some(c),
-            LayerKind::Attention(_) => None,
+            _ => None,
         };
+        let delta = matches!(kind, LayerKind::GatedDelta(_));
         match self {
+            LayerTensor::DeltaQkv
+            | LayerTensor::DeltaZ
+            | LayerTensor::DeltaB
+            | LayerTensor::DeltaA
+            | LayerTensor::DeltaConv
+            | LayerTensor::DeltaDtBias
+            | LayerTensor::DeltaALog
+            | LayerTensor::DeltaNorm
+            | LayerTensor::DeltaOut => delta,
             LayerTensor::ConvIn | LayerTensor::Conv | LayerTensor::ConvOut => conv.is_some(),
             LayerTensor::ConvInBias | LayerTensor::ConvBias | LayerTensor::ConvOutBias => {
                 conv.is_some_and(|c| c.bias)
@@ -313,7 +383,7 @@ impl LayerTensor {
             | LayerTensor::QNorm
             | LayerTensor::KNorm
             | LayerTensor::O
-                if conv.is_some() =>
+                if kind.attention().is_none() =>
             {
                 false
             }
@@ -326,6 +396,16 @@ impl LayerTensor {
 
     /// [rows, cols] (or [n] for norms and biases).
     fn shape(self, spec: &ModelSpec) -> Vec<usize> {
+        // A DeltaNet's conv channels, value width, value heads, kernel and value head size.
+        let (dc, dv, dh, dk, dd) = spec.gated_delta.as_ref().map_or((0, 0, 0, 0, 0), |g| {
+            (
+                g.conv_channels(),
+                g.value_width(),
+                g.value_heads,
+                g.kernel,
+                g.value_dim,
+            )
+        });
         let (h, q, kv, i) = (
             spec.hidden_size,
             spec.q_dim(),
@@ -343,7 +423,7 @@ impl LayerTensor {
             LayerTensor::ConvInBias => vec![3 * h],
             LayerTensor::Conv => vec![h, 1, spec.short_conv.as_ref().map_or(0, |c| c.kernel)],
             LayerTensor::ConvOut => vec![h, h],
-            LayerTensor::Q => vec![q, h],
+            LayerTensor::Q => vec![spec.q_proj_rows(), h],
             LayerTensor::K | LayerTensor::V => vec![kv, h],
             LayerTensor::QBias => vec![q],
             LayerTensor::KBias | LayerTensor::VBias => vec![kv],
@@ -351,6 +431,13 @@ impl LayerTensor {
             LayerTensor::O => vec![h, q],
             LayerTensor::Gate | LayerTensor::Up => vec![i, h],
             LayerTensor::Down => vec![h, i],
+            LayerTensor::DeltaQkv => vec![dc, h],
+            LayerTensor::DeltaZ => vec![dv, h],
+            LayerTensor::DeltaB | LayerTensor::DeltaA => vec![dh, h],
+            LayerTensor::DeltaConv => vec![dc, 1, dk],
+            LayerTensor::DeltaDtBias | LayerTensor::DeltaALog => vec![dh],
+            LayerTensor::DeltaNorm => vec![dd],
+            LayerTensor::DeltaOut => vec![h, dv],
         }
     }
 }

@@ -32,10 +32,15 @@ pub enum Architecture {
     /// blocks with q/k norms; Llama's norms and SwiGLU under other names.
     #[serde(rename = "Lfm2ForCausalLM")]
     Lfm2,
+    /// Qwen3.5's text decoder: Gated DeltaNet blocks ([`GatedDeltaSpec`]) between gated
+    /// attention blocks (q_proj also gives a sigmoid gate on each head's output), every norm
+    /// x·(1 + w), partial RoPE.
+    #[serde(rename = "Qwen3_5ForCausalLM")]
+    Qwen3_5,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 8] = [
+    pub const ALL: [Architecture; 9] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -44,6 +49,7 @@ impl Architecture {
         Self::Phi3,
         Self::Gemma3,
         Self::Lfm2,
+        Self::Qwen3_5,
     ];
 
     /// The name transformers uses in `architectures`.
@@ -57,6 +63,7 @@ impl Architecture {
             Self::Phi3 => "Phi3ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Lfm2 => "Lfm2ForCausalLM",
+            Self::Qwen3_5 => "Qwen3_5ForCausalLM",
         }
     }
 
@@ -71,6 +78,7 @@ impl Architecture {
             Self::Phi3 => "phi3",
             Self::Gemma3 => "gemma3_text",
             Self::Lfm2 => "lfm2",
+            Self::Qwen3_5 => "qwen3_5_text",
         }
     }
 
@@ -162,6 +170,37 @@ pub struct ShortConvSpec {
     pub bias: bool,
 }
 
+/// Qwen3.5's Gated DeltaNet blocks (transformers' `Qwen3_5GatedDeltaNet`): `in_proj_qkv`
+/// through a depthwise causal convolution of `kernel` taps and SiLU, split into q, k (`key_heads`
+/// × `key_dim` each) and v (`value_heads` × `value_dim`); q and k L2-normalised, q times
+/// key_dim^-½; per value head the state S [key_dim, value_dim] decays by exp(g),
+/// g = −exp(A_log)·softplus(a + dt_bias), and learns v through the delta rule with strength
+/// β = sigmoid(b); the output Sᵀq through an RMSNorm gated by silu(z), then `out_proj`. Each
+/// keeps the last `kernel − 1` conv inputs and S as its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatedDeltaSpec {
+    /// The blocks that are DeltaNets (`layer_types` "linear_attention"), ascending.
+    pub layers: Vec<usize>,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// Taps of the depthwise convolution (`linear_conv_kernel_dim`).
+    pub kernel: usize,
+}
+
+impl GatedDeltaSpec {
+    /// The convolution's channels: q, k and v side by side.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// The output's width before `out_proj`: value heads × value_dim.
+    pub fn value_width(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+}
+
 /// Everything the pipeline needs to know about a checkpoint's shape and numerics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
@@ -208,12 +247,25 @@ pub struct ModelSpec {
     /// LFM2's convolution blocks; `None` when every block attends.
     #[serde(default)]
     pub short_conv: Option<ShortConvSpec>,
+    /// Qwen3.5's Gated DeltaNet blocks; `None` when there are none.
+    #[serde(default)]
+    pub gated_delta: Option<GatedDeltaSpec>,
+    /// q_proj gives each head a query and a gate (interleaved per head: D query rows, then D
+    /// gate rows); the attention output is multiplied by sigmoid(gate) before o_proj
+    /// (Qwen3.5).
+    #[serde(default)]
+    pub attention_output_gate: bool,
 }
 
 impl ModelSpec {
-    /// Query projection width (heads × head_dim); may differ from hidden_size.
+    /// Query width (heads × head_dim); may differ from hidden_size.
     pub fn q_dim(&self) -> usize {
         self.num_attention_heads * self.head_dim
+    }
+
+    /// q_proj's rows: the query width, twice it with an output gate.
+    pub fn q_proj_rows(&self) -> usize {
+        self.q_dim() * if self.attention_output_gate { 2 } else { 1 }
     }
 
     /// Key/value projection width (kv heads × head_dim).
@@ -239,9 +291,10 @@ impl ModelSpec {
         }
     }
 
-    /// What every RMSNorm adds to its weight: 1 for Gemma's x·(1 + w), else 0.
+    /// What every RMSNorm adds to its weight: 1 for Gemma's and Qwen3.5's x·(1 + w), else 0
+    /// (Qwen3.5's DeltaNet output norm is plain: see [`GatedDeltaSpec`]).
     pub fn norm_offset(&self) -> f32 {
-        if self.gemma.is_some() {
+        if self.gemma.is_some() || self.architecture == Architecture::Qwen3_5 {
             1.0
         } else {
             0.0

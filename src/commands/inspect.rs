@@ -104,11 +104,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     if let Some(h) = &s.hybrid_state {
         println!(
-            "  state        {} attention blocks: {} per token; {} conv blocks: {} in all",
+            "  state        {} attention blocks: {} per token; {} recurrent blocks: {} in all",
             h.attention_blocks,
             fmt_bytes(h.kv_bytes_per_token),
-            h.conv_blocks,
-            fmt_bytes(h.conv_state_bytes)
+            h.recurrent_blocks,
+            fmt_bytes(h.recurrent_state_bytes)
         );
     }
     match &s.gguf {

@@ -139,16 +139,8 @@ impl ChainPart {
             float,
         );
         if let (Some(r), true) = (&c.recurrent, conv_layers > 0) {
-            let conv = r.conv.as_ref().map(|v| contract::ConvState {
-                layers: v.layers[r.slots(layers).1].to_vec(),
-                ..v.clone()
-            });
-            let part = contract::Recurrent {
-                blocks: layers.len(),
-                attention_layers: Vec::new(),
-                conv,
-            };
-            part.add_io(c.query_len, float, &mut all_in, &mut all_out);
+            r.part(layers)
+                .add_io(c.query_len, float, &mut all_in, &mut all_out);
         }
         let hidden = |name: &str| IoSpec {
             name: name.to_string(),
@@ -183,7 +175,7 @@ impl ChainPart {
         for o in all_out {
             let keep = match o.name.as_str() {
                 n if caches.contains(&n) => cache_layers > 0,
-                contract::CONV_STATE_UPDATE => true,
+                contract::CONV_STATE_UPDATE | contract::DELTA_STATE_UPDATE => true,
                 _ => head,
             };
             if keep {

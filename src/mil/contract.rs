@@ -248,6 +248,10 @@ pub const VALID_LEN: &str = "valid_len";
 pub const CONV_STATE: &str = "conv_state";
 /// The same states after the step's real tokens.
 pub const CONV_STATE_UPDATE: &str = "conv_state_update";
+/// The Gated DeltaNet blocks' states, [Ld, value heads, key_dim, value_dim].
+pub const DELTA_STATE: &str = "delta_state";
+/// The same states after the step's real tokens.
+pub const DELTA_STATE_UPDATE: &str = "delta_state_update";
 
 /// The state a hybrid model's blocks carry beside the attention blocks' KV rows
 /// (docs/contract.md, "Hybrid packages"). `num_layers` then counts the attention blocks only:
@@ -258,9 +262,25 @@ pub struct Recurrent {
     pub blocks: usize,
     /// The blocks that attend, in order: slot i of the caches is block `attention_layers[i]`.
     pub attention_layers: Vec<usize>,
-    /// The short-convolution blocks' states, if it has any.
+    /// The states of the blocks that convolve (LFM2's conv blocks, or the convolution in
+    /// front of each Gated DeltaNet), if it has any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conv: Option<ConvState>,
+    /// The Gated DeltaNet blocks' states, if it has any: the same blocks as `conv`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DeltaState>,
+}
+
+/// The Gated DeltaNet blocks' state: per block and value head, the matrix S [key_dim,
+/// value_dim] the delta rule updates, [Ld, Hv, Dk, Dv].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaState {
+    /// The blocks, in order: slot i of the state is block `layers[i]`.
+    pub layers: Vec<usize>,
+    /// Hv: value heads.
+    pub heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
 }
 
 /// The short-convolution blocks' state: the last W = K − 1 inputs of each block's depthwise
@@ -275,7 +295,47 @@ pub struct ConvState {
     pub channels: usize,
 }
 
+/// One tensor of a hybrid step's recurrent state: the input it is passed as, the output its
+/// new value comes back as, its shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateTensor {
+    pub input: &'static str,
+    pub output: &'static str,
+    pub shape: Vec<usize>,
+}
+
+impl StateTensor {
+    /// Its values (saturating: a foreign contract's shape may be past any memory).
+    pub fn len(&self) -> usize {
+        self.shape
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Recurrent {
+    /// The tensors of its state, in the order a host keeps them one after the other: the
+    /// conv state, then the DeltaNet state.
+    pub fn tensors(&self) -> Vec<StateTensor> {
+        let conv = self.conv_shape().map(|shape| StateTensor {
+            input: CONV_STATE,
+            output: CONV_STATE_UPDATE,
+            shape,
+        });
+        let delta = self.delta_shape().map(|shape| StateTensor {
+            input: DELTA_STATE,
+            output: DELTA_STATE_UPDATE,
+            shape,
+        });
+        conv.into_iter().chain(delta).collect()
+    }
+
     /// The conv state's shape [Lc, W, C], if there is one.
     pub fn conv_shape(&self) -> Option<Vec<usize>> {
         self.conv
@@ -283,9 +343,23 @@ impl Recurrent {
             .map(|c| vec![c.layers.len(), c.width, c.channels])
     }
 
-    /// Values in all the recurrent state holds (the host's copy).
+    /// The DeltaNet state's shape [Ld, Hv, Dk, Dv], if there is one.
+    pub fn delta_shape(&self) -> Option<Vec<usize>> {
+        self.delta
+            .as_ref()
+            .map(|d| vec![d.layers.len(), d.heads, d.key_dim, d.value_dim])
+    }
+
+    /// Values in all the recurrent state holds (the host's copy: the conv state, then the
+    /// DeltaNet state); `usize::MAX` for a foreign contract's shapes past any memory.
     pub fn len(&self) -> usize {
-        self.conv_shape().map_or(0, |s| s.iter().product::<usize>())
+        self.tensors()
+            .iter()
+            .try_fold(0usize, |sum, t| {
+                let n = t.shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b))?;
+                sum.checked_add(n)
+            })
+            .unwrap_or(usize::MAX)
     }
 
     /// Whether it holds nothing.
@@ -328,6 +402,16 @@ impl Recurrent {
                 return Err("recurrent: a conv state of zero width or channels".into());
             }
         }
+        if let Some(d) = &self.delta {
+            if d.layers != conv {
+                return Err(
+                    "recurrent: the DeltaNet blocks are not the blocks that convolve".into(),
+                );
+            }
+            if d.heads == 0 || d.key_dim == 0 || d.value_dim == 0 {
+                return Err("recurrent: a DeltaNet state of zero heads or size".into());
+            }
+        }
         Ok(())
     }
 
@@ -344,6 +428,24 @@ impl Recurrent {
             before(a, layers.start)..before(a, layers.end),
             before(conv, layers.start)..before(conv, layers.end),
         )
+    }
+
+    /// The state blocks `layers` carry (a chain part's): their conv and DeltaNet slots, no
+    /// cache slot (the part's caches are counted apart).
+    pub fn part(&self, layers: &std::ops::Range<usize>) -> Recurrent {
+        let (_, slots) = self.slots(layers);
+        Recurrent {
+            blocks: layers.len(),
+            attention_layers: Vec::new(),
+            conv: self.conv.as_ref().map(|c| ConvState {
+                layers: c.layers[slots.clone()].to_vec(),
+                ..c.clone()
+            }),
+            delta: self.delta.as_ref().map(|d| DeltaState {
+                layers: d.layers[slots].to_vec(),
+                ..d.clone()
+            }),
+        }
     }
 
     /// Add its inputs and outputs to a step's at Q tokens: `valid_len` after `position`
@@ -367,9 +469,9 @@ impl Recurrent {
                 .map_or(inputs.len(), |i| i + 1);
             inputs.insert(at, io(VALID_LEN, "int32", vec![1]));
         }
-        if let Some(shape) = self.conv_shape() {
-            inputs.push(io(CONV_STATE, float, shape.clone()));
-            outputs.push(io(CONV_STATE_UPDATE, float, shape));
+        for t in self.tensors() {
+            inputs.push(io(t.input, float, t.shape.clone()));
+            outputs.push(io(t.output, float, t.shape));
         }
     }
 }
@@ -683,6 +785,7 @@ mod tests {
                 width: 2,
                 channels: 8,
             }),
+            delta: None,
         };
         assert_eq!(r.check(2), Ok(()));
         assert_eq!(r.conv_shape(), Some(vec![3, 2, 8]));

@@ -16,6 +16,7 @@
 //! Gemma 3's sliding blocks are: the plain backend builds their banded masks.
 
 pub mod calibrate;
+mod delta;
 pub mod layerwise;
 pub mod plain;
 
@@ -190,6 +191,13 @@ pub fn candle_limitation(spec: &ModelSpec) -> Option<String> {
             return Some(
                 "candle's lfm2 is not wired here: the plain forward pass computes it (with its \
                  conv blocks' state)"
+                    .into(),
+            )
+        }
+        Architecture::Qwen3_5 => {
+            return Some(
+                "candle-transformers has no Qwen3.5 (Gated DeltaNet): the plain forward pass \
+                 computes it"
                     .into(),
             )
         }
@@ -520,7 +528,8 @@ fn load_candle(
         | Architecture::SmolLM3
         | Architecture::Phi3
         | Architecture::Gemma3
-        | Architecture::Lfm2 => Err(ReferenceError::candle(
+        | Architecture::Lfm2
+        | Architecture::Qwen3_5 => Err(ReferenceError::candle(
             "loading",
             candle_core::Error::Msg(candle_limitation(spec).unwrap_or_default()),
         )),

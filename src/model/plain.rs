@@ -92,6 +92,7 @@ struct Layer {
 enum Mixer {
     Attention(AttentionWeights),
     ShortConv(ConvWeights),
+    GatedDelta(super::delta::DeltaWeights),
 }
 
 struct AttentionWeights {
@@ -138,6 +139,8 @@ pub struct PlainModel {
     cache: Vec<Option<(Tensor, Tensor)>>,
     /// Per conv block: its last K − 1 conv inputs [K − 1, H], oldest first (`None`: zeros).
     conv_state: Vec<Option<Tensor>>,
+    /// Per Gated DeltaNet block: its conv inputs and state (`None`: zeros).
+    delta_state: Vec<Option<super::delta::DeltaCarry>>,
     cached: usize,
 }
 
@@ -210,6 +213,42 @@ fn load_layer(
                 }),
                 get(LayerTensor::ConvOut)?,
                 optional(LayerTensor::ConvOutBias, c.bias)?,
+            )
+        }
+        arch::LayerKind::GatedDelta(g) => {
+            let err = |t: LayerTensor| {
+                let name = arch::tensor_name(l, t);
+                move |e| super::ReferenceError::candle(format!("loading `{name}`"), e)
+            };
+            let taps = get(LayerTensor::DeltaConv)?
+                .reshape((g.conv_channels(), g.kernel))
+                .and_then(|t| t.t()?.contiguous())
+                .map_err(err(LayerTensor::DeltaConv))?;
+            let vector = |t: LayerTensor| -> Result<Vec<f32>, super::ReferenceError> {
+                get(t)?
+                    .flatten_all()
+                    .and_then(|x| x.to_vec1())
+                    .map_err(err(t))
+            };
+            let neg_a = vector(LayerTensor::DeltaALog)?
+                .into_iter()
+                .map(|x| -x.exp())
+                .collect();
+            (
+                Mixer::GatedDelta(super::delta::DeltaWeights {
+                    shape: g,
+                    qkv: get(LayerTensor::DeltaQkv)?,
+                    z: get(LayerTensor::DeltaZ)?,
+                    b: get(LayerTensor::DeltaB)?,
+                    a: get(LayerTensor::DeltaA)?,
+                    taps,
+                    neg_a,
+                    dt_bias: vector(LayerTensor::DeltaDtBias)?,
+                    norm: vector(LayerTensor::DeltaNorm)?,
+                    eps: spec.rms_norm_eps,
+                }),
+                get(LayerTensor::DeltaOut)?,
+                None,
             )
         }
     };
@@ -352,6 +391,7 @@ impl PlainModel {
         Ok(PlainModel {
             cache: vec![None; spec.num_hidden_layers],
             conv_state: vec![None; spec.num_hidden_layers],
+            delta_state: vec![None; spec.num_hidden_layers],
             cached: 0,
             norm: load_norm(ckpt, &TensorId::FinalNorm.hf_name(), &device)?,
             spec,
@@ -423,6 +463,7 @@ impl PlainModel {
     pub fn clear_cache(&mut self) {
         self.cache.iter_mut().for_each(|c| *c = None);
         self.conv_state.iter_mut().for_each(|c| *c = None);
+        self.delta_state.iter_mut().for_each(|c| *c = None);
         self.cached = 0;
     }
 
@@ -517,6 +558,7 @@ impl PlainModel {
             layers,
             cache,
             conv_state,
+            delta_state,
             device,
             ..
         } = self;
@@ -537,6 +579,14 @@ impl PlainModel {
                     None
                 };
                 short_conv(c, &h, state)?
+            }
+            Mixer::GatedDelta(g) => {
+                let carry = if use_cache {
+                    Some(&mut delta_state[l])
+                } else {
+                    None
+                };
+                super::delta::gated_delta(g, &h, carry)?
             }
         };
         obs.observe(lo, Point::OInput, &attn)?;
@@ -611,6 +661,7 @@ impl PlainModel {
                 &mut Blind,
             ),
             Mixer::ShortConv(c) => short_conv(c, h, None),
+            Mixer::GatedDelta(g) => super::delta::gated_delta(g, h, None),
         }
     }
 
@@ -677,6 +728,8 @@ impl PlainModel {
             (Role::K, Mixer::Attention(a)) => &mut a.k,
             (Role::V, Mixer::Attention(a)) => &mut a.v,
             (Role::ConvIn, Mixer::ShortConv(c)) => &mut c.in_proj,
+            (Role::ConvIn, Mixer::GatedDelta(g)) => &mut g.qkv,
+            (Role::OutputGate, Mixer::GatedDelta(g)) => &mut g.z,
             (Role::O, _) => &mut w.o,
             (Role::Gate, _) => &mut w.gate,
             (Role::Up, _) => &mut w.up,
@@ -743,6 +796,10 @@ fn honoured(spec: &ModelSpec) {
         gemma: _,
         // `ShortConv::forward`: LFM2's conv blocks and their state.
         short_conv: _,
+        // `delta::gated_delta`: Qwen3.5's DeltaNet blocks and their state.
+        gated_delta: _,
+        // `attention`: sigmoid(gate) times each head's output.
+        attention_output_gate: _,
     } = spec;
 }
 
@@ -817,6 +874,14 @@ fn attention(
         spec.head_dim,
     );
     let q = linear(h, &w.q, w.q_bias.as_ref())?;
+    // Qwen3.5: each head's q_proj rows are D query rows, then D rows of its output gate.
+    let (q, gate) = if spec.attention_output_gate {
+        let both = q.reshape((t, hq, 2, d))?;
+        let part = |i: usize| both.narrow(2, i, 1)?.reshape((t, hq * d));
+        (part(0)?, Some(part(1)?))
+    } else {
+        (q, None)
+    };
     let k = linear(h, &w.k, w.k_bias.as_ref())?;
     let v = linear(h, &w.v, w.v_bias.as_ref())?;
     obs.observe(lo, Point::Q, &q)?;
@@ -879,7 +944,11 @@ fn attention(
         .reshape((hq, t, d))?
         .transpose(0, 1)?
         .reshape((t, hq * d))?;
-    Ok(attn)
+    match gate {
+        // sigmoid(g) = 1 / (1 + e^-g)
+        Some(g) => attn * (g.neg()?.exp()? + 1.0)?.recip()?,
+        None => Ok(attn),
+    }
 }
 
 /// LFM2's short convolution on the normalised block input h [T, H]: in_proj to B, C and x,

@@ -65,7 +65,8 @@ pub struct Summary {
     /// What a conversion of a multimodal checkpoint leaves out, part by part.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<DroppedPart>,
-    /// The state of a model whose blocks are not all attention (LFM2's conv blocks).
+    /// The state of a model whose blocks are not all attention (LFM2's conv blocks, Qwen3.5's
+    /// DeltaNets).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hybrid_state: Option<HybridState>,
 }
@@ -77,15 +78,18 @@ pub struct HybridState {
     pub attention_blocks: usize,
     /// Key and value bytes per position over the attention blocks (fp16).
     pub kv_bytes_per_token: u64,
-    pub conv_blocks: usize,
-    /// The conv blocks' state bytes, whatever the context (fp16).
-    pub conv_state_bytes: u64,
+    /// The blocks that do not attend (LFM2's conv blocks, Qwen3.5's DeltaNets).
+    pub recurrent_blocks: usize,
+    /// Their state's bytes, whatever the context (fp16).
+    pub recurrent_state_bytes: u64,
 }
 
 impl HybridState {
     fn of(spec: &crate::arch::ModelSpec) -> Option<Self> {
         use crate::arch::{LayerKind, StateEntry};
-        spec.short_conv.as_ref()?;
+        if spec.short_conv.is_none() && spec.gated_delta.is_none() {
+            return None;
+        }
         let kinds = spec.layers();
         let attention = kinds
             .iter()
@@ -93,18 +97,18 @@ impl HybridState {
             .count();
         let per_token = |e: &StateEntry| match e {
             StateEntry::Keys { .. } | StateEntry::Values { .. } => e.bytes(1),
-            StateEntry::Conv { .. } => 0,
+            StateEntry::Conv { .. } | StateEntry::Delta { .. } => 0,
         };
         let fixed = |e: &StateEntry| match e {
-            StateEntry::Conv { .. } => e.bytes(1),
+            StateEntry::Conv { .. } | StateEntry::Delta { .. } => e.bytes(1),
             _ => 0,
         };
         let entries: Vec<StateEntry> = kinds.iter().flat_map(LayerKind::state).collect();
         Some(HybridState {
             attention_blocks: attention,
             kv_bytes_per_token: entries.iter().map(per_token).sum(),
-            conv_blocks: kinds.len() - attention,
-            conv_state_bytes: entries.iter().map(fixed).sum(),
+            recurrent_blocks: kinds.len() - attention,
+            recurrent_state_bytes: entries.iter().map(fixed).sum(),
         })
     }
 }

@@ -40,12 +40,19 @@ enum Hidden {
 }
 
 /// What one part returns: the hidden state or the logits, its layers' cache rows and a hybrid
-/// model's part its conv blocks' new state.
+/// model's part its blocks' new state, one vector per state tensor (empty without one).
 struct PartOutput {
     hidden: Option<Hidden>,
     logits: Vec<f32>,
     cache: Option<(Vec<f16>, Vec<f16>)>,
-    state: Option<Vec<f16>>,
+    state: Vec<Vec<f16>>,
+}
+
+/// A part's recurrent state as it is passed: each state tensor (with the part's shape) and its
+/// values, and `valid_len` when Q > 1.
+struct PartState<'a> {
+    tensors: Vec<(contract::StateTensor, &'a [f16])>,
+    valid: Option<i32>,
 }
 
 /// What one part's call is given besides its runner: the pieces `run_part` slices.
@@ -60,39 +67,45 @@ struct Call<'a> {
     values: &'a [f16],
     has_layers: bool,
     has_cache: bool,
-    /// Its conv state, shape and `valid_len` (Q > 1), when it has conv blocks.
-    conv: Option<(&'a [f16], Vec<usize>, Option<i32>)>,
+    /// Its recurrent state, when it has blocks that keep one.
+    state: Option<PartState<'a>>,
 }
 
-/// Where one part's rows and state lie in the model's: its cache slots (its attention blocks)
-/// and its conv-state slots, with the sizes of one slot.
+/// Where one part's rows and state lie in the model's: its cache slots (its attention blocks),
+/// and per state tensor the part's shape of it and where its values lie in the host's state.
 struct PartSlots {
     cache: std::ops::Range<usize>,
-    conv: std::ops::Range<usize>,
     per_cache: usize,
-    per_conv: usize,
+    state: Vec<(contract::StateTensor, std::ops::Range<usize>)>,
 }
 
 impl PartSlots {
     fn of(c: &Contract, layers: &std::ops::Range<usize>) -> Self {
         let per_cache = c.num_kv_heads * c.max_seq_len * c.head_dim;
-        match &c.recurrent {
-            Some(r) => {
-                let (cache, conv) = r.slots(layers);
-                let per_conv = r.conv.as_ref().map_or(0, |v| v.width * v.channels);
-                PartSlots {
-                    cache,
-                    conv,
-                    per_cache,
-                    per_conv,
-                }
-            }
-            None => PartSlots {
+        let Some(r) = &c.recurrent else {
+            return PartSlots {
                 cache: layers.clone(),
-                conv: 0..0,
                 per_cache,
-                per_conv: 0,
-            },
+                state: Vec::new(),
+            };
+        };
+        let (cache, slots) = r.slots(layers);
+        let mut state = Vec::new();
+        let mut at = 0;
+        for whole in r.tensors() {
+            let (len, per_slot) = (whole.len(), whole.shape[1..].iter().product::<usize>());
+            if !slots.is_empty() {
+                let mut shape = whole.shape.clone();
+                shape[0] = slots.len();
+                let values = at + slots.start * per_slot..at + slots.end * per_slot;
+                state.push((contract::StateTensor { shape, ..whole }, values));
+            }
+            at += len;
+        }
+        PartSlots {
+            cache,
+            per_cache,
+            state,
         }
     }
 
@@ -102,19 +115,6 @@ impl PartSlots {
 
     fn cache_rows(&self) -> std::ops::Range<usize> {
         self.cache.start * self.per_cache..self.cache.end * self.per_cache
-    }
-
-    fn conv_shape(&self, c: &Contract) -> Vec<usize> {
-        let r = c.recurrent.as_ref().and_then(|r| r.conv.as_ref());
-        vec![
-            self.conv.len(),
-            r.map_or(0, |v| v.width),
-            r.map_or(0, |v| v.channels),
-        ]
-    }
-
-    fn conv_values(&self) -> std::ops::Range<usize> {
-        self.conv.start * self.per_conv..self.conv.end * self.per_conv
     }
 }
 
@@ -290,14 +290,14 @@ impl Chain {
         let slots = PartSlots::of(c, &part.layers);
         let rows = slots.cache_rows();
         let (valid, state) = recurrent.unwrap_or((0, &[]));
-        // A part's conv state, with `valid_len` beside it when Q > 1 (checked by the step).
-        let conv = (!slots.conv.is_empty()).then(|| {
-            let values = state.get(slots.conv_values()).unwrap_or(&[]);
-            (
-                values,
-                slots.conv_shape(c),
-                (c.query_len > 1).then_some(valid as i32),
-            )
+        // A part's state, with `valid_len` beside it when Q > 1 (checked by the step).
+        let part_state = (!slots.state.is_empty()).then(|| PartState {
+            tensors: slots
+                .state
+                .iter()
+                .map(|(t, values)| (t.clone(), state.get(values.clone()).unwrap_or(&[])))
+                .collect(),
+            valid: (c.query_len > 1).then_some(valid as i32),
         });
         let has_cache = !slots.cache.is_empty();
         let call = Call {
@@ -314,7 +314,7 @@ impl Chain {
             values: if has_cache { &value_cache[rows] } else { &[] },
             has_layers: !part.layers.is_empty(),
             has_cache,
-            conv,
+            state: part_state,
         };
         match &self.parts[i] {
             PartRunner::Mil(program) => self.run_mil(program, call, stats),
@@ -339,7 +339,7 @@ impl Chain {
             values,
             has_layers,
             has_cache,
-            conv,
+            state,
         } = call;
         let c = &self.chain.contract;
         let missing =
@@ -355,7 +355,7 @@ impl Chain {
         if has_layers {
             inputs.push((contract::POSITION, Tensor::i32(vec![1], &[pos])));
         }
-        if let Some((_, _, Some(v))) = &conv {
+        if let Some(PartState { valid: Some(v), .. }) = &state {
             inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[*v])));
         }
         if has_cache {
@@ -365,11 +365,9 @@ impl Chain {
             ));
             inputs.push((contract::VALUE_CACHE, Tensor::f16(shape, values.to_vec())));
         }
-        if let Some((state, conv_shape, _)) = &conv {
-            inputs.push((
-                contract::CONV_STATE,
-                Tensor::f16(conv_shape.clone(), state.to_vec()),
-            ));
+        let tensors = state.map_or_else(Vec::new, |s| s.tensors);
+        for (t, values) in &tensors {
+            inputs.push((t.input, Tensor::f16(t.shape.clone(), values.to_vec())));
         }
         let mut out = program.run(inputs, stats)?;
         let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
@@ -392,10 +390,10 @@ impl Chain {
         } else {
             None
         };
-        let state = match conv {
-            Some(_) => Some(take(contract::CONV_STATE_UPDATE)?.to_f16_vec()),
-            None => None,
-        };
+        let state = tensors
+            .iter()
+            .map(|(t, _)| take(t.output).map(|u| u.to_f16_vec()))
+            .collect::<Result<_, _>>()?;
         Ok(PartOutput {
             hidden,
             logits,
@@ -420,7 +418,7 @@ impl Chain {
             values,
             has_layers,
             has_cache,
-            conv,
+            state,
         } = call;
         let c = &self.chain.contract;
         let missing =
@@ -453,7 +451,7 @@ impl Chain {
                 aimodel::Tensor::I32(vec![pos], vec![1]),
             ));
         }
-        if let Some((_, _, Some(v))) = &conv {
+        if let Some(PartState { valid: Some(v), .. }) = &state {
             let valid = aimodel::Tensor::I32(vec![*v], vec![1]);
             inputs.push((contract::VALID_LEN.to_string(), valid));
         }
@@ -467,9 +465,10 @@ impl Chain {
                 float(contract::VALUE_CACHE, values, shape),
             ));
         }
-        if let Some((state, conv_shape, _)) = &conv {
-            let state = float(contract::CONV_STATE, state, conv_shape.clone());
-            inputs.push((contract::CONV_STATE.to_string(), state));
+        let tensors = state.map_or_else(Vec::new, |s| s.tensors);
+        for (t, values) in &tensors {
+            let value = float(t.input, values, t.shape.clone());
+            inputs.push((t.input.to_string(), value));
         }
         let mut out = session
             .call(super::coreai::FUNCTION, inputs)
@@ -494,10 +493,10 @@ impl Chain {
         } else {
             None
         };
-        let state = match conv {
-            Some(_) => Some(take(contract::CONV_STATE_UPDATE)?.to_f16()),
-            None => None,
-        };
+        let state = tensors
+            .iter()
+            .map(|(t, _)| take(t.output).map(|u| u.to_f16()))
+            .collect::<Result<_, _>>()?;
         Ok(PartOutput {
             hidden,
             logits,
@@ -540,7 +539,9 @@ impl Chain {
                 msg: format!("a recurrent state of {state_len} values is expected"),
             });
         }
-        let mut new_state = Vec::with_capacity(state_len);
+        // Each state tensor's new values, part after part: the host keeps them tensor by tensor.
+        let kinds = c.recurrent.as_ref().map_or(0, |r| r.tensors().len());
+        let mut new_state: Vec<Vec<f16>> = vec![Vec::new(); kinds];
         let mut hidden: Option<Hidden> = None;
         let mut logits = Vec::new();
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
@@ -555,7 +556,9 @@ impl Chain {
                 recurrent,
                 stats.as_deref_mut(),
             )?;
-            new_state.extend(out.state.unwrap_or_default());
+            for (all, part) in new_state.iter_mut().zip(out.state) {
+                all.extend(part);
+            }
             hidden = out.hidden;
             if self.chain.parts[i].head {
                 logits = out.logits;
@@ -565,6 +568,7 @@ impl Chain {
                 value_update.extend(v);
             }
         }
+        let new_state: Vec<f16> = new_state.concat();
         if logits.len() != c.query_len * c.vocab_size
             || key_update.len() != upd
             || value_update.len() != upd

@@ -287,16 +287,18 @@ impl CoreAiModel {
                 self.float(contract::VALUE_CACHE, value_cache, cache_shape),
             ),
         ];
-        let conv_shape = super::interp::conv_state_shape(c, recurrent)?;
-        if let Some(shape) = &conv_shape {
+        let tensors = super::interp::state_tensors(c, recurrent)?;
+        if !tensors.is_empty() {
             let (valid, state) = recurrent.unwrap_or((0, &[]));
             if c.query_len > 1 {
                 // `check_step` bounded it by Q.
                 let valid = Tensor::I32(vec![valid as i32], vec![1]);
                 inputs.push((contract::VALID_LEN.to_string(), valid));
             }
-            let state = self.float(contract::CONV_STATE, state, shape.clone());
-            inputs.push((contract::CONV_STATE.to_string(), state));
+            for (t, part) in super::interp::split_state(&tensors, state) {
+                let state = self.float(t.input, part, t.shape.clone());
+                inputs.push((t.input.to_string(), state));
+            }
         }
         let mut out = self.session.call(function, inputs).map_err(asset_err)?;
         let mut take = |name: &str| {
@@ -314,10 +316,10 @@ impl CoreAiModel {
         let logits = interleave_rows(&parts, rows);
         let k = take(contract::KEY_UPDATE)?.to_f16();
         let val = take(contract::VALUE_UPDATE)?.to_f16();
-        let state = match conv_shape {
-            Some(_) => take(contract::CONV_STATE_UPDATE)?.to_f16(),
-            None => Vec::new(),
-        };
+        let mut state = Vec::with_capacity(c.recurrent_len());
+        for t in &tensors {
+            state.extend(take(t.output)?.to_f16());
+        }
         let upd = c.num_layers * c.num_kv_heads * q * c.head_dim;
         let sizes = [(logits.len(), rows * v), (k.len(), upd), (val.len(), upd)];
         if sizes.iter().any(|(a, b)| a != b) || state.len() != c.recurrent_len() {

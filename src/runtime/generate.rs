@@ -351,16 +351,18 @@ impl<M: StepModel> Generator<M> {
         let eos = c.eos_token_ids.clone();
         let pad = eos.first().copied().unwrap_or(0);
         let hybrid = c.recurrent.is_some();
-        let recurrent_len = match c.recurrent.as_ref().and_then(|r| r.conv_shape()) {
-            Some(shape) => shape
+        let recurrent_len = c.recurrent_len();
+        if recurrent_len > isize::MAX as usize / 2 {
+            let shapes: Vec<_> = c
+                .recurrent
                 .iter()
-                .try_fold(1usize, |a, &b| a.checked_mul(b))
-                .filter(|&n| n <= isize::MAX as usize / 2)
-                .ok_or_else(|| {
-                    GenerateError::BadContract(format!("recurrent state {shape:?} is too large"))
-                })?,
-            None => 0,
-        };
+                .flat_map(|r| r.tensors())
+                .map(|t| t.shape)
+                .collect();
+            return Err(GenerateError::BadContract(format!(
+                "recurrent state {shapes:?} is too large"
+            )));
+        }
         let stateful = c.kv_cache == crate::mil::contract::KvCache::State;
         let host_cache = if stateful { 0 } else { cache_len };
         let prefill = model.prefill_len();

@@ -13,7 +13,8 @@ mod numerics;
 mod per_arch;
 
 use per_arch::{
-    gemma, gemma_global_rope, lfm2, long_rope, no_rope_layers, partial_rotary_dim, text_model,
+    gemma, gemma_global_rope, lfm2, long_rope, no_rope_layers, partial_rotary_dim, qwen3_5,
+    text_model,
 };
 
 use super::CheckpointError;
@@ -358,6 +359,10 @@ impl ModelSpec {
             Architecture::Lfm2 => Some(lfm2(&raw, num_hidden_layers)?),
             _ => None,
         };
+        let gated_delta = match architecture {
+            Architecture::Qwen3_5 => Some(qwen3_5(&raw, num_hidden_layers)?),
+            _ => None,
+        };
         let intermediate_size = need(
             lfm2.as_ref()
                 .map_or(raw.intermediate_size, |m| Some(m.intermediate_size)),
@@ -410,8 +415,9 @@ impl ModelSpec {
                     .transpose()?;
                 (Some(g), w)
             }
-            // LFM2's `layer_types` name conv and attention blocks, none windowed.
-            Architecture::Lfm2 => (None, None),
+            // LFM2's and Qwen3.5's `layer_types` name their recurrent and attention blocks,
+            // none windowed.
+            Architecture::Lfm2 | Architecture::Qwen3_5 => (None, None),
             _ => (None, sliding_window(&raw)?),
         };
         let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
@@ -443,13 +449,18 @@ impl ModelSpec {
             sliding_window,
             qk_norm: matches!(
                 architecture,
-                Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Lfm2
+                Architecture::Qwen3
+                    | Architecture::Gemma3
+                    | Architecture::Lfm2
+                    | Architecture::Qwen3_5
             ),
             no_rope_layers,
             partial_rotary_dim,
             gemma,
             text_of,
             short_conv: lfm2.map(|m| m.conv),
+            gated_delta,
+            attention_output_gate: architecture == Architecture::Qwen3_5,
         };
         numerics::check(&spec, &rope_keys)?;
         Ok(spec)

@@ -3,7 +3,7 @@
 //! blocks without RoPE. The keys every architecture shares are read in [`super`].
 
 use super::{parse_rope_scaling, ConfigError, RawConfig};
-use crate::arch::{Architecture, GemmaSpec, RopeScaling, ShortConvSpec};
+use crate::arch::{Architecture, GatedDeltaSpec, GemmaSpec, RopeScaling, ShortConvSpec};
 
 /// `Gemma3TextConfig`'s defaults (transformers 5.23) for the keys a multimodal config's
 /// `text_config` may leave out (the Hub's Gemma 3 4B-27B configs list only what differs).
@@ -289,6 +289,93 @@ pub(super) fn lfm2(raw: &RawConfig, layers: usize) -> Result<Lfm2, ConfigError> 
     })
 }
 
+/// Qwen3.5's Gated DeltaNet blocks as transformers 5.23's `Qwen3_5TextConfig` reads them:
+/// `layer_types` ("linear_attention" / "full_attention"; absent, every
+/// `full_attention_interval`-th block attends, default 4), the `linear_*` head counts and sizes
+/// (defaults 16 key heads, 32 value heads of 128 each, kernel 4).
+pub(super) fn qwen3_5(raw: &RawConfig, layers: usize) -> Result<GatedDeltaSpec, ConfigError> {
+    let rest = &raw.rest;
+    let field = |key: &str, message: String| ConfigError::Field {
+        field: key.into(),
+        message,
+    };
+    let uint = |key: &str, default: usize, max: usize| -> Result<usize, ConfigError> {
+        let n = match rest.get(key).filter(|v| !v.is_null()) {
+            None => default,
+            Some(v) => v
+                .as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| field(key, format!("({v}) must be a whole number")))?,
+        };
+        if n == 0 {
+            return Err(ConfigError::NotPositive(key.into()));
+        }
+        if n > max {
+            return Err(ConfigError::ExceedsLimit {
+                key: key.into(),
+                value: n,
+                max,
+            });
+        }
+        Ok(n)
+    };
+    let linear: Vec<bool> = match &raw.layer_types {
+        Some(types) => {
+            if types.len() != layers {
+                return Err(field(
+                    "layer_types",
+                    format!("has {} entries for {layers} layers", types.len()),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "linear_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(field(
+                        "layer_types",
+                        format!(
+                            "names a block kind \"{other}\" that Qwen3.5 does not have \
+                             (linear_attention, full_attention)"
+                        ),
+                    )),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        None => {
+            let every = uint("full_attention_interval", 4, super::MAX_LAYERS)?;
+            (0..layers).map(|l| (l + 1) % every != 0).collect()
+        }
+    };
+    let heads = super::MAX_HEADS;
+    let size = super::MAX_HEAD_DIM;
+    let spec = GatedDeltaSpec {
+        layers: (0..layers).filter(|&l| linear[l]).collect(),
+        key_heads: uint("linear_num_key_heads", 16, heads)?,
+        value_heads: uint("linear_num_value_heads", 32, heads)?,
+        key_dim: uint("linear_key_head_dim", 128, size)?,
+        value_dim: uint("linear_value_head_dim", 128, size)?,
+        kernel: uint("linear_conv_kernel_dim", 4, MAX_CONV_KERNEL)?,
+    };
+    if spec.kernel < 2 {
+        return Err(field(
+            "linear_conv_kernel_dim",
+            "(1) must be at least 2: the state keeps the last kernel − 1 conv inputs".into(),
+        ));
+    }
+    if !spec.value_heads.is_multiple_of(spec.key_heads) {
+        return Err(field(
+            "linear_num_value_heads",
+            format!(
+                "({}) must be a multiple of linear_num_key_heads ({}): each key head serves \
+                 a group of value heads",
+                spec.value_heads, spec.key_heads
+            ),
+        ));
+    }
+    Ok(spec)
+}
+
 /// Gemma 3's own fields: the activation (tanh GELU only), `query_pre_attn_scalar`, the local
 /// RoPE base, which blocks are windowed (`layer_types`, or transformers 4's
 /// `sliding_window_pattern`: every block but each pattern-th) and the embedding scale.
@@ -451,18 +538,20 @@ pub(super) fn partial_rotary_dim(
     let nested = rope_params
         .and_then(|p| p.get("partial_rotary_factor"))
         .and_then(|v| v.as_f64());
-    let Some(factor) = raw.partial_rotary_factor.or(nested) else {
+    // Qwen3_5TextConfig rotates a quarter of each head when the config names no factor.
+    let default = (architecture == Architecture::Qwen3_5).then_some(0.25);
+    let Some(factor) = raw.partial_rotary_factor.or(nested).or(default) else {
         return Ok(None);
     };
     if factor == 1.0 {
         return Ok(None);
     }
-    if architecture != Architecture::Phi3 {
+    if !matches!(architecture, Architecture::Phi3 | Architecture::Qwen3_5) {
         return Err(ConfigError::Unhonoured {
             key: "partial_rotary_factor".into(),
             value: factor.to_string(),
             architecture: architecture.hf_name().into(),
-            supported: "1 or absent (partial RoPE: Phi3ForCausalLM)".into(),
+            supported: "1 or absent (partial RoPE: Phi3ForCausalLM, Qwen3_5ForCausalLM)".into(),
         });
     }
     let dim = (head_dim as f64 * factor) as usize;
@@ -731,6 +820,8 @@ mod tests {
         let m = ModelSpec {
             text_of: None,
             short_conv: None,
+            gated_delta: None,
+            attention_output_gate: false,
             max_position_embeddings: s.max_position_embeddings,
             ..m
         };

@@ -50,6 +50,17 @@ pub fn gguf_name(id: TensorId, gemma: bool) -> String {
             LayerTensor::ConvBias => ("shortconv.conv", "bias"),
             LayerTensor::ConvOut => ("shortconv.out_proj", "weight"),
             LayerTensor::ConvOutBias => ("shortconv.out_proj", "bias"),
+            // llama.cpp's `qwen35` names (src/llama-model.cpp). No GGUF of that architecture
+            // is read: its `ssm_a` holds −exp(A_log), not A_log.
+            LayerTensor::DeltaQkv => ("attn_qkv", "weight"),
+            LayerTensor::DeltaZ => ("attn_gate", "weight"),
+            LayerTensor::DeltaB => ("ssm_beta", "weight"),
+            LayerTensor::DeltaA => ("ssm_alpha", "weight"),
+            LayerTensor::DeltaConv => ("ssm_conv1d", "weight"),
+            LayerTensor::DeltaDtBias => ("ssm_dt", "bias"),
+            LayerTensor::DeltaALog => ("ssm_a", "weight"),
+            LayerTensor::DeltaNorm => ("ssm_norm", "weight"),
+            LayerTensor::DeltaOut => ("ssm_out", "weight"),
         },
     };
     format!("blk.{}.{part}.{suffix}", id.layer().unwrap_or(0))

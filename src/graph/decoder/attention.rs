@@ -35,7 +35,7 @@ pub(super) fn attention(
 ) -> Result<Attention, GraphError> {
     let dims = &shared.dims;
     let tag = format!("layers_{l}");
-    let (q, k, v) = qkv(b, weights, proj, lower, shared, l, hn)?;
+    let (q, k, v, gate) = qkv(b, weights, proj, lower, shared, l, hn)?;
     let qs = b.op(
         Op::Mul,
         &format!("{tag}_q_scaled"),
@@ -55,7 +55,19 @@ pub(super) fn attention(
     );
     let keys = join(b, &kc, &k, &format!("{tag}_keys"));
     let values = join(b, &vc, &v, &format!("{tag}_values"));
-    let ctx = lower.attend(b, shared, l, (&qs, &keys, &values), &tag);
+    let mut ctx = lower.attend(b, shared, l, (&qs, &keys, &values), &tag);
+    if let Some(gate) = gate {
+        let sg = b.op(
+            Op::Sigmoid,
+            &format!("{tag}_output_gate_sigmoid"),
+            vec![("x", var(&gate))],
+        );
+        ctx = b.op(
+            Op::Mul,
+            &format!("{tag}_output_gated"),
+            vec![("x", var(&ctx)), ("y", var(&sg))],
+        );
+    }
     let wo = weights.linear(b, TensorId::Layer(l, LayerTensor::O), shared.alpha)?;
     let out = lower.project(b, proj, wo, None, &ctx, &format!("{tag}_attn_out"))?;
     Ok(Attention {
@@ -65,7 +77,8 @@ pub(super) fn attention(
     })
 }
 
-/// The queries and keys after RoPE, and the values, as heads in the layout `lower` builds.
+/// The queries and keys after RoPE, and the values, as heads in the layout `lower` builds;
+/// with Qwen3.5's output gate, the gate [1, Q, H·D] too.
 fn qkv(
     b: &mut Builder,
     weights: &mut Weights,
@@ -74,7 +87,7 @@ fn qkv(
     shared: &Shared,
     l: usize,
     hn: &str,
-) -> Result<(String, String, String), GraphError> {
+) -> Result<(String, String, String, Option<String>), GraphError> {
     let (dims, tag) = (&shared.dims, format!("layers_{l}"));
     let mut ws = Vec::with_capacity(3);
     for t in [LayerTensor::Q, LayerTensor::K, LayerTensor::V] {
@@ -91,6 +104,42 @@ fn qkv(
     for ((w, bias), n) in ws.into_iter().zip(biases).zip(["q", "k", "v"]) {
         out.push(lower.project(b, proj, w, bias, hn, &format!("{tag}_{n}"))?);
     }
+    let gate = if shared.output_gate {
+        let Lowering::Default = lower else {
+            return Err(GraphError::Unsupported(
+                "gated attention (Qwen3.5) is built in the default layout only: use --layout \
+                 default"
+                    .into(),
+            ));
+        };
+        let (q, n, d) = (dims.q as i64, dims.h as i64, dims.d as i64);
+        // Each head's rows are D query rows, then D gate rows.
+        let both = b.op(
+            Op::Reshape,
+            &format!("{tag}_q_gate"),
+            vec![("x", var(&out[0])), ("shape", ints(&[1, q, n, 2 * d]))],
+        );
+        let mut half = |i: i64, what: &str| {
+            let part = b.op(
+                Op::SliceByIndex,
+                &format!("{tag}_{what}_heads"),
+                vec![
+                    ("x", var(&both)),
+                    ("begin", ints(&[0, 0, 0, i * d])),
+                    ("end", ints(&[1, q, n, (i + 1) * d])),
+                ],
+            );
+            b.op(
+                Op::Reshape,
+                &format!("{tag}_{what}_flat"),
+                vec![("x", var(&part)), ("shape", ints(&[1, q, n * d]))],
+            )
+        };
+        out[0] = half(0, "query");
+        Some(half(1, "gate"))
+    } else {
+        None
+    };
     let mut qh = lower.heads(b, &out[0], dims.h, dims, &format!("{tag}_q"));
     let mut kh = lower.heads(b, &out[1], dims.hkv, dims, &format!("{tag}_k"));
     let vh = lower.heads(b, &out[2], dims.hkv, dims, &format!("{tag}_v"));
@@ -102,7 +151,7 @@ fn qkv(
         kh = lower.head_norm(b, &kh, &kw, eps, &format!("{tag}_k_norm"))?;
     }
     if !shared.rope_in_layer[l] {
-        return Ok((qh, kh, vh));
+        return Ok((qh, kh, vh, gate));
     }
     let rope = lower.rope_tables(shared, l);
     let axis = lower.head_axis();
@@ -122,7 +171,7 @@ fn qkv(
         rope,
         &format!("{tag}_k_rope"),
     )?;
-    Ok((qr, kr, vh))
+    Ok((qr, kr, vh, gate))
 }
 
 /// Scale applied to q and k before their per-head RMSNorm, with ε scaled by its square:

@@ -145,7 +145,7 @@ pub(super) fn short_conv(
             ("interleave", Arg::Bool(false)),
         ],
     );
-    let taps = conv_taps(b, weights, l, (w + 1, c), &tag)?;
+    let taps = conv_taps(b, weights, id(LayerTensor::Conv), (w + 1, c), &tag)?;
     let mut y = causal_conv(b, &seq, &taps, (q, w, c), &tag);
     if conv.bias {
         let bias = weights.single(b, id(LayerTensor::ConvBias))?;
@@ -182,7 +182,7 @@ pub(super) fn short_conv(
 
 /// Tap j times rows j .. j + Q of `seq` [1, W + Q, C], summed over the K = W + 1 taps
 /// [K, C]: the depthwise causal convolution of the Q inputs.
-fn causal_conv(
+pub(super) fn causal_conv(
     b: &mut Builder,
     seq: &str,
     taps: &str,
@@ -228,7 +228,7 @@ fn causal_conv(
 
 /// The W rows of `seq` [1, W + Q, C] after the real inputs: rows Q .. Q + W when all Q are
 /// real, else the rows `keep` (`valid_len + [0, W)`) names.
-fn new_state(
+pub(super) fn new_state(
     b: &mut Builder,
     seq: &str,
     keep: Option<&str>,
@@ -258,15 +258,16 @@ fn new_state(
     }
 }
 
-/// The depthwise taps [K, C] (the checkpoint's [C, 1, K], transposed once in the program).
-fn conv_taps(
+/// The depthwise taps [K, C] of tensor `id` (the checkpoint's [C, 1, K], transposed once in
+/// the program).
+pub(super) fn conv_taps(
     b: &mut Builder,
     weights: &mut Weights,
-    l: usize,
+    id: TensorId,
     (k, c): (i64, i64),
     tag: &str,
 ) -> Result<String, GraphError> {
-    let raw = weights.single(b, TensorId::Layer(l, LayerTensor::Conv))?;
+    let raw = weights.single(b, id)?;
     let flat = b.op(
         Op::Reshape,
         &format!("{tag}_taps_flat"),

@@ -17,6 +17,7 @@
 mod ane;
 mod attention;
 mod conv;
+mod delta;
 mod linear;
 mod logits;
 mod lower;
@@ -111,6 +112,8 @@ struct Shared {
     alpha: f64,
     /// The norms' ε, times α² (RMSNorm(αx) with ε·α² equals RMSNorm(x) with ε).
     eps: f64,
+    /// The model's ε itself, for norms of what does not carry α (a DeltaNet's output).
+    plain_eps: f64,
     /// 1/√D (Gemma: `query_pre_attn_scalar`^-½).
     q_scale: f64,
     /// What every norm adds to its weight (Gemma's 1 + w).
@@ -127,6 +130,8 @@ struct Shared {
     /// Per block: whether it is one of Gemma's sliding blocks.
     sliding: Vec<bool>,
     attention_bias: bool,
+    /// Qwen3.5: q_proj also gives a gate, sigmoid(gate) times the attention output.
+    output_gate: bool,
     /// Qwen3's per-head q/k norms: their ε (the model's, unscaled: q and k do not carry α).
     qk_norm_eps: Option<f64>,
     /// Per block: whether it rotates q and k (SmolLM3's NoPE blocks do not).
@@ -151,8 +156,10 @@ struct Shared {
     /// Per block of this part (from `first_layer`): its index among the part's blocks of its
     /// kind, the slot of its cache rows or conv state.
     slots: Vec<usize>,
-    /// The short-convolution blocks' inputs, if the part has any.
+    /// The conv state's inputs (LFM2's conv blocks, or the DeltaNets'), if the part has any.
     conv: Option<conv::ConvInputs>,
+    /// The DeltaNet state's inputs, if the part has DeltaNet blocks.
+    delta: Option<delta::DeltaInputs>,
     /// A hybrid step's `valid_len` input (Q > 1).
     valid: Option<String>,
 }
@@ -170,6 +177,8 @@ enum Kept {
     Rows(String, String),
     /// A short-convolution block's new state [1, W, C].
     Conv(String),
+    /// A Gated DeltaNet's new conv state [1, W, C] and state [1, Hv, Dk, Dv].
+    Delta(String, String),
 }
 
 /// Refuse hyperparameters that become constants the program's float type cannot hold: in
@@ -254,6 +263,10 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         // LFM2's short-convolution blocks (`conv::short_conv`), their state an input and an
         // output beside the caches; the forms that cannot carry it yet: `check_recurrent`.
         short_conv: _,
+        // Qwen3.5's DeltaNet blocks (`delta::gated_delta`), their states inputs and outputs
+        // beside the caches, and its gated attention (`attention::attention`).
+        gated_delta: _,
+        attention_output_gate: _,
     } = spec;
     // LongRoPE switches to its long factors once the sequence outgrows the original
     // context; a package's tables are fixed, so its context stays within it.
@@ -284,22 +297,27 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
     Ok(())
 }
 
-/// Refuse the forms of the contract a hybrid model's recurrent state (LFM2's conv blocks) is
-/// not carried through: they keep the state only as the io inputs and outputs of a package
-/// or asset in the default layout (one function, or prefill and decode).
+/// Refuse the forms of the contract a hybrid model's recurrent state (LFM2's conv blocks,
+/// Qwen3.5's DeltaNets) is not carried through: they keep the state only as the io inputs and
+/// outputs of a package or asset in the default layout (one function, or prefill and decode).
 pub fn check_recurrent(
     spec: &ModelSpec,
     layout: crate::mil::contract::Layout,
     kv_cache: crate::mil::contract::KvCache,
 ) -> Result<(), GraphError> {
-    let Some(conv) = &spec.short_conv else {
-        return Ok(());
+    let what = match (&spec.short_conv, &spec.gated_delta) {
+        (Some(c), _) => format!(
+            "{} has {} short-convolution blocks, whose state",
+            spec.architecture,
+            c.layers.len()
+        ),
+        (None, Some(g)) => format!(
+            "{} has {} Gated DeltaNet blocks, whose state",
+            spec.architecture,
+            g.layers.len()
+        ),
+        (None, None) => return Ok(()),
     };
-    let what = format!(
-        "{} has {} short-convolution blocks, whose state",
-        spec.architecture,
-        conv.layers.len()
-    );
     let refused = if layout == crate::mil::contract::Layout::Ane {
         Some("the --layout ane builder does not carry yet: use --layout default")
     } else if kv_cache == crate::mil::contract::KvCache::State {
@@ -406,6 +424,7 @@ pub fn build_part(
     let mut key_rows = Vec::with_capacity(part.layers.len());
     let mut value_rows = Vec::with_capacity(part.layers.len());
     let mut conv_states = Vec::new();
+    let mut delta_states = Vec::new();
     if let Some(shared) = &shared {
         for l in part.layers.clone() {
             let (out, kept) = block(&mut b, &mut weights, &Lowering::Default, shared, l, &x)?;
@@ -416,6 +435,10 @@ pub fn build_part(
                     value_rows.push(v);
                 }
                 Kept::Conv(st) => conv_states.push(st),
+                Kept::Delta(c, st) => {
+                    conv_states.push(c);
+                    delta_states.push(st);
+                }
             }
         }
     }
@@ -486,6 +509,9 @@ pub fn build_part(
     if !conv_states.is_empty() {
         outputs.push(stack(&mut b, conv_states, contract::CONV_STATE_UPDATE));
     }
+    if !delta_states.is_empty() {
+        outputs.push(stack(&mut b, delta_states, contract::DELTA_STATE_UPDATE));
+    }
     weights.finish()?;
     b.finish(outputs)
 }
@@ -540,9 +566,24 @@ fn shared_inputs(
             valid.as_deref(),
         )
     });
+    let delta = recurrent
+        .as_ref()
+        .and_then(|r| r.delta.as_ref())
+        .zip(spec.gated_delta.as_ref());
+    let delta = delta.map(|(d, g)| {
+        let shape = crate::arch::GatedDelta {
+            key_heads: g.key_heads,
+            value_heads: g.value_heads,
+            key_dim: g.key_dim,
+            value_dim: g.value_dim,
+            kernel: g.kernel,
+        };
+        delta::DeltaInputs::new(b, (d.layers.len(), &shape), dims.q, valid.as_deref())
+    });
     // A hybrid step's padding may run past S (its real tokens end by S): RoPE rows for it too,
     // in every part of a chain.
-    let tables = mask::Tables::new(b, spec, &dims, spec.short_conv.is_some());
+    let hybrid = spec.short_conv.is_some() || spec.gated_delta.is_some();
+    let tables = mask::Tables::new(b, spec, &dims, hybrid);
     let (cos, sin) = mask::rope_rows(b, &tables, &position, false).expect("global tables");
     let mask = mask::mask(b, &tables, &position, &dims);
     let local = mask::rope_rows(b, &tables, &position, true)
@@ -566,6 +607,8 @@ fn shared_inputs(
         dims,
         alpha,
         eps: spec.rms_norm_eps * alpha * alpha,
+        plain_eps: spec.rms_norm_eps,
+        output_gate: spec.attention_output_gate,
         attention_bias: spec.attention_bias,
         qk_norm_eps: spec.qk_norm.then_some(spec.rms_norm_eps),
         rope_in_layer: layers
@@ -587,6 +630,7 @@ fn shared_inputs(
         kinds: layers,
         slots,
         conv,
+        delta,
         valid,
     };
     (shared, state)
@@ -619,6 +663,11 @@ fn block(
             let slot = (l, shared.slot(l));
             let c = conv::short_conv(b, weights, &mut proj, lower, shared, slot, &hn)?;
             (c.out, Kept::Conv(c.state))
+        }
+        crate::arch::LayerKind::GatedDelta(g) => {
+            let at = (l, shared.slot(l), &g);
+            let d = delta::gated_delta(b, weights, &mut proj, lower, shared, at, &hn)?;
+            (d.out, Kept::Delta(d.conv_state, d.state))
         }
     };
     let (attn_out, mlp_in) = if shared.sandwich {

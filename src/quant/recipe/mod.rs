@@ -402,10 +402,11 @@ impl Recipe {
             .find(|r| r.matcher.is_match(&slot.name))
             .map(|r| r.decision)
             .or_else(|| self.roles.get(&slot.role).copied())
-            // LFM2's conv in_proj reads the block input as q/k/v do: a recipe that names no
-            // `conv_in` treats it as it treats `q`.
+            // LFM2's conv in_proj and a DeltaNet's in_proj_qkv and in_proj_z read the block
+            // input as q/k/v do: a recipe that names no `conv_in` or `output_gate` treats
+            // them as it treats `q`.
             .or_else(|| match slot.role {
-                Role::ConvIn => self.roles.get(&Role::Q).copied(),
+                Role::ConvIn | Role::OutputGate => self.roles.get(&Role::Q).copied(),
                 _ => None,
             })
             .unwrap_or(self.default);

@@ -39,7 +39,7 @@ use crate::mlpackage::PackageError;
 pub use consts::ConstantReader;
 use kernels::{scan_f16, scan_f32};
 pub use lift::Lifted;
-pub(crate) use package::{check_step, concat_rows, conv_state_shape};
+pub(crate) use package::{check_step, concat_rows, split_state, state_tensors};
 pub use package::{Function, Package};
 pub use program::Program;
 pub use state::States;

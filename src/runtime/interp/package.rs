@@ -188,27 +188,26 @@ impl Package {
                 Tensor::f16(cache_shape, value_cache.to_vec()),
             ),
         ];
-        let conv_shape = conv_state_shape(c, recurrent)?;
-        if let Some(shape) = &conv_shape {
+        let tensors = state_tensors(c, recurrent)?;
+        if !tensors.is_empty() {
             let (valid, state) = recurrent.unwrap_or((0, &[]));
             if c.query_len > 1 {
                 // `check_step` bounded it by Q.
                 inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[valid as i32])));
             }
-            inputs.push((
-                contract::CONV_STATE,
-                Tensor::f16(shape.clone(), state.to_vec()),
-            ));
+            for (t, part) in split_state(&tensors, state) {
+                inputs.push((t.input, Tensor::f16(t.shape.clone(), part.to_vec())));
+            }
         }
         let mut out = program.run(inputs, stats)?;
         let logits = Self::logits(c, &mut out)?;
         let mut take = |name: &str| take_output(&mut out, name);
         let k = take(contract::KEY_UPDATE)?;
         let v = take(contract::VALUE_UPDATE)?;
-        let state = match &conv_shape {
-            Some(_) => take(contract::CONV_STATE_UPDATE)?.to_f16_vec(),
-            None => Vec::new(),
-        };
+        let mut state = Vec::with_capacity(c.recurrent_len());
+        for t in &tensors {
+            state.extend(take(t.output)?.to_f16_vec());
+        }
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
         if k.len() != upd || v.len() != upd || state.len() != c.recurrent_len() {
             return Err(RuntimeError::Contract {
@@ -235,26 +234,44 @@ pub(super) fn take_output(
     })
 }
 
-/// A hybrid contract's conv state shape [Lc, W, C], once the state a step is given holds
-/// exactly that many values; `None` without one.
-pub(crate) fn conv_state_shape(
+/// A hybrid contract's state tensors (conv state, DeltaNet state), once the state a step is
+/// given holds exactly their values; none without one.
+pub(crate) fn state_tensors(
     c: &Contract,
     recurrent: Option<(usize, &[f16])>,
-) -> Result<Option<Vec<usize>>, RuntimeError> {
-    let Some(shape) = c.recurrent.as_ref().and_then(|r| r.conv_shape()) else {
-        return Ok(None);
-    };
-    let (want, got) = (
-        shape.iter().product::<usize>(),
-        recurrent.map_or(0, |(_, s)| s.len()),
-    );
+) -> Result<Vec<contract::StateTensor>, RuntimeError> {
+    let tensors = c
+        .recurrent
+        .as_ref()
+        .map_or_else(Vec::new, contract::Recurrent::tensors);
+    let want: usize = tensors.iter().map(contract::StateTensor::len).sum();
+    let got = recurrent.map_or(0, |(_, s)| s.len());
     if got != want {
+        let shapes: Vec<_> = tensors.iter().map(|t| t.shape.clone()).collect();
         return Err(RuntimeError::Input {
-            name: contract::CONV_STATE.into(),
-            msg: format!("{got} elements, expected {want} ({shape:?})"),
+            name: tensors
+                .first()
+                .map_or(contract::CONV_STATE, |t| t.input)
+                .into(),
+            msg: format!("{got} recurrent state values, expected {want} ({shapes:?})"),
         });
     }
-    Ok(Some(shape))
+    Ok(tensors)
+}
+
+/// The host's recurrent state cut into its tensors' values (`state` holds their sum).
+pub(crate) fn split_state<'a, 't>(
+    tensors: &'t [contract::StateTensor],
+    mut state: &'a [f16],
+) -> Vec<(&'t contract::StateTensor, &'a [f16])> {
+    tensors
+        .iter()
+        .map(|t| {
+            let (part, rest) = state.split_at(t.len().min(state.len()));
+            state = rest;
+            (t, part)
+        })
+        .collect()
 }
 
 /// The step's arguments against the contract: Q tokens, a position that leaves room for them,

@@ -11,19 +11,19 @@ use hf2coreml::model::{BackendChoice, Reference};
 
 use crate::support::{convert, needs, stdout, Cli};
 
-fn fixture(arch: &str) -> PathBuf {
+pub(super) fn fixture(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/hf/{arch}"))
 }
 
-struct Expected {
-    tokens: Vec<u32>,
-    logits: Vec<Vec<f32>>,
+pub(super) struct Expected {
+    pub(super) tokens: Vec<u32>,
+    pub(super) logits: Vec<Vec<f32>>,
     /// transformers' logits of a separate pass over the first tokens, when the fixture has
     /// them (LongRoPE: within the original context, on the short factors).
     prefix: Option<Vec<Vec<f32>>>,
 }
 
-fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
+pub(super) fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
     v.as_array()
         .unwrap()
         .iter()
@@ -37,7 +37,7 @@ fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn expected(dir: &Path) -> Expected {
+pub(super) fn expected(dir: &Path) -> Expected {
     let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
     let j: serde_json::Value = serde_json::from_str(&text).unwrap();
     let tokens = j["tokens"]
@@ -55,7 +55,7 @@ fn expected(dir: &Path) -> Expected {
 }
 
 /// Largest |a - b| over every row.
-fn max_diff(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
+pub(super) fn max_diff(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
     assert_eq!(got.len(), want.len());
     got.iter()
         .zip(want)
@@ -65,7 +65,7 @@ fn max_diff(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
 
 /// The Rust reference (plain f32 forward) against transformers' logits at every position:
 /// max |Δ| ≤ 1e-4 of the largest |logit|.
-fn reference_matches_transformers(arch: &str) {
+pub(super) fn reference_matches_transformers(arch: &str) {
     let dir = fixture(arch);
     let want = expected(&dir);
     let ckpt = Checkpoint::open(&dir).unwrap();
@@ -119,7 +119,11 @@ fn inspect_refuses_edited_config(arch: &str, edit: (&str, &str), field: &str) {
     assert!(err.contains(field), "{field}: {err}");
 }
 
-fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::Value, String) {
+pub(super) fn validate(
+    pkg: &Path,
+    dir: &Path,
+    tokens: usize,
+) -> (Option<i32>, serde_json::Value, String) {
     let o = Cli::new()
         .arg("validate")
         .arg(pkg)
@@ -144,12 +148,16 @@ fn validate(pkg: &Path, dir: &Path, tokens: usize) -> (Option<i32>, serde_json::
 /// failed), 0.895 at 256 (KL 0.088 → 0.058); Phi-3 0.844 → 0.867. Data-free 4-bit gets KL
 /// 0.55 (Qwen3) and 0.76 (Phi-3) on the same packages: calibration works, the miss was the
 /// sample size.
-fn packages_validate(arch: &str) -> tempfile::TempDir {
+pub(super) fn packages_validate(arch: &str) -> tempfile::TempDir {
     packages_validate_at(arch, 128, 256)
 }
 
 /// [`packages_validate`] with the fp16 and 4-bit packages' contexts (= validated positions).
-fn packages_validate_at(arch: &str, fp16_len: usize, q4_len: usize) -> tempfile::TempDir {
+pub(super) fn packages_validate_at(
+    arch: &str,
+    fp16_len: usize,
+    q4_len: usize,
+) -> tempfile::TempDir {
     let dir = fixture(arch);
     let out = tempfile::tempdir().unwrap();
     let pkg = out.path().join("fp16.mlpackage");
@@ -593,7 +601,7 @@ fn lfm2_is_inspected_and_its_conversion_refused_by_name() {
     let text = stdout(&o);
     assert!(
         text.contains(
-            "state        2 attention blocks: 256 B per token; 3 conv blocks: 768 B in all"
+            "state        2 attention blocks: 256 B per token; 3 recurrent blocks: 768 B in all"
         ),
         "{text}"
     );

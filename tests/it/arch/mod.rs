@@ -4,3 +4,4 @@
 mod config;
 mod hf;
 mod multimodal;
+mod qwen3_5;

@@ -1,0 +1,349 @@
+//! Qwen3.5's Gated DeltaNet block: `in_proj_qkv` through the depthwise causal convolution
+//! (the short-convolution block's lowering, [`super::conv`]) and SiLU, q and k L2-normalised
+//! (q times Dk^-½, key heads repeated to the value heads), then per token and value head
+//! S ← S·exp(g); S ← S + k ⊗ β(v − Sᵀk); o = Sᵀq, with g = −exp(A_log)·softplus(a + dt_bias)
+//! and β = sigmoid(b); o through an RMSNorm gated by silu(z), then `out_proj`.
+//!
+//! The recurrence is lowered token by token as batched matmuls over the value heads
+//! ([Hv, 1, Dk] × [Hv, Dk, Dv]): exact for any Q, and what a decode step (Q = 1) is anyway.
+//! A padded token of a prefill chunk has g = 0 and β = 0, so it leaves S exactly as it was:
+//! the state after the chunk is the state after its `valid_len` real tokens.
+
+use half::f16;
+
+use super::conv::{causal_conv, conv_taps, new_state};
+use super::linear::{Projections, Weights};
+use super::lower::Lowering;
+use super::Shared;
+use crate::arch::{GatedDelta, LayerTensor, TensorId};
+use crate::graph::{ints, var, Arg, Builder, ConstData, GraphError, Op};
+
+/// What every DeltaNet block of a step reads besides its weights and the conv state.
+pub(super) struct DeltaInputs {
+    /// The `delta_state` input [Ld, Hv, Dk, Dv].
+    state: String,
+    /// [1, Q, 1]: 1 for a real token, 0 for padding (Q > 1 only).
+    real: Option<String>,
+}
+
+impl DeltaInputs {
+    /// The inputs of a step with `layers` DeltaNet blocks of shape `g`, Q tokens; `valid` is
+    /// the `valid_len` input when Q > 1.
+    pub(super) fn new(
+        b: &mut Builder,
+        (layers, g): (usize, &GatedDelta),
+        q: usize,
+        valid: Option<&str>,
+    ) -> Self {
+        let fl = b.float();
+        let state = b.input(
+            crate::mil::contract::DELTA_STATE,
+            fl,
+            vec![layers, g.value_heads, g.key_dim, g.value_dim],
+        );
+        let real = valid.map(|valid| {
+            let index = b.constant(
+                "delta_token_index",
+                vec![q],
+                ConstData::I32((0..q as i32).collect()),
+                None,
+            );
+            let is_real = b.op(
+                Op::Less,
+                "delta_token_is_real",
+                vec![("x", var(&index)), ("y", var(valid))],
+            );
+            let one = b.constant(
+                "delta_token_one",
+                vec![q],
+                ConstData::F16(vec![f16::ONE; q]),
+                None,
+            );
+            let zero = b.constant(
+                "delta_token_zero",
+                vec![q],
+                ConstData::F16(vec![f16::ZERO; q]),
+                None,
+            );
+            let m = b.op(
+                Op::Select,
+                "delta_token_real_flat",
+                vec![("cond", var(&is_real)), ("a", var(&one)), ("b", var(&zero))],
+            );
+            b.op(
+                Op::Reshape,
+                "delta_token_real",
+                vec![("x", var(&m)), ("shape", ints(&[1, q as i64, 1]))],
+            )
+        });
+        DeltaInputs { state, real }
+    }
+}
+
+/// What the block hands back: its output [1, Q, H] (times α, as o_proj's), its new conv state
+/// [1, W, C] and its new DeltaNet state [1, Hv, Dk, Dv].
+pub(super) struct DeltaOut {
+    pub(super) out: String,
+    pub(super) conv_state: String,
+    pub(super) state: String,
+}
+
+/// A small helper over the builder: every op of the block named `{tag}_{what}`.
+struct Ops<'a> {
+    b: &'a mut Builder,
+    tag: String,
+}
+
+impl Ops<'_> {
+    fn op(&mut self, op: Op, what: &str, args: Vec<(&str, Arg)>) -> String {
+        self.b.op(op, &format!("{}_{what}", self.tag), args)
+    }
+
+    fn binary(&mut self, op: Op, what: &str, x: &str, y: Arg) -> String {
+        self.op(op, what, vec![("x", var(x)), ("y", y)])
+    }
+
+    fn unary(&mut self, op: Op, what: &str, x: &str) -> String {
+        self.op(op, what, vec![("x", var(x))])
+    }
+
+    fn reshape(&mut self, what: &str, x: &str, shape: &[i64]) -> String {
+        self.op(
+            Op::Reshape,
+            what,
+            vec![("x", var(x)), ("shape", ints(shape))],
+        )
+    }
+
+    fn slice(&mut self, what: &str, x: &str, begin: &[i64], end: &[i64]) -> String {
+        self.op(
+            Op::SliceByIndex,
+            what,
+            vec![("x", var(x)), ("begin", ints(begin)), ("end", ints(end))],
+        )
+    }
+
+    fn matmul(&mut self, what: &str, x: &str, y: &str) -> String {
+        self.op(Op::Matmul, what, vec![("x", var(x)), ("y", var(y))])
+    }
+
+    /// x · rsqrt(Σx² + 1e-6) over the last axis (transformers' `l2norm`).
+    fn l2norm(&mut self, what: &str, x: &str) -> String {
+        let sq = self.binary(Op::Mul, &format!("{what}_sq"), x, var(x));
+        let sum = self.op(
+            Op::ReduceSum,
+            &format!("{what}_sum"),
+            vec![
+                ("x", var(&sq)),
+                ("axes", ints(&[-1])),
+                ("keep_dims", Arg::Bool(true)),
+            ],
+        );
+        let inv = self.op(
+            Op::Rsqrt,
+            &format!("{what}_rsqrt"),
+            vec![("x", var(&sum)), ("epsilon", Arg::Float(1e-6))],
+        );
+        self.binary(Op::Mul, what, x, var(&inv))
+    }
+}
+
+/// Block `l`'s Gated DeltaNet over its normed input `hn` [1, Q, H]; `slot` is its index in the
+/// conv and DeltaNet state inputs.
+pub(super) fn gated_delta(
+    b: &mut Builder,
+    weights: &mut Weights,
+    proj: &mut Projections,
+    lower: &Lowering,
+    shared: &Shared,
+    (l, slot, g): (usize, usize, &GatedDelta),
+    hn: &str,
+) -> Result<DeltaOut, GraphError> {
+    let Lowering::Default = lower else {
+        return Err(GraphError::Unsupported(
+            "Gated DeltaNet blocks (Qwen3.5) are built in the default layout only: use \
+             --layout default"
+                .into(),
+        ));
+    };
+    let missing = || GraphError::Unsupported(format!("block {l} has no DeltaNet state input"));
+    let conv = shared.conv.as_ref().ok_or_else(missing)?;
+    let delta = shared.delta.as_ref().ok_or_else(missing)?;
+    let (q, w, c) = (
+        shared.dims.q as i64,
+        conv.width as i64,
+        conv.channels as i64,
+    );
+    let (hk, hv, dk, dv) = (
+        g.key_heads as i64,
+        g.value_heads as i64,
+        g.key_dim as i64,
+        g.value_dim as i64,
+    );
+    let tag = format!("layers_{l}_delta");
+    let id = |t| TensorId::Layer(l, t);
+    let mut project = |b: &mut Builder, t: LayerTensor, x: &str, what: &str, scale: f64| {
+        let wt = weights.linear(b, id(t), scale)?;
+        lower.project(b, proj, wt, None, x, &format!("{tag}_{what}"))
+    };
+    let qkv = project(b, LayerTensor::DeltaQkv, hn, "qkv", 1.0)?;
+    let z = project(b, LayerTensor::DeltaZ, hn, "z", 1.0)?;
+    let beta_in = project(b, LayerTensor::DeltaB, hn, "b", 1.0)?;
+    let a = project(b, LayerTensor::DeltaA, hn, "a", 1.0)?;
+    let slot = slot as i64;
+    // The convolution: the short-convolution block's, over [state; qkv], then SiLU.
+    let past = b.op(
+        Op::SliceByIndex,
+        &format!("{tag}_conv_state"),
+        vec![
+            ("x", var(&conv.state)),
+            ("begin", ints(&[slot, 0, 0])),
+            ("end", ints(&[slot + 1, w, c])),
+        ],
+    );
+    let seq = b.op(
+        Op::Concat,
+        &format!("{tag}_seq"),
+        vec![
+            ("values", Arg::Vars(vec![past, qkv])),
+            ("axis", Arg::Int(1)),
+            ("interleave", Arg::Bool(false)),
+        ],
+    );
+    let taps = conv_taps(b, weights, id(LayerTensor::DeltaConv), (w + 1, c), &tag)?;
+    let mixed = causal_conv(b, &seq, &taps, (q, w, c), &tag);
+    let conv_state = new_state(b, &seq, conv.keep.as_deref(), (q, w, c), &tag);
+    let norm_w = weights.single(b, id(LayerTensor::DeltaNorm))?;
+    let dt_bias = weights.single(b, id(LayerTensor::DeltaDtBias))?;
+    let a_log = weights.single(b, id(LayerTensor::DeltaALog))?;
+    let w_out = weights.linear(b, id(LayerTensor::DeltaOut), shared.alpha)?;
+    let mut o = Ops {
+        b,
+        tag: tag.clone(),
+    };
+    let mixed = o.unary(Op::Silu, "mixed", &mixed);
+    // q, k [Q, Hv, Dk] (key heads repeated), v [Q, Hv, Dv].
+    let heads = |o: &mut Ops, what: &str, from: i64, n: i64, d: i64| {
+        let part = o.slice(what, &mixed, &[0, 0, from], &[1, q, from + n * d]);
+        o.reshape(&format!("{what}_heads"), &part, &[q, n, d])
+    };
+    let qh = heads(&mut o, "q", 0, hk, dk);
+    let kh = heads(&mut o, "k", hk * dk, hk, dk);
+    let vh = heads(&mut o, "v", 2 * hk * dk, hv, dv);
+    let qn = o.l2norm("q_l2", &qh);
+    let qn = o.binary(
+        Op::Mul,
+        "q_scaled",
+        &qn,
+        Arg::Float(1.0 / (dk as f64).sqrt()),
+    );
+    let kn = o.l2norm("k_l2", &kh);
+    let repeat = |o: &mut Ops, what: &str, x: &str| {
+        if hv == hk {
+            return x.to_string();
+        }
+        let x4 = o.reshape(&format!("{what}_group"), x, &[q, hk, 1, dk]);
+        let tiled = o.op(
+            Op::Tile,
+            &format!("{what}_tiled"),
+            vec![("x", var(&x4)), ("reps", ints(&[1, 1, hv / hk, 1]))],
+        );
+        o.reshape(&format!("{what}_repeated"), &tiled, &[q, hv, dk])
+    };
+    let qn = repeat(&mut o, "q", &qn);
+    let kn = repeat(&mut o, "k", &kn);
+    // β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias), softplus(x) as
+    // max(x, 0) + log(1 + exp(−|x|)) so no exp overflows; padding gets g = 0, β = 0.
+    let mut beta = o.unary(Op::Sigmoid, "beta", &beta_in);
+    let x = o.binary(Op::Add, "a_dt", &a, var(&dt_bias));
+    let ax = o.unary(Op::Abs, "a_abs", &x);
+    let nax = o.binary(Op::Mul, "a_neg_abs", &ax, Arg::Float(-1.0));
+    let e = o.unary(Op::Exp, "a_exp", &nax);
+    let e1 = o.binary(Op::Add, "a_exp1", &e, Arg::Float(1.0));
+    let lg = o.unary(Op::Log, "a_log1p", &e1);
+    let rx = o.unary(Op::Relu, "a_relu", &x);
+    let sp = o.binary(Op::Add, "softplus", &rx, var(&lg));
+    let ea = o.unary(Op::Exp, "a_exp_log", &a_log);
+    let neg_a = o.binary(Op::Mul, "neg_a", &ea, Arg::Float(-1.0));
+    let mut gate = o.binary(Op::Mul, "g", &sp, var(&neg_a));
+    if let Some(real) = &delta.real {
+        gate = o.binary(Op::Mul, "g_real", &gate, var(real));
+        beta = o.binary(Op::Mul, "beta_real", &beta, var(real));
+    }
+    let decay = o.unary(Op::Exp, "decay", &gate);
+    // The recurrence, token by token.
+    let s0 = o.slice(
+        "state_in",
+        &delta.state,
+        &[slot, 0, 0, 0],
+        &[slot + 1, hv, dk, dv],
+    );
+    let mut s = o.reshape("state_0", &s0, &[hv, dk, dv]);
+    let mut outs = Vec::with_capacity(q as usize);
+    for i in 0..q {
+        let t = format!("t{i}");
+        let row = |o: &mut Ops, what: &str, x: &str, d: i64, shape: &[i64]| {
+            let r = o.slice(&format!("{t}_{what}"), x, &[i, 0, 0], &[i + 1, hv, d]);
+            o.reshape(&format!("{t}_{what}_r"), &r, shape)
+        };
+        let k_col = row(&mut o, "k_col", &kn, dk, &[hv, dk, 1]);
+        let k_row = o.reshape(&format!("{t}_k_row"), &k_col, &[hv, 1, dk]);
+        let q_row = row(&mut o, "q_row", &qn, dk, &[hv, 1, dk]);
+        let v_row = row(&mut o, "v_row", &vh, dv, &[hv, 1, dv]);
+        let per_head = |o: &mut Ops, what: &str, x: &str| {
+            let r = o.slice(&format!("{t}_{what}"), x, &[0, i, 0], &[1, i + 1, hv]);
+            o.reshape(&format!("{t}_{what}_r"), &r, &[hv, 1, 1])
+        };
+        let d_i = per_head(&mut o, "decay", &decay);
+        let b_i = per_head(&mut o, "beta", &beta);
+        let decayed = o.binary(Op::Mul, &format!("{t}_decayed"), &s, var(&d_i));
+        let mem = o.matmul(&format!("{t}_mem"), &k_row, &decayed);
+        let diff = o.binary(Op::Sub, &format!("{t}_diff"), &v_row, var(&mem));
+        let step = o.binary(Op::Mul, &format!("{t}_delta"), &diff, var(&b_i));
+        let outer = o.matmul(&format!("{t}_outer"), &k_col, &step);
+        s = o.binary(Op::Add, &format!("{t}_state"), &decayed, var(&outer));
+        outs.push(o.matmul(&format!("{t}_out"), &q_row, &s));
+    }
+    // [Hv, Q, Dv] → [Q, Hv, Dv].
+    let joined = if outs.len() == 1 {
+        outs.pop().unwrap_or_default()
+    } else {
+        o.op(
+            Op::Concat,
+            "outs",
+            vec![
+                ("values", Arg::Vars(outs)),
+                ("axis", Arg::Int(1)),
+                ("interleave", Arg::Bool(false)),
+            ],
+        )
+    };
+    let core = o.op(
+        Op::Transpose,
+        "core",
+        vec![("x", var(&joined)), ("perm", ints(&[1, 0, 2]))],
+    );
+    let normed = super::rms_norm(
+        o.b,
+        &core,
+        &norm_w,
+        shared.plain_eps,
+        -1,
+        &format!("{tag}_norm"),
+    );
+    let zh = o.reshape("z_heads", &z, &[q, hv, dv]);
+    let zs = o.unary(Op::Silu, "z_silu", &zh);
+    let gated = o.binary(Op::Mul, "gated", &normed, var(&zs));
+    let flat = o.reshape("gated_flat", &gated, &[1, q, hv * dv]);
+    let state = o.reshape("state_update", &s, &[1, hv, dk, dv]);
+    let out = lower.project(b_of(o), proj, w_out, None, &flat, &format!("{tag}_out"))?;
+    Ok(DeltaOut {
+        out,
+        conv_state,
+        state,
+    })
+}
+
+fn b_of<'a>(o: Ops<'a>) -> &'a mut Builder {
+    o.b
+}
