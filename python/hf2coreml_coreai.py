@@ -205,6 +205,9 @@ class _Ops:
     def op_exp(self, x):
         return self.ca.exp(x)
 
+    def op_log(self, x):
+        return self.ca.log(x)
+
     def op_tanh(self, x):
         return self.ca.tanh(x)
 

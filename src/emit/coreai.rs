@@ -35,6 +35,7 @@ pub const COREAI_OPS: &[Op] = &[
     Op::Rsqrt,
     Op::Sqrt,
     Op::Exp,
+    Op::Log,
     Op::Tanh,
     Op::Silu,
     Op::Sigmoid,

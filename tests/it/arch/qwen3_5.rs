@@ -191,3 +191,65 @@ fn qwen3_5_chunks_padding_and_the_cache_file_keep_the_state_exact() {
         .collect();
     assert_eq!(tail, five[25..]);
 }
+
+/// A chain whose parts are one block each (the DeltaNet parts with `conv_state` and
+/// `delta_state` and no caches, the attention part with caches only), an iOS18 package with
+/// prefill and decode functions, and a Core AI asset on Apple's runtime all pass validate.
+#[test]
+fn qwen3_5_chains_prefill_and_assets_validate() {
+    needs!(Python);
+    let dir = fixture("qwen3_5");
+    let out = tempfile::tempdir().unwrap();
+    let chain = out.path().join("chain.mlpackage");
+    convert(&dir, &chain)
+        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
+        .args(["--max-package-size", "1200KB"])
+        .ok();
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(chain.join("chain.json")).unwrap()).unwrap();
+    let inputs: Vec<Vec<String>> = file["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p["inputs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    assert_eq!(inputs.len(), 4, "{file:#}");
+    assert_eq!(
+        inputs[1],
+        ["hidden_in", "position", "conv_state", "delta_state"]
+    );
+    assert_eq!(
+        inputs[2],
+        ["hidden_in", "position", "key_cache", "value_cache"]
+    );
+    let ios18 = out.path().join("ios18.mlpackage");
+    convert(&dir, &ios18)
+        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
+        .args(["--target", "ios18", "--prefill-len", "8"])
+        .ok();
+    let asset = out.path().join("q.aimodel");
+    convert(&dir, &asset)
+        .args([
+            "--max-seq-len",
+            "64",
+            "--keep-fp16",
+            "*",
+            "--target",
+            "coreai",
+        ])
+        .ok();
+    for pkg in [&chain, &ios18, &asset] {
+        let (code, report, err) = validate(pkg, &dir, 64);
+        let kl = report["behaviour"]["kl_mean"].as_f64().unwrap();
+        eprintln!("{}: kl {kl}", pkg.display());
+        assert_eq!(code, Some(0), "{}: {err}\n{report:#}", pkg.display());
+        assert!(kl < 2e-3, "{report:#}");
+    }
+}
