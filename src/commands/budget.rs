@@ -356,23 +356,34 @@ fn print_source(
 }
 
 /// How the state bytes are made: the attention blocks' rows, and a hybrid model's fixed
-/// convolution states beside them.
+/// convolution (and DeltaNet) states beside them.
 fn kv_formula(spec: &hf2coreml::arch::ModelSpec, max_seq_len: usize) -> String {
-    let conv = spec.short_conv.as_ref();
-    let attention = spec.num_hidden_layers - conv.map_or(0, |c| c.layers.len());
+    let recurrent = spec.num_hidden_layers - spec.cache_layers();
     let rows = format!(
-        "2 × {attention} {}layers × {} kv heads × {} × S {max_seq_len} × 2 B",
-        if conv.is_some() { "attention " } else { "" },
+        "2 × {} {}layers × {} kv heads × {} × S {max_seq_len} × 2 B",
+        spec.cache_layers(),
+        if recurrent > 0 { "attention " } else { "" },
         spec.num_key_value_heads,
         spec.head_dim
     );
-    match conv {
-        Some(c) => format!(
-            "{rows} + {} conv states of {} × {} × 2 B",
-            c.layers.len(),
-            spec.hidden_size,
-            c.kernel - 1
-        ),
-        None => rows,
+    let conv = spec
+        .short_conv
+        .as_ref()
+        .map(|c| (c.layers.len(), spec.hidden_size, c.kernel));
+    let delta = spec.gated_delta.as_ref();
+    let conv = conv.or(delta.map(|g| (g.layers.len(), g.conv_channels(), g.kernel)));
+    let mut out = rows;
+    if let Some((n, channels, kernel)) = conv {
+        out += &format!(" + {n} conv states of {channels} × {} × 2 B", kernel - 1);
     }
+    if let Some(g) = delta {
+        out += &format!(
+            " + {} DeltaNet states of {} × {} × {} × 2 B",
+            g.layers.len(),
+            g.value_heads,
+            g.key_dim,
+            g.value_dim
+        );
+    }
+    out
 }

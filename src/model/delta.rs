@@ -151,3 +151,99 @@ pub(super) fn gated_delta(
     }
     Tensor::from_vec(out, (t, hv * dv), &Device::Cpu)
 }
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    /// xorshift64*: a seeded stream of uniforms in (0, 1).
+    struct Rng(u64);
+
+    impl Rng {
+        fn uniform(&mut self) -> f32 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
+            (x as f32 + 0.5) / (1u64 << 24) as f32
+        }
+
+        fn normal(&mut self) -> f32 {
+            let (a, b) = (self.uniform(), self.uniform());
+            (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
+        }
+    }
+
+    /// One value head's delta rule over `steps` tokens with every intermediate passed through
+    /// `round` (identity: f32; an fp16 round trip: what an fp16 program computes), returning
+    /// the outputs Sᵀq. Keys and queries unit-norm (q times Dk^-½), values N(0, 1), β =
+    /// sigmoid(N(0, 1)), the decay exp(g) from Qwen3.5's initialisation: A uniform in
+    /// [0.01, 16] (`A_log` = ln A), dt = softplus(dt_bias + a) with dt_bias the inverse
+    /// softplus of a log-uniform dt in [1e-3, 0.1] and a ~ N(0, 0.1).
+    fn run(seed: u64, steps: usize, round: impl Fn(f32) -> f32) -> Vec<f32> {
+        let (dk, dv) = (128, 128);
+        let mut rng = Rng(seed);
+        let a_coef = 0.01 + 15.99 * rng.uniform();
+        let dt0 = (1e-3f32.ln() + rng.uniform() * (0.1f32.ln() - 1e-3f32.ln())).exp();
+        let dt_bias = dt0 + (-(-dt0).exp_m1()).ln();
+        let mut s = vec![0f32; dk * dv];
+        let mut out = Vec::with_capacity(steps * dv);
+        let unit = |rng: &mut Rng, scale: f32| {
+            let mut v: Vec<f32> = (0..dk).map(|_| rng.normal()).collect();
+            let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            v.iter_mut().for_each(|x| *x = round(*x / n * scale));
+            v
+        };
+        for _ in 0..steps {
+            let k = unit(&mut rng, 1.0);
+            let q = unit(&mut rng, 1.0 / (dk as f32).sqrt());
+            let v: Vec<f32> = (0..dv).map(|_| round(rng.normal())).collect();
+            let beta = round(1.0 / (1.0 + (-rng.normal()).exp()));
+            let g = -a_coef * super::softplus(dt_bias + 0.1 * rng.normal());
+            let decay = round(g.exp());
+            s.iter_mut().for_each(|x| *x = round(*x * decay));
+            for e in 0..dv {
+                let mem = round((0..dk).map(|r| s[r * dv + e] * k[r]).sum());
+                let d = round(round(v[e] - mem) * beta);
+                for r in 0..dk {
+                    s[r * dv + e] = round(s[r * dv + e] + round(k[r] * d));
+                }
+            }
+            for e in 0..dv {
+                out.push(round((0..dk).map(|r| s[r * dv + e] * q[r]).sum()));
+            }
+        }
+        out
+    }
+
+    /// The measurement behind the DeltaNet state's fp16 form: over 4,096 tokens, with decays
+    /// drawn as Qwen3.5 initialises them (heads that forget in a few tokens and heads that
+    /// barely forget), an fp16 state and fp16 arithmetic stay within a few percent of f32 in
+    /// the relative RMS of the outputs, and the error does not grow with the length: the delta
+    /// rule keeps Sᵀk ≈ v, so rounding errors are overwritten rather than accumulated.
+    #[test]
+    fn an_fp16_delta_state_does_not_drift_over_thousands_of_steps() {
+        let fp16 = |x: f32| f16::from_f32(x).to_f32();
+        let (steps, window) = (4096, 256);
+        let mut worst: Vec<f64> = vec![0.0; steps / window];
+        for seed in 1..=8u64 {
+            let exact = run(seed, steps, |x| x);
+            let half = run(seed, steps, fp16);
+            let dv = exact.len() / steps;
+            for (w, worst) in worst.iter_mut().enumerate() {
+                let span = w * window * dv..(w + 1) * window * dv;
+                let (mut err, mut norm) = (0f64, 0f64);
+                for (a, b) in exact[span.clone()].iter().zip(&half[span]) {
+                    err += f64::from(a - b).powi(2);
+                    norm += f64::from(*a).powi(2);
+                }
+                *worst = worst.max((err / norm.max(f64::MIN_POSITIVE)).sqrt());
+            }
+        }
+        let shown: Vec<String> = worst.iter().map(|e| format!("{e:.2e}")).collect();
+        eprintln!("fp16 DeltaNet state, worst relative RMS per {window} tokens: {shown:?}");
+        let (first, last) = (worst[0], worst[worst.len() - 1]);
+        assert!(worst.iter().all(|&e| e < 0.05), "{worst:?}");
+        assert!(last < 2.0 * first.max(1e-3), "drifts: {first} → {last}");
+    }
+}

@@ -113,6 +113,11 @@ fn fp16_matches_transformers(arch: &str) {
 }
 
 fn fp16_matches_transformers_in(arch: &str, layout: &str) {
+    fp16_matches_transformers_within(arch, layout, (MAX_REL_RMS, MIN_TOP1));
+}
+
+/// [`fp16_matches_transformers_in`] with its own bounds (worst row's relative RMS, top-1).
+fn fp16_matches_transformers_within(arch: &str, layout: &str, (max_rms, min_top1): (f32, f32)) {
     let dir = fixture(arch);
     let tmp = tempfile::tempdir().unwrap();
     let asset = tmp.path().join(format!("{arch}.aimodel"));
@@ -139,8 +144,8 @@ fn fp16_matches_transformers_in(arch: &str, layout: &str) {
     eprintln!(
         "{arch} ({layout} layout): Core AI fp16, max relative RMS {worst:.2e}, top-1 {top1:.3}"
     );
-    assert!(worst <= MAX_REL_RMS, "{arch}: relative RMS {worst}");
-    assert!(top1 >= MIN_TOP1, "{arch}: top-1 {top1}");
+    assert!(worst <= max_rms, "{arch}: relative RMS {worst}");
+    assert!(top1 >= min_top1, "{arch}: top-1 {top1}");
 }
 
 /// LFM2's hybrid contract on Apple's runtime: the conv blocks' state through every step of
@@ -150,6 +155,18 @@ fn lfm2_fp16_assets_match_transformers() {
     needs!(Python);
     fp16_matches_transformers("lfm2");
     fp16_matches_transformers("lfm2_untied");
+}
+
+/// Qwen3.5's conv and DeltaNet states through every step of an fp16 asset on Apple's
+/// runtime, against transformers. Its bound is wider than the other fixtures': measured worst
+/// row 1.75e-2 (top-1 0.986 over 72 positions), from fp16 arithmetic spread over the whole
+/// DeltaNet block (rounding only its projections, its convolution or its recurrence in the
+/// f32 reference moves the logits by 0.07-0.09 each, of 23): the fixture's random weights
+/// make Sᵀq a sum of terms ten times its size.
+#[test]
+fn qwen3_5_fp16_asset_matches_transformers() {
+    needs!(Python);
+    fp16_matches_transformers_within("qwen3_5", "default", (0.025, MIN_TOP1));
 }
 
 /// An LFM2 asset with a prefill function (`valid_len` picks the last real row of a padded

@@ -18,6 +18,14 @@ use super::Shared;
 use crate::arch::{GatedDelta, LayerTensor, TensorId};
 use crate::graph::{ints, var, Arg, Builder, ConstData, GraphError, Op};
 
+/// What q is multiplied by beyond Dk^-½ (a power of two: exact), and so the output Sᵀq before
+/// its RMSNorm, whose ε is scaled by its square. That output is small (rows of RMS 4e-5 to
+/// 3e-3 in transformers' fixture): in fp16 its squares fall below the smallest normal number
+/// and its smallest values lose bits; 64 lifts them while Sᵀq stays far below fp16's largest
+/// value (|q| ≤ Dk^-½ · 64 and S stays of v's size under the delta rule). The norm also divides
+/// each row by its largest |x| before squaring ([`super::rms_norm_ranged`]).
+const OUT_PRESCALE: f64 = 64.0;
+
 /// What every DeltaNet block of a step reads besides its weights and the conv state.
 pub(super) struct DeltaInputs {
     /// The `delta_state` input [Ld, Hv, Dk, Dv].
@@ -148,6 +156,135 @@ impl Ops<'_> {
     }
 }
 
+/// Q and the DeltaNet's heads and head sizes.
+struct Heads {
+    q: i64,
+    hk: i64,
+    hv: i64,
+    dk: i64,
+    dv: i64,
+}
+
+impl Ops<'_> {
+    /// q and k [Q, Hv, Dk] (L2-normalised, q scaled, key heads repeated to the value heads)
+    /// and v [Q, Hv, Dv] out of the convolution's output [1, Q, C].
+    fn qkv_heads(&mut self, mixed: &str, h: &Heads) -> (String, String, String) {
+        let Heads { q, hk, hv, dk, dv } = *h;
+        let heads = |o: &mut Self, what: &str, from: i64, n: i64, d: i64| {
+            let part = o.slice(what, mixed, &[0, 0, from], &[1, q, from + n * d]);
+            o.reshape(&format!("{what}_heads"), &part, &[q, n, d])
+        };
+        let qh = heads(self, "q", 0, hk, dk);
+        let kh = heads(self, "k", hk * dk, hk, dk);
+        let vh = heads(self, "v", 2 * hk * dk, hv, dv);
+        let qn = self.l2norm("q_l2", &qh);
+        let scale = Arg::Float(OUT_PRESCALE / (dk as f64).sqrt());
+        let qn = self.binary(Op::Mul, "q_scaled", &qn, scale);
+        let kn = self.l2norm("k_l2", &kh);
+        let repeat = |o: &mut Self, what: &str, x: &str| {
+            if hv == hk {
+                return x.to_string();
+            }
+            let x4 = o.reshape(&format!("{what}_group"), x, &[q, hk, 1, dk]);
+            let tiled = o.op(
+                Op::Tile,
+                &format!("{what}_tiled"),
+                vec![("x", var(&x4)), ("reps", ints(&[1, 1, hv / hk, 1]))],
+            );
+            o.reshape(&format!("{what}_repeated"), &tiled, &[q, hv, dk])
+        };
+        let qn = repeat(self, "q", &qn);
+        let kn = repeat(self, "k", &kn);
+        (qn, kn, vh)
+    }
+
+    /// The decay exp(g) and β [1, Q, Hv] from `in_proj_b`'s and `in_proj_a`'s outputs:
+    /// β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias), softplus(x) as
+    /// max(x, 0) + log(1 + exp(−|x|)) so no exp overflows; padding (`real` 0) gets g = 0, β = 0.
+    fn step_gates(
+        &mut self,
+        (b, a): (&str, &str),
+        (dt_bias, a_log): (&str, &str),
+        real: Option<&str>,
+    ) -> (String, String) {
+        let mut beta = self.unary(Op::Sigmoid, "beta", b);
+        let x = self.binary(Op::Add, "a_dt", a, var(dt_bias));
+        let ax = self.unary(Op::Abs, "a_abs", &x);
+        let nax = self.binary(Op::Mul, "a_neg_abs", &ax, Arg::Float(-1.0));
+        let e = self.unary(Op::Exp, "a_exp", &nax);
+        let e1 = self.binary(Op::Add, "a_exp1", &e, Arg::Float(1.0));
+        let lg = self.unary(Op::Log, "a_log1p", &e1);
+        let rx = self.unary(Op::Relu, "a_relu", &x);
+        let sp = self.binary(Op::Add, "softplus", &rx, var(&lg));
+        let ea = self.unary(Op::Exp, "a_exp_log", a_log);
+        let neg_a = self.binary(Op::Mul, "neg_a", &ea, Arg::Float(-1.0));
+        let mut gate = self.binary(Op::Mul, "g", &sp, var(&neg_a));
+        if let Some(real) = real {
+            gate = self.binary(Op::Mul, "g_real", &gate, var(real));
+            beta = self.binary(Op::Mul, "beta_real", &beta, var(real));
+        }
+        (self.unary(Op::Exp, "decay", &gate), beta)
+    }
+
+    /// The delta rule token by token from state `s0` [Hv, Dk, Dv]: the outputs Sᵀq
+    /// [Q, Hv, Dv] and the last state.
+    fn recurrence(
+        &mut self,
+        s0: &str,
+        (qn, kn, vh): (&str, &str, &str),
+        (decay, beta): (&str, &str),
+        h: &Heads,
+    ) -> (String, String) {
+        let Heads { q, hv, dk, dv, .. } = *h;
+        let mut s = s0.to_string();
+        let mut outs = Vec::with_capacity(q as usize);
+        for i in 0..q {
+            let t = format!("t{i}");
+            let row = |o: &mut Self, what: &str, x: &str, d: i64, shape: &[i64]| {
+                let r = o.slice(&format!("{t}_{what}"), x, &[i, 0, 0], &[i + 1, hv, d]);
+                o.reshape(&format!("{t}_{what}_r"), &r, shape)
+            };
+            let k_col = row(self, "k_col", kn, dk, &[hv, dk, 1]);
+            let k_row = self.reshape(&format!("{t}_k_row"), &k_col, &[hv, 1, dk]);
+            let q_row = row(self, "q_row", qn, dk, &[hv, 1, dk]);
+            let v_row = row(self, "v_row", vh, dv, &[hv, 1, dv]);
+            let per_head = |o: &mut Self, what: &str, x: &str| {
+                let r = o.slice(&format!("{t}_{what}"), x, &[0, i, 0], &[1, i + 1, hv]);
+                o.reshape(&format!("{t}_{what}_r"), &r, &[hv, 1, 1])
+            };
+            let d_i = per_head(self, "decay", decay);
+            let b_i = per_head(self, "beta", beta);
+            let decayed = self.binary(Op::Mul, &format!("{t}_decayed"), &s, var(&d_i));
+            let mem = self.matmul(&format!("{t}_mem"), &k_row, &decayed);
+            let diff = self.binary(Op::Sub, &format!("{t}_diff"), &v_row, var(&mem));
+            let step = self.binary(Op::Mul, &format!("{t}_delta"), &diff, var(&b_i));
+            let outer = self.matmul(&format!("{t}_outer"), &k_col, &step);
+            s = self.binary(Op::Add, &format!("{t}_state"), &decayed, var(&outer));
+            outs.push(self.matmul(&format!("{t}_out"), &q_row, &s));
+        }
+        // [Hv, Q, Dv] → [Q, Hv, Dv].
+        let joined = if outs.len() == 1 {
+            outs.pop().unwrap_or_default()
+        } else {
+            self.op(
+                Op::Concat,
+                "outs",
+                vec![
+                    ("values", Arg::Vars(outs)),
+                    ("axis", Arg::Int(1)),
+                    ("interleave", Arg::Bool(false)),
+                ],
+            )
+        };
+        let core = self.op(
+            Op::Transpose,
+            "core",
+            vec![("x", var(&joined)), ("perm", ints(&[1, 0, 2]))],
+        );
+        (core, s)
+    }
+}
+
 /// Block `l`'s Gated DeltaNet over its normed input `hn` [1, Q, H]; `slot` is its index in the
 /// conv and DeltaNet state inputs.
 pub(super) fn gated_delta(
@@ -222,115 +359,19 @@ pub(super) fn gated_delta(
         tag: tag.clone(),
     };
     let mixed = o.unary(Op::Silu, "mixed", &mixed);
-    // q, k [Q, Hv, Dk] (key heads repeated), v [Q, Hv, Dv].
-    let heads = |o: &mut Ops, what: &str, from: i64, n: i64, d: i64| {
-        let part = o.slice(what, &mixed, &[0, 0, from], &[1, q, from + n * d]);
-        o.reshape(&format!("{what}_heads"), &part, &[q, n, d])
-    };
-    let qh = heads(&mut o, "q", 0, hk, dk);
-    let kh = heads(&mut o, "k", hk * dk, hk, dk);
-    let vh = heads(&mut o, "v", 2 * hk * dk, hv, dv);
-    let qn = o.l2norm("q_l2", &qh);
-    let qn = o.binary(
-        Op::Mul,
-        "q_scaled",
-        &qn,
-        Arg::Float(1.0 / (dk as f64).sqrt()),
-    );
-    let kn = o.l2norm("k_l2", &kh);
-    let repeat = |o: &mut Ops, what: &str, x: &str| {
-        if hv == hk {
-            return x.to_string();
-        }
-        let x4 = o.reshape(&format!("{what}_group"), x, &[q, hk, 1, dk]);
-        let tiled = o.op(
-            Op::Tile,
-            &format!("{what}_tiled"),
-            vec![("x", var(&x4)), ("reps", ints(&[1, 1, hv / hk, 1]))],
-        );
-        o.reshape(&format!("{what}_repeated"), &tiled, &[q, hv, dk])
-    };
-    let qn = repeat(&mut o, "q", &qn);
-    let kn = repeat(&mut o, "k", &kn);
-    // β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias), softplus(x) as
-    // max(x, 0) + log(1 + exp(−|x|)) so no exp overflows; padding gets g = 0, β = 0.
-    let mut beta = o.unary(Op::Sigmoid, "beta", &beta_in);
-    let x = o.binary(Op::Add, "a_dt", &a, var(&dt_bias));
-    let ax = o.unary(Op::Abs, "a_abs", &x);
-    let nax = o.binary(Op::Mul, "a_neg_abs", &ax, Arg::Float(-1.0));
-    let e = o.unary(Op::Exp, "a_exp", &nax);
-    let e1 = o.binary(Op::Add, "a_exp1", &e, Arg::Float(1.0));
-    let lg = o.unary(Op::Log, "a_log1p", &e1);
-    let rx = o.unary(Op::Relu, "a_relu", &x);
-    let sp = o.binary(Op::Add, "softplus", &rx, var(&lg));
-    let ea = o.unary(Op::Exp, "a_exp_log", &a_log);
-    let neg_a = o.binary(Op::Mul, "neg_a", &ea, Arg::Float(-1.0));
-    let mut gate = o.binary(Op::Mul, "g", &sp, var(&neg_a));
-    if let Some(real) = &delta.real {
-        gate = o.binary(Op::Mul, "g_real", &gate, var(real));
-        beta = o.binary(Op::Mul, "beta_real", &beta, var(real));
-    }
-    let decay = o.unary(Op::Exp, "decay", &gate);
-    // The recurrence, token by token.
+    let dims = Heads { q, hk, hv, dk, dv };
+    let (qn, kn, vh) = o.qkv_heads(&mixed, &dims);
+    let (decay, beta) = o.step_gates((&beta_in, &a), (&dt_bias, &a_log), delta.real.as_deref());
     let s0 = o.slice(
         "state_in",
         &delta.state,
         &[slot, 0, 0, 0],
         &[slot + 1, hv, dk, dv],
     );
-    let mut s = o.reshape("state_0", &s0, &[hv, dk, dv]);
-    let mut outs = Vec::with_capacity(q as usize);
-    for i in 0..q {
-        let t = format!("t{i}");
-        let row = |o: &mut Ops, what: &str, x: &str, d: i64, shape: &[i64]| {
-            let r = o.slice(&format!("{t}_{what}"), x, &[i, 0, 0], &[i + 1, hv, d]);
-            o.reshape(&format!("{t}_{what}_r"), &r, shape)
-        };
-        let k_col = row(&mut o, "k_col", &kn, dk, &[hv, dk, 1]);
-        let k_row = o.reshape(&format!("{t}_k_row"), &k_col, &[hv, 1, dk]);
-        let q_row = row(&mut o, "q_row", &qn, dk, &[hv, 1, dk]);
-        let v_row = row(&mut o, "v_row", &vh, dv, &[hv, 1, dv]);
-        let per_head = |o: &mut Ops, what: &str, x: &str| {
-            let r = o.slice(&format!("{t}_{what}"), x, &[0, i, 0], &[1, i + 1, hv]);
-            o.reshape(&format!("{t}_{what}_r"), &r, &[hv, 1, 1])
-        };
-        let d_i = per_head(&mut o, "decay", &decay);
-        let b_i = per_head(&mut o, "beta", &beta);
-        let decayed = o.binary(Op::Mul, &format!("{t}_decayed"), &s, var(&d_i));
-        let mem = o.matmul(&format!("{t}_mem"), &k_row, &decayed);
-        let diff = o.binary(Op::Sub, &format!("{t}_diff"), &v_row, var(&mem));
-        let step = o.binary(Op::Mul, &format!("{t}_delta"), &diff, var(&b_i));
-        let outer = o.matmul(&format!("{t}_outer"), &k_col, &step);
-        s = o.binary(Op::Add, &format!("{t}_state"), &decayed, var(&outer));
-        outs.push(o.matmul(&format!("{t}_out"), &q_row, &s));
-    }
-    // [Hv, Q, Dv] → [Q, Hv, Dv].
-    let joined = if outs.len() == 1 {
-        outs.pop().unwrap_or_default()
-    } else {
-        o.op(
-            Op::Concat,
-            "outs",
-            vec![
-                ("values", Arg::Vars(outs)),
-                ("axis", Arg::Int(1)),
-                ("interleave", Arg::Bool(false)),
-            ],
-        )
-    };
-    let core = o.op(
-        Op::Transpose,
-        "core",
-        vec![("x", var(&joined)), ("perm", ints(&[1, 0, 2]))],
-    );
-    let normed = super::rms_norm(
-        o.b,
-        &core,
-        &norm_w,
-        shared.plain_eps,
-        -1,
-        &format!("{tag}_norm"),
-    );
+    let s0 = o.reshape("state_0", &s0, &[hv, dk, dv]);
+    let (core, s) = o.recurrence(&s0, (&qn, &kn, &vh), (&decay, &beta), &dims);
+    let eps = shared.plain_eps * OUT_PRESCALE * OUT_PRESCALE;
+    let normed = super::rms_norm_ranged(o.b, &core, &norm_w, eps, &format!("{tag}_norm"));
     let zh = o.reshape("z_heads", &z, &[q, hv, dv]);
     let zs = o.unary(Op::Silu, "z_silu", &zh);
     let gated = o.binary(Op::Mul, "gated", &normed, var(&zs));

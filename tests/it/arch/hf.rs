@@ -103,7 +103,7 @@ pub(super) fn reference_matches_transformers(arch: &str) {
 
 /// `inspect` of fixture `arch` with `edit.0` replaced by `edit.1` in its config.json exits 2,
 /// naming `field`.
-fn inspect_refuses_edited_config(arch: &str, edit: (&str, &str), field: &str) {
+pub(super) fn inspect_refuses_edited_config(arch: &str, edit: (&str, &str), field: &str) {
     let base = std::fs::read_to_string(fixture(arch).join("config.json")).unwrap();
     assert!(base.contains(edit.0), "{}", edit.0);
     let dir = tempfile::tempdir().unwrap();
