@@ -195,6 +195,24 @@ impl ModelSpec {
         })
     }
 
+    /// The widths of block `l`'s four projection inputs, as calibration collects them: the
+    /// block input (q/k/v, a conv's or DeltaNet's in_proj), the output projection's input
+    /// (o_proj: query heads × head size; LFM2's out_proj: hidden; a DeltaNet's out_proj: value
+    /// heads × value head size), the MLP input and the down projection's input.
+    pub fn site_widths(&self, l: usize) -> [usize; 4] {
+        let o = match self.layer(l) {
+            LayerKind::Attention(_) => self.q_dim(),
+            LayerKind::ShortConv(c) => c.channels,
+            LayerKind::GatedDelta(g) => g.value_heads * g.value_dim,
+        };
+        [
+            self.hidden_size,
+            o,
+            self.hidden_size,
+            self.intermediate_size,
+        ]
+    }
+
     /// Every block's kind, in order.
     pub fn layers(&self) -> Vec<LayerKind> {
         (0..self.num_hidden_layers).map(|l| self.layer(l)).collect()

@@ -350,7 +350,7 @@ struct Collector {
 const SITES: [(Point, &[Role]); 4] = [
     (
         Point::AttentionInput,
-        &[Role::Q, Role::K, Role::V, Role::ConvIn],
+        &[Role::Q, Role::K, Role::V, Role::ConvIn, Role::OutputGate],
     ),
     (Point::OInput, &[Role::O]),
     (Point::MlpInput, &[Role::Gate, Role::Up]),
@@ -360,12 +360,6 @@ const SITES: [(Point, &[Role]); 4] = [
 impl Collector {
     fn new(model: &PlainModel, gram: GramSelection) -> Self {
         let spec = model.spec();
-        let dims = [
-            spec.hidden_size,
-            spec.q_dim(),
-            spec.hidden_size,
-            spec.intermediate_size,
-        ];
         let layers = (0..spec.num_hidden_layers)
             .map(|layer| LayerStats {
                 layer,
@@ -375,7 +369,7 @@ impl Collector {
                 max_abs: BTreeMap::new(),
                 inputs: SITES
                     .iter()
-                    .zip(dims)
+                    .zip(spec.site_widths(layer))
                     .map(|((_, roles), dim)| InputSite {
                         // The site's projections this block has (q/k/v or a conv's in_proj).
                         roles: roles
@@ -401,7 +395,7 @@ impl Collector {
             })
             .collect();
         let sum_sq = (0..spec.num_hidden_layers)
-            .map(|_| dims.iter().map(|&d| vec![0.0; d]).collect())
+            .map(|l| spec.site_widths(l).iter().map(|&d| vec![0.0; d]).collect())
             .collect();
         Collector {
             layers,

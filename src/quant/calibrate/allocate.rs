@@ -114,12 +114,6 @@ pub(super) fn allocate_bits(
     options: &SequentialOptions,
 ) -> Result<Vec<BitChoice>, QuantError> {
     let spec = model.spec().clone();
-    let dims = [
-        spec.hidden_size,
-        spec.q_dim(),
-        spec.hidden_size,
-        spec.intermediate_size,
-    ];
     // Sensitivities rank tensors; they need far fewer tokens than the fit itself.
     let mut xs: Vec<Tensor> = xs.iter().take(ALLOCATION_SEGMENTS).cloned().collect();
     let mut choices = Vec::new();
@@ -141,7 +135,7 @@ pub(super) fn allocate_bits(
         fetch(model, ckpt, l)?;
         let mut obs = Grams {
             layer: l,
-            grams: dims.iter().map(|&d| Gram::new(d)).collect(),
+            grams: spec.site_widths(l).iter().map(|&d| Gram::new(d)).collect(),
             scratch: Vec::new(),
         };
         // The float block outputs: the reference of the block-output errors, then the next

@@ -94,12 +94,14 @@ pub(super) fn apply_scales(
     replaced: &mut BTreeMap<String, Vec<f32>>,
     slots: &[TensorSlot],
 ) -> Result<(), QuantError> {
-    if spec.gemma.is_some() {
-        // The reference holds Gemma's norms as 1 + w; the package stores w.
+    if spec.norm_offset() != 0.0 {
+        // The reference holds Gemma's and Qwen3.5's norms as 1 + w; the package stores w.
         return Err(QuantError::Calibration {
-            message: "AWQ folds scales into RMSNorm weights, which Gemma stores as w in \
-                      x·(1 + w): not supported for Gemma3ForCausalLM (use awq = false)"
-                .into(),
+            message: format!(
+                "AWQ folds scales into RMSNorm weights, which {} stores as w in x·(1 + w): \
+                 not supported (use awq = false)",
+                spec.architecture
+            ),
         });
     }
     let inv: Vec<f64> = s.iter().map(|v| 1.0 / v).collect();

@@ -51,7 +51,6 @@ pub(super) fn quantize_model(
             message: format!("embedding the calibration text: {e}"),
         })?;
     let slots = expected_tensors(&spec);
-    let dims = block_dims(&spec);
     let mut out = CalibratedWeights {
         linears: BTreeMap::new(),
         replaced: BTreeMap::new(),
@@ -84,6 +83,7 @@ pub(super) fn quantize_model(
     if options.true_sequential && !options.awq {
         for l in 0..n_layers {
             fetch(model, ckpt, l)?;
+            let dims = spec.site_widths(l);
             xs = true_sequential_block(model, l, &xs, &slots, &method_for, &dims, &mut out)?;
             model.release_layer(l);
             hand_over(&mut out, &mut sink)?;
@@ -124,7 +124,7 @@ fn calibrate_block(
     out: &mut CalibratedWeights,
 ) -> Result<Vec<Tensor>, QuantError> {
     let spec = &model.spec().clone();
-    let dims = block_dims(spec);
+    let dims = spec.site_widths(l);
     let mut obs = Grams {
         layer: l,
         grams: dims.iter().map(|&d| Gram::new(d)).collect(),
@@ -204,16 +204,6 @@ fn calibrate_block(
         .map(|x| model.block(l, x, &mut Blind))
         .collect::<Result<_, _>>()
         .map_err(|e| calib_err(format!("block {l}"), e))
-}
-
-/// The input width of each of the four [`SITES`].
-fn block_dims(spec: &crate::arch::ModelSpec) -> [usize; 4] {
-    [
-        spec.hidden_size,
-        spec.q_dim(),
-        spec.hidden_size,
-        spec.intermediate_size,
-    ]
 }
 
 /// One block of true-sequential calibration: each input site's XᵀX is accumulated from the

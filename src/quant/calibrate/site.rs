@@ -19,7 +19,7 @@ use crate::quant::QuantError;
 pub(super) const SITES: [(Point, &[Role]); 4] = [
     (
         Point::AttentionInput,
-        &[Role::Q, Role::K, Role::V, Role::ConvIn],
+        &[Role::Q, Role::K, Role::V, Role::ConvIn, Role::OutputGate],
     ),
     (Point::OInput, &[Role::O]),
     (Point::MlpInput, &[Role::Gate, Role::Up]),
