@@ -27,7 +27,7 @@ import transformers
 VOCAB = 128
 # Long enough to exceed the sliding windows; LENGTH overrides the length per fixture.
 TOKENS = [(i * 37 + 11) % VOCAB for i in range(40)]
-LENGTH = {"phi3_longrope": 136, "lfm2": 56, "lfm2_untied": 56, "qwen3_5": 72}
+LENGTH = {"phi3_longrope": 136, "lfm2": 56, "lfm2_untied": 56, "qwen3_5": 72, "qwen3_5_vl": 64}
 
 
 def common(**kw):
@@ -200,6 +200,44 @@ def qwen3_5():
     return transformers.Qwen3_5ForCausalLM, cfg
 
 
+def qwen3_5_vl():
+    """Qwen3.5 as the Hub ships it: `Qwen3_5ForConditionalGeneration`, the text decoder (tied
+    here, 5 blocks: DeltaNets at 0, 1, 2 and 4, grouped value heads) under
+    `model.language_model.*` beside a one-block vision tower `model.visual.*`; the vision
+    token ids lie outside the vocabulary, so the fixture's text tokens are text only."""
+    text = dict(
+        **common(num_hidden_layers=5, head_dim=32),
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        layer_types=["linear_attention"] * 3 + ["full_attention", "linear_attention"],
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+    )
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                  num_position_embeddings=16)
+    cfg = transformers.Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=250,
+        video_token_id=251,
+        vision_start_token_id=252,
+        vision_end_token_id=253,
+        tie_word_embeddings=True,
+    )
+    return transformers.Qwen3_5ForConditionalGeneration, cfg
+
+
 ARCHS = {
     "qwen3": qwen3,
     "smollm3": smollm3,
@@ -212,6 +250,7 @@ ARCHS = {
     "lfm2": lfm2,
     "lfm2_untied": lfm2_untied,
     "qwen3_5": qwen3_5,
+    "qwen3_5_vl": qwen3_5_vl,
 }
 # Fixtures whose post-attention and post-feed-forward norm weights are this large: Gemma's
 # residual stream then passes fp16's 65,504 (the real models reach ~300,000).
@@ -231,7 +270,8 @@ def randomize(model, gain, arch):
         for name, p in model.named_parameters():
             # Qwen3.5's norms multiply by 1 + w too, but for the plain gated norm of its
             # DeltaNet blocks.
-            centred = gemma or (arch == "qwen3_5" and "linear_attn.norm" not in name)
+            qwen = arch.startswith("qwen3_5") and "visual" not in name
+            centred = gemma or (qwen and "linear_attn.norm" not in name)
             if p.dim() == 1 and "norm" in name:
                 p.copy_((0.0 if centred else 1.0) + 0.1 * torch.randn(p.shape, generator=gen))
                 big = POST_NORM.get(arch)
@@ -240,8 +280,9 @@ def randomize(model, gain, arch):
             else:
                 p.copy_(0.08 * torch.randn(p.shape, generator=gen))
         # LFM2's final norm is its `embedding_norm` (applied after the last block).
-        w = model.model.norm.weight if hasattr(model.model, "norm") else model.model.embedding_norm.weight
-        if gemma or arch == "qwen3_5":
+        text = getattr(model.model, "language_model", model.model)
+        w = text.norm.weight if hasattr(text, "norm") else text.embedding_norm.weight
+        if gemma or arch.startswith("qwen3_5"):
             w.copy_((1.0 + w) * gain - 1.0)
         else:
             w.mul_(gain)

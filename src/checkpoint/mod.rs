@@ -293,11 +293,15 @@ const TEXT_PREFIXES: [(&str, &str); 3] = [
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
 ];
-const OTHER_PREFIXES: [&str; 4] = [
+const OTHER_PREFIXES: [&str; 6] = [
     "model.vision_tower.",
     "model.multi_modal_projector.",
     "vision_tower.",
     "multi_modal_projector.",
+    // Qwen3.5's vision tower and its multi-token prediction block (a draft head the causal
+    // model does not run).
+    "model.visual.",
+    "mtp.",
 ];
 
 /// A multimodal checkpoint's tensor name as the text model's, or `None` for a tower's

@@ -167,6 +167,7 @@ const UNHONOURED: &[(&str, Accept)] = &[
     ("sliding_window_pattern", Accept::Null),
     ("rope_local_base_freq", Accept::Null),
     ("use_bidirectional_attention", Accept::False),
+    ("attn_output_gate", Accept::False),
 ];
 
 /// Keys of [`UNHONOURED`] that Gemma 3 honours (read by [`gemma`]).
@@ -200,6 +201,10 @@ fn check_unhonoured(raw: &RawConfig, architecture: Architecture) -> Result<(), C
     }
     for &(key, accept) in UNHONOURED {
         if architecture == Architecture::Gemma3 && GEMMA_KEYS.contains(&key) {
+            continue;
+        }
+        // Qwen3.5's gated attention, read into `attention_output_gate`.
+        if architecture == Architecture::Qwen3_5 && key == "attn_output_gate" {
             continue;
         }
         if let Some(v) = rest.get(key) {
@@ -460,10 +465,26 @@ impl ModelSpec {
             text_of,
             short_conv: lfm2.map(|m| m.conv),
             gated_delta,
-            attention_output_gate: architecture == Architecture::Qwen3_5,
+            attention_output_gate: architecture == Architecture::Qwen3_5
+                && attention_output_gate(&raw)?,
         };
         numerics::check(&spec, &rope_keys)?;
         Ok(spec)
+    }
+}
+
+/// Qwen3.5's `attn_output_gate`: true or absent, as transformers' `Qwen3_5Attention` always
+/// gates (its q_proj is twice as wide whatever the key says).
+fn attention_output_gate(raw: &RawConfig) -> Result<bool, ConfigError> {
+    match raw.rest.get("attn_output_gate") {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(true)) => Ok(true),
+        Some(v) => Err(ConfigError::Field {
+            field: "attn_output_gate".into(),
+            message: format!(
+                "({v}) is not what transformers computes: Qwen3.5's attention always gates \
+                 its output (true or absent)"
+            ),
+        }),
     }
 }
 

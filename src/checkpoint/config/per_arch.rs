@@ -22,29 +22,65 @@ const GEMMA3_TEXT_DEFAULTS: [(&str, f64); 12] = [
     ("rope_local_base_freq", 10_000.0),
 ];
 
-/// The text decoder's config out of a multimodal one: for `Gemma3ForConditionalGeneration`
-/// (or model_type `gemma3` without `architectures`), its `text_config` with
-/// `Gemma3TextConfig`'s defaults filled in, the top level's `tie_word_embeddings` and dtype
-/// where the text config has none, named `Gemma3ForCausalLM`; with the class's name, which
-/// tells the checkpoint to rename its tensors. Any other config as it is.
+/// The multimodal classes whose text decoder converts: (class, its model_type, the text
+/// decoder's class and model_type).
+const MULTIMODAL: [(&str, &str, &str, &str); 2] = [
+    (
+        "Gemma3ForConditionalGeneration",
+        "gemma3",
+        "Gemma3ForCausalLM",
+        "gemma3_text",
+    ),
+    (
+        "Qwen3_5ForConditionalGeneration",
+        "qwen3_5",
+        "Qwen3_5ForCausalLM",
+        "qwen3_5_text",
+    ),
+];
+
+/// The text decoder's config out of a multimodal one: for `Gemma3ForConditionalGeneration` or
+/// `Qwen3_5ForConditionalGeneration` (or their model_type without `architectures`), its
+/// `text_config` (Gemma 3's with `Gemma3TextConfig`'s defaults filled in), the top level's
+/// `tie_word_embeddings` and dtype where the text config has none, named as the text class;
+/// with the class's name, which tells the checkpoint to rename its tensors. Any other config
+/// as it is.
 pub(super) fn text_model(
     mut config: serde_json::Value,
 ) -> Result<(serde_json::Value, Option<String>), ConfigError> {
-    const CLASS: &str = "Gemma3ForConditionalGeneration";
     let arch = config["architectures"].get(0).and_then(|a| a.as_str());
-    let multimodal =
-        arch == Some(CLASS) || (arch.is_none() && config["model_type"].as_str() == Some("gemma3"));
-    if !multimodal {
+    let model_type = config["model_type"].as_str();
+    let Some(&(class, outer_type, text_class, text_type)) = MULTIMODAL
+        .iter()
+        .find(|m| arch == Some(m.0) || (arch.is_none() && model_type == Some(m.1)))
+    else {
         return Ok((config, None));
-    }
+    };
     let Some(serde_json::Value::Object(mut text)) =
         config.get_mut("text_config").map(std::mem::take)
     else {
         return Err(ConfigError::Invalid(format!(
-            "`{CLASS}` (model_type `gemma3`) nests its text model's settings in `text_config`, \
-             and this config has no `text_config` object"
+            "`{class}` (model_type `{outer_type}`) nests its text model's settings in \
+             `text_config`, and this config has no `text_config` object"
         )));
     };
+    if class == "Gemma3ForConditionalGeneration" {
+        gemma3_text_defaults(&mut text);
+    }
+    for key in ["tie_word_embeddings", "dtype", "torch_dtype"] {
+        if let (false, Some(v)) = (text.contains_key(key), config.get(key)) {
+            if !v.is_null() {
+                text.insert(key.into(), v.clone());
+            }
+        }
+    }
+    text.insert("architectures".into(), serde_json::json!([text_class]));
+    text.insert("model_type".into(), text_type.into());
+    Ok((serde_json::Value::Object(text), Some(class.to_string())))
+}
+
+/// `Gemma3TextConfig`'s defaults for what a multimodal config's `text_config` leaves out.
+fn gemma3_text_defaults(text: &mut serde_json::Map<String, serde_json::Value>) {
     if !text.contains_key("rope_parameters") && !text.contains_key("rope_theta") {
         text.insert("rope_theta".into(), 1_000_000.0.into());
     }
@@ -60,19 +96,6 @@ pub(super) fn text_model(
             text.insert(key.into(), v);
         }
     }
-    for key in ["tie_word_embeddings", "dtype", "torch_dtype"] {
-        if let (false, Some(v)) = (text.contains_key(key), config.get(key)) {
-            if !v.is_null() {
-                text.insert(key.into(), v.clone());
-            }
-        }
-    }
-    text.insert(
-        "architectures".into(),
-        serde_json::json!(["Gemma3ForCausalLM"]),
-    );
-    text.insert("model_type".into(), "gemma3_text".into());
-    Ok((serde_json::Value::Object(text), Some(CLASS.to_string())))
 }
 
 /// Gemma 3's global RoPE from transformers 5's per-layer-type `rope_parameters`

@@ -320,3 +320,50 @@ fn qwen3_5_inconsistent_configs_exit_2_naming_the_field() {
         inspect_refuses_edited_config("qwen3_5", (from, to), field);
     }
 }
+
+/// Qwen3.5 as the Hub ships it (`Qwen3_5ForConditionalGeneration`, written by transformers
+/// with a vision tower): the text decoder's config from `text_config`, its tensors from
+/// `model.language_model.*` (tied: no lm_head), the tower `model.visual.*` skipped unread and
+/// reported; the reference gives transformers' logits of the multimodal model on text tokens,
+/// and the fp16 package passes validate and matches them.
+#[test]
+fn qwen3_5_text_decoder_of_the_multimodal_checkpoint() {
+    let dir = fixture("qwen3_5_vl");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let spec = ckpt.spec().clone();
+    assert_eq!(
+        spec.text_of.as_deref(),
+        Some("Qwen3_5ForConditionalGeneration")
+    );
+    assert!(spec.tie_word_embeddings);
+    assert_eq!(spec.gated_delta.as_ref().unwrap().layers, [0, 1, 2, 4]);
+    let dropped = &ckpt.dropped().parts;
+    assert!(
+        dropped.len() == 1 && dropped[0].0 == "model.visual." && dropped[0].1 > 5,
+        "{dropped:?}"
+    );
+    reference_matches_transformers("qwen3_5_vl");
+    needs!(Python);
+    let want = expected(&dir);
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("vl.mlpackage");
+    convert(&dir, &pkg)
+        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
+        .ok();
+    let (code, report, err) = validate(&pkg, &dir, 64);
+    assert_eq!(code, Some(0), "{err}\n{report:#}");
+    let mut g = Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 0,
+        record_logits: true,
+        ..Default::default()
+    };
+    let gen = g.generate(&want.tokens, &opts, &mut |_| Ok(())).unwrap();
+    let rows = gen.logits.unwrap();
+    let got: Vec<Vec<f32>> = (0..rows.rows())
+        .map(|t| rows.row(t).unwrap().to_vec())
+        .collect();
+    let (rms, top1) = agreement(&got, &want.logits);
+    eprintln!("qwen3_5_vl fp16: relative RMS {rms:e}, top-1 {top1}");
+    assert!(rms <= 0.01 && top1 >= 0.99, "{rms} {top1}");
+}
