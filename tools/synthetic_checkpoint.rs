@@ -3,8 +3,10 @@
 //! - `synthetic_checkpoint OUT_DIR LAYERS HIDDEN INTERMEDIATE VOCAB`: a Llama of a chosen
 //!   size (bf16, GQA 4:1, tied embeddings), one file.
 //! - `synthetic_checkpoint OUT_DIR --preset NAME`: the published shapes of a real model
-//!   (`llama-3.2-1b`, `llama-3.2-3b`, `llama-3.1-8b`, `qwen2.5-7b`, `mistral-7b`) as the Hub
-//!   ships them: bf16 safetensors in shards of at most 5 GB with `model.safetensors.index.json`.
+//!   (`llama-3.2-1b`, `llama-3.2-3b`, `llama-3.1-8b`, `qwen2.5-7b`, `mistral-7b`, and the
+//!   hybrids `qwen3.5-0.8b`, `qwen3.5-4b`, `lfm2-1.2b`: their text decoders) as the Hub
+//!   ships them: bf16 safetensors in shards of at most 5 GB with `model.safetensors.index.json`
+//!   (`--config-only`: config.json alone, which `budget` plans from).
 //!   Random weights: they measure memory, time and structure, not quality. The shards are
 //!   streamed tensor by tensor in 4 MiB chunks, so an 8B (16 GB on disk) is written in a few
 //!   MiB of memory.
@@ -28,13 +30,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let config = preset(name)?;
             write_preset(Path::new(dir), &config)
         }
+        // The config alone: what `budget` plans from without weights.
+        [dir, flag, name, only] if flag == "--preset" && only == "--config-only" => {
+            let text = serde_json::to_string_pretty(&preset(name)?)?;
+            hf2coreml::arch::ModelSpec::from_config_str(&text)?;
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(Path::new(dir).join("config.json"), text)?;
+            Ok(())
+        }
         [dir, layers, hidden, intermediate, vocab] => {
             sized(dir, layers, hidden, intermediate, vocab)
         }
         _ => Err(
             "usage: synthetic_checkpoint OUT_DIR LAYERS HIDDEN INTERMEDIATE VOCAB\n       \
                   synthetic_checkpoint OUT_DIR --preset llama-3.2-1b|llama-3.2-3b|llama-3.1-8b|\
-                  qwen2.5-7b|mistral-7b"
+                  qwen2.5-7b|mistral-7b|qwen3.5-0.8b|qwen3.5-4b|lfm2-1.2b [--config-only]"
                 .into(),
         ),
     }
@@ -78,6 +88,9 @@ fn report(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
 
 /// config.json of a preset, with the shapes from each model's published config.json.
 fn preset(name: &str) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    if let Some(config) = hybrid_preset(name) {
+        return Ok(config);
+    }
     let llama3_rope = |factor: f64| {
         serde_json::json!({
             "rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
@@ -281,4 +294,51 @@ fn write_shard(
     drop(f);
     std::fs::rename(&tmp, path)?;
     Ok(())
+}
+
+/// The hybrids' published text configs: Qwen3.5 0.8B and 4B (their `text_config`, tied,
+/// DeltaNets in three blocks of every four) and LFM2 1.2B (conv blocks but six; its
+/// feed-forward width 12288 becomes 8192 by LFM2's rule).
+fn hybrid_preset(name: &str) -> Option<serde_json::Value> {
+    let qwen = |hidden: usize, inter: usize, layers: usize, heads: usize, kv: usize, vh: usize| {
+        let types: Vec<&str> = (0..layers)
+            .map(|l| {
+                if (l + 1) % 4 == 0 {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                }
+            })
+            .collect();
+        serde_json::json!({
+            "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+            "vocab_size": 248_320, "hidden_size": hidden, "intermediate_size": inter,
+            "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "head_dim": 256, "layer_types": types,
+            "linear_num_key_heads": 16, "linear_num_value_heads": vh,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4, "attn_output_gate": true,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                "mrope_interleaved": true},
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+            "max_position_embeddings": 262_144, "eos_token_id": 248_044,
+            "hidden_act": "silu", "torch_dtype": "bfloat16",
+        })
+    };
+    Some(match name {
+        "qwen3.5-0.8b" => qwen(1024, 3584, 24, 8, 2, 16),
+        "qwen3.5-4b" => qwen(2560, 9216, 32, 16, 4, 32),
+        "lfm2-1.2b" => serde_json::json!({
+            "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2",
+            "vocab_size": 65_536, "hidden_size": 2048, "block_ff_dim": 12_288,
+            "block_auto_adjust_ff_dim": true, "block_ffn_dim_multiplier": 1.0,
+            "block_multiple_of": 256, "num_hidden_layers": 16, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+            "conv_L_cache": 3, "conv_bias": false, "norm_eps": 1e-5, "rope_theta": 1_000_000.0,
+            "max_position_embeddings": 128_000, "bos_token_id": 1, "eos_token_id": 7,
+            "torch_dtype": "bfloat16",
+        }),
+        _ => return None,
+    })
 }

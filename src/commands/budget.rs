@@ -245,6 +245,25 @@ fn print_budget(
         b.kv_cache_bytes,
         &kv_formula(spec, b.max_seq_len),
     );
+    let recurrent = spec.num_hidden_layers - spec.cache_layers();
+    if recurrent > 0 {
+        // What the same blocks would keep if every one attended: the memory the recurrent
+        // blocks' fixed state saves at this context.
+        let all = 2
+            * spec.num_hidden_layers as u64
+            * spec.num_key_value_heads as u64
+            * spec.head_dim as u64
+            * b.max_seq_len as u64
+            * 2;
+        row(
+            "  if all attended",
+            all,
+            &format!(
+                "the same {} blocks all keeping KV rows ({recurrent} of them recurrent here)",
+                spec.num_hidden_layers
+            ),
+        );
+    }
     row(
         "step working set",
         b.working_set_bytes,

@@ -12,7 +12,7 @@ use super::hf::{
     expected, fixture, inspect_refuses_edited_config, max_diff, reference_matches_transformers,
     validate,
 };
-use crate::support::{convert, needs};
+use crate::support::{convert, needs, stdout, Cli};
 
 /// The config as transformers reads it (DeltaNet heads and sizes, partial rotary 0.25, the
 /// gate in q_proj), and the reference's logits against transformers' at every position of a
@@ -366,4 +366,36 @@ fn qwen3_5_text_decoder_of_the_multimodal_checkpoint() {
     let (rms, top1) = agreement(&got, &want.logits);
     eprintln!("qwen3_5_vl fp16: relative RMS {rms:e}, top-1 {top1}");
     assert!(rms <= 0.01 && top1 >= 0.99, "{rms} {top1}");
+}
+
+/// `inspect` and `budget` count the DeltaNet blocks' fixed state once and the attention
+/// block's rows per position, beside what the same blocks would keep if all attended:
+/// 2 × 1 × 2 heads × 32 × 128 × 2 B = 32 KiB of rows, 3 conv states of 96 × 3 × 2 B and
+/// 3 DeltaNet states of 4 × 16 × 8 × 2 B (4.69 KiB), against 128 KiB.
+#[test]
+fn qwen3_5_inspect_and_budget_count_the_fixed_state() {
+    let dir = fixture("qwen3_5");
+    let o = Cli::new().arg("inspect").arg(&dir).output();
+    assert!(
+        stdout(&o).contains(
+            "state        1 attention blocks: 256 B per token; 3 recurrent blocks: 4.69 KiB in all"
+        ),
+        "{}",
+        stdout(&o)
+    );
+    let o = Cli::new()
+        .args(["budget", "--device", "iphone-15", "--max-seq-len", "128"])
+        .arg(&dir)
+        .output();
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}");
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap_or_else(|| panic!("no `{key}` in {text}"))
+            .to_string()
+    };
+    assert!(line("kv cache").contains("36.69 KiB"), "{text}");
+    assert!(line("kv cache").contains("3 DeltaNet states of 4 × 16 × 8 × 2 B"));
+    assert!(line("if all attended").contains("128.00 KiB"), "{text}");
 }
