@@ -343,6 +343,30 @@ fn qwen3_5_text_decoder_of_the_multimodal_checkpoint() {
         "{dropped:?}"
     );
     reference_matches_transformers("qwen3_5_vl");
+    // The Hub's checkpoints also hold a multi-token prediction block beside the decoder
+    // (`mtp.*`, a draft head): skipped unread like the tower.
+    let with_mtp = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.join("config.json"), with_mtp.path().join("config.json")).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors = st.tensors();
+    let draft = vec![0u8; 2 * 64 * 128];
+    tensors.push((
+        "mtp.fc.weight".to_string(),
+        safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![64, 128], &draft)
+            .unwrap(),
+    ));
+    let path = with_mtp.path().join("model.safetensors");
+    safetensors::serialize_to_file(tensors, None, &path).unwrap();
+    let mtp = Checkpoint::open(with_mtp.path()).unwrap();
+    let parts = &mtp.dropped().parts;
+    assert!(
+        parts
+            .iter()
+            .any(|p| p.0 == "mtp." && p.1 == 1 && p.2 == 64 * 128),
+        "{parts:?}"
+    );
+    assert_eq!(mtp.tensor_names().count(), ckpt.tensor_names().count());
     needs!(Python);
     let want = expected(&dir);
     let out = tempfile::tempdir().unwrap();
