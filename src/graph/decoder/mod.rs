@@ -767,8 +767,11 @@ const RANGED_FLOOR: f64 = 6.103_515_625e-5;
 /// embedding to ~300,000 after the post-norms, a ratio no single α brings into
 /// [6.1e-5, 65,504] once squared). Each token is first divided by its largest |x| m, so every
 /// square lies in [0, 1] and their mean in [1/H, 1]; ε is divided by m² too:
-/// x/m / sqrt(mean((x/m)²) + (√ε/m)²) = x / sqrt(mean(x²) + ε), exactly RMSNorm.
+/// x/m / sqrt(mean((x/m)²) + (√ε/m)²) = x / sqrt(mean(x²) + ε), exactly RMSNorm, for any
+/// m > 0: m is floored at √ε/255 as well, so (√ε/m)² stays within fp16 however small a row is
+/// (a DeltaNet's output rows reach 1e-5 against an ε of 4e-3).
 fn rms_norm_ranged(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+    let floor = RANGED_FLOOR.max(eps.sqrt() / 255.0);
     let a = b.op(Op::Abs, &format!("{name}_abs"), vec![("x", var(x))]);
     let m = b.op(
         Op::ReduceMax,
@@ -782,7 +785,7 @@ fn rms_norm_ranged(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> S
     let m = b.op(
         Op::Maximum,
         &format!("{name}_max_floor"),
-        vec![("x", var(&m)), ("y", Arg::Float(RANGED_FLOOR))],
+        vec![("x", var(&m)), ("y", Arg::Float(floor))],
     );
     let xs = b.op(
         Op::RealDiv,
