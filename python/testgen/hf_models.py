@@ -174,6 +174,17 @@ def lfm2_untied():
     return transformers.Lfm2ForCausalLM, cfg
 
 
+# Qwen3.5's RoPE as its configs give it: a quarter of each head rotated, and the multimodal
+# sections (here over the 4 frequencies of a 32-wide head) that text positions collapse.
+QWEN3_5_ROPE = {
+    "rope_type": "default",
+    "rope_theta": 10_000_000.0,
+    "partial_rotary_factor": 0.25,
+    "mrope_section": [2, 1, 1],
+    "mrope_interleaved": True,
+}
+
+
 def qwen3_5():
     """Qwen3.5 text: Gated DeltaNet blocks (grouped value heads, key head size ≠ value head
     size, conv kernel 4) around a gated attention block (q_proj twice as wide: query and a
@@ -181,13 +192,7 @@ def qwen3_5():
     multimodal RoPE sections a text position collapses to plain RoPE; untied."""
     cfg = transformers.Qwen3_5TextConfig(
         **common(num_hidden_layers=4, head_dim=32),
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10_000_000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": [2, 1, 1],
-            "mrope_interleaved": True,
-        },
+        rope_parameters=QWEN3_5_ROPE,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
         layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
@@ -207,13 +212,7 @@ def qwen3_5_vl():
     token ids lie outside the vocabulary, so the fixture's text tokens are text only."""
     text = dict(
         **common(num_hidden_layers=5, head_dim=32),
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10_000_000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": [2, 1, 1],
-            "mrope_interleaved": True,
-        },
+        rope_parameters=QWEN3_5_ROPE,
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
         layer_types=["linear_attention"] * 3 + ["full_attention", "linear_attention"],

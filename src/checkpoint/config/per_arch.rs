@@ -148,6 +148,37 @@ fn positive(v: Option<&serde_json::Value>, key: &str) -> Result<f64, ConfigError
     }
 }
 
+/// `layer_types` of a hybrid model as one flag per block: true where it names `kinds.0`, false
+/// where it names `kinds.1`; a list of another length or another kind is refused naming both.
+fn layer_kinds(
+    types: &[String],
+    layers: usize,
+    kinds: (&str, &str),
+    model: &str,
+) -> Result<Vec<bool>, ConfigError> {
+    let field = |message: String| ConfigError::Field {
+        field: "layer_types".into(),
+        message,
+    };
+    if types.len() != layers {
+        return Err(field(format!(
+            "has {} entries for {layers} layers",
+            types.len()
+        )));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            k if k == kinds.0 => Ok(true),
+            k if k == kinds.1 => Ok(false),
+            other => Err(field(format!(
+                "names a block kind \"{other}\" that {model} does not have ({}, {})",
+                kinds.1, kinds.0
+            ))),
+        })
+        .collect()
+}
+
 /// Largest convolution LFM2's blocks may declare (`conv_L_cache`; the released models use 3).
 const MAX_CONV_KERNEL: usize = 64;
 
@@ -192,27 +223,7 @@ pub(super) fn lfm2(raw: &RawConfig, layers: usize) -> Result<Lfm2, ConfigError> 
             .transpose()
     };
     let attention: Vec<bool> = match (&raw.layer_types, get("full_attn_idxs")) {
-        (Some(types), _) => {
-            if types.len() != layers {
-                return Err(field(
-                    "layer_types",
-                    format!("has {} entries for {layers} layers", types.len()),
-                ));
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "conv" => Ok(false),
-                    "full_attention" => Ok(true),
-                    other => Err(field(
-                        "layer_types",
-                        format!(
-                            "names a block kind \"{other}\" that LFM2 does not have (conv, full_attention)"
-                        ),
-                    )),
-                })
-                .collect::<Result<_, _>>()?
-        }
+        (Some(types), _) => layer_kinds(types, layers, ("full_attention", "conv"), "LFM2")?,
         (None, Some(Value::Array(idxs))) => {
             let mut attention = vec![false; layers];
             for v in idxs {
@@ -343,28 +354,12 @@ pub(super) fn qwen3_5(raw: &RawConfig, layers: usize) -> Result<GatedDeltaSpec, 
         Ok(n)
     };
     let linear: Vec<bool> = match &raw.layer_types {
-        Some(types) => {
-            if types.len() != layers {
-                return Err(field(
-                    "layer_types",
-                    format!("has {} entries for {layers} layers", types.len()),
-                ));
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "linear_attention" => Ok(true),
-                    "full_attention" => Ok(false),
-                    other => Err(field(
-                        "layer_types",
-                        format!(
-                            "names a block kind \"{other}\" that Qwen3.5 does not have \
-                             (linear_attention, full_attention)"
-                        ),
-                    )),
-                })
-                .collect::<Result<_, _>>()?
-        }
+        Some(types) => layer_kinds(
+            types,
+            layers,
+            ("linear_attention", "full_attention"),
+            "Qwen3.5",
+        )?,
         None => {
             let every = uint("full_attention_interval", 4, super::MAX_LAYERS)?;
             (0..layers).map(|l| (l + 1) % every != 0).collect()

@@ -63,6 +63,45 @@ impl ConvInputs {
     }
 }
 
+impl ConvInputs {
+    /// The depthwise causal convolution of block slot `slot` over x [1, Q, C] with the taps
+    /// `taps` (a checkpoint's [C, 1, K]), continuing the slot's state: the outputs [1, Q, C]
+    /// (before any bias) and the new state [1, W, C] after the real tokens.
+    pub(super) fn convolve(
+        &self,
+        b: &mut Builder,
+        weights: &mut Weights,
+        (slot, taps): (usize, TensorId),
+        (x, q): (&str, i64),
+        tag: &str,
+    ) -> Result<(String, String), GraphError> {
+        let (slot, w, c) = (slot as i64, self.width as i64, self.channels as i64);
+        let past = b.op(
+            Op::SliceByIndex,
+            &format!("{tag}_state"),
+            vec![
+                ("x", var(&self.state)),
+                ("begin", ints(&[slot, 0, 0])),
+                ("end", ints(&[slot + 1, w, c])),
+            ],
+        );
+        // Row i + W of `seq` is input i; output i sums tap j times row i + j.
+        let seq = b.op(
+            Op::Concat,
+            &format!("{tag}_seq"),
+            vec![
+                ("values", Arg::Vars(vec![past, x.to_string()])),
+                ("axis", Arg::Int(1)),
+                ("interleave", Arg::Bool(false)),
+            ],
+        );
+        let taps = conv_taps(b, weights, taps, (w + 1, c), tag)?;
+        let y = causal_conv(b, &seq, &taps, (q, w, c), tag);
+        let state = new_state(b, &seq, self.keep.as_deref(), (q, w, c), tag);
+        Ok((y, state))
+    }
+}
+
 /// What the block hands back: its output [1, Q, C] (times α, as o_proj's) and its new state
 /// [1, W, C].
 pub(super) struct ConvOut {
@@ -92,11 +131,7 @@ pub(super) fn short_conv(
         .conv
         .as_ref()
         .ok_or_else(|| GraphError::Unsupported(format!("block {l} has no conv state input")))?;
-    let (q, w, c) = (
-        shared.dims.q as i64,
-        conv.width as i64,
-        conv.channels as i64,
-    );
+    let (q, c) = (shared.dims.q as i64, conv.channels as i64);
     let tag = format!("layers_{l}_conv");
     let id = |t| TensorId::Layer(l, t);
     let w_in = weights.linear(b, id(LayerTensor::ConvIn), 1.0)?;
@@ -125,28 +160,8 @@ pub(super) fn short_conv(
         &format!("{tag}_bx"),
         vec![("x", var(&gate_b)), ("y", var(&x))],
     );
-    let slot = slot as i64;
-    let past = b.op(
-        Op::SliceByIndex,
-        &format!("{tag}_state"),
-        vec![
-            ("x", var(&conv.state)),
-            ("begin", ints(&[slot, 0, 0])),
-            ("end", ints(&[slot + 1, w, c])),
-        ],
-    );
-    // Row i + W of `seq` is input i; output i sums tap j times row i + j.
-    let seq = b.op(
-        Op::Concat,
-        &format!("{tag}_seq"),
-        vec![
-            ("values", Arg::Vars(vec![past, bx])),
-            ("axis", Arg::Int(1)),
-            ("interleave", Arg::Bool(false)),
-        ],
-    );
-    let taps = conv_taps(b, weights, id(LayerTensor::Conv), (w + 1, c), &tag)?;
-    let mut y = causal_conv(b, &seq, &taps, (q, w, c), &tag);
+    let taps = id(LayerTensor::Conv);
+    let (mut y, state) = conv.convolve(b, weights, (slot, taps), (&bx, q), &tag)?;
     if conv.bias {
         let bias = weights.single(b, id(LayerTensor::ConvBias))?;
         y = b.op(
@@ -176,13 +191,12 @@ pub(super) fn short_conv(
         None
     };
     let out = lower.project(b, proj, w_out, out_bias, &gated, &format!("{tag}_out"))?;
-    let state = new_state(b, &seq, conv.keep.as_deref(), (q, w, c), &tag);
     Ok(ConvOut { out, state })
 }
 
 /// Tap j times rows j .. j + Q of `seq` [1, W + Q, C], summed over the K = W + 1 taps
 /// [K, C]: the depthwise causal convolution of the Q inputs.
-pub(super) fn causal_conv(
+fn causal_conv(
     b: &mut Builder,
     seq: &str,
     taps: &str,
@@ -228,7 +242,7 @@ pub(super) fn causal_conv(
 
 /// The W rows of `seq` [1, W + Q, C] after the real inputs: rows Q .. Q + W when all Q are
 /// real, else the rows `keep` (`valid_len + [0, W)`) names.
-pub(super) fn new_state(
+fn new_state(
     b: &mut Builder,
     seq: &str,
     keep: Option<&str>,
@@ -260,7 +274,7 @@ pub(super) fn new_state(
 
 /// The depthwise taps [K, C] of tensor `id` (the checkpoint's [C, 1, K], transposed once in
 /// the program).
-pub(super) fn conv_taps(
+fn conv_taps(
     b: &mut Builder,
     weights: &mut Weights,
     id: TensorId,

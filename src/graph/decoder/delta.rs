@@ -11,7 +11,6 @@
 
 use half::f16;
 
-use super::conv::{causal_conv, conv_taps, new_state};
 use super::linear::{Projections, Weights};
 use super::lower::Lowering;
 use super::Shared;
@@ -306,11 +305,7 @@ pub(super) fn gated_delta(
     let missing = || GraphError::Unsupported(format!("block {l} has no DeltaNet state input"));
     let conv = shared.conv.as_ref().ok_or_else(missing)?;
     let delta = shared.delta.as_ref().ok_or_else(missing)?;
-    let (q, w, c) = (
-        shared.dims.q as i64,
-        conv.width as i64,
-        conv.channels as i64,
-    );
+    let q = shared.dims.q as i64;
     let (hk, hv, dk, dv) = (
         g.key_heads as i64,
         g.value_heads as i64,
@@ -327,29 +322,11 @@ pub(super) fn gated_delta(
     let z = project(b, LayerTensor::DeltaZ, hn, "z", 1.0)?;
     let beta_in = project(b, LayerTensor::DeltaB, hn, "b", 1.0)?;
     let a = project(b, LayerTensor::DeltaA, hn, "a", 1.0)?;
-    let slot = slot as i64;
     // The convolution: the short-convolution block's, over [state; qkv], then SiLU.
-    let past = b.op(
-        Op::SliceByIndex,
-        &format!("{tag}_conv_state"),
-        vec![
-            ("x", var(&conv.state)),
-            ("begin", ints(&[slot, 0, 0])),
-            ("end", ints(&[slot + 1, w, c])),
-        ],
-    );
-    let seq = b.op(
-        Op::Concat,
-        &format!("{tag}_seq"),
-        vec![
-            ("values", Arg::Vars(vec![past, qkv])),
-            ("axis", Arg::Int(1)),
-            ("interleave", Arg::Bool(false)),
-        ],
-    );
-    let taps = conv_taps(b, weights, id(LayerTensor::DeltaConv), (w + 1, c), &tag)?;
-    let mixed = causal_conv(b, &seq, &taps, (q, w, c), &tag);
-    let conv_state = new_state(b, &seq, conv.keep.as_deref(), (q, w, c), &tag);
+    let taps = (slot, id(LayerTensor::DeltaConv));
+    let conv_tag = format!("{tag}_conv");
+    let (mixed, conv_state) = conv.convolve(b, weights, taps, (&qkv, q), &conv_tag)?;
+    let slot = slot as i64;
     let norm_w = weights.single(b, id(LayerTensor::DeltaNorm))?;
     let dt_bias = weights.single(b, id(LayerTensor::DeltaDtBias))?;
     let a_log = weights.single(b, id(LayerTensor::DeltaALog))?;

@@ -63,6 +63,61 @@ pub(super) fn max_diff(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
         .fold(0f32, f32::max)
 }
 
+/// One-function fp16 packages of a fixture at context `s`, converted on demand at Q tokens a
+/// call, each loaded as a fresh generator.
+pub(super) struct Fp16Packages<'a> {
+    pub(super) dir: &'a Path,
+    pub(super) out: &'a Path,
+    pub(super) s: usize,
+    pub(super) made: std::cell::Cell<usize>,
+}
+
+impl Fp16Packages<'_> {
+    pub(super) fn generator(
+        &self,
+        q: usize,
+    ) -> hf2coreml::runtime::generate::Generator<hf2coreml::runtime::interp::Package> {
+        use hf2coreml::runtime::interp::Package;
+        self.made.set(self.made.get() + 1);
+        let pkg = self.out.join(format!("q{q}_{}.mlpackage", self.made.get()));
+        convert(self.dir, &pkg)
+            .args(["--max-seq-len", &self.s.to_string()])
+            .args(["--query-len", &q.to_string(), "--keep-fp16", "*"])
+            .ok();
+        let pkg = Package::load(&pkg, Default::default()).unwrap();
+        hf2coreml::runtime::generate::Generator::new(pkg).unwrap()
+    }
+}
+
+/// Every prompt position's logits: `tokens` from the start, or with `extend` only those past
+/// what the generator holds (with how many it ran).
+pub(super) fn prompt_logits(
+    g: &mut hf2coreml::runtime::generate::Generator<hf2coreml::runtime::interp::Package>,
+    tokens: &[u32],
+    extend: bool,
+) -> (Vec<Vec<f32>>, usize) {
+    let opts = hf2coreml::runtime::generate::GenerateOptions {
+        max_new_tokens: 0,
+        record_logits: true,
+        ..Default::default()
+    };
+    let gen = if extend {
+        g.extend(tokens, &opts, &mut |_| Ok(())).unwrap()
+    } else {
+        g.generate(tokens, &opts, &mut |_| Ok(())).unwrap()
+    };
+    let rows = gen.logits.unwrap();
+    let all = (0..rows.rows())
+        .map(|t| rows.row(t).unwrap().to_vec())
+        .collect();
+    (all, gen.timing.prompt_tokens)
+}
+
+/// The largest |logit| of every row.
+pub(super) fn largest(rows: &[Vec<f32>]) -> f32 {
+    rows.iter().flatten().fold(0f32, |m, v| m.max(v.abs()))
+}
+
 /// The Rust reference (plain f32 forward) against transformers' logits at every position:
 /// max |Δ| ≤ 1e-4 of the largest |logit|.
 pub(super) fn reference_matches_transformers(arch: &str) {
@@ -827,7 +882,7 @@ const LFM2_PART_LIMIT: &str = "1250KB";
 /// package's, and a run resumed from a KV-cache file (the state in it) equals one run.
 #[test]
 fn lfm2_chunks_padding_and_the_cache_file_keep_the_state_exact() {
-    use hf2coreml::runtime::generate::{GenerateOptions, Generator};
+    use hf2coreml::runtime::generate::Generator;
     use hf2coreml::runtime::interp::Package;
     use hf2coreml::runtime::kvfile::KvFile;
     needs!(Python);
@@ -838,42 +893,17 @@ fn lfm2_chunks_padding_and_the_cache_file_keep_the_state_exact() {
     // three of them past S.
     let (s, n) = (58, want.tokens.len());
     assert_eq!(n, 56);
-    let made = std::cell::Cell::new(0);
-    let load = |q: usize| {
-        made.set(made.get() + 1);
-        let pkg = out.path().join(format!("q{q}_{}.mlpackage", made.get()));
-        convert(&dir, &pkg)
-            .args([
-                "--max-seq-len",
-                &s.to_string(),
-                "--query-len",
-                &q.to_string(),
-            ])
-            .args(["--keep-fp16", "*"])
-            .ok();
-        Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap()
+    let packages = Fp16Packages {
+        dir: &dir,
+        out: out.path(),
+        s,
+        made: Default::default(),
     };
-    let opts = GenerateOptions {
-        max_new_tokens: 0,
-        record_logits: true,
-        ..Default::default()
-    };
-    let run = |g: &mut Generator<Package>, tokens: &[u32]| {
-        let gen = g.generate(tokens, &opts, &mut |_| Ok(())).unwrap();
-        let rows = gen.logits.unwrap();
-        (0..rows.rows())
-            .map(|t| rows.row(t).unwrap().to_vec())
-            .collect::<Vec<_>>()
-    };
-    let scale = want
-        .logits
-        .iter()
-        .flatten()
-        .fold(0f32, |m, v| m.max(v.abs()));
-    let mut single = load(1);
-    let one = run(&mut single, &want.tokens);
-    let mut chunked = load(5);
-    let five = run(&mut chunked, &want.tokens);
+    let scale = largest(&want.logits);
+    let mut single = packages.generator(1);
+    let (one, _) = prompt_logits(&mut single, &want.tokens, false);
+    let mut chunked = packages.generator(5);
+    let (five, _) = prompt_logits(&mut chunked, &want.tokens, false);
     let (d1, d5, d15) = (
         max_diff(&one, &want.logits),
         max_diff(&five, &want.logits),
@@ -899,14 +929,14 @@ fn lfm2_chunks_padding_and_the_cache_file_keep_the_state_exact() {
 
     // Saved after 25 tokens (a chunk boundary), restored into a fresh generator, continued:
     // the same calls as one run, so the same logits bit for bit.
-    let mut first = load(5);
-    run(&mut first, &want.tokens[..25]);
+    let mut first = packages.generator(5);
+    prompt_logits(&mut first, &want.tokens[..25], false);
     let file = out.path().join("c.kv");
     KvFile::from_generator(&first, &want.tokens[..25], String::new())
         .unwrap()
         .save(&file)
         .unwrap();
-    let mut resumed = load(5);
+    let mut resumed = packages.generator(5);
     let contract = hf2coreml::runtime::StepModel::contract(resumed.model()).clone();
     // A version 1 file (no state) of a hybrid package is refused, naming the versions.
     let mut bytes = std::fs::read(&file).unwrap();
@@ -922,16 +952,8 @@ fn lfm2_chunks_padding_and_the_cache_file_keep_the_state_exact() {
     let kv = KvFile::load(&file, &contract).unwrap();
     assert_eq!(kv.recurrent.len(), 2 * 3 * 64);
     kv.restore(&mut resumed).unwrap();
-    let tail = {
-        let gen = resumed
-            .extend(&want.tokens, &opts, &mut |_| Ok(()))
-            .unwrap();
-        assert_eq!(gen.timing.prompt_tokens, n - 25);
-        let rows = gen.logits.unwrap();
-        (0..rows.rows())
-            .map(|t| rows.row(t).unwrap().to_vec())
-            .collect::<Vec<_>>()
-    };
+    let (tail, ran) = prompt_logits(&mut resumed, &want.tokens, true);
+    assert_eq!(ran, n - 25);
     assert_eq!(tail, five[25..]);
 }
 

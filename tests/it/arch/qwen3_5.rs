@@ -4,13 +4,13 @@
 
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::{BackendChoice, Reference};
-use hf2coreml::runtime::generate::{GenerateOptions, Generator};
+use hf2coreml::runtime::generate::Generator;
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::kvfile::KvFile;
 
 use super::hf::{
-    expected, fixture, inspect_refuses_edited_config, max_diff, reference_matches_transformers,
-    validate,
+    expected, fixture, inspect_refuses_edited_config, largest, max_diff, prompt_logits,
+    reference_matches_transformers, validate, Fp16Packages,
 };
 use crate::support::{convert, needs, stdout, Cli};
 
@@ -142,37 +142,17 @@ fn qwen3_5_chunks_padding_and_the_cache_file_keep_the_state_exact() {
     let out = tempfile::tempdir().unwrap();
     let (s, n) = (74, want.tokens.len());
     assert_eq!(n, 72);
-    let made = std::cell::Cell::new(0);
-    let load = |q: usize| {
-        made.set(made.get() + 1);
-        let pkg = out.path().join(format!("q{q}_{}.mlpackage", made.get()));
-        convert(&dir, &pkg)
-            .args(["--max-seq-len", &s.to_string()])
-            .args(["--query-len", &q.to_string(), "--keep-fp16", "*"])
-            .ok();
-        Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap()
+    let packages = Fp16Packages {
+        dir: &dir,
+        out: out.path(),
+        s,
+        made: Default::default(),
     };
-    let opts = GenerateOptions {
-        max_new_tokens: 0,
-        record_logits: true,
-        ..Default::default()
-    };
-    let run = |g: &mut Generator<Package>, tokens: &[u32]| {
-        let gen = g.generate(tokens, &opts, &mut |_| Ok(())).unwrap();
-        let rows = gen.logits.unwrap();
-        (0..rows.rows())
-            .map(|t| rows.row(t).unwrap().to_vec())
-            .collect::<Vec<_>>()
-    };
-    let scale = want
-        .logits
-        .iter()
-        .flatten()
-        .fold(0f32, |m, v| m.max(v.abs()));
-    let mut single = load(1);
-    let one = run(&mut single, &want.tokens);
-    let mut chunked = load(5);
-    let five = run(&mut chunked, &want.tokens);
+    let scale = largest(&want.logits);
+    let mut single = packages.generator(1);
+    let (one, _) = prompt_logits(&mut single, &want.tokens, false);
+    let mut chunked = packages.generator(5);
+    let (five, _) = prompt_logits(&mut chunked, &want.tokens, false);
     let (d1, d5, d15) = (
         max_diff(&one, &want.logits),
         max_diff(&five, &want.logits),
@@ -205,26 +185,20 @@ fn qwen3_5_chunks_padding_and_the_cache_file_keep_the_state_exact() {
         "states differ by {gap} of {top}"
     );
 
-    let mut first = load(5);
-    run(&mut first, &want.tokens[..25]);
+    let mut first = packages.generator(5);
+    prompt_logits(&mut first, &want.tokens[..25], false);
     let file = out.path().join("c.kv");
     KvFile::from_generator(&first, &want.tokens[..25], String::new())
         .unwrap()
         .save(&file)
         .unwrap();
-    let mut resumed = load(5);
+    let mut resumed = packages.generator(5);
     let contract = hf2coreml::runtime::StepModel::contract(resumed.model()).clone();
     let kv = KvFile::load(&file, &contract).unwrap();
     assert_eq!(kv.recurrent.len(), a.len());
     kv.restore(&mut resumed).unwrap();
-    let gen = resumed
-        .extend(&want.tokens, &opts, &mut |_| Ok(()))
-        .unwrap();
-    assert_eq!(gen.timing.prompt_tokens, n - 25);
-    let rows = gen.logits.unwrap();
-    let tail: Vec<Vec<f32>> = (0..rows.rows())
-        .map(|t| rows.row(t).unwrap().to_vec())
-        .collect();
+    let (tail, ran) = prompt_logits(&mut resumed, &want.tokens, true);
+    assert_eq!(ran, n - 25);
     assert_eq!(tail, five[25..]);
 }
 
@@ -377,16 +351,7 @@ fn qwen3_5_text_decoder_of_the_multimodal_checkpoint() {
     let (code, report, err) = validate(&pkg, &dir, 64);
     assert_eq!(code, Some(0), "{err}\n{report:#}");
     let mut g = Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap();
-    let opts = GenerateOptions {
-        max_new_tokens: 0,
-        record_logits: true,
-        ..Default::default()
-    };
-    let gen = g.generate(&want.tokens, &opts, &mut |_| Ok(())).unwrap();
-    let rows = gen.logits.unwrap();
-    let got: Vec<Vec<f32>> = (0..rows.rows())
-        .map(|t| rows.row(t).unwrap().to_vec())
-        .collect();
+    let (got, _) = prompt_logits(&mut g, &want.tokens, false);
     let (rms, top1) = agreement(&got, &want.logits);
     eprintln!("qwen3_5_vl fp16: relative RMS {rms:e}, top-1 {top1}");
     assert!(rms <= 0.01 && top1 >= 0.99, "{rms} {top1}");
