@@ -140,7 +140,7 @@ impl ChainPart {
         );
         if let (Some(r), true) = (&c.recurrent, conv_layers > 0) {
             r.part(layers)
-                .add_io(c.query_len, float, &mut all_in, &mut all_out);
+                .add_io(c.query_len, float, (&mut all_in, &mut all_out), None);
         }
         let hidden = |name: &str| IoSpec {
             name: name.to_string(),

@@ -449,13 +449,14 @@ impl Recurrent {
     }
 
     /// Add its inputs and outputs to a step's at Q tokens: `valid_len` after `position`
-    /// (Q > 1), the state after the caches, its update after theirs.
+    /// (Q > 1), the state after the caches, its update after theirs; or, given `states` (a
+    /// `--kv-cache state` package), the state tensors as Core ML states there.
     pub fn add_io(
         &self,
         q: usize,
         float: &str,
-        inputs: &mut Vec<IoSpec>,
-        outputs: &mut Vec<IoSpec>,
+        (inputs, outputs): (&mut Vec<IoSpec>, &mut Vec<IoSpec>),
+        mut states: Option<&mut Vec<IoSpec>>,
     ) {
         let io = |name: &str, dtype: &str, shape: Vec<usize>| IoSpec {
             name: name.into(),
@@ -470,8 +471,13 @@ impl Recurrent {
             inputs.insert(at, io(VALID_LEN, "int32", vec![1]));
         }
         for t in self.tensors() {
-            inputs.push(io(t.input, float, t.shape.clone()));
-            outputs.push(io(t.output, float, t.shape));
+            match states.as_deref_mut() {
+                Some(states) => states.push(io(t.input, float, t.shape)),
+                None => {
+                    inputs.push(io(t.input, float, t.shape.clone()));
+                    outputs.push(io(t.output, float, t.shape));
+                }
+            }
         }
     }
 }
@@ -659,7 +665,7 @@ impl Contract {
             self.head_dim,
             self.vocab_size,
         );
-        let (mut i, mut o, st) = match self.kv_cache {
+        let (mut i, mut o, mut st) = match self.kv_cache {
             KvCache::Io => {
                 let (i, o) = Self::io(s, q, l, hkv, d, v, float);
                 (i, o, Vec::new())
@@ -667,7 +673,8 @@ impl Contract {
             KvCache::State => Self::state_io(s, q, l, hkv, d, v, float),
         };
         if let Some(r) = &self.recurrent {
-            r.add_io(q, float, &mut i, &mut o);
+            let states = (self.kv_cache == KvCache::State).then_some(&mut st);
+            r.add_io(q, float, (&mut i, &mut o), states);
         }
         (i, o, st)
     }
@@ -812,7 +819,7 @@ mod tests {
         assert!(missing.check(2).is_err());
         // Q > 1 adds `valid_len` after `position`; the state follows the caches.
         let (mut i, mut o) = Contract::io(16, 4, 2, 1, 8, 32, "fp16");
-        r.add_io(4, "fp16", &mut i, &mut o);
+        r.add_io(4, "fp16", (&mut i, &mut o), None);
         let names = |v: &[IoSpec]| v.iter().map(|x| x.name.clone()).collect::<Vec<_>>();
         assert_eq!(
             names(&i),

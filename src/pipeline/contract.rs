@@ -33,7 +33,7 @@ pub fn contract_for(
     let dims = (opts.max_seq_len, opts.query_len, l, hkv, d, spec.vocab_size);
     let (s, q, l, hkv, d, v) = dims;
     let precision = opts.precision.as_str();
-    let (mut inputs, mut outputs, states) = match opts.kv_cache {
+    let (mut inputs, mut outputs, mut states) = match opts.kv_cache {
         contract::KvCache::Io => {
             let (i, o) = Contract::io(s, q, l, hkv, d, v, precision);
             (i, o, Vec::new())
@@ -41,7 +41,8 @@ pub fn contract_for(
         contract::KvCache::State => Contract::state_io(s, q, l, hkv, d, v, precision),
     };
     if let Some(r) = &recurrent {
-        r.add_io(q, precision, &mut inputs, &mut outputs);
+        let sink = (opts.kv_cache == contract::KvCache::State).then_some(&mut states);
+        r.add_io(q, precision, (&mut inputs, &mut outputs), sink);
     }
     Ok(Contract {
         version: contract::CONTRACT_VERSION,
@@ -109,7 +110,10 @@ fn function_specs(opts: &ConvertOptions, spec: &ModelSpec) -> Vec<contract::Func
             }
         };
         if let Some(r) = spec.recurrent_state(0..spec.num_hidden_layers) {
-            r.add_io(q, precision, &mut inputs, &mut outputs);
+            // A stateful package's functions share its states, listed once in the contract.
+            let mut shared = Vec::new();
+            let sink = (opts.kv_cache == contract::KvCache::State).then_some(&mut shared);
+            r.add_io(q, precision, (&mut inputs, &mut outputs), sink);
         }
         if name == contract::PREFILL && opts.prefill_logits == contract::PrefillLogits::Last {
             let n = contract::logits_widths(v).len();

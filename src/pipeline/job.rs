@@ -423,8 +423,7 @@ impl Job {
         check_context(spec, self.max_seq_len)?;
         crate::graph::decoder::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
         let p = &self.package;
-        crate::graph::decoder::check_recurrent(spec, p.layout, p.kv_cache)
-            .map_err(ConvertError::from)?;
+        crate::graph::decoder::check_recurrent(spec, p.layout).map_err(ConvertError::from)?;
         let predicted = self.recipe.weights_bytes(&ckpt.slots());
         self.check_split(ckpt)?;
         let budget = match &self.device {

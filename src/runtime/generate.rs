@@ -351,7 +351,9 @@ impl<M: StepModel> Generator<M> {
         let eos = c.eos_token_ids.clone();
         let pad = eos.first().copied().unwrap_or(0);
         let hybrid = c.recurrent.is_some();
-        let recurrent_len = c.recurrent_len();
+        let stateful = c.kv_cache == crate::mil::contract::KvCache::State;
+        // A stateful hybrid package keeps its recurrent state itself, as it keeps its cache.
+        let recurrent_len = if stateful { 0 } else { c.recurrent_len() };
         if recurrent_len > isize::MAX as usize / 2 {
             let shapes: Vec<_> = c
                 .recurrent
@@ -363,7 +365,6 @@ impl<M: StepModel> Generator<M> {
                 "recurrent state {shapes:?} is too large"
             )));
         }
-        let stateful = c.kv_cache == crate::mil::contract::KvCache::State;
         let host_cache = if stateful { 0 } else { cache_len };
         let prefill = model.prefill_len();
         let prefill_last_row = prefill.is_some() && model.prefill_last_row_only();

@@ -15,8 +15,10 @@ use crate::graph::{ints, var, Arg, Builder, ConstData, GraphError, Op};
 
 /// What every short-convolution block of a step reads besides its weights.
 pub(super) struct ConvInputs {
-    /// The `conv_state` input [Lc, W, C].
+    /// The `conv_state` input [Lc, W, C] (a stateful package: its value, read).
     pub(super) state: String,
+    /// A stateful package's Core ML state, where the update is stored.
+    pub(super) stored: Option<String>,
     /// `valid_len + [0, W)`: where the new state starts in [state; B·x] (Q > 1 only).
     pub(super) keep: Option<String>,
     /// W.
@@ -28,18 +30,26 @@ pub(super) struct ConvInputs {
 
 impl ConvInputs {
     /// The inputs of a step with `layers` conv blocks of `width` × `channels` state, Q tokens;
-    /// `valid` is the `valid_len` input when Q > 1.
+    /// `valid` is the `valid_len` input when Q > 1; `stateful` the `position` input of a
+    /// `--kv-cache state` package, whose conv state is a Core ML state.
     pub(super) fn new(
         b: &mut Builder,
         (layers, width, channels, bias): (usize, usize, usize, bool),
         valid: Option<&str>,
+        stateful: Option<&str>,
     ) -> Self {
         let fl = b.float();
-        let state = b.input(
+        let (name, shape) = (
             crate::mil::contract::CONV_STATE,
-            fl,
             vec![layers, width, channels],
         );
+        let (state, stored) = match stateful {
+            Some(position) => {
+                let (stored, value) = super::state::recurrent(b, name, shape, position);
+                (value, Some(stored))
+            }
+            None => (b.input(name, fl, shape), None),
+        };
         let keep = valid.map(|valid| {
             let offsets = b.constant(
                 "conv_state_offsets",
@@ -55,6 +65,7 @@ impl ConvInputs {
         });
         ConvInputs {
             state,
+            stored,
             keep,
             width,
             channels,

@@ -27,27 +27,36 @@ const OUT_PRESCALE: f64 = 64.0;
 
 /// What every DeltaNet block of a step reads besides its weights and the conv state.
 pub(super) struct DeltaInputs {
-    /// The `delta_state` input [Ld, Hv, Dk, Dv].
+    /// The `delta_state` input [Ld, Hv, Dk, Dv] (a stateful package: its value, read).
     state: String,
+    /// A stateful package's Core ML state, where the update is stored.
+    pub(super) stored: Option<String>,
     /// [1, Q, 1]: 1 for a real token, 0 for padding (Q > 1 only).
     real: Option<String>,
 }
 
 impl DeltaInputs {
     /// The inputs of a step with `layers` DeltaNet blocks of shape `g`, Q tokens; `valid` is
-    /// the `valid_len` input when Q > 1.
+    /// the `valid_len` input when Q > 1; `stateful` the `position` input of a `--kv-cache
+    /// state` package, whose DeltaNet state is a Core ML state.
     pub(super) fn new(
         b: &mut Builder,
         (layers, g): (usize, &GatedDelta),
-        q: usize,
-        valid: Option<&str>,
+        (q, valid): (usize, Option<&str>),
+        stateful: Option<&str>,
     ) -> Self {
         let fl = b.float();
-        let state = b.input(
+        let (name, shape) = (
             crate::mil::contract::DELTA_STATE,
-            fl,
             vec![layers, g.value_heads, g.key_dim, g.value_dim],
         );
+        let (state, stored) = match stateful {
+            Some(position) => {
+                let (stored, value) = super::state::recurrent(b, name, shape, position);
+                (value, Some(stored))
+            }
+            None => (b.input(name, fl, shape), None),
+        };
         let real = valid.map(|valid| {
             let index = b.constant(
                 "delta_token_index",
@@ -83,7 +92,11 @@ impl DeltaInputs {
                 vec![("x", var(&m)), ("shape", ints(&[1, q as i64, 1]))],
             )
         });
-        DeltaInputs { state, real }
+        DeltaInputs {
+            state,
+            stored,
+            real,
+        }
     }
 }
 

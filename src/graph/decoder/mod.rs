@@ -297,13 +297,13 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
     Ok(())
 }
 
-/// Refuse the forms of the contract a hybrid model's recurrent state (LFM2's conv blocks,
-/// Qwen3.5's DeltaNets) is not carried through: they keep the state only as the io inputs and
-/// outputs of a package or asset in the default layout (one function, or prefill and decode).
+/// Refuse the form of the contract a hybrid model's recurrent state (LFM2's conv blocks,
+/// Qwen3.5's DeltaNets) is not carried through: the Neural Engine layout. Every default-layout
+/// form carries it: io inputs and outputs (one function or prefill and decode, packages,
+/// assets, chains) and, with `--kv-cache state`, Core ML states.
 pub fn check_recurrent(
     spec: &ModelSpec,
     layout: crate::mil::contract::Layout,
-    kv_cache: crate::mil::contract::KvCache,
 ) -> Result<(), GraphError> {
     let what = match (&spec.short_conv, &spec.gated_delta) {
         (Some(c), _) => format!(
@@ -318,13 +318,8 @@ pub fn check_recurrent(
         ),
         (None, None) => return Ok(()),
     };
-    let refused = if layout == crate::mil::contract::Layout::Ane {
-        Some("the --layout ane builder does not carry yet: use --layout default")
-    } else if kv_cache == crate::mil::contract::KvCache::State {
-        Some("a --kv-cache state package does not carry yet: use --kv-cache io")
-    } else {
-        None
-    };
+    let refused = (layout == crate::mil::contract::Layout::Ane)
+        .then_some("the --layout ane builder does not carry yet: use --layout default");
     match refused {
         Some(why) => Err(GraphError::Unsupported(format!("{what} {why}"))),
         None => Ok(()),
@@ -378,7 +373,7 @@ pub fn build_part(
     check_constants(spec, opts)?;
     let whole = *part == Part::whole(spec);
     state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
-    check_recurrent(spec, opts.layout, opts.kv_cache)?;
+    check_recurrent(spec, opts.layout)?;
     if opts.layout == crate::mil::contract::Layout::Ane {
         return ane::build_part(spec, weights, opts, part);
     }
@@ -506,11 +501,25 @@ pub fn build_part(
         }
         _ => {}
     }
-    if !conv_states.is_empty() {
-        outputs.push(stack(&mut b, conv_states, contract::CONV_STATE_UPDATE));
-    }
-    if !delta_states.is_empty() {
-        outputs.push(stack(&mut b, delta_states, contract::DELTA_STATE_UPDATE));
+    let stored = |sh: &Shared| {
+        (
+            sh.conv.as_ref().and_then(|c| c.stored.clone()),
+            sh.delta.as_ref().and_then(|d| d.stored.clone()),
+        )
+    };
+    let (conv_stored, delta_stored) = shared.as_ref().map(stored).unwrap_or_default();
+    for (states, name, stored) in [
+        (conv_states, contract::CONV_STATE_UPDATE, conv_stored),
+        (delta_states, contract::DELTA_STATE_UPDATE, delta_stored),
+    ] {
+        if states.is_empty() {
+            continue;
+        }
+        let update = stack(&mut b, states, name);
+        match stored {
+            Some(state) => state::write_recurrent(&mut b, &state, &update),
+            None => outputs.push(update),
+        }
     }
     weights.finish()?;
     b.finish(outputs)
@@ -558,12 +567,15 @@ fn shared_inputs(
             let v = b.input(contract::VALUE_CACHE, fl, cache_shape);
             (k, v, 0, None)
         };
+    // A stateful package keeps the recurrent state in Core ML states too.
+    let stateful = (opts.kv_cache == crate::mil::contract::KvCache::State).then_some(&*position);
     let conv = recurrent.as_ref().and_then(|r| r.conv.as_ref()).map(|c| {
         let bias = spec.short_conv.as_ref().is_some_and(|s| s.bias);
         conv::ConvInputs::new(
             b,
             (c.layers.len(), c.width, c.channels, bias),
             valid.as_deref(),
+            stateful,
         )
     });
     let delta = recurrent
@@ -578,7 +590,12 @@ fn shared_inputs(
             value_dim: g.value_dim,
             kernel: g.kernel,
         };
-        delta::DeltaInputs::new(b, (d.layers.len(), &shape), dims.q, valid.as_deref())
+        delta::DeltaInputs::new(
+            b,
+            (d.layers.len(), &shape),
+            (dims.q, valid.as_deref()),
+            stateful,
+        )
     });
     // A hybrid step's padding may run past S (its real tokens end by S): RoPE rows for it too,
     // in every part of a chain.

@@ -74,6 +74,65 @@ pub(super) fn read(b: &mut Builder, layers: usize, dims: &Dims) -> StateCache {
     }
 }
 
+/// A hybrid model's recurrent state tensor `name` kept as a Core ML state: declared, read once,
+/// and taken as zeros when `position` is 0, so a new sequence starts from a zero state without
+/// the host resetting anything. Returns the state input and the value the blocks read.
+pub(super) fn recurrent(
+    b: &mut Builder,
+    name: &str,
+    shape: Vec<usize>,
+    position: &str,
+) -> (String, String) {
+    let fl = b.float();
+    let state = b.state_input(name, fl, shape);
+    let read = b.op(
+        Op::ReadState,
+        &format!("{name}_read"),
+        vec![("input", var(&state))],
+    );
+    let continues = b.op(
+        Op::Greater,
+        &format!("{name}_continues"),
+        vec![("x", var(position)), ("y", Arg::Int(0))],
+    );
+    let one = b.constant(
+        &format!("{name}_one"),
+        vec![1],
+        ConstData::F16(vec![half::f16::ONE]),
+        None,
+    );
+    let zero = b.constant(
+        &format!("{name}_zero"),
+        vec![1],
+        ConstData::F16(vec![half::f16::ZERO]),
+        None,
+    );
+    let keep = b.op(
+        Op::Select,
+        &format!("{name}_keep"),
+        vec![
+            ("cond", var(&continues)),
+            ("a", var(&one)),
+            ("b", var(&zero)),
+        ],
+    );
+    let value = b.op(
+        Op::Mul,
+        &format!("{name}_value"),
+        vec![("x", var(&read)), ("y", var(&keep))],
+    );
+    (state, value)
+}
+
+/// Store a recurrent state's new value (see [`recurrent`]).
+pub(super) fn write_recurrent(b: &mut Builder, state: &str, value: &str) {
+    b.op(
+        Op::CoremlUpdateState,
+        &format!("{state}_write"),
+        vec![("state", var(state)), ("value", var(value))],
+    );
+}
+
 /// Write every layer's new keys and values ([1, Hkv, Q, D] each) into rows `position ..
 /// position + Q` of the value read, and store it back into the state.
 pub(super) fn write(

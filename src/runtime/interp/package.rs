@@ -167,7 +167,8 @@ impl Package {
         stats: Option<&mut Stats>,
     ) -> Result<StepOutput, RuntimeError> {
         if let Some(states) = &self.states {
-            return self.state_step(states, input_ids, position, stats);
+            let valid = recurrent.map(|(v, _)| v);
+            return self.state_step(states, (input_ids, valid), position, stats);
         }
         let (program, c) = self.function_for(input_ids.len())?;
         let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];

@@ -398,21 +398,27 @@ impl super::Package {
     pub(super) fn state_step(
         &self,
         states: &std::sync::Mutex<States>,
-        input_ids: &[i32],
+        (input_ids, valid): (&[i32], Option<usize>),
         position: usize,
         stats: Option<&mut super::Stats>,
     ) -> Result<crate::runtime::StepOutput, super::RuntimeError> {
         use crate::mil::contract;
         // Every function of a multifunction package reads and writes the same state.
         let (program, c) = self.function_for(input_ids.len())?;
-        let pos = super::package::check_step(c, input_ids, position, &[], &[], None)?;
-        let inputs = vec![
+        let pos = super::package::check_step(c, input_ids, position, &[], &[], valid)?;
+        let mut inputs = vec![
             (
                 contract::INPUT_IDS,
                 Tensor::i32(vec![1, c.query_len], input_ids),
             ),
             (contract::POSITION, Tensor::i32(vec![1], &[pos])),
         ];
+        // A hybrid package keeps its recurrent state in its own states; a chunk says how many
+        // of its tokens are real (`check_step` bounded it by Q).
+        if c.recurrent.is_some() && c.query_len > 1 {
+            let valid = valid.unwrap_or(input_ids.len()) as i32;
+            inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[valid])));
+        }
         let mut guard = states.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = program.run_with_states(inputs, &mut guard, stats)?;
         Ok(crate::runtime::StepOutput {

@@ -388,3 +388,60 @@ fn qwen3_5_inspect_and_budget_count_the_fixed_state() {
     assert!(line("kv cache").contains("3 DeltaNet states of 4 × 16 × 8 × 2 B"));
     assert!(line("if all attended").contains("128.00 KiB"), "{text}");
 }
+
+/// `--kv-cache state` (iOS18) for both hybrids: the conv and DeltaNet states are Core ML
+/// states beside the KV state, zeroed by the package itself when a sequence starts at position
+/// 0. With prefill (8 tokens a call) and decode, a 45-token prompt gives the io package's
+/// logits; a second, different prompt and then the first again give the first's logits (the
+/// state was reset, not carried); the package passes validate; a KV-cache file, which cannot
+/// reach the states, is refused; `lint` explains why the states keep it off the Neural Engine.
+#[test]
+fn hybrid_stateful_packages_keep_their_state_inside() {
+    use hf2coreml::runtime::kvfile::KvFile;
+    needs!(Python);
+    for arch in ["lfm2_untied", "qwen3_5"] {
+        let dir = fixture(arch);
+        let want = expected(&dir);
+        let out = tempfile::tempdir().unwrap();
+        let load = |kv: &str| {
+            let pkg = out.path().join(format!("{kv}.mlpackage"));
+            convert(&dir, &pkg)
+                .args([
+                    "--max-seq-len",
+                    "64",
+                    "--keep-fp16",
+                    "*",
+                    "--target",
+                    "ios18",
+                ])
+                .args(["--prefill-len", "8", "--kv-cache", kv])
+                .ok();
+            (
+                Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap(),
+                pkg,
+            )
+        };
+        let prompt = &want.tokens[..45];
+        let (mut io, _) = load("io");
+        let (mut state, pkg) = load("state");
+        let (a, _) = prompt_logits(&mut io, prompt, false);
+        let (b, _) = prompt_logits(&mut state, prompt, false);
+        let d = max_diff(&a, &b);
+        eprintln!("{arch}: stateful against io, max |Δ| {d:e}");
+        assert!(d <= 1e-3 * largest(&a), "{arch}: {d}");
+        let other: Vec<u32> = prompt.iter().rev().copied().collect();
+        prompt_logits(&mut state, &other, false);
+        let (again, _) = prompt_logits(&mut state, prompt, false);
+        assert_eq!(again, b, "{arch}: a new sequence starts from a zero state");
+        let err = KvFile::from_generator(&state, prompt, String::new())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("--kv-cache io"), "{arch}: {err}");
+        let (code, report, err) = validate(&pkg, &dir, 48);
+        assert_eq!(code, Some(0), "{arch}: {err}\n{report:#}");
+        let o = Cli::new().arg("lint").arg(&pkg).output();
+        let text = stdout(&o);
+        assert!(text.contains("state-dims"), "{arch}: {text}");
+    }
+}
