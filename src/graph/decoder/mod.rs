@@ -501,28 +501,36 @@ pub fn build_part(
         }
         _ => {}
     }
-    let stored = |sh: &Shared| {
-        (
-            sh.conv.as_ref().and_then(|c| c.stored.clone()),
-            sh.delta.as_ref().and_then(|d| d.stored.clone()),
-        )
-    };
-    let (conv_stored, delta_stored) = shared.as_ref().map(stored).unwrap_or_default();
+    if let Some(sh) = &shared {
+        recurrent_updates(&mut b, sh, (conv_states, delta_states), &mut outputs);
+    }
+    weights.finish()?;
+    b.finish(outputs)
+}
+
+/// A hybrid step's new conv and DeltaNet states, stacked over the blocks: outputs, or stored
+/// into a stateful package's Core ML states.
+fn recurrent_updates(
+    b: &mut Builder,
+    sh: &Shared,
+    (conv, delta): (Vec<String>, Vec<String>),
+    outputs: &mut Vec<String>,
+) {
+    let conv_stored = sh.conv.as_ref().and_then(|c| c.stored.clone());
+    let delta_stored = sh.delta.as_ref().and_then(|d| d.stored.clone());
     for (states, name, stored) in [
-        (conv_states, contract::CONV_STATE_UPDATE, conv_stored),
-        (delta_states, contract::DELTA_STATE_UPDATE, delta_stored),
+        (conv, contract::CONV_STATE_UPDATE, conv_stored),
+        (delta, contract::DELTA_STATE_UPDATE, delta_stored),
     ] {
         if states.is_empty() {
             continue;
         }
-        let update = stack(&mut b, states, name);
+        let update = stack(b, states, name);
         match stored {
-            Some(state) => state::write_recurrent(&mut b, &state, &update),
+            Some(state) => state::write_recurrent(b, &state, &update),
             None => outputs.push(update),
         }
     }
-    weights.finish()?;
-    b.finish(outputs)
 }
 
 /// The position, the caches (this part's layers: inputs, or the state read), RoPE rows and the
