@@ -113,6 +113,26 @@ pub(super) fn prompt_logits(
     (all, gen.timing.prompt_tokens)
 }
 
+/// Two generators' recurrent states after the same tokens agree within 1% of the largest
+/// value (which is not 0); returns how many values they hold.
+pub(super) fn same_state(
+    a: &hf2coreml::runtime::generate::Generator<hf2coreml::runtime::interp::Package>,
+    b: &hf2coreml::runtime::generate::Generator<hf2coreml::runtime::interp::Package>,
+) -> usize {
+    let (a, b) = (a.recurrent_state(), b.recurrent_state());
+    assert_eq!(a.len(), b.len());
+    let top = a.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
+    let gap = a
+        .iter()
+        .zip(b)
+        .fold(0f32, |m, (x, y)| m.max((x.to_f32() - y.to_f32()).abs()));
+    assert!(
+        top > 0.0 && gap <= 0.01 * top,
+        "states differ by {gap} of {top}"
+    );
+    a.len()
+}
+
 /// The largest |logit| of every row.
 pub(super) fn largest(rows: &[Vec<f32>]) -> f32 {
     rows.iter().flatten().fold(0f32, |m, v| m.max(v.abs()))
@@ -868,8 +888,6 @@ const LFM2_PART_LIMIT: &str = "1250KB";
 /// package's, and a run resumed from a KV-cache file (the state in it) equals one run.
 #[test]
 fn lfm2_chunks_padding_and_the_cache_file_keep_the_state_exact() {
-    use hf2coreml::runtime::generate::Generator;
-    use hf2coreml::runtime::interp::Package;
     use hf2coreml::runtime::kvfile::KvFile;
     needs!(Python);
     let dir = fixture("lfm2_untied");
@@ -899,19 +917,7 @@ fn lfm2_chunks_padding_and_the_cache_file_keep_the_state_exact() {
     for d in [d1, d5, d15] {
         assert!(d <= 0.01 * scale, "{d} of {scale}");
     }
-    let state = |g: &Generator<Package>| -> Vec<f32> {
-        g.recurrent_state().iter().map(|x| x.to_f32()).collect()
-    };
-    let (a, b) = (state(&single), state(&chunked));
-    let top = a.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let gap = a
-        .iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    assert!(
-        top > 0.0 && gap <= 0.01 * top,
-        "states differ by {gap} of {top}"
-    );
+    same_state(&single, &chunked);
 
     // Saved after 25 tokens (a chunk boundary), restored into a fresh generator, continued:
     // the same calls as one run, so the same logits bit for bit.

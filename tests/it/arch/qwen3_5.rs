@@ -10,7 +10,7 @@ use hf2coreml::runtime::kvfile::KvFile;
 
 use super::hf::{
     expected, fixture, inspect_refuses_edited_config, largest, max_diff, prompt_logits,
-    reference_matches_transformers, validate, Fp16Packages,
+    reference_matches_transformers, same_state, validate, Fp16Packages,
 };
 use crate::support::{convert, needs, stdout, Cli};
 
@@ -170,20 +170,8 @@ fn qwen3_5_chunks_padding_and_the_cache_file_keep_the_state_exact() {
         eprintln!("qwen3_5 Q={q}: relative RMS {rms:e}, top-1 {top1}");
         assert!(rms <= 0.01 && top1 >= 0.99, "Q={q}: {rms} {top1}");
     }
-    let state = |g: &Generator<Package>| -> Vec<f32> {
-        g.recurrent_state().iter().map(|x| x.to_f32()).collect()
-    };
-    let (a, b) = (state(&single), state(&chunked));
-    assert_eq!(a.len(), 3 * 3 * 96 + 3 * 4 * 16 * 8);
-    let top = a.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let gap = a
-        .iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    assert!(
-        top > 0.0 && gap <= 0.01 * top,
-        "states differ by {gap} of {top}"
-    );
+    let values = same_state(&single, &chunked);
+    assert_eq!(values, 3 * 3 * 96 + 3 * 4 * 16 * 8);
 
     let mut first = packages.generator(5);
     prompt_logits(&mut first, &want.tokens[..25], false);
@@ -195,7 +183,7 @@ fn qwen3_5_chunks_padding_and_the_cache_file_keep_the_state_exact() {
     let mut resumed = packages.generator(5);
     let contract = hf2coreml::runtime::StepModel::contract(resumed.model()).clone();
     let kv = KvFile::load(&file, &contract).unwrap();
-    assert_eq!(kv.recurrent.len(), a.len());
+    assert_eq!(kv.recurrent.len(), values);
     kv.restore(&mut resumed).unwrap();
     let (tail, ran) = prompt_logits(&mut resumed, &want.tokens, true);
     assert_eq!(ran, n - 25);
