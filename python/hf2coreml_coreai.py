@@ -299,7 +299,33 @@ class _Ops:
             x = self._swap_last(x)
         if transpose_y:
             y = self._swap_last(y)
-        return self.ca.broadcasting_batch_matmul(x, y)
+        if str(x._to_mlir().type.element_type) != "f16":
+            return self.ca.broadcasting_batch_matmul(x, y)
+        # An fp16 `batch_matmul` accumulates in fp16 on Apple's CPU runtime (its error grows with
+        # the contraction: attention over long contexts, a DeltaNet state's Sᵀq); a grouped 1×1
+        # `conv2d` with x as its weight (a graph value) sums exact products in fp32 and rounds
+        # once, and runs faster (docs/reference/coreai.md). One group per batch of y, N on the
+        # width axis.
+        np = self.np
+        xs, ys = _shape(x), _shape(y)
+        (m, k), n = xs[-2:], ys[-1]
+        bx, by = xs[:-2], ys[:-2]
+        rank = max(len(bx), len(by))
+        bx, by = [1] * (rank - len(bx)) + bx, [1] * (rank - len(by)) + by
+        batch = [max(a, b) for a, b in zip(bx, by)]
+        nb = int(np.prod(batch, dtype=np.int64)) if batch else 1
+        if int(np.prod(by, dtype=np.int64)) == 1:
+            groups = 1
+        else:
+            groups = nb
+            if bx != batch:
+                x = self.ca.broadcast_to(x, self.i32(batch + [m, k]))
+            if by != batch:
+                y = self.ca.broadcast_to(y, self.i32(batch + [k, n]))
+        yi = self.op_reshape(y, [1, groups * k, 1, n])
+        w = self.op_reshape(x, [nb * m, k, 1, 1])
+        z = self.ca.conv2d(yi, w, self.u32([1, 1]), self.u32([1, 1]), self.u32(groups))
+        return self.op_reshape(z, batch + [m, n])
 
     def _swap_last(self, x):
         r = len(_shape(x))

@@ -11,17 +11,18 @@ use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Options;
 use hf2coreml::testing::{python_env, TinyModel, FP16_LOGIT_TOL};
 
+use crate::support::logits::same_top;
 use crate::support::needs;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hf2coreml");
 
-/// fp16 compute on Apple's CPU runtime against transformers' f32 logits: the largest
-/// relative RMS error of a position's logits row. The Core ML fp16 packages give 0.001-0.003;
-/// Core AI's CPU kernels keep more of the arithmetic in fp16.
+/// fp16 compute on Apple's CPU runtime against transformers' f32 logits: the relative RMS
+/// error of the logits, over every position and in the worst position's row. Measured
+/// 1.5e-3 to 4.6e-3 (worst rows) on the attention and LFM2 fixtures.
 const MAX_REL_RMS: f32 = 0.01;
-/// Share of positions whose top-1 token equals transformers'. Measured 0.975-1.0 on 40
-/// positions: one near-tie position flips on two fixtures.
-const MIN_TOP1: f32 = 0.95;
+/// Share of positions whose top-1 token is transformers', ties within 0.5% of the row's
+/// largest |logit| either way (`support::logits::same_top`).
+const MIN_TOP1: f32 = 0.99;
 
 fn fixture(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/hf/{arch}"))
@@ -98,16 +99,6 @@ fn asset_logits(asset: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0
-}
-
 fn fp16_matches_transformers(arch: &str) {
     fp16_matches_transformers_in(arch, "default");
 }
@@ -116,7 +107,8 @@ fn fp16_matches_transformers_in(arch: &str, layout: &str) {
     fp16_matches_transformers_within(arch, layout, (MAX_REL_RMS, MIN_TOP1));
 }
 
-/// [`fp16_matches_transformers_in`] with its own bounds (worst row's relative RMS, top-1).
+/// [`fp16_matches_transformers_in`] with its own bounds (the worst row's relative RMS, top-1);
+/// the relative RMS over every row is held to [`MAX_REL_RMS`].
 fn fp16_matches_transformers_within(arch: &str, layout: &str, (max_rms, min_top1): (f32, f32)) {
     let dir = fixture(arch);
     let tmp = tempfile::tempdir().unwrap();
@@ -132,19 +124,24 @@ fn fp16_matches_transformers_within(arch: &str, layout: &str, (max_rms, min_top1
     assert!(tmp.path().join(format!("{arch}.report.json")).is_file());
     let got = asset_logits(&asset, &tokens);
     assert_eq!(got.len(), want.len());
-    let mut worst = 0f32;
+    let (mut worst, mut err_all, mut norm_all) = (0f32, 0f64, 0f64);
     let mut top1 = 0;
     for (g, w) in got.iter().zip(&want) {
         let err: f32 = g.iter().zip(w).map(|(a, b)| (a - b) * (a - b)).sum();
         let norm: f32 = w.iter().map(|b| b * b).sum();
         worst = worst.max((err / norm.max(f32::MIN_POSITIVE)).sqrt());
-        top1 += usize::from(argmax(g) == argmax(w));
+        (err_all, norm_all) = (err_all + f64::from(err), norm_all + f64::from(norm));
+        let tie = 0.005 * w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        top1 += usize::from(same_top(g, w, tie));
     }
+    let all = (err_all / norm_all).sqrt() as f32;
     let top1 = top1 as f32 / want.len() as f32;
     eprintln!(
-        "{arch} ({layout} layout): Core AI fp16, max relative RMS {worst:.2e}, top-1 {top1:.3}"
+        "{arch} ({layout} layout): Core AI fp16, relative RMS {all:.2e} (worst row {worst:.2e}), \
+         top-1 {top1:.3}"
     );
-    assert!(worst <= max_rms, "{arch}: relative RMS {worst}");
+    assert!(all <= MAX_REL_RMS, "{arch}: relative RMS {all}");
+    assert!(worst <= max_rms, "{arch}: relative RMS {worst} in one row");
     assert!(top1 >= min_top1, "{arch}: top-1 {top1}");
 }
 
@@ -158,15 +155,14 @@ fn lfm2_fp16_assets_match_transformers() {
 }
 
 /// Qwen3.5's conv and DeltaNet states through every step of an fp16 asset on Apple's
-/// runtime, against transformers. Its bound is wider than the other fixtures': measured worst
-/// row 1.75e-2 (top-1 0.986 over 72 positions), from fp16 arithmetic spread over the whole
-/// DeltaNet block (rounding only its projections, its convolution or its recurrence in the
-/// f32 reference moves the logits by 0.07-0.09 each, of 23): the fixture's random weights
-/// make Sᵀq a sum of terms ten times its size.
+/// runtime, against transformers. Its worst row may reach 0.015 (measured 1.05e-2 of 72): the
+/// fixture's random weights make Sᵀq a sum of terms ten times its size, so the state's own
+/// fp16 rounding shows in the output (rounding only the DeltaNet's projections, its
+/// convolution or its recurrence in the f32 reference moves the logits by 0.07-0.09 each, of 23).
 #[test]
 fn qwen3_5_fp16_asset_matches_transformers() {
     needs!(Python);
-    fp16_matches_transformers_within("qwen3_5", "default", (0.025, MIN_TOP1));
+    fp16_matches_transformers_within("qwen3_5", "default", (0.015, MIN_TOP1));
 }
 
 /// An LFM2 asset with a prefill function (`valid_len` picks the last real row of a padded

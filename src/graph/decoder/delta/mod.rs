@@ -4,10 +4,13 @@
 //! S ← S·exp(g); S ← S + k ⊗ β(v − Sᵀk); o = Sᵀq, with g = −exp(A_log)·softplus(a + dt_bias)
 //! and β = sigmoid(b); o through an RMSNorm gated by silu(z), then `out_proj`.
 //!
-//! The recurrence is lowered token by token as batched matmuls over the value heads
-//! ([Hv, 1, Dk] × [Hv, Dk, Dv]): exact for any Q, and what a decode step (Q = 1) is anyway.
-//! A padded token of a prefill chunk has g = 0 and β = 0, so it leaves S exactly as it was:
-//! the state after the chunk is the state after its `valid_len` real tokens.
+//! A decode step (Q = 1) lowers the recurrence as batched matmuls over the value heads
+//! ([Hv, 1, Dk] × [Hv, Dk, Dv]); a call of several tokens takes them in chunks of up to 64 as
+//! matrix products ([`chunk`]). A padded token of a prefill call has g = 0 and β = 0, so it
+//! leaves S exactly as it was: the state after the call is the state after its `valid_len`
+//! real tokens.
+
+mod chunk;
 
 use half::f16;
 
@@ -33,6 +36,8 @@ pub(super) struct DeltaInputs {
     pub(super) stored: Option<String>,
     /// [1, Q, 1]: 1 for a real token, 0 for padding (Q > 1 only).
     real: Option<String>,
+    /// The chunked form's constants (none when the call takes its tokens one by one).
+    chunks: Vec<chunk::ChunkConsts>,
 }
 
 impl DeltaInputs {
@@ -92,10 +97,16 @@ impl DeltaInputs {
                 vec![("x", var(&m)), ("shape", ints(&[1, q as i64, 1]))],
             )
         });
+        let chunks = if q >= chunk::CHUNKED_FROM {
+            chunk::chunk_consts(b, q)
+        } else {
+            Vec::new()
+        };
         DeltaInputs {
             state,
             stored,
             real,
+            chunks,
         }
     }
 }
@@ -210,7 +221,7 @@ impl Ops<'_> {
         (qn, kn, vh)
     }
 
-    /// The decay exp(g) and β [1, Q, Hv] from `in_proj_b`'s and `in_proj_a`'s outputs:
+    /// The log decay g and β [1, Q, Hv] from `in_proj_b`'s and `in_proj_a`'s outputs:
     /// β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias), softplus(x) as
     /// max(x, 0) + log(1 + exp(−|x|)) so no exp overflows; padding (`real` 0) gets g = 0, β = 0.
     fn step_gates(
@@ -235,7 +246,7 @@ impl Ops<'_> {
             gate = self.binary(Op::Mul, "g_real", &gate, var(real));
             beta = self.binary(Op::Mul, "beta_real", &beta, var(real));
         }
-        (self.unary(Op::Exp, "decay", &gate), beta)
+        (gate, beta)
     }
 
     /// The delta rule token by token from state `s0` [Hv, Dk, Dv]: the outputs Sᵀq
@@ -244,10 +255,11 @@ impl Ops<'_> {
         &mut self,
         s0: &str,
         (qn, kn, vh): (&str, &str, &str),
-        (decay, beta): (&str, &str),
+        (g, beta): (&str, &str),
         h: &Heads,
     ) -> (String, String) {
         let Heads { q, hv, dk, dv, .. } = *h;
+        let decay = &self.unary(Op::Exp, "decay", g);
         let mut s = s0.to_string();
         let mut outs = Vec::with_capacity(q as usize);
         for i in 0..q {
@@ -351,7 +363,7 @@ pub(super) fn gated_delta(
     let mixed = o.unary(Op::Silu, "mixed", &mixed);
     let dims = Heads { q, hk, hv, dk, dv };
     let (qn, kn, vh) = o.qkv_heads(&mixed, &dims);
-    let (decay, beta) = o.step_gates((&beta_in, &a), (&dt_bias, &a_log), delta.real.as_deref());
+    let (g_log, beta) = o.step_gates((&beta_in, &a), (&dt_bias, &a_log), delta.real.as_deref());
     let s0 = o.slice(
         "state_in",
         &delta.state,
@@ -359,7 +371,11 @@ pub(super) fn gated_delta(
         &[slot + 1, hv, dk, dv],
     );
     let s0 = o.reshape("state_0", &s0, &[hv, dk, dv]);
-    let (core, s) = o.recurrence(&s0, (&qn, &kn, &vh), (&decay, &beta), &dims);
+    let (core, s) = if delta.chunks.is_empty() {
+        o.recurrence(&s0, (&qn, &kn, &vh), (&g_log, &beta), &dims)
+    } else {
+        o.chunked(&s0, (&qn, &kn, &vh), (&g_log, &beta), &dims, &delta.chunks)
+    };
     let eps = shared.plain_eps * OUT_PRESCALE * OUT_PRESCALE;
     let normed = super::rms_norm_ranged(o.b, &core, &norm_w, eps, &format!("{tag}_norm"));
     let zh = o.reshape("z_heads", &z, &[q, hv, dv]);
