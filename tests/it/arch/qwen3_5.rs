@@ -125,8 +125,8 @@ fn qwen3_5_packages_validate() {
     );
 }
 
-/// Prompts fed one token a call and 5 a call (72 tokens in a context of 74: the last chunk
-/// holds 2 real tokens and 3 of padding, two of them past S) give transformers' logits and the
+/// Prompts fed one token a call, 5 and 70 a call (72 tokens in a context of 74: the last call
+/// holds 2 real tokens and padding, some of it past S) give transformers' logits and the
 /// same states; a run resumed from a KV-cache file (both states in it) equals one run.
 #[test]
 fn qwen3_5_chunks_padding_and_the_cache_file_keep_the_state_exact() {
@@ -160,13 +160,17 @@ fn qwen3_5_chunks_padding_and_the_cache_file_keep_the_state_exact() {
         assert!(d <= 0.03 * scale, "{d} of {scale}");
     }
     assert!(d15 <= 0.015 * scale, "{d15} of {scale}");
-    for (q, got) in [(1, &one), (5, &five)] {
+    // 70 a call: a chunk of 64 and one of 6 (its inverse padded to 8), then 2 real tokens.
+    let mut long = packages.generator(70);
+    let (seventy, _) = prompt_logits(&mut long, &want.tokens, false);
+    for (q, got) in [(1, &one), (5, &five), (70, &seventy)] {
         let (rms, top1) = agreement(got, &want.logits);
         eprintln!("qwen3_5 Q={q}: relative RMS {rms:e}, top-1 {top1}");
         assert!(rms <= 0.01 && top1 >= 0.99, "Q={q}: {rms} {top1}");
     }
     let values = same_state(&single, &chunked);
     assert_eq!(values, 3 * 3 * 96 + 3 * 4 * 16 * 8);
+    same_state(&single, &long);
 
     let mut first = packages.generator(5);
     prompt_logits(&mut first, &want.tokens[..25], false);
