@@ -764,6 +764,24 @@ impl StepModel for Saved {
         }
     }
 
+    fn state_recurrent(&self) -> Result<Vec<f16>, RuntimeError> {
+        match self {
+            Saved::Package(p) => p.state_recurrent(),
+            Saved::Chain(_) | Saved::CoreAi(_) => Err(RuntimeError::Program(
+                "only a package holds its recurrent state itself".into(),
+            )),
+        }
+    }
+
+    fn restore_state_recurrent(&mut self, values: &[f16]) -> Result<(), RuntimeError> {
+        match self {
+            Saved::Package(p) => p.restore_state_recurrent(values),
+            Saved::Chain(_) | Saved::CoreAi(_) => Err(RuntimeError::Program(
+                "only a package holds its recurrent state itself".into(),
+            )),
+        }
+    }
+
     fn restore_state_rows(
         &mut self,
         rows: usize,

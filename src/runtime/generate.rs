@@ -450,6 +450,20 @@ impl<M: StepModel> Generator<M> {
         &self.recurrent
     }
 
+    /// [`recurrent_state`](Self::recurrent_state), or a stateful hybrid model's, read from
+    /// its states.
+    pub fn recurrent_values(&self) -> Result<Vec<f16>, GenerateError> {
+        if !self.stateful || self.model.contract().recurrent.is_none() {
+            return Ok(self.recurrent.clone());
+        }
+        self.model
+            .state_recurrent()
+            .map_err(|e| GenerateError::Step {
+                position: self.cached.len(),
+                source: e.into(),
+            })
+    }
+
     /// The valid rows of both caches, `[L, Hkv, P, D]` each with P = `cached_tokens().len()`
     /// (a stateful model's are read from its state).
     pub fn valid_rows(&self) -> Result<(Vec<f16>, Vec<f16>), GenerateError> {
@@ -484,11 +498,15 @@ impl<M: StepModel> Generator<M> {
     ) -> Result<(), GenerateError> {
         let p = tokens.len();
         let want = self.layers_heads * p * self.d;
-        if recurrent.len() != self.recurrent.len() {
+        let held = if self.stateful {
+            self.model.contract().recurrent_len()
+        } else {
+            self.recurrent.len()
+        };
+        if recurrent.len() != held {
             return Err(GenerateError::BadContract(format!(
-                "restoring a recurrent state of {} values into a model whose state holds {}",
+                "restoring a recurrent state of {} values into a model whose state holds {held}",
                 recurrent.len(),
-                self.recurrent.len()
             )));
         }
         if p > self.s || keys.len() != want || values.len() != want {
@@ -508,6 +526,14 @@ impl<M: StepModel> Generator<M> {
                     position: 0,
                     source: e.into(),
                 })?;
+            if !recurrent.is_empty() {
+                self.model
+                    .restore_state_recurrent(recurrent)
+                    .map_err(|e| GenerateError::Step {
+                        position: 0,
+                        source: e.into(),
+                    })?;
+            }
             self.cached = tokens.to_vec();
             return Ok(());
         }

@@ -107,14 +107,6 @@ impl KvFile {
         tokens: &[u32],
         conversation: String,
     ) -> Result<Self, super::generate::GenerateError> {
-        let c = g.model().contract();
-        if c.recurrent.is_some() && c.kv_cache == crate::mil::contract::KvCache::State {
-            return Err(super::generate::GenerateError::BadContract(
-                "a stateful hybrid package keeps its recurrent state inside Core ML, where a \
-                 KV-cache file cannot reach it: convert with --kv-cache io to save the cache"
-                    .into(),
-            ));
-        }
         let (keys, values) = g.valid_rows()?;
         let cached = g.cached_tokens();
         let tokens = if tokens.starts_with(cached) {
@@ -130,7 +122,7 @@ impl KvFile {
             conversation,
             keys,
             values,
-            recurrent: g.recurrent_state().to_vec(),
+            recurrent: g.recurrent_values()?,
         })
     }
 

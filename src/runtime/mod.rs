@@ -76,6 +76,23 @@ pub trait StepModel {
         ))
     }
 
+    /// A stateful hybrid model: its recurrent states (conv, then DeltaNet), as the KV-cache
+    /// file holds them.
+    fn state_recurrent(&self) -> Result<Vec<f16>, RuntimeError> {
+        Err(RuntimeError::Program(
+            "the model holds no recurrent state".into(),
+        ))
+    }
+
+    /// A stateful hybrid model: put back what [`state_recurrent`](Self::state_recurrent)
+    /// returned.
+    fn restore_state_recurrent(&mut self, values: &[f16]) -> Result<(), RuntimeError> {
+        let _ = values;
+        Err(RuntimeError::Program(
+            "the model holds no recurrent state".into(),
+        ))
+    }
+
     /// A stateful model: put `keys` and `values` ([L, Hkv, rows, D]) into its cache's first
     /// rows, as [`state_rows`](Self::state_rows) returned them.
     fn restore_state_rows(

@@ -492,4 +492,12 @@ impl StepModel for Package {
     ) -> Result<(), RuntimeError> {
         self.write_state_rows(rows, keys, values)
     }
+
+    fn state_recurrent(&self) -> Result<Vec<f16>, RuntimeError> {
+        self.read_recurrent_states()
+    }
+
+    fn restore_state_recurrent(&mut self, values: &[f16]) -> Result<(), RuntimeError> {
+        self.write_recurrent_states(values)
+    }
 }

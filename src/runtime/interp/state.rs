@@ -494,6 +494,72 @@ impl super::Package {
         Ok(())
     }
 
+    /// A hybrid package's recurrent states (each of [`Recurrent::tensors`], in order), as one
+    /// list of values.
+    ///
+    /// [`Recurrent::tensors`]: crate::mil::contract::Recurrent::tensors
+    pub(super) fn read_recurrent_states(&self) -> Result<Vec<half::f16>, super::RuntimeError> {
+        let states = self.states.as_ref().ok_or_else(no_state)?;
+        let guard = states.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for t in self.recurrent_tensors()? {
+            let held = guard.get(t.input).ok_or_else(|| no_recurrent(t.input))?;
+            if held.shape.iter().product::<usize>() != t.len() {
+                return Err(no_recurrent(t.input));
+            }
+            out.extend(held.to_f16_vec());
+        }
+        Ok(out)
+    }
+
+    /// Put `values` (as [`read_recurrent_states`](Self::read_recurrent_states) returned
+    /// them) back into the recurrent states.
+    pub(super) fn write_recurrent_states(
+        &self,
+        values: &[half::f16],
+    ) -> Result<(), super::RuntimeError> {
+        let tensors = self.recurrent_tensors()?;
+        let want: usize = tensors.iter().map(|t| t.len()).sum();
+        if values.len() != want {
+            return Err(super::RuntimeError::Input {
+                name: "recurrent state".into(),
+                msg: format!("{} values for a state of {want}", values.len()),
+            });
+        }
+        let states = self.states.as_ref().ok_or_else(no_state)?;
+        let mut guard = states.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = 0;
+        for t in tensors {
+            let held = guard
+                .get_mut(t.input)
+                .ok_or_else(|| no_recurrent(t.input))?;
+            let from = &values[at..at + t.len()];
+            at += t.len();
+            match &mut held.data {
+                Data::Half(dst) if dst.len() == from.len() => dst.copy_from_slice(from),
+                Data::F(dst) if dst.len() == from.len() => {
+                    for (o, i) in dst.iter_mut().zip(from) {
+                        *o = i.to_f32();
+                    }
+                }
+                _ => return Err(no_recurrent(t.input)),
+            }
+        }
+        Ok(())
+    }
+
+    fn recurrent_tensors(
+        &self,
+    ) -> Result<Vec<crate::mil::contract::StateTensor>, super::RuntimeError> {
+        self.contract
+            .recurrent
+            .as_ref()
+            .map(|r| r.tensors())
+            .ok_or_else(|| {
+                super::RuntimeError::Program("the package has no recurrent state".into())
+            })
+    }
+
     /// The state holder and the state's [L, Hkv, S', D] (per half), with `rows` within S.
     fn kv_state(
         &self,
@@ -515,6 +581,12 @@ impl super::Package {
         }
         Ok((states, [c.num_layers, c.num_kv_heads, shape[2], c.head_dim]))
     }
+}
+
+fn no_recurrent(name: &str) -> super::RuntimeError {
+    super::RuntimeError::Program(format!(
+        "the package holds no `{name}` state of its contract's shape"
+    ))
 }
 
 fn no_state() -> super::RuntimeError {
