@@ -142,6 +142,25 @@ def gemma3(**kw):
     return transformers.Gemma3ForCausalLM, cfg
 
 
+def gemma3_vl():
+    """Gemma 3 as the Hub ships it from 4B up: `Gemma3ForConditionalGeneration`, the text
+    decoder of [`gemma3`] (tied) under `model.language_model.*` beside a one-layer SigLIP tower
+    `model.vision_tower.*` and its projector `model.multi_modal_projector.*`; the image token
+    ids lie outside the vocabulary, so the fixture's text tokens are text only."""
+    _, text = gemma3()
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=16, patch_size=4)
+    cfg = transformers.Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=250,
+        eoi_token_index=251,
+        image_token_index=252,
+    )
+    return transformers.Gemma3ForConditionalGeneration, cfg
+
+
 def lfm2():
     """LFM2: short-convolution blocks (kernel 3, no biases) around two attention blocks with
     q/k norms, KV heads ≠ query heads, tied; the feed-forward width from LFM2's rule
@@ -246,6 +265,7 @@ ARCHS = {
     "phi3_longrope": phi3_longrope,
     "gemma3": gemma3,
     "gemma3_big": gemma3,
+    "gemma3_vl": gemma3_vl,
     "lfm2": lfm2,
     "lfm2_untied": lfm2_untied,
     "qwen3_5": qwen3_5,
@@ -270,7 +290,8 @@ def randomize(model, gain, arch):
             # Qwen3.5's norms multiply by 1 + w too, but for the plain gated norm of its
             # DeltaNet blocks.
             qwen = arch.startswith("qwen3_5") and "visual" not in name
-            centred = gemma or (qwen and "linear_attn.norm" not in name)
+            tower = "visual" in name or "vision_tower" in name
+            centred = (gemma and not tower) or (qwen and "linear_attn.norm" not in name)
             if p.dim() == 1 and "norm" in name:
                 p.copy_((0.0 if centred else 1.0) + 0.1 * torch.randn(p.shape, generator=gen))
                 big = POST_NORM.get(arch)
@@ -301,7 +322,7 @@ def write(out_dir, arch):
     if arch.startswith("gemma3"):
         # transformers multiplies by √hidden in the weights' dtype: the bf16 checkpoint's
         # normalizer, also in this float32 pass.
-        embed = model.model.embed_tokens
+        embed = getattr(model.model, "language_model", model.model).embed_tokens
         embed.embed_scale.copy_(embed.embed_scale.to(torch.bfloat16).to(torch.float32))
     tokens = [(i * 37 + 11) % VOCAB for i in range(LENGTH.get(arch, len(TOKENS)))]
     with torch.no_grad():

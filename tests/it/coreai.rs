@@ -196,10 +196,12 @@ fn lfm2_asset_with_prefill_passes_validate() {
     );
 }
 
+/// Gemma 3, and the text decoder of the multimodal checkpoint transformers writes.
 #[test]
 fn gemma3_fp16_asset_matches_transformers() {
     needs!(Python);
     fp16_matches_transformers("gemma3");
+    fp16_matches_transformers("gemma3_vl");
 }
 
 /// The Neural Engine layout (1×1 `conv` projections on [1, C, 1, Q], attention per kv head)

@@ -110,3 +110,56 @@ fn an_unknown_part_of_a_multimodal_checkpoint_is_refused() {
     let e = Checkpoint::open(dir.path()).unwrap_err().to_string();
     assert!(e.contains("audio_tower.conv.weight"), "{e}");
 }
+
+/// The multimodal Gemma 3 checkpoint transformers 5.23 writes (`gemma3_vl`: the legacy
+/// `language_model.model.*` names beside a one-layer SigLIP tower and its projector) is its
+/// text decoder: the tower is left out unread and named by `inspect`, the reference gives
+/// transformers' logits of the text tokens, and the fp16 package matches them.
+#[test]
+fn gemma3_multimodal_checkpoint_transformers_wrote_converts_as_its_text_decoder() {
+    use super::hf::{expected, fixture, prompt_logits, reference_matches_transformers, validate};
+    use crate::support::logits::top1;
+    use crate::support::{convert, needs, stdout, Cli};
+    use hf2coreml::runtime::generate::Generator;
+    use hf2coreml::runtime::interp::Package;
+
+    let dir = fixture("gemma3_vl");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    assert_eq!(
+        ckpt.spec().text_of.as_deref(),
+        Some("Gemma3ForConditionalGeneration")
+    );
+    let dropped: Vec<&str> = ckpt.dropped().parts.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(dropped, ["multi_modal_projector.", "vision_tower."]);
+    let text = stdout(&Cli::new().arg("inspect").arg(&dir).output());
+    assert!(
+        text.contains("vision_tower.*  32 tensors, 19,200 parameters"),
+        "{text}"
+    );
+    reference_matches_transformers("gemma3_vl");
+    needs!(Python);
+    let want = expected(&dir);
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("vl.mlpackage");
+    convert(&dir, &pkg)
+        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
+        .ok();
+    let (code, report, err) = validate(&pkg, &dir, 64);
+    assert_eq!(code, Some(0), "{err}\n{report:#}");
+    let mut g = Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap();
+    let (got, _) = prompt_logits(&mut g, &want.tokens, false);
+    let (mut err2, mut norm) = (0f64, 0f64);
+    for (a, b) in got.iter().flatten().zip(want.logits.iter().flatten()) {
+        err2 += f64::from(a - b).powi(2);
+        norm += f64::from(*b).powi(2);
+    }
+    let rms = (err2 / norm).sqrt();
+    let scale = want
+        .logits
+        .iter()
+        .flatten()
+        .fold(0f32, |m, v| m.max(v.abs()));
+    let agree = top1(&got, &want.logits, 0.005 * scale);
+    eprintln!("gemma3_vl fp16: relative RMS {rms:e}, top-1 {agree}");
+    assert!(rms <= 0.01 && agree >= 0.99, "{rms} {agree}");
+}
