@@ -23,8 +23,10 @@ use crate::graph::{ints, var, Arg, Builder, ConstData, Op};
 pub(in crate::graph::decoder) const CHUNK: usize = 64;
 
 /// The fewest tokens a call takes before its DeltaNet blocks use the chunked form rather than
-/// the per-token loop.
-pub(in crate::graph::decoder) const CHUNKED_FROM: usize = 2;
+/// the per-token loop: ops per block, per-token 18·Q + 3 against chunked 53 (Q = 2), 74 (3),
+/// 67 (4), 81 (8), 123 (64); the loop is smaller below 4 tokens and the chunked form past
+/// them, with more of its work in matrix products.
+pub(in crate::graph::decoder) const CHUNKED_FROM: usize = 4;
 
 /// The constants every block's chunks of `n` tokens share.
 pub(in crate::graph::decoder) struct ChunkConsts {

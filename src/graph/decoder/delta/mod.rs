@@ -5,8 +5,8 @@
 //! and β = sigmoid(b); o through an RMSNorm gated by silu(z), then `out_proj`.
 //!
 //! A decode step (Q = 1) lowers the recurrence as batched matmuls over the value heads
-//! ([Hv, 1, Dk] × [Hv, Dk, Dv]); a call of several tokens takes them in chunks of up to 64 as
-//! matrix products ([`chunk`]). A padded token of a prefill call has g = 0 and β = 0, so it
+//! ([Hv, 1, Dk] × [Hv, Dk, Dv]), and so does a call of 2 or 3 tokens, token by token; a call
+//! of 4 or more takes them in chunks of up to 64 as matrix products ([`chunk`]), fewer ops. A padded token of a prefill call has g = 0 and β = 0, so it
 //! leaves S exactly as it was: the state after the call is the state after its `valid_len`
 //! real tokens.
 
