@@ -379,7 +379,7 @@ fn unknown_pre_tokenizer_is_named() {
     );
     assert!(
         msg.contains("`falcon`")
-            && msg.contains("smollm, llama-bpe, qwen2, deepseek-r1-qwen, gpt2"),
+            && msg.contains("smollm, llama-bpe, lfm2, qwen2, deepseek-r1-qwen, qwen35, gpt2"),
         "{msg}"
     );
 }
