@@ -227,11 +227,12 @@ pub(super) fn is_mtp_tensor(hp: &LlamaHParams, name: &str) -> bool {
 pub(super) fn expected(spec: &ModelSpec) -> Vec<TensorPlan> {
     arch::tensor_ids(spec)
         .into_iter()
-        .map(|id| plan(id, spec))
+        .map(|id| expected_one(id, spec))
         .collect()
 }
 
-fn plan(id: TensorId, spec: &ModelSpec) -> TensorPlan {
+/// How tensor `id` of `spec` is read from a hybrid GGUF.
+pub fn expected_one(id: TensorId, spec: &ModelSpec) -> TensorPlan {
     let lfm2 = spec.architecture == Architecture::Lfm2;
     let gguf_name = match id {
         TensorId::FinalNorm if lfm2 => "token_embd_norm.weight".to_string(),
