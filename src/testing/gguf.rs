@@ -481,7 +481,8 @@ pub fn q4_k_m_type(
     layer: Option<usize>,
     layers: usize,
 ) -> FixtureType {
-    if shape.len() < 2 {
+    // llama.cpp keeps the convolutions' taps (a few per channel) in f32.
+    if shape.len() < 2 || gguf_name.contains("ssm_conv1d") || gguf_name.contains("shortconv.conv") {
         return FixtureType::F32;
     }
     let more_bits = |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
@@ -754,6 +755,8 @@ pub fn from_checkpoint(
         Architecture::Gemma3 => "gemma3",
         Architecture::Phi3 => "phi3",
         Architecture::SmolLM3 => "smollm3",
+        Architecture::Lfm2 => "lfm2",
+        Architecture::Qwen3_5 => "qwen35",
         _ => "llama",
     };
     let gemma = arch == "gemma3";
@@ -764,10 +767,10 @@ pub fn from_checkpoint(
     let mut w = GgufWriter::default();
     architecture_meta(&mut w, &spec, arch);
     // Qwen3's vocabulary is Qwen2's: llama.cpp names its pre-tokenizer `qwen2`.
-    let pre = if arch == "llama" {
-        "llama-bpe"
-    } else {
-        "qwen2"
+    let pre = match arch {
+        "llama" => "llama-bpe",
+        "lfm2" | "qwen35" => arch,
+        _ => "qwen2",
     };
     tokenizer_meta(&mut w, pre, &tokens, merges);
     let mut expected = BTreeMap::new();
@@ -820,6 +823,12 @@ pub fn from_checkpoint(
             });
             continue;
         }
+        if matches!(arch, "lfm2" | "qwen35") {
+            let (tensor, decoded_hf) = hybrid_tensor(ckpt, id, &layout);
+            expected.insert(hf, (id.shape(&spec), decoded_hf));
+            w.tensor(tensor);
+            continue;
+        }
         let t = ckpt.tensor(&hf).expect("checkpoint tensor");
         let shape = t.shape.to_vec();
         let values = t.to_f32();
@@ -865,6 +874,51 @@ pub fn from_checkpoint(
     }
 }
 
+/// Tensor `id` of a hybrid checkpoint as llama.cpp's converter writes it for `lfm2` and
+/// `qwen35` (the importer's plan, run forwards: tiled value heads, −exp(A_log), norms + 1, taps
+/// squeezed), in the type `layout` picks, and what it decodes to in the Hugging Face layout.
+fn hybrid_tensor(
+    ckpt: &crate::checkpoint::Checkpoint,
+    id: crate::arch::TensorId,
+    layout: &impl Fn(&str, &[usize], Option<usize>, usize) -> FixtureType,
+) -> (RawTensor, Vec<f32>) {
+    let spec = ckpt.spec();
+    let plan = crate::checkpoint::gguf::hybrid::expected_one(id, spec);
+    let mut stored = ckpt
+        .tensor(&id.hf_name())
+        .expect("checkpoint tensor")
+        .to_f32();
+    let shape = plan.gguf_shape();
+    let (rows, cols) = (shape[0], shape[1..].iter().product::<usize>());
+    if let Some(t) = plan.tiled_heads {
+        stored = t.tile(&stored, rows, cols);
+    }
+    if plan.negated_exp {
+        stored.iter_mut().for_each(|v| *v = -v.exp());
+    }
+    if plan.minus_one {
+        stored.iter_mut().for_each(|v| *v += 1.0);
+    }
+    let ty = layout(&plan.gguf_name, &shape, id.layer(), spec.num_hidden_layers);
+    let (data, mut decoded) = encode(&stored, ty);
+    if plan.minus_one {
+        decoded.iter_mut().for_each(|v| *v -= 1.0);
+    }
+    if plan.negated_exp {
+        decoded.iter_mut().for_each(|v| *v = (-*v).ln());
+    }
+    if let Some(t) = plan.tiled_heads {
+        decoded = t.untile(&decoded, rows, cols);
+    }
+    let tensor = RawTensor {
+        name: plan.gguf_name,
+        type_id: ty.id(),
+        shape,
+        data,
+    };
+    (tensor, decoded)
+}
+
 /// The `{arch}.*` keys llama.cpp's converter writes for `spec` (and Phi-3's LongRoPE factor
 /// tensors).
 fn architecture_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &str) {
@@ -885,7 +939,7 @@ fn architecture_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &s
         );
     // llama.cpp writes the key/value lengths whenever config.json names a head_dim (Qwen3's
     // always does).
-    if matches!(arch, "qwen3" | "gemma3")
+    if matches!(arch, "qwen3" | "gemma3" | "qwen35")
         || spec.head_dim * spec.num_attention_heads != spec.hidden_size
     {
         w.meta(&key("attention.key_length"), u(spec.head_dim))
@@ -904,6 +958,7 @@ fn architecture_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &s
             "a smollm3 GGUF holds no NoPE key: llama.cpp fixes every fourth block"
         );
     }
+    hybrid_meta(w, spec, arch);
     if phi3 {
         // Phi-4 is told apart by a window of 0.
         w.meta(
@@ -939,6 +994,42 @@ fn architecture_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &s
                 data,
             });
         }
+    }
+}
+
+/// The keys `LFM2Model` and `Qwen3_5TextModel` write beyond the shared ones: LFM2's per-block
+/// KV heads (0 for a convolution) and taps; Qwen3.5's RoPE dimensions and sections, DeltaNet
+/// sizes (`ssm.*`) and the attention interval (always 4: transformers' config.json does not
+/// keep `full_attention_interval`).
+fn hybrid_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &str) {
+    let key = |k: &str| format!("{arch}.{k}");
+    let u = |v: usize| Meta::U32(v as u32);
+    if let Some(conv) = spec.short_conv.as_ref().filter(|_| arch == "lfm2") {
+        let kv: Vec<i32> = (0..spec.num_hidden_layers)
+            .map(|l| match conv.layers.contains(&l) {
+                true => 0,
+                false => spec.num_key_value_heads as i32,
+            })
+            .collect();
+        w.meta(&key("attention.head_count_kv"), Meta::I32Array(kv))
+            .meta(&key("vocab_size"), u(spec.vocab_size))
+            .meta(&key("shortconv.l_cache"), u(conv.kernel));
+    }
+    if let Some(g) = spec.gated_delta.as_ref().filter(|_| arch == "qwen35") {
+        let rot = spec.rotary_dim();
+        let mut sections: Vec<i32> = crate::testing::mrope_section(rot / 2)
+            .into_iter()
+            .map(|n| n as i32)
+            .collect();
+        sections.push(0);
+        w.meta(&key("rope.dimension_count"), u(rot))
+            .meta(&key("rope.dimension_sections"), Meta::I32Array(sections))
+            .meta(&key("ssm.conv_kernel"), u(g.kernel))
+            .meta(&key("ssm.state_size"), u(g.key_dim))
+            .meta(&key("ssm.group_count"), u(g.key_heads))
+            .meta(&key("ssm.time_step_rank"), u(g.value_heads))
+            .meta(&key("ssm.inner_size"), u(g.value_width()))
+            .meta(&key("full_attention_interval"), u(4));
     }
 }
 
@@ -992,15 +1083,25 @@ pub fn q6_k_type(_: &str, shape: &[usize], _: Option<usize>, _: usize) -> Fixtur
 /// vocabulary. Weights small and logits mildly peaked: with sharper logits, 4-bit source error
 /// alone (no calibration can undo it) costs a random model KL ~1.
 pub fn kquant_model(model: crate::testing::TinyModel) -> crate::testing::TinyModel {
-    // Gemma 3's sixth block is its first global one, SmolLM3's fourth its first without RoPE.
+    // Gemma 3's sixth block is its first global one, SmolLM3's fourth its first without RoPE;
+    // LFM2's four blocks alternate convolution and attention, Qwen3.5's fourth attends.
     let layers = match model.architecture {
         crate::arch::Architecture::Gemma3 => 6,
-        crate::arch::Architecture::SmolLM3 => 4,
+        crate::arch::Architecture::SmolLM3
+        | crate::arch::Architecture::Lfm2
+        | crate::arch::Architecture::Qwen3_5 => 4,
         _ => 3,
+    };
+    // transformers reads LFM2 and Qwen3.5 files through a reader without q5_0 ("holds tensors
+    // of ggml type 6, which is not supported yet"): their feed-forward rows are 256-multiples,
+    // so no tensor falls back to it.
+    let intermediate = match model.architecture {
+        crate::arch::Architecture::Lfm2 | crate::arch::Architecture::Qwen3_5 => 512,
+        _ => 384,
     };
     crate::testing::TinyModel {
         hidden: 256,
-        intermediate: 384,
+        intermediate,
         layers,
         vocab: TinyGguf::llama().tokens().len(),
         logit_gain: 1.5,

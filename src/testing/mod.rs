@@ -148,6 +148,37 @@ impl TinyModel {
         }
     }
 
+    /// LFM2: short-convolution blocks (kernel 3) at the even blocks, attention blocks with
+    /// q/k norms at the odd ones, tied. `intermediate` is the adjusted feed-forward width:
+    /// config.json declares 3/2 of it under `block_auto_adjust_ff_dim` (multiples of 32), as
+    /// LFM2's configs do.
+    pub fn lfm2() -> Self {
+        TinyModel {
+            architecture: Architecture::Lfm2,
+            layers: 4,
+            transformers5: true,
+            rope_theta: 1_000_000.0,
+            seed: 8,
+            ..Self::llama()
+        }
+    }
+
+    /// Qwen3.5's text decoder: Gated DeltaNet blocks with 2 key heads of 16 and 6 value heads
+    /// of 128 (a value-head order whose tiling is not its own inverse), kernel 4, attention at
+    /// every fourth block (transformers' `full_attention_interval`), partial rotary 0.25,
+    /// untied. head_dim is hidden / heads, written out (Qwen3.5's default is 256).
+    pub fn qwen3_5() -> Self {
+        TinyModel {
+            architecture: Architecture::Qwen3_5,
+            layers: 4,
+            tied: false,
+            transformers5: true,
+            rope_theta: 10_000_000.0,
+            seed: 9,
+            ..Self::llama()
+        }
+    }
+
     /// config.json text for this model.
     pub fn config_json(&self) -> serde_json::Value {
         let mut c = serde_json::json!({
@@ -197,6 +228,11 @@ impl TinyModel {
         if self.architecture == Architecture::Qwen2 {
             obj.insert("use_sliding_window".into(), false.into());
         }
+        match self.architecture {
+            Architecture::Lfm2 => self.lfm2_fields(obj),
+            Architecture::Qwen3_5 => self.qwen3_5_fields(obj),
+            _ => {}
+        }
         if self.architecture == Architecture::Gemma3 {
             let types: Vec<&str> = (0..self.layers)
                 .map(|l| match (l + 1) % 6 {
@@ -227,6 +263,54 @@ impl TinyModel {
         c
     }
 
+    fn lfm2_fields(&self, obj: &mut serde_json::Map<String, serde_json::Value>) {
+        let types: Vec<&str> = (0..self.layers)
+            .map(|l| if l % 2 == 0 { "conv" } else { "full_attention" })
+            .collect();
+        obj.remove("hidden_act");
+        obj.remove("rms_norm_eps");
+        for (k, v) in [
+            ("intermediate_size", (self.intermediate * 3 / 2).into()),
+            ("block_auto_adjust_ff_dim", true.into()),
+            ("block_ffn_dim_multiplier", 1.0.into()),
+            ("block_multiple_of", 32.into()),
+            ("conv_L_cache", 3.into()),
+            ("conv_bias", false.into()),
+            ("norm_eps", 1e-5.into()),
+            ("layer_types", serde_json::json!(types)),
+        ] {
+            obj.insert(k.into(), v);
+        }
+    }
+
+    fn qwen3_5_fields(&self, obj: &mut serde_json::Map<String, serde_json::Value>) {
+        let types: Vec<&str> = (0..self.layers)
+            .map(|l| match (l + 1) % 4 {
+                0 => "full_attention",
+                _ => "linear_attention",
+            })
+            .collect();
+        let head_dim = self.head_dim.unwrap_or(self.hidden / self.heads);
+        for (k, v) in [
+            ("head_dim", head_dim.into()),
+            ("layer_types", serde_json::json!(types)),
+            ("linear_conv_kernel_dim", 4.into()),
+            ("linear_key_head_dim", 16.into()),
+            ("linear_num_key_heads", 2.into()),
+            ("linear_num_value_heads", 6.into()),
+            ("linear_value_head_dim", 128.into()),
+            ("rms_norm_eps", 1e-6.into()),
+        ] {
+            obj.insert(k.into(), v);
+        }
+        if let Some(rp) = obj.get_mut("rope_parameters") {
+            rp["partial_rotary_factor"] = 0.25.into();
+            rp["mrope_interleaved"] = true.into();
+            // head_dim / 4 rotated dimensions: head_dim / 8 pairs.
+            rp["mrope_section"] = mrope_section(head_dim / 8).into();
+        }
+    }
+
     pub fn spec(&self) -> ModelSpec {
         ModelSpec::from_config_str(&self.config_json().to_string())
             .expect("fixture config is valid")
@@ -255,8 +339,14 @@ impl TinyModel {
                     } else {
                         1.0
                     };
+                    // Qwen3.5's norms are 1 + w too, but for its DeltaNets' gated output norm.
                     let stored_as = match self.architecture {
                         Architecture::Gemma3 => -1.0,
+                        Architecture::Qwen3_5
+                            if !slot.name.ends_with("linear_attn.norm.weight") =>
+                        {
+                            -1.0
+                        }
                         _ => 0.0,
                     };
                     (0..slot.numel())
@@ -280,7 +370,7 @@ impl TinyModel {
                     }
                 }
                 None => tensors.push((
-                    slot.name.clone(),
+                    arch::stored_name(self.architecture, &slot.name),
                     Blob::new(self.dtype, slot.shape.clone(), &values),
                 )),
             }
@@ -320,6 +410,12 @@ impl TinyModel {
         self.write(dir.path())?;
         Ok(dir)
     }
+}
+
+/// Qwen3.5's multimodal RoPE sections for `pairs` rotated pairs (text, height, width), as its
+/// configs split them: a quarter each to height and width, the rest to text.
+pub fn mrope_section(pairs: usize) -> Vec<usize> {
+    vec![pairs - 2 * (pairs / 4), pairs / 4, pairs / 4]
 }
 
 /// A tensor to serialize.

@@ -89,6 +89,13 @@ impl LlamaHParams {
     fn gguf_source(&self, field: &str) -> Source {
         let key = |k: &str| Source::Key(format!("{}.{k}", self.arch));
         let name = field.split('[').next().unwrap_or(field);
+        if let Some(k) = self
+            .hybrid
+            .as_ref()
+            .and_then(|h| super::hybrid::key_of(h, name))
+        {
+            return key(k);
+        }
         match name {
             "rope_theta" | "rope_parameters.full_attention.rope_theta" => key("rope.freq_base"),
             "rope_scaling.factor" | "rope_parameters.full_attention.factor" => {
@@ -144,13 +151,16 @@ pub fn summarize(g: &GgufFile) -> Result<HeaderInfo, GgufError> {
         let Some(t) = g.tensor(&p.gguf_name) else {
             continue;
         };
-        stored_bytes.insert(p.hf_name.clone(), t.n_bytes);
+        // The name the pipeline knows the tensor by (LFM2's `feed_forward.w1` is
+        // `mlp.gate_proj`).
+        let name = arch::canonical_name(spec.architecture, &p.hf_name);
         if slots
             .iter()
-            .any(|s| s.name == p.hf_name && s.role.is_projection())
+            .any(|s| s.name == name && s.role.is_projection())
         {
             *projection.entry(t.type_id).or_default() += t.numel() as u64;
         }
+        stored_bytes.insert(name, t.n_bytes);
     }
     let projection_type = projection
         .into_iter()

@@ -1,6 +1,7 @@
 //! GGUF (llama.cpp) files → Hugging Face checkpoints.
 //!
-//! [`import`] reads a `llama`, `qwen2`, `qwen3`, `gemma3`, `phi3` or `smollm3` GGUF, dequantizes
+//! [`import`] reads a `llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`, `smollm3`, `lfm2` or `qwen35`
+//! GGUF ([`hybrid`]: the last two's own keys, names and transforms), dequantizes
 //! every tensor (the legacy, K and IQ4 quant types: [`dequant`]) into an fp16
 //! `model.safetensors` with llama.cpp's q/k row permutation undone where its converter applied
 //! it (llama and smollm3), and writes
@@ -10,6 +11,7 @@
 pub mod cache;
 pub mod dequant;
 pub mod header;
+pub mod hybrid;
 pub mod reader;
 pub mod spm;
 pub mod tokenizer;
@@ -22,6 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use thiserror::Error;
 
+pub use hybrid::Hybrid;
 pub use reader::{supported_types_list, type_name, GgufFile, GgufTensor, SUPPORTED_TYPES};
 pub use tokenizer::{GgufTokenizer, SUPPORTED_PRE};
 pub use weights::{hf_tensor_name, permute_rows, unpermute_rows, TensorPlan};
@@ -31,8 +34,9 @@ use crate::fsutil::AtomicDir;
 use crate::progress::Progress;
 
 /// Architectures (`general.architecture`) the importer understands.
-pub const SUPPORTED_ARCHITECTURES: [&str; 6] =
-    ["llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3"];
+pub const SUPPORTED_ARCHITECTURES: [&str; 8] = [
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "lfm2", "qwen35",
+];
 
 /// The transformers version whose config keys we write (v4: `rope_theta`, `torch_dtype`).
 const TRANSFORMERS_VERSION: &str = "4.46.0";
@@ -93,8 +97,8 @@ pub enum GgufError {
     OutputExists { path: PathBuf },
 }
 
-/// The hyperparameters of a llama-family GGUF (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3` or
-/// `smollm3`), checked for consistency.
+/// The hyperparameters of a GGUF (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`, `smollm3`, and
+/// the hybrids `lfm2` and `qwen35`), checked for consistency.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LlamaHParams {
     /// `general.architecture`: one of [`SUPPORTED_ARCHITECTURES`].
@@ -120,6 +124,10 @@ pub struct LlamaHParams {
     pub rotary_dim: Option<usize>,
     /// Phi-3's LongRoPE, when the file holds `rope_factors_long` and `rope_factors_short`.
     pub long_rope: Option<LongRope>,
+    /// LFM2's convolution blocks or Qwen3.5's DeltaNet blocks (`layers` is then the decoder's
+    /// blocks, without Qwen3.5's MTP blocks; `intermediate` LFM2's adjusted width).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<Hybrid>,
 }
 
 /// Phi-3's LongRoPE as llama.cpp's converter stores it: the per-pair factors as two f32
@@ -214,6 +222,8 @@ impl LlamaHParams {
             "gemma3" => Architecture::Gemma3,
             "phi3" => Architecture::Phi3,
             "smollm3" => Architecture::SmolLM3,
+            "lfm2" => Architecture::Lfm2,
+            "qwen35" => Architecture::Qwen3_5,
             _ => Architecture::Llama,
         }
     }
@@ -288,7 +298,12 @@ impl Dims {
         let hidden = required_dim(g, &key("embedding_length"))?;
         let intermediate = required_dim(g, &key("feed_forward_length"))?;
         let heads = required_dim(g, &key("attention.head_count"))?;
-        let kv_heads = optional_dim(g, &key("attention.head_count_kv"))?.unwrap_or(heads);
+        let kv_key = key("attention.head_count_kv");
+        let kv_heads = match arch {
+            // One entry per block, 0 for a convolution.
+            "lfm2" => hybrid::lfm2_kv_heads(g, &kv_key, layers, heads)?.0,
+            _ => optional_dim(g, &kv_key)?.unwrap_or(heads),
+        };
         if heads % kv_heads != 0 {
             return Err(meta_err(
                 g,
@@ -316,9 +331,15 @@ impl Dims {
                 ));
             }
         }
-        // Each block has nine tensors (six fused ones in Phi-3): a corrupt count must not
-        // drive a huge allocation.
-        let per_block = if arch == "phi3" { 6 } else { 9 };
+        // Each block has nine tensors (six fused ones in Phi-3, eight in an LFM2 convolution
+        // block, eleven in a Qwen3.5 attention block): a corrupt count must not drive a huge
+        // allocation.
+        let per_block = match arch {
+            "phi3" => 6,
+            "lfm2" => 8,
+            "qwen35" => 11,
+            _ => 9,
+        };
         let n_tensors = g.tensors().len();
         if layers > n_tensors / per_block {
             return Err(meta_err(
@@ -346,8 +367,9 @@ impl Dims {
         }
         let mut rotary_dim = None;
         if let Some(rot) = optional_dim(g, &key("rope.dimension_count"))? {
-            // Phi-4-mini rotates the leading 3/4 of each head; nothing else may rotate fewer.
-            if arch == "phi3" && rot < head_dim && rot % 2 == 0 {
+            // Phi-4-mini rotates the leading 3/4 of each head, Qwen3.5 a quarter; nothing else
+            // may rotate fewer.
+            if matches!(arch, "phi3" | "qwen35") && rot < head_dim && rot % 2 == 0 {
                 rotary_dim = Some(rot);
             } else if rot != head_dim {
                 return Err(meta_err(
@@ -355,7 +377,7 @@ impl Dims {
                     &key("rope.dimension_count"),
                     format!(
                         "{rot} rotated of {head_dim} dims: partial rotary embeddings are \
-                         supported for phi3 only, an even number below head_dim"
+                         supported for phi3 and qwen35 only, an even number below head_dim"
                     ),
                 ));
             }
@@ -523,6 +545,7 @@ impl LlamaHParams {
             head_dim,
             rotary_dim,
         } = Dims::from_gguf(g, &arch)?;
+        let (hybrid, layers) = hybrid::read(g, &arch, layers, heads)?;
         let context = required_dim(g, &format!("{arch}.context_length"))?;
         let (rope_theta, rms_norm_eps, rope_linear_factor) = rope_and_norm(g, &arch)?;
         let vocab = vocab_size(g, &arch, hidden)?;
@@ -560,6 +583,7 @@ impl LlamaHParams {
             sliding_window,
             rotary_dim,
             long_rope,
+            hybrid,
         })
     }
 
@@ -607,6 +631,7 @@ impl LlamaHParams {
                 shape,
                 unpermute_heads: heads.filter(|_| self.permuted_qk()),
                 minus_one: gemma && id.role() == crate::arch::Role::Norm,
+                ..TensorPlan::default()
             }
         };
         let mut out = vec![plan(TensorId::Embedding, vec![self.vocab, h])];
@@ -614,8 +639,7 @@ impl LlamaHParams {
             hf_name: hf,
             gguf_name: format!("blk.{l}.{gguf}.weight"),
             shape: vec![rows, h],
-            unpermute_heads: None,
-            minus_one: false,
+            ..TensorPlan::default()
         };
         for l in 0..self.layers {
             if self.fused() {
@@ -655,6 +679,9 @@ impl LlamaHParams {
 
     /// config.json (transformers 4 keys; Gemma 3's in transformers 5's form).
     pub fn config_json(&self, ids: SpecialIds) -> serde_json::Value {
+        if let Some(h) = &self.hybrid {
+            return self.hybrid_config_json(h, ids);
+        }
         if self.gemma() {
             return self.gemma3_config_json(ids);
         }
@@ -806,18 +833,22 @@ pub fn plan_tensors_unchecked(
     g: &GgufFile,
     hp: &LlamaHParams,
 ) -> Result<Vec<TensorPlan>, GgufError> {
-    let plan = hp.expected();
+    // A hybrid's tensors are the ones its config.json describes (block kinds, DeltaNet sizes).
+    let plan = match &hp.hybrid {
+        Some(_) => hybrid::expected(&hp.spec(g)?),
+        None => hp.expected(),
+    };
     for p in &plan {
         let t = g.tensor(&p.gguf_name).ok_or_else(|| GgufError::Tensor {
             path: g.path().to_path_buf(),
             tensor: p.gguf_name.clone(),
             message: "missing".into(),
         })?;
-        if t.shape != p.shape {
+        if t.shape != p.gguf_shape() {
             return Err(GgufError::Tensor {
                 path: g.path().to_path_buf(),
                 tensor: p.gguf_name.clone(),
-                message: format!("shape {:?}, expected {:?}", t.shape, p.shape),
+                message: format!("shape {:?}, expected {:?}", t.shape, p.gguf_shape()),
             });
         }
     }
@@ -827,6 +858,7 @@ pub fn plan_tensors_unchecked(
         .map(|t| t.name.as_str())
         .filter(|n| !plan.iter().any(|p| p.gguf_name == *n))
         .filter(|n| hp.long_rope.is_none() || !ROPE_FACTORS.contains(n))
+        .filter(|n| !hybrid::is_mtp_tensor(hp, n))
         .collect();
     if let Some(first) = extra.first() {
         let message = if *first == "rope_freqs.weight" {
@@ -1019,13 +1051,8 @@ fn write_weights(
             })?;
         progress.working_on(&p.gguf_name);
         *types.entry(t.type_name()).or_insert(0) += 1;
-        let mut values = g.read_f32(&t)?;
-        if let Some(heads) = p.unpermute_heads {
-            values = unpermute_rows(&values, p.shape[0], p.shape[1], heads);
-        }
-        if p.minus_one {
-            values.iter_mut().for_each(|v| *v -= 1.0);
-        }
+        let stored = g.read_f32(&t)?;
+        let values = transform(g, p, stored)?;
         let bytes = weights::to_f16_bytes(&values).map_err(|i| GgufError::Tensor {
             path: g.path().to_path_buf(),
             tensor: p.gguf_name.clone(),
@@ -1043,6 +1070,38 @@ fn write_weights(
     let file = w.into_inner().map_err(|e| io_err(e.into_error()))?;
     file.sync_all().map_err(io_err)?;
     Ok((parameters, types, written))
+}
+
+/// `values` (a tensor as stored) in the Hugging Face layout: llama.cpp's converter's transforms
+/// undone.
+fn transform(g: &GgufFile, p: &TensorPlan, mut values: Vec<f32>) -> Result<Vec<f32>, GgufError> {
+    if let Some(heads) = p.unpermute_heads {
+        values = unpermute_rows(&values, p.shape[0], p.shape[1], heads);
+    }
+    if p.minus_one {
+        values.iter_mut().for_each(|v| *v -= 1.0);
+    }
+    if p.negated_exp {
+        if let Some(i) = values.iter().position(|v| !(*v < 0.0 && v.is_finite())) {
+            return Err(GgufError::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: p.gguf_name.clone(),
+                message: format!(
+                    "element {i} ({}) is not a negative number: the file stores A = −exp(A_log)",
+                    values[i]
+                ),
+            });
+        }
+        values.iter_mut().for_each(|v| *v = (-*v).ln());
+    }
+    if let Some(tiled) = &p.tiled_heads {
+        // The plan's shapes were checked against the file: the axis holds every value head.
+        let shape = p.gguf_shape();
+        let rows = shape.first().copied().unwrap_or(1);
+        let cols = shape.iter().skip(1).product::<usize>();
+        values = tiled.untile(&values, rows, cols);
+    }
+    Ok(values)
 }
 
 /// The `partial_rotary_factor` that readers turn back into `rot` rotated dimensions: they

@@ -22,7 +22,15 @@ use super::spm::{self, Flavour};
 use super::GgufError;
 
 /// `tokenizer.ggml.pre` values we can rebuild.
-pub const SUPPORTED_PRE: [&str; 5] = ["smollm", "llama-bpe", "qwen2", "deepseek-r1-qwen", "gpt2"];
+pub const SUPPORTED_PRE: [&str; 7] = [
+    "smollm",
+    "llama-bpe",
+    "lfm2",
+    "qwen2",
+    "deepseek-r1-qwen",
+    "qwen35",
+    "gpt2",
+];
 
 /// llama.cpp token types (`llama_token_type`).
 const TOKEN_TYPE_CONTROL: u64 = 3;
@@ -35,6 +43,10 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 /// Qwen2's split pattern (its tokenizer.json; llama.cpp's `LLAMA_VOCAB_PRE_TYPE_QWEN2`, which
 /// `deepseek-r1-qwen` shares): as Llama 3's, but every digit on its own.
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen3.5's split pattern (its tokenizer.json; llama.cpp's `LLAMA_VOCAB_PRE_TYPE_QWEN35`):
+/// Qwen2's, with combining marks (`\p{M}`) kept with the letters they follow.
+const QWEN35_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Everything known about the tokenizer, for tokenizer.json and the config files.
 #[derive(Debug)]
@@ -128,7 +140,7 @@ fn byte_level_bpe(
     // `ignore_merges`, llama.cpp's LLAMA3 pre-type); the others always merge.
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab, merges)
-        .ignore_merges(matches!(pre.as_str(), "llama-bpe" | "llama3"));
+        .ignore_merges(matches!(pre.as_str(), "llama-bpe" | "llama3" | "lfm2"));
     if let Some((_, t)) = &specials.unk {
         builder = builder.unk_token(t.clone());
     }
@@ -506,8 +518,10 @@ fn pre_tokenizer_for(g: &GgufFile, pre: &str) -> Result<PreTokenizerWrapper, Ggu
         "gpt2" => Ok(gpt2().into()),
         // SmolLM: every digit on its own, then GPT-2 byte-level splitting.
         "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), gpt2().into()]).into()),
-        "llama-bpe" | "llama3" => regex_split(g, pre, LLAMA3_PATTERN),
+        // LFM2's vocabulary is split as Llama 3's (llama.cpp's LLAMA3 pre-type).
+        "llama-bpe" | "llama3" | "lfm2" => regex_split(g, pre, LLAMA3_PATTERN),
         "qwen2" | "deepseek-r1-qwen" => regex_split(g, pre, QWEN2_PATTERN),
+        "qwen35" => regex_split(g, pre, QWEN35_PATTERN),
         _ => Err(GgufError::UnsupportedTokenizer {
             path: g.path().to_path_buf(),
             what: format!("pre-tokenizer `{pre}`"),

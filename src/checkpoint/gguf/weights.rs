@@ -7,28 +7,105 @@ use half::f16;
 use crate::arch::{LayerTensor, TensorId};
 
 /// How a GGUF tensor becomes a Hugging Face one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TensorPlan {
     pub gguf_name: String,
     pub hf_name: String,
-    /// Row-major shape (same in both files).
+    /// Row-major shape in the Hugging Face checkpoint (the GGUF's too, unless `squeezed`).
     pub shape: Vec<usize>,
     /// Undo llama.cpp's rope permutation with this many heads (q and k projections only).
     pub unpermute_heads: Option<usize>,
-    /// Stored as 1 + w (Gemma's norms): subtract 1.
+    /// Stored as 1 + w (Gemma's and Qwen3.5's norms): subtract 1.
     pub minus_one: bool,
+    /// Stored without `shape`'s dimension 1 of size 1: llama.cpp squeezes a depthwise
+    /// convolution's [C, 1, K] taps to [C, K] (LFM2's and Qwen3.5's).
+    pub squeezed: bool,
+    /// Stored as −exp(w) (Qwen3.5's `ssm_a` holds A = −exp(A_log)): w = ln(−x).
+    pub negated_exp: bool,
+    /// Value heads stored tiled (Qwen3.5 when key heads ≠ value heads): put back grouped.
+    pub tiled_heads: Option<TiledHeads>,
 }
 
-/// llama.cpp's name of a tensor; `gemma` for Gemma's four norms a block (its `ffn_norm` is the
-/// MLP's input norm, `post_attention_norm` the attention output's).
-pub fn gguf_name(id: TensorId, gemma: bool) -> String {
+impl TensorPlan {
+    /// The tensor's shape in the GGUF file.
+    pub fn gguf_shape(&self) -> Vec<usize> {
+        match (self.squeezed, self.shape.as_slice()) {
+            (true, [c, 1, k]) => vec![*c, *k],
+            _ => self.shape.clone(),
+        }
+    }
+}
+
+/// llama.cpp's `_reorder_v_heads` on one axis of a Qwen3.5 tensor: the `key_heads × ratio`
+/// value heads of `head_dim` each, starting `offset` entries into the axis, are stored tiled
+/// (value head `r` of every key group, then `r + 1`: [ratio, key_heads, head_dim]), where
+/// transformers has them grouped (each key head's `ratio` value heads together:
+/// [key_heads, ratio, head_dim]). The axis is the rows, or the columns with `columns`
+/// (`out_proj`, which reads the value heads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TiledHeads {
+    pub key_heads: usize,
+    pub ratio: usize,
+    pub head_dim: usize,
+    pub offset: usize,
+    pub columns: bool,
+}
+
+impl TiledHeads {
+    /// The stored (tiled) index of grouped index `i` along the axis.
+    fn tiled_index(&self, i: usize) -> usize {
+        let span = self.key_heads * self.ratio * self.head_dim;
+        if i < self.offset || i >= self.offset + span {
+            return i;
+        }
+        let j = i - self.offset;
+        let (head, d) = (j / self.head_dim, j % self.head_dim);
+        let (k, r) = (head / self.ratio, head % self.ratio);
+        self.offset + (r * self.key_heads + k) * self.head_dim + d
+    }
+
+    /// Grouped from tiled: the importer's direction. `data` is [rows, cols] row-major, and
+    /// the caller guarantees the axis holds `offset + key_heads·ratio·head_dim` entries or
+    /// more.
+    pub fn untile(&self, data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+        self.apply(data, rows, cols, false)
+    }
+
+    /// Tiled from grouped: llama.cpp's converter's direction (test fixtures).
+    pub fn tile(&self, data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+        self.apply(data, rows, cols, true)
+    }
+
+    fn apply(&self, data: &[f32], rows: usize, cols: usize, to_tiled: bool) -> Vec<f32> {
+        let mut out = vec![0.0f32; data.len()];
+        for r in 0..rows {
+            for c in 0..cols {
+                let (gr, gc) = match self.columns {
+                    false => (self.tiled_index(r), c),
+                    true => (r, self.tiled_index(c)),
+                };
+                let (grouped, tiled) = (r * cols + c, gr * cols + gc);
+                match to_tiled {
+                    true => out[tiled] = data[grouped],
+                    false => out[grouped] = data[tiled],
+                }
+            }
+        }
+        out
+    }
+}
+
+/// llama.cpp's name of a tensor; `post_attention_norm` where the architecture names its
+/// `post_attention_layernorm` so (Gemma's four norms a block, whose `ffn_norm` is the MLP's
+/// input norm; Qwen3.5's); `token_embd_norm` for LFM2's final norm (`embedding_norm`).
+pub fn gguf_name(id: TensorId, post_attention_norm: bool) -> String {
     let (part, suffix) = match id {
         TensorId::Embedding => return "token_embd.weight".into(),
         TensorId::FinalNorm => return "output_norm.weight".into(),
         TensorId::LmHead => return "output.weight".into(),
         TensorId::Layer(_, t) => match t {
             LayerTensor::InputNorm => ("attn_norm", "weight"),
-            LayerTensor::PostNorm if gemma => ("post_attention_norm", "weight"),
+            LayerTensor::PostNorm if post_attention_norm => ("post_attention_norm", "weight"),
             LayerTensor::PostNorm | LayerTensor::PreFfnNorm => ("ffn_norm", "weight"),
             LayerTensor::PostFfnNorm => ("post_ffw_norm", "weight"),
             LayerTensor::Q => ("attn_q", "weight"),
@@ -50,15 +127,15 @@ pub fn gguf_name(id: TensorId, gemma: bool) -> String {
             LayerTensor::ConvBias => ("shortconv.conv", "bias"),
             LayerTensor::ConvOut => ("shortconv.out_proj", "weight"),
             LayerTensor::ConvOutBias => ("shortconv.out_proj", "bias"),
-            // llama.cpp's `qwen35` names (src/llama-model.cpp). No GGUF of that architecture
-            // is read: its `ssm_a` holds −exp(A_log), not A_log.
+            // llama.cpp's `qwen35` names (src/llama-arch.cpp); `ssm_a` has no suffix and
+            // holds −exp(A_log).
             LayerTensor::DeltaQkv => ("attn_qkv", "weight"),
             LayerTensor::DeltaZ => ("attn_gate", "weight"),
             LayerTensor::DeltaB => ("ssm_beta", "weight"),
             LayerTensor::DeltaA => ("ssm_alpha", "weight"),
             LayerTensor::DeltaConv => ("ssm_conv1d", "weight"),
             LayerTensor::DeltaDtBias => ("ssm_dt", "bias"),
-            LayerTensor::DeltaALog => ("ssm_a", "weight"),
+            LayerTensor::DeltaALog => return format!("blk.{}.ssm_a", id.layer().unwrap_or(0)),
             LayerTensor::DeltaNorm => ("ssm_norm", "weight"),
             LayerTensor::DeltaOut => ("ssm_out", "weight"),
         },
@@ -252,6 +329,48 @@ mod tests {
             let data: Vec<f32> = (0..rows * cols).map(|i| (i as u32 ^ seed) as f32).collect();
             let p = permute_rows(&data, rows, cols, heads);
             prop_assert_eq!(unpermute_rows(&p, rows, cols, heads), data);
+        }
+    }
+
+    /// 2 key heads of 3 value heads each: transformers' grouped order k0r0 k0r1 k0r2 k1r0
+    /// k1r1 k1r2 is stored by llama.cpp (`reshape(nk, r, hd).swapaxes(0, 1)`) tiled as k0r0 k1r0
+    /// k0r1 k1r1 k0r2 k1r2; with ratio ≠ key heads, tiling twice is not untiling.
+    #[test]
+    fn value_heads_tile_as_llama_cpp_does() {
+        let t = TiledHeads {
+            key_heads: 2,
+            ratio: 3,
+            head_dim: 1,
+            offset: 0,
+            columns: false,
+        };
+        let grouped: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        let tiled = [0.0, 3.0, 1.0, 4.0, 2.0, 5.0];
+        assert_eq!(t.tile(&grouped, 6, 1), tiled);
+        assert_eq!(t.untile(&tiled, 6, 1), grouped);
+        assert_ne!(t.tile(&tiled, 6, 1), grouped);
+        // Columns past an offset (out_proj reads heads of 2 from column 1 on); rows as they are.
+        let c = TiledHeads {
+            head_dim: 2,
+            offset: 1,
+            columns: true,
+            ..t
+        };
+        let row: Vec<f32> = (0..13).map(|v| v as f32).collect();
+        let want = [0., 1., 2., 7., 8., 3., 4., 9., 10., 5., 6., 11., 12.];
+        assert_eq!(c.tile(&row, 1, 13), want);
+    }
+
+    proptest! {
+        #[test]
+        fn tiling_round_trips(nk in 1usize..4, ratio in 1usize..4, hd in 1usize..4,
+                              offset in 0usize..3, extra in 0usize..3, cols in 1usize..3,
+                              columns: bool) {
+            let t = TiledHeads { key_heads: nk, ratio, head_dim: hd, offset, columns };
+            let axis = offset + nk * ratio * hd + extra;
+            let (rows, cols) = if columns { (cols, axis) } else { (axis, cols) };
+            let data: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
+            prop_assert_eq!(t.untile(&t.tile(&data, rows, cols), rows, cols), data);
         }
     }
 

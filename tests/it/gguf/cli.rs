@@ -151,3 +151,120 @@ fn convert_takes_a_gguf_file_directly() {
     assert!(v.status.success(), "{err}");
     assert!(err.contains("reusing"), "{err}");
 }
+
+/// The LFM2 and Qwen3.5 fixtures' GGUF files (tests/it/gguf/transformers.rs) through the
+/// commands that read a GGUF without importing it: `inspect` names the architecture and the
+/// block kinds, `budget` plans from the header.
+#[test]
+fn hybrid_ggufs_are_inspected_and_budgeted() {
+    use hf2coreml::testing::gguf::q4_k_m_fixture;
+    use hf2coreml::testing::TinyModel;
+    for (model, name) in [
+        (TinyModel::lfm2(), "Lfm2ForCausalLM"),
+        (TinyModel::qwen3_5(), "Qwen3_5ForCausalLM"),
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("m.gguf");
+        let built = q4_k_m_fixture(model, root.path()).unwrap();
+        built.writer.write(&file).unwrap();
+        let out = hf2coreml(&["inspect".as_ref(), file.as_os_str()]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {err}");
+        assert!(text.contains(name) && text.contains("Q4_K"), "{text}");
+        let out = hf2coreml(&[
+            "budget".as_ref(),
+            file.as_os_str(),
+            "--device".as_ref(),
+            "iphone-17-pro".as_ref(),
+            "--json".as_ref(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(matches!(out.status.code(), Some(0) | Some(1)), "{err}");
+        let b: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(b["weights_bytes"].as_f64().unwrap() > 0.0, "{b:#}");
+    }
+}
+
+/// A Qwen3.5 GGUF whose `ssm.*` keys contradict each other or are missing, and a `qwen35moe`
+/// file, are refused before any output (exit 2), naming the file and the key; so is an LFM2
+/// file whose per-block KV heads do not cover its blocks.
+#[test]
+fn inconsistent_hybrid_ggufs_exit_2_naming_the_key() {
+    use hf2coreml::testing::gguf::{q4_k_m_fixture, GgufWriter};
+    use hf2coreml::testing::TinyModel;
+    let root = tempfile::tempdir().unwrap();
+    let (q, l) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let qwen = q4_k_m_fixture(TinyModel::qwen3_5(), q.path())
+        .unwrap()
+        .writer;
+    let lfm2 = q4_k_m_fixture(TinyModel::lfm2(), l.path()).unwrap().writer;
+    type Edit = fn(&mut GgufWriter);
+    let cases: [(&GgufWriter, Edit, &str); 6] = [
+        (
+            &qwen,
+            |w| {
+                w.meta("qwen35.ssm.time_step_rank", Meta::U32(5));
+            },
+            "`qwen35.ssm.time_step_rank`: 5 value heads are not a multiple of the 2 key heads",
+        ),
+        (
+            &qwen,
+            |w| {
+                w.remove_meta("qwen35.ssm.state_size");
+            },
+            "`qwen35.ssm.state_size`: missing",
+        ),
+        (
+            &qwen,
+            |w| {
+                w.meta("qwen35.ssm.inner_size", Meta::U32(770));
+            },
+            "`qwen35.ssm.inner_size`",
+        ),
+        (
+            &qwen,
+            |w| {
+                w.meta("qwen35.nextn_predict_layers", Meta::U32(4));
+            },
+            "`qwen35.nextn_predict_layers`",
+        ),
+        (
+            &qwen,
+            |w| {
+                w.meta("general.architecture", Meta::Str("qwen35moe".into()));
+            },
+            "architecture `qwen35moe` is not supported",
+        ),
+        (
+            &lfm2,
+            |w| {
+                w.meta(
+                    "lfm2.attention.head_count_kv",
+                    Meta::I32Array(vec![0, 2, 0]),
+                );
+            },
+            "`lfm2.attention.head_count_kv`: 3 entries for 4 blocks",
+        ),
+    ];
+    for (i, (base, edit, want)) in cases.into_iter().enumerate() {
+        let mut w = base.clone();
+        edit(&mut w);
+        let file = root.path().join(format!("bad{i}.gguf"));
+        w.write(&file).unwrap();
+        let dest = root.path().join(format!("out{i}"));
+        for args in [
+            import_args(&file, &dest),
+            vec!["inspect".as_ref(), file.as_os_str()],
+        ] {
+            let out = hf2coreml(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{want}: {err}");
+            assert!(
+                err.contains(want) && err.contains(&*file.to_string_lossy()),
+                "{want}: {err}"
+            );
+        }
+        assert!(!dest.exists(), "{want}: no partial output");
+    }
+}

@@ -379,7 +379,7 @@ fn unknown_pre_tokenizer_is_named() {
     );
     assert!(
         msg.contains("`falcon`")
-            && msg.contains("smollm, llama-bpe, qwen2, deepseek-r1-qwen, gpt2"),
+            && msg.contains("smollm, llama-bpe, lfm2, qwen2, deepseek-r1-qwen, qwen35, gpt2"),
         "{msg}"
     );
 }
@@ -552,7 +552,7 @@ fn an_inconsistent_phi3_file_names_the_key_or_tensor() {
     w.meta("phi3.rope.scaling.attn_factor", Meta::F32(-1.0));
     let err = expect_err(&w).to_string();
     assert!(err.contains("phi3.rope.scaling.attn_factor"), "{err}");
-    // Partial rotary is Phi-3's only; a fused tensor missing is named.
+    // Partial rotary is Phi-3's and Qwen3.5's only; a fused tensor missing is named.
     let mut w = base;
     w.meta("phi3.rope.dimension_count", Meta::U32(7));
     let err = expect_err(&w).to_string();
@@ -566,7 +566,7 @@ fn an_inconsistent_phi3_file_names_the_key_or_tensor() {
         .writer;
     w.meta("qwen3.rope.dimension_count", Meta::U32(16));
     let err = expect_err(&w).to_string();
-    assert!(err.contains("supported for phi3 only"), "{err}");
+    assert!(err.contains("supported for phi3 and qwen35 only"), "{err}");
 }
 
 #[test]
@@ -759,4 +759,43 @@ proptest! {
             prop_assert_eq!(g.to_bits(), w.to_bits(), "{:?} element {}: {} vs {}", ty, i, g, w);
         }
     }
+}
+
+/// A Qwen3.5 file with an MTP block (`nextn_predict_layers`, counted in `block_count`, its
+/// tensors `blk.{n}.*` after the decoder's) imports as the decoder alone, every weight as the
+/// writer made it; a block holding neither kind's tensors is refused naming it.
+#[test]
+fn qwen3_5_mtp_blocks_are_left_out_and_block_kinds_come_from_the_tensors() {
+    let src = tempfile::tempdir().unwrap();
+    let built =
+        fixture::q4_k_m_fixture(hf2coreml::testing::TinyModel::qwen3_5(), src.path()).unwrap();
+    let mut w = built.writer.clone();
+    w.meta("qwen35.block_count", Meta::U32(5))
+        .meta("qwen35.nextn_predict_layers", Meta::U32(1));
+    for name in ["blk.4.nextn.eh_proj.weight", "blk.4.attn_norm.weight"] {
+        let (data, _) = fixture::encode(&[0.5; 4], FixtureType::F32);
+        w.tensor(RawTensor {
+            name: name.into(),
+            type_id: FixtureType::F32.id(),
+            shape: vec![4],
+            data,
+        });
+    }
+    let (_root, out) = import_fixture(&w, false);
+    let ckpt = Checkpoint::open(out.unwrap()).unwrap();
+    assert_eq!(ckpt.spec().num_hidden_layers, 4);
+    assert_eq!(ckpt.spec().gated_delta.as_ref().unwrap().layers, [0, 1, 2]);
+    for (name, (shape, values)) in &built.expected {
+        let t = ckpt.tensor(name).unwrap();
+        assert_eq!(t.shape.to_vec(), *shape, "{name}");
+        let want: Vec<f32> = values.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        assert_eq!(t.to_f32(), want, "{name}");
+    }
+    let mut w = built.writer;
+    w.tensors.retain(|t| t.name != "blk.1.ssm_a");
+    let err = expect_err(&w).to_string();
+    assert!(
+        err.contains("blk.1.attn_q.weight") && err.contains("neither"),
+        "{err}"
+    );
 }

@@ -1,13 +1,15 @@
-//! phi3 and smollm3 GGUF files, checked end to end against transformers: each tiny HF fixture
-//! (tests/fixtures/hf/ARCH, with transformers' logits in reference.json; smollm3_nope4 has
-//! the real models' NoPE pattern, the one a GGUF can hold) is written as a GGUF
-//! laid out as llama.cpp's converter writes the architecture (`Phi3MiniModel`: q/k/v and
+//! phi3, smollm3, lfm2 and qwen35 GGUF files, checked end to end against transformers: each
+//! tiny HF fixture (tests/fixtures/hf/ARCH, with transformers' logits in reference.json;
+//! smollm3_nope4 has the real models' NoPE pattern, the one a GGUF can hold) is written as a
+//! GGUF laid out as llama.cpp's converter writes the architecture (`Phi3MiniModel`: q/k/v and
 //! gate/up fused, `rope.dimension_count` for partial rotary, LongRoPE's factors as two f32
 //! tensors and its original context and attention factor as keys; `SmolLM3Model`: llama's q/k
-//! permutation, no key for the NoPE blocks, which llama.cpp fixes at every fourth), in f32 so
-//! nothing is lost, then imported; the import's float reference must compute transformers'
-//! logits for the original checkpoint. (transformers cannot read these files back itself: it
-//! drops partial rotary and LongRoPE from phi3 files and refuses smollm3 ones.)
+//! permutation, no key for the NoPE blocks, which llama.cpp fixes at every fourth; `LFM2Model`
+//! and `Qwen3_5TextModel`: src/checkpoint/gguf/hybrid.rs), in f32 so nothing is lost, then
+//! imported; the import's float reference must compute transformers' logits for the original
+//! checkpoint. (transformers cannot read the phi3 and smollm3 files back itself: it drops
+//! partial rotary and LongRoPE from phi3 files and refuses smollm3 ones; the lfm2 and qwen35
+//! files are also read by transformers, in tests/it/gguf/transformers.rs.)
 
 use std::path::Path;
 
@@ -134,4 +136,20 @@ fn phi3_imports_longrope() {
 #[test]
 fn smollm3_imports_its_nope_blocks() {
     round_trip("smollm3_nope4");
+}
+
+/// LFM2 (transformers' fixture: convolution blocks 0, 2 and 3, the feed-forward width
+/// adjusted from 128 to 96, tied) as `LFM2Model` writes it.
+#[test]
+fn lfm2_imports_its_convolution_blocks() {
+    round_trip("lfm2");
+}
+
+/// Qwen3.5 (transformers' fixture) as `Qwen3_5TextModel` writes it. Its attention block is the
+/// third while the file says every fourth (`full_attention_interval`, which config.json does
+/// not keep, so llama.cpp's converter always writes 4): the import takes the block kinds from
+/// the tensors, and computes transformers' logits.
+#[test]
+fn qwen3_5_imports_block_kinds_from_its_tensors() {
+    round_trip("qwen3_5");
 }
