@@ -342,7 +342,13 @@ fn remove_stale(parent: &Path, prefix: &str, sep: char, suffix: &str) {
             continue;
         };
         if pid != std::process::id() && !proc_root.join(pid.to_string()).exists() {
-            let _ = std::fs::remove_dir_all(e.path());
+            // A file too: `check_writable`'s probe (PID 0) outlives a run killed while it
+            // exists.
+            let path = e.path();
+            let _ = match path.symlink_metadata() {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+                _ => std::fs::remove_file(&path),
+            };
         }
     }
 }

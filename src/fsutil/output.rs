@@ -444,8 +444,12 @@ mod tests {
         for d in [&dead, &mine, &other] {
             std::fs::create_dir(d).unwrap();
         }
+        // The writability probe of a run killed while it existed: a file, PID 0.
+        let probe = root.path().join(".m.mlpackage.0000000.abc.partial");
+        std::fs::write(&probe, b"").unwrap();
         let a = AtomicDir::new(&dest, false).unwrap();
         assert!(!dead.exists() || !Path::new("/proc/self").exists());
+        assert!(!probe.exists() || !Path::new("/proc/self").exists());
         assert!(mine.exists() && other.exists());
         assert!(a.path().exists());
     }

@@ -118,7 +118,7 @@ fn an_unknown_part_of_a_multimodal_checkpoint_is_refused() {
 #[test]
 fn gemma3_multimodal_checkpoint_transformers_wrote_converts_as_its_text_decoder() {
     use super::hf::{expected, fixture, prompt_logits, reference_matches_transformers, validate};
-    use crate::support::logits::top1;
+    use crate::support::logits::agreement;
     use crate::support::{convert, needs, stdout, Cli};
     use hf2coreml::runtime::generate::Generator;
     use hf2coreml::runtime::interp::Package;
@@ -148,18 +148,7 @@ fn gemma3_multimodal_checkpoint_transformers_wrote_converts_as_its_text_decoder(
     assert_eq!(code, Some(0), "{err}\n{report:#}");
     let mut g = Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap();
     let (got, _) = prompt_logits(&mut g, &want.tokens, false);
-    let (mut err2, mut norm) = (0f64, 0f64);
-    for (a, b) in got.iter().flatten().zip(want.logits.iter().flatten()) {
-        err2 += f64::from(a - b).powi(2);
-        norm += f64::from(*b).powi(2);
-    }
-    let rms = (err2 / norm).sqrt();
-    let scale = want
-        .logits
-        .iter()
-        .flatten()
-        .fold(0f32, |m, v| m.max(v.abs()));
-    let agree = top1(&got, &want.logits, 0.005 * scale);
+    let (rms, agree) = agreement(&got, &want.logits);
     eprintln!("gemma3_vl fp16: relative RMS {rms:e}, top-1 {agree}");
     assert!(rms <= 0.01 && agree >= 0.99, "{rms} {agree}");
 }

@@ -12,7 +12,7 @@ use super::hf::{
     expected, fixture, inspect_refuses_edited_config, largest, max_diff, prompt_logits,
     reference_matches_transformers, same_state, validate, Fp16Packages,
 };
-use crate::support::logits::top1;
+use crate::support::logits::agreement;
 use crate::support::{convert, needs, stdout, Cli};
 
 /// The config as transformers reads it (DeltaNet heads and sizes, partial rotary 0.25, the
@@ -57,20 +57,6 @@ fn qwen3_5_state_carries_across_calls_of_any_size() {
         assert!(d <= 1e-4 * scale, "call ending at {at} differs by {d}");
     }
     assert_eq!(at, want.tokens.len());
-}
-
-/// RMS(got − want) / RMS(want) over every logit, and the share of positions whose top token
-/// agrees (ties within 0.5% of the largest |logit| either way: the fixture holds two).
-fn agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
-    let (mut err, mut norm) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        for (a, b) in g.iter().zip(w) {
-            err += f64::from(a - b).powi(2);
-            norm += f64::from(*b).powi(2);
-        }
-    }
-    let tie = 0.005 * largest(want);
-    ((err / norm).sqrt(), top1(got, want, tie))
 }
 
 /// The fp16 package and the default recipe's (calibrated 6-bit: the DeltaNet's in_proj_qkv

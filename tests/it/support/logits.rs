@@ -29,3 +29,15 @@ pub fn top1(got: &[Vec<f32>], want: &[Vec<f32>], tie: f32) -> f64 {
         .count();
     same as f64 / want.len().max(1) as f64
 }
+
+/// RMS(got − want) / RMS(want) over every logit, and [`top1`] with ties within 0.5% of the
+/// largest |logit| of `want`.
+pub fn agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
+    let (mut err, mut norm) = (0f64, 0f64);
+    for (a, b) in got.iter().flatten().zip(want.iter().flatten()) {
+        err += f64::from(a - b).powi(2);
+        norm += f64::from(*b).powi(2);
+    }
+    let largest = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    ((err / norm).sqrt(), top1(got, want, 0.005 * largest))
+}

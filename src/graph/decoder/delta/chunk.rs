@@ -143,25 +143,7 @@ impl Ops<'_> {
             s = next;
             start += n as i64;
         }
-        let joined = if outs.len() == 1 {
-            outs.pop().unwrap_or_default()
-        } else {
-            self.op(
-                Op::Concat,
-                "outs",
-                vec![
-                    ("values", Arg::Vars(outs)),
-                    ("axis", Arg::Int(1)),
-                    ("interleave", Arg::Bool(false)),
-                ],
-            )
-        };
-        let core = self.op(
-            Op::Transpose,
-            "core",
-            vec![("x", var(&joined)), ("perm", ints(&[1, 0, 2]))],
-        );
-        (core, s)
+        (self.tokens_first(outs), s)
     }
 
     fn matmul_t(&mut self, what: &str, x: &str, y: &str, (tx, ty): (bool, bool)) -> String {

@@ -286,7 +286,11 @@ impl Ops<'_> {
             s = self.binary(Op::Add, &format!("{t}_state"), &decayed, var(&outer));
             outs.push(self.matmul(&format!("{t}_out"), &q_row, &s));
         }
-        // [Hv, Q, Dv] → [Q, Hv, Dv].
+        (self.tokens_first(outs), s)
+    }
+
+    /// The outputs [Hv, n, Dv] of successive tokens or chunks joined into [Q, Hv, Dv].
+    fn tokens_first(&mut self, mut outs: Vec<String>) -> String {
         let joined = if outs.len() == 1 {
             outs.pop().unwrap_or_default()
         } else {
@@ -300,12 +304,11 @@ impl Ops<'_> {
                 ],
             )
         };
-        let core = self.op(
+        self.op(
             Op::Transpose,
             "core",
             vec![("x", var(&joined)), ("perm", ints(&[1, 0, 2]))],
-        );
-        (core, s)
+        )
     }
 }
 
