@@ -973,3 +973,24 @@ fn lfm2_inconsistent_configs_exit_2_naming_the_field() {
         inspect_refuses_edited_config("lfm2", (from, to), field);
     }
 }
+
+/// The fp16 package of fixture `arch` at S = 64 passes validate and matches transformers'
+/// logits of its tokens: relative RMS ≤ 0.01, top-1 ≥ 0.99 (`support::logits::agreement`).
+pub(super) fn fp16_package_matches_transformers(arch: &str) {
+    use hf2coreml::runtime::generate::Generator;
+    use hf2coreml::runtime::interp::Package;
+    let dir = fixture(arch);
+    let want = expected(&dir);
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("fp16.mlpackage");
+    convert(&dir, &pkg)
+        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
+        .ok();
+    let (code, report, err) = validate(&pkg, &dir, 64);
+    assert_eq!(code, Some(0), "{arch}: {err}\n{report:#}");
+    let mut g = Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap();
+    let (got, _) = prompt_logits(&mut g, &want.tokens, false);
+    let (rms, top1) = crate::support::logits::agreement(&got, &want.logits);
+    eprintln!("{arch} fp16: relative RMS {rms:e}, top-1 {top1}");
+    assert!(rms <= 0.01 && top1 >= 0.99, "{arch}: {rms} {top1}");
+}

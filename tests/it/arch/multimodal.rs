@@ -117,11 +117,8 @@ fn an_unknown_part_of_a_multimodal_checkpoint_is_refused() {
 /// transformers' logits of the text tokens, and the fp16 package matches them.
 #[test]
 fn gemma3_multimodal_checkpoint_transformers_wrote_converts_as_its_text_decoder() {
-    use super::hf::{expected, fixture, prompt_logits, reference_matches_transformers, validate};
-    use crate::support::logits::agreement;
-    use crate::support::{convert, needs, stdout, Cli};
-    use hf2coreml::runtime::generate::Generator;
-    use hf2coreml::runtime::interp::Package;
+    use super::hf::{fixture, fp16_package_matches_transformers, reference_matches_transformers};
+    use crate::support::{needs, stdout, Cli};
 
     let dir = fixture("gemma3_vl");
     let ckpt = Checkpoint::open(&dir).unwrap();
@@ -138,17 +135,5 @@ fn gemma3_multimodal_checkpoint_transformers_wrote_converts_as_its_text_decoder(
     );
     reference_matches_transformers("gemma3_vl");
     needs!(Python);
-    let want = expected(&dir);
-    let out = tempfile::tempdir().unwrap();
-    let pkg = out.path().join("vl.mlpackage");
-    convert(&dir, &pkg)
-        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
-        .ok();
-    let (code, report, err) = validate(&pkg, &dir, 64);
-    assert_eq!(code, Some(0), "{err}\n{report:#}");
-    let mut g = Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap();
-    let (got, _) = prompt_logits(&mut g, &want.tokens, false);
-    let (rms, agree) = agreement(&got, &want.logits);
-    eprintln!("gemma3_vl fp16: relative RMS {rms:e}, top-1 {agree}");
-    assert!(rms <= 0.01 && agree >= 0.99, "{rms} {agree}");
+    fp16_package_matches_transformers("gemma3_vl");
 }

@@ -9,8 +9,8 @@ use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::kvfile::KvFile;
 
 use super::hf::{
-    expected, fixture, inspect_refuses_edited_config, largest, max_diff, prompt_logits,
-    reference_matches_transformers, same_state, validate, Fp16Packages,
+    expected, fixture, fp16_package_matches_transformers, inspect_refuses_edited_config, largest,
+    max_diff, prompt_logits, reference_matches_transformers, same_state, validate, Fp16Packages,
 };
 use crate::support::logits::agreement;
 use crate::support::{convert, needs, stdout, Cli};
@@ -315,19 +315,7 @@ fn qwen3_5_text_decoder_of_the_multimodal_checkpoint() {
     );
     assert_eq!(mtp.tensor_names().count(), ckpt.tensor_names().count());
     needs!(Python);
-    let want = expected(&dir);
-    let out = tempfile::tempdir().unwrap();
-    let pkg = out.path().join("vl.mlpackage");
-    convert(&dir, &pkg)
-        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
-        .ok();
-    let (code, report, err) = validate(&pkg, &dir, 64);
-    assert_eq!(code, Some(0), "{err}\n{report:#}");
-    let mut g = Generator::new(Package::load(&pkg, Default::default()).unwrap()).unwrap();
-    let (got, _) = prompt_logits(&mut g, &want.tokens, false);
-    let (rms, top1) = agreement(&got, &want.logits);
-    eprintln!("qwen3_5_vl fp16: relative RMS {rms:e}, top-1 {top1}");
-    assert!(rms <= 0.01 && top1 >= 0.99, "{rms} {top1}");
+    fp16_package_matches_transformers("qwen3_5_vl");
 }
 
 /// `inspect` and `budget` count the DeltaNet blocks' fixed state once and the attention
