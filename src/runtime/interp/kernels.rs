@@ -131,12 +131,12 @@ pub type Table<T> = [T; 256];
 
 /// A LUT's fp16 entries prepared for [`dot_lut_f16`], once per table rather than once per
 /// row: the entries widened to f32 (exactly, so a product reads the values `dot_f16` would
-/// widen), and bytes 1-3 of the first 16 widened entries, the AVX2 4-bit kernel's byte-shuffle
-/// tables (byte 0 of a widened fp16 is always zero: its low 13 mantissa bits are).
+/// widen), and the low and high bytes of the first 64 fp16 entries, the AVX2 kernels'
+/// byte-shuffle tables (16-entry slices of them: one for 4-bit indices, four for 6-bit).
 #[derive(Clone)]
 pub struct LutTable {
     wide: Table<f32>,
-    planes: [[u8; 16]; 3],
+    bytes: [[u8; 64]; 2],
 }
 
 impl LutTable {
@@ -144,7 +144,7 @@ impl LutTable {
     pub fn new(table: &Table<f16>, entries: usize) -> Self {
         let mut t = LutTable {
             wide: [0.0; 256],
-            planes: [[0; 16]; 3],
+            bytes: [[0; 64]; 2],
         };
         t.set(table, entries);
         t
@@ -156,12 +156,9 @@ impl LutTable {
         for (w, h) in self.wide[..entries].iter_mut().zip(table) {
             *w = h.to_f32();
         }
-        for (k, w) in self.wide[..16].iter().enumerate() {
-            let b = w.to_bits().to_le_bytes();
-            debug_assert_eq!(b[0], 0, "a widened fp16 has a zero low byte");
-            for (plane, &byte) in self.planes.iter_mut().zip(&b[1..]) {
-                plane[k] = byte;
-            }
+        let [lo, hi] = &mut self.bytes;
+        for (k, h) in table[..entries.min(64)].iter().enumerate() {
+            [lo[k], hi[k]] = h.to_bits().to_le_bytes();
         }
     }
 }
@@ -235,6 +232,17 @@ pub fn dot_lut_f16_at(
             // index.
             _ => unsafe { x86::dot_lut4_f16(x, data, e0, table) },
         };
+    }
+    // Both x86 levels run the AVX2 kernel for 6-bit rows: the same accumulators either way.
+    #[cfg(target_arch = "x86_64")]
+    if nbits == 6 && e0.is_multiple_of(4) && level >= Isa::Avx2 {
+        assert!(
+            data.len() * 4 >= (e0 + x.len()) * 3,
+            "6-bit indices past the data"
+        );
+        // SAFETY: the CPU has AVX2, FMA and F16C (`usable` checked), data holds every index,
+        // and e0 starts a group of four indices (three whole bytes).
+        return unsafe { x86::dot_lut6_f16(x, data, e0, table) };
     }
     row.resize(x.len(), 0.0);
     unpack(data, e0, nbits, &table.wide, row);
@@ -596,53 +604,29 @@ mod x86 {
         )
     }
 
-    /// The prepared byte planes of `table`, in both lanes.
+    /// The low and high bytes of fp16 entries `16·q..16·q + 16` of `table`.
     #[target_feature(enable = "avx2")]
-    unsafe fn plane_table(table: &super::LutTable) -> [__m256i; 3] {
+    unsafe fn byte_tables(table: &super::LutTable, q: usize) -> [__m128i; 2] {
         table
-            .planes
-            .map(|p| _mm256_broadcastsi128_si256(_mm_loadu_si128(p.as_ptr() as *const __m128i)))
+            .bytes
+            .map(|b| _mm_loadu_si128(b[16 * q..].as_ptr() as *const __m128i))
     }
 
-    /// The 32 f32 values of the 32 4-bit indices in the 16 bytes at `p`, as four vectors of 8
-    /// in order, from the byte planes of [`plane_table`]. Each lane's indices are picked so
-    /// that the in-lane unpacks which rebuild the f32 bits put every value in its place: lane
-    /// L, byte q holds element 8·(q / 4) + 4·L + q % 4, and unpacking bytes then words turns
-    /// bytes 4k..4k + 4 of both lanes into vector k.
-    #[target_feature(enable = "avx2")]
-    unsafe fn lookup32_f32(p: *const u8, planes: &[__m256i; 3], sel: __m256i) -> [__m256; 4] {
-        let m = _mm256_set1_epi8(0x0f);
-        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
-        // Lane 0 keeps bytes 0, 1, 4, 5, ... (elements 0-3, 8-11, ...), lane 1 bytes 2, 3, 6,
-        // 7, ... (elements 4-7, 12-15, ...); each byte's nibbles then become two bytes.
-        let s = _mm256_shuffle_epi8(v, sel);
-        let idx = _mm256_unpacklo_epi8(
-            _mm256_and_si256(s, m),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(s), m),
-        );
-        let [t1, t2, t3] = *planes;
-        let (b1, b2, b3) = (
-            _mm256_shuffle_epi8(t1, idx),
-            _mm256_shuffle_epi8(t2, idx),
-            _mm256_shuffle_epi8(t3, idx),
-        );
-        let zero = _mm256_setzero_si256();
-        let (lo01, hi01) = (
-            _mm256_unpacklo_epi8(zero, b1),
-            _mm256_unpackhi_epi8(zero, b1),
-        );
-        let (lo23, hi23) = (_mm256_unpacklo_epi8(b2, b3), _mm256_unpackhi_epi8(b2, b3));
+    /// The 16 fp16 values `tables` looks up for 16 byte indices (< 16), widened to f32 as
+    /// two vectors of 8 in order: one byte shuffle per byte of fp16, one unpack per vector,
+    /// and the conversion. Every step stays inside 128 bits, where every x86 with AVX2 runs
+    /// a shuffle in one operation.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn widen16(lo: __m128i, hi: __m128i) -> [__m256; 2] {
         [
-            _mm256_castsi256_ps(_mm256_unpacklo_epi16(lo01, lo23)),
-            _mm256_castsi256_ps(_mm256_unpackhi_epi16(lo01, lo23)),
-            _mm256_castsi256_ps(_mm256_unpacklo_epi16(hi01, hi23)),
-            _mm256_castsi256_ps(_mm256_unpackhi_epi16(hi01, hi23)),
+            _mm256_cvtph_ps(_mm_unpacklo_epi8(lo, hi)),
+            _mm256_cvtph_ps(_mm_unpackhi_epi8(lo, hi)),
         ]
     }
 
     /// `dot_f16` over the 4-bit row at element `e0` (even), looked up as it is multiplied:
-    /// the same accumulators, in the same order, as `dot_f16` over the decoded row. The
-    /// lookup yields f32 directly (byte planes of the widened table), with no fp16 stage.
+    /// the same accumulators, in the same order, as `dot_f16` over the decoded row (the
+    /// lookup yields the fp16 entry, widened exactly, as `dot_f16` widens a stored weight).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `data` must hold the indices of elements
@@ -651,30 +635,99 @@ mod x86 {
     pub unsafe fn dot_lut4_f16(x: &[f32], data: &[u8], e0: usize, table: &super::LutTable) -> f32 {
         let n = x.len();
         let (px, pd) = (x.as_ptr(), data.as_ptr().add(e0 / 2));
-        let planes = plane_table(table);
-        const Z: i8 = -128;
-        #[rustfmt::skip]
-        let sel = _mm256_setr_epi8(
-            0, 1, 4, 5, 8, 9, 12, 13, Z, Z, Z, Z, Z, Z, Z, Z,
-            2, 3, 6, 7, 10, 11, 14, 15, Z, Z, Z, Z, Z, Z, Z, Z,
-        );
+        let [tlo, thi] = byte_tables(table, 0);
+        let m = _mm_set1_epi8(0x0f);
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 32 <= n {
-            let w = lookup32_f32(pd.add(i / 2), &planes, sel);
-            for (k, acc) in acc.iter_mut().enumerate() {
-                let xv = _mm256_loadu_ps(px.add(i + 8 * k));
-                *acc = _mm256_fmadd_ps(xv, w[k], *acc);
+            // Byte k holds element 2k (low nibble) and 2k + 1 (high nibble).
+            let v = _mm_loadu_si128(pd.add(i / 2) as *const __m128i);
+            let (a, b) = (
+                _mm_and_si128(v, m),
+                _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+            );
+            for (h, idx) in [_mm_unpacklo_epi8(a, b), _mm_unpackhi_epi8(a, b)]
+                .into_iter()
+                .enumerate()
+            {
+                let w = widen16(_mm_shuffle_epi8(tlo, idx), _mm_shuffle_epi8(thi, idx));
+                for (k, w) in w.into_iter().enumerate() {
+                    let j = 2 * h + k;
+                    acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i + 8 * j)), w, acc[j]);
+                }
             }
             i += 32;
         }
-        lut4_tail(x, data, e0, table, i, acc)
+        lut_tail::<4>(x, data, e0, table, i, acc)
     }
 
-    /// The last (< 32) values of a 4-bit row from element `i` on, decoded, then `dot_f16`'s
-    /// 8-wide steps into `acc[0]`, its reduction and its scalar tail.
+    /// `dot_f16` over the 6-bit row at element `e0` (a multiple of 4, so a group of four
+    /// indices is three whole bytes), looked up as it is multiplied, as [`dot_lut4_f16`]
+    /// does. Each 16 indices: their 12 bytes spread to 3 per dword, the four 6-bit fields of
+    /// each dword shifted into its four bytes, each byte looked up in the four 16-entry
+    /// slices of the table (a byte shuffle reads the low 4 bits) and the slice picked by bits
+    /// 4 and 5 with two levels of byte blends (which read a byte's top bit: the index shifted
+    /// left by 3, then by 2).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `data` must hold the indices of elements
+    /// `e0..e0 + x.len()`, and `e0` must be a multiple of 4.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_lut6_f16(x: &[f32], data: &[u8], e0: usize, table: &super::LutTable) -> f32 {
+        let n = x.len();
+        let start = e0 / 4 * 3;
+        let (px, pd, avail) = (x.as_ptr(), data.as_ptr().add(start), data.len() - start);
+        let tables = [0, 1, 2, 3].map(|q| byte_tables(table, q));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // Each 16 indices load 16 bytes and use 12: stop while a load would pass the data.
+        while i + 32 <= n && (i + 32) / 4 * 3 + 4 <= avail {
+            for h in 0..2 {
+                let v = _mm_loadu_si128(pd.add((i + 16 * h) / 4 * 3) as *const __m128i);
+                let idx = indices6(v);
+                let (bit4, bit5) = (_mm_slli_epi16::<3>(idx), _mm_slli_epi16::<2>(idx));
+                let [lo, hi] = [0, 1].map(|b| {
+                    let look = |q: usize| _mm_shuffle_epi8(tables[q][b], idx);
+                    _mm_blendv_epi8(
+                        _mm_blendv_epi8(look(0), look(1), bit4),
+                        _mm_blendv_epi8(look(2), look(3), bit4),
+                        bit5,
+                    )
+                });
+                for (k, w) in widen16(lo, hi).into_iter().enumerate() {
+                    let j = 2 * h + k;
+                    acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i + 8 * j)), w, acc[j]);
+                }
+            }
+            i += 32;
+        }
+        lut_tail::<6>(x, data, e0, table, i, acc)
+    }
+
+    /// The 16 6-bit indices packed LSB-first in the first 12 bytes of `v`, one per byte.
+    #[target_feature(enable = "avx2")]
+    unsafe fn indices6(v: __m128i) -> __m128i {
+        const Z: i8 = -128;
+        #[rustfmt::skip]
+        let spread = _mm_setr_epi8(0, 1, 2, Z, 3, 4, 5, Z, 6, 7, 8, Z, 9, 10, 11, Z);
+        // Dword g holds bytes 3g..3g + 3: index 4g + k at bits 6k..6k + 6, moved to byte k.
+        let d = _mm_shuffle_epi8(v, spread);
+        let field =
+            |shifted: __m128i, k: i32| _mm_and_si128(shifted, _mm_set1_epi32(0x3f << (8 * k)));
+        _mm_or_si128(
+            _mm_or_si128(field(d, 0), field(_mm_slli_epi32::<2>(d), 1)),
+            _mm_or_si128(
+                field(_mm_slli_epi32::<4>(d), 2),
+                field(_mm_slli_epi32::<6>(d), 3),
+            ),
+        )
+    }
+
+    /// The rest of an `NB`-bit row from element `i` on (fewer than 64 values), decoded,
+    /// then what `dot_f16` does past its last whole block: whole blocks of 32 into the four
+    /// accumulators, 8-wide steps into `acc[0]`, the reduction and the scalar tail.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn lut4_tail(
+    unsafe fn lut_tail<const NB: usize>(
         x: &[f32],
         data: &[u8],
         e0: usize,
@@ -684,11 +737,17 @@ mod x86 {
     ) -> f32 {
         let (n, px) = (x.len(), x.as_ptr());
         let r = n - i;
-        let mut rest = [0f32; 32];
-        if r > 0 {
-            super::unpack_n::<4, f32>(data, e0 + i, &table.wide, &mut rest[..r]);
-        }
+        let mut rest = [0f32; 64];
+        let rest = &mut rest[..r];
+        super::unpack_n::<NB, f32>(data, e0 + i, &table.wide, rest);
         let mut j = 0;
+        while j + 32 <= r {
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let wv = _mm256_loadu_ps(rest.as_ptr().add(j + 8 * k));
+                *acc = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i + j + 8 * k)), wv, *acc);
+            }
+            j += 32;
+        }
         while j + 8 <= r {
             let wv = _mm256_loadu_ps(rest.as_ptr().add(j));
             acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i + j)), wv, acc[0]);
@@ -742,7 +801,7 @@ mod x86 {
             _mm512_castps512_ps256(hi),
             _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(hi))),
         ];
-        lut4_tail(x, data, e0, table, i, acc)
+        lut_tail::<4>(x, data, e0, table, i, acc)
     }
 
     /// 4-bit indices looked up 32 at a time: the 16 fp16 entries split into a table of low
@@ -1115,7 +1174,7 @@ mod tests {
     }
 
     /// Entries whose widening is unusual (signed zeros, subnormals, the extremes): the byte
-    /// planes and the widened table hold exactly what `dot_f16` widens.
+    /// tables and the widened table hold exactly what `dot_f16` widens.
     #[test]
     fn every_level_reads_signed_zeros_subnormals_and_extremes_exactly() {
         let mut t = [f16::ZERO; 256];
@@ -1129,19 +1188,54 @@ mod tests {
             f16::MIN,
             f16::from_f32(-1.0),
         ];
-        for (k, v) in t[..16].iter_mut().enumerate() {
+        for (k, v) in t[..64].iter_mut().enumerate() {
             *v = special[k % 8];
         }
         t[9] = f16::from_f32(3.0e-5);
-        let (_, bytes) = packed_indices(700, 4);
-        let x: Vec<f32> = (0..600).map(|i| ((i * 31) % 17) as f32 - 8.5).collect();
-        let mut w = vec![f16::ZERO; 600];
-        unpack(&bytes, 0, 4, &t, &mut w);
-        let prepared = LutTable::new(&t, 16);
-        for level in levels() {
-            let want = dot_f16_at(level, &x, &w);
-            let got = dot_lut_f16_at(level, &x, &bytes, 0, 4, &prepared, &mut Vec::new());
-            assert_eq!(got.to_bits(), want.to_bits(), "{level}");
+        t[41] = f16::from_f32(-7.5e-6);
+        for nbits in [4, 6] {
+            let (_, bytes) = packed_indices(700, nbits);
+            let x: Vec<f32> = (0..600).map(|i| ((i * 31) % 17) as f32 - 8.5).collect();
+            let mut w = vec![f16::ZERO; 600];
+            unpack(&bytes, 0, nbits, &t, &mut w);
+            let prepared = LutTable::new(&t, 1 << nbits);
+            for level in levels() {
+                let want = dot_f16_at(level, &x, &w);
+                let got = dot_lut_f16_at(level, &x, &bytes, 0, nbits, &prepared, &mut Vec::new());
+                assert_eq!(got.to_bits(), want.to_bits(), "{level}, {nbits} bits");
+            }
+        }
+    }
+
+    /// Rows that end where the packed data ends: the vector loops stop before a load would
+    /// pass the last byte, and the tail (up to 37 values for 6-bit rows) sums as `dot_f16`.
+    #[test]
+    fn rows_ending_at_the_end_of_the_data_multiply_as_their_dense_product() {
+        let t = table16();
+        for nbits in [4, 6] {
+            for e0 in [0, 4, 8, 64] {
+                for n in [32, 36, 60, 64, 68, 92, 96, 100, 124, 128, 1024, 1028] {
+                    let (_, bytes) = packed_indices(e0 + n, nbits);
+                    let (x, _) = decoded_dot(&bytes, e0, nbits, &t, n);
+                    let mut w = vec![f16::ZERO; n];
+                    unpack(&bytes, e0, nbits, &t, &mut w);
+                    let prepared = LutTable::new(&t, 1 << nbits);
+                    for level in levels() {
+                        let want = dot_f16_at(level, &x, &w);
+                        let got = dot_lut_f16_at(
+                            level,
+                            &x,
+                            &bytes,
+                            e0,
+                            nbits,
+                            &prepared,
+                            &mut Vec::new(),
+                        );
+                        let what = format!("{level}, {nbits} bits, e0={e0}, n={n}");
+                        assert_eq!(got.to_bits(), want.to_bits(), "{what}");
+                    }
+                }
+            }
         }
     }
 
