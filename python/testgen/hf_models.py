@@ -27,7 +27,8 @@ import transformers
 VOCAB = 128
 # Long enough to exceed the sliding windows; LENGTH overrides the length per fixture.
 TOKENS = [(i * 37 + 11) % VOCAB for i in range(40)]
-LENGTH = {"phi3_longrope": 136, "lfm2": 56, "lfm2_untied": 56, "qwen3_5": 72, "qwen3_5_vl": 64}
+LENGTH = {"phi3_longrope": 136, "lfm2": 56, "lfm2_untied": 56, "qwen3_5": 72, "qwen3_5_vl": 64,
+          "gemma4": 48, "gemma4_kv": 48, "gemma4_vl": 48}
 
 
 def common(**kw):
@@ -161,6 +162,66 @@ def gemma3_vl():
     return transformers.Gemma3ForConditionalGeneration, cfg
 
 
+GEMMA4_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                       "rope_theta": 1_000_000.0},
+}
+
+
+def gemma4_text(**kw):
+    """Gemma 4's text decoder as a dict (docs/reference/gemma4.md §4): six blocks (sliding,
+    sliding, full, sliding, sliding, full), the last two reading the caches of blocks 3 and 2
+    (KV sharing) with double-wide MLPs, head size 16 on sliding blocks and 32 on full ones
+    (proportional partial RoPE), a window of 16 under the 48 tokens, per-layer input
+    embeddings of width 16 and final soft-capping 30."""
+    text = dict(
+        **common(num_hidden_layers=6, head_dim=16, intermediate_size=96, rms_norm_eps=1e-6,
+                 bos_token_id=2, eos_token_id=1),
+        global_head_dim=32,
+        tie_word_embeddings=True,
+        sliding_window=16,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        rope_parameters=GEMMA4_ROPE,
+        final_logit_softcapping=30.0,
+        vocab_size_per_layer_input=VOCAB,
+        hidden_size_per_layer_input=16,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+    )
+    text.update(kw)
+    return text
+
+
+def gemma4():
+    """Gemma 4 text (`Gemma4ForCausalLM`): [`gemma4_text`]."""
+    return transformers.Gemma4ForCausalLM, transformers.Gemma4TextConfig(**gemma4_text())
+
+
+def gemma4_kv():
+    """Gemma 4 text with `attention_k_eq_v`: the full blocks have no v_proj (the values are the
+    raw key projection) and one KV head of their own (`num_global_key_value_heads`)."""
+    cfg = transformers.Gemma4TextConfig(
+        **gemma4_text(attention_k_eq_v=True, num_global_key_value_heads=1))
+    return transformers.Gemma4ForCausalLM, cfg
+
+
+def gemma4_vl():
+    """Gemma 4 as the Hub ships E2B/E4B: `Gemma4ForConditionalGeneration`, the text decoder of
+    [`gemma4`] under `model.language_model.*` beside a one-layer vision tower and its
+    projection `model.embed_vision.*`; the special token ids lie outside the vocabulary."""
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=8, patch_size=4,
+                  pooling_kernel_size=2, position_embedding_size=16)
+    cfg = transformers.Gemma4Config(
+        text_config=gemma4_text(),
+        vision_config=vision,
+        boi_token_id=250, eoi_token_id=251, image_token_id=252, video_token_id=253,
+        boa_token_id=254, eoa_token_index=255, audio_token_id=256,
+    )
+    return transformers.Gemma4ForConditionalGeneration, cfg
+
+
 def lfm2():
     """LFM2: short-convolution blocks (kernel 3, no biases) around two attention blocks with
     q/k norms, KV heads ≠ query heads, tied; the feed-forward width from LFM2's rule
@@ -266,6 +327,9 @@ ARCHS = {
     "gemma3": gemma3,
     "gemma3_big": gemma3,
     "gemma3_vl": gemma3_vl,
+    "gemma4": gemma4,
+    "gemma4_kv": gemma4_kv,
+    "gemma4_vl": gemma4_vl,
     "lfm2": lfm2,
     "lfm2_untied": lfm2_untied,
     "qwen3_5": qwen3_5,
@@ -299,6 +363,11 @@ def randomize(model, gain, arch):
                     p.add_(big)
             else:
                 p.copy_(0.08 * torch.randn(p.shape, generator=gen))
+        # Gemma 4's per-block output scale is a saved buffer that init leaves at 1, which would
+        # hide a reader that drops it.
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_((0.5 + torch.rand(b.shape, generator=gen)).to(torch.bfloat16))
         # LFM2's final norm is its `embedding_norm` (applied after the last block).
         text = getattr(model.model, "language_model", model.model)
         w = text.norm.weight if hasattr(text, "norm") else text.embedding_norm.weight

@@ -53,6 +53,9 @@ pub struct Attention {
     /// block of a model with `sliding_window`); `None`: every earlier position.
     pub window: Option<usize>,
     pub rope: Rope,
+    /// The earlier block whose keys and values it attends over, keeping none of its own
+    /// (Gemma 4's KV sharing); `None`: its own.
+    pub kv_from: Option<usize>,
 }
 
 /// How an attention block rotates its queries and keys.
@@ -115,6 +118,7 @@ impl LayerKind {
     /// The state the block keeps per sequence.
     pub fn state(&self) -> Vec<StateEntry> {
         match *self {
+            LayerKind::Attention(a) if a.kv_from.is_some() => Vec::new(),
             LayerKind::Attention(a) => {
                 let (heads, head_dim) = (a.kv_heads, a.head_dim);
                 vec![
@@ -183,16 +187,44 @@ impl ModelSpec {
             Some(true) => Rope::Local,
             _ => Rope::Global,
         };
+        // Gemma 4's full blocks have a head shape of their own.
+        let (kv_heads, head_dim) = match &self.gemma4 {
+            Some(g) if sliding == Some(false) => (g.global_kv_heads, g.global_head_dim),
+            _ => (self.num_key_value_heads, self.head_dim),
+        };
         LayerKind::Attention(Attention {
-            kv_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
+            kv_heads,
+            head_dim,
             // Gemma's global blocks see everything; elsewhere `sliding_window` is every block's.
             window: match sliding {
                 Some(false) => None,
                 _ => self.sliding_window,
             },
             rope,
+            kv_from: self.kv_producer(l),
         })
+    }
+
+    /// The block whose keys and values block `l` reads instead of its own: with Gemma 4's KV
+    /// sharing, the last block before the first shared one that is windowed as `l` is.
+    pub fn kv_producer(&self, l: usize) -> Option<usize> {
+        let first = self.gemma4.as_ref()?.first_shared;
+        let sliding = |b: usize| {
+            self.gemma
+                .as_ref()
+                .is_some_and(|g| g.sliding_layers.contains(&b))
+        };
+        (l >= first)
+            .then(|| (0..first).rev().find(|&b| sliding(b) == sliding(l)))
+            .flatten()
+    }
+
+    /// Block `l`'s query heads × head size: the o_proj input.
+    pub fn q_dim_of(&self, l: usize) -> usize {
+        match self.layer(l) {
+            LayerKind::Attention(a) => self.num_attention_heads * a.head_dim,
+            _ => self.q_dim(),
+        }
     }
 
     /// The widths of block `l`'s four projection inputs, as calibration collects them: the
@@ -201,16 +233,11 @@ impl ModelSpec {
     /// heads × value head size), the MLP input and the down projection's input.
     pub fn site_widths(&self, l: usize) -> [usize; 4] {
         let o = match self.layer(l) {
-            LayerKind::Attention(_) => self.q_dim(),
+            LayerKind::Attention(_) => self.q_dim_of(l),
             LayerKind::ShortConv(c) => c.channels,
             LayerKind::GatedDelta(g) => g.value_heads * g.value_dim,
         };
-        [
-            self.hidden_size,
-            o,
-            self.hidden_size,
-            self.intermediate_size,
-        ]
+        [self.hidden_size, o, self.hidden_size, self.intermediate(l)]
     }
 
     /// Every block's kind, in order.
@@ -224,7 +251,7 @@ impl ModelSpec {
     pub fn stacked_kv(&self) -> Option<(usize, usize)> {
         let mut shape = None;
         for kind in self.layers() {
-            let Some(a) = kind.attention() else {
+            let Some(a) = kind.attention().filter(|a| a.kv_from.is_none()) else {
                 continue;
             };
             let here = (a.kv_heads, a.head_dim);
@@ -241,10 +268,15 @@ impl ModelSpec {
         self.attention_layers(0..self.num_hidden_layers).len()
     }
 
-    /// The blocks of `layers` that attend (their rows are the caches' slots, in order).
+    /// The blocks of `layers` that keep key and value rows (the caches' slots, in order): the
+    /// blocks that attend, but for those that read another's (KV sharing).
     pub fn attention_layers(&self, layers: std::ops::Range<usize>) -> Vec<usize> {
         layers
-            .filter(|&l| self.layer(l).attention().is_some())
+            .filter(|&l| {
+                self.layer(l)
+                    .attention()
+                    .is_some_and(|a| a.kv_from.is_none())
+            })
             .collect()
     }
 

@@ -13,7 +13,9 @@ mod layers;
 mod spec;
 
 pub use layers::{Attention, GatedDelta, LayerKind, Rope, ShortConv, StateEntry};
-pub use spec::{Architecture, GatedDeltaSpec, GemmaSpec, ModelSpec, RopeScaling, ShortConvSpec};
+pub use spec::{
+    Architecture, GatedDeltaSpec, Gemma4Spec, GemmaSpec, ModelSpec, RopeScaling, ShortConvSpec,
+};
 
 /// What a tensor does in the model; recipes match on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -42,10 +44,15 @@ pub enum Role {
     /// hidden]), `A_log` and `dt_bias`: tiny, always kept in fp16 (the decay compounds over
     /// every step).
     DeltaStep,
+    /// Gemma 4's per-layer embedding table [rows, layers × P].
+    PerLayerEmbedding,
+    /// Gemma 4's per-layer input projections: the model's projection of the embeddings to
+    /// every block's P values, and each block's gate [P, H] and projection [H, P].
+    PerLayer,
 }
 
 impl Role {
-    pub const ALL: [Role; 15] = [
+    pub const ALL: [Role; 17] = [
         Role::Embedding,
         Role::Q,
         Role::K,
@@ -61,6 +68,8 @@ impl Role {
         Role::Conv,
         Role::OutputGate,
         Role::DeltaStep,
+        Role::PerLayerEmbedding,
+        Role::PerLayer,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -80,6 +89,8 @@ impl Role {
             Role::Conv => "conv",
             Role::OutputGate => "output_gate",
             Role::DeltaStep => "delta_step",
+            Role::PerLayerEmbedding => "per_layer_embedding",
+            Role::PerLayer => "per_layer",
         }
     }
 
@@ -90,7 +101,7 @@ impl Role {
     /// The coarse group `inspect` reports.
     pub fn group(self) -> RoleGroup {
         match self {
-            Role::Embedding => RoleGroup::Embedding,
+            Role::Embedding | Role::PerLayerEmbedding => RoleGroup::Embedding,
             Role::Q
             | Role::K
             | Role::V
@@ -100,7 +111,7 @@ impl Role {
             | Role::Conv
             | Role::OutputGate
             | Role::DeltaStep => RoleGroup::Attention,
-            Role::Gate | Role::Up | Role::Down => RoleGroup::Mlp,
+            Role::Gate | Role::Up | Role::Down | Role::PerLayer => RoleGroup::Mlp,
             Role::Norm => RoleGroup::Norms,
             Role::LmHead => RoleGroup::LmHead,
         }
@@ -119,6 +130,7 @@ impl Role {
                 | Role::Down
                 | Role::ConvIn
                 | Role::OutputGate
+                | Role::PerLayer
         )
     }
 }
@@ -221,13 +233,19 @@ pub enum LayerTensor {
     DeltaALog,
     DeltaNorm,
     DeltaOut,
+    /// Gemma 4's per-layer input sub-block: the gate [P, H] on the residual stream, the
+    /// projection [H, P] back, its output norm [H]; and the block's output scalar [1].
+    PerLayerGate,
+    PerLayerProjection,
+    PerLayerNorm,
+    LayerScalar,
 }
 
 impl LayerTensor {
     /// Every block tensor, in model order (the biases exist only with `attention_bias`, the
     /// q/k norms only with `qk_norm`, the conv tensors only in conv blocks, which have no
     /// attention tensors).
-    pub const ALL: [LayerTensor; 31] = [
+    pub const ALL: [LayerTensor; 35] = [
         LayerTensor::InputNorm,
         LayerTensor::DeltaQkv,
         LayerTensor::DeltaZ,
@@ -259,6 +277,10 @@ impl LayerTensor {
         LayerTensor::Up,
         LayerTensor::Down,
         LayerTensor::PostFfnNorm,
+        LayerTensor::PerLayerGate,
+        LayerTensor::PerLayerProjection,
+        LayerTensor::PerLayerNorm,
+        LayerTensor::LayerScalar,
     ];
 
     /// The name inside the block, after `model.layers.{l}.`.
@@ -295,6 +317,10 @@ impl LayerTensor {
             LayerTensor::DeltaALog => "linear_attn.A_log",
             LayerTensor::DeltaNorm => "linear_attn.norm.weight",
             LayerTensor::DeltaOut => "linear_attn.out_proj.weight",
+            LayerTensor::PerLayerGate => "per_layer_input_gate.weight",
+            LayerTensor::PerLayerProjection => "per_layer_projection.weight",
+            LayerTensor::PerLayerNorm => "post_per_layer_input_norm.weight",
+            LayerTensor::LayerScalar => "layer_scalar",
         }
     }
 
@@ -306,7 +332,10 @@ impl LayerTensor {
             | LayerTensor::PostFfnNorm
             | LayerTensor::QNorm
             | LayerTensor::KNorm
-            | LayerTensor::DeltaNorm => Role::Norm,
+            | LayerTensor::DeltaNorm
+            | LayerTensor::PerLayerNorm
+            | LayerTensor::LayerScalar => Role::Norm,
+            LayerTensor::PerLayerGate | LayerTensor::PerLayerProjection => Role::PerLayer,
             LayerTensor::Q => Role::Q,
             LayerTensor::K => Role::K,
             LayerTensor::V => Role::V,
@@ -387,15 +416,32 @@ impl LayerTensor {
             {
                 false
             }
+            // Gemma 4's KV-sharing blocks compute no keys or values of their own, and with
+            // k_eq_v its full blocks' values are their keys.
+            LayerTensor::K | LayerTensor::V | LayerTensor::KNorm
+                if kind.attention().is_some_and(|a| a.kv_from.is_some()) =>
+            {
+                false
+            }
+            LayerTensor::V => !spec
+                .gemma4
+                .as_ref()
+                .is_some_and(|g| g.k_eq_v && kind.attention().is_some_and(|a| a.window.is_none())),
             LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias => spec.attention_bias,
             LayerTensor::QNorm | LayerTensor::KNorm => spec.qk_norm,
             LayerTensor::PreFfnNorm | LayerTensor::PostFfnNorm => spec.gemma.is_some(),
+            LayerTensor::PerLayerGate
+            | LayerTensor::PerLayerProjection
+            | LayerTensor::PerLayerNorm => {
+                spec.gemma4.as_ref().is_some_and(|g| g.per_layer_input > 0)
+            }
+            LayerTensor::LayerScalar => spec.gemma4.is_some(),
             _ => true,
         }
     }
 
-    /// [rows, cols] (or [n] for norms and biases).
-    fn shape(self, spec: &ModelSpec) -> Vec<usize> {
+    /// [rows, cols] (or [n] for norms and biases) in block `l`.
+    fn shape(self, spec: &ModelSpec, l: usize) -> Vec<usize> {
         // A DeltaNet's conv channels, value width, value heads, kernel and value head size.
         let (dc, dv, dh, dk, dd) = spec.gated_delta.as_ref().map_or((0, 0, 0, 0, 0), |g| {
             (
@@ -406,12 +452,13 @@ impl LayerTensor {
                 g.value_dim,
             )
         });
-        let (h, q, kv, i) = (
-            spec.hidden_size,
-            spec.q_dim(),
-            spec.kv_dim(),
-            spec.intermediate_size,
-        );
+        // Gemma 4's blocks differ in head shape and MLP width.
+        let (kv, d) = match spec.layer(l).attention() {
+            Some(a) => (a.kv_heads * a.head_dim, a.head_dim),
+            None => (spec.kv_dim(), spec.head_dim),
+        };
+        let (h, q, i) = (spec.hidden_size, spec.q_dim_of(l), spec.intermediate(l));
+        let p = spec.gemma4.as_ref().map_or(0, |g| g.per_layer_input);
         match self {
             LayerTensor::InputNorm
             | LayerTensor::PostNorm
@@ -423,11 +470,11 @@ impl LayerTensor {
             LayerTensor::ConvInBias => vec![3 * h],
             LayerTensor::Conv => vec![h, 1, spec.short_conv.as_ref().map_or(0, |c| c.kernel)],
             LayerTensor::ConvOut => vec![h, h],
-            LayerTensor::Q => vec![spec.q_proj_rows(), h],
+            LayerTensor::Q => vec![q * if spec.attention_output_gate { 2 } else { 1 }, h],
             LayerTensor::K | LayerTensor::V => vec![kv, h],
             LayerTensor::QBias => vec![q],
             LayerTensor::KBias | LayerTensor::VBias => vec![kv],
-            LayerTensor::QNorm | LayerTensor::KNorm => vec![spec.head_dim],
+            LayerTensor::QNorm | LayerTensor::KNorm => vec![d],
             LayerTensor::O => vec![h, q],
             LayerTensor::Gate | LayerTensor::Up => vec![i, h],
             LayerTensor::Down => vec![h, i],
@@ -438,6 +485,10 @@ impl LayerTensor {
             LayerTensor::DeltaDtBias | LayerTensor::DeltaALog => vec![dh],
             LayerTensor::DeltaNorm => vec![dd],
             LayerTensor::DeltaOut => vec![h, dv],
+            LayerTensor::PerLayerGate => vec![p, h],
+            LayerTensor::PerLayerProjection => vec![h, p],
+            LayerTensor::PerLayerNorm => vec![h],
+            LayerTensor::LayerScalar => vec![1],
         }
     }
 }
@@ -448,6 +499,11 @@ impl LayerTensor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TensorId {
     Embedding,
+    /// Gemma 4's per-layer input: the embedding table [rows, L × P], the projection of the
+    /// embeddings [L × P, H] and the norm [P] of each block's share of it.
+    PerLayerEmbedding,
+    PerLayerModelProjection,
+    PerLayerProjectionNorm,
     Layer(usize, LayerTensor),
     FinalNorm,
     LmHead,
@@ -458,6 +514,9 @@ impl TensorId {
     pub fn hf_name(self) -> String {
         match self {
             TensorId::Embedding => "model.embed_tokens.weight".into(),
+            TensorId::PerLayerEmbedding => "model.embed_tokens_per_layer.weight".into(),
+            TensorId::PerLayerModelProjection => "model.per_layer_model_projection.weight".into(),
+            TensorId::PerLayerProjectionNorm => "model.per_layer_projection_norm.weight".into(),
             TensorId::Layer(l, t) => format!("model.layers.{l}.{}", t.suffix()),
             TensorId::FinalNorm => "model.norm.weight".into(),
             TensorId::LmHead => "lm_head.weight".into(),
@@ -476,6 +535,9 @@ impl TensorId {
     pub fn role(self) -> Role {
         match self {
             TensorId::Embedding => Role::Embedding,
+            TensorId::PerLayerEmbedding => Role::PerLayerEmbedding,
+            TensorId::PerLayerModelProjection => Role::PerLayer,
+            TensorId::PerLayerProjectionNorm => Role::Norm,
             TensorId::Layer(_, t) => t.role(),
             TensorId::FinalNorm => Role::Norm,
             TensorId::LmHead => Role::LmHead,
@@ -492,8 +554,22 @@ impl TensorId {
     pub fn shape(self, spec: &ModelSpec) -> Vec<usize> {
         match self {
             TensorId::Embedding | TensorId::LmHead => vec![spec.vocab_size, spec.hidden_size],
-            TensorId::Layer(_, t) => t.shape(spec),
+            TensorId::Layer(l, t) => t.shape(spec, l),
             TensorId::FinalNorm => vec![spec.hidden_size],
+            TensorId::PerLayerEmbedding | TensorId::PerLayerModelProjection => {
+                let (rows, p) = spec
+                    .gemma4
+                    .as_ref()
+                    .map_or((0, 0), |g| (g.per_layer_vocab, g.per_layer_input));
+                let width = spec.num_hidden_layers * p;
+                match self {
+                    TensorId::PerLayerEmbedding => vec![rows, width],
+                    _ => vec![width, spec.hidden_size],
+                }
+            }
+            TensorId::PerLayerProjectionNorm => {
+                vec![spec.gemma4.as_ref().map_or(0, |g| g.per_layer_input)]
+            }
         }
     }
 
@@ -572,6 +648,13 @@ pub fn tensor_name(layer: usize, t: LayerTensor) -> String {
 pub fn tensor_ids(spec: &ModelSpec) -> Vec<TensorId> {
     let mut out = Vec::with_capacity(spec.num_hidden_layers * LayerTensor::ALL.len() + 3);
     out.push(TensorId::Embedding);
+    if spec.gemma4.as_ref().is_some_and(|g| g.per_layer_input > 0) {
+        out.extend([
+            TensorId::PerLayerEmbedding,
+            TensorId::PerLayerModelProjection,
+            TensorId::PerLayerProjectionNorm,
+        ]);
+    }
     for l in 0..spec.num_hidden_layers {
         out.extend(
             LayerTensor::ALL
@@ -585,6 +668,26 @@ pub fn tensor_ids(spec: &ModelSpec) -> Vec<TensorId> {
         out.push(TensorId::LmHead);
     }
     out
+}
+
+/// A stored tensor the model does not read, which transformers skips on load too
+/// (`_keys_to_ignore_on_load_unexpected`): Gemma 4's KV-sharing blocks' key and value
+/// projections and key norm, which Google's original releases still ship.
+pub fn unread_tensor(spec: &ModelSpec, name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("model.layers.") else {
+        return false;
+    };
+    let Some((l, suffix)) = rest.split_once('.') else {
+        return false;
+    };
+    let Ok(l) = l.parse::<usize>() else {
+        return false;
+    };
+    l < spec.num_hidden_layers
+        && spec.kv_producer(l).is_some()
+        && [LayerTensor::K, LayerTensor::V, LayerTensor::KNorm]
+            .iter()
+            .any(|t| t.suffix() == suffix)
 }
 
 /// Every tensor the checkpoint must hold, in model order (see [`tensor_ids`]).

@@ -37,10 +37,16 @@ pub enum Architecture {
     /// x·(1 + w), partial RoPE.
     #[serde(rename = "Qwen3_5ForCausalLM")]
     Qwen3_5,
+    /// Gemma 4's text decoder: Gemma 3's block with plain x·w norms, a weightless norm on the
+    /// values, attention scale 1, full blocks of their own head size with proportional partial
+    /// RoPE, the last blocks reading earlier blocks' caches, per-layer input embeddings and a
+    /// scalar per block ([`Gemma4Spec`]).
+    #[serde(rename = "Gemma4ForCausalLM")]
+    Gemma4,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 9] = [
+    pub const ALL: [Architecture; 10] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -50,6 +56,7 @@ impl Architecture {
         Self::Gemma3,
         Self::Lfm2,
         Self::Qwen3_5,
+        Self::Gemma4,
     ];
 
     /// The name transformers uses in `architectures`.
@@ -64,6 +71,7 @@ impl Architecture {
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Lfm2 => "Lfm2ForCausalLM",
             Self::Qwen3_5 => "Qwen3_5ForCausalLM",
+            Self::Gemma4 => "Gemma4ForCausalLM",
         }
     }
 
@@ -79,6 +87,7 @@ impl Architecture {
             Self::Gemma3 => "gemma3_text",
             Self::Lfm2 => "lfm2",
             Self::Qwen3_5 => "qwen3_5_text",
+            Self::Gemma4 => "gemma4_text",
         }
     }
 
@@ -155,6 +164,41 @@ pub struct GemmaSpec {
     /// √hidden rounded to the float type the config declares, as transformers multiplies it
     /// in the embedding's dtype (bf16: √1152 = 33.94 → 34.0).
     pub embedding_scale: f64,
+}
+
+/// What Gemma 4 computes beyond Gemma 3's block (whose [`GemmaSpec`] it also has, with
+/// `query_pre_attn_scalar` 1: its q/k norms are the only temperature). Norms multiply by w, not
+/// 1 + w; the values pass a norm without weight; full-attention blocks have their own head size
+/// and KV heads and rotate only the first `global_rotated_pairs` pairs (j, j + D/2) of each
+/// head, with exponents over the whole D (transformers' "proportional" RoPE); the blocks from
+/// `first_shared` on read the keys and values of the last earlier block of their kind; every
+/// block adds a per-layer input and ends by multiplying the residual stream by its
+/// `layer_scalar`; the logits are soft-capped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gemma4Spec {
+    /// Full-attention blocks' head size (`global_head_dim`, or `per_layer_config`).
+    pub global_head_dim: usize,
+    /// Full-attention blocks' KV heads (`num_global_key_value_heads` with k_eq_v, or
+    /// `per_layer_config`; else `num_key_value_heads`).
+    pub global_kv_heads: usize,
+    /// Full-attention blocks have no v_proj: their values are the raw key projection
+    /// (`attention_k_eq_v`).
+    pub k_eq_v: bool,
+    /// Pairs of each full head's dimensions RoPE rotates: ⌊factor · D / 2⌋.
+    pub global_rotated_pairs: usize,
+    /// The first block that reads another block's cache (`num_hidden_layers −
+    /// num_kv_shared_layers`; `num_hidden_layers` when none does).
+    pub first_shared: usize,
+    /// The MLP width of those blocks (twice `intermediate_size` with `use_double_wide_mlp`).
+    pub shared_intermediate_size: usize,
+    /// P: the width of each block's per-layer input (`hidden_size_per_layer_input`; 0: none).
+    pub per_layer_input: usize,
+    /// Rows of the per-layer embedding table (`vocab_size_per_layer_input`).
+    pub per_layer_vocab: usize,
+    /// √P in the table's dtype, as the per-layer embedding rows are scaled.
+    pub per_layer_scale: f64,
+    /// Logits become c·tanh(logits / c) (`final_logit_softcapping`).
+    pub final_logit_softcapping: Option<f64>,
 }
 
 /// LFM2's short-convolution blocks: `in_proj` to three streams B, C and x, B·x through a
@@ -255,6 +299,9 @@ pub struct ModelSpec {
     /// (Qwen3.5).
     #[serde(default)]
     pub attention_output_gate: bool,
+    /// Gemma 4's numerics beyond Gemma 3's (`gemma` is set too); `None` for every other.
+    #[serde(default)]
+    pub gemma4: Option<Gemma4Spec>,
 }
 
 impl ModelSpec {
@@ -291,9 +338,12 @@ impl ModelSpec {
         }
     }
 
-    /// What every RMSNorm adds to its weight: 1 for Gemma's and Qwen3.5's x·(1 + w), else 0
+    /// What every RMSNorm adds to its weight: 1 for Gemma 3's and Qwen3.5's x·(1 + w), else 0
     /// (Qwen3.5's DeltaNet output norm is plain: see [`GatedDeltaSpec`]).
     pub fn norm_offset(&self) -> f32 {
+        if self.gemma4.is_some() {
+            return 0.0;
+        }
         if self.gemma.is_some() || self.architecture == Architecture::Qwen3_5 {
             1.0
         } else {
@@ -332,6 +382,14 @@ impl ModelSpec {
             super::LayerTensor::PreFfnNorm
         } else {
             super::LayerTensor::PostNorm
+        }
+    }
+
+    /// Block `l`'s MLP width (Gemma 4's KV-sharing blocks may be twice as wide).
+    pub fn intermediate(&self, l: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) if l >= g.first_shared => g.shared_intermediate_size,
+            _ => self.intermediate_size,
         }
     }
 

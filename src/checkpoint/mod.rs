@@ -293,8 +293,12 @@ const TEXT_PREFIXES: [(&str, &str); 3] = [
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
 ];
-const OTHER_PREFIXES: [&str; 6] = [
+const OTHER_PREFIXES: [&str; 9] = [
     "model.vision_tower.",
+    // Gemma 4's audio tower and the projections of both towers into the text stream.
+    "model.audio_tower.",
+    "model.embed_vision.",
+    "model.embed_audio.",
     "model.multi_modal_projector.",
     "vision_tower.",
     "multi_modal_projector.",
@@ -727,6 +731,7 @@ impl Checkpoint {
         let ignorable = |name: &str| {
             name.ends_with("rotary_emb.inv_freq")
                 || (self.spec.tie_word_embeddings && name == arch::TensorId::LmHead.hf_name())
+                || arch::unread_tensor(&self.spec, name)
         };
         match self
             .tensors

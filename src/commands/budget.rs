@@ -245,7 +245,9 @@ fn print_budget(
         b.kv_cache_bytes,
         &kv_formula(spec, b.max_seq_len),
     );
-    let recurrent = spec.num_hidden_layers - spec.cache_layers();
+    let recurrent = spec
+        .recurrent_state(0..spec.num_hidden_layers)
+        .map_or(0, |r| r.blocks - r.attention_layers.len());
     if recurrent > 0 {
         // What the same blocks would keep if every one attended: the memory the recurrent
         // blocks' fixed state saves at this context.
@@ -377,14 +379,38 @@ fn print_source(
 /// How the state bytes are made: the attention blocks' rows, and a hybrid model's fixed
 /// convolution (and DeltaNet) states beside them.
 fn kv_formula(spec: &hf2coreml::arch::ModelSpec, max_seq_len: usize) -> String {
-    let recurrent = spec.num_hidden_layers - spec.cache_layers();
-    let rows = format!(
-        "2 × {} {}layers × {} kv heads × {} × S {max_seq_len} × 2 B",
-        spec.cache_layers(),
-        if recurrent > 0 { "attention " } else { "" },
-        spec.num_key_value_heads,
-        spec.head_dim
-    );
+    let recurrent = spec.recurrent_state(0..spec.num_hidden_layers).is_some();
+    // The blocks that keep rows, by head shape (Gemma 4's full blocks have their own).
+    let mut shapes: Vec<((usize, usize), usize)> = Vec::new();
+    for l in spec.attention_layers(0..spec.num_hidden_layers) {
+        let a = *spec.layer(l).attention().expect("a cache block attends");
+        match shapes
+            .iter_mut()
+            .find(|(s, _)| *s == (a.kv_heads, a.head_dim))
+        {
+            Some((_, n)) => *n += 1,
+            None => shapes.push(((a.kv_heads, a.head_dim), 1)),
+        }
+    }
+    let terms: Vec<String> = shapes
+        .iter()
+        .map(|((heads, d), n)| {
+            let kind = if recurrent { "attention " } else { "" };
+            format!("{n} {kind}layers × {heads} kv heads × {d}")
+        })
+        .collect();
+    let terms = match terms.len() {
+        1 => terms[0].clone(),
+        _ => format!("({})", terms.join(" + ")),
+    };
+    let rows = format!("2 × {terms} × S {max_seq_len} × 2 B");
+    let shared = (0..spec.num_hidden_layers)
+        .filter(|&l| spec.kv_producer(l).is_some())
+        .count();
+    let rows = match shared {
+        0 => rows,
+        n => format!("{rows}; {n} blocks read another's"),
+    };
     let conv = spec
         .short_conv
         .as_ref()

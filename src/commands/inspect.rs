@@ -111,6 +111,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             fmt_bytes(h.recurrent_state_bytes)
         );
     }
+    if let Some(g) = &s.gemma4 {
+        print_gemma4(g);
+    }
     match &s.gguf {
         Some(g) => print_gguf(g),
         None => println!(
@@ -185,6 +188,32 @@ fn print_gguf(g: &gguf::header::HeaderInfo) {
         println!(
             "  incomplete   tensor data truncated at byte {at} (the header declares {} bytes of data)",
             fmt_count(g.data_bytes)
+        );
+    }
+}
+
+/// Gemma 4's full blocks' head shape, shared caches and per-layer inputs.
+fn print_gemma4(g: &hf2coreml::pipeline::inspect::Gemma4Summary) {
+    println!(
+        "  full blocks  head_dim {}, {} key/value heads",
+        g.global_head_dim, g.global_kv_heads
+    );
+    let shared: Vec<String> = g.shared.iter().map(|(l, p)| format!("{l}←{p}")).collect();
+    println!(
+        "  KV cache     {} blocks keep one: {} per token; {} read another's{}",
+        g.cache_blocks,
+        fmt_bytes(g.kv_bytes_per_token),
+        g.shared.len(),
+        match shared.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", shared.join(", ")),
+        }
+    );
+    if g.per_layer_input > 0 {
+        println!(
+            "  per-layer    inputs {} wide, table {} parameters",
+            g.per_layer_input,
+            fmt_count(g.per_layer_parameters)
         );
     }
 }

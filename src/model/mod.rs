@@ -17,6 +17,7 @@
 
 pub mod calibrate;
 mod delta;
+mod gemma4;
 pub mod layerwise;
 pub mod plain;
 
@@ -119,7 +120,7 @@ enum Backend {
         model: qwen2::Model,
         lm_head: candle_nn::Linear,
     },
-    Plain(PlainModel),
+    Plain(Box<PlainModel>),
 }
 
 /// A float32 forward pass of a checkpoint with a KV cache.
@@ -198,6 +199,13 @@ pub fn candle_limitation(spec: &ModelSpec) -> Option<String> {
             return Some(
                 "candle-transformers has no Qwen3.5 (Gated DeltaNet): the plain forward pass \
                  computes it"
+                    .into(),
+            )
+        }
+        Architecture::Gemma4 => {
+            return Some(
+                "candle-transformers has no Gemma 4 (per-layer inputs, KV sharing): the plain \
+                 forward pass computes it"
                     .into(),
             )
         }
@@ -284,12 +292,12 @@ impl Reference {
         let limitation = candle_limitation(&spec);
         let (backend, kind, fallback_reason) = match (choice, limitation) {
             (BackendChoice::Plain, _) => (
-                Backend::Plain(PlainModel::load(ckpt)?),
+                Backend::Plain(Box::new(PlainModel::load(ckpt)?)),
                 BackendKind::Plain,
                 Some("plain backend requested".to_string()),
             ),
             (BackendChoice::Auto, Some(why)) => (
-                Backend::Plain(PlainModel::load(ckpt)?),
+                Backend::Plain(Box::new(PlainModel::load(ckpt)?)),
                 BackendKind::Plain,
                 Some(why),
             ),
@@ -529,7 +537,8 @@ fn load_candle(
         | Architecture::Phi3
         | Architecture::Gemma3
         | Architecture::Lfm2
-        | Architecture::Qwen3_5 => Err(ReferenceError::candle(
+        | Architecture::Qwen3_5
+        | Architecture::Gemma4 => Err(ReferenceError::candle(
             "loading",
             candle_core::Error::Msg(candle_limitation(spec).unwrap_or_default()),
         )),

@@ -86,6 +86,10 @@ struct Layer {
     down: Tensor,
     /// Gemma's norm of the MLP output (`post_feedforward_layernorm`).
     mlp_out_norm: Option<Tensor>,
+    /// Gemma 4's per-layer input sub-block.
+    per_layer: Option<super::gemma4::PerLayerBlock>,
+    /// Gemma 4's `layer_scalar`: the block's output times it.
+    scalar: Option<f64>,
 }
 
 /// What a block computes between its input norm and its output projection.
@@ -97,14 +101,19 @@ enum Mixer {
 
 struct AttentionWeights {
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    /// `None` in a block that reads another's keys and values (Gemma 4's KV sharing).
+    k: Option<Tensor>,
+    /// `None` there too, and where the values are the raw key projection (Gemma 4's
+    /// `attention_k_eq_v` full blocks).
+    v: Option<Tensor>,
     q_bias: Option<Tensor>,
     k_bias: Option<Tensor>,
     v_bias: Option<Tensor>,
     /// Qwen3's, Gemma's and LFM2's per-head norms on q and k, [D].
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
+    /// Gemma 4: the values pass an RMSNorm without weight.
+    v_norm: bool,
 }
 
 /// LFM2's conv block before out_proj.
@@ -137,6 +146,11 @@ pub struct PlainModel {
     streaming: bool,
     /// Per layer: keys (after rope) and values, [Hkv, cached, D].
     cache: Vec<Option<(Tensor, Tensor)>>,
+    /// Per layer, during one call: the keys and values it attended over, which a block
+    /// sharing its cache reads (Gemma 4).
+    pass_kv: Vec<Option<(Tensor, Tensor)>>,
+    /// Gemma 4's per-layer input weights (`None` when streaming or without them).
+    per_layer: Option<super::gemma4::PerLayerInput>,
     /// Per conv block: its last K − 1 conv inputs [K − 1, H], oldest first (`None`: zeros).
     conv_state: Vec<Option<Tensor>>,
     /// Per Gated DeltaNet block: its conv inputs and state (`None`: zeros).
@@ -144,7 +158,11 @@ pub struct PlainModel {
     cached: usize,
 }
 
-fn load(ckpt: &Checkpoint, name: &str, device: &Device) -> Result<Tensor, super::ReferenceError> {
+pub(super) fn load(
+    ckpt: &Checkpoint,
+    name: &str,
+    device: &Device,
+) -> Result<Tensor, super::ReferenceError> {
     let view = ckpt.tensor(name)?;
     Tensor::from_vec(view.to_f32(), view.shape, device)
         .map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))
@@ -182,17 +200,19 @@ fn load_layer(
     let bias = |t: LayerTensor| optional(t, spec.attention_bias);
     let qk_norm = |t: LayerTensor| optional_norm(t, spec.qk_norm);
     let gemma = spec.gemma.is_some();
+    let held = |t: LayerTensor| optional(t, t.present(spec, l));
     let (mixer, o, o_bias) = match spec.layer(l) {
         arch::LayerKind::Attention(_) => (
             Mixer::Attention(AttentionWeights {
                 q: get(LayerTensor::Q)?,
-                k: get(LayerTensor::K)?,
-                v: get(LayerTensor::V)?,
+                k: held(LayerTensor::K)?,
+                v: held(LayerTensor::V)?,
                 q_bias: bias(LayerTensor::QBias)?,
                 k_bias: bias(LayerTensor::KBias)?,
                 v_bias: bias(LayerTensor::VBias)?,
                 q_norm: qk_norm(LayerTensor::QNorm)?,
-                k_norm: qk_norm(LayerTensor::KNorm)?,
+                k_norm: optional_norm(LayerTensor::KNorm, LayerTensor::KNorm.present(spec, l))?,
+                v_norm: spec.gemma4.is_some(),
             }),
             get(LayerTensor::O)?,
             None,
@@ -263,6 +283,15 @@ fn load_layer(
         up: get(LayerTensor::Up)?,
         down: get(LayerTensor::Down)?,
         mlp_out_norm: optional_norm(LayerTensor::PostFfnNorm, gemma)?,
+        per_layer: super::gemma4::PerLayerBlock::load(ckpt, l, device)?,
+        scalar: match LayerTensor::LayerScalar.present(spec, l) {
+            true => {
+                let name = arch::tensor_name(l, LayerTensor::LayerScalar);
+                let v = ckpt.tensor(&name)?.to_f32();
+                Some(f64::from(v[0]))
+            }
+            false => None,
+        },
     })
 }
 
@@ -369,7 +398,9 @@ impl PlainModel {
         } else {
             load(ckpt, &TensorId::LmHead.hf_name(), &device)?
         };
-        Self::assemble(ckpt, Some(embed), layers, Some(lm_head), false)
+        let mut model = Self::assemble(ckpt, Some(embed), layers, Some(lm_head), false)?;
+        model.per_layer = super::gemma4::PerLayerInput::load(ckpt, &device)?;
+        Ok(model)
     }
 
     /// A model with no block, embedding or lm_head in memory (see the type's documentation).
@@ -390,6 +421,8 @@ impl PlainModel {
         let device = Device::Cpu;
         Ok(PlainModel {
             cache: vec![None; spec.num_hidden_layers],
+            pass_kv: vec![None; spec.num_hidden_layers],
+            per_layer: None,
             conv_state: vec![None; spec.num_hidden_layers],
             delta_state: vec![None; spec.num_hidden_layers],
             cached: 0,
@@ -446,7 +479,7 @@ impl PlainModel {
         loaded(&self.layers, l)
     }
 
-    fn resident<'a>(t: &'a Option<Tensor>, what: &str) -> candle_core::Result<&'a Tensor> {
+    fn resident<'a, T>(t: &'a Option<T>, what: &str) -> candle_core::Result<&'a T> {
         t.as_ref()
             .ok_or_else(|| candle_core::Error::Msg(format!("a streaming model holds no {what}")))
     }
@@ -479,11 +512,14 @@ impl PlainModel {
         let position = if use_cache { self.cached } else { 0 };
         let mut x = self.embed(tokens)?;
         obs.observe(None, Point::Embedding, &x)?;
+        let per_layer = self.per_layer_inputs(tokens, &x)?;
         let tables = self.rope_tables(position, t)?;
         for l in 0..self.layers.len() {
             let (cos, sin) = tables.layer(&self.spec, l);
-            x = self.layer(l, &x, cos, sin, use_cache, obs)?;
+            let input = per_layer.as_ref().map(|p| p.get(l)).transpose()?;
+            x = self.layer(l, &x, (cos, sin), input.as_ref(), use_cache, obs)?;
         }
+        self.pass_kv.iter_mut().for_each(|kv| *kv = None);
         obs.observe(None, Point::NormInput, &x)?;
         if use_cache {
             self.cached += t;
@@ -501,15 +537,50 @@ impl PlainModel {
         self.logits(&rms_norm(x, &self.norm, self.spec.rms_norm_eps)?)
     }
 
-    /// Logits [T, V] from final hidden states [T, H].
+    /// Logits [T, V] from final hidden states [T, H] (soft-capped where the model caps them).
     pub(crate) fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
-        hidden.matmul(&Self::resident(&self.lm_head, "lm_head")?.t()?)
+        let logits = hidden.matmul(&Self::resident(&self.lm_head, "lm_head")?.t()?)?;
+        super::gemma4::softcap(&self.spec, logits)
+    }
+
+    /// Gemma 4's per-layer inputs [L, T, P] of `tokens` with embedding rows `embedded`;
+    /// `None` for a model without them.
+    fn per_layer_inputs(
+        &self,
+        tokens: &[u32],
+        embedded: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        if self
+            .spec
+            .gemma4
+            .as_ref()
+            .is_none_or(|g| g.per_layer_input == 0)
+        {
+            return Ok(None);
+        }
+        let weights = Self::resident(&self.per_layer, "per-layer embedding table")?;
+        weights.inputs(&self.spec, tokens, embedded).map(Some)
+    }
+
+    /// Refuse to run block `l` on its own (the layer-by-layer steps of calibration) where its
+    /// inputs come from outside it: Gemma 4's per-layer inputs and shared caches.
+    fn on_its_own(&self, l: usize) -> candle_core::Result<()> {
+        match self.spec.gemma4.is_some() {
+            true => Err(candle_core::Error::Msg(format!(
+                "Gemma 4's block {l} reads per-layer inputs and other blocks' caches: it is \
+                 computed only as part of the whole model"
+            ))),
+            false => Ok(()),
+        }
     }
 
     /// cos/sin [T, D/2] for positions `start .. start + t`: the model's, and Gemma's sliding
     /// blocks' own.
     fn rope_tables(&self, start: usize, t: usize) -> candle_core::Result<RopeTables> {
-        let global = self.rope_table(&self.spec.rope_theta, &self.spec.rope_scaling, start, t)?;
+        let global = match super::gemma4::global_frequencies(&self.spec) {
+            Some(inv_freq) => self.angles(&inv_freq, 1.0, start, t)?,
+            None => self.rope_table(&self.spec.rope_theta, &self.spec.rope_scaling, start, t)?,
+        };
         let local = match &self.spec.gemma {
             Some(g) => Some(self.rope_table(&g.local_rope_theta, &RopeScaling::None, start, t)?),
             None => None,
@@ -525,12 +596,22 @@ impl PlainModel {
         t: usize,
     ) -> candle_core::Result<(Tensor, Tensor)> {
         let inv_freq = frequencies(&self.spec, *theta, scaling, start + t);
-        let scale = scaling.attention_factor() as f32;
+        self.angles(&inv_freq, scaling.attention_factor() as f32, start, t)
+    }
+
+    /// cos and sin [t, R/2] (times `scale`) of positions `start .. start + t` at `inv_freq`.
+    fn angles(
+        &self,
+        inv_freq: &[f32],
+        scale: f32,
+        start: usize,
+        t: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
         let half = inv_freq.len();
         let mut cos = Vec::with_capacity(t * half);
         let mut sin = Vec::with_capacity(t * half);
         for p in start..start + t {
-            for &f in &inv_freq {
+            for &f in inv_freq {
                 // f32 product as in HF (position × inv_freq in float32), then cos/sin.
                 let angle = p as f32 * f;
                 cos.push(angle.cos() * scale);
@@ -543,13 +624,14 @@ impl PlainModel {
         ))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Block `l` on x [T, H] with its RoPE rows (cos, sin) and, for Gemma 4, its per-layer
+    /// input [T, P].
     fn layer(
         &mut self,
         l: usize,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
+        per_layer: Option<&Tensor>,
         use_cache: bool,
         obs: &mut dyn Observer,
     ) -> candle_core::Result<Tensor> {
@@ -557,6 +639,7 @@ impl PlainModel {
             spec,
             layers,
             cache,
+            pass_kv,
             conv_state,
             delta_state,
             device,
@@ -570,7 +653,11 @@ impl PlainModel {
         let attn = match &w.mixer {
             Mixer::Attention(a) => {
                 let slot = if use_cache { Some(&mut cache[l]) } else { None };
-                attention(spec, a, &h, cos, sin, slot, device, lo, obs)?
+                let shared = spec.kv_producer(l).and_then(|p| pass_kv[p].clone());
+                let kv = Kv { slot, shared };
+                let (out, keys, values) = attention(spec, a, &h, (cos, sin), kv, device, lo, obs)?;
+                pass_kv[l] = Some((keys, values));
+                out
             }
             Mixer::ShortConv(c) => {
                 let state = if use_cache {
@@ -607,7 +694,14 @@ impl PlainModel {
         let down = linear(&act, &w.down, None)?;
         obs.observe(lo, Point::Down, &down)?;
         let down = out_norm(spec, w.mlp_out_norm.as_ref(), down, lo, obs)?;
-        let x = (x + down)?;
+        let mut x = (x + down)?;
+        // Gemma 4: the block's per-layer input, then its scalar on the whole stream.
+        if let (Some(p), Some(input)) = (&w.per_layer, per_layer) {
+            x = p.forward(spec, &x, input)?;
+        }
+        if let Some(scalar) = w.scalar {
+            x = (x * scalar)?;
+        }
         obs.observe(lo, Point::ResidualAfterMlp, &x)?;
         Ok(x)
     }
@@ -630,16 +724,18 @@ impl PlainModel {
         x: &Tensor,
         obs: &mut dyn Observer,
     ) -> candle_core::Result<Tensor> {
+        self.on_its_own(l)?;
         let t = x.dim(0)?;
         let tables = self.rope_tables(0, t)?;
         let (cos, sin) = tables.layer(&self.spec, l);
         let (cos, sin) = (cos.clone(), sin.clone());
-        self.layer(l, x, &cos, &sin, false, obs)
+        self.layer(l, x, (&cos, &sin), None, false, obs)
     }
 
     /// Block `l` in the steps of true-sequential calibration, each reading the block's current
     /// weights (a fresh sequence, positions 0..T): the q/k/v input of block input x.
     pub(crate) fn step_attention_input(&self, l: usize, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.on_its_own(l)?;
         rms_norm(x, &self.weights(l)?.input_norm, self.spec.rms_norm_eps)
     }
 
@@ -648,18 +744,25 @@ impl PlainModel {
         let t = h.dim(0)?;
         let tables = self.rope_tables(0, t)?;
         let (cos, sin) = tables.layer(&self.spec, l);
+        self.on_its_own(l)?;
         match &self.weights(l)?.mixer {
-            Mixer::Attention(a) => attention(
-                &self.spec,
-                a,
-                h,
-                cos,
-                sin,
-                None,
-                &self.device,
-                Some(l),
-                &mut Blind,
-            ),
+            Mixer::Attention(a) => {
+                let kv = Kv {
+                    slot: None,
+                    shared: None,
+                };
+                let out = attention(
+                    &self.spec,
+                    a,
+                    h,
+                    (cos, sin),
+                    kv,
+                    &self.device,
+                    Some(l),
+                    &mut Blind,
+                );
+                out.map(|(o, _, _)| o)
+            }
             Mixer::ShortConv(c) => short_conv(c, h, None),
             Mixer::GatedDelta(g) => super::delta::gated_delta(g, h, None),
         }
@@ -702,11 +805,7 @@ impl PlainModel {
 
     /// Logits [T, V] of a fresh sequence, without touching the cache.
     pub fn logits_fresh(&mut self, tokens: &[u32]) -> candle_core::Result<Tensor> {
-        let mut x = self.embed(tokens)?;
-        for l in 0..self.layers.len() {
-            x = self.block(l, &x, &mut Blind)?;
-        }
-        let h = rms_norm(&x, &self.norm, self.spec.rms_norm_eps)?;
+        let h = self.hidden(tokens, false, &mut Blind)?;
         self.logits(&h)
     }
 
@@ -725,8 +824,8 @@ impl PlainModel {
         let w = self.layers.get_mut(l)?.as_mut()?;
         Some(match (role, &mut w.mixer) {
             (Role::Q, Mixer::Attention(a)) => &mut a.q,
-            (Role::K, Mixer::Attention(a)) => &mut a.k,
-            (Role::V, Mixer::Attention(a)) => &mut a.v,
+            (Role::K, Mixer::Attention(a)) => a.k.as_mut()?,
+            (Role::V, Mixer::Attention(a)) => a.v.as_mut()?,
             (Role::ConvIn, Mixer::ShortConv(c)) => &mut c.in_proj,
             (Role::ConvIn, Mixer::GatedDelta(g)) => &mut g.qkv,
             (Role::OutputGate, Mixer::GatedDelta(g)) => &mut g.z,
@@ -800,6 +899,9 @@ fn honoured(spec: &ModelSpec) {
         gated_delta: _,
         // `attention`: sigmoid(gate) times each head's output.
         attention_output_gate: _,
+        // `gemma4`: per-layer inputs, full RoPE frequencies, soft-capping; `attention`: the
+        // block's own head shape, shared caches, the value norm; `layer`: the scalar.
+        gemma4: _,
     } = spec;
 }
 
@@ -841,38 +943,55 @@ fn out_norm(
     }
 }
 
-/// The gate's activation: Gemma's tanh-approximated GELU (`gelu_pytorch_tanh`), else SiLU.
+/// The tanh-approximated GELU (`gelu_pytorch_tanh`):
+/// 0.5 · g · (1 + tanh(√(2/π) · (g + 0.044715 · g³))).
+pub(super) fn gelu_tanh(gate: &Tensor) -> candle_core::Result<Tensor> {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let inner = ((gate + (gate.powf(3.0)? * 0.044715)?)? * c)?;
+    (gate * 0.5)? * (inner.tanh()? + 1.0)?
+}
+
+/// The gate's activation: Gemma's tanh-approximated GELU, else SiLU.
 fn activation(spec: &ModelSpec, gate: &Tensor) -> candle_core::Result<Tensor> {
     if spec.gemma.is_some() {
-        // 0.5 · g · (1 + tanh(√(2/π) · (g + 0.044715 · g³)))
-        let c = (2.0 / std::f64::consts::PI).sqrt();
-        let inner = ((gate + (gate.powf(3.0)? * 0.044715)?)? * c)?;
-        return (gate * 0.5)? * (inner.tanh()? + 1.0)?;
+        return gelu_tanh(gate);
     }
     // silu(g) = g · sigmoid(g) = g / (1 + e^-g)
     gate / (gate.neg()?.exp()? + 1.0)?
 }
 
+/// Where a block's keys and values come from beyond its own call: its cache `slot` (when the
+/// call appends to the cache), or the keys and values of the block whose cache it shares.
+struct Kv<'a> {
+    slot: Option<&'a mut Option<(Tensor, Tensor)>>,
+    shared: Option<(Tensor, Tensor)>,
+}
+
 /// Self-attention of block weights `w` on its normalised input h [T, H]: q/k/v, rope, the KV
-/// cache `slot` when given, causal softmax attention. Returns the o_proj input [T, Hq·D].
+/// cache slot when given (or the shared block's keys and values), causal softmax attention.
+/// Returns the o_proj input [T, Hq·D] and the keys and values [Hkv, Tk, D] it attended over.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     spec: &ModelSpec,
     w: &AttentionWeights,
     h: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    slot: Option<&mut Option<(Tensor, Tensor)>>,
+    (cos, sin): (&Tensor, &Tensor),
+    kv: Kv,
     device: &Device,
     lo: Option<usize>,
     obs: &mut dyn Observer,
-) -> candle_core::Result<Tensor> {
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
     let (t, _) = h.dims2()?;
-    let (hq, hkv, d) = (
-        spec.num_attention_heads,
-        spec.num_key_value_heads,
-        spec.head_dim,
-    );
+    // The block's own head shape (Gemma 4's full blocks differ from its sliding ones).
+    let shape = lo.and_then(|l| spec.layer(l).attention().copied());
+    let (hq, hkv, d) = match shape {
+        Some(a) => (spec.num_attention_heads, a.kv_heads, a.head_dim),
+        None => (
+            spec.num_attention_heads,
+            spec.num_key_value_heads,
+            spec.head_dim,
+        ),
+    };
     let q = linear(h, &w.q, w.q_bias.as_ref())?;
     // Qwen3.5: each head's q_proj rows are D query rows, then D rows of its output gate.
     let (q, gate) = if spec.attention_output_gate {
@@ -882,11 +1001,7 @@ fn attention(
     } else {
         (q, None)
     };
-    let k = linear(h, &w.k, w.k_bias.as_ref())?;
-    let v = linear(h, &w.v, w.v_bias.as_ref())?;
     obs.observe(lo, Point::Q, &q)?;
-    obs.observe(lo, Point::K, &k)?;
-    obs.observe(lo, Point::V, &v)?;
     // [T, heads·D] → [heads, T, D]
     let heads = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
         x.reshape((t, n, d))?.transpose(0, 1)?.contiguous()
@@ -896,27 +1011,46 @@ fn attention(
         Some(w) => rms_norm(&x, w, spec.rms_norm_eps),
         None => Ok(x),
     };
-    let q = head_norm(heads(q, hq)?, w.q_norm.as_ref())?;
-    let k = head_norm(heads(k, hkv)?, w.k_norm.as_ref())?;
     // SmolLM3's NoPE blocks leave q and k unrotated.
-    let rotates = |l: usize| {
+    let rotates = lo.is_none_or(|l| {
         spec.layer(l)
             .attention()
             .is_some_and(|a| a.rope != crate::arch::Rope::None)
-    };
-    let (q, mut k) = if lo.is_none_or(rotates) {
-        (rope(&q, cos, sin)?, rope(&k, cos, sin)?)
-    } else {
-        (q, k)
-    };
-    let mut v = heads(v, hkv)?;
-    if let Some(slot) = slot {
-        if let Some((ck, cv)) = slot.as_ref() {
-            k = Tensor::cat(&[ck, &k], 1)?;
-            v = Tensor::cat(&[cv, &v], 1)?;
+    });
+    let q = head_norm(heads(q, hq)?, w.q_norm.as_ref())?;
+    let q = if rotates { rope(&q, cos, sin)? } else { q };
+    let (k, v) = match kv.shared {
+        // Gemma 4's KV sharing: the producer's keys and values, normalised, rotated and with
+        // every earlier position.
+        Some(shared) => shared,
+        None => {
+            let wk = w.k.as_ref().ok_or_else(|| {
+                candle_core::Error::Msg("a block that shares a cache was run on its own".into())
+            })?;
+            let k = linear(h, wk, w.k_bias.as_ref())?;
+            // Gemma 4's k_eq_v full blocks: the values are the raw key projection.
+            let v = match &w.v {
+                Some(wv) => linear(h, wv, w.v_bias.as_ref())?,
+                None => k.clone(),
+            };
+            obs.observe(lo, Point::K, &k)?;
+            obs.observe(lo, Point::V, &v)?;
+            let k = head_norm(heads(k, hkv)?, w.k_norm.as_ref())?;
+            let mut k = if rotates { rope(&k, cos, sin)? } else { k };
+            let mut v = heads(v, hkv)?;
+            if w.v_norm {
+                v = rms(&v, spec.rms_norm_eps)?;
+            }
+            if let Some(slot) = kv.slot {
+                if let Some((ck, cv)) = slot.as_ref() {
+                    k = Tensor::cat(&[ck, &k], 1)?;
+                    v = Tensor::cat(&[cv, &v], 1)?;
+                }
+                *slot = Some((k.clone(), v.clone()));
+            }
+            (k, v)
         }
-        *slot = Some((k.clone(), v.clone()));
-    }
+    };
     let tk = k.dim(1)?;
     // Query head h reads key/value head h / groups (HF's repeat_kv): group the query
     // heads of one kv head into one batched matmul.
@@ -926,7 +1060,7 @@ fn attention(
     let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((hq, t, tk))?;
     // The new tokens are the last t of the tk positions: token i sees keys 0..=tk - t + i
     // (within the block's window, if it has one).
-    let window = lo.and_then(|l| spec.layer(l).attention().and_then(|a| a.window));
+    let window = shape.and_then(|a| a.window);
     let visible = causal_mask(t, tk - t, window, device)?.broadcast_as((hq, t, tk))?;
     if obs.wants(Point::Scores) {
         obs.observe(
@@ -944,11 +1078,12 @@ fn attention(
         .reshape((hq, t, d))?
         .transpose(0, 1)?
         .reshape((t, hq * d))?;
-    match gate {
+    let out = match gate {
         // sigmoid(g) = 1 / (1 + e^-g)
-        Some(g) => attn * (g.neg()?.exp()? + 1.0)?.recip()?,
-        None => Ok(attn),
-    }
+        Some(g) => (attn * (g.neg()?.exp()? + 1.0)?.recip()?)?,
+        None => attn,
+    };
+    Ok((out, k, v))
 }
 
 /// LFM2's short convolution on the normalised block input h [T, H]: in_proj to B, C and x,
@@ -999,8 +1134,14 @@ fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Result<Ten
     }
 }
 
+/// x / sqrt(mean(x²) + eps) over the last dimension: an RMSNorm without weight.
+fn rms(x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)
+}
+
 /// x / sqrt(mean(x²) + eps) · w over the last dimension.
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+pub(super) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
     let inv = (ms + eps)?.sqrt()?.recip()?;
     x.broadcast_mul(&inv)?.broadcast_mul(w)

@@ -65,7 +65,10 @@ fn part_names(spec: &ModelSpec, slots: &[TensorSlot], plan: &ChainPlan) -> Vec<V
                 .iter()
                 .position(|p| p.layers.contains(&l))
                 .unwrap_or(last),
-            TensorId::Embedding => 0,
+            TensorId::Embedding
+            | TensorId::PerLayerEmbedding
+            | TensorId::PerLayerModelProjection
+            | TensorId::PerLayerProjectionNorm => 0,
             TensorId::FinalNorm | TensorId::LmHead => last,
         };
         if id == TensorId::Embedding && spec.tie_word_embeddings && last != 0 {

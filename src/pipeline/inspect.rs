@@ -69,6 +69,46 @@ pub struct Summary {
     /// DeltaNets).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hybrid_state: Option<HybridState>,
+    /// Gemma 4's blocks of two head shapes, shared caches and per-layer inputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gemma4: Option<Gemma4Summary>,
+}
+
+/// What Gemma 4's blocks keep and read beyond one head shape and one cache each.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gemma4Summary {
+    /// The full-attention blocks' head size and KV heads.
+    pub global_head_dim: usize,
+    pub global_kv_heads: usize,
+    /// (block, the block whose cache it reads), for every block that keeps none of its own.
+    pub shared: Vec<(usize, usize)>,
+    /// The blocks that keep key and value rows.
+    pub cache_blocks: usize,
+    /// Their key and value bytes per position (fp16).
+    pub kv_bytes_per_token: u64,
+    /// P, each block's per-layer input width (0: none), and the per-layer table's parameters.
+    pub per_layer_input: usize,
+    pub per_layer_parameters: u64,
+}
+
+impl Gemma4Summary {
+    fn of(spec: &crate::arch::ModelSpec) -> Option<Self> {
+        let g = spec.gemma4.as_ref()?;
+        let layers = 0..spec.num_hidden_layers;
+        Some(Gemma4Summary {
+            global_head_dim: g.global_head_dim,
+            global_kv_heads: g.global_kv_heads,
+            shared: layers
+                .clone()
+                .filter_map(|l| spec.kv_producer(l).map(|p| (l, p)))
+                .collect(),
+            cache_blocks: spec.attention_layers(layers).len(),
+            kv_bytes_per_token: spec.state_bytes(1),
+            per_layer_input: g.per_layer_input,
+            per_layer_parameters: (g.per_layer_vocab * spec.num_hidden_layers * g.per_layer_input)
+                as u64,
+        })
+    }
 }
 
 /// What a hybrid model keeps per sequence: key/value rows of its attention blocks, which grow
@@ -228,6 +268,7 @@ fn build(
         text_of: None,
         dropped: Vec::new(),
         hybrid_state: HybridState::of(spec),
+        gemma4: Gemma4Summary::of(spec),
     }
 }
 

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+mod gemma4;
 mod numerics;
 mod per_arch;
 
@@ -179,6 +180,16 @@ const GEMMA_KEYS: &[&str] = &[
     "rope_local_base_freq",
 ];
 
+/// Keys of [`UNHONOURED`] that Gemma 4 honours or, like transformers, does not read.
+const GEMMA4_KEYS: &[&str] = &[
+    "hidden_act",
+    "hidden_activation",
+    "final_logit_softcapping",
+    "query_pre_attn_scalar",
+    "use_bidirectional_attention",
+    "num_experts",
+];
+
 /// Refuse any field in `rest` whose value changes the math away from what we compute.
 fn check_unhonoured(raw: &RawConfig, architecture: Architecture) -> Result<(), ConfigError> {
     let rest = &raw.rest;
@@ -201,6 +212,11 @@ fn check_unhonoured(raw: &RawConfig, architecture: Architecture) -> Result<(), C
     }
     for &(key, accept) in UNHONOURED {
         if architecture == Architecture::Gemma3 && GEMMA_KEYS.contains(&key) {
+            continue;
+        }
+        // Gemma 4's, read and checked by `gemma4::gemma4`; it has no `query_pre_attn_scalar`
+        // (transformers ignores one left in a config: its scale is 1).
+        if architecture == Architecture::Gemma4 && GEMMA4_KEYS.contains(&key) {
             continue;
         }
         // Qwen3.5's gated attention, read into `attention_output_gate`.
@@ -385,16 +401,26 @@ impl ModelSpec {
             ).into());
         }
         let head_dim = head_dim(raw.head_dim, hidden_size, num_attention_heads)?;
-        if head_dim % 2 != 0 {
-            return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings").into());
-        }
         let Rope {
             params: rope_params,
             scaling_obj,
             theta: rope_theta,
             scaling: rope_scaling,
-            keys: rope_keys,
+            keys: mut rope_keys,
         } = rope(&raw, architecture)?;
+        let shape = (
+            num_hidden_layers,
+            hidden_size,
+            head_dim,
+            num_key_value_heads,
+        );
+        let (g4, rope_theta, rope_scaling) = gemma4::read(
+            &raw,
+            architecture,
+            (shape, intermediate_size),
+            &mut rope_keys,
+            (rope_theta, rope_scaling),
+        )?;
         let rms_norm_eps = rms_norm_eps(lfm2.as_ref().map_or(raw.rms_norm_eps, |m| m.norm_eps))?;
         let max_position_embeddings = positions(raw.max_position_embeddings)?;
         check_unhonoured(&raw, architecture)?;
@@ -411,20 +437,13 @@ impl ModelSpec {
         )?;
         let attention_bias = attention_bias(architecture, raw.attention_bias)?;
         let no_rope_layers = no_rope_layers(&raw, architecture, num_hidden_layers)?;
-        let (gemma, sliding_window) = match architecture {
-            Architecture::Gemma3 => {
-                let g = gemma(&raw, rope_params, num_hidden_layers, hidden_size)?;
-                // Gemma3TextConfig's default window is 4096.
-                let w = (!g.sliding_layers.is_empty())
-                    .then(|| sliding_window(&raw).map(|w| w.unwrap_or(4096)))
-                    .transpose()?;
-                (Some(g), w)
-            }
-            // LFM2's and Qwen3.5's `layer_types` name their recurrent and attention blocks,
-            // none windowed.
-            Architecture::Lfm2 | Architecture::Qwen3_5 => (None, None),
-            _ => (None, sliding_window(&raw)?),
-        };
+        let (gemma, sliding_window) = gemma_and_window(
+            &raw,
+            architecture,
+            (rope_params, g4.as_ref()),
+            num_hidden_layers,
+            hidden_size,
+        )?;
         let dtype = raw.dtype.clone().or(raw.torch_dtype.clone());
         let (bos_token_id, eos_token_ids) = special_tokens(&raw, vocab_size)?;
         let spec = ModelSpec {
@@ -440,9 +459,10 @@ impl ModelSpec {
             // Gemma3TextConfig ties by default; the other configs do not.
             tie_word_embeddings: match &lfm2 {
                 Some(m) => m.tie_word_embeddings,
-                None => raw
-                    .tie_word_embeddings
-                    .unwrap_or(architecture == Architecture::Gemma3),
+                None => raw.tie_word_embeddings.unwrap_or(matches!(
+                    architecture,
+                    Architecture::Gemma3 | Architecture::Gemma4
+                )),
             },
             rope_theta,
             rope_scaling,
@@ -458,6 +478,7 @@ impl ModelSpec {
                     | Architecture::Gemma3
                     | Architecture::Lfm2
                     | Architecture::Qwen3_5
+                    | Architecture::Gemma4
             ),
             no_rope_layers,
             partial_rotary_dim,
@@ -467,10 +488,37 @@ impl ModelSpec {
             gated_delta,
             attention_output_gate: architecture == Architecture::Qwen3_5
                 && attention_output_gate(&raw)?,
+            gemma4: g4.map(|g| g.gemma4),
         };
         numerics::check(&spec, &rope_keys)?;
         Ok(spec)
     }
+}
+
+/// Gemma's part of the spec (Gemma 3's own, or Gemma 4's Gemma 3 part) and the window of the
+/// windowed blocks.
+fn gemma_and_window(
+    raw: &RawConfig,
+    architecture: Architecture,
+    (rope_params, g4): (Option<&serde_json::Value>, Option<&gemma4::Gemma4Config>),
+    num_hidden_layers: usize,
+    hidden_size: usize,
+) -> Result<(Option<crate::arch::GemmaSpec>, Option<usize>), ConfigError> {
+    Ok(match (architecture, g4) {
+        (_, Some(g)) => (Some(g.gemma.clone()), g.sliding_window),
+        (Architecture::Gemma3, None) => {
+            let g = gemma(raw, rope_params, num_hidden_layers, hidden_size)?;
+            // Gemma3TextConfig's default window is 4096.
+            let w = (!g.sliding_layers.is_empty())
+                .then(|| sliding_window(raw).map(|w| w.unwrap_or(4096)))
+                .transpose()?;
+            (Some(g), w)
+        }
+        // LFM2's and Qwen3.5's `layer_types` name their recurrent and attention blocks, none
+        // windowed.
+        (Architecture::Lfm2 | Architecture::Qwen3_5, None) => (None, None),
+        _ => (None, sliding_window(raw)?),
+    })
 }
 
 /// Qwen3.5's `attn_output_gate`: true or absent, as transformers' `Qwen3_5Attention` always
@@ -561,8 +609,20 @@ fn rope(raw: &RawConfig, architecture: Architecture) -> Result<Rope<'_>, ConfigE
     })
 }
 
-/// The explicit `head_dim`, or hidden / heads when they divide.
+/// The explicit `head_dim`, or hidden / heads when they divide; even, for rotary embeddings.
 fn head_dim(
+    head_dim: Option<usize>,
+    hidden_size: usize,
+    num_attention_heads: usize,
+) -> Result<usize, ConfigError> {
+    let d = explicit_or_derived_head_dim(head_dim, hidden_size, num_attention_heads)?;
+    if d % 2 != 0 {
+        return Err(format!("head_dim ({d}) must be even for rotary embeddings").into());
+    }
+    Ok(d)
+}
+
+fn explicit_or_derived_head_dim(
     head_dim: Option<usize>,
     hidden_size: usize,
     num_attention_heads: usize,

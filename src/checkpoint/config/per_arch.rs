@@ -24,7 +24,7 @@ const GEMMA3_TEXT_DEFAULTS: [(&str, f64); 12] = [
 
 /// The multimodal classes whose text decoder converts: (class, its model_type, the text
 /// decoder's class and model_type).
-const MULTIMODAL: [(&str, &str, &str, &str); 2] = [
+const MULTIMODAL: [(&str, &str, &str, &str); 3] = [
     (
         "Gemma3ForConditionalGeneration",
         "gemma3",
@@ -36,6 +36,12 @@ const MULTIMODAL: [(&str, &str, &str, &str); 2] = [
         "qwen3_5",
         "Qwen3_5ForCausalLM",
         "qwen3_5_text",
+    ),
+    (
+        "Gemma4ForConditionalGeneration",
+        "gemma4",
+        "Gemma4ForCausalLM",
+        "gemma4_text",
     ),
 ];
 

@@ -103,6 +103,10 @@ pub fn gguf_name(id: TensorId, post_attention_norm: bool) -> String {
         TensorId::Embedding => return "token_embd.weight".into(),
         TensorId::FinalNorm => return "output_norm.weight".into(),
         TensorId::LmHead => return "output.weight".into(),
+        // llama.cpp's per-layer embedding names (Gemma 3n's, which Gemma 4 shares).
+        TensorId::PerLayerEmbedding => return "per_layer_token_embd.weight".into(),
+        TensorId::PerLayerModelProjection => return "per_layer_model_proj.weight".into(),
+        TensorId::PerLayerProjectionNorm => return "per_layer_proj_norm.weight".into(),
         TensorId::Layer(_, t) => match t {
             LayerTensor::InputNorm => ("attn_norm", "weight"),
             LayerTensor::PostNorm if post_attention_norm => ("post_attention_norm", "weight"),
@@ -138,6 +142,10 @@ pub fn gguf_name(id: TensorId, post_attention_norm: bool) -> String {
             LayerTensor::DeltaALog => return format!("blk.{}.ssm_a", id.layer().unwrap_or(0)),
             LayerTensor::DeltaNorm => ("ssm_norm", "weight"),
             LayerTensor::DeltaOut => ("ssm_out", "weight"),
+            LayerTensor::PerLayerGate => ("inp_gate", "weight"),
+            LayerTensor::PerLayerProjection => ("proj", "weight"),
+            LayerTensor::PerLayerNorm => ("post_norm", "weight"),
+            LayerTensor::LayerScalar => ("layer_output_scale", "weight"),
         },
     };
     format!("blk.{}.{part}.{suffix}", id.layer().unwrap_or(0))

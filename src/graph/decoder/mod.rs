@@ -267,7 +267,18 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         // beside the caches, and its gated attention (`attention::attention`).
         gated_delta: _,
         attention_output_gate: _,
+        gemma4,
     } = spec;
+    // Gemma 4's per-layer inputs, KV sharing and heads of two shapes are computed by the
+    // float reference; the graph does not build them yet.
+    if gemma4.is_some() {
+        return Err(GraphError::Unsupported(
+            "Gemma 4 (per-layer input embeddings, KV sharing, full blocks with a head shape of \
+             their own) is read and computed by the float reference, but the graph does not \
+             build its blocks yet"
+                .into(),
+        ));
+    }
     // LongRoPE switches to its long factors once the sequence outgrows the original
     // context; a package's tables are fixed, so its context stays within it.
     if let RopeScaling::LongRope {

@@ -404,9 +404,11 @@ impl Recipe {
             .or_else(|| self.roles.get(&slot.role).copied())
             // LFM2's conv in_proj and a DeltaNet's in_proj_qkv and in_proj_z read the block
             // input as q/k/v do: a recipe that names no `conv_in` or `output_gate` treats
-            // them as it treats `q`.
+            // them as it treats `q`; Gemma 4's per-layer input projections, a gated
+            // feed-forward of their own, as it treats the MLP's `up`.
             .or_else(|| match slot.role {
                 Role::ConvIn | Role::OutputGate => self.roles.get(&Role::Q).copied(),
+                Role::PerLayer => self.roles.get(&Role::Up).copied(),
                 _ => None,
             })
             .unwrap_or(self.default);

@@ -2,6 +2,7 @@
 //! own logits, and config fields and tensors that are refused rather than ignored.
 
 mod config;
+mod gemma4;
 mod hf;
 mod multimodal;
 mod qwen3_5;

@@ -1,0 +1,205 @@
+//! Gemma 4's text decoder (checkpoints transformers 5.23 wrote, docs/reference/gemma4.md): the
+//! config read as transformers reads it, the float reference against transformers' logits
+//! (per-layer inputs, KV sharing, full blocks of their own head size with proportional RoPE,
+//! past the window, soft-capped), the multimodal checkpoint as its text decoder, and the
+//! conversion refused by name until the graph builds these blocks.
+
+use hf2coreml::arch::{LayerKind, Role};
+use hf2coreml::checkpoint::Checkpoint;
+
+use super::hf::{fixture, reference_matches_transformers};
+use crate::support::{stdout, Cli};
+
+/// The fixtures' shape: blocks S, S, F, S, S, F; the last two read blocks 3 and 2's caches.
+#[test]
+fn gemma4_config_gives_each_block_its_shape_and_cache() {
+    for (arch, global_kv) in [("gemma4", 2), ("gemma4_kv", 1)] {
+        let spec = Checkpoint::open(fixture(arch)).unwrap().spec().clone();
+        let g = spec.gemma4.clone().expect("Gemma 4's part");
+        assert_eq!(
+            (g.global_head_dim, g.global_kv_heads, g.global_rotated_pairs),
+            (32, global_kv, 4),
+            "{arch}"
+        );
+        assert_eq!((g.first_shared, g.shared_intermediate_size), (4, 192));
+        assert_eq!((g.per_layer_input, g.per_layer_vocab), (16, 128));
+        assert_eq!(g.final_logit_softcapping, Some(30.0));
+        assert_eq!(g.k_eq_v, arch == "gemma4_kv");
+        assert_eq!(spec.norm_offset(), 0.0, "Gemma 4's norms multiply by w");
+        assert_eq!(spec.attention_scale(), 1.0);
+        let shapes: Vec<(usize, usize, Option<usize>, Option<usize>)> = spec
+            .layers()
+            .iter()
+            .map(|k| match k {
+                LayerKind::Attention(a) => (a.kv_heads, a.head_dim, a.window, a.kv_from),
+                other => panic!("{arch}: {other:?}"),
+            })
+            .collect();
+        let (s, f) = ((2, 16, Some(16), None), (global_kv, 32, None, None));
+        assert_eq!(
+            shapes,
+            [
+                s,
+                s,
+                f,
+                s,
+                (2, 16, Some(16), Some(3)),
+                (global_kv, 32, None, Some(2))
+            ],
+            "{arch}"
+        );
+        // Only the blocks that keep a cache have state; the shared ones keep none.
+        assert_eq!(spec.attention_layers(0..6), [0, 1, 2, 3]);
+        assert!(spec.layer(4).state().is_empty() && spec.layer(5).state().is_empty());
+        let kv_row = |heads: usize, d: usize| 2 * heads * d * 2;
+        assert_eq!(
+            spec.state_bytes(1) as usize,
+            3 * kv_row(2, 16) + kv_row(global_kv, 32)
+        );
+        // Per-layer inputs: the table, the model's projection and its norm, then per block.
+        let ckpt = Checkpoint::open(fixture(arch)).unwrap();
+        let roles: Vec<Role> = ckpt.slots().iter().map(|s| s.role).collect();
+        assert_eq!(
+            roles.iter().filter(|r| **r == Role::PerLayer).count(),
+            1 + 2 * 6
+        );
+        assert!(roles.contains(&Role::PerLayerEmbedding));
+    }
+}
+
+#[test]
+fn gemma4_reference_matches_transformers() {
+    for arch in ["gemma4", "gemma4_kv"] {
+        reference_matches_transformers(arch);
+    }
+}
+
+/// `Gemma4ForConditionalGeneration` is its text decoder: the vision tower and its projection
+/// into the text stream are left out unread, and the reference gives transformers' logits.
+#[test]
+fn gemma4_multimodal_checkpoint_is_its_text_decoder() {
+    let dir = fixture("gemma4_vl");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    assert_eq!(
+        ckpt.spec().text_of.as_deref(),
+        Some("Gemma4ForConditionalGeneration")
+    );
+    let dropped: Vec<&str> = ckpt.dropped().parts.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(dropped, ["model.embed_vision.", "model.vision_tower."]);
+    reference_matches_transformers("gemma4_vl");
+}
+
+/// Google's original releases still store the key and value projections and key norm of the
+/// blocks that share a cache, which transformers skips on load: so does the reader, and the
+/// model computes the same.
+#[test]
+fn gemma4_shared_blocks_stored_keys_and_values_are_left_unread() {
+    let src = fixture("gemma4");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
+    let k = st.tensor("model.layers.3.self_attn.k_proj.weight").unwrap();
+    let norm = st.tensor("model.layers.3.self_attn.k_norm.weight").unwrap();
+    for (name, view) in [
+        ("model.layers.4.self_attn.k_proj.weight", &k),
+        ("model.layers.4.self_attn.v_proj.weight", &k),
+        ("model.layers.4.self_attn.k_norm.weight", &norm),
+    ] {
+        out.push((name.to_string(), view.clone()));
+    }
+    safetensors::serialize_to_file(out, None, &dir.path().join("model.safetensors")).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    assert!(ckpt.contains("model.layers.4.self_attn.k_proj.weight"));
+    assert!(!ckpt
+        .slots()
+        .iter()
+        .any(|s| s.name == "model.layers.4.self_attn.k_proj.weight"));
+    // A block that keeps its own cache may not carry a stray tensor.
+    let bias = st.tensor("model.layers.3.self_attn.k_norm.weight").unwrap();
+    let dir2 = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir2.path().join("config.json")).unwrap();
+    let mut out: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
+    out.push(("model.layers.2.self_attn.v_norm.weight".into(), bias));
+    safetensors::serialize_to_file(out, None, &dir2.path().join("model.safetensors")).unwrap();
+    let err = Checkpoint::open(dir2.path()).unwrap_err().to_string();
+    assert!(err.contains("v_norm"), "{err}");
+}
+
+/// `inspect` reads Gemma 4; `convert` says why it stops instead of converting something else.
+#[test]
+fn gemma4_is_inspected_and_its_conversion_refused_by_name() {
+    let dir = fixture("gemma4");
+    let text = stdout(&Cli::new().arg("inspect").arg(&dir).output());
+    assert!(text.contains("Gemma4ForCausalLM"), "{text}");
+    assert!(
+        text.contains(
+            "KV cache     4 blocks keep one: 640 B per token; 2 read another's (4←3, 5←2)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("full blocks  head_dim 32, 2 key/value heads"),
+        "{text}"
+    );
+    let budget = stdout(
+        &Cli::new()
+            .arg("budget")
+            .arg(&dir)
+            .args(["--max-seq-len", "64", "--device", "iphone-15"])
+            .output(),
+    );
+    assert!(
+        budget.contains("40.00 KiB  2 × (3 layers × 2 kv heads × 16 + 1 layers × 2 kv heads × 32)"),
+        "{budget}"
+    );
+    let out = tempfile::tempdir().unwrap();
+    let o = Cli::new()
+        .arg("convert")
+        .arg(&dir)
+        .arg("-o")
+        .arg(out.path().join("g.mlpackage"))
+        .args(["--recipe", "default", "--max-seq-len", "64"])
+        .output();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("Gemma 4"), "{err}");
+    assert!(!out.path().join("g.mlpackage").exists());
+}
+
+/// Settings transformers would compute differently from the dense causal text decoder are
+/// refused naming the field.
+#[test]
+fn gemma4_unsupported_fields_exit_2() {
+    use super::hf::inspect_refuses_edited_config;
+    for (from, to, field) in [
+        (
+            "\"enable_moe_block\": false",
+            "\"enable_moe_block\": true",
+            "enable_moe_block",
+        ),
+        (
+            "\"use_bidirectional_attention\": null",
+            "\"use_bidirectional_attention\": \"all\"",
+            "use_bidirectional_attention",
+        ),
+        (
+            "\"num_kv_shared_layers\": 2",
+            "\"num_kv_shared_layers\": 5",
+            "num_kv_shared_layers",
+        ),
+        (
+            "\"rope_type\": \"proportional\"",
+            "\"rope_type\": \"yarn\"",
+            "rope_parameters.full_attention.rope_type",
+        ),
+        (
+            "\"head_dim\": 32",
+            "\"head_dim\": 32, \"intermediate_size\": 8",
+            "per_layer_config",
+        ),
+    ] {
+        inspect_refuses_edited_config("gemma4", (from, to), field);
+    }
+}
