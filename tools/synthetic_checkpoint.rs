@@ -4,8 +4,8 @@
 //!   size (bf16, GQA 4:1, tied embeddings), one file.
 //! - `synthetic_checkpoint OUT_DIR --preset NAME`: the published shapes of a real model
 //!   (`llama-3.2-1b`, `llama-3.2-3b`, `llama-3.1-8b`, `qwen2.5-7b`, `mistral-7b`, and the
-//!   hybrids `qwen3.5-0.8b`, `qwen3.5-4b`, `lfm2-1.2b`: their text decoders) as the Hub
-//!   ships them: bf16 safetensors in shards of at most 5 GB with `model.safetensors.index.json`
+//!   hybrids `qwen3.5-0.8b`, `qwen3.5-4b`, `lfm2-1.2b`, and `gemma-4-e2b`: their text
+//!   decoders) as the Hub ships them: bf16 safetensors in shards of at most 5 GB with `model.safetensors.index.json`
 //!   (`--config-only`: config.json alone, which `budget` plans from).
 //!   Random weights: they measure memory, time and structure, not quality. The shards are
 //!   streamed tensor by tensor in 4 MiB chunks, so an 8B (16 GB on disk) is written in a few
@@ -44,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => Err(
             "usage: synthetic_checkpoint OUT_DIR LAYERS HIDDEN INTERMEDIATE VOCAB\n       \
                   synthetic_checkpoint OUT_DIR --preset llama-3.2-1b|llama-3.2-3b|llama-3.1-8b|\
-                  qwen2.5-7b|mistral-7b|qwen3.5-0.8b|qwen3.5-4b|lfm2-1.2b [--config-only]"
+                  qwen2.5-7b|mistral-7b|qwen3.5-0.8b|qwen3.5-4b|lfm2-1.2b|gemma-4-e2b [--config-only]"
                 .into(),
         ),
     }
@@ -339,6 +339,34 @@ fn hybrid_preset(name: &str) -> Option<serde_json::Value> {
             "max_position_embeddings": 128_000, "bos_token_id": 1, "eos_token_id": 7,
             "torch_dtype": "bfloat16",
         }),
+        // Gemma 4 E2B's text decoder (docs/reference/gemma4.md §5): full attention every
+        // fifth block with its own head size, the last 20 blocks reading blocks 13 and 14's
+        // caches with double-wide MLPs, per-layer inputs 256 wide.
+        "gemma-4-e2b" => {
+            let types: Vec<&str> = (0..35)
+                .map(|l| match (l + 1) % 5 {
+                    0 => "full_attention",
+                    _ => "sliding_attention",
+                })
+                .collect();
+            serde_json::json!({
+                "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+                "vocab_size": 262_144, "hidden_size": 1536, "intermediate_size": 6144,
+                "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1,
+                "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": null,
+                "attention_k_eq_v": false, "layer_types": types, "sliding_window": 512,
+                "num_kv_shared_layers": 20, "use_double_wide_mlp": true,
+                "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144,
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                    "full_attention": {"rope_type": "proportional",
+                        "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}},
+                "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6,
+                "max_position_embeddings": 131_072, "tie_word_embeddings": true,
+                "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+                "hidden_activation": "gelu_pytorch_tanh", "torch_dtype": "bfloat16",
+            })
+        }
         _ => return None,
     })
 }

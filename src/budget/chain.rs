@@ -14,7 +14,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::arch::{ModelSpec, Role, TensorSlot};
+use crate::arch::{ModelSpec, Role, TensorId, TensorSlot};
 
 /// Bytes each part carries besides its weights: the RoPE tables ([S, D] fp16, twice), the
 /// mask constants, the program and the package files. A fixed allowance per part keeps the
@@ -60,7 +60,9 @@ impl ModelBytes {
             let b = bytes(s);
             match (s.layer, s.role) {
                 (Some(l), _) if l < m.blocks.len() => m.blocks[l] += b,
-                (_, Role::Embedding) => m.embedding += b,
+                // Gemma 4's per-layer inputs are computed beside the embedding, from it.
+                (_, Role::Embedding | Role::PerLayerEmbedding | Role::PerLayer) => m.embedding += b,
+                _ if s.name == TensorId::PerLayerProjectionNorm.hf_name() => m.embedding += b,
                 _ => m.head += b,
             }
         }

@@ -456,14 +456,7 @@ impl ModelSpec {
             head_dim,
             vocab_size,
             rms_norm_eps,
-            // Gemma3TextConfig ties by default; the other configs do not.
-            tie_word_embeddings: match &lfm2 {
-                Some(m) => m.tie_word_embeddings,
-                None => raw.tie_word_embeddings.unwrap_or(matches!(
-                    architecture,
-                    Architecture::Gemma3 | Architecture::Gemma4
-                )),
-            },
+            tie_word_embeddings: tied(&raw, architecture, lfm2.as_ref()),
             rope_theta,
             rope_scaling,
             max_position_embeddings,
@@ -492,6 +485,18 @@ impl ModelSpec {
         };
         numerics::check(&spec, &rope_keys)?;
         Ok(spec)
+    }
+}
+
+/// Whether the lm_head is the embedding: LFM2's rule, else `tie_word_embeddings`, whose default
+/// is true in Gemma's configs and false in the others.
+fn tied(raw: &RawConfig, architecture: Architecture, lfm2: Option<&per_arch::Lfm2>) -> bool {
+    match lfm2 {
+        Some(m) => m.tie_word_embeddings,
+        None => raw.tie_word_embeddings.unwrap_or(matches!(
+            architecture,
+            Architecture::Gemma3 | Architecture::Gemma4
+        )),
     }
 }
 
