@@ -70,6 +70,14 @@ pub enum GgufError {
     },
     #[error("{path}: architecture `{arch}` is not supported (supported: {})", SUPPORTED_ARCHITECTURES.join(", "))]
     UnsupportedArchitecture { path: PathBuf, arch: String },
+    /// llama.cpp's multimodal projector file (`mmproj-*.gguf`), which ships beside a
+    /// multimodal model's text GGUF.
+    #[error(
+        "{path}: a multimodal projector (`mmproj`, architecture `clip`): it holds the vision or \
+         audio tower, not the text model; import the text model's GGUF beside it, which is what \
+         hf2coreml converts"
+    )]
+    Projector { path: PathBuf },
     #[error(
         "{path}: tensor `{tensor}` has type {dtype}; supported: {}",
         supported_types_list()
@@ -242,6 +250,11 @@ pub fn architecture(g: &GgufFile) -> Result<String, GgufError> {
     let arch = g
         .get_str("general.architecture")?
         .ok_or_else(|| meta_err(g, "general.architecture", "missing".into()))?;
+    if arch == "clip" {
+        return Err(GgufError::Projector {
+            path: g.path().to_path_buf(),
+        });
+    }
     if !SUPPORTED_ARCHITECTURES.contains(&arch) {
         return Err(GgufError::UnsupportedArchitecture {
             path: g.path().to_path_buf(),

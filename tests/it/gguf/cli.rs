@@ -77,6 +77,21 @@ fn bad_input_exits_2_with_the_reason_and_no_output() {
     assert!(!dest.exists());
     assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
 
+    // A multimodal model's projector file, beside its text GGUF: named for what it is.
+    let mut w = TinyGguf::llama().build().writer;
+    w.meta("general.architecture", Meta::Str("clip".into()));
+    let src = root.path().join("mmproj-tiny-f16.gguf");
+    w.write(&src).unwrap();
+    let out = hf2coreml(&import_args(&src, &dest));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("multimodal projector") && stderr.contains("text model's GGUF"),
+        "{stderr}"
+    );
+    assert!(!dest.exists());
+    std::fs::remove_file(&src).unwrap();
+
     let missing = root.path().join("nope.gguf");
     let out = hf2coreml(&import_args(&missing, &dest));
     assert_eq!(out.status.code(), Some(2));
