@@ -89,6 +89,54 @@ fn gemma4_multimodal_checkpoint_is_its_text_decoder() {
     reference_matches_transformers("gemma4_vl");
 }
 
+/// The Hub ships Gemma 4 sharded: the same multimodal checkpoint in two shards under an index
+/// (the tower in the second, beside text tensors) reads and computes as the single file does.
+#[test]
+fn gemma4_sharded_multimodal_checkpoint_is_its_text_decoder() {
+    use super::hf::{expected, max_diff};
+    use hf2coreml::model::{BackendChoice, Reference};
+
+    let src = fixture("gemma4_vl");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors = st.tensors();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let half = tensors.len() / 2;
+    let mut map = serde_json::Map::new();
+    for (i, part) in [&tensors[..half], &tensors[half..]].into_iter().enumerate() {
+        let name = format!("model-{:05}-of-00002.safetensors", i + 1);
+        for (t, _) in part {
+            map.insert(t.clone(), name.clone().into());
+        }
+        let views: Vec<(String, safetensors::tensor::TensorView)> = part.to_vec();
+        safetensors::serialize_to_file(views, None, &dir.path().join(&name)).unwrap();
+    }
+    assert!(map
+        .values()
+        .any(|f| f == "model-00002-of-00002.safetensors"));
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let dropped: Vec<&str> = ckpt.dropped().parts.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(dropped, ["model.embed_vision.", "model.vision_tower."]);
+    let want = expected(&src);
+    let mut r = Reference::load_with(&ckpt, BackendChoice::Auto).unwrap();
+    let got = r.logits_all(&want.tokens).unwrap();
+    let scale = want
+        .logits
+        .iter()
+        .flatten()
+        .fold(0f32, |m, v| m.max(v.abs()));
+    let worst = max_diff(&got, &want.logits);
+    assert!(worst <= 1e-4 * scale, "sharded: max |Δ| {worst} of {scale}");
+}
+
 /// Google's original releases still store the key and value projections and key norm of the
 /// blocks that share a cache, which transformers skips on load: so does the reader, and the
 /// model computes the same.
