@@ -145,11 +145,6 @@ fn check(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
             "Gemma 3 is not built in --layout ane: use --layout default".into(),
         ));
     }
-    if spec.qk_norm {
-        return Err(GraphError::Unsupported(
-            "per-head q/k norms (Qwen3) are not built in --layout ane: use --layout default".into(),
-        ));
-    }
     if spec.rotary_dim() != spec.head_dim {
         return Err(GraphError::Unsupported(
             "partial RoPE (Phi-4-mini) is not built in --layout ane: use --layout default".into(),
@@ -368,6 +363,17 @@ pub(super) fn norm_weight(
 ) -> Result<String, GraphError> {
     let w = weights.single(b, id)?;
     b.reshape_const(&w, conv_bias_shape)?;
+    Ok(w)
+}
+
+/// A per-head norm's weight [D] as [D, 1]: it multiplies heads [1, n, D, Q] along D.
+pub(super) fn head_norm_weight(
+    b: &mut Builder,
+    weights: &mut Weights,
+    id: TensorId,
+) -> Result<String, GraphError> {
+    let w = weights.single(b, id)?;
+    b.reshape_const(&w, |s: &[usize]| s.iter().copied().chain([1]).collect())?;
     Ok(w)
 }
 

@@ -145,8 +145,8 @@ fn qkv(
     let vh = lower.heads(b, &out[2], dims.hkv, dims, &format!("{tag}_v"));
     if let Some(eps) = shared.qk_norm_eps {
         let off = shared.norm_offset;
-        let qw = lower.norm_weight(b, weights, TensorId::Layer(l, LayerTensor::QNorm), off)?;
-        let kw = lower.norm_weight(b, weights, TensorId::Layer(l, LayerTensor::KNorm), off)?;
+        let qw = lower.head_norm_weight(b, weights, TensorId::Layer(l, LayerTensor::QNorm), off)?;
+        let kw = lower.head_norm_weight(b, weights, TensorId::Layer(l, LayerTensor::KNorm), off)?;
         qh = lower.head_norm(b, &qh, &qw, eps, &format!("{tag}_q_norm"))?;
         kh = lower.head_norm(b, &kh, &kw, eps, &format!("{tag}_k_norm"))?;
     }
@@ -179,15 +179,22 @@ fn qkv(
 /// covers q and k, so the headroom is fixed, a power of two so the scaling itself is exact).
 const HEAD_NORM_PRESCALE: f64 = 1.0 / 16.0;
 
-/// RMSNorm over the last axis (each head's D values) of [1, n, Q, D] with weight [D].
-pub(super) fn head_norm(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+/// RMSNorm over `axis` (each head's D values) of the heads with weight [D] shaped to it.
+pub(super) fn head_norm(
+    b: &mut Builder,
+    x: &str,
+    w: &str,
+    eps: f64,
+    axis: i64,
+    name: &str,
+) -> String {
     let c = HEAD_NORM_PRESCALE;
     let xs = b.op(
         Op::Mul,
         &format!("{name}_prescaled"),
         vec![("x", var(x)), ("y", Arg::Float(c))],
     );
-    super::rms_norm(b, &xs, w, eps * c * c, super::TOKENS_CHANNELS, name)
+    super::rms_norm(b, &xs, w, eps * c * c, axis, name)
 }
 
 /// [1, Q, n·D] → [1, n, Q, D].

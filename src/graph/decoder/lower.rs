@@ -98,7 +98,26 @@ impl Lowering<'_> {
         }
     }
 
-    /// Per-head q/k RMSNorm (Qwen3), which the Neural Engine layout does not build.
+    /// A per-head q/k norm's weight [D] as it multiplies the heads (with Gemma's offset; [D, 1]
+    /// in the Neural Engine layout, where each head's D values run down axis 2).
+    pub(super) fn head_norm_weight(
+        &self,
+        b: &mut Builder,
+        weights: &mut Weights,
+        id: TensorId,
+        offset: f64,
+    ) -> Result<String, GraphError> {
+        match self {
+            Lowering::Default => super::norm_weight(b, weights, id, offset),
+            Lowering::Ane(_) => {
+                refuse_if(offset != 0.0, "(1 + w) norms (Gemma)")?;
+                ane::head_norm_weight(b, weights, id)
+            }
+        }
+    }
+
+    /// Per-head q/k RMSNorm (Qwen3, LFM2) over each head's D values: the last axis of the
+    /// default heads [1, n, Q, D], axis 2 of the Neural Engine's [1, n, D, Q].
     pub(super) fn head_norm(
         &self,
         b: &mut Builder,
@@ -107,10 +126,11 @@ impl Lowering<'_> {
         eps: f64,
         name: &str,
     ) -> Result<String, GraphError> {
-        match self {
-            Lowering::Default => Ok(super::attention::head_norm(b, x, w, eps, name)),
-            Lowering::Ane(_) => Err(not_built("per-head q/k norms (Qwen3)")),
-        }
+        let axis = match self {
+            Lowering::Default => super::TOKENS_CHANNELS,
+            Lowering::Ane(_) => 2,
+        };
+        Ok(super::attention::head_norm(b, x, w, eps, axis, name))
     }
 
     /// The RoPE rows block `l` rotates with (`cos`, `sin`): Gemma's sliding blocks have their

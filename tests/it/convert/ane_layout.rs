@@ -153,7 +153,13 @@ fn check_ane_package(ane: &Path, default: &Path) {
 fn fp16_layouts_agree_on_every_tiny_architecture() {
     needs!(Python);
     let mut shares = Vec::new();
-    for model in [TinyModel::llama(), TinyModel::qwen2(), TinyModel::mistral()] {
+    // Qwen3: per-head q/k norms over each head's D values, down axis 2 of [1, n, D, Q].
+    for model in [
+        TinyModel::llama(),
+        TinyModel::qwen2(),
+        TinyModel::mistral(),
+        TinyModel::qwen3(),
+    ] {
         shares.push(layouts_agree(model, 1, &["--keep-fp16", "*"]));
     }
     shares.push(layouts_agree(TinyModel::llama(), 3, &["--keep-fp16", "*"]));
