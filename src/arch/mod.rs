@@ -432,9 +432,7 @@ impl LayerTensor {
             LayerTensor::PreFfnNorm | LayerTensor::PostFfnNorm => spec.gemma.is_some(),
             LayerTensor::PerLayerGate
             | LayerTensor::PerLayerProjection
-            | LayerTensor::PerLayerNorm => {
-                spec.gemma4.as_ref().is_some_and(|g| g.per_layer_input > 0)
-            }
+            | LayerTensor::PerLayerNorm => spec.per_layer_input() > 0,
             LayerTensor::LayerScalar => spec.gemma4.is_some(),
             _ => true,
         }
@@ -458,7 +456,7 @@ impl LayerTensor {
             None => (spec.kv_dim(), spec.head_dim),
         };
         let (h, q, i) = (spec.hidden_size, spec.q_dim_of(l), spec.intermediate(l));
-        let p = spec.gemma4.as_ref().map_or(0, |g| g.per_layer_input);
+        let p = spec.per_layer_input();
         match self {
             LayerTensor::InputNorm
             | LayerTensor::PostNorm
@@ -568,7 +566,7 @@ impl TensorId {
                 }
             }
             TensorId::PerLayerProjectionNorm => {
-                vec![spec.gemma4.as_ref().map_or(0, |g| g.per_layer_input)]
+                vec![spec.per_layer_input()]
             }
         }
     }
@@ -648,7 +646,7 @@ pub fn tensor_name(layer: usize, t: LayerTensor) -> String {
 pub fn tensor_ids(spec: &ModelSpec) -> Vec<TensorId> {
     let mut out = Vec::with_capacity(spec.num_hidden_layers * LayerTensor::ALL.len() + 3);
     out.push(TensorId::Embedding);
-    if spec.gemma4.as_ref().is_some_and(|g| g.per_layer_input > 0) {
+    if spec.per_layer_input() > 0 {
         out.extend([
             TensorId::PerLayerEmbedding,
             TensorId::PerLayerModelProjection,

@@ -385,6 +385,11 @@ impl ModelSpec {
         }
     }
 
+    /// P, the width of each block's per-layer input (Gemma 4); 0 when the model has none.
+    pub fn per_layer_input(&self) -> usize {
+        self.gemma4.as_ref().map_or(0, |g| g.per_layer_input)
+    }
+
     /// Block `l`'s MLP width (Gemma 4's KV-sharing blocks may be twice as wide).
     pub fn intermediate(&self, l: usize) -> usize {
         match &self.gemma4 {

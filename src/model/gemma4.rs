@@ -32,12 +32,7 @@ pub(super) struct PerLayerBlock {
 impl PerLayerInput {
     /// The model's per-layer input weights, if it has per-layer inputs.
     pub(super) fn load(ckpt: &Checkpoint, device: &Device) -> Result<Option<Self>, ReferenceError> {
-        if ckpt
-            .spec()
-            .gemma4
-            .as_ref()
-            .is_none_or(|g| g.per_layer_input == 0)
-        {
+        if ckpt.spec().per_layer_input() == 0 {
             return Ok(None);
         }
         let get = |id: TensorId| super::plain::load(ckpt, &id.hf_name(), device);
@@ -86,12 +81,7 @@ impl PerLayerBlock {
         device: &Device,
     ) -> Result<Option<Self>, ReferenceError> {
         use crate::arch::LayerTensor;
-        if ckpt
-            .spec()
-            .gemma4
-            .as_ref()
-            .is_none_or(|g| g.per_layer_input == 0)
-        {
+        if ckpt.spec().per_layer_input() == 0 {
             return Ok(None);
         }
         let get =

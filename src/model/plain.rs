@@ -550,12 +550,7 @@ impl PlainModel {
         tokens: &[u32],
         embedded: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
-        if self
-            .spec
-            .gemma4
-            .as_ref()
-            .is_none_or(|g| g.per_layer_input == 0)
-        {
+        if self.spec.per_layer_input() == 0 {
             return Ok(None);
         }
         let weights = Self::resident(&self.per_layer, "per-layer embedding table")?;

@@ -93,9 +93,6 @@ fn gemma4_multimodal_checkpoint_is_its_text_decoder() {
 /// (the tower in the second, beside text tensors) reads and computes as the single file does.
 #[test]
 fn gemma4_sharded_multimodal_checkpoint_is_its_text_decoder() {
-    use super::hf::{expected, max_diff};
-    use hf2coreml::model::{BackendChoice, Reference};
-
     let src = fixture("gemma4_vl");
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
@@ -125,16 +122,7 @@ fn gemma4_sharded_multimodal_checkpoint_is_its_text_decoder() {
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let dropped: Vec<&str> = ckpt.dropped().parts.iter().map(|p| p.0.as_str()).collect();
     assert_eq!(dropped, ["model.embed_vision.", "model.vision_tower."]);
-    let want = expected(&src);
-    let mut r = Reference::load_with(&ckpt, BackendChoice::Auto).unwrap();
-    let got = r.logits_all(&want.tokens).unwrap();
-    let scale = want
-        .logits
-        .iter()
-        .flatten()
-        .fold(0f32, |m, v| m.max(v.abs()));
-    let worst = max_diff(&got, &want.logits);
-    assert!(worst <= 1e-4 * scale, "sharded: max |Δ| {worst} of {scale}");
+    super::hf::reference_of_matches_transformers(dir.path(), "gemma4_vl");
 }
 
 /// Google's original releases still store the key and value projections and key norm of the

@@ -141,9 +141,14 @@ pub(super) fn largest(rows: &[Vec<f32>]) -> f32 {
 /// The Rust reference (plain f32 forward) against transformers' logits at every position:
 /// max |Δ| ≤ 1e-4 of the largest |logit|.
 pub(super) fn reference_matches_transformers(arch: &str) {
-    let dir = fixture(arch);
-    let want = expected(&dir);
-    let ckpt = Checkpoint::open(&dir).unwrap();
+    reference_of_matches_transformers(&fixture(arch), arch);
+}
+
+/// [`reference_matches_transformers`] for the checkpoint in `dir`, which holds fixture `arch`'s
+/// model stored another way (sharded, renamed).
+pub(super) fn reference_of_matches_transformers(dir: &Path, arch: &str) {
+    let want = expected(&fixture(arch));
+    let ckpt = Checkpoint::open(dir).unwrap();
     let mut r = Reference::load_with(&ckpt, BackendChoice::Auto).unwrap();
     let got = r.logits_all(&want.tokens).unwrap();
     let scale = want
