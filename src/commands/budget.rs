@@ -396,7 +396,8 @@ fn kv_formula(spec: &hf2coreml::arch::ModelSpec, max_seq_len: usize) -> String {
         .iter()
         .map(|((heads, d), n)| {
             let kind = if recurrent { "attention " } else { "" };
-            format!("{n} {kind}layers × {heads} kv heads × {d}")
+            let layers = if *n == 1 { "layer" } else { "layers" };
+            format!("{n} {kind}{layers} × {heads} kv heads × {d}")
         })
         .collect();
     let terms = match terms.len() {

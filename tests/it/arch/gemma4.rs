@@ -187,7 +187,7 @@ fn gemma4_is_inspected_and_its_conversion_refused_by_name() {
             .output(),
     );
     assert!(
-        budget.contains("40.00 KiB  2 × (3 layers × 2 kv heads × 16 + 1 layers × 2 kv heads × 32)"),
+        budget.contains("40.00 KiB  2 × (3 layers × 2 kv heads × 16 + 1 layer × 2 kv heads × 32)"),
         "{budget}"
     );
     let out = tempfile::tempdir().unwrap();
