@@ -651,7 +651,13 @@ impl PlainModel {
                 let shared = spec.kv_producer(l).and_then(|p| pass_kv[p].clone());
                 let kv = Kv { slot, shared };
                 let (out, keys, values) = attention(spec, a, &h, (cos, sin), kv, device, lo, obs)?;
-                pass_kv[l] = Some((keys, values));
+                // Kept for the call only where a later block reads them (Gemma 4's producers):
+                // elsewhere every block's keys and values would stay alive to the end.
+                let read_later = spec.gemma4.is_some()
+                    && (l + 1..spec.num_hidden_layers).any(|b| spec.kv_producer(b) == Some(l));
+                if read_later {
+                    pass_kv[l] = Some((keys, values));
+                }
                 out
             }
             Mixer::ShortConv(c) => {
