@@ -92,7 +92,7 @@ demo: build setup
 
 lint:
 	$(CARGO) fmt --check
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 # Test binaries first: they also build target/debug/hf2coreml, which imports the model. The
 # exports above tell the tests where the venv and the models are: with a variable set, a test
@@ -183,7 +183,7 @@ fuzz:
 	fi
 	cd fuzz
 	cargo $$FUZZ_TC fuzz build -O -a
-	cd .. && $(CARGO) run --quiet --example fuzz_seeds -- fuzz/corpus && cd fuzz
+	cd .. && $(CARGO) run --quiet -p hf2coreml-tools --bin fuzz_seeds -- fuzz/corpus && cd fuzz
 	for t in $(FUZZ_TARGETS); do
 	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"
 	  cargo $$FUZZ_TC fuzz run -O -a $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 2>&1 \
@@ -199,7 +199,7 @@ fuzz:
 # opt-level 3), which cuts one mutant's rebuild from minutes to seconds. Narrow a run with
 # MUTANTS_ARGS, e.g. MUTANTS_ARGS='--re Cmp::holds' or MUTANTS_ARGS='--shard 1/8'. Results land
 # in mutants.out/ (missed.txt: the survivors).
-MUTANTS_FILES := src/quant/kmeans.rs src/quant/pack.rs src/validate/gates.rs src/checkpoint/gguf/weights.rs
+MUTANTS_FILES := $(addprefix crates/hf2coreml/src/,quant/kmeans.rs quant/pack.rs validate/gates.rs checkpoint/gguf/weights.rs)
 MUTANTS_TESTS := quant::kmeans quant::pack validate::gates checkpoint::gguf::weights
 MUTANTS_ARGS ?=
 .PHONY: mutants
@@ -209,7 +209,7 @@ mutants:
 	  $(CARGO) install --locked cargo-mutants
 	fi
 	CARGO_PROFILE_DEV_OPT_LEVEL=0 nice -n 10 $(CARGO) mutants --in-place --no-shuffle \
-	  --timeout 120 --build-timeout 1500 --cargo-arg=--lib \
+	  --timeout 120 --build-timeout 1500 --package hf2coreml --cargo-arg=--lib \
 	  $(addprefix --file ,$(MUTANTS_FILES)) $(MUTANTS_ARGS) -- -- $(MUTANTS_TESTS)
 
 # The whole campaign in minutes: each mutant of the same list applied to a scratch copy of its
@@ -218,5 +218,5 @@ mutants:
 # confirm each with `make mutants MUTANTS_ARGS='--re ...'`. Results in mutants-scratch/.
 .PHONY: mutants-fast
 mutants-fast:
-	$(CARGO) test --lib --no-run
-	nice -n 10 $(PYTHON) python/mutants_scratch.py $(MUTANTS_FILES)
+	$(CARGO) test -p hf2coreml --lib --no-run
+	nice -n 10 $(PYTHON) python/mutants_scratch.py $(patsubst crates/hf2coreml/%,%,$(MUTANTS_FILES))

@@ -13,14 +13,14 @@
 #      checked against, default 10^9 bytes), WORK (default a temp dir under /tmp,
 #      removed at exit with the checkpoint unless KEEP=1), HF2COREML_PYTHON_ENV,
 #      BIN (default target/release/hf2coreml), GEN (default
-#      target/release/examples/synthetic_checkpoint), VALIDATE=0 to skip the runner.
+#      target/release/synthetic_checkpoint), VALIDATE=0 to skip the runner.
 set -euo pipefail
 PRESET=${1:-llama-3.2-1b}
 shift || true
 BIN=${BIN:-target/release/hf2coreml}
-GEN=${GEN:-target/release/examples/synthetic_checkpoint}
+GEN=${GEN:-target/release/synthetic_checkpoint}
 [ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 3; }
-[ -x "$GEN" ] || { echo "build first: cargo build --release --example synthetic_checkpoint" >&2; exit 3; }
+[ -x "$GEN" ] || { echo "build first: cargo build --release -p hf2coreml-tools --bin synthetic_checkpoint" >&2; exit 3; }
 WORK=${WORK:-$(mktemp -d /tmp/big_model.XXXXXX)}
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
 CKPT="$WORK/$PRESET"

@@ -19,8 +19,8 @@ TEXT2=${TEXT2:-README.md}
 export HF2COREML_CACHE=${HF2COREML_CACHE:-$OUT/cache}
 command -v jq >/dev/null || { echo "gguf_sources.sh needs jq (apt install jq)" >&2; exit 3; }
 mkdir -p "$OUT"
-cargo run --quiet --example gguf_requantize -- "$SRC" "$OUT/q4_k_m.gguf" q4_k_m
-cargo run --quiet --example gguf_requantize -- "$SRC" "$OUT/q6_k.gguf" q6_k
+cargo run --quiet -p hf2coreml-tools --bin gguf_requantize -- "$SRC" "$OUT/q4_k_m.gguf" q4_k_m
+cargo run --quiet -p hf2coreml-tools --bin gguf_requantize -- "$SRC" "$OUT/q6_k.gguf" q6_k
 cp "$SRC" "$OUT/q4_1.gguf"
 
 entry() { # the cache entry a .gguf was imported into

@@ -11,12 +11,12 @@
 #           free disk)
 # env: RECIPE (default data-free-4bit), HF2COREML_PYTHON_ENV, BIN (default
 #      target/release/hf2coreml), GEN (the synthetic_checkpoint example, default
-#      target/release/examples/synthetic_checkpoint)
+#      target/release/synthetic_checkpoint)
 set -euo pipefail
 SIZE=${1:-medium}
 shift || true
 BIN=${BIN:-target/release/hf2coreml}
-GEN=${GEN:-target/release/examples/synthetic_checkpoint}
+GEN=${GEN:-target/release/synthetic_checkpoint}
 CACHE=${CACHE:-$HOME/.cache/hf2coreml}
 case "$SIZE" in
   medium) DIMS="8 1024 2816 32000" ;;
@@ -24,7 +24,7 @@ case "$SIZE" in
   *) echo "size must be medium or large" >&2; exit 2 ;;
 esac
 [ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 3; }
-[ -x "$GEN" ] || { echo "build first: cargo build --release --example synthetic_checkpoint" >&2; exit 3; }
+[ -x "$GEN" ] || { echo "build first: cargo build --release -p hf2coreml-tools --bin synthetic_checkpoint" >&2; exit 3; }
 CKPT="$CACHE/synthetic-$SIZE"
 [ -f "$CKPT/config.json" ] || "$GEN" "$CKPT" $DIMS
 OUT=$(mktemp -d)

@@ -8,8 +8,8 @@ sources, see SCRATCH below) and nothing else, so one mutant costs seconds instea
 crate's rebuild. It runs only the file's unit tests, so it can over-report survivors (never
 under-report): confirm each survivor with `cargo mutants --in-place --file F --re FN`.
 
-Usage: python/mutants_scratch.py [--jobs N] [--only NAME_SUBSTRING] FILE...  (from the repo root;
-CARGO_TARGET_DIR must hold a debug build of the crate's dependencies). Results: one line per
+Usage: python/mutants_scratch.py [--jobs N] [--only NAME_SUBSTRING] FILE...  (FILE relative to
+crates/hf2coreml, e.g. src/quant/kmeans.rs; CARGO_TARGET_DIR must hold a debug build of the crate's dependencies). Results: one line per
 mutant on stdout and a JSON summary in mutants-scratch/<file stem>.json.
 """
 
@@ -26,12 +26,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# The library's package: FILE arguments and the sources copied are relative to it.
+CRATE = os.path.join(ROOT, "crates", "hf2coreml")
 MEMORY_LIMIT = 3 << 30
 EXTERNS = ["half", "proptest", "serde", "serde_json", "thiserror", "safetensors"]
 
 
 def read(rel):
-    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+    with open(os.path.join(CRATE, rel), encoding="utf-8") as f:
         return f.read()
 
 
@@ -221,7 +223,7 @@ def main():
 def campaign(target, deps, args):
     h = Harness(target, deps, args.opt)
     listed = subprocess.run(["cargo", "mutants", "--list", "--json", "--file", target],
-                            cwd=ROOT, capture_output=True, text=True, check=True)
+                            cwd=CRATE, capture_output=True, text=True, check=True)
     mutants = [m for m in json.loads(listed.stdout) if args.only in m["name"]]
     if args.rerun:
         with open(args.rerun) as f:

@@ -4,7 +4,7 @@
 //! tr(ΔW·H·ΔWᵀ)/tr(W·H·Wᵀ) on the calibration text's float activations (H = XᵀX), inputs
 //! rotated as `rotate = true` does (W·Q against QᵀHQ). Layer by layer, not the model.
 //!
-//! cargo run --release --example group_error -- MODEL_DIR [LAYER...]
+//! cargo run --release -p hf2coreml-tools --bin group_error -- MODEL_DIR [LAYER...]
 //! CALIB_TOKENS=N: calibrate on the first N tokens of assets/calibration.txt (default all).
 //! VECTOR=1: instead, iOS18's vector LUTs against scalar ones at the same bits per weight: one
 //! table of 2-vectors (pairs of neighbouring input channels) per tensor, 256 entries (8-bit

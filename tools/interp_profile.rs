@@ -1,7 +1,7 @@
 //! Where a decode step of the interpreter spends its time: runs N steps of a saved package
 //! (host static cache, as `run` does) and prints wall time per op kind.
 //!
-//! cargo run --release --example interp_profile -- PKG [STEPS]
+//! cargo run --release -p hf2coreml-tools --bin interp_profile -- PKG [STEPS]
 
 use std::time::Instant;
 

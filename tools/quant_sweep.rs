@@ -2,7 +2,7 @@
 //! several methods in the float model and compare each against the float reference on the
 //! evaluation text, without building packages.
 //!
-//! cargo run --example quant_sweep -- MODEL_DIR [METHOD...]
+//! cargo run -p hf2coreml-tools --bin quant_sweep -- MODEL_DIR [METHOD...]
 //! METHOD: comma-separated flags: nbits=N, rs (row scale), w (E[x²] weights), gptq, ao (act
 //! order), g=G (row groups), rot (input rotation), awq, nots (fit to float block
 //! activations), damp=D, bpw=B (layersens: rank by the layer's own output error; klsens: by

@@ -2,7 +2,7 @@
 tests/it/gguf/transformers.rs holds the importer to.
 
 usage: python gguf_transformers.py GGUF [GGUF ...]
-each GGUF (written by `cargo run --example gguf_fixture ARCH GGUF`) is loaded with
+each GGUF (written by `cargo run -p hf2coreml-tools --bin gguf_fixture ARCH GGUF`) is loaded with
 `AutoModelForCausalLM.from_pretrained(DIR, gguf_file=NAME)` and
 `AutoTokenizer.from_pretrained(DIR, gguf_file=NAME)`, and GGUF's stem + ".json" is written
 beside it:

@@ -1,8 +1,10 @@
 //! The layout is the architecture: `docs/architecture.md` lists, for every top-level module of
-//! `src/`, the modules it may import. This test reads that table and the sources, and fails on
-//! any import the table does not allow (code inside `#[cfg(test)]` excepted), on a module the
-//! table does not know, and on a function longer than 150 lines.
+//! the library (`crates/hf2coreml/src/`) and of the binary (`src/`), the modules it may import.
+//! This test reads that table and the sources, and fails on any import the table does not allow
+//! (code inside `#[cfg(test)]` excepted), on a module the table does not know, on a crate that
+//! depends on what it should not, and on a function longer than 150 lines.
 
+mod crates;
 mod test_targets;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,11 +12,28 @@ use std::path::{Path, PathBuf};
 
 const FOUNDATIONS: [&str; 4] = ["error", "fsutil", "progress", "util"];
 const BINARY: [&str; 4] = ["main", "cli", "commands", "printer"];
-/// The longest function `src/` may hold.
+/// The longest function the sources may hold.
 const MAX_FN_LINES: usize = 150;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The library's sources.
+fn lib_src() -> PathBuf {
+    root().join("crates/hf2coreml/src")
+}
+
+/// Every Rust file of the library and of the binary, each with the folder its module names are
+/// relative to.
+fn sources() -> Vec<(PathBuf, PathBuf)> {
+    let mut out = Vec::new();
+    for dir in [lib_src(), root().join("src")] {
+        let mut files = Vec::new();
+        rust_files(&dir, &mut files);
+        out.extend(files.into_iter().map(|f| (dir.clone(), f)));
+    }
+    out
 }
 
 /// Module → the modules it may import, from the tables of docs/architecture.md. For binary
@@ -101,13 +120,10 @@ fn crate_refs(code: &str) -> BTreeSet<String> {
 #[test]
 fn modules_import_only_what_docs_architecture_allows() {
     let allowed = allowed();
-    let src = root().join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
-    for path in &files {
-        let module = module_of(&src, path);
+    for (src, path) in &sources() {
+        let module = module_of(src, path);
         if module == "lib" {
             continue;
         }
@@ -141,16 +157,16 @@ fn modules_import_only_what_docs_architecture_allows() {
     for module in allowed.keys() {
         if !seen.contains(module) {
             problems.push(format!(
-                "docs/architecture.md lists `{module}`, which src/ does not have"
+                "docs/architecture.md lists `{module}`, which the sources do not have"
             ));
         }
     }
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 
-/// The library's modules in the order `src/lib.rs` declares them.
+/// The library's modules in the order its `lib.rs` declares them.
 fn declared_order() -> Vec<String> {
-    let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    let lib = std::fs::read_to_string(lib_src().join("lib.rs")).unwrap();
     lib.lines()
         .filter_map(|l| l.trim().strip_prefix("pub mod "))
         .map(|m| m.trim_end_matches(';').to_string())
@@ -166,7 +182,7 @@ fn lib_rs_declares_every_module_after_what_it_may_import() {
     for (i, module) in order.iter().enumerate() {
         let Some(may) = allowed.get(module) else {
             problems.push(format!(
-                "src/lib.rs declares `{module}`, which the table lacks"
+                "the library's lib.rs declares `{module}`, which the table lacks"
             ));
             continue;
         };
@@ -174,7 +190,7 @@ fn lib_rs_declares_every_module_after_what_it_may_import() {
             match place(import) {
                 Some(j) if j < i => {}
                 _ => problems.push(format!(
-                    "`{module}` may import `{import}`, which src/lib.rs does not declare above it"
+                    "`{module}` may import `{import}`, which the library's lib.rs does not declare above it"
                 )),
             }
         }
@@ -252,11 +268,8 @@ fn long_functions(text: &str, max: usize) -> Vec<(String, usize, usize)> {
 
 #[test]
 fn no_function_is_longer_than_150_lines() {
-    let src = root().join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
     let mut problems = Vec::new();
-    for path in &files {
+    for (_, path) in &sources() {
         let text = std::fs::read_to_string(path).unwrap();
         for (name, line, len) in long_functions(&text, MAX_FN_LINES) {
             problems.push(format!(

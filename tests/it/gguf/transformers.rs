@@ -1,6 +1,6 @@
 //! The K-quant GGUF fixtures (byte-level and SentencePiece vocabularies) against transformers'
 //! own GGUF reader: each file is rebuilt here
-//! byte for byte as `cargo run --example gguf_fixture ARCH` writes it, and
+//! byte for byte as `cargo run -p hf2coreml-tools --bin gguf_fixture ARCH` writes it, and
 //! python/testgen/gguf_transformers.py recorded what transformers makes of that file
 //! (tests/fixtures/gguf/ARCH-Q4_K_M.json). The import must hold the weights transformers
 //! reads (fp16-rounded, hash for hash), tokenize as transformers does, and its fp16 package
@@ -53,7 +53,7 @@ fn import(arch: &str, model: TinyModel, make: Make) -> Imported {
         sha256(&std::fs::read(&file).unwrap()),
         want["gguf_sha256"].as_str().unwrap(),
         "the {arch} fixture changed: rerun python/testgen/gguf_transformers.py on \
-         `cargo run --example gguf_fixture {arch} tests/fixtures/gguf/{arch}-Q4_K_M.gguf`"
+         `cargo run -p hf2coreml-tools --bin gguf_fixture {arch} tests/fixtures/gguf/{arch}-Q4_K_M.gguf`"
     );
     let dir = work.path().join("imported");
     gguf::import(&file, &dir, &ImportOptions::default(), &Silent).unwrap();

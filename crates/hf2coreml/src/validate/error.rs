@@ -68,7 +68,7 @@ pub enum ValidateError {
 }
 
 /// The evaluation passage shipped with the tool (distinct from the calibration text).
-pub const EVALUATION_TEXT: &str = include_str!("../../assets/evaluation.txt");
+pub const EVALUATION_TEXT: &str = include_str!("../../../../assets/evaluation.txt");
 
 /// What to validate against.
 pub struct ValidateOptions<'a> {

@@ -17,7 +17,7 @@ use thiserror::Error;
 use crate::error::EnvironmentError;
 
 /// The pinned requirements of the bridges' environment, compiled in so the hint can name them.
-const REQUIREMENTS: &str = include_str!("../python/requirements.txt");
+const REQUIREMENTS: &str = include_str!("../../../python/requirements.txt");
 
 /// How to make an environment the bridge can use, outside a checkout as well as inside one:
 /// the pinned coremltools, numpy and coreai-core, where hf2coreml looks, and how to point it elsewhere.

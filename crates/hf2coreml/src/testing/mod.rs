@@ -555,7 +555,7 @@ pub fn gguf_file() -> PathBuf {
 pub fn python_env() -> PathBuf {
     let p = std::env::var_os("HF2COREML_PYTHON_ENV")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv"));
     assert!(
         p.join("bin/python").exists(),
         "no Python environment at {} (run `make setup`, or set HF2COREML_PYTHON_ENV)",

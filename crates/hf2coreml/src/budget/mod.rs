@@ -20,7 +20,7 @@ mod plan;
 pub use plan::{suggest, Candidate, PlanInput, PlanSource, Suggestion};
 
 /// The embedded device table (configs/devices.toml).
-pub const DEFAULT_DEVICES: &str = include_str!("../../configs/devices.toml");
+pub const DEFAULT_DEVICES: &str = include_str!("../../../../configs/devices.toml");
 
 /// Bytes per element of the fp16 caches and activations of an iOS17 package.
 const FP16_BYTES: u64 = 2;

@@ -9,7 +9,7 @@ use crate::checkpoint::Checkpoint;
 use crate::quant::Recipe;
 
 /// The calibration text shipped with the tool (also used by `reference` tests).
-pub const CALIBRATION_TEXT: &str = include_str!("../../assets/calibration.txt");
+pub const CALIBRATION_TEXT: &str = include_str!("../../../../assets/calibration.txt");
 
 /// The name the shipped evaluation text goes by in reports.
 pub const EVALUATION_NAME: &str = "assets/evaluation.txt";

@@ -31,7 +31,7 @@ pub use metadata::Metadata;
 
 /// The coremltools bridge, compiled in.
 const BRIDGE: Bridge = Bridge {
-    source: include_str!("../../python/hf2coreml_bridge.py"),
+    source: include_str!("../../../../python/hf2coreml_bridge.py"),
     file: "hf2coreml_bridge.py",
     name: "hf2coreml_bridge",
     needs: "coremltools/numpy",

@@ -26,7 +26,7 @@ use worker::Worker;
 
 /// The Core AI bridge, compiled in: the same module authors assets (`emit::coreai`).
 pub const BRIDGE: Bridge = Bridge {
-    source: include_str!("../../python/hf2coreml_coreai.py"),
+    source: include_str!("../../../../python/hf2coreml_coreai.py"),
     file: "hf2coreml_coreai.py",
     name: "hf2coreml_coreai",
     needs: "coreai (coreai-core)",

@@ -1,0 +1,63 @@
+//! The crates of the workspace and what each may depend on (docs/architecture.md, "Crates"):
+//! the library never reaches for the command line's crates, and the development tools stay out
+//! of what `cargo test` builds.
+
+use std::path::Path;
+
+fn manifest(rel: &str) -> toml::Table {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .parse()
+        .unwrap()
+}
+
+fn names(table: &toml::Table, section: &str) -> Vec<String> {
+    table
+        .get(section)
+        .and_then(|d| d.as_table())
+        .map(|d| d.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_library_depends_on_no_command_line_crate() {
+    let lib = manifest("crates/hf2coreml/Cargo.toml");
+    let deps = names(&lib, "dependencies");
+    for cli_only in [
+        "anyhow",
+        "clap",
+        "clap_complete",
+        "clap_mangen",
+        "indicatif",
+    ] {
+        assert!(
+            !deps.iter().any(|d| d == cli_only),
+            "the library depends on {cli_only}, which only the binary may use"
+        );
+    }
+    // Its unit tests compile beside it only while nothing it depends on for tests depends on
+    // it (a dev-dependency on itself would make them wait for the whole library).
+    let dev = names(&lib, "dev-dependencies");
+    assert!(!dev.iter().any(|d| d.starts_with("hf2coreml")), "{dev:?}");
+}
+
+#[test]
+fn cargo_test_builds_the_library_and_the_command_line_not_the_tools() {
+    let root = manifest("Cargo.toml");
+    let ws = root["workspace"].as_table().unwrap();
+    let list = |key: &str| -> Vec<&str> {
+        ws[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(list("members"), [".", "crates/hf2coreml", "tools"]);
+    assert_eq!(list("default-members"), [".", "crates/hf2coreml"]);
+    let cli = names(&root, "dependencies");
+    assert!(cli.iter().any(|d| d == "hf2coreml"), "{cli:?}");
+    let tools = names(&manifest("tools/Cargo.toml"), "dependencies");
+    assert!(tools.iter().any(|d| d == "hf2coreml"), "{tools:?}");
+}
