@@ -208,8 +208,9 @@ mutants:
 	  echo "cargo-mutants is missing: installing it (cargo install cargo-mutants)" >&2
 	  $(CARGO) install --locked cargo-mutants
 	fi
-	CARGO_PROFILE_DEV_OPT_LEVEL=0 nice -n 10 $(CARGO) mutants --in-place --no-shuffle \
+	nice -n 10 $(CARGO) mutants --in-place --no-shuffle \
 	  --timeout 120 --build-timeout 1500 --package hf2coreml --cargo-arg=--lib \
+	  --cargo-arg=--config=profile.dev.package.hf2coreml.opt-level=0 \
 	  $(addprefix --file ,$(MUTANTS_FILES)) $(MUTANTS_ARGS) -- -- $(MUTANTS_TESTS)
 
 # The whole campaign in minutes: each mutant of the same list applied to a scratch copy of its
