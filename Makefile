@@ -191,33 +191,31 @@ fuzz:
 	  test -z "$$(ls artifacts/$$t 2>/dev/null)" || { echo "fuzz $$t: crash inputs in fuzz/artifacts/$$t" >&2; exit 1; }
 	done
 
-# Mutation testing of the core (docs/testing.md): cargo-mutants over the k-means, the index packing, the
-# quality gates and the GGUF names and q/k permutation, each mutant judged by the unit tests of
-# those four files (`cargo test --lib`). Not part of `make test` or CI: about 560 mutants at
-# 20-40 s each on 2 cores. The sources are mutated in place (and restored): do not edit them
-# while it runs. The crate itself builds at opt-level 0 here (its dependencies keep their
-# opt-level 3), which cuts one mutant's rebuild from minutes to seconds. Narrow a run with
-# MUTANTS_ARGS, e.g. MUTANTS_ARGS='--re Cmp::holds' or MUTANTS_ARGS='--shard 1/8'. Results land
-# in mutants.out/ (missed.txt: the survivors).
-MUTANTS_FILES := $(addprefix crates/hf2coreml/src/,quant/kmeans.rs quant/pack.rs validate/gates.rs checkpoint/gguf/weights.rs)
-MUTANTS_TESTS := quant::kmeans quant::pack validate::gates checkpoint::gguf::weights
+# Mutation testing (docs/testing.md), not part of `make test` or CI. `make mutants`: cargo-mutants
+# over the numerics crate (k-means, index packing, linear algebra, GGUF dequantization), each
+# mutant judged by that crate's own tests; the crate rebuilds alone, at opt-level 0 here, so a
+# mutant costs seconds. `make mutants-lib`: the quality gates and the GGUF names and q/k
+# permutation, in the library, judged by its unit tests (the library at opt-level 0, its
+# dependencies at 3: minutes a mutant). The sources are mutated in place (and restored): do not
+# edit them while it runs. Narrow a run with MUTANTS_ARGS, e.g. MUTANTS_ARGS='--file
+# crates/numerics/src/pack.rs' or '--re Cmp::holds' or '--shard 1/8'. Results land in
+# mutants.out/ (missed.txt: the survivors).
 MUTANTS_ARGS ?=
-.PHONY: mutants
-mutants:
+MUTANTS_LIB_FILES := $(addprefix crates/hf2coreml/src/,validate/gates.rs checkpoint/gguf/weights.rs)
+.PHONY: mutants mutants-lib cargo-mutants
+cargo-mutants:
 	if ! cargo mutants --version >/dev/null 2>&1; then
 	  echo "cargo-mutants is missing: installing it (cargo install cargo-mutants)" >&2
 	  $(CARGO) install --locked cargo-mutants
 	fi
+
+mutants: cargo-mutants
+	nice -n 10 $(CARGO) mutants --in-place --no-shuffle --timeout 120 \
+	  --package hf2coreml-numerics \
+	  --cargo-arg=--config=profile.dev.package.hf2coreml-numerics.opt-level=0 $(MUTANTS_ARGS)
+
+mutants-lib: cargo-mutants
 	nice -n 10 $(CARGO) mutants --in-place --no-shuffle \
 	  --timeout 120 --build-timeout 1500 --package hf2coreml --cargo-arg=--lib \
 	  --cargo-arg=--config=profile.dev.package.hf2coreml.opt-level=0 \
-	  $(addprefix --file ,$(MUTANTS_FILES)) $(MUTANTS_ARGS) -- -- $(MUTANTS_TESTS)
-
-# The whole campaign in minutes: each mutant of the same list applied to a scratch copy of its
-# file, compiled alone with rustc against the dependencies' rlibs and judged by the file's unit
-# tests (python/mutants_scratch.py; ~1-6 s a mutant). It can only over-report survivors:
-# confirm each with `make mutants MUTANTS_ARGS='--re ...'`. Results in mutants-scratch/.
-.PHONY: mutants-fast
-mutants-fast:
-	$(CARGO) test -p hf2coreml --lib --no-run
-	nice -n 10 $(PYTHON) python/mutants_scratch.py $(patsubst crates/hf2coreml/%,%,$(MUTANTS_FILES))
+	  $(addprefix --file ,$(MUTANTS_LIB_FILES)) $(MUTANTS_ARGS) -- -- validate::gates checkpoint::gguf::weights

@@ -1,6 +1,6 @@
 """Blocks of every GGUF tensor type hf2coreml dequantizes, and what gguf-py (the `gguf` package,
 an independent numpy implementation of ggml's dequantizers) makes of them. For
-tests/it/gguf/dequant.rs, which checks src/checkpoint/gguf/dequant.rs against these bit for bit.
+tests/it/gguf/dequant.rs, which checks crates/numerics/src/dequant.rs against these bit for bit.
 
 usage: python gguf_dequant.py OUT_DIR
 writes, for each type NAME, OUT_DIR/NAME.bin (whole blocks) and OUT_DIR/NAME.f32 (gguf-py's

@@ -1,34 +1,8 @@
-//! Small pure helpers: a deterministic random generator, byte and count formatting, sha256 as
-//! hex, and the instruction-set level the vector kernels run at ([`isa`]).
+//! Small pure helpers: byte and count formatting, sha256 as hex, and, from the numerics crate,
+//! the deterministic random generator and the instruction-set level the vector kernels run at
+//! ([`isa`]).
 
-pub mod isa;
-
-/// A tiny deterministic generator (SplitMix64): the same numbers on every machine, for
-/// test fixtures and for fixed random choices the output depends on (the input rotation of
-/// calibrated palettization).
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f32 {
-        let u1 = self.uniform().max(1e-7);
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-    }
-}
+pub use hf2coreml_numerics::{isa, SplitMix64};
 
 /// sha256 of bytes, as lowercase hex (a file's: [`crate::fsutil::sha256_file`]).
 pub fn sha256_hex(bytes: &[u8]) -> String {

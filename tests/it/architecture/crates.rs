@@ -43,6 +43,17 @@ fn the_library_depends_on_no_command_line_crate() {
 }
 
 #[test]
+fn the_numerics_depend_on_no_crate_of_the_workspace() {
+    let numerics = manifest("crates/numerics/Cargo.toml");
+    for section in ["dependencies", "dev-dependencies"] {
+        let deps = names(&numerics, section);
+        assert!(!deps.iter().any(|d| d.starts_with("hf2coreml")), "{deps:?}");
+    }
+    let lib = names(&manifest("crates/hf2coreml/Cargo.toml"), "dependencies");
+    assert!(lib.iter().any(|d| d == "hf2coreml-numerics"), "{lib:?}");
+}
+
+#[test]
 fn cargo_test_builds_the_library_and_the_command_line_not_the_tools() {
     let root = manifest("Cargo.toml");
     let ws = root["workspace"].as_table().unwrap();
@@ -54,8 +65,14 @@ fn cargo_test_builds_the_library_and_the_command_line_not_the_tools() {
             .map(|m| m.as_str().unwrap())
             .collect()
     };
-    assert_eq!(list("members"), [".", "crates/hf2coreml", "tools"]);
-    assert_eq!(list("default-members"), [".", "crates/hf2coreml"]);
+    assert_eq!(
+        list("members"),
+        [".", "crates/hf2coreml", "crates/numerics", "tools"]
+    );
+    assert_eq!(
+        list("default-members"),
+        [".", "crates/hf2coreml", "crates/numerics"]
+    );
     let cli = names(&root, "dependencies");
     assert!(cli.iter().any(|d| d == "hf2coreml"), "{cli:?}");
     let tools = names(&manifest("tools/Cargo.toml"), "dependencies");

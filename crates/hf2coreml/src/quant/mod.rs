@@ -6,13 +6,13 @@
 //! the memory-mapped [`Checkpoint`] one at a time per worker.
 
 pub mod calibrate;
-pub mod kmeans;
-pub mod linalg;
-pub mod pack;
 pub mod recipe;
 pub mod report;
 pub mod rotation;
 pub mod weight;
+
+// The solver, the packing and the linear algebra are the numerics crate's (opt-level 3).
+pub use hf2coreml_numerics::{kmeans, linalg, pack, NumericsError};
 
 use std::path::PathBuf;
 
@@ -24,29 +24,16 @@ use thiserror::Error;
 use crate::arch::TensorSlot;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 
-pub use kmeans::{palettize_f16, LutFit, IOS17_NBITS, SUPPORTED_NBITS};
+pub use kmeans::{nbits_list, palettize_f16, LutFit, IOS17_NBITS, SUPPORTED_NBITS};
 pub use pack::{pack_indices, packed_len, try_unpack_indices, unpack_indices};
 pub use recipe::{Decision, Recipe, RecipeError, Storage};
 pub use report::{MixedPrecision, Report, TensorReport, Totals};
-pub use weight::{nbits_list, GroupedLut, LutRows, PackedLut, QuantizedWeight};
+pub use weight::{GroupedLut, LutRows, PackedLut, QuantizedWeight};
 
 #[derive(Debug, Error)]
 pub enum QuantError {
-    #[error("nbits {nbits} is not supported (use {list})", list = nbits_list())]
-    UnsupportedNbits { nbits: u8 },
-    #[error("element {index} is {value}: NaN/Inf (or beyond the f16 range) cannot be palettized")]
-    NonFinite { index: usize, value: f32 },
-    #[error("importance weight {index} is {weight}: weights must be finite and >= 0")]
-    BadWeight { index: usize, weight: f32 },
-    #[error("{weights} importance weights for {values} values")]
-    WeightsLength { values: usize, weights: usize },
-    #[error("{n} indices of {nbits} bits need {need} bytes, got {have}")]
-    ShortPacked {
-        n: usize,
-        nbits: u8,
-        need: usize,
-        have: usize,
-    },
+    #[error(transparent)]
+    Numerics(#[from] NumericsError),
     #[error("granularity {granularity} does not fit shape {shape:?}: {message}")]
     Granularity {
         granularity: String,

@@ -6,7 +6,7 @@
 use half::f16;
 
 use super::calibrate::QuantizedLinear;
-use super::{pack_indices, SUPPORTED_NBITS};
+use super::{nbits_list, pack_indices, SUPPORTED_NBITS};
 
 /// Indices into one LUT, packed: `out = lut[indices]` (iOS17 `constexpr_lut_to_dense`).
 #[derive(Debug, Clone, PartialEq)]
@@ -68,15 +68,6 @@ impl PackedLut {
             ));
         }
         Ok(())
-    }
-}
-
-/// The supported widths as prose: `1, 2, 3, 4, 6 or 8`.
-pub fn nbits_list() -> String {
-    let n: Vec<String> = SUPPORTED_NBITS.iter().map(|b| b.to_string()).collect();
-    match n.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-        _ => n.join(""),
     }
 }
 
@@ -310,11 +301,6 @@ impl From<QuantizedLinear> for QuantizedWeight {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn widths_read_as_prose() {
-        assert_eq!(nbits_list(), "1, 2, 3, 4, 6 or 8");
-    }
 
     #[test]
     fn equal_row_groups_become_one_grouped_lut() {

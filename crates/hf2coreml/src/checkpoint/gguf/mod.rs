@@ -9,7 +9,7 @@
 //! and the output appears under its name only when complete ([`AtomicDir`]).
 
 pub mod cache;
-pub mod dequant;
+pub use hf2coreml_numerics::dequant;
 pub mod header;
 pub mod hybrid;
 pub mod reader;

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::quant::linalg::inverse_upper_factor_owned;
-use crate::quant::{kmeans, palettize_f16, QuantError};
+use crate::quant::{kmeans, palettize_f16, NumericsError, QuantError};
 
 /// How one linear layer is palettized with calibration data.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -252,10 +252,10 @@ pub fn quantize_linear_mixed(
 ) -> Result<QuantizedLinear, QuantError> {
     if let Some(g) = gram {
         if g.len() != cols * cols {
-            return Err(QuantError::WeightsLength {
+            return Err(QuantError::from(NumericsError::WeightsLength {
                 values: cols * cols,
                 weights: g.len(),
-            });
+            }));
         }
     }
     let diag: Option<Vec<f64>> = gram.map(|g| gram_diagonal(g, cols));
@@ -296,10 +296,10 @@ pub(crate) fn quantize_linear_prepared(
     let row_bits = match row_bits {
         Some(b) => {
             if b.len() != rows {
-                return Err(QuantError::WeightsLength {
+                return Err(QuantError::from(NumericsError::WeightsLength {
                     values: rows,
                     weights: b.len(),
-                });
+                }));
             }
             for &n in b {
                 kmeans::check_nbits(n)?;
@@ -312,20 +312,20 @@ pub(crate) fn quantize_linear_prepared(
         }
     };
     if w.len() != rows * cols {
-        return Err(QuantError::WeightsLength {
+        return Err(QuantError::from(NumericsError::WeightsLength {
             values: rows * cols,
             weights: w.len(),
-        });
+        }));
     }
     if let Some((index, &value)) = w.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-        return Err(QuantError::NonFinite { index, value });
+        return Err(QuantError::from(NumericsError::NonFinite { index, value }));
     }
     if let Some(d) = diag {
         if d.len() != cols {
-            return Err(QuantError::WeightsLength {
+            return Err(QuantError::from(NumericsError::WeightsLength {
                 values: cols,
                 weights: d.len(),
-            });
+            }));
         }
     }
     let row_scale: Option<Vec<f16>> = method.row_scale.then(|| {

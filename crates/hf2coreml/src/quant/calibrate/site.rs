@@ -13,7 +13,7 @@ use crate::arch::{Role, TensorSlot};
 use crate::model::calibrate::Gram;
 use crate::model::plain::{Observer, Point};
 use crate::quant::rotation::Rotation;
-use crate::quant::QuantError;
+use crate::quant::{NumericsError, QuantError};
 
 /// The four projection inputs of a block and the projections reading each.
 pub(super) const SITES: [(Point, &[Role]); 4] = [
@@ -105,10 +105,10 @@ impl SiteFit {
         methods: &[&LinearMethod],
     ) -> Result<Self, QuantError> {
         if gram.len() != cols * cols {
-            return Err(QuantError::WeightsLength {
+            return Err(QuantError::from(NumericsError::WeightsLength {
                 values: cols * cols,
                 weights: gram.len(),
-            });
+            }));
         }
         let (rotating, plain): (Vec<&LinearMethod>, Vec<&LinearMethod>) =
             methods.iter().copied().partition(|m| m.rotate);

@@ -411,11 +411,11 @@ fn lower_inverse_unblocked<T: Real>(l: &[T], n: usize) -> Vec<T> {
 }
 
 /// Σ a[i]·b[i]. The inner loop of both factorisations (n³/3 multiply-adds each), so it runs
-/// with AVX2+FMA when the process's instruction-set level ([`crate::util::isa::selected`])
+/// with AVX2+FMA when the process's instruction-set level ([`crate::isa::selected`])
 /// includes them, and as portable code otherwise.
 fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     #[cfg(target_arch = "x86_64")]
-    if crate::util::isa::selected() >= crate::util::isa::Isa::Avx2 {
+    if crate::isa::selected() >= crate::isa::Isa::Avx2 {
         // SAFETY: the selected level is one the CPU has, and it includes AVX2 and FMA.
         return unsafe { dot_avx2(a, b) };
     }

@@ -12,7 +12,7 @@
 
 use half::f16;
 
-use super::QuantError;
+use crate::NumericsError;
 
 /// LUT sizes a `constexpr_lut_to_dense` accepts: iOS17's [`IOS17_NBITS`] plus iOS18's 3 bits.
 pub const SUPPORTED_NBITS: [u8; 6] = [1, 2, 3, 4, 6, 8];
@@ -20,18 +20,27 @@ pub const SUPPORTED_NBITS: [u8; 6] = [1, 2, 3, 4, 6, 8];
 /// LUT sizes the iOS17 `constexpr_lut_to_dense` accepts (3-bit tables need iOS18).
 pub const IOS17_NBITS: [u8; 5] = [1, 2, 4, 6, 8];
 
+/// The supported widths as prose: `1, 2, 3, 4, 6 or 8`.
+pub fn nbits_list() -> String {
+    let n: Vec<String> = SUPPORTED_NBITS.iter().map(|b| b.to_string()).collect();
+    match n.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => n.join(""),
+    }
+}
+
 /// Number of 16-bit patterns, the size of the histogram and of the assignment table.
 const PATTERNS: usize = 1 << 16;
 
 /// A k-means fit: one tensor (or one channel group) palettized with a single LUT, indices
-/// unpacked, with its error (the stored form is [`super::QuantizedWeight`]).
+/// unpacked, with its error (the library stores it as `quant::QuantizedWeight`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LutFit {
     pub nbits: u8,
     /// Sorted (non-decreasing), exactly `2^nbits` entries. When the input has fewer distinct
     /// values than entries, the unused tail repeats the largest used entry; no index points at it.
     pub lut: Vec<f16>,
-    /// One LUT index per element, unpacked (see [`super::pack`] for the stored form).
+    /// One LUT index per element, unpacked (see [`crate::pack`] for the stored form).
     pub indices: Vec<u8>,
     /// Mean squared error per element of what is actually stored (f16 LUT after re-assignment),
     /// unweighted even when importance weights drove the fit.
@@ -48,11 +57,11 @@ impl LutFit {
 }
 
 /// Check `nbits` against [`SUPPORTED_NBITS`].
-pub fn check_nbits(nbits: u8) -> Result<(), QuantError> {
+pub fn check_nbits(nbits: u8) -> Result<(), NumericsError> {
     if SUPPORTED_NBITS.contains(&nbits) {
         Ok(())
     } else {
-        Err(QuantError::UnsupportedNbits { nbits })
+        Err(NumericsError::UnsupportedNbits { nbits })
     }
 }
 
@@ -67,11 +76,11 @@ pub fn palettize_f16(
     values: &[f16],
     nbits: u8,
     weights: Option<&[f32]>,
-) -> Result<LutFit, QuantError> {
+) -> Result<LutFit, NumericsError> {
     check_nbits(nbits)?;
     if let Some(w) = weights {
         if w.len() != values.len() {
-            return Err(QuantError::WeightsLength {
+            return Err(NumericsError::WeightsLength {
                 values: values.len(),
                 weights: w.len(),
             });
@@ -159,7 +168,7 @@ struct Histogram {
 }
 
 impl Histogram {
-    fn build(values: &[f16], weights: Option<&[f32]>) -> Result<Self, QuantError> {
+    fn build(values: &[f16], weights: Option<&[f32]>) -> Result<Self, NumericsError> {
         let mut counts = vec![0u64; PATTERNS];
         for v in values {
             counts[v.to_bits() as usize] += 1;
@@ -176,7 +185,7 @@ impl Histogram {
                 .find(|(_, v)| !v.is_finite())
                 .map(|(i, v)| (i, v.to_f32()))
                 .unwrap_or((0, f32::NAN));
-            return Err(QuantError::NonFinite { index, value });
+            return Err(NumericsError::NonFinite { index, value });
         }
         let weights = match weights {
             None => None,
@@ -184,7 +193,7 @@ impl Histogram {
                 let mut acc = vec![0f64; PATTERNS];
                 for (i, (v, &w)) in values.iter().zip(ws).enumerate() {
                     if !(w.is_finite() && w >= 0.0) {
-                        return Err(QuantError::BadWeight {
+                        return Err(NumericsError::BadWeight {
                             index: i,
                             weight: w,
                         });
@@ -638,8 +647,13 @@ mod tests {
     }
 
     #[test]
+    fn widths_read_as_prose() {
+        assert_eq!(nbits_list(), "1, 2, 3, 4, 6 or 8");
+    }
+
+    #[test]
     fn dp_matches_brute_force_on_small_inputs() {
-        let mut rng = crate::testing::SplitMix64(7);
+        let mut rng = crate::SplitMix64(7);
         for trial in 0..300 {
             let n = 1 + (rng.next_u64() % 11) as usize;
             let k = 1 + (rng.next_u64() % 5) as usize;
@@ -717,7 +731,7 @@ mod tests {
 
     #[test]
     fn pruned_dp_matches_quadratic_dp_at_moderate_sizes() {
-        let mut rng = crate::testing::SplitMix64(21);
+        let mut rng = crate::SplitMix64(21);
         for (n, k) in [(600, 16), (300, 64), (1000, 4)] {
             let mut xs: Vec<f64> = (0..n).map(|_| (rng.normal() * 0.05) as f64).collect();
             xs.sort_by(f64::total_cmp);
@@ -781,7 +795,7 @@ mod tests {
     /// Sorted distinct points with positive weights, shaped like real weights: a dense normal
     /// core on an f16 grid (many near-equal costs) plus sparse tails.
     fn weighted_points(seed: u64, n: usize) -> Vec<(f64, f64)> {
-        let mut rng = crate::testing::SplitMix64(seed);
+        let mut rng = crate::SplitMix64(seed);
         let mut xs: Vec<f64> = (0..n)
             .map(|_| {
                 let x = rng.normal() * 0.05;
@@ -910,7 +924,7 @@ mod tests {
         v[3] = f16::NAN;
         assert!(matches!(
             palettize_f16(&v, 4, None),
-            Err(QuantError::NonFinite { index: 3, .. })
+            Err(NumericsError::NonFinite { index: 3, .. })
         ));
         v[3] = f16::NEG_INFINITY;
         assert!(palettize_f16(&v, 4, None).is_err());

@@ -4,7 +4,7 @@
 //! b of the stream being bit `b % 8` of byte `b / 8`; 4-bit element 2k is the low nibble of
 //! byte k; 6-bit elements straddle bytes.
 
-use super::QuantError;
+use crate::NumericsError;
 
 /// Bytes that `n` indices of `nbits` take.
 pub fn packed_len(n: usize, nbits: u8) -> usize {
@@ -60,13 +60,13 @@ pub fn unpack_indices(packed: &[u8], nbits: u8, n: usize) -> Vec<u8> {
 
 /// [`unpack_indices`] for untrusted input: a wrong `nbits` or a short buffer is an error.
 /// Trailing bytes beyond the stream are ignored (blob records are padded).
-pub fn try_unpack_indices(packed: &[u8], nbits: u8, n: usize) -> Result<Vec<u8>, QuantError> {
+pub fn try_unpack_indices(packed: &[u8], nbits: u8, n: usize) -> Result<Vec<u8>, NumericsError> {
     if !(1..=8).contains(&nbits) {
-        return Err(QuantError::UnsupportedNbits { nbits });
+        return Err(NumericsError::UnsupportedNbits { nbits });
     }
     let need = packed_len(n, nbits);
     if packed.len() < need {
-        return Err(QuantError::ShortPacked {
+        return Err(NumericsError::ShortPacked {
             n,
             nbits,
             need,
