@@ -48,6 +48,58 @@ struct PartOutput {
     state: Vec<Vec<f16>>,
 }
 
+/// Which outputs a part's call returns: the logits (the head) or the hidden state, the cache
+/// updates, the recurrent state's outputs by name.
+struct PartShape<'a> {
+    head: bool,
+    has_cache: bool,
+    states: &'a [&'a str],
+}
+
+impl PartShape<'_> {
+    /// The part's outputs, taken by name from what one runtime returned (`take`): `rows` joins
+    /// the logits parts, `hidden` wraps the hidden state, `f16` reads a cache or state tensor.
+    fn collect<T>(
+        &self,
+        c: &Contract,
+        mut take: impl FnMut(&str) -> Result<T, RuntimeError>,
+        rows: impl FnOnce(Vec<(T, usize)>) -> Vec<f32>,
+        hidden: impl FnOnce(T) -> Hidden,
+        f16: impl Fn(T) -> Vec<f16>,
+    ) -> Result<PartOutput, RuntimeError> {
+        let (mut hidden_out, mut logits) = (None, Vec::new());
+        if self.head {
+            let parts = c
+                .logits_outputs()
+                .into_iter()
+                .map(|(name, width)| take(&name).map(|t| (t, width)))
+                .collect::<Result<Vec<_>, _>>()?;
+            logits = rows(parts);
+        } else {
+            hidden_out = Some(hidden(take(chain::HIDDEN_OUT)?));
+        }
+        let cache = if self.has_cache {
+            Some((
+                f16(take(contract::KEY_UPDATE)?),
+                f16(take(contract::VALUE_UPDATE)?),
+            ))
+        } else {
+            None
+        };
+        let state = self
+            .states
+            .iter()
+            .map(|name| take(name).map(&f16))
+            .collect::<Result<_, _>>()?;
+        Ok(PartOutput {
+            hidden: hidden_out,
+            logits,
+            cache,
+            state,
+        })
+    }
+}
+
 /// A part's recurrent state as it is passed: each state tensor (with the part's shape) and its
 /// values, and `valid_len` when Q > 1.
 struct PartState<'a> {
@@ -370,36 +422,20 @@ impl Chain {
             inputs.push((t.input, Tensor::f16(t.shape.clone(), values.to_vec())));
         }
         let mut out = program.run(inputs, stats)?;
-        let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
-        let (mut hidden, mut logits) = (None, Vec::new());
-        if part.head {
-            let parts = c
-                .logits_outputs()
-                .into_iter()
-                .map(|(name, width)| take(&name).map(|t| (t, width)))
-                .collect::<Result<Vec<_>, _>>()?;
-            logits = concat_rows(&parts, c.query_len);
-        } else {
-            hidden = Some(Hidden::Mil(take(chain::HIDDEN_OUT)?));
-        }
-        let cache = if has_cache {
-            Some((
-                take(contract::KEY_UPDATE)?.to_f16_vec(),
-                take(contract::VALUE_UPDATE)?.to_f16_vec(),
-            ))
-        } else {
-            None
+        let take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
+        let states: Vec<&str> = tensors.iter().map(|(t, _)| t.output).collect();
+        let shape = PartShape {
+            head: part.head,
+            has_cache,
+            states: &states,
         };
-        let state = tensors
-            .iter()
-            .map(|(t, _)| take(t.output).map(|u| u.to_f16_vec()))
-            .collect::<Result<_, _>>()?;
-        Ok(PartOutput {
-            hidden,
-            logits,
-            cache,
-            state,
-        })
+        shape.collect(
+            c,
+            take,
+            |parts| concat_rows(&parts, c.query_len),
+            Hidden::Mil,
+            |t| t.to_f16_vec(),
+        )
     }
 
     /// [`run_part`](Self::run_part) in Apple's runtime.
@@ -473,36 +509,23 @@ impl Chain {
         let mut out = session
             .call(super::coreai::FUNCTION, inputs)
             .map_err(asset_err)?;
-        let mut take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
-        let (mut hidden, mut logits) = (None, Vec::new());
-        if part.head {
-            let parts = c
-                .logits_outputs()
-                .into_iter()
-                .map(|(name, width)| take(&name).map(|t| (t.to_f32(), width)))
-                .collect::<Result<Vec<_>, _>>()?;
-            logits = super::coreai::interleave_rows(&parts, c.query_len);
-        } else {
-            hidden = Some(Hidden::CoreAi(take(chain::HIDDEN_OUT)?));
-        }
-        let cache = if has_cache {
-            Some((
-                take(contract::KEY_UPDATE)?.to_f16(),
-                take(contract::VALUE_UPDATE)?.to_f16(),
-            ))
-        } else {
-            None
+        let take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
+        let states: Vec<&str> = tensors.iter().map(|(t, _)| t.output).collect();
+        let shape = PartShape {
+            head: part.head,
+            has_cache,
+            states: &states,
         };
-        let state = tensors
-            .iter()
-            .map(|(t, _)| take(t.output).map(|u| u.to_f16()))
-            .collect::<Result<_, _>>()?;
-        Ok(PartOutput {
-            hidden,
-            logits,
-            cache,
-            state,
-        })
+        shape.collect(
+            c,
+            take,
+            |parts| {
+                let parts: Vec<_> = parts.into_iter().map(|(t, w)| (t.to_f32(), w)).collect();
+                super::coreai::interleave_rows(&parts, c.query_len)
+            },
+            Hidden::CoreAi,
+            aimodel::Tensor::to_f16,
+        )
     }
 
     /// One step through every part, optionally collecting range statistics (the
