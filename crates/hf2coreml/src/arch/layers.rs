@@ -245,27 +245,44 @@ impl ModelSpec {
         (0..self.num_hidden_layers).map(|l| self.layer(l)).collect()
     }
 
-    /// (KV heads, head size) when every attention block keeps key and value rows of that one
-    /// shape: the state the contract stacks into one cache [L, Hkv, S, D] (L the attention
-    /// blocks). `None` when shapes differ or no block attends.
+    /// The shape (KV heads, head size) of one slot of the stacked caches [slots, Hkv, S, D]: the
+    /// model's own (`num_key_value_heads`, `head_dim`). A block whose heads are of another shape
+    /// (Gemma 4's full blocks) fills [`kv_slots`](Self::kv_slots) whole slots with its rows.
+    /// `None` when no block keeps rows or a block's rows do not fill whole slots.
     pub fn stacked_kv(&self) -> Option<(usize, usize)> {
-        let mut shape = None;
-        for kind in self.layers() {
-            let Some(a) = kind.attention().filter(|a| a.kv_from.is_none()) else {
+        let slot = (self.num_key_value_heads, self.head_dim);
+        let mut any = false;
+        for l in 0..self.num_hidden_layers {
+            let Some(a) = self.layer(l).attention().copied() else {
                 continue;
             };
-            let here = (a.kv_heads, a.head_dim);
-            if shape.is_some_and(|s| s != here) {
-                return None;
+            if a.kv_from.is_none() {
+                slot_pieces(a, slot)?;
+                any = true;
             }
-            shape = Some(here);
         }
-        shape
+        any.then_some(slot)
     }
 
-    /// The layers a stacked cache holds: every block, or a hybrid model's attention blocks.
+    /// The slots of the stacked caches block `l` keeps its key (and value) rows in: 1 for a
+    /// block of the model's own head shape, H'·D' / (Hkv·D) for one of another (Gemma 4's full
+    /// blocks), 0 for a block that keeps none (a recurrent block, or one reading another's).
+    pub fn kv_slots(&self, l: usize) -> usize {
+        let slot = (self.num_key_value_heads, self.head_dim);
+        match self.layer(l).attention() {
+            Some(a) if a.kv_from.is_none() => slot_pieces(*a, slot).map_or(1, |(m, _)| m),
+            _ => 0,
+        }
+    }
+
+    /// The slots the stacked caches hold: every block's, or a hybrid model's attention blocks'.
     pub fn cache_layers(&self) -> usize {
-        self.attention_layers(0..self.num_hidden_layers).len()
+        self.cache_slots(0..self.num_hidden_layers)
+    }
+
+    /// The slots blocks `layers` keep rows in (a chain part's caches).
+    pub fn cache_slots(&self, layers: std::ops::Range<usize>) -> usize {
+        layers.map(|l| self.kv_slots(l)).sum()
     }
 
     /// The blocks of `layers` that keep key and value rows (the caches' slots, in order): the
@@ -329,6 +346,20 @@ impl ModelSpec {
             .map(|e| e.bytes(max_seq_len))
             .sum()
     }
+}
+
+/// How block `a`'s key rows fill slots of shape `(heads, head_dim)`: (m, k) with each of its
+/// heads cut into k pieces of `head_dim` along D, and those H'·k pieces filling m slots of
+/// `heads` heads each (piece j of head h is head j·H' + h of the m·Hkv). `None` when its rows
+/// fill no whole number of slots.
+pub fn slot_pieces(a: Attention, (heads, head_dim): (usize, usize)) -> Option<(usize, usize)> {
+    if head_dim == 0 || heads == 0 || !a.head_dim.is_multiple_of(head_dim) {
+        return None;
+    }
+    let k = a.head_dim / head_dim;
+    (a.kv_heads * k)
+        .is_multiple_of(heads)
+        .then_some((a.kv_heads * k / heads, k))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 mod layers;
 mod spec;
 
-pub use layers::{Attention, GatedDelta, LayerKind, Rope, ShortConv, StateEntry};
+pub use layers::{slot_pieces, Attention, GatedDelta, LayerKind, Rope, ShortConv, StateEntry};
 pub use spec::{
     Architecture, GatedDeltaSpec, Gemma4Spec, GemmaSpec, ModelSpec, RopeScaling, ShortConvSpec,
 };

@@ -201,6 +201,21 @@ pub struct Gemma4Spec {
     pub final_logit_softcapping: Option<f64>,
 }
 
+impl Gemma4Spec {
+    /// The full blocks' inverse frequencies, one per pair (j, j + D/2) of a head of size D:
+    /// θ^(−2j/D) for the first `global_rotated_pairs` pairs, 0 (no rotation) for the rest
+    /// (transformers' "proportional" RoPE: exponents over the whole head).
+    pub fn full_inv_freq(&self, theta: f64) -> Vec<f64> {
+        let d = self.global_head_dim as f64;
+        (0..self.global_head_dim / 2)
+            .map(|j| match j < self.global_rotated_pairs {
+                true => 1.0 / theta.powf(2.0 * j as f64 / d),
+                false => 0.0,
+            })
+            .collect()
+    }
+}
+
 /// LFM2's short-convolution blocks: `in_proj` to three streams B, C and x, B·x through a
 /// depthwise causal convolution of `kernel` taps (no activation), C times its output, then
 /// `out_proj`. Each keeps the last `kernel − 1` conv inputs as its state.

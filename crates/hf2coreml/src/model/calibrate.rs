@@ -556,6 +556,17 @@ pub fn calibrate(
     }
     let mut collector = Collector::new(&model, options.gram.clone());
     let at = |s: usize, e: usize| format!("calibration tokens {s}..{e}");
+    // Gemma 4's blocks read per-layer inputs and other blocks' keys and values: the whole
+    // model runs each segment instead of block by block.
+    if spec.gemma4.is_some() {
+        let mut whole = PlainModel::load(ckpt)?;
+        for &(s, e) in &bounds {
+            whole
+                .hidden(&tokens[s..e], false, &mut collector)
+                .map_err(|err| ReferenceError::candle(at(s, e), err))?;
+        }
+        return Ok(collector.finish(bounds.len()));
+    }
     let mut xs = Vec::with_capacity(bounds.len());
     for &(s, e) in &bounds {
         let x = embed_rows(ckpt, &tokens[s..e])?;

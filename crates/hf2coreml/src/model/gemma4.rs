@@ -107,18 +107,13 @@ impl PerLayerBlock {
     }
 }
 
-/// The full blocks' inverse frequencies, one per pair (j, j + D/2) of a head of size D:
-/// θ^(−2j/D) for the first `global_rotated_pairs` pairs, 0 (no rotation) for the rest
-/// (transformers' "proportional" RoPE: exponents over the whole head).
+/// The full blocks' inverse frequencies ([`crate::arch::Gemma4Spec::full_inv_freq`]) in f32.
 pub(super) fn global_frequencies(spec: &ModelSpec) -> Option<Vec<f32>> {
     let g = spec.gemma4.as_ref()?;
-    let d = g.global_head_dim as f64;
     Some(
-        (0..g.global_head_dim / 2)
-            .map(|j| match j < g.global_rotated_pairs {
-                true => (1.0 / spec.rope_theta.powf(2.0 * j as f64 / d)) as f32,
-                false => 0.0,
-            })
+        g.full_inv_freq(spec.rope_theta)
+            .into_iter()
+            .map(|f| f as f32)
             .collect(),
     )
 }

@@ -459,12 +459,15 @@ impl Job {
         let bytes = budget::chain::ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| {
             self.recipe.storage(s).bytes(s.numel())
         });
-        budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
+        let plan = budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
             ConvertError::Chain {
                 path: self.output.clone(),
                 source,
             }
         })?;
+        if plan.parts.len() > 1 {
+            crate::graph::decoder::check_chain(spec).map_err(ConvertError::from)?;
+        }
         Ok(())
     }
 

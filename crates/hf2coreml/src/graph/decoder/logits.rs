@@ -65,18 +65,27 @@ pub(super) fn head(b: &mut Builder, weights: &mut Weights, tied: bool) -> Result
     Ok(Head { parts })
 }
 
-/// One `linear` per part, named as the contract's outputs.
-pub(super) fn logits(b: &mut Builder, head: &Head, hn: &str) -> Vec<String> {
+/// One `linear` per part, named as the contract's outputs; with a soft cap c (Gemma 4's
+/// `final_logit_softcapping`) each part becomes c·tanh(part / c).
+pub(super) fn logits(b: &mut Builder, head: &Head, hn: &str, softcap: Option<f64>) -> Vec<String> {
     let n = head.parts.len();
     head.parts
         .iter()
         .enumerate()
         .map(|(i, w)| {
-            b.op(
-                Op::Linear,
-                &contract::logits_name(i, n),
-                vec![("x", var(hn)), ("weight", var(w))],
-            )
+            let name = contract::logits_name(i, n);
+            let args = vec![("x", var(hn)), ("weight", var(w))];
+            let Some(c) = softcap else {
+                return b.op(Op::Linear, &name, args);
+            };
+            let raw = b.op(Op::Linear, &format!("{name}_uncapped"), args);
+            let t = b.op(
+                Op::Mul,
+                &format!("{name}_over_cap"),
+                vec![("x", var(&raw)), ("y", Arg::Float(1.0 / c))],
+            );
+            let t = b.op(Op::Tanh, &format!("{name}_tanh"), vec![("x", var(&t))]);
+            b.op(Op::Mul, &name, vec![("x", var(&t)), ("y", Arg::Float(c))])
         })
         .collect()
 }

@@ -171,11 +171,20 @@ impl Lowering<'_> {
     ) -> String {
         match self {
             Lowering::Default => {
-                let mask = match (&shared.local, shared.sliding[l]) {
-                    (Some((_, _, window_mask)), true) => window_mask,
+                let dims = shared.dims_of(l);
+                let windowed = shared.local.is_some() && shared.sliding[l];
+                // A block grouped otherwise than the model (Gemma 4's full blocks) has its own.
+                let own = shared
+                    .regrouped
+                    .iter()
+                    .find(|(g, _, _)| *g == dims.h / dims.hkv);
+                let mask = match (own, &shared.local, windowed) {
+                    (Some((_, _, Some(window))), _, true) => window,
+                    (Some((_, mask, _)), _, false) => mask,
+                    (_, Some((_, _, window_mask)), true) => window_mask,
                     _ => &shared.mask,
                 };
-                super::attention::attend(b, qs, keys, values, mask, &shared.dims, tag)
+                super::attention::attend(b, qs, keys, values, mask, &dims, tag)
             }
             Lowering::Ane(cf) => ane::per_group(b, cf, qs, keys, values, tag),
         }

@@ -26,13 +26,22 @@ impl Tables {
     pub(super) fn new(b: &mut Builder, spec: &ModelSpec, dims: &Dims, padded_tail: bool) -> Self {
         let (s, q) = (dims.s, dims.q);
         let rows = if padded_tail { s + q - 1 } else { s };
-        let global = (spec.rope_theta, &spec.rope_scaling);
-        let (cos, sin) = rope_table(b, spec, (rows, dims.d), global, "rope");
+        let scaling = &spec.rope_scaling;
+        // Gemma 4's full blocks: heads of their own size, proportional frequencies.
+        let (width, inv) = match &spec.gemma4 {
+            Some(g) => (g.global_head_dim, g.full_inv_freq(spec.rope_theta)),
+            None => (
+                dims.d,
+                rope::inv_freq(spec.rotary_dim(), spec.rope_theta, scaling),
+            ),
+        };
+        let factor = scaling.attention_factor();
+        let (cos, sin) = rope_table(b, (rows, width), (&inv, factor), "rope");
         let local = match (&spec.gemma, spec.sliding_window) {
             (Some(g), Some(w)) if !g.sliding_layers.is_empty() => {
                 let none = crate::arch::RopeScaling::None;
-                let base = (g.local_rope_theta, &none);
-                let (c, s) = rope_table(b, spec, (rows, dims.d), base, "rope_local");
+                let inv = rope::inv_freq(spec.rotary_dim(), g.local_rope_theta, &none);
+                let (c, s) = rope_table(b, (rows, dims.d), (&inv, 1.0), "rope_local");
                 Some((c, s, w))
             }
             _ => None,
@@ -80,16 +89,15 @@ impl Tables {
     }
 }
 
-/// The cos and sin tables [S, D] of RoPE base `theta` with `scaling`, named `name_cos`/`_sin`.
+/// The cos and sin tables [S, D] of inverse frequencies `inv` (a pair each) with their rotated
+/// entries times `factor`, named `name_cos`/`_sin`.
 fn rope_table(
     b: &mut Builder,
-    spec: &ModelSpec,
     (s, d): (usize, usize),
-    (theta, scaling): (f64, &crate::arch::RopeScaling),
+    (inv, factor): (&[f64], f64),
     name: &str,
 ) -> (String, String) {
-    let inv = rope::inv_freq(spec.rotary_dim(), theta, scaling);
-    let (cos_t, sin_t) = rope::tables(s, d, &inv, scaling.attention_factor());
+    let (cos_t, sin_t) = rope::tables(s, d, inv, factor);
     let to16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<_>>();
     let cos = b.constant(
         &format!("{name}_cos"),

@@ -43,7 +43,7 @@ const GELU_CLIP: f64 = 10.0;
 
 /// transformers' `gelu_pytorch_tanh`: 0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²))), with the
 /// polynomial on x clipped to ±[`GELU_CLIP`].
-fn gelu_tanh(b: &mut Builder, x: &str, name: &str) -> String {
+pub(super) fn gelu_tanh(b: &mut Builder, x: &str, name: &str) -> String {
     let c = (2.0 / std::f64::consts::PI).sqrt();
     let xc = b.op(
         Op::Clip,

@@ -23,6 +23,7 @@ mod logits;
 mod lower;
 mod mask;
 mod mlp;
+mod per_layer;
 mod state;
 
 pub use state::check as check_kv_cache;
@@ -63,7 +64,8 @@ pub struct StepOptions {
     pub last_logits_only: bool,
 }
 
-/// The step's dimensions.
+/// The step's dimensions (a block's own: its KV heads and head width, [`Shared::dims_of`]).
+#[derive(Clone, Copy)]
 struct Dims {
     /// S: cache rows.
     s: usize,
@@ -101,6 +103,18 @@ impl Dims {
         }
         // A state's rows are padded to a multiple of 32 (always masked: see [`state`]).
         let s = state::rows(opts);
+        for l in 0..spec.num_hidden_layers {
+            let Some(a) = spec.layer(l).attention().copied() else {
+                continue;
+            };
+            if a.head_dim % 2 != 0 || h % a.kv_heads != 0 {
+                return Err(GraphError::Unsupported(format!(
+                    "block {l}: head_dim {} must be even and {h} query heads a multiple of its \
+                     {} key/value heads",
+                    a.head_dim, a.kv_heads
+                )));
+            }
+        }
         Ok(Dims { s, q, h, hkv, d })
     }
 }
@@ -136,8 +150,21 @@ struct Shared {
     qk_norm_eps: Option<f64>,
     /// Per block: whether it rotates q and k (SmolLM3's NoPE blocks do not).
     rope_in_layer: Vec<bool>,
-    /// The leading dimensions of each head RoPE rotates (D unless partial, Phi-4-mini).
+    /// The leading dimensions of each head RoPE rotates (D unless partial, Phi-4-mini; Gemma
+    /// 4's full blocks rotate their whole head against a table whose unrotated pairs have
+    /// cos 1 and sin 0).
     rotary: usize,
+    /// Gemma 4: the values pass an RMSNorm without weight, and the full blocks' values are
+    /// their raw key projection with `attention_k_eq_v`.
+    gemma4: Option<crate::arch::Gemma4Spec>,
+    /// The masks grouped for blocks whose query heads per KV head differ from the model's
+    /// (Gemma 4's full blocks): (groups, mask, window mask).
+    regrouped: Vec<(usize, String, Option<String>)>,
+    /// The joined keys and values [1, Hkv, S+Q, D] of the blocks a later block of this step
+    /// reads (Gemma 4's KV sharing), by block.
+    produced: std::cell::RefCell<BTreeMap<usize, (String, String)>>,
+    /// Gemma 4's per-layer inputs of this step [1, Q, L, P].
+    per_layer: Option<String>,
     /// The first layer this package runs: its caches' row 0.
     first_layer: usize,
     /// This step's RoPE rows [Q, D].
@@ -165,14 +192,28 @@ struct Shared {
 }
 
 impl Shared {
-    /// Block `l`'s slot in the caches (an attention block) or the conv state.
+    /// Block `l`'s slot in the caches (an attention block: its first) or the conv state.
     fn slot(&self, l: usize) -> usize {
         self.slots[l - self.first_layer]
+    }
+
+    /// The step's dimensions with block `l`'s own KV heads and head width.
+    fn dims_of(&self, l: usize) -> Dims {
+        match self.kinds[l].attention() {
+            Some(a) => Dims {
+                hkv: a.kv_heads,
+                d: a.head_dim,
+                ..self.dims
+            },
+            None => self.dims,
+        }
     }
 }
 
 /// The state a block leaves for the next step.
 enum Kept {
+    /// Nothing: a block that reads another block's keys and values (Gemma 4's KV sharing).
+    Nothing,
     /// An attention block's new key and value rows.
     Rows(String, String),
     /// A short-convolution block's new state [1, W, C].
@@ -267,17 +308,20 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         // beside the caches, and its gated attention (`attention::attention`).
         gated_delta: _,
         attention_output_gate: _,
-        gemma4,
+        // Gemma 4: per-layer inputs (`per_layer_inputs`, `per_layer_block`), KV sharing
+        // (`Shared::produced`), full blocks' head shapes (`Shared::dims_of`, their cache
+        // slots `attention::cache_rows`), their proportional RoPE (`mask::Tables`), the value
+        // norm and k_eq_v (`attention::qkv`), `layer_scalar` (`block`), soft-capped logits
+        // (`logits::logits`); chains: `check_chain`.
+        gemma4: _,
     } = spec;
-    // Gemma 4's per-layer inputs, KV sharing and heads of two shapes are computed by the
-    // float reference; the graph does not build them yet.
-    if gemma4.is_some() {
-        return Err(GraphError::Unsupported(
-            "Gemma 4 (per-layer input embeddings, KV sharing, full blocks with a head shape of \
-             their own) is read and computed by the float reference, but the graph does not \
-             build its blocks yet"
-                .into(),
-        ));
+    // The caches are stacked slots of one shape: every block's rows must fill whole slots.
+    if spec.layers().iter().any(|k| k.attention().is_some()) && spec.stacked_kv().is_none() {
+        return Err(GraphError::Unsupported(format!(
+            "a block's key and value heads do not fill whole slots of the model's \
+             [{}, {}] heads: a cache of that shape is not built",
+            spec.num_key_value_heads, spec.head_dim
+        )));
     }
     // LongRoPE switches to its long factors once the sequence outgrows the original
     // context; a package's tables are fixed, so its context stays within it.
@@ -337,6 +381,21 @@ pub fn check_recurrent(
     }
 }
 
+/// Refuse a chain of a model whose blocks need what one part does not hand the next: Gemma 4's
+/// per-layer inputs are computed from the tokens and their embedding, which only the first part
+/// has, and its shared blocks read keys and values another part would hold.
+pub fn check_chain(spec: &ModelSpec) -> Result<(), GraphError> {
+    match spec.gemma4 {
+        Some(_) => Err(GraphError::Unsupported(format!(
+            "{} is built as one package only: its per-layer inputs come from the tokens the \
+             first part embeds and its last blocks read other blocks' caches, which a chain \
+             does not pass between parts (raise --max-package-size)",
+            spec.architecture
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Which slice of the model one package computes: the whole model, or one part of a chain
 /// (docs/design.md, "Chained packages").
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -385,6 +444,9 @@ pub fn build_part(
     let whole = *part == Part::whole(spec);
     state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
     check_recurrent(spec, opts.layout)?;
+    if !whole {
+        check_chain(spec)?;
+    }
     if opts.layout == crate::mil::contract::Layout::Ane {
         return ane::build_part(spec, weights, opts, part);
     }
@@ -407,7 +469,7 @@ pub fn build_part(
     } else {
         b.input(HIDDEN_IN, fl, vec![1, dims.q, spec.hidden_size])
     };
-    let (shared, state) = if part.layers.is_empty() {
+    let (mut shared, state) = if part.layers.is_empty() {
         (None, None)
     } else {
         let (mut shared, state) = shared_inputs(&mut b, spec, dims, part, alpha, opts);
@@ -425,8 +487,11 @@ pub fn build_part(
         )?;
         (x, head)
     } else {
-        (first, None)
+        (first.clone(), None)
     };
+    if let Some(shared) = &mut shared {
+        shared.per_layer = per_layer::inputs(&mut b, &mut weights, spec, shared, (&first, &x))?;
+    }
     let mut key_rows = Vec::with_capacity(part.layers.len());
     let mut value_rows = Vec::with_capacity(part.layers.len());
     let mut conv_states = Vec::new();
@@ -436,6 +501,7 @@ pub fn build_part(
             let (out, kept) = block(&mut b, &mut weights, &Lowering::Default, shared, l, &x)?;
             x = out;
             match kept {
+                Kept::Nothing => {}
                 Kept::Rows(k, v) => {
                     key_rows.push(k);
                     value_rows.push(v);
@@ -496,7 +562,8 @@ pub fn build_part(
             );
         }
         let hn = residual_norm(&mut b, &x, &nw, eps, ranged, "final_norm");
-        logits::logits(&mut b, head, &hn)
+        let softcap = spec.gemma4.as_ref().and_then(|g| g.final_logit_softcapping);
+        logits::logits(&mut b, head, &hn, softcap)
     } else {
         vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&x))])]
     };
@@ -560,16 +627,20 @@ fn shared_inputs(
     let recurrent = spec.recurrent_state(part.layers.clone());
     let valid = (recurrent.is_some() && dims.q > 1)
         .then(|| b.input(contract::VALID_LEN, DType::I32, vec![1]));
-    // Each block's index among this part's blocks of its kind: its slot in the caches or in
-    // the conv state.
+    // Each block's first slot in the caches (the slots of this part's earlier blocks: a block
+    // of another head shape fills several, one reading another's keys none), or its index
+    // among this part's blocks that convolve: its slot in the conv state.
     let mut counts = [0usize; 2];
     let slots = part
         .layers
         .clone()
         .map(|l| {
-            let kind = usize::from(layers[l].attention().is_none());
-            counts[kind] += 1;
-            counts[kind] - 1
+            let (kind, n) = match layers[l].attention() {
+                Some(_) => (0, spec.kv_slots(l)),
+                None => (1, 1),
+            };
+            counts[kind] += n;
+            counts[kind] - n
         })
         .collect();
     let cache_layers = counts[0];
@@ -655,6 +726,10 @@ fn shared_inputs(
             })
             .collect(),
         rotary: spec.rotary_dim(),
+        gemma4: spec.gemma4.clone(),
+        regrouped: Vec::new(),
+        produced: Default::default(),
+        per_layer: None,
         first_layer: part.layers.start,
         cos,
         sin,
@@ -693,7 +768,11 @@ fn block(
     let (mixed, kept) = match shared.kinds[l] {
         crate::arch::LayerKind::Attention(_) => {
             let a = attention::attention(b, weights, &mut proj, lower, shared, l, &hn)?;
-            (a.out, Kept::Rows(a.key_row, a.value_row))
+            let kept = match a.rows {
+                Some((k, v)) => Kept::Rows(k, v),
+                None => Kept::Nothing,
+            };
+            (a.out, kept)
         }
         crate::arch::LayerKind::ShortConv(_) => {
             let slot = (l, shared.slot(l));
@@ -731,11 +810,23 @@ fn block(
             &down,
         )?;
     }
-    let x = b.op(
+    let mut x = b.op(
         Op::Add,
         &format!("{tag}_residual_mlp"),
         vec![("x", var(&x)), ("y", var(&down))],
     );
+    // Gemma 4: the block's per-layer input, then its scalar on the whole stream.
+    if let Some(inputs) = &shared.per_layer {
+        x = per_layer::block(b, weights, lower, shared, (l, inputs), &x)?;
+    }
+    if shared.gemma4.is_some() {
+        let scalar = weights.single(b, id(LayerTensor::LayerScalar))?;
+        x = b.op(
+            Op::Mul,
+            &format!("{tag}_scaled"),
+            vec![("x", var(&x)), ("y", var(&scalar))],
+        );
+    }
     Ok((x, kept))
 }
 
@@ -807,6 +898,13 @@ const RANGED_FLOOR: f64 = 6.103_515_625e-5;
 /// m > 0: m is floored at √ε/255 as well, so (√ε/m)² stays within fp16 however small a row is
 /// (a DeltaNet's output rows reach 1e-5 against an ε of 4e-3).
 fn rms_norm_ranged(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
+    let n = rms_normalize_ranged(b, x, eps, name);
+    b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
+}
+
+/// [`rms_norm_ranged`] without a weight, named `{name}_normed`: over the last axis, so also
+/// per head of [1, n, Q, D] (Gemma 4's q, k and v norms, whose heads range from 1e-3 to 1e3).
+fn rms_normalize_ranged(b: &mut Builder, x: &str, eps: f64, name: &str) -> String {
     let floor = RANGED_FLOOR.max(eps.sqrt() / 255.0);
     let a = b.op(Op::Abs, &format!("{name}_abs"), vec![("x", var(x))]);
     let m = b.op(
@@ -862,12 +960,11 @@ fn rms_norm_ranged(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> S
         &format!("{name}_rsqrt"),
         vec![("x", var(&ms)), ("epsilon", Arg::Float(0.0))],
     );
-    let n = b.op(
+    b.op(
         Op::Mul,
         &format!("{name}_normed"),
         vec![("x", var(&xs)), ("y", var(&r))],
-    );
-    b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
+    )
 }
 
 /// x / sqrt(mean(x²) + ε) · w over `axis`, the way Hugging Face computes it (ε inside the
