@@ -474,6 +474,52 @@ impl PlainModel {
         }
     }
 
+    /// Bring Gemma 4's per-layer input weights into memory (nothing to do without them, or if
+    /// they are there).
+    pub(crate) fn fetch_per_layer(
+        &mut self,
+        ckpt: &Checkpoint,
+    ) -> Result<(), super::ReferenceError> {
+        if self.per_layer.is_none() {
+            self.per_layer = super::gemma4::PerLayerInput::load(ckpt, &self.device)?;
+        }
+        Ok(())
+    }
+
+    /// The segment of calibration tokens `tokens` whose embedded rows are `embedded`.
+    pub(crate) fn segment(
+        &self,
+        tokens: &[u32],
+        embedded: &Tensor,
+    ) -> candle_core::Result<Segment> {
+        Ok(Segment {
+            per_layer: self.per_layer_inputs(tokens, embedded)?,
+            kv: Vec::new(),
+        })
+    }
+
+    /// Block `l` on x [T, H] of calibration segment `seg` (a fresh sequence, positions 0..T):
+    /// [`block`](Self::block) for a block that reads from outside itself too.
+    pub(crate) fn block_in(
+        &mut self,
+        l: usize,
+        x: &Tensor,
+        seg: &mut Segment,
+        obs: &mut dyn Observer,
+    ) -> candle_core::Result<Tensor> {
+        let t = x.dim(0)?;
+        let tables = self.rope_tables(0, t)?;
+        let (cos, sin) = tables.layer(&self.spec, l);
+        let (cos, sin) = (cos.clone(), sin.clone());
+        let input = seg.per_layer.as_ref().map(|p| p.get(l)).transpose()?;
+        // The segment's kept keys and values stand in for this call's.
+        seg.kv.resize(self.spec.num_hidden_layers, None);
+        std::mem::swap(&mut self.pass_kv, &mut seg.kv);
+        let out = self.layer(l, x, (&cos, &sin), input.as_ref(), false, obs);
+        std::mem::swap(&mut self.pass_kv, &mut seg.kv);
+        out
+    }
+
     /// Block `l`'s weights, or an error naming it when a streaming model has not fetched it.
     fn weights(&self, l: usize) -> candle_core::Result<&Layer> {
         loaded(&self.layers, l)
@@ -736,23 +782,27 @@ impl PlainModel {
     /// Block `l` in the steps of true-sequential calibration, each reading the block's current
     /// weights (a fresh sequence, positions 0..T): the q/k/v input of block input x.
     pub(crate) fn step_attention_input(&self, l: usize, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.on_its_own(l)?;
         rms_norm(x, &self.weights(l)?.input_norm, self.spec.rms_norm_eps)
     }
 
-    /// The o_proj input from the q/k/v input h.
-    pub(crate) fn step_attention(&self, l: usize, h: &Tensor) -> candle_core::Result<Tensor> {
+    /// The o_proj input from the q/k/v input h of calibration segment `seg`.
+    pub(crate) fn step_attention(
+        &self,
+        l: usize,
+        h: &Tensor,
+        seg: &mut Segment,
+    ) -> candle_core::Result<Tensor> {
         let t = h.dim(0)?;
         let tables = self.rope_tables(0, t)?;
         let (cos, sin) = tables.layer(&self.spec, l);
-        self.on_its_own(l)?;
         match &self.weights(l)?.mixer {
             Mixer::Attention(a) => {
+                let producer = self.spec.kv_producer(l);
                 let kv = Kv {
                     slot: None,
-                    shared: None,
+                    shared: producer.and_then(|p| seg.kv.get(p).cloned().flatten()),
                 };
-                let out = attention(
+                let (o, keys, values) = attention(
                     &self.spec,
                     a,
                     h,
@@ -761,8 +811,9 @@ impl PlainModel {
                     &self.device,
                     Some(l),
                     &mut Blind,
-                );
-                out.map(|(o, _, _)| o)
+                )?;
+                seg.keep(&self.spec, l, (keys, values));
+                Ok(o)
             }
             Mixer::ShortConv(c) => short_conv(c, h, None),
             Mixer::GatedDelta(g) => super::delta::gated_delta(g, h, None),
@@ -792,16 +843,26 @@ impl PlainModel {
         activation(&self.spec, &gate)? * up
     }
 
-    /// The block output from the residual after attention and the down_proj input.
+    /// The block output from the residual after attention and the down_proj input (and, for
+    /// Gemma 4, segment `seg`'s per-layer input).
     pub(crate) fn step_output(
         &self,
         l: usize,
         x: &Tensor,
         act: &Tensor,
+        seg: &Segment,
     ) -> candle_core::Result<Tensor> {
         let w = self.weights(l)?;
         let down = linear(act, &w.down, None)?;
-        x + out_norm(&self.spec, w.mlp_out_norm.as_ref(), down, None, &mut Blind)?
+        let mut x = (x + out_norm(&self.spec, w.mlp_out_norm.as_ref(), down, None, &mut Blind)?)?;
+        let input = seg.per_layer.as_ref().map(|p| p.get(l)).transpose()?;
+        if let (Some(p), Some(input)) = (&w.per_layer, input) {
+            x = p.forward(&self.spec, &x, &input)?;
+        }
+        match w.scalar {
+            Some(scalar) => x * scalar,
+            None => Ok(x),
+        }
     }
 
     /// Logits [T, V] of a fresh sequence, without touching the cache.
@@ -904,6 +965,29 @@ fn honoured(spec: &ModelSpec) {
         // block's own head shape, shared caches, the value norm; `layer`: the scalar.
         gemma4: _,
     } = spec;
+}
+
+/// What the blocks of one calibration segment read from outside themselves (Gemma 4): the
+/// per-layer inputs of its tokens, and the keys and values of the blocks later ones share. It
+/// goes with the segment's hidden state from block to block ([`PlainModel::block_in`] and the
+/// true-sequential steps); other models carry nothing in it.
+#[derive(Default)]
+pub(crate) struct Segment {
+    /// [L, T, P].
+    per_layer: Option<Tensor>,
+    /// Per block: its keys and values, where a later block reads them.
+    kv: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl Segment {
+    /// Keep block `l`'s keys and values if a later block reads them.
+    fn keep(&mut self, spec: &ModelSpec, l: usize, kv: (Tensor, Tensor)) {
+        let n = spec.num_hidden_layers;
+        if (l + 1..n).any(|b| spec.kv_producer(b) == Some(l)) {
+            self.kv.resize(n, None);
+            self.kv[l] = Some(kv);
+        }
+    }
 }
 
 /// cos/sin [T, R/2] of the model's RoPE and of Gemma's sliding blocks.

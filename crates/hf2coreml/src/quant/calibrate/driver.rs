@@ -15,7 +15,7 @@ use super::{calib_err, fetch, to_vec, CalibratedWeights, SequentialOptions, Sink
 use crate::arch::{expected_tensors, Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
 use crate::model::calibrate::Gram;
-use crate::model::plain::{embed_rows, Blind, PlainModel};
+use crate::model::plain::{embed_rows, Blind, PlainModel, Segment};
 use crate::quant::QuantError;
 
 /// Calibrate on `tokens` and palettize what `method_for` selects, block by block, on `model`
@@ -50,6 +50,19 @@ pub(super) fn quantize_model(
         .map_err(|e| QuantError::Calibration {
             message: format!("embedding the calibration text: {e}"),
         })?;
+    // What each segment's blocks read from outside themselves (Gemma 4's per-layer inputs and
+    // shared keys and values).
+    model
+        .fetch_per_layer(ckpt)
+        .map_err(|e| QuantError::Calibration {
+            message: e.to_string(),
+        })?;
+    let mut segs: Vec<Segment> = tokens
+        .chunks(seg)
+        .zip(&xs)
+        .map(|(c, x)| model.segment(c, x))
+        .collect::<Result<_, _>>()
+        .map_err(|e| calib_err("the per-layer inputs", e))?;
     let slots = expected_tensors(&spec);
     let mut out = CalibratedWeights {
         linears: BTreeMap::new(),
@@ -84,7 +97,8 @@ pub(super) fn quantize_model(
         for l in 0..n_layers {
             fetch(model, ckpt, l)?;
             let dims = spec.site_widths(l);
-            xs = true_sequential_block(model, l, &xs, &slots, &method_for, &dims, &mut out)?;
+            let at = (l, &mut segs[..]);
+            xs = true_sequential_block(model, at, &xs, &slots, &method_for, &dims, &mut out)?;
             model.release_layer(l);
             hand_over(&mut out, &mut sink)?;
             progress(l + 1, n_layers);
@@ -93,7 +107,8 @@ pub(super) fn quantize_model(
     }
     for l in 0..n_layers {
         fetch(model, ckpt, l)?;
-        xs = calibrate_block(model, l, &xs, &slots, &method_for, options, &mut out)?;
+        let at = (l, &mut segs[..]);
+        xs = calibrate_block(model, at, &xs, &slots, &method_for, options, &mut out)?;
         model.release_layer(l);
         hand_over(&mut out, &mut sink)?;
         progress(l + 1, n_layers);
@@ -116,7 +131,7 @@ fn hand_over(out: &mut CalibratedWeights, sink: &mut Option<Sink<'_>>) -> Result
 /// Returns the block outputs with the palettized weights (the next block's inputs).
 fn calibrate_block(
     model: &mut PlainModel,
-    l: usize,
+    (l, segs): (usize, &mut [Segment]),
     xs: &[Tensor],
     slots: &[TensorSlot],
     method_for: &dyn Fn(&TensorSlot) -> Option<SlotMethod>,
@@ -130,9 +145,9 @@ fn calibrate_block(
         grams: dims.iter().map(|&d| Gram::new(d)).collect(),
         scratch: Vec::new(),
     };
-    for x in xs {
+    for (x, seg) in xs.iter().zip(segs.iter_mut()) {
         model
-            .block(l, x, &mut obs)
+            .block_in(l, x, seg, &mut obs)
             .map_err(|e| calib_err(format!("block {l}"), e))?;
     }
     // Not held through the fits: at 8B it is the size of down_proj's factor.
@@ -201,7 +216,8 @@ fn calibrate_block(
         }
     }
     xs.iter()
-        .map(|x| model.block(l, x, &mut Blind))
+        .zip(segs.iter_mut())
+        .map(|(x, seg)| model.block_in(l, x, seg, &mut Blind))
         .collect::<Result<_, _>>()
         .map_err(|e| calib_err(format!("block {l}"), e))
 }
@@ -211,7 +227,7 @@ fn calibrate_block(
 /// the site's projections are palettized. Returns the block outputs (the next block's inputs).
 fn true_sequential_block(
     model: &mut PlainModel,
-    l: usize,
+    (l, segs): (usize, &mut [Segment]),
     xs: &[Tensor],
     slots: &[TensorSlot],
     method_for: &dyn Fn(&TensorSlot) -> Option<SlotMethod>,
@@ -263,7 +279,8 @@ fn true_sequential_block(
     fit(model, 0, &h)?;
     let attn: Vec<Tensor> = h
         .iter()
-        .map(|h| model.step_attention(l, h))
+        .zip(segs.iter_mut())
+        .map(|(h, seg)| model.step_attention(l, h, seg))
         .collect::<Result<_, _>>()
         .map_err(err)?;
     drop(h);
@@ -287,7 +304,8 @@ fn true_sequential_block(
     fit(model, 3, &act)?;
     mid.iter()
         .zip(&act)
-        .map(|(x, a)| model.step_output(l, x, a))
+        .zip(segs.iter())
+        .map(|((x, a), seg)| model.step_output(l, x, a, seg))
         .collect::<Result<_, _>>()
         .map_err(err)
 }
@@ -315,10 +333,14 @@ mod tests {
             );
             let want = model.block(0, &x, &mut Blind).unwrap();
             let h = model.step_attention_input(0, &x).unwrap();
-            let attn = model.step_attention(0, &h).unwrap();
+            let attn = model
+                .step_attention(0, &h, &mut Segment::default())
+                .unwrap();
             let (mid, h) = model.step_mlp_input(0, &x, &attn).unwrap();
             let act = model.step_mlp_act(0, &h).unwrap();
-            let got = model.step_output(0, &mid, &act).unwrap();
+            let got = model
+                .step_output(0, &mid, &act, &Segment::default())
+                .unwrap();
             let diff = (got - want)
                 .unwrap()
                 .abs()
