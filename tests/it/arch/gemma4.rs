@@ -275,14 +275,7 @@ fn gemma4_chunks_and_the_cache_file_match_one_run() {
         eprintln!("{arch}: Q=1 relative RMS {rms:e}, Q=1 against Q=5 max |Δ| {d15:e} of {scale}");
         assert!(rms <= 0.02 && top1 >= 0.99 && d15 <= 0.01 * scale, "{arch}");
 
-        let mut first = packages.generator(5);
-        prompt_logits(&mut first, &want.tokens[..25], false);
-        let file = out.path().join("c.kv");
-        KvFile::from_generator(&first, &want.tokens[..25], String::new())
-            .unwrap()
-            .save(&file)
-            .unwrap();
-        let mut resumed = packages.generator(5);
+        let (file, mut resumed) = packages.saved_after(5, &want.tokens[..25]);
         let contract = StepModel::contract(resumed.model()).clone();
         KvFile::load(&file, &contract)
             .unwrap()

@@ -87,6 +87,27 @@ impl Fp16Packages<'_> {
         let pkg = Package::load(&pkg, Default::default()).unwrap();
         hf2coreml::runtime::generate::Generator::new(pkg).unwrap()
     }
+
+    /// A KV-cache file saved by a Q-token package after `tokens`, and a fresh generator of
+    /// that package to restore it into.
+    pub(super) fn saved_after(
+        &self,
+        q: usize,
+        tokens: &[u32],
+    ) -> (
+        PathBuf,
+        hf2coreml::runtime::generate::Generator<hf2coreml::runtime::interp::Package>,
+    ) {
+        use hf2coreml::runtime::kvfile::KvFile;
+        let mut first = self.generator(q);
+        prompt_logits(&mut first, tokens, false);
+        let file = self.out.join(format!("after{}.kv", tokens.len()));
+        KvFile::from_generator(&first, tokens, String::new())
+            .unwrap()
+            .save(&file)
+            .unwrap();
+        (file, self.generator(q))
+    }
 }
 
 /// Every prompt position's logits: `tokens` from the start, or with `extend` only those past
@@ -926,14 +947,7 @@ fn lfm2_chunks_padding_and_the_cache_file_keep_the_state_exact() {
 
     // Saved after 25 tokens (a chunk boundary), restored into a fresh generator, continued:
     // the same calls as one run, so the same logits bit for bit.
-    let mut first = packages.generator(5);
-    prompt_logits(&mut first, &want.tokens[..25], false);
-    let file = out.path().join("c.kv");
-    KvFile::from_generator(&first, &want.tokens[..25], String::new())
-        .unwrap()
-        .save(&file)
-        .unwrap();
-    let mut resumed = packages.generator(5);
+    let (file, mut resumed) = packages.saved_after(5, &want.tokens[..25]);
     let contract = hf2coreml::runtime::StepModel::contract(resumed.model()).clone();
     // A version 1 file (no state) of a hybrid package is refused, naming the versions.
     let mut bytes = std::fs::read(&file).unwrap();

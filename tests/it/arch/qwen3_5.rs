@@ -158,14 +158,7 @@ fn qwen3_5_chunks_padding_and_the_cache_file_keep_the_state_exact() {
     assert_eq!(values, 3 * 3 * 96 + 3 * 4 * 16 * 8);
     same_state(&single, &long);
 
-    let mut first = packages.generator(5);
-    prompt_logits(&mut first, &want.tokens[..25], false);
-    let file = out.path().join("c.kv");
-    KvFile::from_generator(&first, &want.tokens[..25], String::new())
-        .unwrap()
-        .save(&file)
-        .unwrap();
-    let mut resumed = packages.generator(5);
+    let (file, mut resumed) = packages.saved_after(5, &want.tokens[..25]);
     let contract = hf2coreml::runtime::StepModel::contract(resumed.model()).clone();
     let kv = KvFile::load(&file, &contract).unwrap();
     assert_eq!(kv.recurrent.len(), values);

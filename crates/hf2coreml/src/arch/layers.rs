@@ -404,6 +404,27 @@ mod tests {
     }
 
     #[test]
+    fn a_block_of_another_head_shape_fills_whole_slots() {
+        let block = |kv_heads, head_dim| Attention {
+            kv_heads,
+            head_dim,
+            window: None,
+            rope: Rope::Global,
+            kv_from: None,
+        };
+        // Gemma 4 E2B's full block (one 512-wide head) in slots of one 256-wide head: two
+        // slots, each head in two pieces; `gemma4_kv`'s one 32-wide head in one slot of two
+        // 16-wide heads.
+        assert_eq!(slot_pieces(block(1, 512), (1, 256)), Some((2, 2)));
+        assert_eq!(slot_pieces(block(1, 32), (2, 16)), Some((1, 2)));
+        assert_eq!(slot_pieces(block(2, 16), (2, 16)), Some((1, 1)));
+        assert_eq!(slot_pieces(block(4, 16), (2, 16)), Some((2, 1)));
+        // Half a slot, or a head width that is no multiple of the slot's: no whole slots.
+        assert_eq!(slot_pieces(block(1, 16), (2, 16)), None);
+        assert_eq!(slot_pieces(block(2, 24), (2, 16)), None);
+    }
+
+    #[test]
     fn a_window_without_gemma_is_every_blocks() {
         let s = spec(&format!("{LLAMA},\"sliding_window\":8}}").replace("Llama", "Mistral"));
         assert!(s

@@ -396,18 +396,24 @@ fn block_cache(
         &format!("{name}_pieces"),
         vec![("x", var(&slots)), ("shape", ints(&[1, m64 * hkv, s, d]))],
     );
-    if k == 1 {
-        return flat;
+    match k {
+        1 => flat,
+        _ => regroup(b, &flat, k, (1, -1), &name),
     }
+}
+
+/// `x` split into `k` equal pieces along axis `from` and those joined along axis `to`
+/// (`{name}_heads`).
+fn regroup(b: &mut Builder, x: &str, k: usize, (from, to): (i64, i64), name: &str) -> String {
     let names: Vec<String> = (0..k).map(|j| format!("{name}_piece{j}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let parts = b.op_multi(
         Op::Split,
         &refs,
         vec![
-            ("x", var(&flat)),
+            ("x", var(x)),
             ("num_splits", Arg::Int(k as i64)),
-            ("axis", Arg::Int(1)),
+            ("axis", Arg::Int(from)),
         ],
     );
     b.op(
@@ -415,7 +421,7 @@ fn block_cache(
         &format!("{name}_heads"),
         vec![
             ("values", Arg::Vars(parts)),
-            ("axis", Arg::Int(-1)),
+            ("axis", Arg::Int(to)),
             ("interleave", Arg::Bool(false)),
         ],
     )
@@ -430,29 +436,9 @@ fn slot_rows(b: &mut Builder, rows: &str, shared: &Shared, l: usize, what: &str)
     }
     let dims = &shared.dims;
     let name = format!("layers_{l}_{what}_slot_rows");
-    let heads = if k == 1 {
-        rows.to_string()
-    } else {
-        let names: Vec<String> = (0..k).map(|j| format!("{name}_piece{j}")).collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let parts = b.op_multi(
-            Op::Split,
-            &refs,
-            vec![
-                ("x", var(rows)),
-                ("num_splits", Arg::Int(k as i64)),
-                ("axis", Arg::Int(-1)),
-            ],
-        );
-        b.op(
-            Op::Concat,
-            &format!("{name}_heads"),
-            vec![
-                ("values", Arg::Vars(parts)),
-                ("axis", Arg::Int(1)),
-                ("interleave", Arg::Bool(false)),
-            ],
-        )
+    let heads = match k {
+        1 => rows.to_string(),
+        _ => regroup(b, rows, k, (-1, 1), &name),
     };
     let (hkv, q, d) = (dims.hkv as i64, dims.q as i64, dims.d as i64);
     b.op(

@@ -533,33 +533,8 @@ pub fn build_part(
         )?;
         let ranged = spec.gemma.is_some();
         let valid = shared.as_ref().and_then(|sh| sh.valid.clone());
-        if let (true, Some(valid)) = (opts.last_logits_only, valid) {
-            // A hybrid chunk's last real token, `valid_len − 1`: its padding follows it.
-            let last = b.op(
-                Op::Sub,
-                "last_position_index",
-                vec![("x", var(&valid)), ("y", Arg::Int(1))],
-            );
-            x = b.op(
-                Op::Gather,
-                "last_position",
-                vec![
-                    ("x", var(&x)),
-                    ("indices", var(&last)),
-                    ("axis", Arg::Int(1)),
-                ],
-            );
-        } else if opts.last_logits_only && opts.query_len > 1 {
-            let (q, c) = (opts.query_len as i64, spec.hidden_size as i64);
-            x = b.op(
-                Op::SliceByIndex,
-                "last_position",
-                vec![
-                    ("x", var(&x)),
-                    ("begin", ints(&[0, q - 1, 0])),
-                    ("end", ints(&[1, q, c])),
-                ],
-            );
+        if opts.last_logits_only {
+            x = last_position(&mut b, &x, opts, spec.hidden_size, valid.as_deref());
         }
         let hn = residual_norm(&mut b, &x, &nw, eps, ranged, "final_norm");
         let softcap = spec.gemma4.as_ref().and_then(|g| g.final_logit_softcapping);
@@ -584,6 +559,46 @@ pub fn build_part(
     }
     weights.finish()?;
     b.finish(outputs)
+}
+
+/// The rows the logits of a `prefill` function with `--prefill-logits last` come from: a hybrid
+/// chunk's last real token (`valid_len − 1`: its padding follows it), else the last of the Q.
+fn last_position(
+    b: &mut Builder,
+    x: &str,
+    opts: &StepOptions,
+    hidden: usize,
+    valid: Option<&str>,
+) -> String {
+    if let Some(valid) = valid {
+        let last = b.op(
+            Op::Sub,
+            "last_position_index",
+            vec![("x", var(valid)), ("y", Arg::Int(1))],
+        );
+        return b.op(
+            Op::Gather,
+            "last_position",
+            vec![
+                ("x", var(x)),
+                ("indices", var(&last)),
+                ("axis", Arg::Int(1)),
+            ],
+        );
+    }
+    if opts.query_len == 1 {
+        return x.to_string();
+    }
+    let (q, c) = (opts.query_len as i64, hidden as i64);
+    b.op(
+        Op::SliceByIndex,
+        "last_position",
+        vec![
+            ("x", var(x)),
+            ("begin", ints(&[0, q - 1, 0])),
+            ("end", ints(&[1, q, c])),
+        ],
+    )
 }
 
 /// A hybrid step's new conv and DeltaNet states, stacked over the blocks: outputs, or stored
