@@ -167,7 +167,7 @@ fn gemma4_shared_blocks_stored_keys_and_values_are_left_unread() {
 }
 
 /// `inspect` and `budget` count the caches that exist; a conversion that would split Gemma 4
-/// into a chain is refused by name before any work.
+/// into a chain, or build it in the Neural Engine layout, is refused by name before any work.
 #[test]
 fn gemma4_is_inspected_and_its_chain_refused_by_name() {
     let dir = fixture("gemma4");
@@ -195,21 +195,30 @@ fn gemma4_is_inspected_and_its_chain_refused_by_name() {
         "{budget}"
     );
     let out = tempfile::tempdir().unwrap();
-    let o = Cli::new()
-        .arg("convert")
-        .arg(&dir)
-        .arg("-o")
-        .arg(out.path().join("g.mlpackage"))
-        .args(["--keep-fp16", "*", "--max-seq-len", "64"])
-        .args(["--max-package-size", "1300KB"])
-        .output();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("Gemma4ForCausalLM is built as one package only"),
-        "{err}"
-    );
-    assert!(!out.path().join("g.mlpackage").exists());
+    for (args, why) in [
+        (
+            ["--max-package-size", "1300KB"],
+            "Gemma4ForCausalLM is built as one package only",
+        ),
+        (
+            ["--layout", "ane"],
+            "Gemma4ForCausalLM is not built in --layout ane",
+        ),
+    ] {
+        let o = Cli::new()
+            .arg("convert")
+            .arg(&dir)
+            .arg("-o")
+            .arg(out.path().join("g.mlpackage"))
+            .args(["--keep-fp16", "*", "--max-seq-len", "64"])
+            .args(args)
+            .python()
+            .output();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(!out.path().join("g.mlpackage").exists());
+    }
 }
 
 /// fp16 packages of the three fixtures transformers wrote (full blocks whose heads fill two

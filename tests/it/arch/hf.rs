@@ -629,7 +629,7 @@ fn gemma3_unsupported_fields_exit_2() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("Gemma 3 is not built in --layout ane"),
+        err.contains("Gemma3ForCausalLM is not built in --layout ane"),
         "{err}"
     );
     assert!(!out.exists());

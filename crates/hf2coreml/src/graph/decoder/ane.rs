@@ -141,9 +141,10 @@ fn check(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
     // Gemma 3's (1 + w) and extra norms, scaled embedding, GeGLU and windowed layers are
     // built by the default layout only.
     if spec.gemma.is_some() {
-        return Err(GraphError::Unsupported(
-            "Gemma 3 is not built in --layout ane: use --layout default".into(),
-        ));
+        return Err(GraphError::Unsupported(format!(
+            "{} is not built in --layout ane: use --layout default",
+            spec.architecture
+        )));
     }
     if spec.rotary_dim() != spec.head_dim {
         return Err(GraphError::Unsupported(
