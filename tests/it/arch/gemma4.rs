@@ -366,7 +366,8 @@ fn gemma4_unsupported_fields_exit_2() {
 }
 
 /// The default recipe calibrates Gemma 4 through its per-layer inputs and shared caches: the
-/// multimodal checkpoint's package passes validate, and on `gemma4` (whose sharp softmax makes
+/// multimodal checkpoint's package passes validate (its report naming the towers left out),
+/// and on `gemma4` (whose sharp softmax makes
 /// it the most sensitive fixture: 6 bits fail its gates) the calibrated package is nearer the
 /// reference than the data-free one at the same bits.
 #[test]
@@ -377,6 +378,18 @@ fn gemma4_default_recipe_calibrates_through_per_layer_inputs_and_shared_caches()
         let out = tempfile::tempdir().unwrap();
         let pkg = out.path().join("d.mlpackage");
         convert(&dir, &pkg).args(["--max-seq-len", "64"]).ok();
+        // The conversion's report records the towers it left out.
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.path().join("d.report.json")).unwrap())
+                .unwrap();
+        let dropped: Vec<&str> = written["dropped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["prefix"].as_str().unwrap())
+            .collect();
+        assert_eq!(dropped, ["model.embed_vision.", "model.vision_tower."]);
+        assert!(written["dropped"][1]["parameters"].as_u64().unwrap() > 0);
         validate(&pkg, &dir, 64)
     };
     assert_eq!(code, Some(0), "{err}\n{report:#}");
