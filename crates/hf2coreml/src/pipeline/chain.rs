@@ -180,7 +180,7 @@ pub fn convert_chain(
         inputs: opts.inputs.clone(),
         source: std::path::absolute(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf()),
         chain: Some(chain),
-        dropped: super::summary::DroppedPart::of(ckpt),
+        dropped: super::inspect::DroppedPart::of(ckpt),
     };
     let report = &summary.outputs.report;
     dir.add_file(report, &report_bytes(&summary)?)

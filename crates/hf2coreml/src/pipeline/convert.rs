@@ -143,7 +143,7 @@ pub fn convert(
         inputs: opts.inputs.clone(),
         source: std::path::absolute(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf()),
         chain: None,
-        dropped: super::summary::DroppedPart::of(ckpt),
+        dropped: super::inspect::DroppedPart::of(ckpt),
     };
     let report = &summary.outputs.report;
     out.add_file(report, &report_bytes(&summary)?)

@@ -163,6 +163,22 @@ pub struct DroppedPart {
     pub bytes: u64,
 }
 
+impl DroppedPart {
+    /// The parts checkpoint `ckpt` leaves out, in prefix order.
+    pub fn of(ckpt: &Checkpoint) -> Vec<Self> {
+        ckpt.dropped()
+            .parts
+            .iter()
+            .map(|(prefix, tensors, parameters, bytes)| DroppedPart {
+                prefix: prefix.clone(),
+                tensors: *tensors,
+                parameters: *parameters,
+                bytes: *bytes,
+            })
+            .collect()
+    }
+}
+
 /// Bits per weight the recipe gives the projections (the palettized indices; tables aside),
 /// the smallest over all projections.
 pub fn recipe_projection_bits(slots: &[crate::arch::TensorSlot], recipe: &Recipe) -> Option<u8> {
@@ -305,16 +321,6 @@ pub fn summarize(ckpt: &Checkpoint, recipe: &Recipe) -> Summary {
     let stored = |name: &str| ckpt.tensor(name).map_or(0, |t| t.data.len() as u64);
     let mut s = build(ckpt.spec(), &ckpt.slots(), stored, source, recipe);
     s.text_of = ckpt.spec().text_of.clone();
-    s.dropped = ckpt
-        .dropped()
-        .parts
-        .iter()
-        .map(|(prefix, tensors, parameters, bytes)| DroppedPart {
-            prefix: prefix.clone(),
-            tensors: *tensors,
-            parameters: *parameters,
-            bytes: *bytes,
-        })
-        .collect();
+    s.dropped = DroppedPart::of(ckpt);
     s
 }

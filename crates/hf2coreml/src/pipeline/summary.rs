@@ -55,33 +55,7 @@ pub struct ConvertSummary {
     pub chain: Option<crate::mil::chain::ChainFile>,
     /// What a multimodal checkpoint holds beside its text decoder, left out unread.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub dropped: Vec<DroppedPart>,
-}
-
-/// One part of a multimodal checkpoint a conversion leaves out (a vision or audio tower, a
-/// projector): the tensors under one name prefix.
-#[derive(Debug, Clone, Serialize)]
-pub struct DroppedPart {
-    pub prefix: String,
-    pub tensors: usize,
-    pub parameters: u64,
-    pub bytes: u64,
-}
-
-impl DroppedPart {
-    /// The parts checkpoint `ckpt` leaves out, in prefix order.
-    pub fn of(ckpt: &crate::checkpoint::Checkpoint) -> Vec<Self> {
-        ckpt.dropped()
-            .parts
-            .iter()
-            .map(|(prefix, tensors, parameters, bytes)| DroppedPart {
-                prefix: prefix.clone(),
-                tensors: *tensors,
-                parameters: *parameters,
-                bytes: *bytes,
-            })
-            .collect()
-    }
+    pub dropped: Vec<super::inspect::DroppedPart>,
 }
 
 /// Everything a package is made from, and a fingerprint of it: `batch` skips an export whose
