@@ -308,11 +308,11 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         // beside the caches, and its gated attention (`attention::attention`).
         gated_delta: _,
         attention_output_gate: _,
-        // Gemma 4: per-layer inputs (`per_layer_inputs`, `per_layer_block`), KV sharing
+        // Gemma 4: per-layer inputs (`per_layer::inputs`, `per_layer::block`), KV sharing
         // (`Shared::produced`), full blocks' head shapes (`Shared::dims_of`, their cache
-        // slots `attention::cache_rows`), their proportional RoPE (`mask::Tables`), the value
-        // norm and k_eq_v (`attention::qkv`), `layer_scalar` (`block`), soft-capped logits
-        // (`logits::logits`); chains: `check_chain`.
+        // slots `attention::block_cache` and `slot_rows`), their proportional RoPE
+        // (`mask::Tables`), the value norm and k_eq_v (`attention::qkv`), `layer_scalar`
+        // (`block`), soft-capped logits (`logits::logits`); chains: `check_chain`.
         gemma4: _,
     } = spec;
     // The caches are stacked slots of one shape: every block's rows must fill whole slots.
