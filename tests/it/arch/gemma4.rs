@@ -167,7 +167,8 @@ fn gemma4_shared_blocks_stored_keys_and_values_are_left_unread() {
 }
 
 /// `inspect` and `budget` count the caches that exist; a conversion that would split Gemma 4
-/// into a chain, or build it in the Neural Engine layout, is refused by name before any work.
+/// into a chain, build it in the Neural Engine layout or calibrate its blocks one at a time
+/// (mixed precision) is refused by name before any work.
 #[test]
 fn gemma4_is_inspected_and_its_chain_refused_by_name() {
     let dir = fixture("gemma4");
@@ -203,6 +204,10 @@ fn gemma4_is_inspected_and_its_chain_refused_by_name() {
         (
             ["--layout", "ane"],
             "Gemma4ForCausalLM is not built in --layout ane",
+        ),
+        (
+            ["--target-bpw", "5"],
+            "`target_bpw (--target-bpw)` does not carry",
         ),
     ] {
         let o = Cli::new()

@@ -108,6 +108,29 @@ pub fn check_prefill(
 }
 
 /// A max_sequence_length within the model's trained context.
+/// Refuse the calibration a model's blocks cannot run: AWQ's search and the mixed-precision
+/// allocation run one block on its own, which a Gemma 4 block (its per-layer input, the keys
+/// and values it shares) is not.
+fn check_calibration(spec: &ModelSpec, recipe: &Recipe) -> Result<(), ConvertError> {
+    let Some(c) = recipe.calibration() else {
+        return Ok(());
+    };
+    let what = match (c.awq, c.target_bpw.is_some()) {
+        (true, _) => "awq",
+        (false, true) => "target_bpw (--target-bpw)",
+        (false, false) => return Ok(()),
+    };
+    match spec.gemma4 {
+        Some(_) => Err(crate::graph::GraphError::Unsupported(format!(
+            "{} is calibrated block by block with each block's per-layer input and shared \
+             keys and values, which the recipe's `{what}` does not carry: drop it",
+            spec.architecture
+        ))
+        .into()),
+        None => Ok(()),
+    }
+}
+
 pub fn check_context(spec: &ModelSpec, max_seq_len: usize) -> Result<(), ShapeError> {
     let context = spec.max_position_embeddings;
     if max_seq_len > context {
@@ -424,6 +447,7 @@ impl Job {
         crate::graph::decoder::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
         let p = &self.package;
         crate::graph::decoder::check_recurrent(spec, p.layout).map_err(ConvertError::from)?;
+        check_calibration(spec, &self.recipe)?;
         let predicted = self.recipe.weights_bytes(&ckpt.slots());
         self.check_split(ckpt)?;
         let budget = match &self.device {
