@@ -35,6 +35,7 @@ impl FixedModel {
             states: Vec::new(),
             functions: Vec::new(),
             recurrent: None,
+            per_layer: None,
             max_seq_len: S,
             query_len: 1,
             num_layers: L,

@@ -240,6 +240,14 @@ fn print_budget(
         b.weights_bytes,
         &format!("recipe: {}", recipe.origin()),
     );
+    if b.mapped_bytes > 0 {
+        row(
+            "per-layer table",
+            b.mapped_bytes,
+            "a file beside the package, memory-mapped: not in the total (a step reads its \
+             tokens' rows)",
+        );
+    }
     row(
         "kv cache",
         b.kv_cache_bytes,

@@ -21,7 +21,7 @@ pub struct Args {
     /// `import-gguf` does), or a Hub id (ORG/NAME[@REV]) in the local Hugging Face cache.
     pub dir: PathBuf,
     /// The package to write (must end in .mlpackage); X.tokenizer.json and X.report.json are
-    /// written beside it.
+    /// written beside it (and Gemma 4's per-layer table, X.per_layer.bin).
     #[arg(short, long)]
     pub output: PathBuf,
     /// The package's fixed max_sequence_length S (cache rows).
@@ -275,6 +275,13 @@ fn print_summary(summary: &ConvertSummary) {
         println!("      {}", side.display());
     }
     println!("      {}", o.report.display());
+    if let (Some(file), Some(t)) = (&o.per_layer, &summary.contract.per_layer) {
+        println!(
+            "      {} (the per-layer table, {}: the app memory-maps it beside the package)",
+            file.display(),
+            fmt_bytes(t.file_bytes())
+        );
+    }
     // A Core AI asset keeps its weights in each function's bytecode.
     let coreai = summary.contract.target.is_coreai();
     let (kind, weights) = if coreai {

@@ -150,6 +150,9 @@ fn print_asset(s: &AssetSummary) {
                     c["vocab_size"]
                 ))
             );
+            if let Some(line) = super::inspect_package::per_layer_line(&c, Path::new(&s.path)) {
+                println!("  per-layer    {}", esc(&line));
+            }
         } else if k == hf2coreml::mil::chain::PART_METADATA_KEY {
             // The part's description repeats the chain's contract: its place is enough here.
             let d: serde_json::Value = serde_json::from_str(v).unwrap_or_default();

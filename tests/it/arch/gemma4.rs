@@ -2,7 +2,8 @@
 //! config read as transformers reads it, the float reference against transformers' logits
 //! (per-layer inputs, KV sharing, full blocks of their own head size with proportional RoPE,
 //! past the window, soft-capped), the multimodal checkpoint as its text decoder, and its
-//! packages (every form of the contract but chains) against transformers and the reference.
+//! packages (every form of the contract, chains included, with the per-layer table beside
+//! them) against transformers and the reference.
 
 use hf2coreml::arch::{LayerKind, Role};
 use hf2coreml::checkpoint::Checkpoint;
@@ -170,7 +171,7 @@ fn gemma4_shared_blocks_stored_keys_and_values_are_left_unread() {
 /// into a chain, build it in the Neural Engine layout or calibrate its blocks one at a time
 /// (mixed precision) is refused by name before any work.
 #[test]
-fn gemma4_is_inspected_and_its_chain_refused_by_name() {
+fn gemma4_is_inspected_and_its_refusals_named() {
     let dir = fixture("gemma4");
     let text = stdout(&Cli::new().arg("inspect").arg(&dir).output());
     assert!(text.contains("Gemma4ForCausalLM"), "{text}");
@@ -198,10 +199,6 @@ fn gemma4_is_inspected_and_its_chain_refused_by_name() {
     let out = tempfile::tempdir().unwrap();
     for (args, why) in [
         (
-            ["--max-package-size", "1300KB"],
-            "Gemma4ForCausalLM is built as one package only",
-        ),
-        (
             ["--layout", "ane"],
             "Gemma4ForCausalLM is not built in --layout ane",
         ),
@@ -224,6 +221,27 @@ fn gemma4_is_inspected_and_its_chain_refused_by_name() {
         assert!(err.contains(why), "{err}");
         assert!(!out.path().join("g.mlpackage").exists());
     }
+    // The per-layer table is written beside the package as fp16: a recipe that palettizes it
+    // is refused, not ignored.
+    let recipe = out.path().join("table.toml");
+    std::fs::write(
+        &recipe,
+        "default = \"fp16\"\n[roles]\nper_layer_embedding = { palettize = { nbits = 4 } }\n",
+    )
+    .unwrap();
+    let o = Cli::new()
+        .arg("convert")
+        .arg(&dir)
+        .arg("-o")
+        .arg(out.path().join("g.mlpackage"))
+        .arg("--recipe")
+        .arg(&recipe)
+        .args(["--max-seq-len", "64"])
+        .python()
+        .output();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("role `per_layer_embedding`"), "{err}");
 }
 
 /// fp16 packages of the three fixtures transformers wrote (full blocks whose heads fill two
@@ -332,6 +350,171 @@ fn gemma4_states_functions_and_assets_validate() {
         assert_eq!(code, Some(0), "{name}: {err}\n{report:#}");
         assert!(kl < 2e-3, "{name}: {report:#}");
     }
+}
+
+/// The per-layer table lives beside the package, not in it: `X.per_layer.bin` holds the
+/// checkpoint's table as fp16 rows, the contract its shape and hash, `budget` counts it as
+/// mapped; `run` refuses a package whose table is missing or cut short (exit 2, naming the
+/// file), and `validate` fails one whose table was changed.
+#[test]
+fn gemma4_per_layer_table_lives_beside_the_package() {
+    needs!(Python);
+    let dir = fixture("gemma4");
+    let out = tempfile::tempdir().unwrap();
+    let pkg = out.path().join("t.mlpackage");
+    convert(&dir, &pkg)
+        .args(["--max-seq-len", "64", "--keep-fp16", "*"])
+        .ok();
+    let table = out.path().join("t.per_layer.bin");
+    let bytes = std::fs::read(&table).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let name = "model.embed_tokens_per_layer.weight";
+    let want: Vec<u8> = ckpt
+        .tensor(name)
+        .unwrap()
+        .to_f16()
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    assert!(
+        bytes == want,
+        "the table file is the checkpoint's table in fp16"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("t.report.json")).unwrap()).unwrap();
+    let t = &report["contract"]["per_layer"];
+    let g = ckpt.spec().gemma4.clone().unwrap();
+    assert_eq!(t["rows"], g.per_layer_vocab);
+    assert_eq!(t["layers"], ckpt.spec().num_hidden_layers);
+    assert_eq!(t["width"], g.per_layer_input);
+    assert_eq!(t["sha256"], hf2coreml::util::sha256_hex(&bytes));
+    let stored: Vec<&str> = report["palettize"]["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert!(!stored.is_empty() && !stored.contains(&name), "{stored:?}");
+    let budget = Cli::new()
+        .arg("budget")
+        .arg(&dir)
+        .args(["--max-seq-len", "64", "--device", "iphone-15", "--json"])
+        .output();
+    let budget: serde_json::Value = serde_json::from_slice(&budget.stdout).unwrap();
+    assert_eq!(budget["mapped_bytes"], bytes.len());
+
+    let run = || {
+        Cli::new()
+            .arg("run")
+            .arg(&pkg)
+            .args(["--prompt-ids", "1,2,3", "--max-new-tokens", "2"])
+            .output()
+    };
+    assert_eq!(run().status.code(), Some(0));
+    std::fs::write(&table, &bytes[..bytes.len() - 2]).unwrap();
+    let o = run();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("t.per_layer.bin") && err.contains("bytes"),
+        "{err}"
+    );
+    std::fs::remove_file(&table).unwrap();
+    let o = run();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("t.per_layer.bin"), "{err}");
+
+    let mut changed = bytes.clone();
+    changed[7] ^= 0x10;
+    std::fs::write(&table, &changed).unwrap();
+    let (code, report, err) = validate(&pkg, &dir, 64);
+    assert_eq!(code, Some(1), "{err}");
+    let failed: Vec<&str> = report["contract"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["ok"] == false)
+        .map(|i| i["what"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        failed,
+        ["per-layer table `t.per_layer.bin` sha256"],
+        "{report:#}"
+    );
+}
+
+/// A chain of Gemma 4 computes what one package computes, bit for bit: the first part hands
+/// the per-layer inputs on, a shared block is in its producer's part, and the cache slots of
+/// each part are its blocks'; the chain's per-layer table is beside it and validate checks it.
+/// A chain of Core AI assets validates on Apple's runtime.
+#[test]
+fn gemma4_chain_computes_what_one_package_computes() {
+    needs!(Python);
+    use hf2coreml::runtime::chain::Saved;
+    use hf2coreml::runtime::generate::Generator;
+    let dir = fixture("gemma4");
+    let want = expected(&dir);
+    let out = tempfile::tempdir().unwrap();
+    let (one, chain) = (
+        out.path().join("one.mlpackage"),
+        out.path().join("chain.mlpackage"),
+    );
+    for (pkg, args) in [
+        (&one, &[][..]),
+        (&chain, &["--max-package-size", "1450KB"][..]),
+    ] {
+        convert(&dir, pkg)
+            .args(["--max-seq-len", "64", "--keep-fp16", "*"])
+            .args(args)
+            .ok();
+    }
+    let file = hf2coreml::mil::chain::ChainFile::read(&chain).unwrap();
+    let parts: Vec<_> = file
+        .parts
+        .iter()
+        .map(|p| (p.layers.clone(), p.slots.clone()))
+        .collect();
+    eprintln!("gemma4 chain: {parts:?}");
+    assert!(parts.len() > 1, "{parts:?}");
+    // Blocks 4 and 5 read blocks 3 and 2: one part holds blocks 2 to 5.
+    assert!(file
+        .parts
+        .iter()
+        .any(|p| p.layers.start <= 2 && p.layers.end >= 6));
+    assert!(out.path().join("chain.per_layer.bin").is_file());
+    let logits = |path: &std::path::Path| {
+        let saved = Saved::load(path, Default::default()).unwrap();
+        prompt_logits(&mut Generator::new(saved).unwrap(), &want.tokens, false).0
+    };
+    let (a, b) = (logits(&one), logits(&chain));
+    assert!(
+        a == b,
+        "the chain's logits differ: max |Δ| {}",
+        max_diff(&a, &b)
+    );
+    let (code, report, err) = validate(&chain, &dir, 64);
+    assert_eq!(code, Some(0), "{err}\n{report:#}");
+    // The same chain of Core AI assets on Apple's runtime.
+    let assets = out.path().join("assets.aimodel");
+    convert(&dir, &assets)
+        .args([
+            "--max-seq-len",
+            "64",
+            "--keep-fp16",
+            "*",
+            "--target",
+            "coreai",
+        ])
+        .args(["--max-package-size", "1450KB"])
+        .ok();
+    assert!(hf2coreml::mil::chain::is_chain(&assets));
+    let (code, report, err) = validate(&assets, &dir, 64);
+    assert_eq!(code, Some(0), "{err}\n{report:#}");
+    assert!(
+        report["behaviour"]["kl_mean"].as_f64().unwrap() < 2e-3,
+        "{report:#}"
+    );
 }
 
 /// Settings transformers would compute differently from the dense causal text decoder are

@@ -112,8 +112,8 @@ impl Fp16Packages<'_> {
 
 /// Every prompt position's logits: `tokens` from the start, or with `extend` only those past
 /// what the generator holds (with how many it ran).
-pub(super) fn prompt_logits(
-    g: &mut hf2coreml::runtime::generate::Generator<hf2coreml::runtime::interp::Package>,
+pub(super) fn prompt_logits<M: hf2coreml::runtime::StepModel>(
+    g: &mut hf2coreml::runtime::generate::Generator<M>,
     tokens: &[u32],
     extend: bool,
 ) -> (Vec<Vec<f32>>, usize) {

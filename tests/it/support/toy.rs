@@ -42,6 +42,7 @@ pub fn contract(s: usize, q: usize, v: usize, eos: Vec<u32>) -> Contract {
         tool_version: "0".into(),
         functions: Vec::new(),
         recurrent: None,
+        per_layer: None,
     }
 }
 

@@ -693,6 +693,15 @@ pub fn expected_tensors(spec: &ModelSpec) -> Vec<TensorSlot> {
     tensor_ids(spec).into_iter().map(|t| t.slot(spec)).collect()
 }
 
+/// The tensors a package stores, in model order: every one of [`expected_tensors`] but Gemma
+/// 4's per-layer table, which is a file beside the package (docs/contract.md, "The per-layer
+/// table").
+pub fn package_tensors(spec: &ModelSpec) -> Vec<TensorSlot> {
+    let mut slots = expected_tensors(spec);
+    slots.retain(|s| s.role != Role::PerLayerEmbedding);
+    slots
+}
+
 /// A stored tensor holding several block tensors stacked along its rows (Phi-3's `qkv_proj`
 /// and `gate_up_proj`): part `i` is rows `sum(rows[..i]) .. sum(rows[..=i])`, so each part is a
 /// contiguous byte range of the stored tensor and is palettized on its own, as if stored apart.

@@ -405,6 +405,14 @@ impl ModelSpec {
         self.gemma4.as_ref().map_or(0, |g| g.per_layer_input)
     }
 
+    /// Bytes of the per-layer table's file beside the package (fp16 rows of L·P values, one
+    /// per token of the per-layer vocabulary); 0 when the model has none.
+    pub fn per_layer_table_bytes(&self) -> u64 {
+        self.gemma4.as_ref().map_or(0, |g| {
+            g.per_layer_vocab as u64 * self.num_hidden_layers as u64 * g.per_layer_input as u64 * 2
+        })
+    }
+
     /// Block `l`'s MLP width (Gemma 4's KV-sharing blocks may be twice as wide).
     pub fn intermediate(&self, l: usize) -> usize {
         match &self.gemma4 {

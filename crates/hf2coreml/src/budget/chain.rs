@@ -38,6 +38,16 @@ pub struct ModelBytes {
     pub tied: bool,
     /// Bytes every part carries besides its weights ([`part_overhead_bytes`]).
     pub per_part: u64,
+    /// Per unit, whether it must be in the part of the unit before it: Gemma 4's first block
+    /// with the embedding (the per-layer inputs are computed there), and every block from a
+    /// shared block's producer to the shared block (it reads the producer's keys and values
+    /// of the same step).
+    #[serde(skip_serializing_if = "glued_nowhere")]
+    pub glued: Vec<bool>,
+}
+
+fn glued_nowhere(glued: &[bool]) -> bool {
+    !glued.contains(&true)
 }
 
 impl ModelBytes {
@@ -49,12 +59,26 @@ impl ModelBytes {
         per_part: u64,
         bytes: impl Fn(&TensorSlot) -> u64,
     ) -> Self {
+        let layers = spec.num_hidden_layers;
+        // Block l is unit l + 1.
+        let mut glued = vec![false; layers + 2];
+        if spec.per_layer_input() > 0 && layers > 0 {
+            glued[1] = true;
+        }
+        for l in 0..layers {
+            if let Some(p) = spec.layer(l).attention().and_then(|a| a.kv_from) {
+                for g in glued.iter_mut().take(l + 2).skip(p + 2) {
+                    *g = true;
+                }
+            }
+        }
         let mut m = ModelBytes {
             embedding: 0,
-            blocks: vec![0; spec.num_hidden_layers],
+            blocks: vec![0; layers],
             head: 0,
             tied: spec.tie_word_embeddings,
             per_part,
+            glued,
         };
         for s in slots {
             let b = bytes(s);
@@ -134,29 +158,37 @@ pub fn plan(m: &ModelBytes, limit: u64) -> Result<ChainPlan, ChainError> {
             parts: vec![part(m, &units, 0..n)],
         });
     }
-    for i in 0..n {
-        let need = part(m, &units, i..i + 1).bytes;
+    let groups = groups(m, n);
+    for g in &groups {
+        let need = part(m, &units, g.clone()).bytes;
         if need > limit {
-            return Err(ChainError::UnitTooLarge {
-                unit: unit_name(i, n),
-                need,
-                limit,
-            });
+            let unit = match g.len() {
+                1 => unit_name(g.start, n),
+                _ => format!(
+                    "{} to {}, which stay in one part (Gemma 4 computes the per-layer inputs \
+                     with the first block and runs a block that shares with its producer),",
+                    unit_name(g.start, n),
+                    unit_name(g.end - 1, n),
+                ),
+            };
+            return Err(ChainError::UnitTooLarge { unit, need, limit });
         }
     }
-    let fewest = greedy(m, &units, limit).len();
+    let fewest = greedy(m, &units, &groups, limit).len();
     // The smallest bound on the largest part that still needs no more parts than `fewest`.
     let (mut lo, mut hi) = (0u64, limit);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        let fits = (0..n).all(|i| part(m, &units, i..i + 1).bytes <= mid);
-        if fits && greedy(m, &units, mid).len() <= fewest {
+        let fits = groups
+            .iter()
+            .all(|g| part(m, &units, g.clone()).bytes <= mid);
+        if fits && greedy(m, &units, &groups, mid).len() <= fewest {
             hi = mid;
         } else {
             lo = mid + 1;
         }
     }
-    let parts = greedy(m, &units, hi)
+    let parts = greedy(m, &units, &groups, hi)
         .into_iter()
         .map(|r| part(m, &units, r))
         .collect();
@@ -189,15 +221,27 @@ fn part(m: &ModelBytes, units: &[u64], r: Range<usize>) -> PartPlan {
     }
 }
 
-/// Consecutive runs of units, each as long as it can be under `bound` (every single unit is
-/// under it). Greedy filling gives the fewest parts for a bound.
-fn greedy(m: &ModelBytes, units: &[u64], bound: u64) -> Vec<Range<usize>> {
+/// The units in runs that are never cut (a unit glued to the one before joins its run).
+fn groups(m: &ModelBytes, n: usize) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for i in 0..n {
+        match out.last_mut() {
+            Some(g) if m.glued.get(i).copied().unwrap_or(false) => g.end = i + 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
+/// Consecutive runs of `groups`, each as long as it can be under `bound` (every single group
+/// is under it). Greedy filling gives the fewest parts for a bound.
+fn greedy(m: &ModelBytes, units: &[u64], groups: &[Range<usize>], bound: u64) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
-    for i in 1..units.len() {
-        if part(m, units, start..i + 1).bytes > bound {
-            out.push(start..i);
-            start = i;
+    for g in groups.iter().skip(1) {
+        if part(m, units, start..g.end).bytes > bound {
+            out.push(start..g.start);
+            start = g.start;
         }
     }
     out.push(start..units.len());
@@ -215,6 +259,7 @@ mod tests {
             head,
             tied,
             per_part: 10,
+            glued: Vec::new(),
         }
     }
 
@@ -272,6 +317,31 @@ mod tests {
         assert_eq!(p.parts.first().unwrap().layers, 0..0);
         assert_eq!(p.parts.last().unwrap().layers, 4..4);
         assert_eq!(p.parts.len(), 3);
+    }
+
+    #[test]
+    fn glued_units_stay_in_one_part() {
+        // Blocks 2..=5 read one another (units 3..=6), block 0 stays with the embedding.
+        let mut m = model(20, &[100; 8], 20, false);
+        m.glued = vec![false; 10];
+        for u in [1, 4, 5, 6] {
+            m.glued[u] = true;
+        }
+        let free = plan(&model(20, &[100; 8], 20, false), 330).unwrap();
+        assert!(free
+            .parts
+            .iter()
+            .any(|p| p.layers.start > 2 && p.layers.start <= 5));
+        let p = plan(&m, 430).unwrap();
+        check_cover(&m, &p);
+        for x in &p.parts {
+            assert!(!(3..=5).contains(&x.layers.start), "{p:?}");
+            assert!(x.layers.start != 0 || x.layers.end > 0 || !x.embedding);
+        }
+        assert!(p.parts[0].layers.end >= 1);
+        // A glued run larger than the limit is named.
+        let err = plan(&m, 330).unwrap_err().to_string();
+        assert!(err.contains("decoder block 2 to decoder block 5"), "{err}");
     }
 
     #[test]
@@ -357,7 +427,7 @@ mod tests {
                     let fewest = if m.whole() <= limit {
                         1
                     } else {
-                        greedy(&m, &units, limit).len()
+                        greedy(&m, &units, &groups(&m, units.len()), limit).len()
                     };
                     assert_eq!(p.parts.len(), fewest);
                 }

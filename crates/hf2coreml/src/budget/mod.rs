@@ -335,6 +335,11 @@ pub struct Budget {
     pub max_seq_len: usize,
     pub query_len: usize,
     pub weights_bytes: u64,
+    /// Gemma 4's per-layer table: a file the app memory-maps beside the package. Clean
+    /// file-backed pages are not part of an app's memory footprint, so it is not in
+    /// `total_bytes`; the rows a step reads are in the working set.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub mapped_bytes: u64,
     pub kv_cache_bytes: u64,
     pub working_set_bytes: u64,
     pub runtime_overhead_bytes: u64,
@@ -349,6 +354,10 @@ pub struct Budget {
     /// at the longest context a package of the model computes ([`ModelSpec::package_context`]).
     pub max_seq_len_that_fits: usize,
     pub headroom_bytes: i64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Largest S the bisection considers.
@@ -379,7 +388,10 @@ pub fn working_set_bytes(spec: &ModelSpec, max_seq_len: usize, query_len: usize)
     let layer_kv =
         2 * spec.num_attention_heads as u64 * (s + q) * spec.head_dim as u64 * FP16_BYTES;
     let hidden = q * (4 * spec.hidden_size as u64 + 3 * spec.intermediate_size as u64) * FP16_BYTES;
-    logits + updates + scores + layer_kv + hidden
+    // Gemma 4: the per-layer table's rows of the step's tokens, gathered by the host.
+    let per_layer_rows =
+        q * spec.num_hidden_layers as u64 * spec.per_layer_input() as u64 * FP16_BYTES;
+    logits + updates + scores + layer_kv + hidden + per_layer_rows
 }
 
 /// Compute the budget of a plan.
@@ -425,6 +437,7 @@ pub fn compute(
         max_seq_len,
         query_len,
         weights_bytes,
+        mapped_bytes: spec.per_layer_table_bytes(),
         kv_cache_bytes: kv_cache_bytes(spec, max_seq_len),
         working_set_bytes: working_set_bytes(spec, max_seq_len, query_len),
         runtime_overhead_bytes: limit.runtime_overhead_bytes,

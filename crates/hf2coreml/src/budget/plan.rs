@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{compute, BudgetError, Limit};
-use crate::arch::{expected_tensors, ModelSpec, TensorSlot};
+use crate::arch::{package_tensors, ModelSpec, TensorSlot};
 use crate::checkpoint::gguf::{self, header::HeaderInfo};
 use crate::checkpoint::{has_weight_files, Checkpoint};
 use crate::quant::recipe::{RecipeFile, BUILTIN_RECIPES};
@@ -37,7 +37,7 @@ impl PlanInput {
     /// A plan from a spec alone (what a config.json describes).
     pub fn from_spec(spec: ModelSpec) -> Self {
         PlanInput {
-            slots: expected_tensors(&spec),
+            slots: package_tensors(&spec),
             spec,
             source: PlanSource::Config,
         }
@@ -58,7 +58,7 @@ impl PlanInput {
                 source,
             })?;
             return Ok(PlanInput {
-                slots: expected_tensors(&info.spec),
+                slots: package_tensors(&info.spec),
                 spec: info.spec.clone(),
                 source: PlanSource::Gguf(Box::new(info)),
             });
@@ -86,7 +86,7 @@ impl PlanInput {
         let ckpt = Checkpoint::open(path).map_err(checkpoint_err)?;
         Ok(PlanInput {
             spec: ckpt.spec().clone(),
-            slots: ckpt.slots(),
+            slots: ckpt.package_slots(),
             source: PlanSource::Checkpoint,
         })
     }

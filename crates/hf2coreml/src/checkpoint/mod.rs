@@ -788,6 +788,12 @@ impl Checkpoint {
         arch::expected_tensors(&self.spec)
     }
 
+    /// The tensors a package stores, in model order: all but Gemma 4's per-layer table, which
+    /// is written beside the package (docs/contract.md, "The per-layer table").
+    pub fn package_slots(&self) -> Vec<TensorSlot> {
+        arch::package_tensors(&self.spec)
+    }
+
     /// Names of every tensor stored (including any the architecture does not use).
     pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(|s| s.as_str())

@@ -284,7 +284,11 @@ mod signals {
                             break;
                         }
                         for d in dirs {
-                            let _ = std::fs::remove_dir_all(&d);
+                            // A partial file (a staged sidecar) or a directory.
+                            let _ = match d.symlink_metadata() {
+                                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&d),
+                                _ => std::fs::remove_file(&d),
+                            };
                         }
                         std::thread::sleep(std::time::Duration::from_millis(5));
                     }

@@ -40,13 +40,20 @@ pub fn check_file_output(dest: &Path) -> std::io::Result<()> {
     }
 }
 
-/// A temp file in `dest`'s directory, named after it, with an output's permissions.
+/// A temp file in `dest`'s directory, named after it and this process
+/// (`.NAME.PID.*.partial`), with an output's permissions: removed on interruption as a
+/// partial directory is (a sidecar may be gigabytes, written for minutes), and what a killed
+/// run left is removed first.
 pub(super) fn temp_file_beside(dest: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    let parent = parent_dir(dest);
+    remove_stale_partials(parent, &file_name(dest));
+    let prefix = format!(".{}.{}.", file_name(dest), std::process::id());
+    register_partials(parent, &prefix);
     tempfile::Builder::new()
-        .prefix(&format!(".{}.", file_name(dest)))
-        .suffix(".tmp")
+        .prefix(&prefix)
+        .suffix(".partial")
         .permissions(output_permissions(0o666))
-        .tempfile_in(parent_dir(dest))
+        .tempfile_in(parent)
 }
 
 /// How a file output reaches `dest`.

@@ -32,6 +32,16 @@ impl Staged {
     /// Stage `bytes` for the file `dest`, placed at commit. An existing `dest` is refused
     /// without `force`, and with it unless it is a regular file.
     pub fn add_file(&mut self, dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        self.add_file_with(dest, |w| w.write_all(bytes))
+    }
+
+    /// Stage the file `dest` as `write` writes it (streamed: a file larger than memory), as
+    /// [`Staged::add_file`] stages bytes.
+    pub fn add_file_with(
+        &mut self,
+        dest: &Path,
+        write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         if !self.force && dest.symlink_metadata().is_ok() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
@@ -43,7 +53,11 @@ impl Staged {
         }
         check_replaceable(dest, false)?;
         let mut tmp = temp_file_beside(dest)?;
-        std::io::Write::write_all(&mut tmp, bytes)?;
+        {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
+            write(&mut w)?;
+            std::io::Write::flush(&mut w)?;
+        }
         tmp.as_file().sync_all()?;
         self.files.push((tmp, dest.to_path_buf()));
         Ok(())

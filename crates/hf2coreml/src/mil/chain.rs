@@ -24,6 +24,12 @@ pub const CHAIN_FILE: &str = "chain.json";
 pub const HIDDEN_IN: &str = "hidden_in";
 pub const HIDDEN_OUT: &str = "hidden_out";
 
+/// Gemma 4's per-layer inputs of every block, [1, Q, L·P] in the compute precision: the first
+/// part computes them from the tokens (and the per-layer table's rows) and returns them as
+/// `per_layer_out`; every later part with blocks takes them as `per_layer_in`.
+pub const PER_LAYER_IN: &str = "per_layer_in";
+pub const PER_LAYER_OUT: &str = "per_layer_out";
+
 /// The metadata key of a part's description (a part has no `hf2coreml.contract`: it is not a
 /// model on its own).
 pub const PART_METADATA_KEY: &str = "hf2coreml.chain_part";
@@ -54,6 +60,11 @@ pub struct ChainPart {
     pub path: String,
     /// The decoder blocks it runs; its caches hold these layers only.
     pub layers: Range<usize>,
+    /// The cache slots its blocks keep rows in, when they are not its blocks one to one
+    /// (Gemma 4: a full block fills several slots, a block that shares none); absent: `layers`
+    /// (or a hybrid model's attention blocks among them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<Range<usize>>,
     /// It takes `input_ids` (else `hidden`).
     pub embedding: bool,
     /// It returns the logits (else `hidden`).
@@ -111,11 +122,17 @@ impl ChainPart {
         self.path.ends_with(".aimodel")
     }
 
-    /// The inputs and outputs of a part running `layers`, first and/or last as said.
+    /// The cache slots its blocks keep rows in ([`ChainPart::slots`], else its layers).
+    pub fn cache_slots(&self) -> Range<usize> {
+        self.slots.clone().unwrap_or_else(|| self.layers.clone())
+    }
+
+    /// The inputs and outputs of a part running `layers` whose rows are in cache `slots`
+    /// (of a model without a recurrent state), first and/or last as said.
     pub fn io(
         c: &Contract,
         hidden_size: usize,
-        layers: &Range<usize>,
+        (layers, slots): (&Range<usize>, &Range<usize>),
         embedding: bool,
         head: bool,
         float: &str,
@@ -127,7 +144,7 @@ impl ChainPart {
                 let (a, v) = r.slots(layers);
                 (a.len(), v.len())
             }
-            None => (layers.len(), 0),
+            None => (slots.len(), 0),
         };
         let (mut all_in, mut all_out) = Contract::io(
             c.max_seq_len,
@@ -185,6 +202,23 @@ impl ChainPart {
         // `input_ids` comes first in a first part, as in one package.
         if embedding {
             inputs.sort_by_key(|i| i.name != contract::INPUT_IDS);
+        }
+        // Gemma 4: the first part takes the per-layer table's rows and hands the per-layer
+        // inputs it computes to the later parts.
+        if let Some(t) = &c.per_layer {
+            let per_layer = |name: &str| IoSpec {
+                name: name.to_string(),
+                dtype: float.to_string(),
+                shape: vec![1, c.query_len, t.row_len()],
+            };
+            if embedding {
+                t.add_input(c.query_len, float, &mut inputs);
+                if !head && has_layers {
+                    outputs.insert(1, per_layer(PER_LAYER_OUT));
+                }
+            } else if has_layers {
+                inputs.insert(1, per_layer(PER_LAYER_IN));
+            }
         }
         (inputs, outputs)
     }
@@ -288,6 +322,15 @@ impl ChainFile {
             return Err("no parts".into());
         }
         let mut next = 0;
+        let mut next_slot = 0;
+        let with_slots = self.parts.iter().filter(|p| p.slots.is_some()).count();
+        if with_slots != 0 && (with_slots != n || self.contract.recurrent.is_some()) {
+            return Err(
+                "cache slots are given for some parts only, or beside a recurrent \
+                        state"
+                    .into(),
+            );
+        }
         for (i, p) in self.parts.iter().enumerate() {
             if p.embedding != (i == 0) || p.head != (i + 1 == n) {
                 return Err(format!(
@@ -301,6 +344,14 @@ impl ChainFile {
                 ));
             }
             next = p.layers.end;
+            if let Some(s) = &p.slots {
+                if s.start != next_slot || s.end < s.start {
+                    return Err(format!(
+                        "part {i}: cache slots {s:?} do not follow slot {next_slot}"
+                    ));
+                }
+                next_slot = s.end;
+            }
             if p.is_asset() != self.contract.target.is_coreai() {
                 return Err(format!(
                     "part {i}: `{}` for target `{}` (Core AI parts are `.aimodel` assets, \
@@ -328,10 +379,28 @@ impl ChainFile {
         if let Some(r) = &self.contract.recurrent {
             r.check(self.contract.num_layers)?;
         }
-        if next != self.contract.blocks() {
+        // With cache slots given, L counts slots, not blocks: the slots are checked instead.
+        if with_slots == 0 && next != self.contract.blocks() {
             return Err(format!(
                 "the parts run {next} layers, the model has {}",
                 self.contract.blocks()
+            ));
+        }
+        if let Some(t) = self
+            .contract
+            .per_layer
+            .as_ref()
+            .filter(|t| t.layers != next)
+        {
+            return Err(format!(
+                "the parts run {next} layers, the per-layer table has {}",
+                t.layers
+            ));
+        }
+        if with_slots == n && next_slot != self.contract.num_layers {
+            return Err(format!(
+                "the parts keep {next_slot} cache slots, the caches have {}",
+                self.contract.num_layers
             ));
         }
         Ok(())

@@ -252,6 +252,85 @@ pub const CONV_STATE_UPDATE: &str = "conv_state_update";
 pub const DELTA_STATE: &str = "delta_state";
 /// The same states after the step's real tokens.
 pub const DELTA_STATE_UPDATE: &str = "delta_state_update";
+/// Gemma 4: the per-layer table's rows of the step's tokens, [1, Q, L·P], which the host
+/// gathers from the table file beside the package ([`PerLayerTable`]).
+pub const PER_LAYER_ROWS: &str = "per_layer_rows";
+
+/// The per-layer table's file beside package `X.mlpackage` (or `X.aimodel`):
+/// `X.per_layer.bin`, named after the package as its other sidecar files are.
+pub fn per_layer_file(package: &std::path::Path) -> std::path::PathBuf {
+    let stem = package
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    package.with_file_name(format!("{stem}.{PER_LAYER_FILE_SUFFIX}"))
+}
+
+/// What [`per_layer_file`] appends to the package's stem.
+pub const PER_LAYER_FILE_SUFFIX: &str = "per_layer.bin";
+
+/// Gemma 4's per-layer embedding table, kept out of the package (docs/contract.md, "The
+/// per-layer table"): a file beside it ([`per_layer_file`]) of `rows` rows of
+/// `layers · width` little-endian fp16 values, row t holding token t's per-layer input of
+/// every block (block l at `l · width`). The host reads the rows of a step's tokens and passes
+/// them as [`PER_LAYER_ROWS`]; the file is memory-mapped, so only the rows of tokens seen are
+/// read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerLayerTable {
+    /// `fp16`: how each value is stored.
+    pub dtype: String,
+    /// Rows: the per-layer vocabulary (token ids at or past it have no row).
+    pub rows: usize,
+    /// L: the blocks, each taking `width` values of a row.
+    pub layers: usize,
+    /// P: each block's share of a row.
+    pub width: usize,
+    /// sha256 of the file, hex.
+    pub sha256: String,
+}
+
+impl PerLayerTable {
+    /// The values of one row, L·P.
+    pub fn row_len(&self) -> usize {
+        self.layers.saturating_mul(self.width)
+    }
+
+    /// The file's size as the contract declares it (saturating: a foreign contract's numbers
+    /// may be past any file).
+    pub fn file_bytes(&self) -> u64 {
+        (self.rows as u64)
+            .saturating_mul(self.row_len() as u64)
+            .saturating_mul(2)
+    }
+
+    /// Whether the declared table is one this runner reads: fp16, rows of non-zero width.
+    pub fn check(&self) -> Result<(), String> {
+        if self.dtype != "fp16" {
+            return Err(format!(
+                "per_layer: dtype `{}`; the table is stored as fp16",
+                self.dtype
+            ));
+        }
+        if self.rows == 0 || self.row_len() == 0 {
+            return Err("per_layer: a table without rows or of width zero".into());
+        }
+        Ok(())
+    }
+
+    /// Add its input at Q tokens, [`PER_LAYER_ROWS`] [1, Q, L·P], right after `input_ids`.
+    pub fn add_input(&self, q: usize, float: &str, inputs: &mut Vec<IoSpec>) {
+        let at = inputs
+            .iter()
+            .position(|i| i.name == INPUT_IDS)
+            .map_or(0, |i| i + 1);
+        let spec = IoSpec {
+            name: PER_LAYER_ROWS.into(),
+            dtype: float.into(),
+            shape: vec![1, q, self.row_len()],
+        };
+        inputs.insert(at, spec);
+    }
+}
 
 /// The state a hybrid model's blocks carry beside the attention blocks' KV rows
 /// (docs/contract.md, "Hybrid packages"). `num_layers` then counts the attention blocks only:
@@ -550,6 +629,9 @@ pub struct Contract {
     /// A hybrid model's recurrent state beside the caches (absent: every block attends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent: Option<Recurrent>,
+    /// Gemma 4's per-layer table, in a file beside the package (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_layer: Option<PerLayerTable>,
 }
 
 /// The function of a multifunction package that processes the prompt, Q tokens a call.
@@ -676,10 +758,14 @@ impl Contract {
             let states = (self.kv_cache == KvCache::State).then_some(&mut st);
             r.add_io(q, float, (&mut i, &mut o), states);
         }
+        if let Some(t) = &self.per_layer {
+            t.add_input(q, float, &mut i);
+        }
         (i, o, st)
     }
 
-    /// Decoder blocks in all: the attention blocks, and a hybrid model's others.
+    /// Decoder blocks in all: the attention blocks, and a hybrid model's others (where
+    /// blocks and cache slots are one to one, or the recurrent state lists them).
     pub fn blocks(&self) -> usize {
         self.recurrent
             .as_ref()

@@ -11,7 +11,8 @@ use super::contract::contract_for;
 use super::error::{io_err, ConvertError};
 use super::options::ConvertOptions;
 use super::package_files::{
-    asset_hashes, asset_weight_bytes, package_hashes, stage_sidecars, weight_bin, Outputs,
+    asset_hashes, asset_weight_bytes, package_hashes, stage_per_layer_table, stage_sidecars,
+    weight_bin, Outputs,
 };
 use super::ranges::scaling_for;
 use super::summary::{report_bytes, ConvertSummary, StageTimes};
@@ -35,7 +36,7 @@ pub fn plan(
 ) -> Result<ChainPlan, ConvertError> {
     let spec = ckpt.spec();
     let per_part = planner::part_overhead_bytes(spec, opts.max_seq_len);
-    let bytes = ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| weights.bytes(s));
+    let bytes = ModelBytes::measure(spec, &ckpt.package_slots(), per_part, |s| weights.bytes(s));
     planner::plan(&bytes, limit).map_err(|source| ConvertError::Chain {
         path: opts.output.clone(),
         source,
@@ -96,14 +97,17 @@ pub fn convert_chain(
     let mut outputs = Outputs::for_package(&opts.output)?;
     let spec = ckpt.spec().clone();
     let scaling = scaling_for(opts.precision, opts.ranges.as_ref());
-    let contract = contract_for(ckpt, opts, &scaling, job.recipe, opts.source_hashes(ckpt)?)?;
+    let sources = (job.recipe, opts.source_hashes(ckpt)?);
+    let mut dir = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
+    // Gemma 4's per-layer table, beside the chain as beside one package.
+    let per_layer = stage_per_layer_table(ckpt, &mut outputs, &mut dir)?;
+    let contract = contract_for(ckpt, opts, &scaling, sources, per_layer)?;
     let model_name = ckpt
         .dir()
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
     let step = opts.step_options(&scaling);
-    let mut dir = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let n = job.plan.parts.len();
     let mut parts = Vec::with_capacity(n);
     let mut predicted = 0;
@@ -111,7 +115,7 @@ pub fn convert_chain(
     // One step per palettized tensor and one per part serialized.
     let tensors = weights.report().totals.palettized_tensors as u64;
     progress.begin("convert", tensors + n as u64);
-    let names = part_names(&spec, &ckpt.slots(), &job.plan);
+    let names = part_names(&spec, &ckpt.package_slots(), &job.plan);
     for (i, (pp, names)) in job.plan.parts.iter().zip(names).enumerate() {
         progress.working_on(&format!("part {}/{n}: reading and palettizing", i + 1));
         let w = weights.take(&names)?;
@@ -126,7 +130,7 @@ pub fn convert_chain(
         predicted += graph.const_bytes();
         times.build += t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let mut part = describe(&contract, spec.hidden_size, pp, i, opts);
+        let mut part = describe(&contract, &spec, pp, i, opts);
         let meta = Metadata::for_part(&contract, &part, i, n, &model_name)?;
         let path = dir.path().join(&part.path);
         std::fs::create_dir(&path).map_err(io_err(&path))?;
@@ -200,15 +204,17 @@ fn graph_part(pp: &PartPlan) -> Part {
 /// Part `i`'s entry in the chain file (hashes and size filled in once it is written).
 fn describe(
     c: &Contract,
-    hidden: usize,
+    spec: &ModelSpec,
     pp: &PartPlan,
     i: usize,
     opts: &ConvertOptions,
 ) -> ChainPart {
+    let before = spec.cache_slots(0..pp.layers.start);
+    let slots = before..before + spec.cache_slots(pp.layers.clone());
     let (inputs, outputs) = ChainPart::io(
         c,
-        hidden,
-        &pp.layers,
+        spec.hidden_size,
+        (&pp.layers, &slots),
         pp.embedding,
         pp.head,
         opts.precision.as_str(),
@@ -216,6 +222,10 @@ fn describe(
     ChainPart {
         path: format!("part-{i}.{}", opts.target.extension()),
         layers: pp.layers.clone(),
+        // Recorded, for every part, where the slots are not the blocks one to one.
+        slots: (c.recurrent.is_none()
+            && (0..spec.num_hidden_layers).any(|l| spec.kv_slots(l) != 1))
+        .then_some(slots),
         embedding: pp.embedding,
         head: pp.head,
         inputs,

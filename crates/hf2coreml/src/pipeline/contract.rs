@@ -10,13 +10,14 @@ use crate::checkpoint::Checkpoint;
 use crate::graph::scaling::Scaling;
 use crate::mil::contract::{self, Contract, Source};
 
-/// The contract for a checkpoint and options.
+/// The contract for a checkpoint and options; `per_layer` is the per-layer table written
+/// beside the package, for a model that has one.
 pub fn contract_for(
     ckpt: &Checkpoint,
     opts: &ConvertOptions,
     scaling: &Scaling,
-    recipe: serde_json::Value,
-    files: BTreeMap<String, String>,
+    (recipe, files): (serde_json::Value, BTreeMap<String, String>),
+    per_layer: Option<contract::PerLayerTable>,
 ) -> Result<Contract, ConvertError> {
     let spec = ckpt.spec();
     // The cache's dimensions are what the blocks keep (arch::layers), stacked over them.
@@ -43,6 +44,9 @@ pub fn contract_for(
     if let Some(r) = &recurrent {
         let sink = (opts.kv_cache == contract::KvCache::State).then_some(&mut states);
         r.add_io(q, precision, (&mut inputs, &mut outputs), sink);
+    }
+    if let Some(t) = &per_layer {
+        t.add_input(q, precision, &mut inputs);
     }
     Ok(Contract {
         version: contract::CONTRACT_VERSION,
@@ -74,14 +78,19 @@ pub fn contract_for(
         },
         tool: "hf2coreml".to_string(),
         tool_version: crate::VERSION.to_string(),
-        functions: function_specs(opts, spec),
+        functions: function_specs(opts, spec, per_layer.as_ref()),
         recurrent,
+        per_layer,
     })
 }
 
 /// The functions a multifunction package declares: `prefill` then `decode`, each with its Q
 /// and I/O; none for one function.
-fn function_specs(opts: &ConvertOptions, spec: &ModelSpec) -> Vec<contract::FunctionSpec> {
+fn function_specs(
+    opts: &ConvertOptions,
+    spec: &ModelSpec,
+    per_layer: Option<&contract::PerLayerTable>,
+) -> Vec<contract::FunctionSpec> {
     if opts.prefill_len == 0 {
         return Vec::new();
     }
@@ -114,6 +123,9 @@ fn function_specs(opts: &ConvertOptions, spec: &ModelSpec) -> Vec<contract::Func
             let mut shared = Vec::new();
             let sink = (opts.kv_cache == contract::KvCache::State).then_some(&mut shared);
             r.add_io(q, precision, (&mut inputs, &mut outputs), sink);
+        }
+        if let Some(t) = per_layer {
+            t.add_input(q, precision, &mut inputs);
         }
         if name == contract::PREFILL && opts.prefill_logits == contract::PrefillLogits::Last {
             let n = contract::logits_widths(v).len();

@@ -9,7 +9,9 @@ use super::chain;
 use super::contract::contract_for;
 use super::error::{io_err, ConvertError};
 use super::options::ConvertOptions;
-use super::package_files::{asset_weight_bytes, stage_sidecars, weight_bin, Outputs};
+use super::package_files::{
+    asset_weight_bytes, stage_per_layer_table, stage_sidecars, weight_bin, Outputs,
+};
 use super::ranges::scaling_for;
 use super::summary::{report_bytes, ConvertSummary, StageTimes};
 use super::weights::WeightStream;
@@ -39,7 +41,7 @@ pub fn convert(
         return Err(ConvertError::Exists(opts.output.clone()));
     }
     let spec = ckpt.spec().clone();
-    let parameters: u64 = ckpt.slots().iter().map(|s| s.numel() as u64).sum();
+    let parameters: u64 = ckpt.package_slots().iter().map(|s| s.numel() as u64).sum();
     if let Some(limit) = opts.max_package_size {
         let plan = chain::plan(ckpt, opts, &weights, limit)?;
         if !plan.is_single() {
@@ -76,7 +78,10 @@ pub fn convert(
     let graphs = build_functions(&spec, taken, &step, opts.prefill_len, opts.prefill_logits)?;
     let predicted_weight_bytes = graphs[0].1.const_bytes();
     let files = opts.source_hashes(ckpt)?;
-    let contract = contract_for(ckpt, opts, &scaling, recipe, files)?;
+    let mut outputs = outputs;
+    let mut out = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
+    let per_layer = stage_per_layer_table(ckpt, &mut outputs, &mut out)?;
+    let contract = contract_for(ckpt, opts, &scaling, (recipe, files), per_layer)?;
     let model_name = ckpt
         .dir()
         .file_name()
@@ -92,7 +97,6 @@ pub fn convert(
     } else {
         "coremltools"
     });
-    let mut out = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     let emit = match graphs.len() {
         _ if opts.target.is_coreai() => emit_asset(graphs, &contract, meta, opts, out.path()),
         1 => {
@@ -115,7 +119,6 @@ pub fn convert(
     emit.package = opts.output.clone();
     times.serialize = t.elapsed().as_secs_f64();
 
-    let mut outputs = outputs;
     stage_sidecars(ckpt, &mut outputs, &mut out)?;
     let built = out.path();
     let package_bytes = dir_bytes(built).map_err(io_err(&outputs.package))?;

@@ -107,11 +107,27 @@ pub fn check_prefill(
     Ok(q)
 }
 
-/// A max_sequence_length within the model's trained context.
-/// Refuse the calibration a model's blocks cannot run: AWQ's search and the mixed-precision
-/// allocation run one block on its own, which a Gemma 4 block (its per-layer input, the keys
-/// and values it shares) is not.
-fn check_calibration(spec: &ModelSpec, recipe: &Recipe) -> Result<(), ConvertError> {
+/// Refuse what a recipe asks of a model that the conversion would not do: palettizing Gemma
+/// 4's per-layer table (a file of fp16 rows beside the package), and the calibration its
+/// blocks cannot run (AWQ's search and the mixed-precision allocation run one block on its
+/// own, which a Gemma 4 block, with its per-layer input and the keys and values it shares, is
+/// not).
+fn check_recipe(spec: &ModelSpec, recipe: &Recipe) -> Result<(), ConvertError> {
+    // Gemma 4's per-layer table is written beside the package as fp16 rows: a recipe that
+    // palettizes it would not be honoured.
+    let table = crate::arch::expected_tensors(spec)
+        .into_iter()
+        .find(|s| s.role == crate::arch::Role::PerLayerEmbedding);
+    if let Some(slot) = table {
+        if let crate::quant::Decision::Palettize { nbits, .. } = recipe.decide(&slot) {
+            return Err(ConvertError::State(format!(
+                "the recipe palettizes `{}` ({nbits} bits, role `per_layer_embedding`): the \
+                 per-layer table is written beside the package as fp16 rows \
+                 (docs/contract.md, \"The per-layer table\"); drop the rule",
+                slot.name
+            )));
+        }
+    }
     let Some(c) = recipe.calibration() else {
         return Ok(());
     };
@@ -131,6 +147,7 @@ fn check_calibration(spec: &ModelSpec, recipe: &Recipe) -> Result<(), ConvertErr
     }
 }
 
+/// A max_sequence_length within the model's trained context.
 pub fn check_context(spec: &ModelSpec, max_seq_len: usize) -> Result<(), ShapeError> {
     let context = spec.max_position_embeddings;
     if max_seq_len > context {
@@ -326,6 +343,7 @@ impl Job {
             o.tokenizer.as_ref(),
             o.tokenizer_config.as_ref(),
             Some(&o.report),
+            o.per_layer.as_ref(),
         ];
         std::iter::once(&o.package)
             .chain(sides.into_iter().flatten())
@@ -335,7 +353,7 @@ impl Job {
     }
 
     /// Without `force`, an existing package or any of its sidecars (the tokenizer files, the
-    /// report) is refused: they are one output, and a user's own file beside a new package is
+    /// report, a per-layer table) is refused: they are one output, and a user's own file beside a new package is
     /// not ours to replace. With it, only what an output may replace is (a package's directory,
     /// regular files): never a symlink, device, FIFO or socket.
     pub fn refuse_existing(&self) -> Result<(), JobError> {
@@ -345,6 +363,7 @@ impl Job {
                 o.tokenizer.as_ref(),
                 o.tokenizer_config.as_ref(),
                 Some(&o.report),
+                o.per_layer.as_ref(),
             ];
             let replaceable = crate::fsutil::check_replaceable(&o.package, true).and_then(|()| {
                 sides
@@ -358,6 +377,7 @@ impl Job {
             Some(&o.package),
             o.tokenizer.as_ref(),
             o.tokenizer_config.as_ref(),
+            o.per_layer.as_ref(),
         ];
         let taken = files
             .into_iter()
@@ -447,8 +467,8 @@ impl Job {
         crate::graph::decoder::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
         let p = &self.package;
         crate::graph::decoder::check_recurrent(spec, p.layout).map_err(ConvertError::from)?;
-        check_calibration(spec, &self.recipe)?;
-        let predicted = self.recipe.weights_bytes(&ckpt.slots());
+        check_recipe(spec, &self.recipe)?;
+        let predicted = self.recipe.weights_bytes(&ckpt.package_slots());
         self.check_split(ckpt)?;
         let budget = match &self.device {
             Some(id) => {
@@ -480,18 +500,16 @@ impl Job {
     fn check_split(&self, ckpt: &Checkpoint) -> Result<(), JobError> {
         let spec = ckpt.spec();
         let per_part = budget::chain::part_overhead_bytes(spec, self.max_seq_len);
-        let bytes = budget::chain::ModelBytes::measure(spec, &ckpt.slots(), per_part, |s| {
-            self.recipe.storage(s).bytes(s.numel())
-        });
-        let plan = budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
+        let bytes =
+            budget::chain::ModelBytes::measure(spec, &ckpt.package_slots(), per_part, |s| {
+                self.recipe.storage(s).bytes(s.numel())
+            });
+        budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
             ConvertError::Chain {
                 path: self.output.clone(),
                 source,
             }
         })?;
-        if plan.parts.len() > 1 {
-            crate::graph::decoder::check_chain(spec).map_err(ConvertError::from)?;
-        }
         Ok(())
     }
 
@@ -580,7 +598,7 @@ impl Job {
         self.plan(ckpt)?;
         if let Some(conflict) = self
             .recipe
-            .target_conflict(self.package.target, &ckpt.slots())
+            .target_conflict(self.package.target, &ckpt.package_slots())
         {
             return Err(ConvertError::Target(conflict).into());
         }

@@ -8,8 +8,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::error::{io_err, ConvertError};
+use crate::arch::TensorId;
 use crate::checkpoint::Checkpoint;
 use crate::fsutil::{read_input, sha256_file, Staged};
+use crate::mil::contract;
 use crate::runtime::chat::MAX_CONFIG_BYTES;
 use crate::runtime::text::MAX_TOKENIZER_BYTES;
 
@@ -21,6 +23,9 @@ pub struct Outputs {
     /// The checkpoint's tokenizer_config.json (chat template, special tokens), for `run --chat`.
     pub tokenizer_config: Option<PathBuf>,
     pub report: PathBuf,
+    /// Gemma 4's per-layer table (`X.per_layer.bin`), for a model that has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_layer: Option<PathBuf>,
 }
 
 impl Outputs {
@@ -48,8 +53,60 @@ impl Outputs {
             tokenizer: Some(side("tokenizer.json")),
             tokenizer_config: Some(side("tokenizer_config.json")),
             report: side("report.json"),
+            per_layer: Some(side(contract::PER_LAYER_FILE_SUFFIX)),
         })
     }
+}
+
+/// Gemma 4's per-layer table, staged beside the package in the form the contract describes
+/// ([`contract::PerLayerTable`]): row by row from the mapped checkpoint, rounded to fp16 and
+/// hashed on the way, so the table is never held in memory. `outputs` loses the file when the
+/// model has no table.
+pub(super) fn stage_per_layer_table(
+    ckpt: &Checkpoint,
+    outputs: &mut Outputs,
+    staged: &mut Staged,
+) -> Result<Option<contract::PerLayerTable>, ConvertError> {
+    use sha2::{Digest, Sha256};
+    let spec = ckpt.spec();
+    let (Some(dest), Some(g)) = (
+        outputs.per_layer.clone(),
+        spec.gemma4.as_ref().filter(|g| g.per_layer_input > 0),
+    ) else {
+        outputs.per_layer = None;
+        return Ok(None);
+    };
+    let name = TensorId::PerLayerEmbedding.hf_name();
+    let table = ckpt.tensor(&name)?;
+    let (rows, layers, width) = (g.per_layer_vocab, spec.num_hidden_layers, g.per_layer_input);
+    if table.shape != [rows, layers * width] {
+        return Err(ConvertError::State(format!(
+            "`{name}` is {:?}; the config makes it [{rows}, {}]",
+            table.shape,
+            layers * width
+        )));
+    }
+    let mut hash = Sha256::new();
+    staged
+        .add_file_with(&dest, |w| {
+            let mut bytes = Vec::with_capacity(layers * width * 2);
+            for r in 0..rows {
+                let row = table.row(r).expect("a row of the checked shape");
+                bytes.clear();
+                bytes.extend(row.to_f16().iter().flat_map(|x| x.to_le_bytes()));
+                hash.update(&bytes);
+                w.write_all(&bytes)?;
+            }
+            Ok(())
+        })
+        .map_err(io_err(&dest))?;
+    Ok(Some(contract::PerLayerTable {
+        dtype: "fp16".into(),
+        rows,
+        layers,
+        width,
+        sha256: hash.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+    }))
 }
 
 /// The tokenizer and its config, staged to be placed beside the package with it; `outputs`

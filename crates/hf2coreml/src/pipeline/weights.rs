@@ -148,7 +148,7 @@ impl<'a> WeightStream<'a> {
         }
         Ok(WeightStream {
             ckpt,
-            slots: ckpt.slots(),
+            slots: ckpt.package_slots(),
             report,
             fitted,
             replaced,

@@ -351,7 +351,7 @@ fn palettize_inner(
     progress: &(dyn Fn(&TensorReport) + Sync),
 ) -> Result<PalettizeOutput, QuantError> {
     let plan = Report::plan(ckpt, recipe)?;
-    let slots = ckpt.slots();
+    let slots = ckpt.package_slots();
     let order: Vec<usize> = (0..slots.len())
         .filter(|&i| !skip.contains(&slots[i].name))
         .collect();

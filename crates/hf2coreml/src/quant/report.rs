@@ -142,7 +142,7 @@ impl MixedPrecision {
 impl Report {
     /// Decisions and sizes for every tensor of the checkpoint, without palettizing.
     pub fn plan(ckpt: &Checkpoint, recipe: &Recipe) -> Result<Self, QuantError> {
-        let slots = ckpt.slots();
+        let slots = ckpt.package_slots();
         let mut tensors = Vec::with_capacity(slots.len());
         for (i, slot) in slots.iter().enumerate() {
             let dtype = ckpt.tensor(&slot.name)?.dtype;

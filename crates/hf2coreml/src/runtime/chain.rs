@@ -11,6 +11,7 @@ use half::f16;
 
 use super::coreai::{asset_err, CoreAiModel};
 use super::interp::{check_step, concat_rows, Compute, Options, Package, Program, Stats, Tensor};
+use super::per_layer_table::PerLayerRows;
 use super::{RuntimeError, StepModel, StepOutput};
 use crate::aimodel;
 use crate::mil::chain::{self, ChainFile};
@@ -23,6 +24,8 @@ pub struct Chain {
     dir: PathBuf,
     chain: ChainFile,
     parts: Vec<PartRunner>,
+    /// Gemma 4's per-layer table beside the chain, if the contract declares one.
+    per_layer: Option<PerLayerRows>,
 }
 
 /// What executes one part: hf2coreml's interpreter for an ML package, Apple's Core AI runtime
@@ -33,7 +36,9 @@ enum PartRunner {
     CoreAi(aimodel::Session),
 }
 
-/// The hidden state between parts, as the part before returned it.
+/// The hidden state between parts, as the part before returned it (and Gemma 4's per-layer
+/// inputs, as the first part returned them).
+#[derive(Clone)]
 enum Hidden {
     Mil(Tensor),
     CoreAi(aimodel::Tensor),
@@ -43,6 +48,8 @@ enum Hidden {
 /// model's part its blocks' new state, one vector per state tensor (empty without one).
 struct PartOutput {
     hidden: Option<Hidden>,
+    /// The first part's `per_layer_out` (Gemma 4).
+    per_layer: Option<Hidden>,
     logits: Vec<f32>,
     cache: Option<(Vec<f16>, Vec<f16>)>,
     state: Vec<Vec<f16>>,
@@ -52,6 +59,8 @@ struct PartOutput {
 /// updates, the recurrent state's outputs by name.
 struct PartShape<'a> {
     head: bool,
+    /// It returns Gemma 4's per-layer inputs (`per_layer_out`).
+    per_layer: bool,
     has_cache: bool,
     states: &'a [&'a str],
 }
@@ -64,7 +73,7 @@ impl PartShape<'_> {
         c: &Contract,
         mut take: impl FnMut(&str) -> Result<T, RuntimeError>,
         rows: impl FnOnce(Vec<(T, usize)>) -> Vec<f32>,
-        hidden: impl FnOnce(T) -> Hidden,
+        hidden: impl Fn(T) -> Hidden,
         f16: impl Fn(T) -> Vec<f16>,
     ) -> Result<PartOutput, RuntimeError> {
         let (mut hidden_out, mut logits) = (None, Vec::new());
@@ -78,6 +87,11 @@ impl PartShape<'_> {
         } else {
             hidden_out = Some(hidden(take(chain::HIDDEN_OUT)?));
         }
+        let per_layer = if self.per_layer {
+            Some(hidden(take(chain::PER_LAYER_OUT)?))
+        } else {
+            None
+        };
         let cache = if self.has_cache {
             Some((
                 f16(take(contract::KEY_UPDATE)?),
@@ -93,6 +107,7 @@ impl PartShape<'_> {
             .collect::<Result<_, _>>()?;
         Ok(PartOutput {
             hidden: hidden_out,
+            per_layer,
             logits,
             cache,
             state,
@@ -111,6 +126,9 @@ struct PartState<'a> {
 struct Call<'a> {
     part: &'a chain::ChainPart,
     hidden: Option<Hidden>,
+    /// Gemma 4: the table's rows of the tokens (the first part), or the per-layer inputs the
+    /// first part returned (a later part with blocks).
+    per_layer: PerLayer,
     input_ids: &'a [i32],
     pos: i32,
     /// Its caches' shape and rows (empty without an attention block).
@@ -123,6 +141,15 @@ struct Call<'a> {
     state: Option<PartState<'a>>,
 }
 
+/// What a Gemma 4 part is given for its per-layer inputs.
+enum PerLayer {
+    None,
+    /// The first part: the per-layer table's rows of the tokens, [1, Q, L·P].
+    Rows(Vec<f16>),
+    /// A later part: the first part's `per_layer_out`.
+    Given(Hidden),
+}
+
 /// Where one part's rows and state lie in the model's: its cache slots (its attention blocks),
 /// and per state tensor the part's shape of it and where its values lie in the host's state.
 struct PartSlots {
@@ -132,11 +159,12 @@ struct PartSlots {
 }
 
 impl PartSlots {
-    fn of(c: &Contract, layers: &std::ops::Range<usize>) -> Self {
+    fn of(c: &Contract, part: &chain::ChainPart) -> Self {
+        let layers = &part.layers;
         let per_cache = c.num_kv_heads * c.max_seq_len * c.head_dim;
         let Some(r) = &c.recurrent else {
             return PartSlots {
-                cache: layers.clone(),
+                cache: part.cache_slots(),
                 per_cache,
                 state: Vec::new(),
             };
@@ -276,10 +304,12 @@ impl Chain {
             }
             parts.push(runner);
         }
+        let per_layer = PerLayerRows::open(dir, &chain.contract)?;
         Ok(Chain {
             dir: dir.to_path_buf(),
             chain,
             parts,
+            per_layer,
         })
     }
 
@@ -330,7 +360,7 @@ impl Chain {
     fn run_part(
         &self,
         i: usize,
-        hidden: Option<Hidden>,
+        (hidden, per_layer): (Option<Hidden>, Option<&Hidden>),
         input_ids: &[i32],
         pos: i32,
         (key_cache, value_cache): (&[f16], &[f16]),
@@ -339,7 +369,12 @@ impl Chain {
     ) -> Result<PartOutput, RuntimeError> {
         let part = &self.chain.parts[i];
         let c = &self.chain.contract;
-        let slots = PartSlots::of(c, &part.layers);
+        let slots = PartSlots::of(c, part);
+        let per_layer = match (&self.per_layer, per_layer) {
+            (Some(t), _) if part.embedding => PerLayer::Rows(t.gather(input_ids)?),
+            (Some(_), Some(given)) if !part.layers.is_empty() => PerLayer::Given(given.clone()),
+            _ => PerLayer::None,
+        };
         let rows = slots.cache_rows();
         let (valid, state) = recurrent.unwrap_or((0, &[]));
         // A part's state, with `valid_len` beside it when Q > 1 (checked by the step).
@@ -355,6 +390,7 @@ impl Chain {
         let call = Call {
             part,
             hidden,
+            per_layer,
             input_ids,
             pos,
             shape: slots.cache_shape(c),
@@ -384,6 +420,7 @@ impl Chain {
         let Call {
             part,
             hidden,
+            per_layer,
             input_ids,
             pos,
             shape,
@@ -403,6 +440,14 @@ impl Chain {
                 contract::INPUT_IDS,
                 Tensor::i32(vec![1, c.query_len], input_ids),
             )),
+        }
+        match per_layer {
+            PerLayer::Rows(rows) => {
+                let shape = vec![1, c.query_len, rows.len() / c.query_len.max(1)];
+                inputs.push((contract::PER_LAYER_ROWS, Tensor::f16(shape, rows)));
+            }
+            PerLayer::Given(Hidden::Mil(t)) => inputs.push((chain::PER_LAYER_IN, t)),
+            PerLayer::Given(Hidden::CoreAi(_)) | PerLayer::None => {}
         }
         if has_layers {
             inputs.push((contract::POSITION, Tensor::i32(vec![1], &[pos])));
@@ -426,6 +471,7 @@ impl Chain {
         let states: Vec<&str> = tensors.iter().map(|(t, _)| t.output).collect();
         let shape = PartShape {
             head: part.head,
+            per_layer: part.outputs.iter().any(|o| o.name == chain::PER_LAYER_OUT),
             has_cache,
             states: &states,
         };
@@ -447,6 +493,7 @@ impl Chain {
         let Call {
             part,
             hidden,
+            per_layer,
             input_ids,
             pos,
             shape,
@@ -481,6 +528,15 @@ impl Chain {
                 aimodel::Tensor::I32(input_ids.to_vec(), vec![1, c.query_len]),
             )),
         }
+        match per_layer {
+            PerLayer::Rows(rows) => {
+                let shape = vec![1, c.query_len, rows.len() / c.query_len.max(1)];
+                let rows = float(contract::PER_LAYER_ROWS, &rows, shape);
+                inputs.push((contract::PER_LAYER_ROWS.to_string(), rows));
+            }
+            PerLayer::Given(Hidden::CoreAi(t)) => inputs.push((chain::PER_LAYER_IN.to_string(), t)),
+            PerLayer::Given(Hidden::Mil(_)) | PerLayer::None => {}
+        }
         if has_layers {
             inputs.push((
                 contract::POSITION.to_string(),
@@ -513,6 +569,7 @@ impl Chain {
         let states: Vec<&str> = tensors.iter().map(|(t, _)| t.output).collect();
         let shape = PartShape {
             head: part.head,
+            per_layer: part.outputs.iter().any(|o| o.name == chain::PER_LAYER_OUT),
             has_cache,
             states: &states,
         };
@@ -566,13 +623,15 @@ impl Chain {
         let kinds = c.recurrent.as_ref().map_or(0, |r| r.tensors().len());
         let mut new_state: Vec<Vec<f16>> = vec![Vec::new(); kinds];
         let mut hidden: Option<Hidden> = None;
+        // Gemma 4: the per-layer inputs the first part computed, for every later part.
+        let mut per_layer: Option<Hidden> = None;
         let mut logits = Vec::new();
         let upd = c.num_layers * c.num_kv_heads * c.query_len * c.head_dim;
         let (mut key_update, mut value_update) = (Vec::with_capacity(upd), Vec::with_capacity(upd));
         for i in 0..self.parts.len() {
             let out = self.run_part(
                 i,
-                hidden.take(),
+                (hidden.take(), per_layer.as_ref()),
                 input_ids,
                 pos,
                 (key_cache, value_cache),
@@ -583,6 +642,9 @@ impl Chain {
                 all.extend(part);
             }
             hidden = out.hidden;
+            if out.per_layer.is_some() {
+                per_layer = out.per_layer;
+            }
             if self.chain.parts[i].head {
                 logits = out.logits;
             }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 
+use super::per_layer_table::PerLayerRows;
 use super::{RuntimeError, StepOutput};
 use crate::aimodel::{self, Session, Tensor};
 use crate::mil::contract::{self, Contract};
@@ -62,6 +63,8 @@ pub struct CoreAiModel {
     functions: Vec<(String, Contract)>,
     min_bits: Option<u32>,
     session: Session,
+    /// Gemma 4's per-layer table beside the asset, if the contract declares one.
+    per_layer: Option<PerLayerRows>,
 }
 
 /// The Python environment whose Core AI runtime executes assets.
@@ -123,6 +126,7 @@ impl CoreAiModel {
                 msg: format!("several functions and none named `{}`", contract::DECODE),
             });
         }
+        let per_layer = PerLayerRows::open(path, &contract)?;
         let env = python_env()?;
         let session = Session::open(&env, path).map_err(asset_err)?;
         let model = CoreAiModel {
@@ -131,6 +135,7 @@ impl CoreAiModel {
             functions,
             min_bits,
             session,
+            per_layer,
         };
         model.check_interface()?;
         Ok(model)
@@ -287,6 +292,11 @@ impl CoreAiModel {
                 self.float(contract::VALUE_CACHE, value_cache, cache_shape),
             ),
         ];
+        if let Some(t) = &self.per_layer {
+            let shape = vec![1, input_ids.len(), t.row_len()];
+            let rows = self.float(contract::PER_LAYER_ROWS, &t.gather(input_ids)?, shape);
+            inputs.push((contract::PER_LAYER_ROWS.to_string(), rows));
+        }
         let tensors = super::interp::state_tensors(c, recurrent)?;
         if !tensors.is_empty() {
             let (valid, state) = recurrent.unwrap_or((0, &[]));

@@ -126,5 +126,6 @@ pub mod chat;
 pub mod coreai;
 pub mod generate;
 pub mod kvfile;
+pub mod per_layer_table;
 pub mod sampling;
 pub mod text;

@@ -49,6 +49,37 @@ fn recurrent_text(r: Option<&contract::Recurrent>) -> String {
     }
 }
 
+/// Gemma 4's per-layer table: the one the checkpoint's config makes against the contract's,
+/// and the file beside the package (`path`) against the hash the contract records.
+pub(super) fn per_layer_items(path: &Path, c: &Contract, ckpt: &Checkpoint) -> Vec<ContractItem> {
+    let spec = ckpt.spec();
+    let shape =
+        |rows: usize, layers: usize, width: usize| format!("{rows} rows of {layers}×{width} fp16");
+    let expected = match &spec.gemma4 {
+        Some(g) if g.per_layer_input > 0 => {
+            shape(g.per_layer_vocab, spec.num_hidden_layers, g.per_layer_input)
+        }
+        _ => "none".into(),
+    };
+    let found = c.per_layer.as_ref().map_or("none".into(), |t| {
+        format!("{} ({})", shape(t.rows, t.layers, t.width), t.dtype)
+            .replace(" fp16 (fp16)", " fp16")
+    });
+    let mut items = vec![item("per-layer table", expected, found)];
+    if let Some(t) = &c.per_layer {
+        let file = contract::per_layer_file(path);
+        let hash = crate::fsutil::sha256_file(&file)
+            .unwrap_or_else(|e| format!("{}: {e}", file.display()));
+        let name = file.file_name().unwrap_or_default().to_string_lossy();
+        items.push(item(
+            &format!("per-layer table `{name}` sha256"),
+            &t.sha256,
+            hash,
+        ));
+    }
+    items
+}
+
 pub(super) fn item(what: &str, expected: impl ToString, found: impl ToString) -> ContractItem {
     let (expected, found) = (expected.to_string(), found.to_string());
     ContractItem {
@@ -193,7 +224,7 @@ pub(super) fn part_io(
     let (inputs, outputs) = ChainPart::io(
         c,
         hidden,
-        &part.layers,
+        (&part.layers, &part.cache_slots()),
         part.embedding,
         part.head,
         &c.compute_precision,

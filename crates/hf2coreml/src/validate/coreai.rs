@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use super::contract_items::{chain_items, check_hashes, check_source, item, part_io};
+use super::contract_items::{
+    chain_items, check_hashes, check_source, item, part_io, per_layer_items,
+};
 use super::error::{ValidateError, ValidateOptions};
 use super::gates::{default_gates, RecipeKind};
 use super::metrics::compare_logits;
@@ -82,6 +84,7 @@ fn check_asset(
         item("head_dim", spec.head_dim, c.head_dim),
         item("vocab", spec.vocab_size, c.vocab_size),
     ];
+    items.extend(per_layer_items(model.path(), c, ckpt));
     let functions = model.functions()?;
     let mut wanted = c.function_names();
     wanted.sort_unstable();
@@ -160,6 +163,7 @@ fn check_asset_chain(
     let c = &file.contract;
     let mut items = vec![item("target", "coreai", c.target.as_str())];
     items.extend(chain_items(file, ckpt));
+    items.extend(per_layer_items(path, c, ckpt));
     for (part, functions) in file.parts.iter().zip(chain.asset_functions()?) {
         let p = &part.path;
         let (inputs, outputs) = part_io(part, c, file.hidden_size, &mut items);

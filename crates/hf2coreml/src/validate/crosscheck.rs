@@ -342,6 +342,23 @@ impl StepModel for Capture<'_> {
     }
 }
 
+/// A tensor's shape and fp16 values.
+type Rows = (Vec<usize>, Vec<f16>);
+
+/// Gemma 4: the per-layer table's rows of a step's tokens as the host passes them, with their
+/// shape; `None` for a package without a table.
+fn per_layer_rows(package: &Saved, input_ids: &[i32]) -> Result<Option<Rows>, ValidateError> {
+    let table = match package {
+        Saved::Package(p) => p.per_layer_table(),
+        _ => None,
+    };
+    let Some(t) = table else {
+        return Ok(None);
+    };
+    let shape = vec![1, input_ids.len(), t.row_len()];
+    Ok(Some((shape, t.gather(input_ids)?)))
+}
+
 fn spec(name: &str, t: &crate::mlpackage::TensorTypeInfo) -> IoSpec {
     IoSpec {
         name: name.to_string(),
@@ -388,64 +405,68 @@ fn probe(
     let session = Session::open(env, dest).map_err(|e| ValidateError::CrossCheck(e.to_string()))?;
     let cache_shape = vec![c.num_layers, c.num_kv_heads, c.max_seq_len, c.head_dim];
     let fp32 = |name: &str| c.inputs.iter().any(|i| i.name == name && i.dtype == "fp32");
-    let float = |name: &str, v: &[f16]| {
+    let float = |name: &str, v: &[f16], shape: &[usize]| {
         if fp32(name) {
-            aimodel::Tensor::F32(v.iter().map(|x| x.to_f32()).collect(), cache_shape.clone())
+            aimodel::Tensor::F32(v.iter().map(|x| x.to_f32()).collect(), shape.to_vec())
         } else {
-            aimodel::Tensor::F16(v.to_vec(), cache_shape.clone())
+            aimodel::Tensor::F16(v.to_vec(), shape.to_vec())
         }
     };
     let pos = i32::try_from(step.position)
         .map_err(|_| ValidateError::CrossCheck("position beyond int32".into()))?;
+    let per_layer = per_layer_rows(package, &step.input_ids)?;
+    let mut sent = vec![
+        (
+            contract::INPUT_IDS.to_string(),
+            aimodel::Tensor::I32(step.input_ids.clone(), vec![1, c.query_len]),
+        ),
+        (
+            contract::POSITION.to_string(),
+            aimodel::Tensor::I32(vec![pos], vec![1]),
+        ),
+        (
+            contract::KEY_CACHE.to_string(),
+            float(contract::KEY_CACHE, &step.key_cache, &cache_shape),
+        ),
+        (
+            contract::VALUE_CACHE.to_string(),
+            float(contract::VALUE_CACHE, &step.value_cache, &cache_shape),
+        ),
+    ];
+    if let Some((shape, rows)) = &per_layer {
+        let rows = float(contract::PER_LAYER_ROWS, rows, shape);
+        sent.push((contract::PER_LAYER_ROWS.to_string(), rows));
+    }
     let theirs = session
-        .call(
-            FUNCTION,
-            vec![
-                (
-                    contract::INPUT_IDS.to_string(),
-                    aimodel::Tensor::I32(step.input_ids.clone(), vec![1, c.query_len]),
-                ),
-                (
-                    contract::POSITION.to_string(),
-                    aimodel::Tensor::I32(vec![pos], vec![1]),
-                ),
-                (
-                    contract::KEY_CACHE.to_string(),
-                    float(contract::KEY_CACHE, &step.key_cache),
-                ),
-                (
-                    contract::VALUE_CACHE.to_string(),
-                    float(contract::VALUE_CACHE, &step.value_cache),
-                ),
-            ],
-        )
+        .call(FUNCTION, sent)
         .map_err(|e| ValidateError::CrossCheck(e.to_string()))?;
     drop(session);
 
     let wanted: HashSet<&str> = probed.iter().map(|(_, n)| n.as_str()).collect();
     let mut ours: HashMap<String, Vec<f32>> = HashMap::new();
-    program.run_traced(
-        vec![
-            (
-                contract::INPUT_IDS,
-                Tensor::i32(vec![1, c.query_len], &step.input_ids),
-            ),
-            (contract::POSITION, Tensor::i32(vec![1], &[pos])),
-            (
-                contract::KEY_CACHE,
-                Tensor::f16(cache_shape.clone(), step.key_cache),
-            ),
-            (
-                contract::VALUE_CACHE,
-                Tensor::f16(cache_shape.clone(), step.value_cache),
-            ),
-        ],
-        &mut |name, t| {
-            if wanted.contains(name) {
-                ours.insert(name.to_string(), t.as_f32().into_owned());
-            }
-        },
-    )?;
+    let mut given = vec![
+        (
+            contract::INPUT_IDS,
+            Tensor::i32(vec![1, c.query_len], &step.input_ids),
+        ),
+        (contract::POSITION, Tensor::i32(vec![1], &[pos])),
+        (
+            contract::KEY_CACHE,
+            Tensor::f16(cache_shape.clone(), step.key_cache),
+        ),
+        (
+            contract::VALUE_CACHE,
+            Tensor::f16(cache_shape.clone(), step.value_cache),
+        ),
+    ];
+    if let Some((shape, rows)) = per_layer {
+        given.push((contract::PER_LAYER_ROWS, Tensor::f16(shape, rows)));
+    }
+    program.run_traced(given, &mut |name, t| {
+        if wanted.contains(name) {
+            ours.insert(name.to_string(), t.as_f32().into_owned());
+        }
+    })?;
 
     let mut diffs = Vec::new();
     for (index, name) in &probed {

@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-use super::contract_items::{check_chain, check_contract, check_hashes, check_source};
+use super::contract_items::{
+    check_chain, check_contract, check_hashes, check_source, per_layer_items,
+};
 use super::gates::{default_gates, RecipeKind};
 use super::metrics::compare_logits;
 use super::report::{ActivationRange, ValidationReport};
@@ -71,11 +73,13 @@ pub fn validate_with_progress(
     report.contract = match &package {
         Saved::Package(_) => {
             let mut items = check_contract(&raws[0], &c, ckpt);
+            items.extend(per_layer_items(pkg_path, &c, ckpt));
             items.extend(super::functions::check_functions(&raws[0], &c));
             items
         }
         Saved::Chain(ch) => {
             let mut items = check_chain(ch.chain(), &raws, ckpt);
+            items.extend(per_layer_items(pkg_path, &c, ckpt));
             items.extend(check_hashes(pkg_path, ch.chain()));
             items
         }

@@ -312,7 +312,9 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         // (`Shared::produced`), full blocks' head shapes (`Shared::dims_of`, their cache
         // slots `attention::block_cache` and `slot_rows`), their proportional RoPE
         // (`mask::Tables`), the value norm and k_eq_v (`attention::qkv`), `layer_scalar`
-        // (`block`), soft-capped logits (`logits::logits`); chains: `check_chain`.
+        // (`block`), soft-capped logits (`logits::logits`); chain parts pass the per-layer
+        // inputs on (`PER_LAYER_OUT`, `PER_LAYER_IN`) and keep shared blocks with their
+        // producers (`check_part`).
         gemma4: _,
     } = spec;
     // The caches are stacked slots of one shape: every block's rows must fill whole slots.
@@ -381,19 +383,30 @@ pub fn check_recurrent(
     }
 }
 
-/// Refuse a chain of a model whose blocks need what one part does not hand the next: Gemma 4's
-/// per-layer inputs are computed from the tokens and their embedding, which only the first part
-/// has, and its shared blocks read keys and values another part would hold.
-pub fn check_chain(spec: &ModelSpec) -> Result<(), GraphError> {
-    match spec.gemma4 {
-        Some(_) => Err(GraphError::Unsupported(format!(
-            "{} is built as one package only: its per-layer inputs come from the tokens the \
-             first part embeds and its last blocks read other blocks' caches, which a chain \
-             does not pass between parts (raise --max-package-size)",
-            spec.architecture
-        ))),
-        None => Ok(()),
+/// Refuse a chain part that lacks what its blocks read within a step: a block that shares
+/// (Gemma 4) attends over its producer's keys and values of the same step, which only the
+/// producer's part computes; and the part that embeds Gemma 4's tokens computes every block's
+/// per-layer inputs with its own blocks, so it holds at least one. The planner keeps both
+/// together (`budget::chain::ModelBytes::measure`).
+pub fn check_part(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
+    for l in part.layers.clone() {
+        let producer = spec.layer(l).attention().and_then(|a| a.kv_from);
+        if let Some(p) = producer.filter(|p| !part.layers.contains(p)) {
+            return Err(GraphError::Unsupported(format!(
+                "a chain part of blocks {:?}: block {l} reads block {p}'s keys and values, \
+                 which another part computes",
+                part.layers
+            )));
+        }
     }
+    if part.embedding && !part.head && part.layers.is_empty() && spec.per_layer_input() > 0 {
+        return Err(GraphError::Unsupported(
+            "a chain part that embeds Gemma 4's tokens and runs no block: its per-layer \
+             inputs are computed with the first blocks"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Which slice of the model one package computes: the whole model, or one part of a chain
@@ -445,7 +458,7 @@ pub fn build_part(
     state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
     check_recurrent(spec, opts.layout)?;
     if !whole {
-        check_chain(spec)?;
+        check_part(spec, part)?;
     }
     if opts.layout == crate::mil::contract::Layout::Ane {
         return ane::build_part(spec, weights, opts, part);
@@ -469,6 +482,7 @@ pub fn build_part(
     } else {
         b.input(HIDDEN_IN, fl, vec![1, dims.q, spec.hidden_size])
     };
+    let (per_layer_rows, per_layer_in) = per_layer::declare(&mut b, spec, part, dims.q);
     let (mut shared, state) = if part.layers.is_empty() {
         (None, None)
     } else {
@@ -489,8 +503,11 @@ pub fn build_part(
     } else {
         (first.clone(), None)
     };
-    if let Some(shared) = &mut shared {
-        shared.per_layer = per_layer::inputs(&mut b, &mut weights, spec, shared, (&first, &x))?;
+    if let (Some(shared), Some(rows)) = (&mut shared, &per_layer_rows) {
+        shared.per_layer = per_layer::inputs(&mut b, &mut weights, spec, shared, (rows, &x))?;
+    }
+    if let (Some(shared), Some(given)) = (&mut shared, &per_layer_in) {
+        shared.per_layer = Some(per_layer::given(&mut b, spec, shared, given));
     }
     let mut key_rows = Vec::with_capacity(part.layers.len());
     let mut value_rows = Vec::with_capacity(part.layers.len());
@@ -540,7 +557,11 @@ pub fn build_part(
         let softcap = spec.gemma4.as_ref().and_then(|g| g.final_logit_softcapping);
         logits::logits(&mut b, head, &hn, softcap)
     } else {
-        vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&x))])]
+        let hidden = b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&x))]);
+        let handed = shared
+            .as_ref()
+            .and_then(|sh| per_layer::hand_on(&mut b, spec, sh, part));
+        std::iter::once(hidden).chain(handed).collect()
     };
     match (&shared, &state) {
         (Some(sh), Some(st)) => {
@@ -1034,7 +1055,7 @@ pub fn dense_weights(
     ckpt: &crate::checkpoint::Checkpoint,
 ) -> Result<BTreeMap<String, Weight>, crate::checkpoint::CheckpointError> {
     let mut out = BTreeMap::new();
-    for slot in ckpt.slots() {
+    for slot in ckpt.package_slots() {
         let t = ckpt.tensor(&slot.name)?;
         out.insert(slot.name.clone(), Weight::Dense(t.to_f16()));
     }

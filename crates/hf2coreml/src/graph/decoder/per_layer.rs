@@ -7,10 +7,13 @@ use super::lower::Lowering;
 use super::Shared;
 use crate::arch::{LayerTensor, ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
+#[cfg(doc)]
+use crate::mil::contract;
 
 /// Every block's per-layer input of this step [1, Q, L, P]:
-/// (RMSNorm(h0·Wᵀ / √H) + table rows · √P) / √2, h0 being the embedded tokens `embedded`;
-/// `None` for a model without them.
+/// (RMSNorm(h0·Wᵀ / √H) + table rows · √P) / √2, h0 being the embedded tokens `embedded` and
+/// `rows` the [`contract::PER_LAYER_ROWS`] input [1, Q, L·P] (the host gathers them from the
+/// table beside the package); `None` for a model without them.
 ///
 /// `embedded` carries α and lacks the reference's 1/√H: RMSNorm is scale-free but for ε, so
 /// the norm takes ε·α²·H instead of scaling the projection.
@@ -19,27 +22,17 @@ pub(super) fn inputs(
     weights: &mut Weights,
     spec: &ModelSpec,
     shared: &Shared,
-    (input_ids, embedded): (&str, &str),
+    (rows, embedded): (&str, &str),
 ) -> Result<Option<String>, GraphError> {
     let Some(g) = spec.gemma4.as_ref().filter(|g| g.per_layer_input > 0) else {
         return Ok(None);
     };
     let q = shared.dims.q as i64;
     let (layers, p) = (spec.num_hidden_layers as i64, g.per_layer_input as i64);
-    let table = weights.single(b, TensorId::PerLayerEmbedding)?;
-    let rows = b.op(
-        Op::Gather,
-        "per_layer_rows",
-        vec![
-            ("x", var(&table)),
-            ("indices", var(input_ids)),
-            ("axis", Arg::Int(0)),
-        ],
-    );
     let rows = b.op(
         Op::Mul,
         "per_layer_rows_scaled",
-        vec![("x", var(&rows)), ("y", Arg::Float(g.per_layer_scale))],
+        vec![("x", var(rows)), ("y", Arg::Float(g.per_layer_scale))],
     );
     let rows = b.op(
         Op::Reshape,
@@ -71,6 +64,60 @@ pub(super) fn inputs(
             ("y", Arg::Float(std::f64::consts::FRAC_1_SQRT_2)),
         ],
     )))
+}
+
+/// Gemma 4's inputs of a step (or chain part): the per-layer table's rows of the tokens,
+/// gathered by the host, where the tokens are embedded; in a later chain part with blocks, the
+/// per-layer inputs the first part computed. (None, None) for other models.
+pub(super) fn declare(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    part: &super::Part,
+    q: usize,
+) -> (Option<String>, Option<String>) {
+    let width = spec.num_hidden_layers * spec.per_layer_input();
+    let fl = b.float();
+    if width == 0 {
+        (None, None)
+    } else if part.embedding {
+        let rows = b.input(crate::mil::contract::PER_LAYER_ROWS, fl, vec![1, q, width]);
+        (Some(rows), None)
+    } else if part.layers.is_empty() {
+        (None, None)
+    } else {
+        let given = b.input(crate::mil::chain::PER_LAYER_IN, fl, vec![1, q, width]);
+        (None, Some(given))
+    }
+}
+
+/// The first part of a Gemma 4 chain hands every block's per-layer inputs on, [1, Q, L·P]
+/// (`per_layer_out`); `None` for any other part or model.
+pub(super) fn hand_on(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    shared: &Shared,
+    part: &super::Part,
+) -> Option<String> {
+    let inputs = shared
+        .per_layer
+        .as_ref()
+        .filter(|_| part.embedding && !part.head)?;
+    let width = (spec.num_hidden_layers * spec.per_layer_input()) as i64;
+    let shape = ints(&[1, shared.dims.q as i64, width]);
+    let flat = vec![("x", var(inputs)), ("shape", shape)];
+    Some(b.op(Op::Reshape, crate::mil::chain::PER_LAYER_OUT, flat))
+}
+
+/// The per-layer inputs a later chain part is given (`given`, [1, Q, L·P], as the first part
+/// computed them), as the blocks read them: [1, Q, L, P].
+pub(super) fn given(b: &mut Builder, spec: &ModelSpec, shared: &Shared, given: &str) -> String {
+    let q = shared.dims.q as i64;
+    let (layers, p) = (spec.num_hidden_layers as i64, spec.per_layer_input() as i64);
+    b.op(
+        Op::Reshape,
+        "per_layer_inputs",
+        vec![("x", var(given)), ("shape", ints(&[1, q, layers, p]))],
+    )
 }
 
 /// Block `l`'s per-layer sub-block on the residual stream `x`:

@@ -869,7 +869,8 @@ struct Written<'e> {
 }
 
 /// Every path `e` writes, resolved: the package (first) and the sidecars named after it (the
-/// tokenizer, its config, the report, and the validation when it validates).
+/// tokenizer, its config, the report, a per-layer table, and the validation when it
+/// validates).
 fn written(e: &Export) -> Vec<PathBuf> {
     let mut paths = vec![e.output.clone()];
     // A name that makes no sidecars is refused when the export runs; here it writes only
@@ -878,6 +879,7 @@ fn written(e: &Export) -> Vec<PathBuf> {
         paths.extend(o.tokenizer);
         paths.extend(o.tokenizer_config);
         paths.push(o.report);
+        paths.extend(o.per_layer);
     }
     if e.validate.is_some() {
         paths.push(super::run::validation_path(&e.output));

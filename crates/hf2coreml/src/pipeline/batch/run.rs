@@ -343,6 +343,15 @@ fn copy_package(
             _ => *dst = None,
         }
     }
+    // A per-layer table may be larger than memory: copied as a stream.
+    match (&from.outputs.per_layer, outputs.per_layer.as_ref()) {
+        (Some(src), Some(d)) => {
+            let mut f = crate::fsutil::open_input(src).map_err(write_err(src))?;
+            dir.add_file_with(d, |w| std::io::copy(&mut f, w).map(drop))
+                .map_err(write_err(d))?;
+        }
+        _ => outputs.per_layer = None,
+    }
     let mut summary = from.clone();
     summary.outputs = outputs;
     summary.inputs = Some(inputs);

@@ -11,6 +11,7 @@ use half::f16;
 use super::{Options, Program, RuntimeError, States, Stats, Tensor};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::{self, MlPackage};
+use crate::runtime::per_layer_table::PerLayerRows;
 use crate::runtime::{StepModel, StepOutput};
 
 /// A saved package that follows the contract, ready to step (implements
@@ -25,6 +26,8 @@ pub struct Package {
     /// A multifunction package's other functions (`prefill`), each with the contract as it
     /// follows it; `program` and `contract` are the default function's (`decode`).
     others: Vec<Function>,
+    /// Gemma 4's per-layer table beside the package, if the contract declares one.
+    per_layer: Option<PerLayerRows>,
 }
 
 /// One more function of a multifunction package.
@@ -71,12 +74,14 @@ impl Package {
         })?;
         let states = (contract.kv_cache == contract::KvCache::State)
             .then(|| std::sync::Mutex::new(program.new_states()));
+        let per_layer = PerLayerRows::open(path, &contract)?;
         Ok(Package {
             program,
             contract,
             description,
             states,
             others,
+            per_layer,
         })
     }
 
@@ -140,6 +145,25 @@ impl Package {
         &self.program
     }
 
+    /// Gemma 4's per-layer table beside the package, if the contract declares one.
+    pub fn per_layer_table(&self) -> Option<&PerLayerRows> {
+        self.per_layer.as_ref()
+    }
+
+    /// The [`contract::PER_LAYER_ROWS`] input of a step of `input_ids`, for a package with a
+    /// per-layer table.
+    pub(super) fn per_layer_input(
+        &self,
+        input_ids: &[i32],
+    ) -> Result<Option<(&'static str, Tensor)>, RuntimeError> {
+        let Some(t) = &self.per_layer else {
+            return Ok(None);
+        };
+        let shape = vec![1, input_ids.len(), t.row_len()];
+        let rows = Tensor::f16(shape, t.gather(input_ids)?);
+        Ok(Some((contract::PER_LAYER_ROWS, rows)))
+    }
+
     pub fn description(&self) -> &mlpackage::Description {
         &self.description
     }
@@ -189,6 +213,7 @@ impl Package {
                 Tensor::f16(cache_shape, value_cache.to_vec()),
             ),
         ];
+        inputs.extend(self.per_layer_input(input_ids)?);
         let tensors = state_tensors(c, recurrent)?;
         if !tensors.is_empty() {
             let (valid, state) = recurrent.unwrap_or((0, &[]));

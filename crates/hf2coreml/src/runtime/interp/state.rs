@@ -413,6 +413,7 @@ impl super::Package {
             ),
             (contract::POSITION, Tensor::i32(vec![1], &[pos])),
         ];
+        inputs.extend(self.per_layer_input(input_ids)?);
         // A hybrid package keeps its recurrent state in its own states; a chunk says how many
         // of its tokens are real (`check_step` bounded it by Q).
         if c.recurrent.is_some() && c.query_len > 1 {
