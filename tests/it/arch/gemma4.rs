@@ -75,6 +75,16 @@ fn gemma4_config_gives_each_block_its_shape_and_cache() {
 fn gemma4_reference_matches_transformers() {
     for arch in ["gemma4", "gemma4_kv"] {
         reference_matches_transformers(arch);
+        // Block by block (what `validate` runs past its reference budget, E2B's case), with
+        // the per-layer table's rows of the text only: the whole model's logits.
+        let dir = fixture(arch);
+        let want = expected(&dir);
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let got = hf2coreml::model::layerwise::logits_layerwise(&ckpt, &want.tokens, &mut |_| {})
+            .unwrap();
+        let (d, scale) = (max_diff(&got, &want.logits), largest(&want.logits));
+        eprintln!("{arch} block by block: max |Δ| {d:e} of {scale}");
+        assert!(d <= 1e-4 * scale, "{arch}: {d}");
     }
 }
 

@@ -556,17 +556,6 @@ pub fn calibrate(
     }
     let mut collector = Collector::new(&model, options.gram.clone());
     let at = |s: usize, e: usize| format!("calibration tokens {s}..{e}");
-    // Gemma 4's blocks read per-layer inputs and other blocks' keys and values: the whole
-    // model runs each segment instead of block by block.
-    if spec.gemma4.is_some() {
-        let mut whole = PlainModel::load(ckpt)?;
-        for &(s, e) in &bounds {
-            whole
-                .hidden(&tokens[s..e], false, &mut collector)
-                .map_err(|err| ReferenceError::candle(at(s, e), err))?;
-        }
-        return Ok(collector.finish(bounds.len()));
-    }
     let mut xs = Vec::with_capacity(bounds.len());
     for &(s, e) in &bounds {
         let x = embed_rows(ckpt, &tokens[s..e])?;
@@ -575,12 +564,24 @@ pub fn calibrate(
             .map_err(|err| ReferenceError::candle(at(s, e), err))?;
         xs.push(x);
     }
+    // Gemma 4's blocks read per-layer inputs and other blocks' keys and values: each segment
+    // carries them from block to block.
+    let gemma4 = spec.gemma4.is_some();
+    model.fetch_per_layer(ckpt, tokens)?;
+    let mut segs = Vec::with_capacity(bounds.len());
+    for (x, &(s, e)) in xs.iter().zip(&bounds) {
+        let seg = model.segment(&tokens[s..e], x);
+        segs.push(seg.map_err(|err| ReferenceError::candle(at(s, e), err))?);
+    }
     for l in 0..spec.num_hidden_layers {
         model.fetch_layer(ckpt, l)?;
-        for (x, &(s, e)) in xs.iter_mut().zip(&bounds) {
-            *x = model
-                .block(l, x, &mut collector)
-                .map_err(|err| ReferenceError::candle(format!("{}, block {l}", at(s, e)), err))?;
+        for ((x, seg), &(s, e)) in xs.iter_mut().zip(&mut segs).zip(&bounds) {
+            let out = match gemma4 {
+                true => model.block_in(l, x, seg, &mut collector),
+                false => model.block(l, x, &mut collector),
+            };
+            *x =
+                out.map_err(|err| ReferenceError::candle(format!("{}, block {l}", at(s, e)), err))?;
         }
         model.release_layer(l);
     }

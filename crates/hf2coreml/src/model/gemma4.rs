@@ -11,8 +11,10 @@ use crate::checkpoint::Checkpoint;
 
 /// The model-level weights of the per-layer inputs.
 pub(super) struct PerLayerInput {
-    /// [rows, L·P] in f32 (`embed_tokens_per_layer`).
+    /// [rows, L·P] in f32 (`embed_tokens_per_layer`), or only the rows of some tokens.
     table: Tensor,
+    /// With only some rows: token id → its row in `table`.
+    index: Option<std::collections::HashMap<u32, u32>>,
     /// [L·P, H] (`per_layer_model_projection`).
     projection: Tensor,
     /// [P] (`per_layer_projection_norm`).
@@ -38,6 +40,49 @@ impl PerLayerInput {
         let get = |id: TensorId| super::plain::load(ckpt, &id.hf_name(), device);
         Ok(Some(PerLayerInput {
             table: get(TensorId::PerLayerEmbedding)?,
+            index: None,
+            projection: get(TensorId::PerLayerModelProjection)?,
+            norm: get(TensorId::PerLayerProjectionNorm)?,
+        }))
+    }
+
+    /// [`load`](Self::load) with the table's rows of `tokens` only, read from the checkpoint
+    /// row by row: E2B's whole table is 9.4 GB in f32, a text's rows a few MB.
+    pub(super) fn load_rows(
+        ckpt: &Checkpoint,
+        tokens: &[u32],
+        device: &Device,
+    ) -> Result<Option<Self>, ReferenceError> {
+        if ckpt.spec().per_layer_input() == 0 {
+            return Ok(None);
+        }
+        let name = TensorId::PerLayerEmbedding.hf_name();
+        let table = ckpt.tensor(&name)?;
+        let width = table.shape.get(1).copied().unwrap_or(0);
+        let mut distinct: Vec<u32> = tokens.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut values = Vec::with_capacity(distinct.len() * width);
+        for &t in &distinct {
+            let row = table.row(t as usize).ok_or_else(|| {
+                ReferenceError::candle(
+                    format!("reading `{name}`"),
+                    candle_core::Error::Msg(format!("token {t} has no per-layer row")),
+                )
+            })?;
+            values.extend(row.to_f32());
+        }
+        let rows = Tensor::from_vec(values, (distinct.len(), width), device)
+            .map_err(|e| ReferenceError::candle(format!("reading `{name}`"), e))?;
+        let index = distinct
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (t, i as u32))
+            .collect();
+        let get = |id: TensorId| super::plain::load(ckpt, &id.hf_name(), device);
+        Ok(Some(PerLayerInput {
+            table: rows,
+            index: Some(index),
             projection: get(TensorId::PerLayerModelProjection)?,
             norm: get(TensorId::PerLayerProjectionNorm)?,
         }))
@@ -57,7 +102,18 @@ impl PerLayerInput {
             .ok_or_else(|| candle_core::Error::Msg("per-layer inputs outside Gemma 4".into()))?;
         let (t, h) = embedded.dims2()?;
         let (layers, p) = (spec.num_hidden_layers, g.per_layer_input);
-        let ids = Tensor::from_slice(tokens, t, embedded.device())?;
+        let at: Vec<u32> = match &self.index {
+            None => tokens.to_vec(),
+            Some(index) => tokens
+                .iter()
+                .map(|t| {
+                    index.get(t).copied().ok_or_else(|| {
+                        candle_core::Error::Msg(format!("token {t}'s per-layer row is not loaded"))
+                    })
+                })
+                .collect::<candle_core::Result<_>>()?,
+        };
+        let ids = Tensor::from_slice(&at, t, embedded.device())?;
         let rows = (self.table.index_select(&ids, 0)? * g.per_layer_scale)?;
         let rows = rows.reshape((t, layers, p))?;
         let projected = (embedded.matmul(&self.projection.t()?)? * (h as f64).powf(-0.5))?;

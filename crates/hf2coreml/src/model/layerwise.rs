@@ -70,9 +70,18 @@ pub fn logits_layerwise_sliced(
     super::check_tokens(ckpt.spec(), tokens, 0)?;
     let mut model = PlainModel::streaming(ckpt)?;
     let mut x = plain::embed_rows(ckpt, tokens)?;
+    // Gemma 4's blocks read per-layer inputs and other blocks' keys and values: the sequence
+    // carries them from block to block (its table's rows of these tokens only).
+    let gemma4 = ckpt.spec().gemma4.is_some();
+    model.fetch_per_layer(ckpt, tokens)?;
+    let mut seg = ctx(model.segment(tokens, &x), "per-layer inputs")?;
     for l in 0..ckpt.spec().num_hidden_layers {
         model.fetch_layer(ckpt, l)?;
-        x = ctx(model.block(l, &x, &mut plain::Blind), &format!("block {l}"))?;
+        let out = match gemma4 {
+            true => model.block_in(l, &x, &mut seg, &mut plain::Blind),
+            false => model.block(l, &x, &mut plain::Blind),
+        };
+        x = ctx(out, &format!("block {l}"))?;
         model.release_layer(l);
         on_block(l);
     }
@@ -109,9 +118,11 @@ fn head_in_slices(
             Tensor::from_vec(slice.to_f32(), (n, hidden), &Device::Cpu),
             &at(),
         )?;
+        // Gemma 4's soft-capping is elementwise: slice by slice as on the whole.
         let part = ctx(
             w.t()
                 .and_then(|wt| h.matmul(&wt))
+                .and_then(|p| super::gemma4::softcap(ckpt.spec(), p))
                 .and_then(|p| p.to_vec2::<f32>()),
             &at(),
         )?;

@@ -474,15 +474,14 @@ impl PlainModel {
         }
     }
 
-    /// Bring Gemma 4's per-layer input weights into memory (nothing to do without them, or if
-    /// they are there).
+    /// Bring Gemma 4's per-layer input weights into memory, with the table's rows of `tokens`
+    /// only (nothing to do for a model without them): what the segments of those tokens read.
     pub(crate) fn fetch_per_layer(
         &mut self,
         ckpt: &Checkpoint,
+        tokens: &[u32],
     ) -> Result<(), super::ReferenceError> {
-        if self.per_layer.is_none() {
-            self.per_layer = super::gemma4::PerLayerInput::load(ckpt, &self.device)?;
-        }
+        self.per_layer = super::gemma4::PerLayerInput::load_rows(ckpt, tokens, &self.device)?;
         Ok(())
     }
 

@@ -53,7 +53,7 @@ pub(super) fn quantize_model(
     // What each segment's blocks read from outside themselves (Gemma 4's per-layer inputs and
     // shared keys and values).
     model
-        .fetch_per_layer(ckpt)
+        .fetch_per_layer(ckpt, tokens)
         .map_err(|e| QuantError::Calibration {
             message: e.to_string(),
         })?;
