@@ -607,8 +607,8 @@ impl PlainModel {
     fn on_its_own(&self, l: usize) -> candle_core::Result<()> {
         match self.spec.gemma4.is_some() {
             true => Err(candle_core::Error::Msg(format!(
-                "Gemma 4's block {l} reads per-layer inputs and other blocks' caches: it is \
-                 computed only as part of the whole model"
+                "Gemma 4's block {l} reads per-layer inputs and other blocks' keys and \
+                 values: it runs with its sequence's segment (`block_in`), not on its own"
             ))),
             false => Ok(()),
         }
