@@ -353,9 +353,9 @@ impl Job {
     }
 
     /// Without `force`, an existing package or any of its sidecars (the tokenizer files, the
-    /// report, a per-layer table) is refused: they are one output, and a user's own file beside a new package is
-    /// not ours to replace. With it, only what an output may replace is (a package's directory,
-    /// regular files): never a symlink, device, FIFO or socket.
+    /// report, a per-layer table) is refused: they are one output, and a user's own file beside
+    /// a new package is not ours to replace. With it, only what an output may replace is (a
+    /// package's directory, regular files): never a symlink, device, FIFO or socket.
     pub fn refuse_existing(&self) -> Result<(), JobError> {
         let o = Outputs::for_package(&self.output)?;
         if self.force {
