@@ -111,6 +111,31 @@ test: setup
 	# One test at a time: each hostile run's peak memory is measured from its child, whose
 	# ru_maxrss starts at this process's peak, which tests building inputs side by side raise.
 	$(CARGO) test --locked --test security -- --test-threads=1
+	$(MAKE) --no-print-directory test-aarch64
+
+# The NEON kernels (what an Apple silicon Mac runs) built for aarch64 and run under qemu's user
+# mode: the numerics crate's kernel and instruction-set tests, bit for bit against the same
+# portable definitions as the x86 kernels (the rest of the crate has no aarch64-specific code). The tools are Debian's qemu-user and aarch64 cross toolchain and rustup's
+# aarch64 standard library (`make setup-aarch64` installs them); where any is missing this
+# says so and skips.
+AARCH64 := aarch64-unknown-linux-gnu
+.PHONY: test-aarch64 setup-aarch64
+test-aarch64:
+	@if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null \
+	    || ! rustup target list --installed 2>/dev/null | grep -qx $(AARCH64); then
+	  echo "test-aarch64: skipped, no qemu-aarch64, aarch64-linux-gnu-gcc or $(AARCH64) std" \
+	    "(make setup-aarch64 installs them): the NEON kernels were not run"
+	  exit 0
+	fi
+	CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
+	  $(CARGO) test --locked -p hf2coreml-numerics --target $(AARCH64) -- kernels:: isa::
+
+setup-aarch64:
+	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo)
+	PKGS="qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
+	$$SUDO apt-get install -y -q $$PKGS || { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$PKGS; }
+	rustup target add $(AARCH64)
 
 # The big-model tests `make test` leaves out: each converts SmolLM2 with the default recipe
 # once more (minutes of calibration on two cores) for what the tests in `make test` already

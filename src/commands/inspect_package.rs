@@ -8,6 +8,7 @@ use anyhow::Context;
 use hf2coreml::mil::chain::{is_chain, ChainFile};
 use hf2coreml::mlpackage::summary::{self, PackageSummary};
 use hf2coreml::mlpackage::FeatureInfo;
+use hf2coreml::runtime::interp::kernels::Avx2Lookup;
 use hf2coreml::util::{fmt_bytes, fmt_count, isa};
 
 /// `inspect CHAIN --json`: the chain file and each part's summary.
@@ -33,6 +34,10 @@ struct WithRunner {
 struct Runner {
     kernels: &'static str,
     cpu_best: &'static str,
+    /// How AVX2 looks 4-bit weights up on this CPU (`planes` or `halves`; absent at the other
+    /// levels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lookup4: Option<&'static str>,
 }
 
 impl Runner {
@@ -40,6 +45,7 @@ impl Runner {
         Runner {
             kernels: isa::selected().name(),
             cpu_best: isa::detected().name(),
+            lookup4: Avx2Lookup::at(isa::selected()).map(Avx2Lookup::name),
         }
     }
 
@@ -48,8 +54,11 @@ impl Runner {
             Ok(v) if !v.trim().is_empty() => format!(", capped by {}={v}", isa::ENV),
             _ => String::new(),
         };
+        let lookup = self
+            .lookup4
+            .map_or(String::new(), |l| format!(", 4-bit lookups: {l}"));
         println!(
-            "  runner      kernels {} on this CPU (its best: {}{cap})",
+            "  runner      kernels {}{lookup} on this CPU (its best: {}{cap})",
             self.kernels, self.cpu_best
         );
     }

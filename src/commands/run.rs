@@ -9,10 +9,12 @@ use hf2coreml::runtime::chat::{ChatTemplate, Message};
 use hf2coreml::runtime::generate::{
     GenerateError, GenerateOptions, Generation, Generator, StopReason,
 };
+use hf2coreml::runtime::interp::kernels;
 use hf2coreml::runtime::interp::{Compute, Options};
 use hf2coreml::runtime::kvfile::KvFile;
 use hf2coreml::runtime::sampling::SamplingParams;
 use hf2coreml::runtime::text::{self, Conversation, Prompt, TextError};
+use hf2coreml::util::isa::Isa;
 use tokenizers::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -406,6 +408,10 @@ fn print_json(
         "text": text.strip_suffix('\n').unwrap_or(&text),
         "stop": stop_reason(generation),
         "kernels": kernels,
+        // How AVX2 looked 4-bit weights up (`planes` or `halves`), when it ran.
+        "kernel_lookup4": Isa::parse(kernels)
+            .and_then(kernels::Avx2Lookup::at)
+            .map(kernels::Avx2Lookup::name),
         "timing": {
             "prompt_tokens": t.prompt_tokens,
             "prompt_seconds": t.prompt_time.as_secs_f64(),

@@ -5,6 +5,7 @@
 //! - [`pack`]: LUT indices packed to their bit width, as Core ML stores them;
 //! - [`linalg`]: the Cholesky factors and inverses calibrated quantization needs;
 //! - [`dequant`]: ggml's block layouts (GGUF K-quants and legacy quants) to floats;
+//! - [`kernels`]: the interpreter's dot products and LUT lookups, per instruction set;
 //! - [`isa`]: the instruction-set level every vector kernel runs at;
 //! - [`SplitMix64`]: deterministic random numbers.
 //!
@@ -12,6 +13,7 @@
 
 pub mod dequant;
 pub mod isa;
+pub mod kernels;
 pub mod kmeans;
 pub mod linalg;
 pub mod pack;

@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::Path;
 
+use hf2coreml::runtime::interp::kernels::Avx2Lookup;
 use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
 use hf2coreml::util::isa::{self, Isa};
 
@@ -57,6 +58,8 @@ fn every_level_runs_a_packed_model_and_says_so() {
         let npy = root.path().join(format!("{level}.npy"));
         let run = run_json(&pkg, &npy, level.name());
         assert_eq!(run["kernels"], level.name(), "{run}");
+        let lookup = Avx2Lookup::at(level).map(Avx2Lookup::name);
+        assert_eq!(run["kernel_lookup4"].as_str(), lookup, "{run}");
         logits.push((level, npy_values(&npy)));
 
         let out = Cli::new()
@@ -67,6 +70,7 @@ fn every_level_runs_a_packed_model_and_says_so() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["runner"]["kernels"], level.name(), "{v:#}");
         assert_eq!(v["runner"]["cpu_best"], isa::detected().name(), "{v:#}");
+        assert_eq!(v["runner"]["lookup4"].as_str(), lookup, "{v:#}");
     }
     // The levels differ in summation order only.
     let (first, base) = &logits[0];
@@ -101,8 +105,23 @@ fn a_value_naming_no_level_is_refused_before_any_work() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("HF2COREML_ISA=\"sse9\"") && err.contains("avx512, avx2, scalar"),
+        err.contains("HF2COREML_ISA=\"sse9\"")
+            && (err.contains("avx512, avx2, scalar") || err.contains("neon, scalar")),
         "{err}"
     );
     assert!(!err.contains("missing.mlpackage"), "{err}");
+    // A level of the other architecture is refused the same way, naming this one.
+    let other = if cfg!(target_arch = "aarch64") {
+        "avx2"
+    } else {
+        "neon"
+    };
+    let out = Cli::new()
+        .env(isa::ENV, other)
+        .args(["run", "missing.mlpackage", "--prompt-ids", "1"])
+        .output();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let arch = format!("{} CPU", std::env::consts::ARCH);
+    assert!(err.contains(other) && err.contains(&arch), "{err}");
 }

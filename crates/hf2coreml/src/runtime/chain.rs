@@ -458,9 +458,12 @@ impl Chain {
         if has_cache {
             inputs.push((
                 contract::KEY_CACHE,
-                Tensor::f16(shape.clone(), keys.to_vec()),
+                Tensor::f16(shape.clone(), super::interp::bulk::copied(keys)),
             ));
-            inputs.push((contract::VALUE_CACHE, Tensor::f16(shape, values.to_vec())));
+            inputs.push((
+                contract::VALUE_CACHE,
+                Tensor::f16(shape, super::interp::bulk::copied(values)),
+            ));
         }
         let tensors = state.map_or_else(Vec::new, |s| s.tensors);
         for (t, values) in &tensors {

@@ -11,14 +11,15 @@
 //! One idea per file: [`program`] compiles a function, with [`loader`] turning operations into
 //! constants and instructions, [`constexpr`] evaluating the weight ops at load, [`weights`]
 //! deciding which weights stay packed ([`packed`]) and [`liveness`] when each value is freed;
-//! [`run`] executes it with the kernels of [`ops`] (over [`kernels`] and [`tensor`], within
-//! [`limits`]) and the Core ML states of [`state`]; [`package`] wraps a saved package's
-//! functions and contract; [`consts`] reads constants back by name; [`lift`] turns a program
-//! back into a graph another backend can replay.
+//! [`run`] executes it with the kernels of [`ops`] (over the numerics crate's [`kernels`] and
+//! [`tensor`], within [`limits`]) and the Core ML states of [`state`]; [`package`] wraps a
+//! saved package's functions and contract; [`consts`] reads constants back by name; [`lift`]
+//! turns a program back into a graph another backend can replay; [`bulk`] copies and widens
+//! large buffers (the caches) across the thread pool.
 
+pub mod bulk;
 mod constexpr;
 mod consts;
-pub mod kernels;
 mod lift;
 pub mod limits;
 mod liveness;
@@ -33,6 +34,8 @@ pub mod tensor;
 mod weights;
 
 use std::collections::BTreeMap;
+
+pub use hf2coreml_numerics::kernels;
 
 use crate::mil::DType;
 use crate::mlpackage::PackageError;

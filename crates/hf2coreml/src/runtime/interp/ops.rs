@@ -7,8 +7,11 @@
 
 use std::collections::HashMap;
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use super::bulk;
 use super::tensor::{strides, Data, Tensor};
 use crate::mil::{DType, Op};
 use crate::mlpackage::TensorTypeInfo;
@@ -641,23 +644,17 @@ pub fn concat(args: &Args) -> OpResult<Tensor> {
         }
         shape[ax] += v.shape[ax];
     }
-    // Mixed storage (fp16 cache slices with computed f32 rows): widen to f32.
-    let all_half = values.iter().all(|v| matches!(v.data, Data::Half(_)));
     let same_kind = values.iter().all(|v| v.data.kind() == first.data.kind());
     if !same_kind {
         return Err("concat of mixed element kinds".into());
     }
-    let widened: Vec<Tensor>;
-    let values: Vec<&Tensor> =
-        if !all_half && values.iter().any(|v| matches!(v.data, Data::Half(_))) {
-            widened = values
-                .iter()
-                .map(|v| Tensor::new(v.dtype, v.shape.clone(), Data::F(v.as_f32().into_owned())))
-                .collect();
-            widened.iter().collect()
-        } else {
-            values.to_vec()
-        };
+    if interleave && values.iter().any(|v| v.shape[ax] != values[0].shape[ax]) {
+        return Err("interleaved concat needs equal sizes".into());
+    }
+    let runs = |emit: &mut dyn FnMut(usize, std::ops::Range<usize>)| {
+        concat_runs(values, (ax, outer, inner), interleave, emit)
+    };
+    let total: usize = shape.iter().product();
     macro_rules! cat {
         ($variant:ident) => {{
             let srcs: Vec<&Vec<_>> = values
@@ -667,38 +664,69 @@ pub fn concat(args: &Args) -> OpResult<Tensor> {
                     _ => Err(OpError::from("concat of mixed storage")),
                 })
                 .collect::<OpResult<_>>()?;
-            let mut out = Vec::with_capacity(shape.iter().product());
-            if interleave {
-                let n = values[0].shape[ax];
-                for o in 0..outer {
-                    for k in 0..n {
-                        for s in &srcs {
-                            let base = (o * n + k) * inner;
-                            out.extend_from_slice(&s[base..base + inner]);
-                        }
-                    }
-                }
-            } else {
-                for o in 0..outer {
-                    for (s, v) in srcs.iter().zip(&values) {
-                        let len = v.shape[ax] * inner;
-                        out.extend_from_slice(&s[o * len..(o + 1) * len]);
-                    }
-                }
-            }
+            let mut out = Vec::with_capacity(total);
+            runs(&mut |i, r| bulk::extend_copy(&mut out, &srcs[i][r]));
             Data::$variant(out)
         }};
     }
-    if interleave && values.iter().any(|v| v.shape[ax] != values[0].shape[ax]) {
-        return Err("interleaved concat needs equal sizes".into());
-    }
+    let all_half = values.iter().all(|v| matches!(v.data, Data::Half(_)));
     let data = match &values[0].data {
+        // Mixed storage (fp16 cache slices with computed rows): the rows are fp16 values
+        // when the program rounds to fp16, and then the result stays fp16 (what a matmul
+        // over the cache reads); otherwise it is widened into place.
+        Data::F(_) | Data::Half(_) if !all_half && values.iter().any(|v| v.data.is_half()) => {
+            if values.iter().all(|v| v.data.is_exact_half()) {
+                let mut out = Vec::with_capacity(total);
+                runs(&mut |i, r| match &values[i].data {
+                    Data::Half(h) => bulk::extend_copy(&mut out, &h[r]),
+                    Data::F(f) => out.extend(f[r].iter().map(|&v| f16::from_f32(v))),
+                    _ => unreachable!("float kinds checked above"),
+                });
+                Data::Half(out)
+            } else {
+                let mut out = Vec::with_capacity(total);
+                runs(&mut |i, r| match &values[i].data {
+                    Data::Half(h) => bulk::extend_widened(&mut out, &h[r]),
+                    Data::F(f) => bulk::extend_copy(&mut out, &f[r]),
+                    _ => unreachable!("float kinds checked above"),
+                });
+                Data::F(out)
+            }
+        }
         Data::F(_) => cat!(F),
         Data::Half(_) => cat!(Half),
         Data::I(_) => cat!(I),
         Data::B(_) => cat!(B),
     };
     Ok(Tensor::new(first.dtype, shape, data))
+}
+
+/// The element ranges of `values` in the order `concat` lays them out along axis `ax` (`outer`
+/// and `inner`: the products of the axes before and after it): `emit(value, range)`.
+fn concat_runs(
+    values: &[&Tensor],
+    (ax, outer, inner): (usize, usize, usize),
+    interleave: bool,
+    emit: &mut dyn FnMut(usize, std::ops::Range<usize>),
+) {
+    if interleave {
+        let n = values[0].shape[ax];
+        for o in 0..outer {
+            for k in 0..n {
+                for i in 0..values.len() {
+                    let base = (o * n + k) * inner;
+                    emit(i, base..base + inner);
+                }
+            }
+        }
+    } else {
+        for o in 0..outer {
+            for (i, v) in values.iter().enumerate() {
+                let len = v.shape[ax] * inner;
+                emit(i, o * len..(o + 1) * len);
+            }
+        }
+    }
 }
 
 /// split: the pieces' sizes come from the declared output shapes (fixed in a saved program).
@@ -760,7 +788,7 @@ fn strided(x: &Tensor, start: &[i64], step: &[i64], shape: Vec<usize>) -> OpResu
     let data = map_data!(&x.data, |v| {
         let mut out = Vec::with_capacity(bases.len() * run);
         for &b in &bases {
-            out.extend_from_slice(&v[b..b + run]);
+            bulk::extend_copy(&mut out, &v[b..b + run]);
         }
         out
     });
@@ -1127,11 +1155,15 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
     let bx = broadcast_indices(&xs[..xr - 2], &batch);
     let by = broadcast_indices(&ys[..yr - 2], &batch);
     let xv = x.as_f32();
-    let yv = y.as_f32();
+    // fp16 caches (a decode step's keys and values) are multiplied as they are stored: the
+    // f16 kernels widen in registers and give the bits of the f32 ones on the widened values.
+    let yv = match &y.data {
+        Data::Half(h) => Rhs::Half(h),
+        _ => Rhs::F(y.as_f32()),
+    };
     let mut out = vec![0f32; nb * m * n];
     let work = |b: usize, ob: &mut [f32]| {
         let xb = &xv[bx[b] * m * k..(bx[b] + 1) * m * k];
-        let yb = &yv[by[b] * k * n..(by[b] + 1) * k * n];
         let xt;
         let xb: &[f32] = if tx {
             xt = transpose2(xb, k, m);
@@ -1139,43 +1171,10 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         } else {
             xb
         };
-        if m >= 2 && n >= 2 && (ty || m > AXPY_MAX_ROWS) {
-            // A product of two matrices (a prefill chunk's attention: q·kᵀ and probs·v): the
-            // blocked product, whose output-major form over yᵀ's rows is x @ y row-major.
-            // (Only here: a decode step's products have m = 1, or n = 1 in the Neural Engine
-            // layout, and keep their summation order, which the two layouts share. A decode
-            // step's probs·v over a group of query heads, m = G rows against the whole cache,
-            // takes the row-by-row form below: transposing the cache for the blocked product
-            // cost more than the product.)
-            let yt;
-            let yb: &[f32] = if ty {
-                yb
-            } else {
-                yt = transpose2(yb, k, n);
-                &yt
-            };
-            gemm_nt(yb, n, xb, m, k, ob);
-        } else if ty {
-            // y is [n, k]: every output is a dot of two contiguous rows.
-            for i in 0..m {
-                let xr = &xb[i * k..(i + 1) * k];
-                for j in 0..n {
-                    ob[i * n + j] = dot(xr, &yb[j * k..(j + 1) * k]);
-                }
-            }
-        } else {
-            // Each output sums x[i, kk]·y[kk, j] in kk order; y is read once, row by row, for
-            // all m rows (at most AXPY_MAX_ROWS, or one column).
-            for kk in 0..k {
-                let yr = &yb[kk * n..(kk + 1) * n];
-                for i in 0..m {
-                    let a = xb[i * k + kk];
-                    let orow = &mut ob[i * n..(i + 1) * n];
-                    for (o, &b) in orow.iter_mut().zip(yr) {
-                        *o += a * b;
-                    }
-                }
-            }
+        let yb = by[b] * k * n..(by[b] + 1) * k * n;
+        match &yv {
+            Rhs::F(yv) => product(xb, &yv[yb], (m, k, n), ty, ob),
+            Rhs::Half(h) => product_half(xb, &h[yb], (m, k, n), ty, ob),
         }
     };
     if nb > 1 && nb * m * n * k >= 1 << 15 {
@@ -1195,6 +1194,99 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         shape.push(n);
     }
     Ok(Tensor::new(DType::F32, shape, Data::F(out)))
+}
+
+/// The right operand of a matmul: f32 values, or fp16 ones read as they are stored.
+enum Rhs<'a> {
+    F(std::borrow::Cow<'a, [f32]>),
+    Half(&'a [f16]),
+}
+
+/// One batch of `matmul`: x [m, k] (already transposed if asked) by y [k, n] or, with `ty`,
+/// by yᵀ of y [n, k], into `ob` [m, n].
+fn product(xb: &[f32], yb: &[f32], (m, k, n): (usize, usize, usize), ty: bool, ob: &mut [f32]) {
+    if m >= 2 && n >= 2 && (ty || m > AXPY_MAX_ROWS) {
+        // A product of two matrices (a prefill chunk's attention: q·kᵀ and probs·v): the
+        // blocked product, whose output-major form over yᵀ's rows is x @ y row-major.
+        // (Only here: a decode step's products have m = 1, or n = 1 in the Neural Engine
+        // layout, and keep their summation order, which the two layouts share. A decode
+        // step's probs·v over a group of query heads, m = G rows against the whole cache,
+        // takes the row-by-row form below: transposing the cache for the blocked product
+        // cost more than the product.)
+        let yt;
+        let yb: &[f32] = if ty {
+            yb
+        } else {
+            yt = transpose2(yb, k, n);
+            &yt
+        };
+        gemm_nt(yb, n, xb, m, k, ob);
+    } else if ty {
+        // y is [n, k]: every output is a dot of two contiguous rows.
+        for i in 0..m {
+            let xr = &xb[i * k..(i + 1) * k];
+            for j in 0..n {
+                ob[i * n + j] = dot(xr, &yb[j * k..(j + 1) * k]);
+            }
+        }
+    } else {
+        // Each output sums x[i, kk]·y[kk, j] in kk order; y is read once, row by row, for
+        // all m rows (at most AXPY_MAX_ROWS, or one column).
+        for kk in 0..k {
+            axpy_rows(xb, (m, k, kk), &yb[kk * n..(kk + 1) * n], ob);
+        }
+    }
+}
+
+/// `ob[i, ..] += x[i, kk] · yrow` for every row i of x (a multiply then an add, unfused).
+#[inline]
+fn axpy_rows(xb: &[f32], (m, k, kk): (usize, usize, usize), yrow: &[f32], ob: &mut [f32]) {
+    let n = yrow.len();
+    for i in 0..m {
+        let a = xb[i * k + kk];
+        let orow = &mut ob[i * n..(i + 1) * n];
+        for (o, &b) in orow.iter_mut().zip(yrow) {
+            *o += a * b;
+        }
+    }
+}
+
+/// [`product`] with fp16 y, the same bits: the blocked product's tiles and the dot products
+/// widen y in registers; the row-by-row form widens each row of y once. The one form that
+/// needs y transposed widens it whole first.
+fn product_half(
+    xb: &[f32],
+    yb: &[f16],
+    (m, k, n): (usize, usize, usize),
+    ty: bool,
+    ob: &mut [f32],
+) {
+    if m >= 2 && n >= 2 && ty {
+        // gemm_nt_f16 over x's rows and y's gives ob transposed ([n, m]): every output the
+        // same sum, the same lanes in the same order, as `product`'s gemm_nt over y's and x's.
+        let mut t = vec![0f32; m * n];
+        gemm_nt_f16(xb, m, yb, n, k, &mut t);
+        for (j, col) in t.chunks_exact(m).enumerate() {
+            for (i, v) in col.iter().enumerate() {
+                ob[i * n + j] = *v;
+            }
+        }
+    } else if m >= 2 && n >= 2 && m > AXPY_MAX_ROWS {
+        product(xb, &super::bulk::widened(yb), (m, k, n), ty, ob);
+    } else if ty {
+        for i in 0..m {
+            let xr = &xb[i * k..(i + 1) * k];
+            for j in 0..n {
+                ob[i * n + j] = dot_f16(xr, &yb[j * k..(j + 1) * k]);
+            }
+        }
+    } else {
+        let mut row = vec![0f32; n];
+        for kk in 0..k {
+            yb[kk * n..(kk + 1) * n].convert_to_f32_slice(&mut row);
+            axpy_rows(xb, (m, k, kk), &row, ob);
+        }
+    }
 }
 
 fn transpose2(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {

@@ -206,11 +206,11 @@ impl Package {
             (contract::POSITION, Tensor::i32(vec![1], &[pos])),
             (
                 contract::KEY_CACHE,
-                Tensor::f16(cache_shape.clone(), key_cache.to_vec()),
+                Tensor::f16(cache_shape.clone(), super::bulk::copied(key_cache)),
             ),
             (
                 contract::VALUE_CACHE,
-                Tensor::f16(cache_shape, value_cache.to_vec()),
+                Tensor::f16(cache_shape, super::bulk::copied(value_cache)),
             ),
         ];
         inputs.extend(self.per_layer_input(input_ids)?);

@@ -33,6 +33,23 @@ impl Data {
         self.len() == 0
     }
 
+    /// fp16 storage.
+    pub fn is_half(&self) -> bool {
+        matches!(self, Data::Half(_))
+    }
+
+    /// fp16 storage, or f32 values that fp16 holds exactly (NaN excluded: its payload may
+    /// not survive the round trip).
+    pub fn is_exact_half(&self) -> bool {
+        match self {
+            Data::Half(_) => true,
+            Data::F(v) => v
+                .iter()
+                .all(|&x| f16::from_f32(x).to_f32().to_bits() == x.to_bits()),
+            _ => false,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Data::F(_) | Data::Half(_) => "float",
@@ -190,9 +207,7 @@ pub fn conform_data(data: Data, dtype: DType) -> Data {
 
 /// fp16 values widened to f32.
 pub fn half_to_f32(v: &[f16]) -> Vec<f32> {
-    let mut out = vec![0f32; v.len()];
-    v.convert_to_f32_slice(&mut out);
-    out
+    super::bulk::widened(v)
 }
 
 /// f32 values rounded to fp16 (to nearest even; out of range becomes ±inf).
