@@ -452,6 +452,19 @@ fn gemma4_per_layer_table_lives_beside_the_package() {
         ["per-layer table `t.per_layer.bin` sha256"],
         "{report:#}"
     );
+
+    // Another model converted over it: refused without --force; with it, the output is that
+    // model's files only (no table of the earlier one left behind).
+    let llama = hf2coreml::testing::TinyModel::llama().write_temp().unwrap();
+    let o = convert(llama.path(), &pkg)
+        .args(["--max-seq-len", "16", "--keep-fp16", "*"])
+        .output();
+    assert_eq!(o.status.code(), Some(2));
+    convert(llama.path(), &pkg)
+        .args(["--max-seq-len", "16", "--keep-fp16", "*", "--force"])
+        .ok();
+    assert!(!table.exists(), "the earlier model's table is gone");
+    assert!(pkg.is_dir());
 }
 
 /// A chain of Gemma 4 computes what one package computes, bit for bit: the first part hands

@@ -11,6 +11,8 @@ use super::output::{check_replaceable, temp_file_beside, AtomicDir};
 pub struct Staged {
     dir: AtomicDir,
     files: Vec<(tempfile::NamedTempFile, PathBuf)>,
+    /// Sidecars of an earlier output that this one has none of (`--force` only).
+    stale: Vec<PathBuf>,
     force: bool,
 }
 
@@ -20,6 +22,7 @@ impl Staged {
         Ok(Staged {
             dir: AtomicDir::new(dest, force)?,
             files: Vec::new(),
+            stale: Vec::new(),
             force,
         })
     }
@@ -63,11 +66,27 @@ impl Staged {
         Ok(())
     }
 
-    /// Place the package, then each file. Without `force` nothing is replaced: a name taken
+    /// A sidecar name this output does not use (a Gemma 4 table beside a model without one):
+    /// with `force`, an existing regular file of that name is removed at commit, so that the
+    /// output is the new model's files only; without it the name must be free already.
+    pub fn remove_at_commit(&mut self, dest: &Path) -> std::io::Result<()> {
+        if self.force && dest.symlink_metadata().is_ok() {
+            check_replaceable(dest, false)?;
+            self.stale.push(dest.to_path_buf());
+        }
+        Ok(())
+    }
+
+    /// Place the package, then each file, then remove the stale ones. Without `force` nothing is replaced: a name taken
     /// meanwhile fails the commit. Should a file fail to take its place, the package and the
     /// files already placed are removed again, and the error names the file.
     pub fn commit(self) -> std::io::Result<PathBuf> {
-        let Staged { dir, files, force } = self;
+        let Staged {
+            dir,
+            files,
+            stale,
+            force,
+        } = self;
         // One commit: an interrupt waits until the package and its files are all in place.
         let _lock = super::interrupt::commit_lock()?;
         let package = dir.commit_locked()?;
@@ -91,6 +110,17 @@ impl Staged {
             }
             placed.push(dest);
         }
+        for p in stale {
+            match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("removing the earlier {}: {e}", p.display()),
+                    ))
+                }
+                _ => {}
+            }
+        }
         Ok(package)
     }
 }
@@ -112,6 +142,26 @@ mod tests {
         assert!(dest.join("x").is_file());
         assert_eq!(std::fs::read(&side).unwrap(), b"{}");
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_stale_sidecar_goes_with_force_only() {
+        let root = tempfile::tempdir().unwrap();
+        let dest = root.path().join("m.mlpackage");
+        let stale = root.path().join("m.per_layer.bin");
+        std::fs::write(&stale, b"old").unwrap();
+        let mut s = Staged::new(&dest, false).unwrap();
+        s.remove_at_commit(&stale).unwrap();
+        s.commit().unwrap();
+        assert!(stale.exists(), "kept without force");
+        let mut s = Staged::new(&dest, true).unwrap();
+        s.remove_at_commit(&stale).unwrap();
+        s.commit().unwrap();
+        assert!(dest.is_dir() && !stale.exists());
+        // Not a regular file: refused, even with force.
+        std::fs::create_dir(&stale).unwrap();
+        let mut s = Staged::new(&dest, true).unwrap();
+        assert!(s.remove_at_commit(&stale).is_err());
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl Outputs {
 /// Gemma 4's per-layer table, staged beside the package in the form the contract describes
 /// ([`contract::PerLayerTable`]): row by row from the mapped checkpoint, rounded to fp16 and
 /// hashed on the way, so the table is never held in memory. `outputs` loses the file when the
-/// model has no table.
+/// model has no table, and a file of that name an earlier output left goes at commit.
 pub(super) fn stage_per_layer_table(
     ckpt: &Checkpoint,
     outputs: &mut Outputs,
@@ -73,7 +73,11 @@ pub(super) fn stage_per_layer_table(
         outputs.per_layer.clone(),
         spec.gemma4.as_ref().filter(|g| g.per_layer_input > 0),
     ) else {
-        outputs.per_layer = None;
+        // A table an earlier model left under this name is not this output's (removed with
+        // --force, whose check already found it a regular file).
+        if let Some(stale) = outputs.per_layer.take() {
+            staged.remove_at_commit(&stale).map_err(io_err(&stale))?;
+        }
         return Ok(None);
     };
     let name = TensorId::PerLayerEmbedding.hf_name();
