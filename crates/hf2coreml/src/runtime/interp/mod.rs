@@ -17,7 +17,7 @@
 //! turns a program back into a graph another backend can replay; [`bulk`] copies and widens
 //! large buffers (the caches) across the thread pool.
 
-pub mod bulk;
+pub(crate) mod bulk;
 mod constexpr;
 mod consts;
 mod lift;
