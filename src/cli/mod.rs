@@ -23,7 +23,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Describe a checkpoint: architecture, parameters, tensors by role, sizes under the recipe.
+    /// Describe a checkpoint (architecture, parameters, tensors by role, sizes under the recipe),
+    /// a GGUF file's header, or a saved package, chain or Core AI asset.
     Inspect(commands::inspect::Args),
     /// List the shipped recipes: what each stores, what it is for, what it was measured to give.
     Recipes(commands::recipes::Args),
@@ -36,7 +37,8 @@ pub enum Command {
     Palettize(commands::palettize::Args),
     /// Turn a llama.cpp GGUF file into a Hugging Face checkpoint directory.
     ImportGguf(commands::import_gguf::Args),
-    /// Run a package on the CPU (MIL interpreter): generate text, stream it, report tokens/s.
+    /// Generate text from a package (the CPU's MIL interpreter) or a Core AI asset (Apple's
+    /// runtime): stream it, report tokens/s.
     Run(commands::run::Args),
     /// Check a saved package against its checkpoint: contract, weights, logits, fp16 ranges, gates.
     Validate(commands::validate::Args),

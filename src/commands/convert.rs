@@ -34,12 +34,12 @@ pub struct Args {
     pub recipe: RecipeArgs,
     /// The graph's layout, overriding the recipe's `layout` (default: default). `ane` builds
     /// the Neural Engine's (B, C, 1, S) form: 1×1 convs, per-head attention, the same inputs
-    /// and outputs (README, "The Neural Engine layout").
+    /// and outputs (docs/targets.md, "The Neural Engine layout").
     #[arg(long, value_enum, value_name = "LAYOUT")]
     pub layout: Option<LayoutArg>,
     /// How the KV cache crosses the package boundary, overriding the recipe's `kv_cache`
     /// (default: io). `state` (needs --target ios18) keeps it inside Core ML as one state
-    /// (`MLState`), for GPU and Mac targets (README, "Stateful KV cache").
+    /// (`MLState`), for GPU and Mac targets (docs/targets.md, "Stateful KV cache").
     #[arg(long, value_enum, value_name = "MODE")]
     pub kv_cache: Option<KvCacheArg>,
     /// iOS18 and Core AI: one package (or asset) with a `prefill` function of Q tokens a call

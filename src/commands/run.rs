@@ -27,7 +27,8 @@ pub enum ComputeArg {
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The .mlpackage to run, or a chain of packages (the directory `convert` wrote).
+    /// The .mlpackage to run, a chain of packages (the directory `convert` wrote), or a Core AI
+    /// .aimodel or chain of them (run by Apple's runtime from the Python environment).
     pub package: PathBuf,
     /// Text to continue (tokenized with the package's tokenizer).
     #[arg(
@@ -50,7 +51,7 @@ pub struct Args {
     /// the chat, carries on after it.
     #[arg(long, value_name = "FILE")]
     pub load_cache: Option<PathBuf>,
-    /// Save the KV cache's valid rows at the end (README: "Saving and restoring the KV cache").
+    /// Save the KV cache's valid rows at the end (docs/contract.md, "The KV-cache file").
     #[arg(long, value_name = "FILE")]
     pub save_cache: Option<PathBuf>,
     /// Tokens to generate; 0 processes the prompt only.

@@ -18,11 +18,12 @@ pub enum ComputeArg {
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The .mlpackage to validate.
+    /// The .mlpackage to validate, a chain of packages, or a Core AI .aimodel or chain of them
+    /// (run by Apple's runtime from the Python environment).
     pub package: PathBuf,
-    /// The checkpoint it was converted from, a directory or a Hub id in the local Hugging Face
-    /// cache (default: the one its report records, while its files still hash as the
-    /// package's contract records).
+    /// The checkpoint it was converted from: a directory, a .gguf file (through its import in
+    /// the model cache) or a Hub id in the local Hugging Face cache (default: the one its
+    /// report records, while its files still hash as the package's contract records).
     #[arg(long)]
     pub against: Option<PathBuf>,
     /// Text to evaluate on (default: the evaluation passage shipped in assets/).

@@ -1,19 +1,23 @@
-//! hf2coreml: Hugging Face causal LMs → Core ML ML Programs (iOS17, iOS18) with palettized
-//! weights, a fixed max_sequence_length and a static KV cache, validated on any machine.
+//! hf2coreml: Hugging Face causal LMs → Core ML ML Programs (iOS17, iOS18) and Core AI assets
+//! with palettized weights, a fixed max_sequence_length and a static KV cache, validated on any
+//! machine.
 //!
-//! The module tree is the pipeline, and data flows one way (docs/architecture.md):
+//! The module tree is the pipeline, and data flows one way:
 //! checkpoint → model → quant → graph → emit → mlpackage → runtime → validate, with
-//! `pipeline` orchestrating them for the commands.
+//! `pipeline` orchestrating them for the commands. What each module may import is stated once,
+//! in docs/architecture.md.
 
-// Foundations: used by every layer, importing none of them.
+// Foundations: they import no other module of the library.
 pub mod error;
 pub mod fsutil;
 pub mod progress;
-pub mod pyenv;
 pub mod util;
 
-// The pipeline, lowest layer first: a module imports only modules declared above it (the table
-// in docs/architecture.md says which; tests/it/architecture checks both). rustfmt sorts modules between comments, hence one each.
+// The rest, lowest layer first: a module imports only modules declared above it (the table in
+// docs/architecture.md says which; tests/it/architecture checks both). rustfmt sorts modules
+// between comments, hence one each.
+// The embedded Python the bridges run in.
+pub mod pyenv;
 // What builder, bridge and reader share: element types, ops, the contract.
 pub mod mil;
 // Architectures, tensor roles and names.
@@ -32,8 +36,7 @@ pub mod graph;
 pub mod aimodel;
 // Serialization through coremltools and coreai-core.
 pub mod emit;
-// Reading packages back (it and lint never import `graph` or `emit`; runtime uses the graph
-// IR's types only to lift a loaded program for the cross-check).
+// Reading packages back.
 pub mod mlpackage;
 // Neural Engine readiness of a saved package.
 pub mod lint;
