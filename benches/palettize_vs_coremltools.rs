@@ -22,7 +22,7 @@ use hf2coreml::quant::{self, Decision, Recipe};
 use hf2coreml::testing::TinyModel;
 use rayon::prelude::*;
 
-/// The bar for "no worse": ours/theirs MSE at most this (f16 LUT rounding only).
+/// The bar for "no worse": ours/theirs MSE at most this (f16 LUT rounding only).
 const MSE_RATIO_BAR: f64 = 1.0001;
 /// Timing repetitions for our side (it is fast; take the best to skip cold caches and the
 /// moments a shared machine's other jobs take a core).

@@ -20,13 +20,12 @@ pub mod validate;
 /// KV cache widened to f32). glibc hands out blocks above its mmap threshold (128 KiB until a
 /// block that large is freed) as fresh mappings: each is faulted in and zeroed page by page and
 /// unmapped when freed. With the weights in place nothing large is freed at load, so the
-/// threshold never rises and a 1B chain's decode step took 2× as long, more system time than
-/// user time (docs/design.md, "The runner's memory"). Fixing the threshold at glibc's dynamic maximum
-/// (32 MiB) keeps those blocks in the heap. The trim threshold is 512 MiB: a chain's step frees
-/// each part's copy of its caches (tens of MiB at 8B) before the next part allocates its own,
-/// and at glibc's 64 MiB the heap top went back to the kernel and was faulted in again every
-/// part (8B chain decode 1.19 → 1.41 tok/s, peak anonymous memory unchanged:
-/// benches/runner_ab.sh).
+/// threshold would never rise and every step would pay for those mappings. Fixing the
+/// threshold at glibc's dynamic maximum (32 MiB) keeps those blocks in the heap. The trim
+/// threshold is 512 MiB: a chain's step frees each part's copy of its caches (tens of MiB at
+/// 8B) before the next part allocates its own, and at glibc's 64 MiB the heap top would go back
+/// to the kernel and be faulted in again every part. What each costs, measured:
+/// docs/design.md, "The runner's memory".
 pub fn tune_allocator_for_the_runner() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; it is called before any thread starts

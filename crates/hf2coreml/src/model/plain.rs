@@ -1248,11 +1248,10 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
 
 /// Numerically stable softmax over the last dimension.
 ///
-/// A fused one-pass version (scale, mask, max, exp, sum, divide per row) made calibration 7 s
-/// faster on SmolLM2, but its f32 rounding differs from this op chain's by an ulp here and
-/// there, and GPTQ turns that into different index choices: all-4-bit KL 0.090 → 0.094-0.099
-/// (top-1 0.861 → 0.849-0.851) with no change in method. Calibration keeps this chain so its
-/// measured results stay reproducible.
+/// Kept as this op chain rather than fused into one pass: calibration runs through it, and
+/// GPTQ turns an ulp of different f32 rounding into different index choices, so a fused
+/// version would move every calibrated result (docs/quality.md, "Noise floor"). The chain
+/// keeps them reproducible.
 fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
     let m = x.max_keepdim(D::Minus1)?;
     let e = x.broadcast_sub(&m)?.exp()?;
