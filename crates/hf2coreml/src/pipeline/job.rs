@@ -465,8 +465,6 @@ impl Job {
         let spec = ckpt.spec();
         check_context(spec, self.max_seq_len)?;
         crate::graph::decoder::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
-        let p = &self.package;
-        crate::graph::decoder::check_recurrent(spec, p.layout).map_err(ConvertError::from)?;
         check_recipe(spec, &self.recipe)?;
         let predicted = self.recipe.weights_bytes(&ckpt.package_slots());
         self.check_split(ckpt)?;

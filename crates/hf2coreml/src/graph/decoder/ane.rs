@@ -20,7 +20,8 @@ use std::collections::BTreeMap;
 
 use super::linear::{LinearWeight, Weights};
 use super::lower::Lowering;
-use super::{block, logits, rms_norm, shared_inputs, stack, Dims, Kept, Part, Shared, StepOptions};
+use super::{block, logits, recurrent_updates, rms_norm, shared_inputs, stack};
+use super::{Dims, Kept, Part, Shared, Sorted, StepOptions};
 use crate::arch::{ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, Graph, GraphError, Op, Weight};
 use crate::mil::chain::{HIDDEN_IN, HIDDEN_OUT};
@@ -67,20 +68,21 @@ pub(super) fn build_part(
         (first, None)
     };
     let mut x = channels_first(&mut b, &x, spec.hidden_size, q, "hidden_cf");
-    let mut key_rows = Vec::with_capacity(part.layers.len());
-    let mut value_rows = Vec::with_capacity(part.layers.len());
+    let mut kept = Vec::with_capacity(part.layers.len());
     if let Some(shared) = &shared {
         let lower = Lowering::Ane(Cf::new(&mut b, shared));
         for l in part.layers.clone() {
-            let (out, kept) = block(&mut b, &mut weights, &lower, shared, l, &x)?;
+            let (out, k) = block(&mut b, &mut weights, &lower, shared, l, &x)?;
             x = out;
-            // Short-convolution blocks are refused in this layout (`check_recurrent`).
-            if let Kept::Rows(k, v) = kept {
-                key_rows.push(k);
-                value_rows.push(v);
-            }
+            kept.push(k);
         }
     }
+    let Sorted {
+        keys: key_rows,
+        values: value_rows,
+        conv,
+        delta,
+    } = Kept::sort(kept);
     let mut outputs = if part.head {
         let parts = match head.take() {
             Some(p) => p,
@@ -90,18 +92,12 @@ pub(super) fn build_part(
             }
         };
         let nw = norm_weight(&mut b, &mut weights, TensorId::FinalNorm)?;
+        let offset = spec.norm_offset().into();
+        let nw = super::plus_offset(&mut b, nw, TensorId::FinalNorm, offset);
         let rows = if opts.last_logits_only { 1 } else { q };
         if rows < q {
-            let (q, c) = (q as i64, spec.hidden_size as i64);
-            x = b.op(
-                Op::SliceByIndex,
-                "last_position",
-                vec![
-                    ("x", var(&x)),
-                    ("begin", ints(&[0, 0, 0, q - 1])),
-                    ("end", ints(&[1, c, 1, q])),
-                ],
-            );
+            let valid = shared.as_ref().and_then(|sh| sh.valid.as_deref());
+            x = last_position(&mut b, &x, (spec.hidden_size, q), valid);
         }
         let hn = rms_norm(
             &mut b,
@@ -122,9 +118,13 @@ pub(super) fn build_part(
         let t = tokens_first(&mut b, &x, spec.hidden_size, q, "hidden_out_bqc");
         vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&t))])]
     };
-    if shared.is_some() {
+    // A hybrid model's part may hold no attention block, and then no cache.
+    if !key_rows.is_empty() {
         outputs.push(stack(&mut b, key_rows, contract::KEY_UPDATE));
         outputs.push(stack(&mut b, value_rows, contract::VALUE_UPDATE));
+    }
+    if let Some(sh) = &shared {
+        recurrent_updates(&mut b, sh, (conv, delta), &mut outputs);
     }
     weights.finish()?;
     b.finish(outputs)
@@ -145,11 +145,6 @@ fn check(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
             "{} is not built in --layout ane: use --layout default",
             spec.architecture
         )));
-    }
-    if spec.rotary_dim() != spec.head_dim {
-        return Err(GraphError::Unsupported(
-            "partial RoPE (Phi-4-mini) is not built in --layout ane: use --layout default".into(),
-        ));
     }
     Ok(())
 }
@@ -173,7 +168,7 @@ impl<'a> Cf<'a> {
 }
 
 /// [1, Q, C] → [1, C, 1, Q].
-fn channels_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &str) -> String {
+pub(super) fn channels_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &str) -> String {
     let t = b.op(
         Op::Transpose,
         &format!("{name}_t"),
@@ -187,7 +182,7 @@ fn channels_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &str) -> S
 }
 
 /// [1, C, 1, Q] → [1, Q, C].
-fn tokens_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &str) -> String {
+pub(super) fn tokens_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &str) -> String {
     let r = b.op(
         Op::Reshape,
         &format!("{name}_r"),
@@ -197,6 +192,38 @@ fn tokens_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &str) -> Str
         Op::Transpose,
         name,
         vec![("x", var(&r)), ("perm", ints(&[0, 2, 1]))],
+    )
+}
+
+/// The hidden state [1, C, 1, 1] the logits of a `prefill` function with `--prefill-logits
+/// last` come from: a hybrid chunk's last real token (`valid_len − 1`: its padding follows
+/// it), else the last of the Q.
+fn last_position(b: &mut Builder, x: &str, (c, q): (usize, usize), valid: Option<&str>) -> String {
+    if let Some(valid) = valid {
+        let last = b.op(
+            Op::Sub,
+            "last_position_index",
+            vec![("x", var(valid)), ("y", Arg::Int(1))],
+        );
+        return b.op(
+            Op::Gather,
+            "last_position",
+            vec![
+                ("x", var(x)),
+                ("indices", var(&last)),
+                ("axis", Arg::Int(3)),
+            ],
+        );
+    }
+    let (q, c) = (q as i64, c as i64);
+    b.op(
+        Op::SliceByIndex,
+        "last_position",
+        vec![
+            ("x", var(x)),
+            ("begin", ints(&[0, 0, 0, q - 1])),
+            ("end", ints(&[1, c, 1, q])),
+        ],
     )
 }
 

@@ -146,38 +146,9 @@ fn qkv(
         out.push(lower.project(b, proj, w, bias, hn, &format!("{tag}_{n}"))?);
     }
     let gate = if shared.output_gate {
-        let Lowering::Default = lower else {
-            return Err(GraphError::Unsupported(
-                "gated attention (Qwen3.5) is built in the default layout only: use --layout \
-                 default"
-                    .into(),
-            ));
-        };
-        let (q, n, d) = (dims.q as i64, dims.h as i64, dims.d as i64);
-        // Each head's rows are D query rows, then D gate rows.
-        let both = b.op(
-            Op::Reshape,
-            &format!("{tag}_q_gate"),
-            vec![("x", var(&out[0])), ("shape", ints(&[1, q, n, 2 * d]))],
-        );
-        let mut half = |i: i64, what: &str| {
-            let part = b.op(
-                Op::SliceByIndex,
-                &format!("{tag}_{what}_heads"),
-                vec![
-                    ("x", var(&both)),
-                    ("begin", ints(&[0, 0, 0, i * d])),
-                    ("end", ints(&[1, q, n, (i + 1) * d])),
-                ],
-            );
-            b.op(
-                Op::Reshape,
-                &format!("{tag}_{what}_flat"),
-                vec![("x", var(&part)), ("shape", ints(&[1, q, n * d]))],
-            )
-        };
-        out[0] = half(0, "query");
-        Some(half(1, "gate"))
+        let (query, gate) = lower.query_and_gate(b, &out[0], dims, &tag);
+        out[0] = query;
+        Some(gate)
     } else {
         None
     };
@@ -277,7 +248,7 @@ pub(super) fn heads(b: &mut Builder, t: &str, n: usize, dims: &Dims, name: &str)
 
 /// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the heads' D `axis`
 /// of x ([1, n, Q, D], or the Neural Engine layout's [1, n, D, Q] with its transposed tables).
-/// With partial RoPE (the default layout only) the first R dimensions form [a, b]; the rest are
+/// With partial RoPE (Phi-4-mini, Qwen3.5) the first R dimensions form [a, b]; the rest are
 /// carried along into the rotated copy, where the table's sin 0 (and cos 1) leave x's own.
 fn apply_rope(
     b: &mut Builder,
@@ -302,21 +273,20 @@ fn apply_rope(
                 ("axis", Arg::Int(axis)),
             ],
         )
-    } else if axis != -1 {
-        return Err(GraphError::Unsupported(
-            "partial RoPE (Phi-4-mini) is not built in --layout ane: use --layout default".into(),
-        ));
     } else {
-        let end = [1, n as i64, dims.q as i64];
+        // The heads [1, n, Q, D] (default) or [1, n, D, Q]; D along `axis`.
+        let (q, at) = (dims.q as i64, if axis == -1 { 3 } else { axis as usize });
+        let shape = match at {
+            3 => [1, n as i64, q, d as i64],
+            _ => [1, n as i64, d as i64, q],
+        };
         let mut slice = |from: usize, to: usize, part: &str| {
+            let (mut begin, mut end) = ([0; 4], shape);
+            (begin[at], end[at]) = (from as i64, to as i64);
             b.op(
                 Op::SliceByIndex,
                 &format!("{name}_{part}"),
-                vec![
-                    ("x", var(x)),
-                    ("begin", ints(&[0, 0, 0, from as i64])),
-                    ("end", ints(&[end[0], end[1], end[2], to as i64])),
-                ],
+                vec![("x", var(x)), ("begin", ints(&begin)), ("end", ints(&end))],
             )
         };
         vec![

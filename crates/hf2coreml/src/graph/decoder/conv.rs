@@ -120,8 +120,9 @@ pub(super) struct ConvOut {
     pub(super) state: String,
 }
 
-/// Block `l`'s short convolution over its normed input `hn` [1, Q, C]; `slot` is its index in
-/// the `conv_state` input.
+/// Block `l`'s short convolution over its normed input `hn` (in the layout's hidden form);
+/// `slot` is its index in the `conv_state` input. The convolution runs on [1, Q, C] in every
+/// layout: the Neural Engine's turns in_proj's output to it and the gated result back.
 pub(super) fn short_conv(
     b: &mut Builder,
     weights: &mut Weights,
@@ -131,13 +132,6 @@ pub(super) fn short_conv(
     (l, slot): (usize, usize),
     hn: &str,
 ) -> Result<ConvOut, GraphError> {
-    let Lowering::Default = lower else {
-        return Err(GraphError::Unsupported(
-            "short-convolution blocks (LFM2) are built in the default layout only: use \
-             --layout default"
-                .into(),
-        ));
-    };
     let conv = shared
         .conv
         .as_ref()
@@ -152,6 +146,8 @@ pub(super) fn short_conv(
         None
     };
     let bcx = lower.project(b, proj, w_in, in_bias, hn, &format!("{tag}_in"))?;
+    let n = shared.dims.q;
+    let bcx = lower.tokens(b, &bcx, 3 * conv.channels, n, &format!("{tag}_in_tokens"));
     let third = |b: &mut Builder, i: i64, name: &str| {
         b.op(
             Op::SliceByIndex,
@@ -201,6 +197,7 @@ pub(super) fn short_conv(
     } else {
         None
     };
+    let gated = lower.hidden(b, &gated, conv.channels, n, &format!("{tag}_gated_hidden"));
     let out = lower.project(b, proj, w_out, out_bias, &gated, &format!("{tag}_out"))?;
     Ok(ConvOut { out, state })
 }

@@ -9,7 +9,7 @@ use super::ane::{self, Cf};
 use super::linear::{LinearWeight, Projections, Weights};
 use super::{Dims, Shared};
 use crate::arch::TensorId;
-use crate::graph::{Builder, GraphError};
+use crate::graph::{ints, var, Builder, GraphError, Op};
 
 /// The layout a block is lowered to.
 pub(super) enum Lowering<'a> {
@@ -21,8 +21,8 @@ pub(super) enum Lowering<'a> {
 }
 
 impl Lowering<'_> {
-    /// A norm's weight as it multiplies (with Gemma's offset; a [C, 1, 1] constant in the
-    /// Neural Engine layout).
+    /// A norm's weight as it multiplies (with the (1 + w) offset of Gemma and Qwen3.5; a
+    /// [C, 1, 1] constant in the Neural Engine layout).
     pub(super) fn norm_weight(
         &self,
         b: &mut Builder,
@@ -33,8 +33,8 @@ impl Lowering<'_> {
         match self {
             Lowering::Default => super::norm_weight(b, weights, id, offset),
             Lowering::Ane(_) => {
-                refuse_if(offset != 0.0, "(1 + w) norms (Gemma)")?;
-                ane::norm_weight(b, weights, id)
+                let w = ane::norm_weight(b, weights, id)?;
+                Ok(super::plus_offset(b, w, id, offset))
             }
         }
     }
@@ -75,6 +75,79 @@ impl Lowering<'_> {
         }
     }
 
+    /// A projection's output `x` of `c` channels as [1, Q, C]: the form the recurrent blocks'
+    /// cores (convolution, delta rule) are written in, whatever the layout.
+    pub(super) fn tokens(
+        &self,
+        b: &mut Builder,
+        x: &str,
+        c: usize,
+        q: usize,
+        name: &str,
+    ) -> String {
+        match self {
+            Lowering::Default => x.to_string(),
+            Lowering::Ane(_) => ane::tokens_first(b, x, c, q, name),
+        }
+    }
+
+    /// [1, Q, C] back in the layout's hidden form, for the projection that follows.
+    pub(super) fn hidden(
+        &self,
+        b: &mut Builder,
+        x: &str,
+        c: usize,
+        q: usize,
+        name: &str,
+    ) -> String {
+        match self {
+            Lowering::Default => x.to_string(),
+            Lowering::Ane(_) => ane::channels_first(b, x, c, q, name),
+        }
+    }
+
+    /// q_proj's output of Qwen3.5's gated attention split into the queries and the output
+    /// gate (each head's rows are D query rows, then D gate rows), both in the layout's hidden
+    /// form [1, Q, H·D] or [1, H·D, 1, Q].
+    pub(super) fn query_and_gate(
+        &self,
+        b: &mut Builder,
+        x: &str,
+        dims: &Dims,
+        tag: &str,
+    ) -> (String, String) {
+        let (q, n, d) = (dims.q as i64, dims.h as i64, dims.d as i64);
+        // The heads' shape, the axis each head's 2·D rows run along, the flat shape.
+        let (shape, axis, flat) = match self {
+            Lowering::Default => ([1, q, n, 2 * d], 3, vec![1, q, n * d]),
+            Lowering::Ane(_) => ([1, n, 2 * d, q], 2, vec![1, n * d, 1, q]),
+        };
+        let both = b.op(
+            Op::Reshape,
+            &format!("{tag}_q_gate"),
+            vec![("x", var(x)), ("shape", ints(&shape))],
+        );
+        let mut half = |i: i64, what: &str| {
+            let (mut begin, mut end) = ([0; 4], shape);
+            (begin[axis], end[axis]) = (i * d, (i + 1) * d);
+            let part = b.op(
+                Op::SliceByIndex,
+                &format!("{tag}_{what}_heads"),
+                vec![
+                    ("x", var(&both)),
+                    ("begin", ints(&begin)),
+                    ("end", ints(&end)),
+                ],
+            );
+            b.op(
+                Op::Reshape,
+                &format!("{tag}_{what}_flat"),
+                vec![("x", var(&part)), ("shape", ints(&flat))],
+            )
+        };
+        (half(0, "query"), half(1, "gate"))
+    }
+
     /// A projection's output as `n` heads.
     pub(super) fn heads(
         &self,
@@ -98,8 +171,8 @@ impl Lowering<'_> {
         }
     }
 
-    /// A per-head q/k norm's weight [D] as it multiplies the heads (with Gemma's offset; [D, 1]
-    /// in the Neural Engine layout, where each head's D values run down axis 2).
+    /// A per-head q/k norm's weight [D] as it multiplies the heads (with the (1 + w) offset;
+    /// [D, 1] in the Neural Engine layout, where each head's D values run down axis 2).
     pub(super) fn head_norm_weight(
         &self,
         b: &mut Builder,
@@ -110,8 +183,8 @@ impl Lowering<'_> {
         match self {
             Lowering::Default => super::norm_weight(b, weights, id, offset),
             Lowering::Ane(_) => {
-                refuse_if(offset != 0.0, "(1 + w) norms (Gemma)")?;
-                ane::head_norm_weight(b, weights, id)
+                let w = ane::head_norm_weight(b, weights, id)?;
+                Ok(super::plus_offset(b, w, id, offset))
             }
         }
     }

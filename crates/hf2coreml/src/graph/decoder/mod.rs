@@ -222,6 +222,36 @@ enum Kept {
     Delta(String, String),
 }
 
+/// What a step's blocks kept, by kind, each in block order.
+#[derive(Default)]
+struct Sorted {
+    keys: Vec<String>,
+    values: Vec<String>,
+    conv: Vec<String>,
+    delta: Vec<String>,
+}
+
+impl Kept {
+    fn sort(kept: Vec<Kept>) -> Sorted {
+        let mut s = Sorted::default();
+        for k in kept {
+            match k {
+                Kept::Nothing => {}
+                Kept::Rows(k, v) => {
+                    s.keys.push(k);
+                    s.values.push(v);
+                }
+                Kept::Conv(st) => s.conv.push(st),
+                Kept::Delta(c, st) => {
+                    s.conv.push(c);
+                    s.delta.push(st);
+                }
+            }
+        }
+        s
+    }
+}
+
 /// Refuse hyperparameters that become constants the program's float type cannot hold: in
 /// fp16, RMSNorm's ε times the range scale² (beyond 65504 it is +inf, every normalized
 /// activation 0 and every logit equal), LongRoPE's factor on cos and sin, and the embedding's
@@ -302,7 +332,7 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         // (`shared_inputs`, `mask::window_mask`).
         gemma: _,
         // LFM2's short-convolution blocks (`conv::short_conv`), their state an input and an
-        // output beside the caches; the forms that cannot carry it yet: `check_recurrent`.
+        // output beside the caches (or a Core ML state), in both layouts.
         short_conv: _,
         // Qwen3.5's DeltaNet blocks (`delta::gated_delta`), their states inputs and outputs
         // beside the caches, and its gated attention (`attention::attention`).
@@ -352,35 +382,6 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
         }
     }
     Ok(())
-}
-
-/// Refuse the form of the contract a hybrid model's recurrent state (LFM2's conv blocks,
-/// Qwen3.5's DeltaNets) is not carried through: the Neural Engine layout. Every default-layout
-/// form carries it: io inputs and outputs (one function or prefill and decode, packages,
-/// assets, chains) and, with `--kv-cache state`, Core ML states.
-pub fn check_recurrent(
-    spec: &ModelSpec,
-    layout: crate::mil::contract::Layout,
-) -> Result<(), GraphError> {
-    let what = match (&spec.short_conv, &spec.gated_delta) {
-        (Some(c), _) => format!(
-            "{} has {} short-convolution blocks, whose state",
-            spec.architecture,
-            c.layers.len()
-        ),
-        (None, Some(g)) => format!(
-            "{} has {} Gated DeltaNet blocks, whose state",
-            spec.architecture,
-            g.layers.len()
-        ),
-        (None, None) => return Ok(()),
-    };
-    let refused = (layout == crate::mil::contract::Layout::Ane)
-        .then_some("the --layout ane builder does not carry yet: use --layout default");
-    match refused {
-        Some(why) => Err(GraphError::Unsupported(format!("{what} {why}"))),
-        None => Ok(()),
-    }
 }
 
 /// Refuse a chain part that lacks what its blocks read within a step: a block that shares
@@ -456,7 +457,6 @@ pub fn build_part(
     check_constants(spec, opts)?;
     let whole = *part == Part::whole(spec);
     state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
-    check_recurrent(spec, opts.layout)?;
     if !whole {
         check_part(spec, part)?;
     }
@@ -509,28 +509,20 @@ pub fn build_part(
     if let (Some(shared), Some(given)) = (&mut shared, &per_layer_in) {
         shared.per_layer = Some(per_layer::given(&mut b, spec, shared, given));
     }
-    let mut key_rows = Vec::with_capacity(part.layers.len());
-    let mut value_rows = Vec::with_capacity(part.layers.len());
-    let mut conv_states = Vec::new();
-    let mut delta_states = Vec::new();
+    let mut kept = Vec::with_capacity(part.layers.len());
     if let Some(shared) = &shared {
         for l in part.layers.clone() {
-            let (out, kept) = block(&mut b, &mut weights, &Lowering::Default, shared, l, &x)?;
+            let (out, k) = block(&mut b, &mut weights, &Lowering::Default, shared, l, &x)?;
             x = out;
-            match kept {
-                Kept::Nothing => {}
-                Kept::Rows(k, v) => {
-                    key_rows.push(k);
-                    value_rows.push(v);
-                }
-                Kept::Conv(st) => conv_states.push(st),
-                Kept::Delta(c, st) => {
-                    conv_states.push(c);
-                    delta_states.push(st);
-                }
-            }
+            kept.push(k);
         }
     }
+    let Sorted {
+        keys: key_rows,
+        values: value_rows,
+        conv,
+        delta,
+    } = Kept::sort(kept);
 
     let mut outputs = if part.head {
         if head.is_none() {
@@ -576,7 +568,7 @@ pub fn build_part(
         _ => {}
     }
     if let Some(sh) = &shared {
-        recurrent_updates(&mut b, sh, (conv_states, delta_states), &mut outputs);
+        recurrent_updates(&mut b, sh, (conv, delta), &mut outputs);
     }
     weights.finish()?;
     b.finish(outputs)
@@ -875,14 +867,20 @@ fn norm_weight(
     offset: f64,
 ) -> Result<String, GraphError> {
     let w = weights.single(b, id)?;
+    Ok(plus_offset(b, w, id, offset))
+}
+
+/// A norm weight `w` of tensor `id` plus `offset` (an `add`, so a package stores the
+/// checkpoint's w); `w` itself when the offset is 0.
+fn plus_offset(b: &mut Builder, w: String, id: TensorId, offset: f64) -> String {
     if offset == 0.0 {
-        return Ok(w);
+        return w;
     }
-    Ok(b.op(
+    b.op(
         Op::Add,
         &format!("{}_plus_one", crate::arch::mil_name(&id.hf_name())),
         vec![("x", var(&w)), ("y", Arg::Float(offset))],
-    ))
+    )
 }
 
 /// Gemma's norm `id` of a sublayer output `x` (o_proj's or down_proj's, which carry α, so ε

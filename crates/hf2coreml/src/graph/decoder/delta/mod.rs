@@ -312,8 +312,10 @@ impl Ops<'_> {
     }
 }
 
-/// Block `l`'s Gated DeltaNet over its normed input `hn` [1, Q, H]; `slot` is its index in the
-/// conv and DeltaNet state inputs.
+/// Block `l`'s Gated DeltaNet over its normed input `hn` (in the layout's hidden form); `slot`
+/// is its index in the conv and DeltaNet state inputs. Its core runs on [1, Q, n] in every
+/// layout: the Neural Engine's turns the input projections' outputs to it and the gated
+/// result back.
 pub(super) fn gated_delta(
     b: &mut Builder,
     weights: &mut Weights,
@@ -323,13 +325,6 @@ pub(super) fn gated_delta(
     (l, slot, g): (usize, usize, &GatedDelta),
     hn: &str,
 ) -> Result<DeltaOut, GraphError> {
-    let Lowering::Default = lower else {
-        return Err(GraphError::Unsupported(
-            "Gated DeltaNet blocks (Qwen3.5) are built in the default layout only: use \
-             --layout default"
-                .into(),
-        ));
-    };
     let missing = || GraphError::Unsupported(format!("block {l} has no DeltaNet state input"));
     let conv = shared.conv.as_ref().ok_or_else(missing)?;
     let delta = shared.delta.as_ref().ok_or_else(missing)?;
@@ -342,14 +337,17 @@ pub(super) fn gated_delta(
     );
     let tag = format!("layers_{l}_delta");
     let id = |t| TensorId::Layer(l, t);
-    let mut project = |b: &mut Builder, t: LayerTensor, x: &str, what: &str, scale: f64| {
-        let wt = weights.linear(b, id(t), scale)?;
-        lower.project(b, proj, wt, None, x, &format!("{tag}_{what}"))
+    // Each input projection as [1, Q, n] (the Neural Engine layout's turned to it).
+    let mut project = |b: &mut Builder, t: LayerTensor, what: &str, n: i64| {
+        let wt = weights.linear(b, id(t), 1.0)?;
+        let y = lower.project(b, proj, wt, None, hn, &format!("{tag}_{what}"))?;
+        let name = format!("{tag}_{what}_tokens");
+        Ok::<_, GraphError>(lower.tokens(b, &y, n as usize, q as usize, &name))
     };
-    let qkv = project(b, LayerTensor::DeltaQkv, hn, "qkv", 1.0)?;
-    let z = project(b, LayerTensor::DeltaZ, hn, "z", 1.0)?;
-    let beta_in = project(b, LayerTensor::DeltaB, hn, "b", 1.0)?;
-    let a = project(b, LayerTensor::DeltaA, hn, "a", 1.0)?;
+    let qkv = project(b, LayerTensor::DeltaQkv, "qkv", 2 * hk * dk + hv * dv)?;
+    let z = project(b, LayerTensor::DeltaZ, "z", hv * dv)?;
+    let beta_in = project(b, LayerTensor::DeltaB, "b", hv)?;
+    let a = project(b, LayerTensor::DeltaA, "a", hv)?;
     // The convolution: the short-convolution block's, over [state; qkv], then SiLU.
     let taps = (slot, id(LayerTensor::DeltaConv));
     let conv_tag = format!("{tag}_conv");
@@ -386,7 +384,15 @@ pub(super) fn gated_delta(
     let gated = o.binary(Op::Mul, "gated", &normed, var(&zs));
     let flat = o.reshape("gated_flat", &gated, &[1, q, hv * dv]);
     let state = o.reshape("state_update", &s, &[1, hv, dk, dv]);
-    let out = lower.project(b_of(o), proj, w_out, None, &flat, &format!("{tag}_out"))?;
+    let b = b_of(o);
+    let flat = lower.hidden(
+        b,
+        &flat,
+        (hv * dv) as usize,
+        q as usize,
+        &format!("{tag}_hidden"),
+    );
+    let out = lower.project(b, proj, w_out, None, &flat, &format!("{tag}_out"))?;
     Ok(DeltaOut {
         out,
         conv_state,
