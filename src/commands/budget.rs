@@ -99,11 +99,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(id)) => devices.get(id)?.max_package_size_bytes,
         (None, None) => budget::DEFAULT_MAX_PACKAGE_BYTES,
     };
-    let per_part = budget::chain::part_overhead_bytes(spec, args.max_seq_len);
-    let units = budget::chain::ModelBytes::measure(spec, &input.slots, per_part, |s| {
+    let per_part = budget::split::part_overhead_bytes(spec, args.max_seq_len);
+    let units = budget::split::ModelBytes::measure(spec, &input.slots, per_part, |s| {
         recipe.storage(s).bytes(s.numel())
     });
-    let packages = budget::chain::plan(&units, package_limit);
+    let packages = budget::split::plan(&units, package_limit);
     let suggestion = match args.suggest {
         true => Some(budget::suggest(
             &input,
@@ -170,7 +170,7 @@ struct Report<'a> {
 
 /// The packages `convert` would write: one, or a chain of parts under the limit.
 fn print_packages(
-    packages: &Result<budget::chain::ChainPlan, budget::chain::ChainError>,
+    packages: &Result<budget::split::ChainPlan, budget::split::ChainError>,
     limit: u64,
 ) {
     let plan = match packages {

@@ -12,7 +12,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use hf2coreml::fsutil::{is_ctrl_c, take_ctrl_c, CtrlC, CtrlCStdin};
 
 use anyhow::Context;
-use hf2coreml::runtime::chain::Saved;
+use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::generate::{GenerateError, GenerateOptions, Generator, StopReason};
 use hf2coreml::runtime::text::{Conversation, TextError};
 

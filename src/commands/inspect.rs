@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use hf2coreml::checkpoint::gguf;
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::mil::chain::is_chain;
+use hf2coreml::mil::chain_file::is_chain;
 use hf2coreml::pipeline::inspect as summary;
 
 use hf2coreml::util::{fmt_bytes, fmt_count};

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use hf2coreml::aimodel::{self, Session};
-use hf2coreml::mil::chain::ChainFile;
+use hf2coreml::mil::chain_file::ChainFile;
 use hf2coreml::pyenv::PythonEnv;
 use hf2coreml::util::fmt_bytes;
 
@@ -153,7 +153,7 @@ fn print_asset(s: &AssetSummary) {
             if let Some(line) = super::inspect_package::per_layer_line(&c, Path::new(&s.path)) {
                 println!("  per-layer    {}", esc(&line));
             }
-        } else if k == hf2coreml::mil::chain::PART_METADATA_KEY {
+        } else if k == hf2coreml::mil::chain_file::PART_METADATA_KEY {
             // The part's description repeats the chain's contract: its place is enough here.
             let d: serde_json::Value = serde_json::from_str(v).unwrap_or_default();
             println!(

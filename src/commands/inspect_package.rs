@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use hf2coreml::mil::chain::{is_chain, ChainFile};
+use hf2coreml::mil::chain_file::{is_chain, ChainFile};
 use hf2coreml::mlpackage::summary::{self, PackageSummary};
 use hf2coreml::mlpackage::FeatureInfo;
 use hf2coreml::runtime::interp::kernels::Avx2Lookup;

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use hf2coreml::runtime::chain::Saved;
+use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::chat::{ChatTemplate, Message};
 use hf2coreml::runtime::generate::{
     GenerateError, GenerateOptions, Generation, Generator, StopReason,

@@ -204,8 +204,8 @@ fn recorded_checkpoint(package: &Path) -> anyhow::Result<PathBuf> {
 
 /// The contract a package (or a chain's `chain.json`) declares, if it declares one.
 fn recorded_contract(package: &Path) -> anyhow::Result<Option<Contract>> {
-    if hf2coreml::mil::chain::is_chain(package) {
-        let chain = hf2coreml::mil::chain::ChainFile::read(package)
+    if hf2coreml::mil::chain_file::is_chain(package) {
+        let chain = hf2coreml::mil::chain_file::ChainFile::read(package)
             .with_context(|| format!("cannot read {}", package.display()))?;
         return Ok(Some(chain.contract));
     }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hf2coreml::runtime::chain::Saved;
+use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Options;
 use hf2coreml::testing::{python_env, TinyModel, FP16_LOGIT_TOL};

@@ -330,11 +330,11 @@ fn convert_chain(root: &Path, name: &str, target: &str) -> PathBuf {
 }
 
 fn chain_parts(chain: &Path) -> Vec<PathBuf> {
-    let c = hf2coreml::mil::chain::ChainFile::read(chain).unwrap();
+    let c = hf2coreml::mil::chain_file::ChainFile::read(chain).unwrap();
     assert!(c.parts.len() >= 2, "{c:#?}");
     c.parts
         .iter()
-        .map(|p| hf2coreml::mil::chain::ChainFile::part_path(chain, p))
+        .map(|p| hf2coreml::mil::chain_file::ChainFile::part_path(chain, p))
         .collect()
 }
 

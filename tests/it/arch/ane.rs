@@ -10,7 +10,7 @@ use std::path::Path;
 use hf2coreml::lint::{lint, Policy};
 use hf2coreml::mil::contract::Layout;
 use hf2coreml::mlpackage::MlPackage;
-use hf2coreml::runtime::chain::Saved;
+use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::generate::Generator;
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::StepModel;
@@ -132,7 +132,7 @@ fn hybrid_ane_prefill_and_chains_match_one_package() {
         fp16(arch, &chain, "ane", 64, &limit);
         let (code, report, err) = validate(&two, &dir, 64);
         assert_eq!(code, Some(0), "{arch}: {err}\n{report:#}");
-        let parts = hf2coreml::mil::chain::ChainFile::read(&chain)
+        let parts = hf2coreml::mil::chain_file::ChainFile::read(&chain)
             .unwrap()
             .parts;
         assert!(parts.len() >= 2, "{arch}: {} parts", parts.len());

@@ -474,7 +474,7 @@ fn gemma4_per_layer_table_lives_beside_the_package() {
 #[test]
 fn gemma4_chain_computes_what_one_package_computes() {
     needs!(Python);
-    use hf2coreml::runtime::chain::Saved;
+    use hf2coreml::runtime::chain_runner::Saved;
     use hf2coreml::runtime::generate::Generator;
     let dir = fixture("gemma4");
     let want = expected(&dir);
@@ -492,7 +492,7 @@ fn gemma4_chain_computes_what_one_package_computes() {
             .args(args)
             .ok();
     }
-    let file = hf2coreml::mil::chain::ChainFile::read(&chain).unwrap();
+    let file = hf2coreml::mil::chain_file::ChainFile::read(&chain).unwrap();
     let parts: Vec<_> = file
         .parts
         .iter()
@@ -531,7 +531,7 @@ fn gemma4_chain_computes_what_one_package_computes() {
         ])
         .args(["--max-package-size", "1450KB"])
         .ok();
-    assert!(hf2coreml::mil::chain::is_chain(&assets));
+    assert!(hf2coreml::mil::chain_file::is_chain(&assets));
     let (code, report, err) = validate(&assets, &dir, 64);
     assert_eq!(code, Some(0), "{err}\n{report:#}");
     assert!(

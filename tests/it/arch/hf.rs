@@ -820,8 +820,8 @@ fn lfm2_prefill_and_decode_functions_agree_with_one_function() {
 /// chain passes validate.
 #[test]
 fn lfm2_chain_parts_carry_their_own_state() {
-    use hf2coreml::mil::chain::ChainFile;
-    use hf2coreml::runtime::chain::Saved;
+    use hf2coreml::mil::chain_file::ChainFile;
+    use hf2coreml::runtime::chain_runner::Saved;
     use hf2coreml::runtime::generate::{GenerateOptions, Generator};
     needs!(Python);
     let dir = fixture("lfm2");

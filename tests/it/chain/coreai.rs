@@ -3,8 +3,8 @@
 //! `inspect` and `run` reading it, `lint` refusing it by name, and a part copied over another
 //! refused at load.
 
-use hf2coreml::mil::chain::{ChainFile, CHAIN_FILE};
-use hf2coreml::runtime::chain::Saved;
+use hf2coreml::mil::chain_file::{ChainFile, CHAIN_FILE};
+use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::interp::Options;
 
 use super::{convert_ranged, model, ok, run_logits, validate, SPLIT};

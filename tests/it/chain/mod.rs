@@ -8,7 +8,7 @@ mod coreai;
 use std::path::Path;
 use std::process::Output;
 
-use hf2coreml::mil::chain::{ChainFile, CHAIN_FILE};
+use hf2coreml::mil::chain_file::{ChainFile, CHAIN_FILE};
 use hf2coreml::testing::TinyModel;
 
 use crate::support::{convert, needs, Cli};

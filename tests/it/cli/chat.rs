@@ -299,7 +299,8 @@ fn damaged_or_foreign_cache_files_are_refused() {
         "",
     ));
     let good = std::fs::read(&cache).unwrap();
-    let contract = hf2coreml::runtime::chain::Saved::load(&f.one, Default::default()).unwrap();
+    let contract =
+        hf2coreml::runtime::chain_runner::Saved::load(&f.one, Default::default()).unwrap();
     let kv = KvFile::load(&cache, contract.contract()).unwrap();
     assert_eq!(kv.tokens.len(), 7 + 2);
     assert_eq!(kv.position, 7 + 1);
@@ -465,7 +466,7 @@ fn cache_files_no_chat_could_write_are_refused_naming_the_file() {
     let cache = dir.path().join("chat.kv");
     let c = cache.to_str().unwrap();
     ok(&run(&f.one, &[CHAT, &["--save-cache", c]].concat(), "hi\n"));
-    let pkg = hf2coreml::runtime::chain::Saved::load(&f.one, Default::default()).unwrap();
+    let pkg = hf2coreml::runtime::chain_runner::Saved::load(&f.one, Default::default()).unwrap();
     let good = KvFile::load(&cache, pkg.contract()).unwrap();
     let bad = dir.path().join("bad.kv");
     let refused = |kv: &KvFile, needle: &str| {
@@ -666,7 +667,7 @@ fn ctrl_c_in_a_terminal_stops_the_reply_then_ends_the_chat() {
     t.type_(b"\x03");
     let code = t.exit_code();
     assert_eq!(code, Some(0));
-    let pkg = hf2coreml::runtime::chain::Saved::load(&f.one, Default::default()).unwrap();
+    let pkg = hf2coreml::runtime::chain_runner::Saved::load(&f.one, Default::default()).unwrap();
     let kv = KvFile::load(&cache, pkg.contract()).unwrap();
     let messages: Vec<serde_json::Value> = serde_json::from_str(&kv.conversation).unwrap();
     assert_eq!(messages.len(), 2, "{}", kv.conversation);

@@ -4,7 +4,7 @@
 //! the chain adds (the split, the hidden state between parts, the hashes) does not depend on
 //! calibration, which would cost the test minutes more.
 
-use hf2coreml::mil::chain::ChainFile;
+use hf2coreml::mil::chain_file::ChainFile;
 
 use crate::support::{convert, needs, Cli};
 

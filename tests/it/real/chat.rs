@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use hf2coreml::runtime::chain::Saved;
+use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::chat::ChatTemplate;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::kvfile::KvFile;

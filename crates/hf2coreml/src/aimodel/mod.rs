@@ -45,7 +45,7 @@ const MAX_METADATA_BYTES: u64 = 16 << 20;
 /// reported as an asset, not as a package without its manifest.
 pub fn is_aimodel(path: &Path) -> bool {
     let other = |name: &str| std::fs::symlink_metadata(path.join(name)).is_ok();
-    if !path.is_dir() || other("Manifest.json") || other(crate::mil::chain::CHAIN_FILE) {
+    if !path.is_dir() || other("Manifest.json") || other(crate::mil::chain_file::CHAIN_FILE) {
         return false;
     }
     if path.extension().is_some_and(|x| x == "aimodel") {

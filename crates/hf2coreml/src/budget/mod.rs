@@ -4,7 +4,7 @@
 //! device's app memory limit less a safety margin. Everything but the KV cache and the
 //! attention scores is independent of S, so the largest S that fits is found by bisection.
 
-pub mod chain;
+pub mod split;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

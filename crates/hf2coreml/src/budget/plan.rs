@@ -134,7 +134,7 @@ pub fn suggest(
     limit: &Limit,
     package_limit: u64,
 ) -> Result<Suggestion, BudgetError> {
-    let per_part = super::chain::part_overhead_bytes(&input.spec, max_seq_len);
+    let per_part = super::split::part_overhead_bytes(&input.spec, max_seq_len);
     let mut candidates = Vec::with_capacity(BUILTIN_RECIPES.len());
     for (name, text) in BUILTIN_RECIPES {
         let file = RecipeFile::parse(text, &format!("configs/recipes/{name}.toml (built in)"))
@@ -146,10 +146,10 @@ pub fn suggest(
         let recipe = file.recipe;
         let weights = input.weights_bytes(&recipe);
         let b = compute(&input.spec, weights, max_seq_len, query_len, limit);
-        let units = super::chain::ModelBytes::measure(&input.spec, &input.slots, per_part, |s| {
+        let units = super::split::ModelBytes::measure(&input.spec, &input.slots, per_part, |s| {
             recipe.storage(s).bytes(s.numel())
         });
-        let packages = super::chain::plan(&units, package_limit).map_or(0, |p| p.parts.len());
+        let packages = super::split::plan(&units, package_limit).map_or(0, |p| p.parts.len());
         candidates.push(Candidate {
             recipe: name.to_string(),
             weights_bytes: weights,

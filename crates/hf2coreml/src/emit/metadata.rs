@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::mil::chain;
+use crate::mil::chain_file;
 use crate::mil::contract::{self, Contract};
 
 /// What the bridge writes into the model description.
@@ -115,11 +115,11 @@ impl Metadata {
 
 impl Metadata {
     /// Metadata of one part of a chain (docs/design.md, "Chained packages"): the part's own
-    /// description under [`chain::PART_METADATA_KEY`] (index, layers, I/O and the model's
+    /// description under [`chain_file::PART_METADATA_KEY`] (index, layers, I/O and the model's
     /// contract) instead of a contract, and descriptions of the inputs and outputs it has.
     pub fn for_part(
         c: &Contract,
-        part: &chain::ChainPart,
+        part: &chain_file::ChainPart,
         index: usize,
         count: usize,
         model_name: &str,
@@ -127,7 +127,7 @@ impl Metadata {
         let mut m = Self::for_contract(c, model_name)?;
         m.user_defined.remove(contract::METADATA_KEY);
         let described = serde_json::json!({
-            "format": chain::CHAIN_FORMAT,
+            "format": chain_file::CHAIN_FORMAT,
             "index": index,
             "count": count,
             "layers": part.layers,
@@ -138,7 +138,7 @@ impl Metadata {
             "contract": c,
         });
         m.user_defined.insert(
-            chain::PART_METADATA_KEY.to_string(),
+            chain_file::PART_METADATA_KEY.to_string(),
             serde_json::to_string(&described)?,
         );
         let hidden = format!(
@@ -147,7 +147,7 @@ impl Metadata {
         );
         let keep = |io: &[contract::IoSpec], d: &mut BTreeMap<String, String>| {
             d.retain(|k, _| io.iter().any(|x| &x.name == k));
-            for name in [chain::HIDDEN_IN, chain::HIDDEN_OUT] {
+            for name in [chain_file::HIDDEN_IN, chain_file::HIDDEN_OUT] {
                 if io.iter().any(|x| x.name == name) {
                     d.insert(name.to_string(), hidden.clone());
                 }

@@ -29,7 +29,7 @@ pub enum LintError {
     #[error("unknown rule `{0}`; the rules are: {1}")]
     UnknownRule(String, String),
     #[error(transparent)]
-    Chain(#[from] crate::mil::chain::ChainFileError),
+    Chain(#[from] crate::mil::chain_file::ChainFileError),
     #[error(
         "{}: a Core AI asset (or a chain of them): lint checks Core ML programs against the \
          Neural Engine's rules, and Core AI compiles its assets for the device itself \
@@ -198,7 +198,7 @@ impl Collector {
 /// report: each part is checked on its own (each is a package the device loads alone), the
 /// findings name their part, and the counts and sizes are summed.
 pub fn lint_saved(path: &Path, policy: &Policy) -> Result<LintReport, LintError> {
-    use crate::mil::chain::{is_chain, ChainFile};
+    use crate::mil::chain_file::{is_chain, ChainFile};
     if !is_chain(path) {
         return lint(path, policy);
     }
@@ -230,7 +230,7 @@ pub fn lint_saved(path: &Path, policy: &Policy) -> Result<LintReport, LintError>
         });
     }
     let mut all = all.ok_or_else(|| {
-        LintError::Chain(crate::mil::chain::ChainFileError::Invalid {
+        LintError::Chain(crate::mil::chain_file::ChainFileError::Invalid {
             path: path.to_path_buf(),
             message: "no parts".into(),
         })

@@ -2,7 +2,7 @@
 //! element types ([`DType`]) and operations ([`Op`]), the package contract (inputs, outputs,
 //! metadata) and the options a package is built with ([`PackageOptions`]).
 
-pub mod chain;
+pub mod chain_file;
 pub mod contract;
 pub mod dtype;
 pub mod ops;

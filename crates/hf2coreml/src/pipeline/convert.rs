@@ -1,12 +1,12 @@
 //! One conversion into one package: read → (palettize) → build → serialize, then the sidecar
-//! files and the report; a model over the package size limit goes to [`super::chain`]. The
+//! files and the report; a model over the package size limit goes to [`super::convert_chain`]. The
 //! command only parses flags and prints.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::chain;
 use super::contract::contract_for;
+use super::convert_chain;
 use super::error::{io_err, ConvertError};
 use super::options::ConvertOptions;
 use super::package_files::{
@@ -43,7 +43,7 @@ pub fn convert(
     let spec = ckpt.spec().clone();
     let parameters: u64 = ckpt.package_slots().iter().map(|s| s.numel() as u64).sum();
     if let Some(limit) = opts.max_package_size {
-        let plan = chain::plan(ckpt, opts, &weights, limit)?;
+        let plan = convert_chain::plan(ckpt, opts, &weights, limit)?;
         if !plan.is_single() {
             // Refused before anything is built: a chain of stateful parts is not supported.
             crate::graph::decoder::check_kv_cache(opts.kv_cache, opts.target, opts.layout, false)?;
@@ -52,12 +52,12 @@ pub fn convert(
                     parts: plan.parts.len(),
                 });
             }
-            let job = chain::ChainJob {
+            let job = convert_chain::ChainJob {
                 plan,
                 parameters,
                 recipe,
             };
-            return chain::convert_chain(ckpt, opts, weights, job, times, progress);
+            return convert_chain::convert_chain(ckpt, opts, weights, job, times, progress);
         }
     }
     // One package: it is under the size limit, so all its weights are held at once.

@@ -66,7 +66,7 @@ pub enum ConvertError {
     Chain {
         path: PathBuf,
         #[source]
-        source: crate::budget::chain::ChainError,
+        source: crate::budget::split::ChainError,
     },
     /// A prefill function was asked for a model that needs a chain of packages.
     #[error(

@@ -497,12 +497,12 @@ impl Job {
     /// stored bytes, the same figures the planner splits after palettizing.
     fn check_split(&self, ckpt: &Checkpoint) -> Result<(), JobError> {
         let spec = ckpt.spec();
-        let per_part = budget::chain::part_overhead_bytes(spec, self.max_seq_len);
+        let per_part = budget::split::part_overhead_bytes(spec, self.max_seq_len);
         let bytes =
-            budget::chain::ModelBytes::measure(spec, &ckpt.package_slots(), per_part, |s| {
+            budget::split::ModelBytes::measure(spec, &ckpt.package_slots(), per_part, |s| {
                 self.recipe.storage(s).bytes(s.numel())
             });
-        budget::chain::plan(&bytes, self.package_limit()?).map_err(|source| {
+        budget::split::plan(&bytes, self.package_limit()?).map_err(|source| {
             ConvertError::Chain {
                 path: self.output.clone(),
                 source,

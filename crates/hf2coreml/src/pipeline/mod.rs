@@ -9,9 +9,9 @@
 //! it), `batch`.
 
 pub mod batch;
-pub mod chain;
 pub mod contract;
 pub mod convert;
+pub mod convert_chain;
 pub mod error;
 pub mod inspect;
 pub mod job;

@@ -52,7 +52,7 @@ pub struct ConvertSummary {
     pub source: PathBuf,
     /// The chain's description when the model was split into several packages.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub chain: Option<crate::mil::chain::ChainFile>,
+    pub chain: Option<crate::mil::chain_file::ChainFile>,
     /// What a multimodal checkpoint holds beside its text decoder, left out unread.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<super::inspect::DroppedPart>,

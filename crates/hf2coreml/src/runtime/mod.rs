@@ -121,7 +121,7 @@ pub struct StepOutput {
     pub recurrent: Vec<f16>,
 }
 
-pub mod chain;
+pub mod chain_runner;
 pub mod chat;
 pub mod coreai;
 pub mod generate;

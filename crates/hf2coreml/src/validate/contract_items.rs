@@ -7,7 +7,7 @@ use std::path::Path;
 use super::error::ValidateError;
 use super::report::ContractItem;
 use crate::checkpoint::Checkpoint;
-use crate::mil::chain::{ChainFile, ChainPart};
+use crate::mil::chain_file::{ChainFile, ChainPart};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::MlPackage;
 

@@ -16,7 +16,7 @@ use super::scoring::{reference_logits, score_tokens_keeping, text_tokens};
 use crate::checkpoint::Checkpoint;
 use crate::mil::contract::{self, Contract};
 use crate::progress::Progress;
-use crate::runtime::chain::{Chain, Saved};
+use crate::runtime::chain_runner::{Chain, Saved};
 use crate::runtime::coreai::{CoreAiModel, FUNCTION};
 use crate::runtime::RuntimeError;
 

@@ -31,7 +31,7 @@ use crate::emit::Metadata;
 use crate::mil::contract::{self, Contract, IoSpec, Target};
 use crate::progress::Progress;
 use crate::pyenv::{PyEnvError, PythonEnv};
-use crate::runtime::chain::Saved;
+use crate::runtime::chain_runner::Saved;
 use crate::runtime::coreai::{CoreAiModel, FUNCTION};
 use crate::runtime::generate::{GenerateOptions, Generator};
 use crate::runtime::interp::{Program, RuntimeError, Tensor};

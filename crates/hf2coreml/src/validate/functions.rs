@@ -9,7 +9,7 @@ use super::metrics::{kl_divergence, max_abs_diff};
 use super::report::ContractItem;
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::{FeatureInfo, MlPackage};
-use crate::runtime::chain::Saved;
+use crate::runtime::chain_runner::Saved;
 use crate::runtime::generate::{GenerateOptions, Generator};
 use crate::runtime::{RuntimeError, StepModel, StepOutput};
 

@@ -13,10 +13,10 @@ use super::report::{ActivationRange, ValidationReport};
 use super::scoring::{reference_logits, score_tokens_keeping, text_tokens};
 use super::weight_scores::check_weights;
 use crate::checkpoint::Checkpoint;
-use crate::mil::chain::ChainFile;
+use crate::mil::chain_file::ChainFile;
 use crate::mlpackage::MlPackage;
 use crate::progress::Progress;
-use crate::runtime::chain::Saved;
+use crate::runtime::chain_runner::Saved;
 use crate::runtime::interp::Compute;
 
 pub use super::error::{ValidateError, ValidateOptions, EVALUATION_TEXT};

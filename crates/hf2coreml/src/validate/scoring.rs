@@ -9,7 +9,7 @@ use crate::mil::contract::Contract;
 use crate::model::layerwise::{logits_layerwise, ReferencePath, LAYERWISE_BACKEND};
 use crate::model::Reference;
 use crate::progress::Progress;
-use crate::runtime::chain::Saved;
+use crate::runtime::chain_runner::Saved;
 use crate::runtime::generate::{GenerateOptions, Generator};
 use crate::runtime::interp::Stats;
 use crate::runtime::{RuntimeError, StepModel, StepOutput};

@@ -24,7 +24,7 @@ use super::{block, logits, recurrent_updates, rms_norm, shared_inputs, stack};
 use super::{Dims, Kept, Part, Shared, Sorted, StepOptions};
 use crate::arch::{ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, Graph, GraphError, Op, Weight};
-use crate::mil::chain::{HIDDEN_IN, HIDDEN_OUT};
+use crate::mil::chain_file::{HIDDEN_IN, HIDDEN_OUT};
 use crate::mil::contract;
 use crate::mil::DType;
 

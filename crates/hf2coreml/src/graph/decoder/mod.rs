@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use super::scaling::Scaling;
 use super::{ints, var, Arg, Builder, DType, Graph, GraphError, Op, Weight};
 use crate::arch::{LayerTensor, ModelSpec, RopeScaling, TensorId};
-use crate::mil::chain::{HIDDEN_IN, HIDDEN_OUT};
+use crate::mil::chain_file::{HIDDEN_IN, HIDDEN_OUT};
 use crate::mil::contract;
 use linear::{Projections, Weights};
 use lower::Lowering;
@@ -388,7 +388,7 @@ pub fn check_spec(spec: &ModelSpec, max_seq_len: usize) -> Result<(), GraphError
 /// (Gemma 4) attends over its producer's keys and values of the same step, which only the
 /// producer's part computes; and the part that embeds Gemma 4's tokens computes every block's
 /// per-layer inputs with its own blocks, so it holds at least one. The planner keeps both
-/// together (`budget::chain::ModelBytes::measure`).
+/// together (`budget::split::ModelBytes::measure`).
 pub fn check_part(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
     for l in part.layers.clone() {
         let producer = spec.layer(l).attention().and_then(|a| a.kv_from);

@@ -85,7 +85,7 @@ pub(super) fn declare(
     } else if part.layers.is_empty() {
         (None, None)
     } else {
-        let given = b.input(crate::mil::chain::PER_LAYER_IN, fl, vec![1, q, width]);
+        let given = b.input(crate::mil::chain_file::PER_LAYER_IN, fl, vec![1, q, width]);
         (None, Some(given))
     }
 }
@@ -105,7 +105,7 @@ pub(super) fn hand_on(
     let width = (spec.num_hidden_layers * spec.per_layer_input()) as i64;
     let shape = ints(&[1, shared.dims.q as i64, width]);
     let flat = vec![("x", var(inputs)), ("shape", shape)];
-    Some(b.op(Op::Reshape, crate::mil::chain::PER_LAYER_OUT, flat))
+    Some(b.op(Op::Reshape, crate::mil::chain_file::PER_LAYER_OUT, flat))
 }
 
 /// The per-layer inputs a later chain part is given (`given`, [1, Q, L·P], as the first part

@@ -462,7 +462,7 @@ pub fn run_one(
 fn is_output(path: &Path) -> bool {
     path.join("Manifest.json").is_file()
         || crate::aimodel::is_aimodel(path)
-        || crate::mil::chain::is_chain(path)
+        || crate::mil::chain_file::is_chain(path)
 }
 
 /// Sizes of an up-to-date package, from its recorded report.
@@ -623,7 +623,7 @@ mod tests {
         )));
         assert!(is_output(&at(
             "c.mlpackage",
-            &[crate::mil::chain::CHAIN_FILE]
+            &[crate::mil::chain_file::CHAIN_FILE]
         )));
         assert!(!is_output(&at("d.mlpackage", &["weight.bin"])));
         assert!(!is_output(&dir.path().join("missing.mlpackage")));

@@ -18,12 +18,12 @@ use super::ranges::scaling_for;
 use super::summary::{report_bytes, ConvertSummary, StageTimes};
 use super::weights::WeightStream;
 use crate::arch::{tensor_ids, ModelSpec, TensorId, TensorSlot};
-use crate::budget::chain::{self as planner, ChainPlan, ModelBytes, PartPlan};
+use crate::budget::split::{self as planner, ChainPlan, ModelBytes, PartPlan};
 use crate::checkpoint::Checkpoint;
 use crate::emit::{EmitReport, Metadata};
 use crate::fsutil::{dir_bytes, Staged};
 use crate::graph::decoder::{self, Part};
-use crate::mil::chain::{ChainFile, ChainPart, CHAIN_FILE, CHAIN_FORMAT};
+use crate::mil::chain_file::{ChainFile, ChainPart, CHAIN_FILE, CHAIN_FORMAT};
 use crate::mil::contract::Contract;
 use crate::progress::Progress;
 

@@ -14,7 +14,7 @@ use super::interp::{check_step, concat_rows, Compute, Options, Package, Program,
 use super::per_layer_table::PerLayerRows;
 use super::{RuntimeError, StepModel, StepOutput};
 use crate::aimodel;
-use crate::mil::chain::{self, ChainFile};
+use crate::mil::chain_file::{self, ChainFile};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::MlPackage;
 
@@ -85,10 +85,10 @@ impl PartShape<'_> {
                 .collect::<Result<Vec<_>, _>>()?;
             logits = rows(parts);
         } else {
-            hidden_out = Some(hidden(take(chain::HIDDEN_OUT)?));
+            hidden_out = Some(hidden(take(chain_file::HIDDEN_OUT)?));
         }
         let per_layer = if self.per_layer {
-            Some(hidden(take(chain::PER_LAYER_OUT)?))
+            Some(hidden(take(chain_file::PER_LAYER_OUT)?))
         } else {
             None
         };
@@ -124,7 +124,7 @@ struct PartState<'a> {
 
 /// What one part's call is given besides its runner: the pieces `run_part` slices.
 struct Call<'a> {
-    part: &'a chain::ChainPart,
+    part: &'a chain_file::ChainPart,
     hidden: Option<Hidden>,
     /// Gemma 4: the table's rows of the tokens (the first part), or the per-layer inputs the
     /// first part returned (a later part with blocks).
@@ -159,7 +159,7 @@ struct PartSlots {
 }
 
 impl PartSlots {
-    fn of(c: &Contract, part: &chain::ChainPart) -> Self {
+    fn of(c: &Contract, part: &chain_file::ChainPart) -> Self {
         let layers = &part.layers;
         let per_cache = c.num_kv_heads * c.max_seq_len * c.head_dim;
         let Some(r) = &c.recurrent else {
@@ -210,7 +210,7 @@ fn contract_err(path: &Path, msg: String) -> RuntimeError {
 /// conversion (whose bytecode carries other weights) is refused at load.
 fn check_recorded_bytecode(
     path: &Path,
-    part: &chain::ChainPart,
+    part: &chain_file::ChainPart,
     session: &aimodel::Session,
 ) -> Result<(), RuntimeError> {
     for (name, recorded) in part.sha256.iter().filter(|(n, _)| n.ends_with(".mlirb")) {
@@ -435,7 +435,7 @@ impl Chain {
             |name: &str| contract_err(&self.dir, format!("{}: no output `{name}`", part.path));
         let mut inputs = Vec::with_capacity(4);
         match hidden {
-            Some(Hidden::Mil(h)) if !part.embedding => inputs.push((chain::HIDDEN_IN, h)),
+            Some(Hidden::Mil(h)) if !part.embedding => inputs.push((chain_file::HIDDEN_IN, h)),
             _ => inputs.push((
                 contract::INPUT_IDS,
                 Tensor::i32(vec![1, c.query_len], input_ids),
@@ -446,7 +446,7 @@ impl Chain {
                 let shape = vec![1, c.query_len, rows.len() / c.query_len.max(1)];
                 inputs.push((contract::PER_LAYER_ROWS, Tensor::f16(shape, rows)));
             }
-            PerLayer::Given(Hidden::Mil(t)) => inputs.push((chain::PER_LAYER_IN, t)),
+            PerLayer::Given(Hidden::Mil(t)) => inputs.push((chain_file::PER_LAYER_IN, t)),
             PerLayer::Given(Hidden::CoreAi(_)) | PerLayer::None => {}
         }
         if has_layers {
@@ -474,7 +474,10 @@ impl Chain {
         let states: Vec<&str> = tensors.iter().map(|(t, _)| t.output).collect();
         let shape = PartShape {
             head: part.head,
-            per_layer: part.outputs.iter().any(|o| o.name == chain::PER_LAYER_OUT),
+            per_layer: part
+                .outputs
+                .iter()
+                .any(|o| o.name == chain_file::PER_LAYER_OUT),
             has_cache,
             states: &states,
         };
@@ -524,7 +527,7 @@ impl Chain {
         let mut inputs = Vec::with_capacity(4);
         match hidden {
             Some(Hidden::CoreAi(h)) if !part.embedding => {
-                inputs.push((chain::HIDDEN_IN.to_string(), h))
+                inputs.push((chain_file::HIDDEN_IN.to_string(), h))
             }
             _ => inputs.push((
                 contract::INPUT_IDS.to_string(),
@@ -537,7 +540,9 @@ impl Chain {
                 let rows = float(contract::PER_LAYER_ROWS, &rows, shape);
                 inputs.push((contract::PER_LAYER_ROWS.to_string(), rows));
             }
-            PerLayer::Given(Hidden::CoreAi(t)) => inputs.push((chain::PER_LAYER_IN.to_string(), t)),
+            PerLayer::Given(Hidden::CoreAi(t)) => {
+                inputs.push((chain_file::PER_LAYER_IN.to_string(), t))
+            }
             PerLayer::Given(Hidden::Mil(_)) | PerLayer::None => {}
         }
         if has_layers {
@@ -572,7 +577,10 @@ impl Chain {
         let states: Vec<&str> = tensors.iter().map(|(t, _)| t.output).collect();
         let shape = PartShape {
             head: part.head,
-            per_layer: part.outputs.iter().any(|o| o.name == chain::PER_LAYER_OUT),
+            per_layer: part
+                .outputs
+                .iter()
+                .any(|o| o.name == chain_file::PER_LAYER_OUT),
             has_cache,
             states: &states,
         };
@@ -695,7 +703,7 @@ impl Saved {
     pub fn load(path: &Path, options: Options) -> Result<Self, RuntimeError> {
         let coreai = crate::aimodel::is_aimodel(path)
             || path.extension().is_some_and(|x| x == "aimodel")
-            || (chain::is_chain(path)
+            || (chain_file::is_chain(path)
                 && ChainFile::read(path).is_ok_and(|c| c.contract.target.is_coreai()));
         let option = if options.compute == Compute::F32 {
             Some("--compute f32")
@@ -713,10 +721,10 @@ impl Saved {
         // Named an asset, it is loaded as one: a missing or damaged one then says so, not
         // that a package lacks its manifest.
         let named_asset =
-            !chain::is_chain(path) && path.extension().is_some_and(|x| x == "aimodel");
+            !chain_file::is_chain(path) && path.extension().is_some_and(|x| x == "aimodel");
         if crate::aimodel::is_aimodel(path) || named_asset {
             Ok(Saved::CoreAi(Box::new(CoreAiModel::load(path)?)))
-        } else if chain::is_chain(path) {
+        } else if chain_file::is_chain(path) {
             Ok(Saved::Chain(Box::new(Chain::load(path, options)?)))
         } else {
             Ok(Saved::Package(Box::new(Package::load(path, options)?)))
