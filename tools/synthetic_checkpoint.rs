@@ -3,7 +3,7 @@
 //! - `synthetic_checkpoint OUT_DIR LAYERS HIDDEN INTERMEDIATE VOCAB`: a Llama of a chosen
 //!   size (bf16, GQA 4:1, tied embeddings), one file.
 //! - `synthetic_checkpoint OUT_DIR --preset NAME`: the published shapes of a real model
-//!   (`llama-3.2-1b`, `llama-3.2-3b`, `llama-3.1-8b`, `qwen2.5-7b`, `mistral-7b`, and the
+//!   (`llama-3.2-1b`, `llama-3.2-3b`, `llama-3.1-8b`, `qwen2.5-7b`, `qwen3-4b`, `mistral-7b`, and the
 //!   hybrids `qwen3.5-0.8b`, `qwen3.5-4b`, `lfm2-1.2b`, and `gemma-4-e2b`: their text
 //!   decoders) as the Hub ships them: bf16 safetensors in shards of at most 5 GB with `model.safetensors.index.json`
 //!   (`--config-only`: config.json alone, which `budget` plans from).
@@ -44,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => Err(
             "usage: synthetic_checkpoint OUT_DIR LAYERS HIDDEN INTERMEDIATE VOCAB\n       \
                   synthetic_checkpoint OUT_DIR --preset llama-3.2-1b|llama-3.2-3b|llama-3.1-8b|\
-                  qwen2.5-7b|mistral-7b|qwen3.5-0.8b|qwen3.5-4b|lfm2-1.2b|gemma-4-e2b [--config-only]"
+                  qwen2.5-7b|qwen3-4b|mistral-7b|qwen3.5-0.8b|qwen3.5-4b|lfm2-1.2b|gemma-4-e2b [--config-only]"
                 .into(),
         ),
     }
@@ -172,6 +172,26 @@ fn preset(name: &str) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
             1e-6,
             151_643,
             151_643,
+        ),
+        // Qwen3 4B: all attention at Qwen3.5-4B's width (per-head q/k norms come with the
+        // architecture), tied.
+        "qwen3-4b" => (
+            "Qwen3ForCausalLM",
+            "qwen3",
+            151_936,
+            2560,
+            9728,
+            36,
+            32,
+            8,
+            128,
+            true,
+            1_000_000.0,
+            serde_json::Value::Null,
+            40_960,
+            1e-6,
+            151_643,
+            151_645,
         ),
         // Mistral 7B v0.3.
         "mistral-7b" => (
