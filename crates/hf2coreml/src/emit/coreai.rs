@@ -138,7 +138,7 @@ pub fn emit_coreai_functions(
         graphs.push((name, graph));
     }
     let default = graphs.last().map(|(n, _)| n.clone()).unwrap_or_default();
-    let described = super::functions::describe(graphs, &default)?;
+    let described = super::multifunction::describe(graphs, &default)?;
     let mut desc: serde_json::Value =
         serde_json::from_str(&described.desc).map_err(|e| EmitError::Protocol(e.to_string()))?;
     let list = desc["functions"]

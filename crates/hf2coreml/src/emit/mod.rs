@@ -6,8 +6,8 @@
 //! [`crate::fsutil::Staged`] output it renames into place with its sidecars once complete).
 
 pub mod coreai;
-mod functions;
 pub mod metadata;
+mod multifunction;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,8 +26,8 @@ use crate::mil::contract::Target;
 use crate::mil::DType;
 pub use crate::pyenv::{setup_hint, when_output_is_ours, EnvOrigin, PythonEnv};
 
-pub use functions::emit_functions;
 pub use metadata::Metadata;
+pub use multifunction::emit_functions;
 
 /// The coremltools bridge, compiled in.
 const BRIDGE: Bridge = Bridge {

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::contract::contract_for;
 use super::convert_chain;
-use super::error::{io_err, ConvertError};
+use super::convert_error::{io_err, ConvertError};
+use super::declared_contract::contract_for;
 use super::options::ConvertOptions;
 use super::package_files::{
     asset_weight_bytes, stage_per_layer_table, stage_sidecars, weight_bin, Outputs,
@@ -212,7 +212,7 @@ pub(super) fn emit_one_asset(
 fn with_min_bits<'g>(mut meta: Metadata, graphs: impl IntoIterator<Item = &'g Graph>) -> Metadata {
     if let Some(bits) = graphs.into_iter().filter_map(Graph::min_lut_bits).min() {
         meta.user_defined.insert(
-            crate::runtime::coreai::MIN_BITS_KEY.to_string(),
+            crate::runtime::coreai_model::MIN_BITS_KEY.to_string(),
             bits.to_string(),
         );
     }

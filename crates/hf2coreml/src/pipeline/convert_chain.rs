@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
-use super::contract::contract_for;
-use super::error::{io_err, ConvertError};
+use super::convert_error::{io_err, ConvertError};
+use super::declared_contract::contract_for;
 use super::options::ConvertOptions;
 use super::package_files::{
     asset_hashes, asset_weight_bytes, package_hashes, stage_per_layer_table, stage_sidecars,

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use thiserror::Error;
 
-use super::error::{io_err, ConvertError};
+use super::convert_error::{io_err, ConvertError};
 use super::options::{ComputePrecision, ConvertOptions};
 use super::package_files::{source_hashes, Outputs};
 use super::summary::{ConvertSummary, Inputs, StageTimes};

@@ -3,16 +3,16 @@
 //! printing.
 //!
 //! Each file imports only those listed before it: `texts` (the calibration and evaluation
-//! texts), `error`, `package_files` (sidecars and hashes), `summary` (the report and the
-//! recorded inputs), `options`, `contract`, `ranges` (fp16 range safety), `weights` (what a
-//! package stores), `chain`, `convert`, `inspect`, `job` (one conversion as the commands run
-//! it), `batch`.
+//! texts), `convert_error`, `package_files` (sidecars and hashes), `summary` (the report and
+//! the recorded inputs), `options`, `declared_contract`, `ranges` (fp16 range safety),
+//! `weights` (what a package stores), `convert_chain`, `convert`, `inspect`, `job` (one
+//! conversion as the commands run it), `batch`.
 
 pub mod batch;
-pub mod contract;
 pub mod convert;
 pub mod convert_chain;
-pub mod error;
+pub mod convert_error;
+pub mod declared_contract;
 pub mod inspect;
 pub mod job;
 pub mod options;

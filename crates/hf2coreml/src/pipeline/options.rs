@@ -80,7 +80,7 @@ impl ConvertOptions {
     pub(super) fn source_hashes(
         &self,
         ckpt: &crate::checkpoint::Checkpoint,
-    ) -> Result<BTreeMap<String, String>, super::error::ConvertError> {
+    ) -> Result<BTreeMap<String, String>, super::convert_error::ConvertError> {
         match &self.source_hashes {
             Some(h) => Ok(h.clone()),
             None => super::package_files::source_hashes(ckpt),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::error::{io_err, ConvertError};
+use super::convert_error::{io_err, ConvertError};
 use crate::arch::TensorId;
 use crate::checkpoint::Checkpoint;
 use crate::fsutil::{read_input, sha256_file, Staged};

@@ -1,7 +1,7 @@
 //! fp16 range safety: the residual stream's ranges, measured by the float reference on the
 //! shipped calibration text, and the residual scale chosen from them.
 
-use super::error::ConvertError;
+use super::convert_error::ConvertError;
 use super::options::ComputePrecision;
 use super::texts::shipped_calibration_tokens;
 use crate::checkpoint::Checkpoint;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::error::ConvertError;
+use super::convert_error::ConvertError;
 use super::package_files::Outputs;
 use crate::emit::EmitReport;
 use crate::mil::contract::Contract;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use half::f16;
 
-use super::error::ConvertError;
+use super::convert_error::ConvertError;
 use crate::arch::TensorSlot;
 use crate::checkpoint::Checkpoint;
 use crate::graph::Weight;

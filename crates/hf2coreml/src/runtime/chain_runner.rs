@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 
-use super::coreai::{asset_err, CoreAiModel};
+use super::coreai_model::{asset_err, CoreAiModel};
 use super::interp::{check_step, concat_rows, Compute, Options, Package, Program, Stats, Tensor};
 use super::per_layer_table::PerLayerRows;
 use super::{RuntimeError, StepModel, StepOutput};
@@ -235,7 +235,7 @@ impl Chain {
     pub fn load(dir: &Path, options: Options) -> Result<Self, RuntimeError> {
         let chain = ChainFile::read(dir).map_err(|e| contract_err(dir, e.to_string()))?;
         let env = if chain.contract.target.is_coreai() {
-            Some(super::coreai::python_env()?)
+            Some(super::coreai_model::python_env()?)
         } else {
             None
         };
@@ -253,11 +253,11 @@ impl Chain {
                     let functions = session.functions().map_err(asset_err)?;
                     let main = functions
                         .iter()
-                        .find(|f| f.name == super::coreai::FUNCTION)
+                        .find(|f| f.name == super::coreai_model::FUNCTION)
                         .ok_or_else(|| {
                             contract_err(
                                 &path,
-                                format!("no function `{}`", super::coreai::FUNCTION),
+                                format!("no function `{}`", super::coreai_model::FUNCTION),
                             )
                         })?;
                     if let Some(missing) = part
@@ -333,7 +333,7 @@ impl Chain {
         let mut min = None;
         for part in self.chain.parts.iter().filter(|p| p.is_asset()) {
             let path = ChainFile::part_path(&self.dir, part);
-            let bits = super::coreai::recorded_min_bits(&path)?;
+            let bits = super::coreai_model::recorded_min_bits(&path)?;
             min = match (min, bits) {
                 (Some(a), Some(b)) => Some(u32::min(a, b)),
                 (a, b) => a.or(b),
@@ -571,7 +571,7 @@ impl Chain {
             inputs.push((t.input.to_string(), value));
         }
         let mut out = session
-            .call(super::coreai::FUNCTION, inputs)
+            .call(super::coreai_model::FUNCTION, inputs)
             .map_err(asset_err)?;
         let take = |name: &str| out.remove(name).ok_or_else(|| missing(name));
         let states: Vec<&str> = tensors.iter().map(|(t, _)| t.output).collect();
@@ -589,7 +589,7 @@ impl Chain {
             take,
             |parts| {
                 let parts: Vec<_> = parts.into_iter().map(|(t, w)| (t.to_f32(), w)).collect();
-                super::coreai::interleave_rows(&parts, c.query_len)
+                super::coreai_model::interleave_rows(&parts, c.query_len)
             },
             Hidden::CoreAi,
             aimodel::Tensor::to_f16,

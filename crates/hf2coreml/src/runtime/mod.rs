@@ -123,7 +123,7 @@ pub struct StepOutput {
 
 pub mod chain_runner;
 pub mod chat;
-pub mod coreai;
+pub mod coreai_model;
 pub mod generate;
 pub mod kvfile;
 pub mod per_layer_table;

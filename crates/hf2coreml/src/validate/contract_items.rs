@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use super::error::ValidateError;
 use super::report::ContractItem;
+use super::validate_error::ValidateError;
 use crate::checkpoint::Checkpoint;
 use crate::mil::chain_file::{ChainFile, ChainPart};
 use crate::mil::contract::{self, Contract};

@@ -4,9 +4,9 @@
 
 use half::f16;
 
-use super::error::ValidateError;
 use super::metrics::{kl_divergence, max_abs_diff};
 use super::report::ContractItem;
+use super::validate_error::ValidateError;
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::{FeatureInfo, MlPackage};
 use crate::runtime::chain_runner::Saved;

@@ -3,16 +3,16 @@
 //! by the interpreter and the [`crate::model`] forward pass; [`crosscheck`] sets Apple's Core AI
 //! runtime beside the interpreter on the same program.
 
+mod asset;
 mod contract_items;
-mod coreai;
 pub mod crosscheck;
-mod error;
 pub mod functions;
 pub mod gates;
 pub mod metrics;
 pub mod report;
 pub mod run;
 mod scoring;
+mod validate_error;
 mod weight_scores;
 
 pub use gates::{default_gates, Cmp, Gate, GateError, GateResult, Metric, RecipeKind};

@@ -19,7 +19,7 @@ use crate::progress::Progress;
 use crate::runtime::chain_runner::Saved;
 use crate::runtime::interp::Compute;
 
-pub use super::error::{ValidateError, ValidateOptions, EVALUATION_TEXT};
+pub use super::validate_error::{ValidateError, ValidateOptions, EVALUATION_TEXT};
 
 /// Run every check; the report says what passed.
 pub fn validate(
@@ -48,7 +48,7 @@ pub fn validate_with_progress(
         Saved::Package(_) => false,
     };
     if on_apples_runtime {
-        return super::coreai::validate_asset(pkg_path, &package, ckpt, opts, progress);
+        return super::asset::validate_asset(pkg_path, &package, ckpt, opts, progress);
     }
     let raws = match &package {
         Saved::Package(_) => vec![MlPackage::open(pkg_path)?],

@@ -3,7 +3,7 @@
 
 use half::f16;
 
-use super::error::{ValidateError, ValidateOptions};
+use super::validate_error::{ValidateError, ValidateOptions};
 use crate::checkpoint::Checkpoint;
 use crate::mil::contract::Contract;
 use crate::model::layerwise::{logits_layerwise, ReferencePath, LAYERWISE_BACKEND};

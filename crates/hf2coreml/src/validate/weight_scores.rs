@@ -1,8 +1,8 @@
 //! (b) Every checkpoint tensor decoded from the package and scored against the original, with
 //! the scales the converter folded in factored out first.
 
-use super::error::ValidateError;
 use super::metrics::{ErrorSum, WeightError};
+use super::validate_error::ValidateError;
 use crate::checkpoint::{Checkpoint, TensorView};
 use crate::mlpackage::{MlPackage, Values};
 

@@ -15,7 +15,7 @@ use super::report::{BatchReport, Counts, ExportReport, Status, Validation, REPOR
 use crate::emit::when_output_is_ours;
 use crate::error::ExitCode;
 use crate::fsutil::{atomic_write, Staged};
-use crate::pipeline::error::ConvertError;
+use crate::pipeline::convert_error::ConvertError;
 use crate::pipeline::job::{Job, JobError, Opened};
 use crate::pipeline::package_files::Outputs;
 use crate::pipeline::summary::{report_bytes, ConvertSummary, Inputs};

@@ -8,16 +8,16 @@ use std::path::Path;
 use super::contract_items::{
     chain_items, check_hashes, check_source, item, part_io, per_layer_items,
 };
-use super::error::{ValidateError, ValidateOptions};
 use super::gates::{default_gates, RecipeKind};
 use super::metrics::compare_logits;
 use super::report::{ContractItem, ValidationReport};
 use super::scoring::{reference_logits, score_tokens_keeping, text_tokens};
+use super::validate_error::{ValidateError, ValidateOptions};
 use crate::checkpoint::Checkpoint;
 use crate::mil::contract::{self, Contract};
 use crate::progress::Progress;
 use crate::runtime::chain_runner::{Chain, Saved};
-use crate::runtime::coreai::{CoreAiModel, FUNCTION};
+use crate::runtime::coreai_model::{CoreAiModel, FUNCTION};
 use crate::runtime::RuntimeError;
 
 /// Validate `package`, an asset or a chain of assets at `path`, against `ckpt`.

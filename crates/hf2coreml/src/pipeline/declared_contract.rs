@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::error::ConvertError;
+use super::convert_error::ConvertError;
 use super::options::ConvertOptions;
 use crate::arch::ModelSpec;
 use crate::checkpoint::Checkpoint;
