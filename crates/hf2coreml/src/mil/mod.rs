@@ -5,9 +5,9 @@
 pub mod chain_file;
 pub mod contract;
 pub mod dtype;
-pub mod ops;
-pub mod package;
+pub mod op;
+pub mod package_options;
 
 pub use dtype::DType;
-pub use ops::Op;
-pub use package::PackageOptions;
+pub use op::Op;
+pub use package_options::PackageOptions;

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-mod gemma4;
+mod gemma4_text;
 mod numerics;
 mod per_arch;
 
@@ -214,7 +214,7 @@ fn check_unhonoured(raw: &RawConfig, architecture: Architecture) -> Result<(), C
         if architecture == Architecture::Gemma3 && GEMMA_KEYS.contains(&key) {
             continue;
         }
-        // Gemma 4's, read and checked by `gemma4::gemma4`; it has no `query_pre_attn_scalar`
+        // Gemma 4's, read and checked by `gemma4_text::gemma4`; it has no `query_pre_attn_scalar`
         // (transformers ignores one left in a config: its scale is 1).
         if architecture == Architecture::Gemma4 && GEMMA4_KEYS.contains(&key) {
             continue;
@@ -414,7 +414,7 @@ impl ModelSpec {
             head_dim,
             num_key_value_heads,
         );
-        let (g4, rope_theta, rope_scaling) = gemma4::read(
+        let (g4, rope_theta, rope_scaling) = gemma4_text::read(
             &raw,
             architecture,
             (shape, intermediate_size),
@@ -505,7 +505,10 @@ fn tied(raw: &RawConfig, architecture: Architecture, lfm2: Option<&per_arch::Lfm
 fn gemma_and_window(
     raw: &RawConfig,
     architecture: Architecture,
-    (rope_params, g4): (Option<&serde_json::Value>, Option<&gemma4::Gemma4Config>),
+    (rope_params, g4): (
+        Option<&serde_json::Value>,
+        Option<&gemma4_text::Gemma4Config>,
+    ),
     num_hidden_layers: usize,
     hidden_size: usize,
 ) -> Result<(Option<crate::arch::GemmaSpec>, Option<usize>), ConfigError> {

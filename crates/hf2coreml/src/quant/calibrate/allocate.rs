@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use super::linear::LinearMethod;
+use super::linear_fit::LinearMethod;
 use super::site::{Grams, SiteFit, SITES};
 use super::{calib_err, fetch, output_error, to_vec, Sensitivity, SequentialOptions};
 use crate::arch::{Role, TensorSlot};

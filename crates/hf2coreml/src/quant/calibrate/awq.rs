@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use super::linear::{quantize_linear, LinearMethod};
+use super::linear_fit::{quantize_linear, LinearMethod};
 use super::site::{SiteProjection, SITES};
 use super::{calib_err, output_error, to_vec};
 use crate::arch::{LayerTensor, Role, TensorSlot};

@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 
 use super::allocate::allocate_bits;
 use super::awq::{apply_scales, awq_scales, awq_search, expand_o_scales, site_scales};
-use super::linear::LinearMethod;
+use super::linear_fit::LinearMethod;
 use super::site::{Grams, SiteFit, SiteProjection, SlotMethod, SITES};
 use super::{calib_err, fetch, to_vec, CalibratedWeights, SequentialOptions, Sink};
 use crate::arch::{expected_tensors, Role, TensorSlot};

@@ -11,7 +11,7 @@
 //!    the projection: the RMSNorm weight for q/k/v and gate/up, the rows of v_proj for o_proj
 //!    (shared across the query heads of one kv head), the rows of up_proj for down_proj. They
 //!    cost nothing at run time ([`awq`]);
-//! 3. every selected projection is palettized with [`quantize_linear`] ([`linear`]: GPTQ, row
+//! 3. every selected projection is palettized with [`quantize_linear`] ([`linear_fit`]: GPTQ, row
 //!    scales, row groups), optionally on rotated inputs ([`crate::quant::rotation`]);
 //! 4. the block runs again with its quantized weights to produce the next block's inputs.
 //!
@@ -21,7 +21,7 @@
 mod allocate;
 mod awq;
 mod driver;
-mod linear;
+mod linear_fit;
 mod site;
 
 use std::collections::BTreeMap;
@@ -34,7 +34,7 @@ use crate::model::plain::PlainModel;
 use crate::quant::QuantError;
 pub use allocate::{BitChoice, MIXED_NBITS};
 pub use awq::AwqChoice;
-pub use linear::{
+pub use linear_fit::{
     quantize_linear, quantize_linear_mixed, relative_output_error, LinearMethod, QuantizedLinear,
     RowGroup,
 };

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use candle_core::Tensor;
 
-use super::linear::{
+use super::linear_fit::{
     gptq_factor, gram_diagonal, quantize_linear_prepared, GptqFactor, LinearMethod, QuantizedLinear,
 };
 use crate::arch::{Role, TensorSlot};

@@ -39,7 +39,7 @@ use crate::arch::{Role, TensorSlot};
 use crate::mil::contract::Target;
 use crate::mil::PackageOptions;
 
-pub use crate::mil::package::MAX_PREFILL_LEN;
+pub use crate::mil::package_options::MAX_PREFILL_LEN;
 pub use calibration::{Calibration, DEFAULT_ALLOCATION_ROWS};
 pub use parse::RecipeError;
 
