@@ -229,7 +229,7 @@ fuzz:
 # crates/numerics/src/pack.rs' or '--re Cmp::holds' or '--shard 1/8'. Results land in
 # mutants.out/ (missed.txt: the survivors).
 MUTANTS_ARGS ?=
-MUTANTS_LIB_FILES := $(addprefix crates/hf2coreml/src/,validate/gates.rs checkpoint/gguf/weights.rs)
+MUTANTS_LIB_FILES := $(addprefix crates/hf2coreml/src/,validate/gates.rs checkpoint/gguf/tensor_map.rs)
 .PHONY: mutants mutants-lib cargo-mutants
 cargo-mutants:
 	if ! cargo mutants --version >/dev/null 2>&1; then
@@ -245,4 +245,4 @@ mutants-lib: cargo-mutants
 	nice -n 10 $(CARGO) mutants --in-place --no-shuffle \
 	  --timeout 120 --build-timeout 1500 --package hf2coreml --cargo-arg=--lib \
 	  --cargo-arg=--config=profile.dev.package.hf2coreml.opt-level=0 \
-	  $(addprefix --file ,$(MUTANTS_LIB_FILES)) $(MUTANTS_ARGS) -- -- validate::gates checkpoint::gguf::weights
+	  $(addprefix --file ,$(MUTANTS_LIB_FILES)) $(MUTANTS_ARGS) -- -- validate::gates checkpoint::gguf::tensor_map

@@ -10,7 +10,7 @@ use hf2coreml::checkpoint::CheckpointError;
 use hf2coreml::error::{CheckFailed, EnvironmentError, ExitCode};
 use hf2coreml::pipeline::batch::ExportError;
 use hf2coreml::pipeline::job::JobError;
-use hf2coreml::validate::run::ValidateError;
+use hf2coreml::validate::run_checks::ValidateError;
 
 fn main() {
     // Die quietly when stdout's reader goes away (`hf2coreml ... | head`), as Unix tools do,

@@ -82,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         force: args.force,
         python_env: args.python_env.clone(),
     };
-    let report = batch::run::run(&args.file, args.shard, &selected, &settings, &progress);
+    let report = batch::runner::run(&args.file, args.shard, &selected, &settings, &progress);
     match args.json.as_deref() {
         Some(p) if p == Path::new("-") => super::print_json(&report)?,
         Some(p) => {

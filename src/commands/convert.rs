@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use crate::printer::Bars;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::emit::{EmitError, PythonEnv};
+use hf2coreml::pipeline::convert_summary::ConvertSummary;
 use hf2coreml::pipeline::job::{Job, Plan};
 use hf2coreml::pipeline::options::ComputePrecision;
 use hf2coreml::pipeline::package_files::Outputs;
-use hf2coreml::pipeline::summary::ConvertSummary;
 use hf2coreml::quant::recipe::RecipeFile;
 use hf2coreml::util::{fmt_bytes, fmt_count};
 

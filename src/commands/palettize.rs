@@ -36,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let bars = crate::printer::Bars::default();
     let (_, report) =
-        hf2coreml::pipeline::weights::prepare_weights(&ckpt, &recipe, &tokens, &bars)?;
+        hf2coreml::pipeline::weight_stream::prepare_weights(&ckpt, &recipe, &tokens, &bars)?;
     if args.json.as_deref() == Some(Path::new("-")) {
         return super::print_json(&report);
     }

@@ -6,7 +6,7 @@ use hf2coreml::error::CheckFailed;
 use hf2coreml::mil::contract::{self, Contract};
 use hf2coreml::runtime::interp::{Compute, Options};
 use hf2coreml::validate::gates::Gate;
-use hf2coreml::validate::run::{validate_with_progress, ValidateOptions};
+use hf2coreml::validate::run_checks::{validate_with_progress, ValidateOptions};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum ComputeArg {
@@ -171,7 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// records them; else an error asking for `--against`.
 fn recorded_checkpoint(package: &Path) -> anyhow::Result<PathBuf> {
     let ask = |why: String| anyhow::anyhow!("{}: {why}; give --against DIR", package.display());
-    let Some(source) = hf2coreml::pipeline::summary::recorded_source(package) else {
+    let Some(source) = hf2coreml::pipeline::convert_summary::recorded_source(package) else {
         return Err(ask(format!(
             "its report ({}) does not name the checkpoint it was converted from",
             hf2coreml::runtime::text::beside_package(package, "report.json").display()

@@ -7,14 +7,14 @@ use std::time::Instant;
 
 use super::convert_chain;
 use super::convert_error::{io_err, ConvertError};
+use super::convert_summary::{report_bytes, ConvertSummary, StageTimes};
 use super::declared_contract::contract_for;
 use super::options::ConvertOptions;
 use super::package_files::{
     asset_weight_bytes, stage_per_layer_table, stage_sidecars, weight_bin, Outputs,
 };
 use super::ranges::scaling_for;
-use super::summary::{report_bytes, ConvertSummary, StageTimes};
-use super::weights::WeightStream;
+use super::weight_stream::WeightStream;
 use crate::arch::ModelSpec;
 use crate::checkpoint::Checkpoint;
 use crate::emit::{EmitError, EmitReport, Metadata};

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::convert_error::{io_err, ConvertError};
+use super::convert_summary::{report_bytes, ConvertSummary, StageTimes};
 use super::declared_contract::contract_for;
 use super::options::ConvertOptions;
 use super::package_files::{
@@ -15,8 +16,7 @@ use super::package_files::{
     weight_bin, Outputs,
 };
 use super::ranges::scaling_for;
-use super::summary::{report_bytes, ConvertSummary, StageTimes};
-use super::weights::WeightStream;
+use super::weight_stream::WeightStream;
 use crate::arch::{tensor_ids, ModelSpec, TensorId, TensorSlot};
 use crate::budget::split::{self as planner, ChainPlan, ModelBytes, PartPlan};
 use crate::checkpoint::Checkpoint;

@@ -9,11 +9,11 @@ use std::time::Instant;
 use thiserror::Error;
 
 use super::convert_error::{io_err, ConvertError};
+use super::convert_summary::{ConvertSummary, Inputs, StageTimes};
 use super::options::{ComputePrecision, ConvertOptions};
 use super::package_files::{source_hashes, Outputs};
-use super::summary::{ConvertSummary, Inputs, StageTimes};
 use super::texts::{self, TextError};
-use super::weights::WeightStream;
+use super::weight_stream::WeightStream;
 use crate::arch::ModelSpec;
 use crate::budget::{self, Budget, BudgetError, Devices, Limit};
 use crate::checkpoint::gguf::{self, GgufError};
@@ -745,7 +745,7 @@ impl Job {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        let stream = super::weights::calibrated_stream(
+        let stream = super::weight_stream::calibrated_stream(
             ckpt,
             &self.recipe,
             &tokens,

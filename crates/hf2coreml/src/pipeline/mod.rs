@@ -3,21 +3,21 @@
 //! printing.
 //!
 //! Each file imports only those listed before it: `texts` (the calibration and evaluation
-//! texts), `convert_error`, `package_files` (sidecars and hashes), `summary` (the report and
-//! the recorded inputs), `options`, `declared_contract`, `ranges` (fp16 range safety),
-//! `weights` (what a package stores), `convert_chain`, `convert`, `inspect`, `job` (one
-//! conversion as the commands run it), `batch`.
+//! texts), `convert_error`, `package_files` (sidecars and hashes), `convert_summary` (the
+//! report and the recorded inputs), `options`, `declared_contract`, `ranges` (fp16 range
+//! safety), `weight_stream` (what a package stores), `convert_chain`, `convert`, `inspect`,
+//! `job` (one conversion as the commands run it), `batch`.
 
 pub mod batch;
 pub mod convert;
 pub mod convert_chain;
 pub mod convert_error;
+pub mod convert_summary;
 pub mod declared_contract;
 pub mod inspect;
 pub mod job;
 pub mod options;
 pub mod package_files;
 pub mod ranges;
-pub mod summary;
 pub mod texts;
-pub mod weights;
+pub mod weight_stream;

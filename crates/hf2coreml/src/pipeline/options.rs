@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::summary::Inputs;
+use super::convert_summary::Inputs;
 use crate::emit::PythonEnv;
 use crate::graph::decoder::StepOptions;
 use crate::graph::scaling::{ActivationRanges, Scaling};

@@ -135,7 +135,7 @@ pub fn evaluation_text(path: Option<&Path>) -> Result<(String, String), TextErro
             p.display().to_string(),
         ),
         None => (
-            crate::validate::run::EVALUATION_TEXT.to_string(),
+            crate::validate::run_checks::EVALUATION_TEXT.to_string(),
             EVALUATION_NAME.to_string(),
         ),
     })

@@ -1,13 +1,13 @@
 //! Weight palettization: exact 1-D k-means LUTs ([`kmeans`]), index packing ([`pack`]),
 //! recipes deciding what to palettize ([`recipe`]), calibrated palettization ([`calibrate`])
-//! with its input rotation ([`rotation`]) and the per-tensor report ([`report`]).
+//! with its input rotation ([`rotation`]) and the per-tensor report ([`palette_report`]).
 //!
 //! Nothing here does file I/O or calls Python; [`palettize_checkpoint`] reads tensors through
 //! the memory-mapped [`Checkpoint`] one at a time per worker.
 
 pub mod calibrate;
+pub mod palette_report;
 pub mod recipe;
-pub mod report;
 pub mod rotation;
 pub mod weight;
 
@@ -26,8 +26,8 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 
 pub use kmeans::{nbits_list, palettize_f16, LutFit, IOS17_NBITS, SUPPORTED_NBITS};
 pub use pack::{pack_indices, packed_len, try_unpack_indices, unpack_indices};
+pub use palette_report::{MixedPrecision, Report, TensorReport, Totals};
 pub use recipe::{Decision, Recipe, RecipeError, Storage};
-pub use report::{MixedPrecision, Report, TensorReport, Totals};
 pub use weight::{GroupedLut, LutRows, PackedLut, QuantizedWeight};
 
 #[derive(Debug, Error)]

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
-use crate::checkpoint::gguf::weights::permute_rows;
+use crate::checkpoint::gguf::tensor_map::permute_rows;
 use crate::testing::SplitMix64;
 
 /// GGUF tensor type ids (ggml.h) used by the fixtures.
@@ -668,12 +668,12 @@ impl TinyGguf {
             };
             let (data, decoded) = encode(&stored, ty);
             let decoded_hf = match permute {
-                Some(heads) => crate::checkpoint::gguf::weights::unpermute_rows(
+                Some(heads) => crate::checkpoint::gguf::tensor_map::unpermute_rows(
                     &decoded, shape[0], shape[1], heads,
                 ),
                 None => decoded,
             };
-            let hf = crate::checkpoint::gguf::weights::hf_tensor_name(&gguf).unwrap_or_default();
+            let hf = crate::checkpoint::gguf::tensor_map::hf_tensor_name(&gguf).unwrap_or_default();
             expected.insert(hf, (shape.clone(), decoded_hf));
             w.tensor(RawTensor {
                 name: gguf,
@@ -832,7 +832,7 @@ pub fn from_checkpoint(
         let t = ckpt.tensor(&hf).expect("checkpoint tensor");
         let shape = t.shape.to_vec();
         let values = t.to_f32();
-        let gguf = crate::checkpoint::gguf::weights::gguf_name(id, gemma);
+        let gguf = crate::checkpoint::gguf::tensor_map::gguf_name(id, gemma);
         let heads = match id {
             TensorId::Layer(_, LayerTensor::Q) => Some(spec.num_attention_heads),
             TensorId::Layer(_, LayerTensor::K) => Some(spec.num_key_value_heads),
@@ -852,7 +852,7 @@ pub fn from_checkpoint(
         let (data, decoded) = encode(&stored, ty);
         let mut decoded_hf = match heads {
             Some(h) => {
-                crate::checkpoint::gguf::weights::unpermute_rows(&decoded, shape[0], shape[1], h)
+                crate::checkpoint::gguf::tensor_map::unpermute_rows(&decoded, shape[0], shape[1], h)
             }
             None => decoded,
         };
@@ -1055,7 +1055,7 @@ pub fn requantize(
     let tensors = src.tensors().to_vec();
     for t in &tensors {
         let values = src.read_f32(t)?;
-        let layer = crate::checkpoint::gguf::weights::tensor_id(&t.name).and_then(|i| i.layer());
+        let layer = crate::checkpoint::gguf::tensor_map::tensor_id(&t.name).and_then(|i| i.layer());
         let ty = layout(&t.name, &t.shape, layer, layers);
         let (data, _) = encode(&values, ty);
         w.tensor(RawTensor {

@@ -10,7 +10,7 @@ pub mod functions;
 pub mod gates;
 pub mod metrics;
 pub mod report;
-pub mod run;
+pub mod run_checks;
 mod scoring;
 mod validate_error;
 mod weight_scores;

@@ -13,7 +13,7 @@
 use candle_core::quantized::gguf_file::Value;
 use serde::Serialize;
 
-use super::weights::{self, TensorPlan, TiledHeads};
+use super::tensor_map::{self, TensorPlan, TiledHeads};
 use super::{meta_err, optional_dim, required_dim, GgufError, GgufFile, LlamaHParams, SpecialIds};
 use crate::arch::{self, Architecture, LayerTensor as T, ModelSpec, Role, TensorId};
 
@@ -236,7 +236,7 @@ pub fn expected_one(id: TensorId, spec: &ModelSpec) -> TensorPlan {
     let lfm2 = spec.architecture == Architecture::Lfm2;
     let gguf_name = match id {
         TensorId::FinalNorm if lfm2 => "token_embd_norm.weight".to_string(),
-        _ => weights::gguf_name(id, !lfm2),
+        _ => tensor_map::gguf_name(id, !lfm2),
     };
     let t = match id {
         TensorId::Layer(_, t) => Some(t),

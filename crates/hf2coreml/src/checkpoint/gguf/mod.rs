@@ -14,8 +14,8 @@ pub mod header;
 pub mod hybrid;
 pub mod reader;
 pub mod spm;
+pub mod tensor_map;
 pub mod tokenizer;
-pub mod weights;
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
@@ -26,8 +26,8 @@ use thiserror::Error;
 
 pub use hybrid::Hybrid;
 pub use reader::{supported_types_list, type_name, GgufFile, GgufTensor, SUPPORTED_TYPES};
+pub use tensor_map::{hf_tensor_name, permute_rows, unpermute_rows, TensorPlan};
 pub use tokenizer::{GgufTokenizer, SUPPORTED_PRE};
-pub use weights::{hf_tensor_name, permute_rows, unpermute_rows, TensorPlan};
 
 use crate::arch::Architecture;
 use crate::fsutil::AtomicDir;
@@ -640,7 +640,7 @@ impl LlamaHParams {
             };
             TensorPlan {
                 hf_name: id.hf_name(),
-                gguf_name: weights::gguf_name(id, gemma),
+                gguf_name: tensor_map::gguf_name(id, gemma),
                 shape,
                 unpermute_heads: heads.filter(|_| self.permuted_qk()),
                 minus_one: gemma && id.role() == crate::arch::Role::Norm,
@@ -1045,7 +1045,7 @@ fn write_weights(
         .iter()
         .map(|p| (p.hf_name.as_str(), p.shape.as_slice()))
         .collect();
-    let header = weights::safetensors_header(&entries);
+    let header = tensor_map::safetensors_header(&entries);
     let file = std::fs::File::create(path).map_err(io_err)?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     w.write_all(&header).map_err(io_err)?;
@@ -1066,7 +1066,7 @@ fn write_weights(
         *types.entry(t.type_name()).or_insert(0) += 1;
         let stored = g.read_f32(&t)?;
         let values = transform(g, p, stored)?;
-        let bytes = weights::to_f16_bytes(&values).map_err(|i| GgufError::Tensor {
+        let bytes = tensor_map::to_f16_bytes(&values).map_err(|i| GgufError::Tensor {
             path: g.path().to_path_buf(),
             tensor: p.gguf_name.clone(),
             message: format!(

@@ -1,6 +1,6 @@
 //! Batch files: a `[defaults]` table and `[[export]]` entries, expanded into one export per
 //! combination of their list-valued keys (models × recipes × devices × lengths). Parsing and
-//! expansion only; [`super::run`] runs the exports.
+//! expansion only; [`super::runner`] runs the exports.
 //!
 //! ```toml
 //! [defaults]
@@ -882,7 +882,7 @@ fn written(e: &Export) -> Vec<PathBuf> {
         paths.extend(o.per_layer);
     }
     if e.validate.is_some() {
-        paths.push(super::run::validation_path(&e.output));
+        paths.push(super::runner::validation_path(&e.output));
     }
     let resolved = |p: &Path| crate::fsutil::resolved(p).unwrap_or_else(|_| p.to_path_buf());
     paths.iter().map(|p| resolved(p)).collect()

@@ -10,22 +10,22 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::batch_report::{BatchReport, Counts, ExportReport, Status, Validation, REPORT_SCHEMA};
 use super::file::{Export, Shard, ValidateSpec};
-use super::report::{BatchReport, Counts, ExportReport, Status, Validation, REPORT_SCHEMA};
 use crate::emit::when_output_is_ours;
 use crate::error::ExitCode;
 use crate::fsutil::{atomic_write, Staged};
 use crate::pipeline::convert_error::ConvertError;
+use crate::pipeline::convert_summary::{report_bytes, ConvertSummary, Inputs};
 use crate::pipeline::job::{Job, JobError, Opened};
 use crate::pipeline::package_files::Outputs;
-use crate::pipeline::summary::{report_bytes, ConvertSummary, Inputs};
 use crate::pipeline::texts;
 use crate::progress::Progress;
 use crate::quant::QuantError;
 use crate::runtime::interp::{Compute, Options};
 use crate::util::fmt_bytes;
 use crate::validate::gates::{Gate, GateError};
-use crate::validate::run::{validate, ValidateError, ValidateOptions};
+use crate::validate::run_checks::{validate, ValidateError, ValidateOptions};
 
 /// How a batch runs its exports.
 #[derive(Debug, Clone, Default)]
