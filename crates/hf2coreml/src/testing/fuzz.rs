@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use crate::arch::ModelSpec;
-use crate::checkpoint::gguf::{self, GgufFile, LlamaHParams};
+use crate::checkpoint::gguf::{self, GgufFile, GgufHParams};
 use crate::checkpoint::{parse_safetensors, Checkpoint};
 use crate::mlpackage::MlPackage;
 use crate::runtime::interp::{Options, Program};
@@ -77,7 +77,7 @@ pub fn gguf(data: &[u8]) -> bool {
         ok &= g.read_f32(t).is_ok();
     }
     ok &= gguf::tokenizer::build(&g).is_ok();
-    match LlamaHParams::from_gguf(&g) {
+    match GgufHParams::from_gguf(&g) {
         Ok(hp) => ok && gguf::plan_tensors(&g, &hp).is_ok(),
         Err(_) => false,
     }
@@ -288,7 +288,7 @@ mod tests {
         for e in std::fs::read_dir(out.path().join("gguf")).unwrap() {
             let data = std::fs::read(e.unwrap().path()).unwrap();
             let g = GgufFile::from_bytes(Path::new("seed"), data).unwrap();
-            assert!(LlamaHParams::from_gguf(&g).is_ok());
+            assert!(GgufHParams::from_gguf(&g).is_ok());
         }
         for target in ["interp", "batch"] {
             for e in std::fs::read_dir(out.path().join(target)).unwrap() {

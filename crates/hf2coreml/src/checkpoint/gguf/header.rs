@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::dequant::block_layout;
 use super::reader::{type_name, GgufFile};
-use super::{plan_tensors_unchecked, GgufError, LlamaHParams};
+use super::{plan_tensors_unchecked, GgufError, GgufHParams};
 use crate::arch::{self, ModelSpec};
 use crate::checkpoint::ConfigError;
 
@@ -52,7 +52,7 @@ pub fn type_bits(id: u32) -> Option<f64> {
     block_layout(id).map(|(e, b)| b as f64 * 8.0 / e as f64)
 }
 
-impl LlamaHParams {
+impl GgufHParams {
     /// The spec the imported checkpoint's config.json will describe (special token ids from
     /// the tokenizer metadata): that config.json, read back.
     pub fn spec(&self, g: &GgufFile) -> Result<ModelSpec, GgufError> {
@@ -60,7 +60,7 @@ impl LlamaHParams {
         self.spec_of(g, &config)
     }
 
-    /// `config` (what [`LlamaHParams::config_json`] made of `g`) read back as config.json is:
+    /// `config` (what [`GgufHParams::config_json`] made of `g`) read back as config.json is:
     /// a value that makes no model is refused naming the GGUF key or tensor it came from.
     pub(super) fn spec_of(
         &self,
@@ -124,7 +124,7 @@ pub fn read_header(path: &Path) -> Result<HeaderInfo, GgufError> {
 
 /// Summarize an opened GGUF's header.
 pub fn summarize(g: &GgufFile) -> Result<HeaderInfo, GgufError> {
-    let hp = LlamaHParams::from_gguf(g)?;
+    let hp = GgufHParams::from_gguf(g)?;
     let plan = plan_tensors_unchecked(g, &hp)?;
     let spec = hp.spec(g)?;
     let mut types: BTreeMap<u32, TypeCount> = BTreeMap::new();

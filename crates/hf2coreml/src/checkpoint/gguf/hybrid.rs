@@ -14,7 +14,7 @@ use candle_core::quantized::gguf_file::Value;
 use serde::Serialize;
 
 use super::tensor_map::{self, TensorPlan, TiledHeads};
-use super::{meta_err, optional_dim, required_dim, GgufError, GgufFile, LlamaHParams, SpecialIds};
+use super::{meta_err, optional_dim, required_dim, GgufError, GgufFile, GgufHParams, SpecialIds};
 use crate::arch::{self, Architecture, LayerTensor as T, ModelSpec, Role, TensorId};
 
 /// What a hybrid GGUF declares beyond the hyperparameters every architecture shares.
@@ -211,7 +211,7 @@ fn delta_layers(g: &GgufFile, layers: usize) -> Result<Vec<usize>, GgufError> {
 
 /// Whether `name` is a tensor of Qwen3.5's MTP blocks (`blk.N.*` at or past the decoder's
 /// blocks), which the import leaves out.
-pub(super) fn is_mtp_tensor(hp: &LlamaHParams, name: &str) -> bool {
+pub(super) fn is_mtp_tensor(hp: &GgufHParams, name: &str) -> bool {
     let Some(Hybrid::Qwen35 { mtp_layers, .. }) = &hp.hybrid else {
         return false;
     };
@@ -278,7 +278,7 @@ pub fn tiled_heads(t: T, spec: &ModelSpec) -> Option<TiledHeads> {
     })
 }
 
-impl LlamaHParams {
+impl GgufHParams {
     /// config.json of a hybrid model, in transformers 5's form: what the file stores, the
     /// block kinds as `layer_types`, and LFM2's feed-forward width as the file has it
     /// (`feed_forward_length` is already the adjusted width: no further adjustment).

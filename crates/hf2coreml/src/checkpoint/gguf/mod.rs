@@ -108,7 +108,7 @@ pub enum GgufError {
 /// The hyperparameters of a GGUF (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`, `smollm3`, and
 /// the hybrids `lfm2` and `qwen35`), checked for consistency.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LlamaHParams {
+pub struct GgufHParams {
     /// `general.architecture`: one of [`SUPPORTED_ARCHITECTURES`].
     pub arch: String,
     pub layers: usize,
@@ -194,7 +194,7 @@ impl SpecialIds {
     }
 }
 
-impl LlamaHParams {
+impl GgufHParams {
     /// q/k/v projections carry biases (qwen2).
     pub fn attention_bias(&self) -> bool {
         self.arch == "qwen2"
@@ -545,7 +545,7 @@ fn vocab_size(g: &GgufFile, arch: &str, hidden: usize) -> Result<usize, GgufErro
     Ok(vocab)
 }
 
-impl LlamaHParams {
+impl GgufHParams {
     /// Read `{arch}.*` metadata; `vocab` and `tied` come from the tensors.
     pub fn from_gguf(g: &GgufFile) -> Result<Self, GgufError> {
         let arch = architecture(g)?;
@@ -579,7 +579,7 @@ impl LlamaHParams {
             "phi3" => long_rope(g, rotary_dim.unwrap_or(head_dim))?,
             _ => None,
         };
-        Ok(LlamaHParams {
+        Ok(GgufHParams {
             arch,
             layers,
             hidden,
@@ -600,7 +600,7 @@ impl LlamaHParams {
         })
     }
 
-    /// Read Phi-3's LongRoPE factors (tensor data, so not in [`LlamaHParams::from_gguf`]).
+    /// Read Phi-3's LongRoPE factors (tensor data, so not in [`GgufHParams::from_gguf`]).
     pub fn read_rope_factors(&mut self, g: &mut GgufFile) -> Result<(), GgufError> {
         let Some(lr) = self.long_rope.as_mut() else {
             return Ok(());
@@ -824,7 +824,7 @@ impl LlamaHParams {
 
 /// Check that the file holds exactly the tensors `hp` implies, with the right shapes and
 /// dequantizable types.
-pub fn plan_tensors(g: &GgufFile, hp: &LlamaHParams) -> Result<Vec<TensorPlan>, GgufError> {
+pub fn plan_tensors(g: &GgufFile, hp: &GgufHParams) -> Result<Vec<TensorPlan>, GgufError> {
     let plan = plan_tensors_unchecked(g, hp)?;
     for p in &plan {
         let Some(t) = g.tensor(&p.gguf_name) else {
@@ -844,7 +844,7 @@ pub fn plan_tensors(g: &GgufFile, hp: &LlamaHParams) -> Result<Vec<TensorPlan>, 
 /// [`plan_tensors`] without the type check (what a header-only summary needs).
 pub fn plan_tensors_unchecked(
     g: &GgufFile,
-    hp: &LlamaHParams,
+    hp: &GgufHParams,
 ) -> Result<Vec<TensorPlan>, GgufError> {
     // A hybrid's tensors are the ones its config.json describes (block kinds, DeltaNet sizes).
     let plan = match &hp.hybrid {
@@ -916,7 +916,7 @@ pub struct ImportOptions {
 pub struct ImportReport {
     pub source: PathBuf,
     pub output: PathBuf,
-    pub hparams: LlamaHParams,
+    pub hparams: GgufHParams,
     pub parameters: u64,
     pub tensors: usize,
     /// GGUF tensor type → number of tensors of that type.
@@ -934,7 +934,7 @@ pub fn import(
     progress: &dyn Progress,
 ) -> Result<ImportReport, GgufError> {
     let mut g = GgufFile::open(src)?;
-    let mut hp = LlamaHParams::from_gguf(&g)?;
+    let mut hp = GgufHParams::from_gguf(&g)?;
     hp.read_rope_factors(&mut g)?;
     let plan = plan_tensors(&g, &hp)?;
     let tok = tokenizer::build(&g)?;
