@@ -291,3 +291,25 @@ fn long_functions_are_found() {
     assert_eq!(long_functions(&text, 8), vec![("long".to_string(), 10, 9)]);
     assert!(long_functions(&text, 20).is_empty());
 }
+
+/// A file is named for its one idea: no two files of a crate share a basename but `mod.rs`
+/// (and a crate's `lib.rs`/`main.rs`), so a name found in a trace or a diff names one file.
+#[test]
+fn no_two_files_of_a_crate_share_a_name() {
+    let mut problems = Vec::new();
+    for dir in ["crates/hf2coreml/src", "crates/numerics/src", "src"] {
+        let mut files = Vec::new();
+        rust_files(&root().join(dir), &mut files);
+        let mut seen: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+        for f in files {
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            if !["mod.rs", "lib.rs", "main.rs"].contains(&name.as_str()) {
+                seen.entry(name).or_default().push(f);
+            }
+        }
+        for (name, paths) in seen.into_iter().filter(|(_, p)| p.len() > 1) {
+            problems.push(format!("{dir}: {name} at {paths:?}"));
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}

@@ -59,7 +59,7 @@ pub(super) fn build_part(
     } else {
         b.input(HIDDEN_IN, fl, vec![1, q, spec.hidden_size])
     };
-    // The io cache only: `--kv-cache state` is refused for this layout (`state::check`).
+    // The io cache only: `--kv-cache state` is refused for this layout (`stateful::check`).
     let shared =
         (!part.layers.is_empty()).then(|| shared_inputs(&mut b, spec, dims, part, alpha, opts).0);
     let (x, mut head) = if part.embedding {

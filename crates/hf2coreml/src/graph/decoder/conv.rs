@@ -45,7 +45,7 @@ impl ConvInputs {
         );
         let (state, stored) = match stateful {
             Some(position) => {
-                let (stored, value) = super::state::recurrent(b, name, shape, position);
+                let (stored, value) = super::stateful::recurrent(b, name, shape, position);
                 (value, Some(stored))
             }
             None => (b.input(name, fl, shape), None),

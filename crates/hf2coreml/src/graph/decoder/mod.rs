@@ -24,9 +24,9 @@ mod lower;
 mod mask;
 mod mlp;
 mod per_layer;
-mod state;
+mod stateful;
 
-pub use state::check as check_kv_cache;
+pub use stateful::check as check_kv_cache;
 
 use std::collections::BTreeMap;
 
@@ -102,7 +102,7 @@ impl Dims {
             )));
         }
         // A state's rows are padded to a multiple of 32 (always masked: see [`state`]).
-        let s = state::rows(opts);
+        let s = stateful::rows(opts);
         for l in 0..spec.num_hidden_layers {
             let Some(a) = spec.layer(l).attention().copied() else {
                 continue;
@@ -456,7 +456,7 @@ pub fn build_part(
     check_spec(spec, opts.max_seq_len)?;
     check_constants(spec, opts)?;
     let whole = *part == Part::whole(spec);
-    state::check(opts.kv_cache, opts.target, opts.layout, whole)?;
+    stateful::check(opts.kv_cache, opts.target, opts.layout, whole)?;
     if !whole {
         check_part(spec, part)?;
     }
@@ -558,7 +558,7 @@ pub fn build_part(
     match (&shared, &state) {
         (Some(sh), Some(st)) => {
             let position = sh.position.clone();
-            state::write(&mut b, st, key_rows, value_rows, &position, &sh.dims);
+            stateful::write(&mut b, st, key_rows, value_rows, &position, &sh.dims);
         }
         // A hybrid model's part may hold no attention block, and then no cache.
         (Some(_), None) if !key_rows.is_empty() => {
@@ -633,7 +633,7 @@ fn recurrent_updates(
         }
         let update = stack(b, states, name);
         match stored {
-            Some(state) => state::write_recurrent(b, &state, &update),
+            Some(state) => stateful::write_recurrent(b, &state, &update),
             None => outputs.push(update),
         }
     }
@@ -648,7 +648,7 @@ fn shared_inputs(
     part: &Part,
     alpha: f64,
     opts: &StepOptions,
-) -> (Shared, Option<state::StateCache>) {
+) -> (Shared, Option<stateful::StateCache>) {
     let fl = b.float();
     let position = b.input(contract::POSITION, DType::I32, vec![1]);
     let layers = spec.layers();
@@ -674,7 +674,7 @@ fn shared_inputs(
     let cache_layers = counts[0];
     let (key_cache, value_cache, value_offset, state) =
         if opts.kv_cache == crate::mil::contract::KvCache::State {
-            let st = state::read(b, cache_layers, &dims);
+            let st = stateful::read(b, cache_layers, &dims);
             (st.read.clone(), st.read.clone(), st.layers, Some(st))
         } else if cache_layers == 0 {
             // A chain part of a hybrid model whose blocks all convolve: nothing attends.
