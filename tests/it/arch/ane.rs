@@ -7,15 +7,12 @@
 
 use std::path::Path;
 
-use hf2coreml::lint::{lint, Policy};
-use hf2coreml::mil::contract::Layout;
-use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::generate::Generator;
 use hf2coreml::runtime::interp::Package;
-use hf2coreml::runtime::StepModel;
 
 use super::hf::{expected, fixture, largest, max_diff, prompt_logits, validate};
+use crate::convert::ane_layout::check_ane_package;
 use crate::support::logits::agreement;
 use crate::support::{convert, needs};
 
@@ -26,30 +23,6 @@ fn fp16(arch: &str, out: &Path, layout: &str, s: usize, flags: &[&str]) {
         .args(["--layout", layout])
         .args(flags)
         .ok();
-}
-
-/// The ane package is made of 1×1 convs (no `linear`), records its layout, has the default
-/// package's inputs and outputs, and lints with no error- or fallback-level finding.
-fn check_ane_package(ane: &Path, default: &Path) {
-    let pkg = MlPackage::open(ane).unwrap();
-    let main = pkg.main_function().unwrap();
-    let ops: Vec<&str> = main.block.operations.iter().map(|o| &*o.r#type).collect();
-    assert!(ops.contains(&"conv"), "no conv in {ops:?}");
-    assert!(!ops.contains(&"linear"), "a linear is left");
-    let (a, d) = (
-        Package::load(ane, Default::default()).unwrap(),
-        Package::load(default, Default::default()).unwrap(),
-    );
-    assert_eq!(a.contract().layout, Layout::Ane);
-    assert_eq!(a.contract().inputs, d.contract().inputs);
-    assert_eq!(a.contract().outputs, d.contract().outputs);
-    let report = lint(ane, &Policy::default()).unwrap();
-    assert_eq!(
-        (report.counts.error, report.counts.fallback),
-        (0, 0),
-        "{:?}",
-        report.findings
-    );
 }
 
 /// Both layouts over transformers' tokens: the same logits within a few fp16 steps (q·kᵀ sums

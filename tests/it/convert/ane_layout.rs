@@ -116,7 +116,7 @@ fn layouts_agree(model: TinyModel, q: usize, flags: &[&str]) -> f64 {
 
 /// The ane package: convs, no linear; the contract records the layout and has the default
 /// package's inputs and outputs; lint finds nothing at error or fallback level.
-fn check_ane_package(ane: &Path, default: &Path) {
+pub(crate) fn check_ane_package(ane: &Path, default: &Path) {
     let ops = |p: &Path| -> Vec<String> {
         let pkg = MlPackage::open(p).unwrap();
         let main = pkg.main_function().unwrap();

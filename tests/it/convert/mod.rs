@@ -3,7 +3,7 @@
 //! iOS18 grouped LUTs and multifunction packages, and the memory it (and `validate`) needs.
 
 mod agreement;
-mod ane_layout;
+pub(crate) mod ane_layout;
 mod ios18;
 mod memory;
 mod multifunction;

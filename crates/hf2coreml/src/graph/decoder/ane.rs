@@ -200,20 +200,7 @@ pub(super) fn tokens_first(b: &mut Builder, x: &str, c: usize, q: usize, name: &
 /// it), else the last of the Q.
 fn last_position(b: &mut Builder, x: &str, (c, q): (usize, usize), valid: Option<&str>) -> String {
     if let Some(valid) = valid {
-        let last = b.op(
-            Op::Sub,
-            "last_position_index",
-            vec![("x", var(valid)), ("y", Arg::Int(1))],
-        );
-        return b.op(
-            Op::Gather,
-            "last_position",
-            vec![
-                ("x", var(x)),
-                ("indices", var(&last)),
-                ("axis", Arg::Int(3)),
-            ],
-        );
+        return super::last_real(b, x, valid, 3);
     }
     let (q, c) = (q as i64, c as i64);
     b.op(

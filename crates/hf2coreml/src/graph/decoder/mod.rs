@@ -584,20 +584,7 @@ fn last_position(
     valid: Option<&str>,
 ) -> String {
     if let Some(valid) = valid {
-        let last = b.op(
-            Op::Sub,
-            "last_position_index",
-            vec![("x", var(valid)), ("y", Arg::Int(1))],
-        );
-        return b.op(
-            Op::Gather,
-            "last_position",
-            vec![
-                ("x", var(x)),
-                ("indices", var(&last)),
-                ("axis", Arg::Int(1)),
-            ],
-        );
+        return last_real(b, x, valid, 1);
     }
     if opts.query_len == 1 {
         return x.to_string();
@@ -610,6 +597,24 @@ fn last_position(
             ("x", var(x)),
             ("begin", ints(&[0, q - 1, 0])),
             ("end", ints(&[1, q, c])),
+        ],
+    )
+}
+
+/// Row `valid_len − 1` of `x` along its token `axis`: a padded chunk's last real token.
+fn last_real(b: &mut Builder, x: &str, valid: &str, axis: i64) -> String {
+    let last = b.op(
+        Op::Sub,
+        "last_position_index",
+        vec![("x", var(valid)), ("y", Arg::Int(1))],
+    );
+    b.op(
+        Op::Gather,
+        "last_position",
+        vec![
+            ("x", var(x)),
+            ("indices", var(&last)),
+            ("axis", Arg::Int(axis)),
         ],
     )
 }
