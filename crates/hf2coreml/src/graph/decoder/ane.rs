@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 
 use super::linear::{LinearWeight, Weights};
 use super::lower::Lowering;
-use super::{block, logits, recurrent_updates, rms_norm, shared_inputs, stack};
-use super::{Dims, Kept, Part, Shared, Sorted, StepOptions};
+use super::{blocks, logits, recurrent_updates, rms_norm, shared_inputs, stack};
+use super::{Dims, Part, Shared, Sorted, StepOptions};
 use crate::arch::{ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, Graph, GraphError, Op, Weight};
 use crate::mil::chain_file::{HIDDEN_IN, HIDDEN_OUT};
@@ -68,21 +68,18 @@ pub(super) fn build_part(
         (first, None)
     };
     let mut x = channels_first(&mut b, &x, spec.hidden_size, q, "hidden_cf");
-    let mut kept = Vec::with_capacity(part.layers.len());
-    if let Some(shared) = &shared {
-        let lower = Lowering::Ane(Cf::new(&mut b, shared));
-        for l in part.layers.clone() {
-            let (out, k) = block(&mut b, &mut weights, &lower, shared, l, &x)?;
-            x = out;
-            kept.push(k);
-        }
-    }
     let Sorted {
         keys: key_rows,
         values: value_rows,
         conv,
         delta,
-    } = Kept::sort(kept);
+    } = match &shared {
+        Some(sh) => {
+            let lower = Lowering::Ane(Cf::new(&mut b, sh));
+            blocks(&mut b, &mut weights, &lower, sh, part, &mut x)?
+        }
+        None => Sorted::default(),
+    };
     let mut outputs = if part.head {
         let parts = match head.take() {
             Some(p) => p,

@@ -231,6 +231,25 @@ struct Sorted {
     delta: Vec<String>,
 }
 
+/// Run `part`'s blocks in order over the hidden state `x` (left as the last block's output),
+/// lowered by `lower`; what they keep, by kind.
+fn blocks(
+    b: &mut Builder,
+    weights: &mut Weights,
+    lower: &Lowering,
+    shared: &Shared,
+    part: &Part,
+    x: &mut String,
+) -> Result<Sorted, GraphError> {
+    let mut kept = Vec::with_capacity(part.layers.len());
+    for l in part.layers.clone() {
+        let (out, k) = block(b, weights, lower, shared, l, x)?;
+        *x = out;
+        kept.push(k);
+    }
+    Ok(Kept::sort(kept))
+}
+
 impl Kept {
     fn sort(kept: Vec<Kept>) -> Sorted {
         let mut s = Sorted::default();
@@ -509,20 +528,15 @@ pub fn build_part(
     if let (Some(shared), Some(given)) = (&mut shared, &per_layer_in) {
         shared.per_layer = Some(per_layer::given(&mut b, spec, shared, given));
     }
-    let mut kept = Vec::with_capacity(part.layers.len());
-    if let Some(shared) = &shared {
-        for l in part.layers.clone() {
-            let (out, k) = block(&mut b, &mut weights, &Lowering::Default, shared, l, &x)?;
-            x = out;
-            kept.push(k);
-        }
-    }
     let Sorted {
         keys: key_rows,
         values: value_rows,
         conv,
         delta,
-    } = Kept::sort(kept);
+    } = match &shared {
+        Some(sh) => blocks(&mut b, &mut weights, &Lowering::Default, sh, part, &mut x)?,
+        None => Sorted::default(),
+    };
 
     let mut outputs = if part.head {
         if head.is_none() {
