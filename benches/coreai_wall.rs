@@ -35,7 +35,7 @@ fn asset(scratch: &Path) -> PathBuf {
         eprintln!("the real model is absent: the tiny test model stands in");
         let dir = scratch.join("tiny");
         std::fs::create_dir_all(&dir).unwrap();
-        hf2coreml::testing::TinyModel::llama().write(&dir).unwrap();
+        hf2coreml_testkit::TinyModel::llama().write(&dir).unwrap();
         (dir, "64")
     };
     let out = scratch.join("bench.aimodel");

@@ -5,7 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use half::f16;
 use hf2coreml::quant::{pack_indices, palettize_f16, unpack_indices};
-use hf2coreml::testing::SplitMix64;
+use hf2coreml_testkit::SplitMix64;
 
 fn projection() -> Vec<f16> {
     let mut rng = SplitMix64(9);

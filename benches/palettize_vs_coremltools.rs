@@ -19,7 +19,7 @@ use hf2coreml::arch::TensorSlot;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::mil::DType;
 use hf2coreml::quant::{self, Decision, Recipe};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 use rayon::prelude::*;
 
 /// The bar for "no worse": ours/theirs MSE at most this (f16 LUT rounding only).

@@ -3,7 +3,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::env::args().nth(1).ok_or("usage: fuzz_seeds OUT_DIR")?;
-    let n = hf2coreml::testing::fuzz::write_seeds(std::path::Path::new(&out))?;
+    let n = hf2coreml_testkit::fuzz::write_seeds(std::path::Path::new(&out))?;
     println!("wrote {n} seeds under {out}");
     Ok(())
 }

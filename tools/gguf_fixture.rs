@@ -4,8 +4,8 @@
 //! tests/it/gguf/transformers.rs builds it, for python/testgen/gguf_transformers.py to read
 //! with transformers.
 
-use hf2coreml::testing::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture};
+use hf2coreml_testkit::TinyModel;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();

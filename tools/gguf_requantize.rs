@@ -3,7 +3,7 @@
 //! measurement of what palettizing a K-quant source costs (SmolLM2 ships only as Q4_1).
 
 use hf2coreml::checkpoint::gguf::GgufFile;
-use hf2coreml::testing::gguf::{q4_k_m_type, q6_k_type, requantize};
+use hf2coreml_testkit::gguf::{q4_k_m_type, q6_k_type, requantize};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();

@@ -61,7 +61,7 @@ fn sized(
     let hidden: usize = hidden.parse()?;
     // 64-wide heads, four query heads per key/value head, as in most current Llamas.
     let heads = hidden / 64;
-    let m = hf2coreml::testing::TinyModel {
+    let m = hf2coreml_testkit::TinyModel {
         layers: layers.parse()?,
         hidden,
         intermediate: intermediate.parse()?,
@@ -69,7 +69,7 @@ fn sized(
         kv_heads: (heads / 4).max(1),
         vocab: vocab.parse()?,
         scale: 0.02,
-        ..hf2coreml::testing::TinyModel::llama()
+        ..hf2coreml_testkit::TinyModel::llama()
     };
     let dir = std::path::PathBuf::from(dir);
     std::fs::create_dir_all(&dir)?;

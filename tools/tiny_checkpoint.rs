@@ -7,9 +7,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().ok_or(usage)?);
     let model = match args.next().as_deref() {
-        None | Some("llama") => hf2coreml::testing::TinyModel::llama(),
-        Some("qwen2") => hf2coreml::testing::TinyModel::qwen2(),
-        Some("mistral") => hf2coreml::testing::TinyModel::mistral(),
+        None | Some("llama") => hf2coreml_testkit::TinyModel::llama(),
+        Some("qwen2") => hf2coreml_testkit::TinyModel::qwen2(),
+        Some("mistral") => hf2coreml_testkit::TinyModel::mistral(),
         Some(_) => return Err(usage.into()),
     };
     std::fs::create_dir_all(&dir)?;

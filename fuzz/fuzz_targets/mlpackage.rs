@@ -1,5 +1,5 @@
 #![no_main]
-//! See hf2coreml::testing::fuzz::mlpackage: the same function the regression tests replay.
+//! See hf2coreml_testkit::fuzz::mlpackage: the same function the regression tests replay.
 
 use libfuzzer_sys::fuzz_target;
 
@@ -15,5 +15,5 @@ thread_local! {
 }
 
 fuzz_target!(|data: &[u8]| {
-    SCRATCH.with(|d| hf2coreml::testing::fuzz::mlpackage(data, d.path()));
+    SCRATCH.with(|d| hf2coreml_testkit::fuzz::mlpackage(data, d.path()));
 });

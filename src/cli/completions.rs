@@ -4,9 +4,6 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::CommandFactory;
-
-use super::Cli;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -23,8 +20,8 @@ pub struct ManArgs {
     pub out_dir: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut cmd = Cli::command();
+/// The completion script of `cmd` (the whole command line's definition) for `args.shell`.
+pub fn run(args: Args, mut cmd: clap::Command) -> anyhow::Result<()> {
     // Generated into memory, then written with the error returned (the generator itself
     // panics when its writer fails, e.g. a full stdout).
     let mut script = Vec::new();
@@ -35,8 +32,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn man(args: ManArgs) -> anyhow::Result<()> {
-    let cmd = Cli::command();
+/// The man pages of `cmd` (the whole command line's definition).
+pub fn man(args: ManArgs, cmd: clap::Command) -> anyhow::Result<()> {
     let Some(dir) = args.out_dir else {
         // Rendered into memory, then written: the one write's error is the one reported.
         let mut page = Vec::new();

@@ -1,6 +1,6 @@
 //! Command-line types. Each verb's arguments live beside its implementation in `commands/`.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::commands;
 
@@ -39,7 +39,7 @@ pub enum Command {
     ImportGguf(commands::import_gguf::Args),
     /// Generate text from a package (the CPU's MIL interpreter) or a Core AI asset (Apple's
     /// runtime): stream it, report tokens/s.
-    Run(commands::run::Args),
+    Run(commands::run_args::Args),
     /// Check a saved package against its checkpoint: contract, weights, logits, fp16 ranges, gates.
     Validate(commands::validate::Args),
     /// Check any ML Program package against the Neural Engine's rules (exit 1 on an error or fallback).
@@ -65,8 +65,8 @@ impl Command {
             Command::Validate(a) => commands::validate::run(a),
             Command::Lint(a) => commands::lint::run(a),
             Command::Batch(a) => commands::batch::run(a),
-            Command::Completions(a) => completions::run(a),
-            Command::Man(a) => completions::man(a),
+            Command::Completions(a) => completions::run(a, Cli::command()),
+            Command::Man(a) => completions::man(a, Cli::command()),
         }
     }
 }

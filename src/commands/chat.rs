@@ -16,7 +16,8 @@ use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::generate::{GenerateError, GenerateOptions, Generator, StopReason};
 use hf2coreml::runtime::text::{Conversation, TextError};
 
-use super::run::{report, save_cache, Args};
+use super::run_args::Args;
+use super::run_output::{report, save_cache};
 
 /// What one line asks for.
 enum Line<'a> {

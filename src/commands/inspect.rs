@@ -1,9 +1,9 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use hf2coreml::checkpoint::gguf;
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::mil::chain_file::is_chain;
+use hf2coreml::mil::chain_file::{is_chain, ChainFile};
 use hf2coreml::pipeline::inspect as summary;
 
 use hf2coreml::util::{fmt_bytes, fmt_count};
@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.dir.display()
             );
         }
-        return super::inspect_package::run(&args.dir, args.json);
+        return saved(&args.dir, args.json);
     }
     let recipe = args.recipe.load()?;
     let s = if gguf::is_gguf_file(&args.dir) {
@@ -166,6 +166,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A saved package, or a chain of packages or of Core AI assets.
+fn saved(path: &Path, json: bool) -> anyhow::Result<()> {
+    if is_chain(path) {
+        let chain = ChainFile::read(path)?;
+        if chain.contract.target.is_coreai() {
+            return super::inspect_asset::run_chain(path, chain, json);
+        }
+    }
+    super::inspect_package::run(path, json)
 }
 
 /// The GGUF lines of `inspect`: tensor types with counts, bits per weight, truncation.

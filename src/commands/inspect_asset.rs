@@ -150,7 +150,7 @@ fn print_asset(s: &AssetSummary) {
                     c["vocab_size"]
                 ))
             );
-            if let Some(line) = super::inspect_package::per_layer_line(&c, Path::new(&s.path)) {
+            if let Some(line) = super::per_layer_line::per_layer_line(&c, Path::new(&s.path)) {
                 println!("  per-layer    {}", esc(&line));
             }
         } else if k == hf2coreml::mil::chain_file::PART_METADATA_KEY {

@@ -11,6 +11,8 @@ use hf2coreml::mlpackage::FeatureInfo;
 use hf2coreml::runtime::interp::kernels::Avx2Lookup;
 use hf2coreml::util::{fmt_bytes, fmt_count, isa};
 
+use super::per_layer_line::per_layer_line;
+
 /// `inspect CHAIN --json`: the chain file and each part's summary.
 #[derive(serde::Serialize)]
 struct ChainSummary {
@@ -82,9 +84,6 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
         };
     }
     let chain = ChainFile::read(path)?;
-    if chain.contract.target.is_coreai() {
-        return super::inspect_asset::run_chain(path, chain, json);
-    }
     let parts = chain
         .parts
         .iter()
@@ -228,30 +227,6 @@ fn print_contract(c: &serde_json::Value) {
             conv.map_or("?".into(), |c| n2(c, "channels")),
         );
     }
-}
-
-/// Gemma 4's per-layer table as the contract declares it, and whether its file is beside the
-/// package; `None` when the contract declares none.
-pub(super) fn per_layer_line(c: &serde_json::Value, package: &std::path::Path) -> Option<String> {
-    let t = c.get("per_layer")?;
-    let n = |k: &str| t.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-    let (rows, layers, width) = (n("rows"), n("layers"), n("width"));
-    let bytes = rows
-        .saturating_mul(layers)
-        .saturating_mul(width)
-        .saturating_mul(2);
-    let file = hf2coreml::mil::contract::per_layer_file(package);
-    let name = file.file_name().unwrap_or_default().to_string_lossy();
-    let state = match std::fs::metadata(&file) {
-        Ok(m) if m.is_file() && m.len() == bytes => "beside the package",
-        Ok(_) => "beside the package, NOT of the declared size",
-        Err(_) => "MISSING (it ships beside the package)",
-    };
-    Some(format!(
-        "{name}: {rows} rows × {layers} blocks × {width} fp16 ({}), {state}; the host gathers \
-         each token's row into `per_layer_rows`",
-        fmt_bytes(bytes)
-    ))
 }
 
 /// A JSON field as text, `?` when absent.

@@ -12,8 +12,11 @@ pub mod inspect_asset;
 pub mod inspect_package;
 pub mod lint;
 pub mod palettize;
+mod per_layer_line;
 pub mod recipes;
 pub mod run;
+pub mod run_args;
+mod run_output;
 pub mod validate;
 
 /// The interpreter allocates and frees buffers of 0.1-32 MB every step (activations, the

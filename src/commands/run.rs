@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::chat::{ChatTemplate, Message};
-use hf2coreml::runtime::generate::{
-    GenerateError, GenerateOptions, Generation, Generator, StopReason,
-};
+use hf2coreml::runtime::generate::{GenerateError, GenerateOptions, Generation, Generator};
 use hf2coreml::runtime::interp::kernels;
 use hf2coreml::runtime::interp::{Compute, Options};
 use hf2coreml::runtime::kvfile::KvFile;
@@ -17,82 +15,8 @@ use hf2coreml::runtime::text::{self, Conversation, Prompt, TextError};
 use hf2coreml::util::isa::Isa;
 use tokenizers::Tokenizer;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ComputeArg {
-    /// Round every op to the dtype the program declares, as the device does.
-    Fp16,
-    /// Keep every float in f32 (debugging: separates range problems from logic errors).
-    F32,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// The .mlpackage to run, a chain of packages (the directory `convert` wrote), or a Core AI
-    /// .aimodel or chain of them (run by Apple's runtime from the Python environment).
-    pub package: PathBuf,
-    /// Text to continue (tokenized with the package's tokenizer).
-    #[arg(
-        long,
-        required_unless_present_any = ["prompt_ids", "chat"],
-        conflicts_with = "prompt_ids"
-    )]
-    pub prompt: Option<String>,
-    /// Token ids to continue, comma-separated, e.g. `1,2,3` (no tokenizer needed).
-    #[arg(long, value_delimiter = ',', num_args = 1)]
-    pub prompt_ids: Option<Vec<u32>>,
-    /// Chat through the checkpoint's chat template: with --prompt, one user message; without,
-    /// an interactive session reading stdin line by line (`/reset`, `/exit`).
-    #[arg(long, conflicts_with = "prompt_ids")]
-    pub chat: bool,
-    /// The system message a --chat conversation starts with.
-    #[arg(long, requires = "chat", value_name = "TEXT")]
-    pub system: Option<String>,
-    /// Continue from a KV cache saved by --save-cache (the same package only): the prompt, or
-    /// the chat, carries on after it.
-    #[arg(long, value_name = "FILE")]
-    pub load_cache: Option<PathBuf>,
-    /// Save the KV cache's valid rows at the end (docs/contract.md, "The KV-cache file").
-    #[arg(long, value_name = "FILE")]
-    pub save_cache: Option<PathBuf>,
-    /// Tokens to generate; 0 processes the prompt only.
-    #[arg(long, default_value_t = 128)]
-    pub max_new_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Sample among the k most likely tokens only.
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    /// Sample among the most likely tokens whose probabilities sum to p.
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    /// Random seed for sampling (the same seed gives the same text).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Keep generating after an end-of-sequence token.
-    #[arg(long)]
-    pub ignore_eos: bool,
-    /// tokenizer.json [default: X.tokenizer.json beside X.mlpackage].
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
-    /// tokenizer_config.json holding the chat template [default: beside the tokenizer].
-    #[arg(long)]
-    pub tokenizer_config: Option<PathBuf>,
-    /// Float precision of the CPU interpreter.
-    #[arg(long, value_enum, default_value_t = ComputeArg::Fp16)]
-    pub compute: ComputeArg,
-    /// Decode every weight when the package loads instead of reading packed weights in place
-    /// from the memory-mapped weight files (the same results, bit for bit; more memory).
-    #[arg(long)]
-    pub dense_weights: bool,
-    /// Write the logits of every processed position as float32 [T, V] .npy.
-    #[arg(long, value_name = "FILE.npy")]
-    pub logits_out: Option<PathBuf>,
-    /// Print one JSON object at the end (prompt and generated ids, text, stop reason, timing)
-    /// instead of streaming the text.
-    #[arg(long)]
-    pub json: bool,
-}
+use super::run_args::{Args, ComputeArg};
+use super::run_output::{report, save_cache, stop_reason};
 
 /// `X.tokenizer.json` → `X.tokenizer_config.json`, `tokenizer.json` → `tokenizer_config.json`.
 fn config_beside(tokenizer: &Path) -> Option<PathBuf> {
@@ -226,31 +150,6 @@ pub(super) fn load(args: &Args) -> anyhow::Result<(Generator<Saved>, Option<KvFi
         None => None,
     };
     Ok((generator, kv))
-}
-
-/// Write --save-cache: the cached rows, the tokens of `sequence`, the conversation as JSON.
-pub(super) fn save_cache(
-    args: &Args,
-    generator: &Generator<Saved>,
-    sequence: &[u32],
-    messages: Option<&[Message]>,
-) -> anyhow::Result<()> {
-    let Some(path) = &args.save_cache else {
-        return Ok(());
-    };
-    let conversation = match messages {
-        Some(m) => serde_json::to_string(m)?,
-        None => String::new(),
-    };
-    let kv = KvFile::from_generator(generator, sequence, conversation)?;
-    kv.save(path)?;
-    crate::printer::info(format_args!(
-        "cache: {} positions ({} tokens) → {}",
-        kv.position,
-        kv.tokens.len(),
-        path.display()
-    ));
-    Ok(())
 }
 
 pub(super) fn generate_options(args: &Args) -> anyhow::Result<GenerateOptions> {
@@ -426,32 +325,4 @@ fn print_json(
         },
         "error": error.map(|e| e.to_string()),
     }))
-}
-
-fn stop_reason(g: &Generation) -> String {
-    match g.stop {
-        StopReason::Eos(id) => format!("eos (id {id})"),
-        StopReason::MaxNewTokens => "max new tokens".to_string(),
-        StopReason::ContextFull => "context full".to_string(),
-        StopReason::Interrupted => "interrupted".to_string(),
-    }
-}
-
-pub(super) fn report(g: &Generation) {
-    let t = &g.timing;
-    let stop = stop_reason(g);
-    crate::printer::info(format_args!(
-        "prompt: {} tokens in {:.2} s ({:.1} tok/s) · generated: {} tokens, decode {:.1} tok/s · \
-         stop: {stop}",
-        t.prompt_tokens,
-        t.prompt_time.as_secs_f64(),
-        t.prompt_tokens_per_sec(),
-        g.tokens.len(),
-        t.decode_tokens_per_sec(),
-    ));
-    crate::printer::detail(format_args!(
-        "model calls: {} prefill, {} decode",
-        t.prefill_calls,
-        t.model_calls - t.prefill_calls
-    ));
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Options;
-use hf2coreml::testing::{python_env, TinyModel, FP16_LOGIT_TOL};
+use hf2coreml_testkit::{python_env, TinyModel, FP16_LOGIT_TOL};
 
 use crate::support::logits::same_top;
 use crate::support::needs;

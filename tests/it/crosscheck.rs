@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use hf2coreml::testing::python_env;
+use hf2coreml_testkit::python_env;
 
 use crate::support::needs;
 

@@ -25,6 +25,7 @@ mod coreai;
 mod crosscheck;
 mod fuzz;
 mod gguf;
+mod graph;
 mod interp;
 mod lint;
 mod mlpackage;

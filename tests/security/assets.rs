@@ -394,7 +394,7 @@ fn chains_refuse_links_out_and_parts_from_other_conversions() {
     let other = {
         let ckpt2 = root.join("ckpt2");
         std::fs::create_dir(&ckpt2).unwrap();
-        let mut m = hf2coreml::testing::TinyModel::llama();
+        let mut m = hf2coreml_testkit::TinyModel::llama();
         m.seed = m.seed.wrapping_add(1);
         m.write(&ckpt2).unwrap();
         convert_into(root, &ckpt2, "other.aimodel", "coreai", &CHAIN_FLAGS)

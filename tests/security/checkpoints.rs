@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use half::bf16;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use super::{checkpoint, convert_refused, write_model, Scratch};
 use crate::support::{assert_refused, hf2coreml};

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hf2coreml::testing::gguf::{Meta, TinyGguf};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::gguf::{Meta, TinyGguf};
+use hf2coreml_testkit::TinyModel;
 
 use super::{convert_refused, expect, expect_bad, mkfifo, os, Scratch};
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::interp::{Options, Program};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs};
 
@@ -30,7 +30,7 @@ fn convert_cmd(ckpt: &Path, dest: &Path) -> Command {
 }
 
 fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    hf2coreml::testing::files_under(dir).unwrap()
+    hf2coreml_testkit::files_under(dir).unwrap()
 }
 
 /// The package opens and its program compiles (every weight decoded).

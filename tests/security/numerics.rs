@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use hf2coreml::testing::gguf::{self as fixture, Meta, TinyGguf};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::gguf::{self as fixture, Meta, TinyGguf};
+use hf2coreml_testkit::TinyModel;
 use serde_json::json;
 
 use super::{convert_refused, expect_bad, write_model, Scratch};

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use super::{checkpoint, expect, expect_bad, os, Scratch};
 

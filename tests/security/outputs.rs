@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use super::{checkpoint, expect, expect_bad, os, tiny_checkpoint, Scratch};
 
@@ -133,7 +133,7 @@ fn import_gguf_into_its_own_folder_is_refused() {
     let file = g.join("m.gguf");
     std::fs::write(
         &file,
-        hf2coreml::testing::gguf::TinyGguf::llama()
+        hf2coreml_testkit::gguf::TinyGguf::llama()
             .build()
             .writer
             .to_bytes(),

@@ -11,7 +11,7 @@ use hf2coreml::mil::contract;
 use hf2coreml::mil::DType;
 use hf2coreml::mlpackage::blob::{BLOB_SENTINEL, RECORD_SIZE};
 use hf2coreml::mlpackage::{proto, BlobWriter};
-use hf2coreml::testing::mlpackage as fixture;
+use hf2coreml_testkit::mlpackage as fixture;
 
 use super::{expect, mkfifo, os, Scratch};
 use crate::support::{assert_refused, hf2coreml, toy};

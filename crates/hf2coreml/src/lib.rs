@@ -46,9 +46,6 @@ pub mod runtime;
 pub mod validate;
 // Orchestration for the commands.
 pub mod pipeline;
-// Fixtures built in code and fuzz entry points (tests, benches, tools, the fuzz crate).
-#[cfg(any(test, feature = "test-support"))]
-pub mod testing;
 
 /// The tool's version, recorded in every package it writes.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -3,6 +3,7 @@
 //!
 //! - [`kmeans`]: exact weighted 1-D k-means on 16-bit values (palettization);
 //! - [`pack`]: LUT indices packed to their bit width, as Core ML stores them;
+//! - [`nbits`]: the LUT widths Core ML accepts;
 //! - [`linalg`]: the Cholesky factors and inverses calibrated quantization needs;
 //! - [`dequant`]: ggml's block layouts (GGUF K-quants and legacy quants) to floats;
 //! - [`kernels`]: the interpreter's dot products and LUT lookups, per instruction set;
@@ -16,6 +17,7 @@ pub mod isa;
 pub mod kernels;
 pub mod kmeans;
 pub mod linalg;
+pub mod nbits;
 pub mod pack;
 
 use thiserror::Error;
@@ -23,7 +25,7 @@ use thiserror::Error;
 /// What the numerics refuse; the library's `QuantError` carries it unchanged.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum NumericsError {
-    #[error("nbits {nbits} is not supported (use {list})", list = kmeans::nbits_list())]
+    #[error("nbits {nbits} is not supported (use {list})", list = nbits::nbits_list())]
     UnsupportedNbits { nbits: u8 },
     #[error("element {index} is {value}: NaN/Inf (or beyond the f16 range) cannot be palettized")]
     NonFinite { index: usize, value: f32 },

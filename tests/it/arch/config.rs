@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Output;
 
 use hf2coreml::mil::DType;
-use hf2coreml::testing::{Blob, TinyModel};
+use hf2coreml_testkit::{Blob, TinyModel};
 
 use crate::support::{assert_refused, hf2coreml};
 

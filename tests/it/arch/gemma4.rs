@@ -455,7 +455,7 @@ fn gemma4_per_layer_table_lives_beside_the_package() {
 
     // Another model converted over it: refused without --force; with it, the output is that
     // model's files only (no table of the earlier one left behind).
-    let llama = hf2coreml::testing::TinyModel::llama().write_temp().unwrap();
+    let llama = hf2coreml_testkit::TinyModel::llama().write_temp().unwrap();
     let o = convert(llama.path(), &pkg)
         .args(["--max-seq-len", "16", "--keep-fp16", "*"])
         .output();

@@ -367,7 +367,7 @@ fn phi3_packages_validate_and_run() {
     let mut checked = 0;
     for k in [3, 9, 17, 33] {
         let row = &want.logits[k - 1];
-        if !hf2coreml::testing::top1_is_decided(row, 0.05) {
+        if !hf2coreml_testkit::top1_is_decided(row, 0.05) {
             continue;
         }
         let argmax = (0..row.len())
@@ -489,7 +489,7 @@ fn gemma3_packages_validate_and_run() {
     let mut checked = 0;
     for k in [3, 9, 17, 33] {
         let row = &want.logits[k - 1];
-        if !hf2coreml::testing::top1_is_decided(row, 0.05) {
+        if !hf2coreml_testkit::top1_is_decided(row, 0.05) {
             continue;
         }
         let argmax = (0..row.len())

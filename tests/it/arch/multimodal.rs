@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 /// `text` (a text-only checkpoint) rewritten as the multimodal class stores it, its tensors
 /// under `prefix`, beside a vision tower and a projector.

@@ -1,6 +1,6 @@
 //! The crates of the workspace and what each may depend on (docs/architecture.md, "Crates"):
-//! the library never reaches for the command line's crates, and the development tools stay out
-//! of what `cargo test` builds.
+//! the library never reaches for the command line's crates or the test kit, the test kit serves
+//! only tests and tools, and the development tools stay out of what `cargo test` builds.
 
 use std::path::Path;
 
@@ -67,14 +67,44 @@ fn cargo_test_builds_the_library_and_the_command_line_not_the_tools() {
     };
     assert_eq!(
         list("members"),
-        [".", "crates/hf2coreml", "crates/numerics", "tools"]
+        [
+            ".",
+            "crates/hf2coreml",
+            "crates/numerics",
+            "crates/testkit",
+            "tools"
+        ]
     );
     assert_eq!(
         list("default-members"),
-        [".", "crates/hf2coreml", "crates/numerics"]
+        [".", "crates/hf2coreml", "crates/numerics", "crates/testkit"]
     );
     let cli = names(&root, "dependencies");
     assert!(cli.iter().any(|d| d == "hf2coreml"), "{cli:?}");
     let tools = names(&manifest("tools/Cargo.toml"), "dependencies");
     assert!(tools.iter().any(|d| d == "hf2coreml"), "{tools:?}");
+}
+
+#[test]
+fn the_test_kit_serves_tests_and_tools_only() {
+    let kit = manifest("crates/testkit/Cargo.toml");
+    let deps = names(&kit, "dependencies");
+    assert!(deps.iter().any(|d| d == "hf2coreml"), "{deps:?}");
+    assert!(
+        !deps.iter().any(|d| d.starts_with("hf2coreml-")),
+        "the test kit builds on the library alone: {deps:?}"
+    );
+    for (manifest_path, section) in [
+        ("Cargo.toml", "dependencies"),
+        ("crates/hf2coreml/Cargo.toml", "dependencies"),
+        ("crates/numerics/Cargo.toml", "dependencies"),
+    ] {
+        let deps = names(&manifest(manifest_path), section);
+        assert!(
+            !deps.iter().any(|d| d == "hf2coreml-testkit"),
+            "{manifest_path} [{section}] depends on the test kit"
+        );
+    }
+    let dev = names(&manifest("Cargo.toml"), "dev-dependencies");
+    assert!(dev.iter().any(|d| d == "hf2coreml-testkit"), "{dev:?}");
 }

@@ -210,7 +210,7 @@ fn the_table_forbids_what_it_should() {
     assert!(allowed["quant"].contains("util"));
     assert!(allowed["error"].is_empty());
     assert!(!allowed["commands"].contains("cli"));
-    assert_eq!(allowed.len(), 24, "{:?}", allowed.keys());
+    assert_eq!(allowed.len(), 23, "{:?}", allowed.keys());
     assert!(!allowed["aimodel"].contains("emit"));
     let refs = crate_refs(
         "use crate::graph::Graph; x = hf2coreml_crate::y; crate::quant::f(crate::VERSION)",

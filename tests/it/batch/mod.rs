@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 use serde_json::Value;
 
 use crate::support::{cli, needs};
@@ -520,7 +520,7 @@ fn output_formats_are_pinned() {
 #[test]
 fn a_gguf_model_exports_and_is_skipped_when_up_to_date() {
     needs!(Python);
-    use hf2coreml::testing::gguf::TinyGguf;
+    use hf2coreml_testkit::gguf::TinyGguf;
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
     TinyGguf::llama()

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Output;
 
 use hf2coreml::mil::chain_file::{ChainFile, CHAIN_FILE};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs, Cli};
 

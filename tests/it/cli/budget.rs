@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 use serde_json::Value;
 
 use crate::support::Cli;

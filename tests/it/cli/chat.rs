@@ -11,7 +11,7 @@ use std::process::{Output, Stdio};
 use std::sync::OnceLock;
 
 use hf2coreml::runtime::kvfile::{KvFile, MAGIC};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs, stderr, toy, Cli};
 

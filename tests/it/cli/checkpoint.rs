@@ -6,7 +6,7 @@ use std::process::Output;
 
 use hf2coreml::arch::Architecture;
 use hf2coreml::mil::DType;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{assert_refused, cli, hf2coreml, stderr};
 

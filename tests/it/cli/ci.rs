@@ -3,7 +3,7 @@
 
 use std::process::Output;
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 use serde_json::Value;
 
 use crate::support::{cli, hf2coreml, needs};

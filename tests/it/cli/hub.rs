@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{assert_refused, cli, needs, Cli};
 

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use hf2coreml::testing::{python_env, TinyModel};
+use hf2coreml_testkit::{python_env, TinyModel};
 use serde_json::Value;
 
 use crate::support::{cli, convert, needs};

@@ -9,7 +9,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Stdio;
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{cli, needs};
 
@@ -233,7 +233,7 @@ fn a_gguf_import_bar_finishes_whether_imported_or_cached() {
     needs!(Python);
     let root = tempfile::tempdir().unwrap();
     let src = root.path().join("tiny.gguf");
-    hf2coreml::testing::gguf::TinyGguf::llama()
+    hf2coreml_testkit::gguf::TinyGguf::llama()
         .build()
         .writer
         .write(&src)

@@ -20,7 +20,7 @@ use hf2coreml::mil::contract::Layout;
 use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
+use hf2coreml_testkit::{TinyModel, FP16_LOGIT_TOL};
 
 /// SmolLM2's logits reach ~25, where one fp16 step is 2^-6. Over 30 layers the two layouts sum
 /// q·kᵀ and probs·v in different orders (a blocked product over the G query rows of a group in
@@ -219,7 +219,7 @@ fn unknown_layout_exits_2_and_recipes_carry_the_layout() {
 #[test]
 fn smollm2_ane_passes_the_default_gates_and_matches_the_default_layout() {
     needs!(Model, Python);
-    let model = hf2coreml::testing::model_dir();
+    let model = hf2coreml_testkit::model_dir();
     let root = tempfile::tempdir().unwrap();
     let flags = ["--recipe", "data-free-4bit", "--nbits", "8"];
     let mut pkgs = Vec::new();

@@ -11,7 +11,7 @@ use hf2coreml::mlpackage::proto::binding::Binding;
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
 use hf2coreml::mlpackage::{tensor_type, MlPackage};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs, Cli};
 

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs, Cli};
 
@@ -24,7 +24,7 @@ fn rss_anon(pid: u32) -> Option<u64> {
 }
 
 fn bytes_under(dir: &Path) -> u64 {
-    hf2coreml::testing::files_under(dir)
+    hf2coreml_testkit::files_under(dir)
         .unwrap()
         .values()
         .map(|b| b.len() as u64)

@@ -17,7 +17,7 @@ use hf2coreml::mlpackage::MlPackage;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
+use hf2coreml_testkit::{TinyModel, FP16_LOGIT_TOL};
 
 use crate::support::{convert, hf2coreml, needs};
 

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use hf2coreml::mil::contract::{self, Contract};
 use hf2coreml::mlpackage::MlPackage;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs, Cli};
 

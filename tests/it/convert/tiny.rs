@@ -8,8 +8,8 @@ use hf2coreml::arch::{expected_tensors, mil_name, Role};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::mil::contract::{self, Contract};
 use hf2coreml::quant::{self, Recipe};
-use hf2coreml::testing::python_env;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::python_env;
+use hf2coreml_testkit::TinyModel;
 use serde_json::Value;
 
 use crate::support::{convert, needs, Cli};
@@ -303,7 +303,7 @@ fn same_inputs_give_a_byte_identical_package() {
         ok(&convert(dir.path(), &pkg)
             .args(["--max-seq-len", "16"])
             .output());
-        packages.push(hf2coreml::testing::files_under(&pkg).unwrap());
+        packages.push(hf2coreml_testkit::files_under(&pkg).unwrap());
     }
     // The report records what the package is, not how long it took: only the paths differ.
     let report = |name: &str| -> Value {

@@ -1,12 +1,12 @@
 //! Every input that ever crashed a fuzz target (tests/fuzz/TARGET/*, copied from
 //! fuzz/artifacts/ by whoever fixed the crash), replayed through the same function the target
-//! runs (hf2coreml::testing::fuzz), plus the seed corpora. Returning is the property for the
+//! runs (hf2coreml_testkit::fuzz), plus the seed corpora. Returning is the property for the
 //! crash inputs (a panic here is a reader bug that came back); every seed is a valid input and
 //! must be accepted all the way, so a reader that refused everything would fail here.
 
 use std::path::{Path, PathBuf};
 
-use hf2coreml::testing::fuzz;
+use hf2coreml_testkit::fuzz;
 
 const TARGETS: [&str; 5] = ["checkpoint", "gguf", "mlpackage", "interp", "batch"];
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use hf2coreml::testing::gguf::{Meta, TinyGguf};
+use hf2coreml_testkit::gguf::{Meta, TinyGguf};
 
 use crate::support::{convert, hf2coreml, needs, Cli};
 
@@ -172,8 +172,8 @@ fn convert_takes_a_gguf_file_directly() {
 /// block kinds, `budget` plans from the header.
 #[test]
 fn hybrid_ggufs_are_inspected_and_budgeted() {
-    use hf2coreml::testing::gguf::q4_k_m_fixture;
-    use hf2coreml::testing::TinyModel;
+    use hf2coreml_testkit::gguf::q4_k_m_fixture;
+    use hf2coreml_testkit::TinyModel;
     for (model, name) in [
         (TinyModel::lfm2(), "Lfm2ForCausalLM"),
         (TinyModel::qwen3_5(), "Qwen3_5ForCausalLM"),
@@ -206,8 +206,8 @@ fn hybrid_ggufs_are_inspected_and_budgeted() {
 /// file whose per-block KV heads do not cover its blocks.
 #[test]
 fn inconsistent_hybrid_ggufs_exit_2_naming_the_key() {
-    use hf2coreml::testing::gguf::{q4_k_m_fixture, GgufWriter};
-    use hf2coreml::testing::TinyModel;
+    use hf2coreml_testkit::gguf::{q4_k_m_fixture, GgufWriter};
+    use hf2coreml_testkit::TinyModel;
     let root = tempfile::tempdir().unwrap();
     let (q, l) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let qwen = q4_k_m_fixture(TinyModel::qwen3_5(), q.path())

@@ -19,7 +19,7 @@ struct Entry {
 }
 
 fn generate() -> tempfile::TempDir {
-    let py = hf2coreml::testing::python_env().join("bin/python");
+    let py = hf2coreml_testkit::python_env().join("bin/python");
     let dir = tempfile::tempdir().expect("temp dir");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/testgen/gguf_dequant.py");
     let out = std::process::Command::new(py)

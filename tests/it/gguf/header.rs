@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use hf2coreml::checkpoint::gguf::{self, GgufError};
-use hf2coreml::testing::gguf::TinyGguf;
+use hf2coreml_testkit::gguf::TinyGguf;
 
 use crate::support::need::gguf_7b_head;
 use crate::support::{hf2coreml, needs};
@@ -170,8 +170,8 @@ fn header_only_commands_never_read_tensor_data() {
 /// architecture and shapes, the tensors a plan needs) and planned by `budget`.
 #[test]
 fn every_architecture_is_described_and_planned_from_its_header() {
-    use hf2coreml::testing::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture};
-    use hf2coreml::testing::TinyModel;
+    use hf2coreml_testkit::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture};
+    use hf2coreml_testkit::TinyModel;
     let dir = tempfile::tempdir().unwrap();
     for (name, model, sp) in [
         ("Qwen3ForCausalLM", TinyModel::qwen3(), false),
@@ -179,7 +179,7 @@ fn every_architecture_is_described_and_planned_from_its_header() {
         ("LlamaForCausalLM", TinyModel::mistral(), true),
         ("Phi3ForCausalLM", TinyModel::phi3(), false),
     ] {
-        let head_dim = hf2coreml::testing::gguf::kquant_model(model.clone())
+        let head_dim = hf2coreml_testkit::gguf::kquant_model(model.clone())
             .spec()
             .head_dim;
         let src = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use half::f16;
 use hf2coreml::arch::Architecture;
 use hf2coreml::checkpoint::gguf::{import, is_gguf_file, GgufError, GgufFile, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
-use hf2coreml::testing::gguf::{
+use hf2coreml_testkit::gguf::{
     self as fixture, FixtureType, GgufWriter, Meta, RawTensor, TinyGguf,
 };
 use proptest::prelude::*;
@@ -477,7 +477,7 @@ fn missing_extra_and_misshapen_tensors_are_named() {
 #[test]
 fn an_inconsistent_qwen3_file_names_the_key_or_tensor() {
     let src = tempfile::tempdir().unwrap();
-    let base = fixture::q4_k_m_fixture(hf2coreml::testing::TinyModel::qwen3(), src.path())
+    let base = fixture::q4_k_m_fixture(hf2coreml_testkit::TinyModel::qwen3(), src.path())
         .unwrap()
         .writer;
     let mut w = base.clone();
@@ -513,7 +513,7 @@ fn an_inconsistent_qwen3_file_names_the_key_or_tensor() {
 
 #[test]
 fn an_inconsistent_phi3_file_names_the_key_or_tensor() {
-    let src = hf2coreml::testing::TinyModel::phi3();
+    let src = hf2coreml_testkit::TinyModel::phi3();
     let dir = tempfile::tempdir().unwrap();
     let fixture_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
     let longrope =
@@ -561,7 +561,7 @@ fn an_inconsistent_phi3_file_names_the_key_or_tensor() {
     w.tensors.retain(|t| t.name != "blk.1.attn_qkv.weight");
     let err = expect_err(&w).to_string();
     assert!(err.contains("blk.1.attn_qkv.weight"), "{err}");
-    let mut w = fixture::q4_k_m_fixture(hf2coreml::testing::TinyModel::qwen3(), dir.path())
+    let mut w = fixture::q4_k_m_fixture(hf2coreml_testkit::TinyModel::qwen3(), dir.path())
         .unwrap()
         .writer;
     w.meta("qwen3.rope.dimension_count", Meta::U32(16));
@@ -572,7 +572,7 @@ fn an_inconsistent_phi3_file_names_the_key_or_tensor() {
 #[test]
 fn an_inconsistent_gemma3_file_names_the_key_or_tensor() {
     let src = tempfile::tempdir().unwrap();
-    let base = fixture::q4_k_m_spm_fixture(hf2coreml::testing::TinyModel::gemma3(), src.path())
+    let base = fixture::q4_k_m_spm_fixture(hf2coreml_testkit::TinyModel::gemma3(), src.path())
         .unwrap()
         .writer;
     // The window is in every Gemma 3 file and nothing fixes it: refused, not guessed.
@@ -591,7 +591,7 @@ fn an_inconsistent_gemma3_file_names_the_key_or_tensor() {
         "{err}"
     );
     // Scores that are not numbers cannot rank Llama's pieces (Gemma's go by position).
-    let mut w = fixture::q4_k_m_spm_fixture(hf2coreml::testing::TinyModel::llama(), src.path())
+    let mut w = fixture::q4_k_m_spm_fixture(hf2coreml_testkit::TinyModel::llama(), src.path())
         .unwrap()
         .writer;
     let n = fixture::spm_vocabulary(false).len();
@@ -751,7 +751,7 @@ proptest! {
         ty in prop::sample::select(vec![FixtureType::Q4_0, FixtureType::Q4_1, FixtureType::Q8_0,
                                          FixtureType::F16, FixtureType::BF16, FixtureType::F32]),
     ) {
-        let mut rng = hf2coreml::testing::SplitMix64(seed);
+        let mut rng = hf2coreml_testkit::SplitMix64(seed);
         let values: Vec<f32> = (0..blocks * 32).map(|_| scale * rng.normal()).collect();
         let (got, want) = read_back(ty, &values);
         prop_assert_eq!(got.len(), want.len());
@@ -768,7 +768,7 @@ proptest! {
 fn qwen3_5_mtp_blocks_are_left_out_and_block_kinds_come_from_the_tensors() {
     let src = tempfile::tempdir().unwrap();
     let built =
-        fixture::q4_k_m_fixture(hf2coreml::testing::TinyModel::qwen3_5(), src.path()).unwrap();
+        fixture::q4_k_m_fixture(hf2coreml_testkit::TinyModel::qwen3_5(), src.path()).unwrap();
     let mut w = built.writer.clone();
     w.meta("qwen35.block_count", Meta::U32(5))
         .meta("qwen35.nextn_predict_layers", Meta::U32(1));

@@ -10,8 +10,8 @@ use std::path::Path;
 use hf2coreml::checkpoint::gguf::{self, GgufError, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::progress::Silent;
-use hf2coreml::testing::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture, BuiltGguf, TinyGguf};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture, BuiltGguf, TinyGguf};
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs, Cli};
 
@@ -133,7 +133,7 @@ fn phi3_q4_k_m_imports_converts_and_validates() {
 #[test]
 fn smollm3_q4_k_m_imports_converts_and_validates() {
     needs!(Python);
-    let spec = hf2coreml::testing::gguf::kquant_model(TinyModel::smollm3()).spec();
+    let spec = hf2coreml_testkit::gguf::kquant_model(TinyModel::smollm3()).spec();
     assert_eq!(
         spec.no_rope_layers,
         [3],

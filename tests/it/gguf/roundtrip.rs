@@ -18,7 +18,7 @@ use hf2coreml::checkpoint::gguf::{self, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::Reference;
 use hf2coreml::progress::Silent;
-use hf2coreml::testing::gguf::{from_checkpoint, FixtureType};
+use hf2coreml_testkit::gguf::{from_checkpoint, FixtureType};
 
 /// transformers' logits in the fixture's reference.json, with the tokens they are for: every
 /// position of its tokens, and (LongRoPE) of the prefix within the original context, where

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use hf2coreml::checkpoint::gguf::{tokenizer, GgufFile};
-use hf2coreml::testing::gguf::{byte_to_char, GgufWriter, Meta};
+use hf2coreml_testkit::gguf::{byte_to_char, GgufWriter, Meta};
 
 use crate::support::need::gguf_7b_head;
 use crate::support::needs;
@@ -325,7 +325,7 @@ fn llama3_tokenizer_matches_the_vocabulary() {
 #[test]
 fn smollm_tokenizer_matches_the_vocabulary() {
     needs!(Gguf);
-    let g = GgufFile::open(&hf2coreml::testing::gguf_file()).unwrap();
+    let g = GgufFile::open(&hf2coreml_testkit::gguf_file()).unwrap();
     check(&g, Split::SmolLm, false);
 }
 

@@ -15,8 +15,8 @@ use hf2coreml::model::Reference;
 use hf2coreml::progress::Silent;
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture, BuiltGguf};
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::gguf::{q4_k_m_fixture, q4_k_m_spm_fixture, BuiltGguf};
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::convert;
 use crate::support::need::{available, Need};

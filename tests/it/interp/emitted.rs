@@ -7,9 +7,9 @@ use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::Reference;
 use hf2coreml::runtime::interp::{Compute, ConstantReader, Options, Package, Stats};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
-use hf2coreml::testing::{top1_is_decided, F32_LOGIT_TOL, FP16_LOGIT_TOL};
+use hf2coreml_testkit::{top1_is_decided, F32_LOGIT_TOL, FP16_LOGIT_TOL};
 
 use crate::support::{convert, needs};
 

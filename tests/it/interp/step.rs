@@ -11,7 +11,7 @@ use hf2coreml::runtime::interp::{Compute, Options, Package, Stats};
 use hf2coreml::runtime::StepModel;
 use serde_json::Value;
 
-use hf2coreml::testing::{top1_is_decided, F32_LOGIT_TOL, FP16_LOGIT_TOL};
+use hf2coreml_testkit::{top1_is_decided, F32_LOGIT_TOL, FP16_LOGIT_TOL};
 
 use crate::support::{copy_dir, needs};
 
@@ -20,7 +20,7 @@ use crate::support::{copy_dir, needs};
 fn fixture() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
-        let py = hf2coreml::testing::python_env().join("bin/python");
+        let py = hf2coreml_testkit::python_env().join("bin/python");
         let dir = tempfile::tempdir().expect("temp dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/testgen/decode_step.py");
         let out = std::process::Command::new(py)

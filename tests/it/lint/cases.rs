@@ -14,7 +14,7 @@ use crate::support::{copy_dir, needs, Cli};
 fn cases_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
-        let py = hf2coreml::testing::python_env().join("bin/python");
+        let py = hf2coreml_testkit::python_env().join("bin/python");
         let dir = tempfile::tempdir().expect("temp dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/testgen/lint_cases.py");
         let out = Command::new(py)

@@ -4,7 +4,7 @@
 //! gathered from the parts compute what the checkpoint does), and `lint` finds no error- or
 //! fallback-level rule broken.
 
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs, Cli};
 

@@ -2,13 +2,15 @@
 //! weight.bin): every blob dtype decodes to what was written, and malformed packages are
 //! refused with an error naming the file, never a panic.
 
+mod wire;
+
 use std::collections::HashMap;
 use std::path::Path;
 
 use half::{bf16, f16};
 use hf2coreml::mil::DType;
 use hf2coreml::mlpackage::{pack_bits, proto, BlobWriter, MlPackage, PackageError, Values};
-use hf2coreml::testing::mlpackage::{self as fixture, blob_value, const_op, value_type};
+use hf2coreml_testkit::mlpackage::{self as fixture, blob_value, const_op, value_type};
 use proptest::prelude::*;
 use prost::Message;
 

@@ -15,10 +15,10 @@ use hf2coreml::quant::calibrate::{
 };
 use hf2coreml::runtime::interp::{Options, Package};
 use hf2coreml::runtime::StepModel;
-use hf2coreml::testing::TinyModel;
 use hf2coreml::validate::metrics::compare_logits;
+use hf2coreml_testkit::TinyModel;
 
-use hf2coreml::testing::FP16_LOGIT_TOL;
+use hf2coreml_testkit::FP16_LOGIT_TOL;
 
 use crate::support::{convert, needs, Cli};
 

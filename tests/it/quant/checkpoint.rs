@@ -8,7 +8,7 @@ use hf2coreml::budget;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::mil::DType;
 use hf2coreml::quant::{self, Decision, QuantError, Recipe};
-use hf2coreml::testing::{Blob, TinyModel};
+use hf2coreml_testkit::{Blob, TinyModel};
 
 use crate::support::cli;
 

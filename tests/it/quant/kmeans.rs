@@ -139,7 +139,7 @@ proptest! {
 fn realistic_tensor_is_optimal_against_lloyd_refinement() {
     // No brute force at this size: check that Lloyd iterations started from our LUT cannot
     // lower the error (a local-optimality certificate for the exact solution).
-    let mut rng = hf2coreml::testing::SplitMix64(11);
+    let mut rng = hf2coreml_testkit::SplitMix64(11);
     let vals: Vec<f16> = (0..200_000)
         .map(|_| f16::from_f32(rng.normal() * 0.04))
         .collect();

@@ -15,7 +15,7 @@ const LIMIT: &str = "120MB";
 #[test]
 fn smollm2_as_two_packages_passes_the_default_gates() {
     needs!(Model, Python);
-    let model = hf2coreml::testing::model_dir();
+    let model = hf2coreml_testkit::model_dir();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol.mlpackage");
     convert(&model, &pkg)

@@ -11,7 +11,7 @@ use hf2coreml::runtime::chat::ChatTemplate;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::kvfile::KvFile;
 use hf2coreml::runtime::text::{beside_package, load_tokenizer, Conversation};
-use hf2coreml::testing::model_dir;
+use hf2coreml_testkit::model_dir;
 
 use crate::support::{convert, needs, Cli};
 

@@ -22,7 +22,7 @@ const EVAL_TOKENS: usize = 48;
 #[test]
 fn smollm2_all_fp16_package_agrees_with_reference() {
     needs!(Model, Python);
-    let dir = hf2coreml::testing::model_dir();
+    let dir = hf2coreml_testkit::model_dir();
     let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| {
         panic!(
             "the real model is needed at {} (run `make model`): {e}",

@@ -26,7 +26,7 @@ fn report(cmd: Cli) -> serde_json::Value {
 #[ignore = "big: the default recipe's calibration on SmolLM2 (make test-big)"]
 fn the_default_recipe_as_an_asset_passes_validate_on_apples_runtime() {
     needs!(Model, Python);
-    let model = hf2coreml::testing::model_dir();
+    let model = hf2coreml_testkit::model_dir();
     let root = tempfile::tempdir().unwrap();
     let asset = root.path().join("smol.aimodel");
     convert(&model, &asset)
@@ -62,7 +62,7 @@ fn apples_runtime_and_the_interpreter_agree_on_the_default_recipe() {
 /// agree to fp16 rounding and no op's values differ beyond it.
 fn agree_on_smollm2(name: &str, flags: &[&str]) {
     needs!(Model, Python);
-    let model = hf2coreml::testing::model_dir();
+    let model = hf2coreml_testkit::model_dir();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join(format!("{name}.mlpackage"));
     convert(&model, &pkg)

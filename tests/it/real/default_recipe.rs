@@ -26,7 +26,7 @@ const CODE_MIN_TOP1: f64 = 0.92;
 #[test]
 fn default_recipe_passes_its_gates_and_answers_paris() {
     needs!(Model, Python);
-    let model = hf2coreml::testing::model_dir();
+    let model = hf2coreml_testkit::model_dir();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol.mlpackage");
     let out = convert(&model, &pkg)

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use hf2coreml::checkpoint::gguf::{import, GgufFile, ImportOptions};
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::pipeline::inspect as summary;
-use hf2coreml::testing::gguf::byte_to_char;
+use hf2coreml_testkit::gguf::byte_to_char;
 
 use crate::support::needs;
 
@@ -26,7 +26,7 @@ struct Imported {
 fn imported() -> &'static Imported {
     static CELL: OnceLock<Imported> = OnceLock::new();
     CELL.get_or_init(|| {
-        let gguf = hf2coreml::testing::gguf_file();
+        let gguf = hf2coreml_testkit::gguf_file();
         let root = tempfile::tempdir().expect("temp dir");
         let dir = root.path().join("smollm2");
         import(

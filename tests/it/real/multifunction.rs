@@ -7,7 +7,7 @@ use hf2coreml::mil::contract::Contract;
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::{RuntimeError, StepModel, StepOutput};
-use hf2coreml::testing::model_dir;
+use hf2coreml_testkit::model_dir;
 
 use crate::support::{convert, needs};
 

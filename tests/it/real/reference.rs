@@ -9,7 +9,7 @@ use hf2coreml::model::{
 use crate::support::needs;
 
 fn open_model() -> (Checkpoint, tokenizers::Tokenizer) {
-    let dir = hf2coreml::testing::model_dir();
+    let dir = hf2coreml_testkit::model_dir();
     let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| {
         panic!(
             "the real model is needed at {} (run `make model`): {e}",

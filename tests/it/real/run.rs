@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use hf2coreml::testing::model_dir;
+use hf2coreml_testkit::model_dir;
 use serde_json::Value;
 
 use crate::support::{convert, hf2coreml, needs, Cli};

@@ -9,7 +9,7 @@ use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::sampling::SamplingParams;
 use hf2coreml::runtime::text::load_tokenizer;
-use hf2coreml::testing::model_dir;
+use hf2coreml_testkit::model_dir;
 
 use crate::support::{convert, needs};
 

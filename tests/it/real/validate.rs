@@ -36,7 +36,7 @@ fn validate(pkg: &Path, model: &Path) -> (Option<i32>, serde_json::Value, String
 #[test]
 fn eight_bit_package_passes_and_a_corrupted_lut_fails() {
     needs!(Model, Python);
-    let model = hf2coreml::testing::model_dir();
+    let model = hf2coreml_testkit::model_dir();
     let root = tempfile::tempdir().unwrap();
     let pkg = root.path().join("smol8.mlpackage");
     convert(&model, &pkg)

@@ -11,7 +11,7 @@ use hf2coreml::model::{
     argmax, calibrate, ActivationStats, BackendChoice, BackendKind, CalibrationOptions,
     GramSelection, Reference, ReferenceError,
 };
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 /// Both sides compute in f32 with different summation orders over at most a few hundred
 /// terms of size ~1: differences are ~1e-6; a real mistake (wrong rope, head mapping, norm)

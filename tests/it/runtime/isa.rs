@@ -6,8 +6,8 @@ use std::io::Write;
 use std::path::Path;
 
 use hf2coreml::runtime::interp::kernels::Avx2Lookup;
-use hf2coreml::testing::{TinyModel, FP16_LOGIT_TOL};
 use hf2coreml::util::isa::{self, Isa};
+use hf2coreml_testkit::{TinyModel, FP16_LOGIT_TOL};
 
 use crate::support::{convert, needs, Cli};
 

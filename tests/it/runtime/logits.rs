@@ -7,7 +7,7 @@ use std::process::Command;
 
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::model::Reference;
-use hf2coreml::testing::{python_env, TinyModel, FP16_LOGIT_TOL};
+use hf2coreml_testkit::{python_env, TinyModel, FP16_LOGIT_TOL};
 
 use crate::support::{convert, needs, Cli};
 

@@ -11,7 +11,7 @@ use hf2coreml::mil::contract::{KvCache, KV_STATE};
 use hf2coreml::runtime::generate::{GenerateOptions, Generator};
 use hf2coreml::runtime::interp::Package;
 use hf2coreml::runtime::sampling::SamplingParams;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{convert, needs, Cli};
 

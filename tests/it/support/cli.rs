@@ -79,7 +79,7 @@ impl Cli {
     /// removed so that nothing else is consulted. A test that calls this starts with
     /// `needs!(Python)`.
     pub fn python(self) -> Self {
-        self.env("HF2COREML_PYTHON_ENV", hf2coreml::testing::python_env())
+        self.env("HF2COREML_PYTHON_ENV", hf2coreml_testkit::python_env())
             .env_remove("VIRTUAL_ENV")
     }
 

@@ -81,9 +81,9 @@ impl Need {
     /// Panics, naming the command that makes it, when it is missing.
     fn require(self) -> PathBuf {
         match self {
-            Need::Python => hf2coreml::testing::python_env(),
-            Need::Model => hf2coreml::testing::model_dir(),
-            Need::Gguf => hf2coreml::testing::gguf_file(),
+            Need::Python => hf2coreml_testkit::python_env(),
+            Need::Model => hf2coreml_testkit::model_dir(),
+            Need::Gguf => hf2coreml_testkit::gguf_file(),
             Need::Gguf7bHead => {
                 let file = self.path();
                 assert!(

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use hf2coreml::mil::contract;
 use hf2coreml::mlpackage::proto;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 use prost::Message;
 
 use crate::support::{convert, copy_dir, needs, Cli};

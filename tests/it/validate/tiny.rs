@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use hf2coreml::mlpackage::proto::value::Value as ValueKind;
 use hf2coreml::mlpackage::MlPackage;
-use hf2coreml::testing::TinyModel;
+use hf2coreml_testkit::TinyModel;
 
 use crate::support::{cli, convert, needs, Cli};
 

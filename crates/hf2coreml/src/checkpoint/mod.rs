@@ -993,3 +993,14 @@ fn shard_list(dir: &Path) -> Result<Vec<String>, CheckpointError> {
         path: dir.to_path_buf(),
     })
 }
+
+/// A checkpoint transformers wrote (`tests/fixtures/hf/NAME`, by python/testgen/hf_models.py),
+/// for the unit tests that need a whole model on disk. The integration tests build theirs with
+/// the test kit, which depends on this library and so cannot serve its own unit tests.
+#[cfg(test)]
+pub(crate) fn transformers_fixture(name: &str) -> Checkpoint {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/hf")
+        .join(name);
+    Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}

@@ -135,7 +135,7 @@ pub fn convert_chain(
         let path = dir.path().join(&part.path);
         std::fs::create_dir(&path).map_err(io_err(&path))?;
         emit = Some(if opts.target.is_coreai() {
-            super::convert::emit_one_asset(graph, &part.outputs, meta, opts, &path)?
+            super::asset_emit::emit_one_asset(graph, &part.outputs, meta, opts, &path)?
         } else {
             crate::emit::emit(graph, &meta, &opts.python_env, &path)?
         });

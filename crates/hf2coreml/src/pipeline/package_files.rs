@@ -1,6 +1,6 @@
 //! The files a conversion writes and hashes: the package's sidecar names (`X.tokenizer.json`,
-//! `X.tokenizer_config.json`, `X.report.json`), the sidecars themselves, and the sha256 of the
-//! source files and of a package's program and weights.
+//! `X.tokenizer_config.json`, `X.report.json`, `batch`'s `X.validation.json`), the sidecars
+//! themselves, and the sha256 of the source files and of a package's program and weights.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -151,6 +151,16 @@ pub fn asset_weight_bytes(asset: &Path) -> std::io::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// `X.mlpackage` → `X.validation.json`: where `batch` keeps a package's validation record.
+pub fn validation_path(package: &Path) -> PathBuf {
+    let name = package
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name.strip_suffix(".mlpackage").unwrap_or(&name);
+    package.with_file_name(format!("{stem}.validation.json"))
 }
 
 /// weight.bin inside a package.

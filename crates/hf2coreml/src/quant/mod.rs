@@ -424,7 +424,7 @@ pub fn palettize_slots(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::SplitMix64;
+    use crate::util::SplitMix64;
 
     fn random(n: usize, seed: u64) -> Vec<f16> {
         let mut r = SplitMix64(seed);

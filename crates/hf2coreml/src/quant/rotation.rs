@@ -209,7 +209,7 @@ mod tests {
     /// Gram matrix of the rotated inputs.
     #[test]
     fn rotation_is_orthogonal_and_rotates_the_gram_matrix() {
-        let mut rng = crate::testing::SplitMix64(3);
+        let mut rng = crate::util::SplitMix64(3);
         for n in [12, 64, 96] {
             let r = Rotation::new(n);
             let t = 7;
@@ -243,7 +243,7 @@ mod tests {
     /// dense Qᵀ agrees with it.
     #[test]
     fn factored_rotation_is_the_dense_one() {
-        let mut rng = crate::testing::SplitMix64(8);
+        let mut rng = crate::util::SplitMix64(8);
         for n in [64, 96, 576, 1536] {
             let r = Rotation::new(n);
             let (b, m) = (r.block, n / r.block);

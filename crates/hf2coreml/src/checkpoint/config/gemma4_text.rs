@@ -5,7 +5,8 @@
 
 use serde_json::Value;
 
-use super::{numerics::RopeKeys, ConfigError, RawConfig};
+use super::numerics::RopeKeys;
+use super::raw_config::{ConfigError, RawConfig};
 use crate::arch::{Architecture, Gemma4Spec, GemmaSpec, RopeScaling};
 
 const MODEL: &str = "Gemma4ForCausalLM";

@@ -7,101 +7,21 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
-
 mod gemma4_text;
 mod numerics;
 mod per_arch;
+mod raw_config;
 
 use per_arch::{
     gemma, gemma_global_rope, lfm2, long_rope, no_rope_layers, partial_rotary_dim, qwen3_5,
     text_model,
 };
 
+pub use raw_config::ConfigError;
+use raw_config::{max_for, parse_rope_scaling, RawConfig, MAX_HEAD_DIM, MAX_POSITIONS};
+
 use super::CheckpointError;
 use crate::arch::{Architecture, ModelSpec, RopeScaling};
-
-/// What is wrong with config.json text; the message names no file ([`CheckpointError::Config`]
-/// adds the path).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    #[error("not valid config JSON: {0}")]
-    Json(String),
-    #[error("neither `architectures` nor `model_type` is set")]
-    NoArchitecture,
-    #[error("unsupported architecture `{name}` (supported: {supported})")]
-    UnsupportedArchitecture { name: String, supported: String },
-    #[error("unsupported model_type `{name}` (supported: {supported})")]
-    UnsupportedModelType { name: String, supported: String },
-    #[error("unsupported `rope_scaling` type `{0}` (supported: none, linear, llama3; longrope for Phi3ForCausalLM)")]
-    UnsupportedRopeScaling(String),
-    #[error("missing `{0}`")]
-    Missing(String),
-    #[error("`{0}` must be positive")]
-    NotPositive(String),
-    #[error("`{key}` = {value} exceeds the limit of {max}")]
-    ExceedsLimit {
-        key: String,
-        value: usize,
-        max: usize,
-    },
-    /// A field that changes the model's math to something hf2coreml does not compute.
-    #[error("`{key}` = {value} is not supported for {architecture} (supported: {supported})")]
-    Unhonoured {
-        key: String,
-        value: String,
-        architecture: String,
-        supported: String,
-    },
-    /// A value out of range, or values inconsistent with each other.
-    #[error("{0}")]
-    Invalid(String),
-    /// A field whose value the model cannot compute with; `field` is its path in config.json
-    /// (`rope_scaling.short_factor[3]`), so that an importer can name its own key.
-    #[error("`{field}` {message}")]
-    Field { field: String, message: String },
-}
-
-impl From<String> for ConfigError {
-    fn from(msg: String) -> Self {
-        ConfigError::Invalid(msg)
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct RawConfig {
-    architectures: Option<Vec<String>>,
-    model_type: Option<String>,
-    num_hidden_layers: Option<usize>,
-    hidden_size: Option<usize>,
-    intermediate_size: Option<usize>,
-    num_attention_heads: Option<usize>,
-    num_key_value_heads: Option<usize>,
-    head_dim: Option<usize>,
-    vocab_size: Option<usize>,
-    rms_norm_eps: Option<f64>,
-    tie_word_embeddings: Option<bool>,
-    rope_theta: Option<f64>,
-    rope_scaling: Option<serde_json::Value>,
-    rope_parameters: Option<serde_json::Value>,
-    max_position_embeddings: Option<usize>,
-    attention_bias: Option<bool>,
-    torch_dtype: Option<String>,
-    dtype: Option<String>,
-    bos_token_id: Option<serde_json::Value>,
-    eos_token_id: Option<serde_json::Value>,
-    sliding_window: Option<serde_json::Value>,
-    use_sliding_window: Option<bool>,
-    layer_types: Option<Vec<String>>,
-    no_rope_layers: Option<Vec<serde_json::Value>>,
-    no_rope_layer_interval: Option<usize>,
-    partial_rotary_factor: Option<f64>,
-    original_max_position_embeddings: Option<usize>,
-    /// Every other key: checked against [`UNHONOURED`] so that a field changing the math is
-    /// refused, never ignored.
-    #[serde(flatten)]
-    rest: serde_json::Map<String, serde_json::Value>,
-}
 
 /// What a config field may hold for us to compute exactly what transformers computes.
 #[derive(Clone, Copy)]
@@ -235,29 +155,6 @@ fn check_unhonoured(raw: &RawConfig, architecture: Architecture) -> Result<(), C
         }
     }
     Ok(())
-}
-
-// Limits on config sizes, far above any real model (Llama 3.1 405B: 126 layers, hidden 16384,
-// intermediate 53248, 128 heads; Gemma: vocabulary 256000), low enough that every product the
-// pipeline forms (vocab × hidden, layers × S × kv_dim, ...) stays far from u64 overflow and a
-// config cannot talk us into a giant allocation before the weights are checked against it.
-const MAX_LAYERS: usize = 1 << 12;
-const MAX_HIDDEN: usize = 1 << 18;
-const MAX_INTERMEDIATE: usize = 1 << 20;
-const MAX_HEADS: usize = 1 << 12;
-const MAX_HEAD_DIM: usize = 1 << 12;
-const MAX_VOCAB: usize = 1 << 23;
-const MAX_POSITIONS: usize = 1 << 24;
-
-fn max_for(key: &str) -> usize {
-    match key {
-        "num_hidden_layers" => MAX_LAYERS,
-        "hidden_size" => MAX_HIDDEN,
-        "intermediate_size" => MAX_INTERMEDIATE,
-        "num_attention_heads" | "num_key_value_heads" => MAX_HEADS,
-        "vocab_size" => MAX_VOCAB,
-        _ => usize::MAX,
-    }
 }
 
 /// A special token id field: absent, null, one id or a list of ids, each a non-negative
@@ -708,57 +605,6 @@ fn sliding_window(raw: &RawConfig) -> Result<Option<usize>, ConfigError> {
             None => Err(format!("`sliding_window` ({v}) must be a positive integer").into()),
         },
     }
-}
-
-/// The rope scaling of `obj`; `None` for LongRoPE, which needs more of the config
-/// ([`long_rope`]).
-fn parse_rope_scaling(obj: Option<&serde_json::Value>) -> Result<Option<RopeScaling>, ConfigError> {
-    let Some(obj) = obj else {
-        return Ok(Some(RopeScaling::None));
-    };
-    let kind = obj
-        .get("rope_type")
-        .or_else(|| obj.get("type"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("default");
-    let num = |key: &str| -> Result<f64, ConfigError> {
-        let v = obj
-            .get(key)
-            .and_then(|v| v.as_f64())
-            .ok_or_else(|| ConfigError::from(format!("rope scaling `{kind}` needs `{key}`")))?;
-        if !(v.is_finite() && v > 0.0) {
-            return Err(
-                format!("rope scaling `{kind}`: `{key}` ({v}) must be a positive number").into(),
-            );
-        }
-        Ok(v)
-    };
-    Ok(Some(match kind {
-        "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear {
-            factor: num("factor")?,
-        },
-        "llama3" => RopeScaling::Llama3 {
-            factor: num("factor")?,
-            low_freq_factor: num("low_freq_factor")?,
-            high_freq_factor: num("high_freq_factor")?,
-            original_max_position_embeddings: match obj
-                .get("original_max_position_embeddings")
-                .and_then(|v| v.as_u64())
-            {
-                Some(n) if n > 0 && n <= MAX_POSITIONS as u64 => n as usize,
-                _ => {
-                    return Err(format!(
-                        "rope scaling `{kind}` needs `original_max_position_embeddings`, an \
-                         integer from 1 to {MAX_POSITIONS}"
-                    )
-                    .into())
-                }
-            },
-        },
-        "longrope" | "su" => return Ok(None),
-        other => return Err(ConfigError::UnsupportedRopeScaling(other.to_string())),
-    }))
 }
 
 #[cfg(test)]

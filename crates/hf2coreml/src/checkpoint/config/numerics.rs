@@ -7,7 +7,7 @@
 
 use half::f16;
 
-use super::ConfigError;
+use super::raw_config::ConfigError;
 use crate::arch::{ModelSpec, RopeScaling};
 
 /// Where one RoPE table's numbers come from, by the config field that gave each (for the

@@ -2,7 +2,9 @@
 //! refusal of its multimodal config), Phi-3's LongRoPE and partial rotary factor, SmolLM3's
 //! blocks without RoPE. The keys every architecture shares are read in [`super`].
 
-use super::{parse_rope_scaling, ConfigError, RawConfig};
+use super::raw_config::{
+    parse_rope_scaling, ConfigError, RawConfig, MAX_HEADS, MAX_HEAD_DIM, MAX_LAYERS,
+};
 use crate::arch::{Architecture, GatedDeltaSpec, GemmaSpec, RopeScaling, ShortConvSpec};
 
 /// `Gemma3TextConfig`'s defaults (transformers 5.23) for the keys a multimodal config's
@@ -367,12 +369,12 @@ pub(super) fn qwen3_5(raw: &RawConfig, layers: usize) -> Result<GatedDeltaSpec, 
             "Qwen3.5",
         )?,
         None => {
-            let every = uint("full_attention_interval", 4, super::MAX_LAYERS)?;
+            let every = uint("full_attention_interval", 4, MAX_LAYERS)?;
             (0..layers).map(|l| (l + 1) % every != 0).collect()
         }
     };
-    let heads = super::MAX_HEADS;
-    let size = super::MAX_HEAD_DIM;
+    let heads = MAX_HEADS;
+    let size = MAX_HEAD_DIM;
     let spec = GatedDeltaSpec {
         layers: (0..layers).filter(|&l| linear[l]).collect(),
         key_heads: uint("linear_num_key_heads", 16, heads)?,

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::dequant::block_layout;
-use super::reader::{type_name, GgufFile};
+use super::reader::GgufFile;
+use super::tensor_types::type_name;
 use super::{plan_tensors_unchecked, GgufError, GgufHParams};
 use crate::arch::{self, ModelSpec};
 use crate::checkpoint::ConfigError;

@@ -13,8 +13,10 @@
 use candle_core::quantized::gguf_file::Value;
 use serde::Serialize;
 
+use super::gguf_error::GgufError;
+use super::metadata_keys::{meta_err, optional_dim, required_dim};
+use super::reader::GgufFile;
 use super::tensor_map::{self, TensorPlan, TiledHeads};
-use super::{meta_err, optional_dim, required_dim, GgufError, GgufFile, GgufHParams, SpecialIds};
 use crate::arch::{self, Architecture, LayerTensor as T, ModelSpec, Role, TensorId};
 
 /// What a hybrid GGUF declares beyond the hyperparameters every architecture shares.
@@ -209,19 +211,6 @@ fn delta_layers(g: &GgufFile, layers: usize) -> Result<Vec<usize>, GgufError> {
     Ok(delta)
 }
 
-/// Whether `name` is a tensor of Qwen3.5's MTP blocks (`blk.N.*` at or past the decoder's
-/// blocks), which the import leaves out.
-pub(super) fn is_mtp_tensor(hp: &GgufHParams, name: &str) -> bool {
-    let Some(Hybrid::Qwen35 { mtp_layers, .. }) = &hp.hybrid else {
-        return false;
-    };
-    let block = name
-        .strip_prefix("blk.")
-        .and_then(|rest| rest.split_once('.'))
-        .and_then(|(n, _)| n.parse::<usize>().ok());
-    block.is_some_and(|b| b >= hp.layers && b < hp.layers + mtp_layers)
-}
-
 /// Every tensor `spec` (what config.json describes) needs, with its GGUF name and the transforms
 /// that undo llama.cpp's converter.
 pub(super) fn expected(spec: &ModelSpec) -> Vec<TensorPlan> {
@@ -276,90 +265,6 @@ pub fn tiled_heads(t: T, spec: &ModelSpec) -> Option<TiledHeads> {
         T::DeltaOut => heads(g.value_dim, 0, true),
         _ => return None,
     })
-}
-
-impl GgufHParams {
-    /// config.json of a hybrid model, in transformers 5's form: what the file stores, the
-    /// block kinds as `layer_types`, and LFM2's feed-forward width as the file has it
-    /// (`feed_forward_length` is already the adjusted width: no further adjustment).
-    pub(super) fn hybrid_config_json(&self, h: &Hybrid, ids: SpecialIds) -> serde_json::Value {
-        let arch = self.architecture();
-        let mut c = serde_json::json!({
-            "architectures": [arch.hf_name()],
-            "model_type": arch.model_type(),
-            "bos_token_id": ids.bos,
-            "eos_token_id": ids.eos,
-            "pad_token_id": ids.pad,
-            "dtype": "float16",
-            "hidden_size": self.hidden,
-            "intermediate_size": self.intermediate,
-            "max_position_embeddings": self.context,
-            "num_attention_heads": self.heads,
-            "num_hidden_layers": self.layers,
-            "num_key_value_heads": self.kv_heads,
-            "tie_word_embeddings": self.tied,
-            "transformers_version": "5.23.0",
-            "use_cache": true,
-            "vocab_size": self.vocab,
-        });
-        let kinds = |recurrent: &[usize], (yes, no): (&str, &str)| -> Vec<String> {
-            (0..self.layers)
-                .map(|l| if recurrent.contains(&l) { yes } else { no }.to_string())
-                .collect()
-        };
-        let extra = match h {
-            Hybrid::Lfm2 {
-                conv_layers,
-                kernel,
-                bias,
-            } => serde_json::json!({
-                "block_auto_adjust_ff_dim": false,
-                "conv_L_cache": kernel,
-                "conv_bias": bias,
-                "layer_types": kinds(conv_layers, ("conv", "full_attention")),
-                "norm_eps": self.rms_norm_eps,
-                "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            }),
-            Hybrid::Qwen35 {
-                delta_layers,
-                key_heads,
-                value_heads,
-                key_dim,
-                value_dim,
-                kernel,
-                rope_sections,
-                ..
-            } => {
-                let rot = self.rotary_dim.unwrap_or(self.head_dim);
-                let mut rope = serde_json::json!({
-                    "rope_type": "default",
-                    "rope_theta": self.rope_theta,
-                    "partial_rotary_factor": super::rotary_factor(rot, self.head_dim),
-                });
-                if !rope_sections.is_empty() {
-                    rope["mrope_interleaved"] = true.into();
-                    rope["mrope_section"] = rope_sections.clone().into();
-                }
-                serde_json::json!({
-                    "attention_bias": false,
-                    "head_dim": self.head_dim,
-                    "hidden_act": "silu",
-                    "layer_types": kinds(delta_layers, ("linear_attention", "full_attention")),
-                    "linear_conv_kernel_dim": kernel,
-                    "linear_key_head_dim": key_dim,
-                    "linear_num_key_heads": key_heads,
-                    "linear_num_value_heads": value_heads,
-                    "linear_value_head_dim": value_dim,
-                    "rms_norm_eps": self.rms_norm_eps,
-                    "rope_parameters": rope,
-                })
-            }
-        };
-        if let (Some(c), serde_json::Value::Object(extra)) = (c.as_object_mut(), extra) {
-            c.extend(extra);
-        }
-        c
-    }
 }
 
 /// The GGUF key a hybrid config.json field comes from (`None`: not a hybrid field).

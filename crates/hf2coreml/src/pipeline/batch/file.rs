@@ -882,7 +882,7 @@ fn written(e: &Export) -> Vec<PathBuf> {
         paths.extend(o.per_layer);
     }
     if e.validate.is_some() {
-        paths.push(super::runner::validation_path(&e.output));
+        paths.push(crate::pipeline::package_files::validation_path(&e.output));
     }
     let resolved = |p: &Path| crate::fsutil::resolved(p).unwrap_or_else(|_| p.to_path_buf());
     paths.iter().map(|p| resolved(p)).collect()

@@ -18,7 +18,7 @@ use crate::fsutil::{atomic_write, Staged};
 use crate::pipeline::convert_error::ConvertError;
 use crate::pipeline::convert_summary::{report_bytes, ConvertSummary, Inputs};
 use crate::pipeline::job::{Job, JobError, Opened};
-use crate::pipeline::package_files::Outputs;
+use crate::pipeline::package_files::{validation_path, Outputs};
 use crate::pipeline::texts;
 use crate::progress::Progress;
 use crate::quant::QuantError;
@@ -558,16 +558,6 @@ fn validation(
         source,
     })?;
     Ok(v)
-}
-
-/// `X.mlpackage` → `X.validation.json`.
-pub fn validation_path(package: &Path) -> PathBuf {
-    let name = package
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let stem = name.strip_suffix(".mlpackage").unwrap_or(&name);
-    package.with_file_name(format!("{stem}.validation.json"))
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use candle_core::{Device, Tensor};
 use serde::Serialize;
 
 use super::linear_fit::LinearMethod;
+use super::sequential::{calib_err, fetch, output_error, to_vec, Sensitivity, SequentialOptions};
 use super::site::{Grams, SiteFit, SITES};
-use super::{calib_err, fetch, output_error, to_vec, Sensitivity, SequentialOptions};
 use crate::arch::{Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
 use crate::model::calibrate::Gram;
@@ -467,13 +467,13 @@ impl KlReference {
 mod tests {
     use super::*;
     use crate::model::plain::embed_rows;
-    use crate::quant::calibrate::tests::tiny_qwen2;
+    use crate::quant::calibrate::tests::tiny_qwen3;
 
     /// The model-KL probe: zero for the float weights themselves, positive for perturbed ones,
     /// larger for a larger perturbation, and the block's weight is restored afterwards.
     #[test]
     fn model_kl_probe_measures_the_logits_and_restores_the_weight() {
-        let (_dir, ckpt) = tiny_qwen2();
+        let ckpt = tiny_qwen3();
         let mut model = PlainModel::load(&ckpt).unwrap();
         let tokens: Vec<u32> = (0..64).map(|i| (i * 7 % 50) as u32).collect();
         let xs: Vec<Tensor> = tokens

@@ -8,8 +8,8 @@ use candle_core::{Device, Tensor};
 use serde::Serialize;
 
 use super::linear_fit::{quantize_linear, LinearMethod};
+use super::sequential::{calib_err, output_error, to_vec};
 use super::site::{SiteProjection, SITES};
-use super::{calib_err, output_error, to_vec};
 use crate::arch::{LayerTensor, Role, TensorSlot};
 use crate::model::plain::PlainModel;
 use crate::quant::QuantError;

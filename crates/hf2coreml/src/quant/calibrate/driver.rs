@@ -8,15 +8,36 @@ use std::collections::BTreeMap;
 use candle_core::{Device, Tensor};
 
 use super::allocate::allocate_bits;
+use super::allocate::BitChoice;
+use super::awq::AwqChoice;
 use super::awq::{apply_scales, awq_scales, awq_search, expand_o_scales, site_scales};
 use super::linear_fit::LinearMethod;
+use super::linear_fit::QuantizedLinear;
+use super::sequential::{calib_err, fetch, to_vec, SequentialOptions};
 use super::site::{Grams, SiteFit, SiteProjection, SlotMethod, SITES};
-use super::{calib_err, fetch, to_vec, CalibratedWeights, SequentialOptions, Sink};
 use crate::arch::{expected_tensors, Role, TensorSlot};
 use crate::checkpoint::Checkpoint;
 use crate::model::calibrate::Gram;
 use crate::model::plain::{embed_rows, Blind, PlainModel, Segment};
 use crate::quant::QuantError;
+
+/// The calibrated checkpoint.
+#[derive(Debug, Clone)]
+pub struct CalibratedWeights {
+    /// Palettized projections by checkpoint tensor name.
+    pub linears: BTreeMap<String, QuantizedLinear>,
+    /// Unpalettized tensors whose values changed (AWQ scales folded into RMSNorm weights,
+    /// biases, or projections the recipe keeps fp16), by checkpoint tensor name, f32 row-major.
+    pub replaced: BTreeMap<String, Vec<f32>>,
+    pub awq: Vec<AwqChoice>,
+    /// With a target bpw: what was measured and chosen per projection.
+    pub allocation: Vec<BitChoice>,
+    pub tokens: usize,
+}
+
+/// Where fitted projections go as each block is done (tensor name, projection), instead of
+/// [`CalibratedWeights::linears`].
+pub type Sink<'a> = &'a mut dyn FnMut(String, QuantizedLinear) -> Result<(), QuantError>;
 
 /// Calibrate on `tokens` and palettize what `method_for` selects, block by block, on `model`
 /// (loaded whole or streaming: each block is fetched before and released after its turn).
@@ -313,14 +334,13 @@ fn true_sequential_block(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::TinyModel;
+    use crate::checkpoint::transformers_fixture;
 
     /// The steps true-sequential calibration runs a block in compute what the block computes.
     #[test]
     fn block_steps_compose_to_the_block() {
-        for tiny in [TinyModel::llama(), TinyModel::qwen2()] {
-            let dir = tiny.write_temp().unwrap();
-            let ckpt = Checkpoint::open(dir.path()).unwrap();
+        for name in ["qwen3", "smollm3", "phi3"] {
+            let ckpt = transformers_fixture(name);
             let mut model = PlainModel::load(&ckpt).unwrap();
             let tokens: Vec<u32> = (0..20).map(|i| (i * 7 % 50) as u32).collect();
             let x = model.embed(&tokens).unwrap();

@@ -571,7 +571,7 @@ pub fn relative_output_error(w: &[f32], wq: &[f32], rows: usize, cols: usize, gr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::SplitMix64;
+    use crate::util::SplitMix64;
 
     /// A layer whose inputs have a few loud channels, like a real attention/MLP input.
     fn layer(rows: usize, cols: usize, tokens: usize, seed: u64) -> (Vec<f32>, Vec<f64>) {

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
-use crate::checkpoint::gguf::tensor_map::permute_rows;
-use crate::testing::SplitMix64;
+use crate::SplitMix64;
+use hf2coreml::checkpoint::gguf::tensor_map::permute_rows;
 
 /// GGUF tensor type ids (ggml.h) used by the fixtures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -668,12 +668,13 @@ impl TinyGguf {
             };
             let (data, decoded) = encode(&stored, ty);
             let decoded_hf = match permute {
-                Some(heads) => crate::checkpoint::gguf::tensor_map::unpermute_rows(
+                Some(heads) => hf2coreml::checkpoint::gguf::tensor_map::unpermute_rows(
                     &decoded, shape[0], shape[1], heads,
                 ),
                 None => decoded,
             };
-            let hf = crate::checkpoint::gguf::tensor_map::hf_tensor_name(&gguf).unwrap_or_default();
+            let hf =
+                hf2coreml::checkpoint::gguf::tensor_map::hf_tensor_name(&gguf).unwrap_or_default();
             expected.insert(hf, (shape.clone(), decoded_hf));
             w.tensor(RawTensor {
                 name: gguf,
@@ -744,10 +745,10 @@ impl TinyGguf {
 /// factors as `Phi3MiniModel` writes them, and each tensor in the type
 /// `layout(gguf name, shape, layer, layers)` picks (e.g. [`q4_k_m_type`]).
 pub fn from_checkpoint(
-    ckpt: &crate::checkpoint::Checkpoint,
+    ckpt: &hf2coreml::checkpoint::Checkpoint,
     layout: impl Fn(&str, &[usize], Option<usize>, usize) -> FixtureType,
 ) -> BuiltGguf {
-    use crate::arch::{Architecture, LayerTensor, TensorId};
+    use hf2coreml::arch::{Architecture, LayerTensor, TensorId};
     let spec = ckpt.spec().clone();
     let arch = match spec.architecture {
         Architecture::Qwen2 => "qwen2",
@@ -779,7 +780,7 @@ pub fn from_checkpoint(
         let t = ckpt.tensor(&id.hf_name()).expect("checkpoint tensor");
         (t.shape.to_vec(), t.to_f32())
     };
-    for id in crate::arch::tensor_ids(&spec) {
+    for id in hf2coreml::arch::tensor_ids(&spec) {
         let hf = id.hf_name();
         // Phi-3's fused tensors: q/k/v (gate/up) rows stacked in one, written at q (gate).
         let parts = match id {
@@ -832,7 +833,7 @@ pub fn from_checkpoint(
         let t = ckpt.tensor(&hf).expect("checkpoint tensor");
         let shape = t.shape.to_vec();
         let values = t.to_f32();
-        let gguf = crate::checkpoint::gguf::tensor_map::gguf_name(id, gemma);
+        let gguf = hf2coreml::checkpoint::gguf::tensor_map::gguf_name(id, gemma);
         let heads = match id {
             TensorId::Layer(_, LayerTensor::Q) => Some(spec.num_attention_heads),
             TensorId::Layer(_, LayerTensor::K) => Some(spec.num_key_value_heads),
@@ -844,16 +845,16 @@ pub fn from_checkpoint(
             None => values,
         };
         // Gemma's converter stores every norm as 1 + w.
-        let shifted = gemma && id.role() == crate::arch::Role::Norm;
+        let shifted = gemma && id.role() == hf2coreml::arch::Role::Norm;
         if shifted {
             stored.iter_mut().for_each(|v| *v += 1.0);
         }
         let ty = layout(&gguf, &shape, id.layer(), layers);
         let (data, decoded) = encode(&stored, ty);
         let mut decoded_hf = match heads {
-            Some(h) => {
-                crate::checkpoint::gguf::tensor_map::unpermute_rows(&decoded, shape[0], shape[1], h)
-            }
+            Some(h) => hf2coreml::checkpoint::gguf::tensor_map::unpermute_rows(
+                &decoded, shape[0], shape[1], h,
+            ),
             None => decoded,
         };
         if shifted {
@@ -878,12 +879,12 @@ pub fn from_checkpoint(
 /// `qwen35` (the importer's plan, run forwards: tiled value heads, −exp(A_log), norms + 1, taps
 /// squeezed), in the type `layout` picks, and what it decodes to in the Hugging Face layout.
 fn hybrid_tensor(
-    ckpt: &crate::checkpoint::Checkpoint,
-    id: crate::arch::TensorId,
+    ckpt: &hf2coreml::checkpoint::Checkpoint,
+    id: hf2coreml::arch::TensorId,
     layout: &impl Fn(&str, &[usize], Option<usize>, usize) -> FixtureType,
 ) -> (RawTensor, Vec<f32>) {
     let spec = ckpt.spec();
-    let plan = crate::checkpoint::gguf::hybrid::expected_one(id, spec);
+    let plan = hf2coreml::checkpoint::gguf::hybrid::expected_one(id, spec);
     let mut stored = ckpt
         .tensor(&id.hf_name())
         .expect("checkpoint tensor")
@@ -921,7 +922,7 @@ fn hybrid_tensor(
 
 /// The `{arch}.*` keys llama.cpp's converter writes for `spec` (and Phi-3's LongRoPE factor
 /// tensors).
-fn architecture_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &str) {
+fn architecture_meta(w: &mut GgufWriter, spec: &hf2coreml::arch::ModelSpec, arch: &str) {
     let phi3 = arch == "phi3";
     let key = |k: &str| format!("{arch}.{k}");
     let u = |v: usize| Meta::U32(v as u32);
@@ -966,7 +967,7 @@ fn architecture_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &s
             u(spec.sliding_window.unwrap_or(0)),
         );
     }
-    if let crate::arch::RopeScaling::LongRope {
+    if let hf2coreml::arch::RopeScaling::LongRope {
         short_factor,
         long_factor,
         original_max_position_embeddings,
@@ -1001,7 +1002,7 @@ fn architecture_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &s
 /// KV heads (0 for a convolution) and taps; Qwen3.5's RoPE dimensions and sections, DeltaNet
 /// sizes (`ssm.*`) and the attention interval (always 4: transformers' config.json does not
 /// keep `full_attention_interval`).
-fn hybrid_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &str) {
+fn hybrid_meta(w: &mut GgufWriter, spec: &hf2coreml::arch::ModelSpec, arch: &str) {
     let key = |k: &str| format!("{arch}.{k}");
     let u = |v: usize| Meta::U32(v as u32);
     if let Some(conv) = spec.short_conv.as_ref().filter(|_| arch == "lfm2") {
@@ -1017,7 +1018,7 @@ fn hybrid_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &str) {
     }
     if let Some(g) = spec.gated_delta.as_ref().filter(|_| arch == "qwen35") {
         let rot = spec.rotary_dim();
-        let mut sections: Vec<i32> = crate::testing::mrope_section(rot / 2)
+        let mut sections: Vec<i32> = crate::mrope_section(rot / 2)
             .into_iter()
             .map(|n| n as i32)
             .collect();
@@ -1037,9 +1038,9 @@ fn hybrid_meta(w: &mut GgufWriter, spec: &crate::arch::ModelSpec, arch: &str) {
 /// and encoded as `layout(name, shape, layer, layers)` picks (vectors stay as they are stored
 /// when `layout` says F32). For measuring what a K-quant source costs (docs/quality.md).
 pub fn requantize(
-    src: &mut crate::checkpoint::gguf::GgufFile,
+    src: &mut hf2coreml::checkpoint::gguf::GgufFile,
     layout: impl Fn(&str, &[usize], Option<usize>, usize) -> FixtureType,
-) -> Result<GgufWriter, crate::checkpoint::gguf::GgufError> {
+) -> Result<GgufWriter, hf2coreml::checkpoint::gguf::GgufError> {
     let mut w = GgufWriter::default();
     let mut keys: Vec<&String> = src.metadata().keys().collect();
     keys.sort();
@@ -1055,7 +1056,8 @@ pub fn requantize(
     let tensors = src.tensors().to_vec();
     for t in &tensors {
         let values = src.read_f32(t)?;
-        let layer = crate::checkpoint::gguf::tensor_map::tensor_id(&t.name).and_then(|i| i.layer());
+        let layer =
+            hf2coreml::checkpoint::gguf::tensor_map::tensor_id(&t.name).and_then(|i| i.layer());
         let ty = layout(&t.name, &t.shape, layer, layers);
         let (data, _) = encode(&values, ty);
         w.tensor(RawTensor {
@@ -1082,24 +1084,24 @@ pub fn q6_k_type(_: &str, shape: &[usize], _: Option<usize>, _: usize) -> Fixtur
 /// that is not, so ffn_down falls back as Qwen2.5-0.5B's do; the fixtures' byte-level
 /// vocabulary. Weights small and logits mildly peaked: with sharper logits, 4-bit source error
 /// alone (no calibration can undo it) costs a random model KL ~1.
-pub fn kquant_model(model: crate::testing::TinyModel) -> crate::testing::TinyModel {
+pub fn kquant_model(model: crate::TinyModel) -> crate::TinyModel {
     // Gemma 3's sixth block is its first global one, SmolLM3's fourth its first without RoPE;
     // LFM2's four blocks alternate convolution and attention, Qwen3.5's fourth attends.
     let layers = match model.architecture {
-        crate::arch::Architecture::Gemma3 => 6,
-        crate::arch::Architecture::SmolLM3
-        | crate::arch::Architecture::Lfm2
-        | crate::arch::Architecture::Qwen3_5 => 4,
+        hf2coreml::arch::Architecture::Gemma3 => 6,
+        hf2coreml::arch::Architecture::SmolLM3
+        | hf2coreml::arch::Architecture::Lfm2
+        | hf2coreml::arch::Architecture::Qwen3_5 => 4,
         _ => 3,
     };
     // transformers reads LFM2 and Qwen3.5 files through a reader without q5_0 ("holds tensors
     // of ggml type 6, which is not supported yet"): their feed-forward rows are 256-multiples,
     // so no tensor falls back to it.
     let intermediate = match model.architecture {
-        crate::arch::Architecture::Lfm2 | crate::arch::Architecture::Qwen3_5 => 512,
+        hf2coreml::arch::Architecture::Lfm2 | hf2coreml::arch::Architecture::Qwen3_5 => 512,
         _ => 384,
     };
-    crate::testing::TinyModel {
+    crate::TinyModel {
         hidden: 256,
         intermediate,
         layers,
@@ -1112,9 +1114,9 @@ pub fn kquant_model(model: crate::testing::TinyModel) -> crate::testing::TinyMod
 
 /// [`kquant_model`] of `model` written as a checkpoint into `dir`, and its `Q4_K_M` GGUF as
 /// llama.cpp lays one out ([`q4_k_m_type`]). Deterministic: the same bytes every run.
-pub fn q4_k_m_fixture(model: crate::testing::TinyModel, dir: &Path) -> std::io::Result<BuiltGguf> {
+pub fn q4_k_m_fixture(model: crate::TinyModel, dir: &Path) -> std::io::Result<BuiltGguf> {
     kquant_model(model).write(dir)?;
-    let ckpt = crate::checkpoint::Checkpoint::open(dir).map_err(std::io::Error::other)?;
+    let ckpt = hf2coreml::checkpoint::Checkpoint::open(dir).map_err(std::io::Error::other)?;
     Ok(from_checkpoint(&ckpt, q4_k_m_type))
 }
 
@@ -1204,18 +1206,15 @@ pub fn sentencepiece_meta(w: &mut GgufWriter, gemma: bool) {
 
 /// [`q4_k_m_fixture`] with a SentencePiece vocabulary (Gemma's for a Gemma model): the model's
 /// vocabulary is sized to it.
-pub fn q4_k_m_spm_fixture(
-    model: crate::testing::TinyModel,
-    dir: &Path,
-) -> std::io::Result<BuiltGguf> {
-    let gemma = model.architecture == crate::arch::Architecture::Gemma3;
+pub fn q4_k_m_spm_fixture(model: crate::TinyModel, dir: &Path) -> std::io::Result<BuiltGguf> {
+    let gemma = model.architecture == hf2coreml::arch::Architecture::Gemma3;
     let vocab = spm_vocabulary(gemma);
-    let model = crate::testing::TinyModel {
+    let model = crate::TinyModel {
         vocab: vocab.len(),
         ..kquant_model(model)
     };
     model.write(dir)?;
-    let ckpt = crate::checkpoint::Checkpoint::open(dir).map_err(std::io::Error::other)?;
+    let ckpt = hf2coreml::checkpoint::Checkpoint::open(dir).map_err(std::io::Error::other)?;
     let mut built = from_checkpoint(&ckpt, q4_k_m_type);
     sentencepiece_meta(&mut built.writer, gemma);
     built.tokens = vocab.into_iter().map(|(t, _, _)| t).collect();

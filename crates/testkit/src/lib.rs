@@ -1,6 +1,8 @@
-//! Test fixtures built in code: small random checkpoints written as real safetensors
-//! directories. Used by unit tests, integration tests, benches and `make demo`'s tiny model.
-//! No weights live in git.
+//! The test kit: fixtures built in code, over the library's public API. Small random checkpoints
+//! written as real safetensors directories ([`TinyModel`]), GGUF files laid out as llama.cpp's
+//! converter lays them out ([`gguf`]), packages and programs ([`mlpackage`]), and the fuzz
+//! targets' entry points ([`fuzz`]). Used by the integration tests, benches, tools and the fuzz
+//! crate. No weights live in git.
 
 pub mod fuzz;
 pub mod gguf;
@@ -12,9 +14,9 @@ use std::path::{Path, PathBuf};
 use half::{bf16, f16};
 use safetensors::{serialize_to_file, Dtype, View};
 
-use crate::arch;
-use crate::arch::{Architecture, ModelSpec};
-use crate::mil::DType;
+use hf2coreml::arch;
+use hf2coreml::arch::{Architecture, ModelSpec};
+use hf2coreml::mil::DType;
 
 /// The shape of a fixture model.
 #[derive(Debug, Clone)]
@@ -491,7 +493,7 @@ pub fn top1_is_decided(reference_row: &[f32], tol: f32) -> bool {
 }
 
 /// The library's deterministic generator, re-exported for fixtures.
-pub use crate::util::SplitMix64;
+pub use hf2coreml::util::SplitMix64;
 
 /// Every file under `dir` with its contents, by path relative to `dir`: for "byte-identical"
 /// and "untouched" comparisons of packages in tests.

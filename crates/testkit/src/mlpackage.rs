@@ -8,8 +8,8 @@ use std::path::Path;
 use half::f16;
 use prost::Message;
 
-use crate::mil::DType;
-use crate::mlpackage::{pack_bits, proto, BlobWriter};
+use hf2coreml::mil::DType;
+use hf2coreml::mlpackage::{pack_bits, proto, BlobWriter};
 
 /// The blob file name coremltools writes.
 pub const WEIGHTS: &str = "@model_path/weights/weight.bin";
@@ -232,8 +232,8 @@ pub fn write_model(dir: &Path, model: &proto::Model, weights: &[u8]) -> std::io:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mlpackage::MlPackage;
-    use crate::runtime::interp::{Options, Program, Tensor};
+    use hf2coreml::mlpackage::MlPackage;
+    use hf2coreml::runtime::interp::{Options, Program, Tensor};
 
     #[test]
     fn tiny_program_loads_and_runs() {

@@ -7,12 +7,12 @@
 
 use std::path::Path;
 
-use crate::arch::ModelSpec;
-use crate::checkpoint::gguf::{self, GgufFile, GgufHParams};
-use crate::checkpoint::{parse_safetensors, Checkpoint};
-use crate::mlpackage::MlPackage;
-use crate::runtime::interp::{Options, Program};
-use crate::testing::mlpackage as fixture;
+use crate::mlpackage as fixture;
+use hf2coreml::arch::ModelSpec;
+use hf2coreml::checkpoint::gguf::{self, GgufFile, GgufHParams};
+use hf2coreml::checkpoint::{parse_safetensors, Checkpoint};
+use hf2coreml::mlpackage::MlPackage;
+use hf2coreml::runtime::interp::{Options, Program};
 
 /// Tensors larger than this are not dequantized by the GGUF target (the reader's bounds are
 /// what is under test, not candle's dequantization speed).
@@ -122,8 +122,8 @@ fn open_package(data: &[u8], scratch: &Path) -> Option<MlPackage> {
 /// declared shapes (zeros): the loader's and the kernels' checks are under test, including
 /// the refusal of ops whose computed size disagrees with the declared one.
 pub fn interp(data: &[u8], scratch: &Path) -> bool {
-    use crate::runtime::interp::limits::Limits;
-    use crate::runtime::interp::{Data, Tensor};
+    use hf2coreml::runtime::interp::limits::Limits;
+    use hf2coreml::runtime::interp::{Data, Tensor};
     let Some(pkg) = open_package(data, scratch) else {
         return false;
     };
@@ -150,7 +150,7 @@ pub fn interp(data: &[u8], scratch: &Path) -> bool {
 /// expanded, every export described and its recipe resolved (built-in and inline recipes;
 /// recipe files are not read), and the selection by shard and name run.
 pub fn batch(data: &[u8]) -> bool {
-    use crate::pipeline::batch::BatchFile;
+    use hf2coreml::pipeline::batch::BatchFile;
     let text = String::from_utf8_lossy(data);
     let Ok(file) = BatchFile::parse(Path::new("/fuzz/batch.toml"), &text) else {
         return false;
@@ -158,7 +158,7 @@ pub fn batch(data: &[u8]) -> bool {
     let mut ok = true;
     for e in &file.exports {
         ok &= !e.recipe.describe().is_empty();
-        if !matches!(e.recipe, crate::pipeline::batch::RecipeSource::File(_)) {
+        if !matches!(e.recipe, hf2coreml::pipeline::batch::RecipeSource::File(_)) {
             ok &= e.recipe.load().is_ok();
         }
     }
@@ -169,8 +169,8 @@ pub fn batch(data: &[u8]) -> bool {
 /// the in-code fixtures: small checkpoints of each architecture, GGUF files of each supported
 /// matrix type, the fixture program.
 pub fn write_seeds(out: &Path) -> std::io::Result<usize> {
-    use crate::testing::gguf::{FixtureType, TinyGguf};
-    use crate::testing::TinyModel;
+    use crate::gguf::{FixtureType, TinyGguf};
+    use crate::TinyModel;
     use prost::Message;
 
     let mut n = 0;
@@ -244,8 +244,8 @@ pub const BATCH_SEEDS: [&str; 2] = [
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::gguf::TinyGguf;
-    use crate::testing::TinyModel;
+    use crate::gguf::TinyGguf;
+    use crate::TinyModel;
     use prost::Message;
 
     #[test]
