@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::PackageError;
+use super::package_error::PackageError;
 use crate::mil::DType;
 
 /// Blob storage format version this reader understands.

@@ -4,6 +4,7 @@
 //! reported as a [`PackageError`] naming the file; nothing here panics on bad input.
 
 pub mod blob;
+mod package_error;
 pub mod proto;
 pub mod summary;
 pub mod wire;
@@ -17,6 +18,7 @@ use prost::Message;
 
 use crate::mil::DType;
 pub use blob::{BlobFile, BlobRecord, BlobWriter};
+pub use package_error::PackageError;
 
 /// The weight-file prefix meaning "the folder that holds model.mlmodel".
 pub const MODEL_PATH_PREFIX: &str = "@model_path/";
@@ -28,37 +30,6 @@ pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 pub const MAX_MODEL_BYTES: u64 = 256 << 20;
 /// Highest tensor rank a type may declare (Core ML allows 5; MIL has no higher use).
 pub const MAX_RANK: usize = 16;
-
-/// What can be wrong with a package.
-#[derive(Debug, thiserror::Error)]
-pub enum PackageError {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{}: bad Manifest.json: {msg}", path.display())]
-    Manifest { path: PathBuf, msg: String },
-    #[error("{}: not a valid Core ML model protobuf: {source}", path.display())]
-    Protobuf {
-        path: PathBuf,
-        #[source]
-        source: prost::DecodeError,
-    },
-    #[error("{}: {msg}", path.display())]
-    Model { path: PathBuf, msg: String },
-    #[error("{}: blob at offset {offset}: {msg}", path.display())]
-    Blob {
-        path: PathBuf,
-        offset: u64,
-        msg: String,
-    },
-    #[error("{}: weight file name {file_name:?} escapes the package (absolute, `..` or a symlink out)", path.display())]
-    EscapingFile { path: PathBuf, file_name: String },
-    #[error("{what}: {msg}")]
-    Value { what: String, msg: String },
-}
 
 /// Why stored bytes or an immediate value do not decode as the tensor they are declared to be.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,11 +3,11 @@
 //! printing.
 //!
 //! Each file imports only those listed before it: `texts` (the calibration and evaluation
-//! texts), `convert_error`, `package_files` (sidecars and hashes), `convert_summary` (the
-//! report and the recorded inputs), `options`, `declared_contract`, `ranges` (fp16 range
-//! safety), `weight_stream` (what a package stores), `asset_emit` (graphs as a Core AI asset),
-//! `convert_chain`, `convert`, `inspect`, `job` (one conversion as the commands run it),
-//! `batch`.
+//! texts), `inspect` (a checkpoint's summary), `convert_error`, `package_files` (sidecars and
+//! hashes), `convert_summary` (the report and the recorded inputs), `options`,
+//! `declared_contract`, `ranges` (fp16 range safety), `weight_stream` (what a package stores),
+//! `asset_emit` (graphs as a Core AI asset), `convert_chain`, `convert`, `job` (one conversion
+//! as the commands run it), `batch`.
 
 mod asset_emit;
 pub mod batch;

@@ -6,7 +6,9 @@
 //! the memory-mapped [`Checkpoint`] one at a time per worker.
 
 pub mod calibrate;
+mod granularity;
 pub mod palette_report;
+mod quant_error;
 pub mod recipe;
 pub mod rotation;
 pub mod weight;
@@ -14,93 +16,19 @@ pub mod weight;
 // The solver, the packing and the linear algebra are the numerics crate's (opt-level 3).
 pub use hf2coreml_numerics::{kmeans, linalg, pack, NumericsError};
 
-use std::path::PathBuf;
-
 use half::f16;
 use rayon::prelude::*;
-use serde::Serialize;
-use thiserror::Error;
 
 use crate::arch::TensorSlot;
-use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::Checkpoint;
 
+pub use granularity::Granularity;
 pub use kmeans::{nbits_list, palettize_f16, LutFit, IOS17_NBITS, SUPPORTED_NBITS};
 pub use pack::{pack_indices, packed_len, try_unpack_indices, unpack_indices};
 pub use palette_report::{MixedPrecision, Report, TensorReport, Totals};
+pub use quant_error::QuantError;
 pub use recipe::{Decision, Recipe, RecipeError, Storage};
 pub use weight::{GroupedLut, LutRows, PackedLut, QuantizedWeight};
-
-#[derive(Debug, Error)]
-pub enum QuantError {
-    #[error(transparent)]
-    Numerics(#[from] NumericsError),
-    #[error("granularity {granularity} does not fit shape {shape:?}: {message}")]
-    Granularity {
-        granularity: String,
-        shape: Vec<usize>,
-        message: String,
-    },
-    #[error("{path}: {error}")]
-    Recipe {
-        path: PathBuf,
-        error: recipe::RecipeError,
-    },
-    #[error("tensor `{tensor}`: {source}")]
-    Tensor {
-        tensor: String,
-        #[source]
-        source: Box<QuantError>,
-    },
-    #[error("calibration: {message}")]
-    Calibration { message: String },
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-}
-
-impl QuantError {
-    fn in_tensor(self, name: &str) -> Self {
-        QuantError::Tensor {
-            tensor: name.to_string(),
-            source: Box::new(self),
-        }
-    }
-}
-
-/// How many LUTs a tensor gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Granularity {
-    /// One LUT for the whole tensor (the only iOS17 option).
-    PerTensor,
-    /// iOS18: one LUT per `group_size` consecutive channels along `axis`.
-    PerGroupedChannel { group_size: usize, axis: usize },
-}
-
-impl Granularity {
-    /// LUTs a tensor of `shape` gets.
-    pub fn num_luts(&self, shape: &[usize]) -> usize {
-        match *self {
-            Granularity::PerTensor => 1,
-            Granularity::PerGroupedChannel { group_size, axis } => shape
-                .get(axis)
-                .map_or(1, |&c| c.div_ceil(group_size.max(1)).max(1)),
-        }
-    }
-}
-
-impl std::fmt::Display for Granularity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Granularity::PerTensor => f.write_str("per_tensor"),
-            Granularity::PerGroupedChannel { group_size, axis } => {
-                write!(
-                    f,
-                    "per_grouped_channel(group_size={group_size}, axis={axis})"
-                )
-            }
-        }
-    }
-}
 
 /// A palettized tensor as a package stores it: packed indices in element order plus one LUT
 /// per group (exactly one for [`Granularity::PerTensor`]).

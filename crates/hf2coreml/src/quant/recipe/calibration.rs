@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::RecipeError;
+use super::recipe_error::RecipeError;
 
 /// The `[calibration]` table: palettized projections are fitted to what they compute on
 /// calibration text (see [`crate::quant::calibrate`]). Absent = data-free palettization.

@@ -23,8 +23,10 @@
 //! [`Recipe`] as [`PackageOptions`]. The file's reader is in `parse.rs`, the `[calibration]`
 //! table in `calibration.rs`.
 
+mod builtin_recipes;
 mod calibration;
 mod parse;
+mod recipe_error;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -40,8 +42,9 @@ use crate::mil::contract::Target;
 use crate::mil::PackageOptions;
 
 pub use crate::mil::package_options::MAX_PREFILL_LEN;
+pub use builtin_recipes::{BUILTIN_RECIPES, DEFAULT_RECIPE};
 pub use calibration::{Calibration, DEFAULT_ALLOCATION_ROWS};
-pub use parse::RecipeError;
+pub use recipe_error::RecipeError;
 
 /// How one tensor is stored in the package, for sizing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,38 +69,7 @@ impl Storage {
     }
 }
 
-/// The embedded default recipe.
-pub const DEFAULT_RECIPE: &str = include_str!("../../../../../configs/recipes/default.toml");
 const DEFAULT_ORIGIN: &str = "configs/recipes/default.toml (built in)";
-
-/// Recipes shipped in configs/recipes/, usable by name (`--recipe NAME`).
-pub const BUILTIN_RECIPES: [(&str, &str); 7] = [
-    ("default", DEFAULT_RECIPE),
-    (
-        "calibrated-4bit",
-        include_str!("../../../../../configs/recipes/calibrated-4bit.toml"),
-    ),
-    (
-        "data-free-4bit",
-        include_str!("../../../../../configs/recipes/data-free-4bit.toml"),
-    ),
-    (
-        "quality",
-        include_str!("../../../../../configs/recipes/quality.toml"),
-    ),
-    (
-        "compact",
-        include_str!("../../../../../configs/recipes/compact.toml"),
-    ),
-    (
-        "large-model",
-        include_str!("../../../../../configs/recipes/large-model.toml"),
-    ),
-    (
-        "ios18-4bit",
-        include_str!("../../../../../configs/recipes/ios18-4bit.toml"),
-    ),
-];
 
 /// What happens to one tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
