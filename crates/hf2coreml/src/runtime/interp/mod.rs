@@ -8,153 +8,28 @@
 //! against the shape the program declares and rounded to the declared dtype (fp16 stays fp16
 //! and overflows to inf, as on device), unless [`Compute::F32`] is chosen.
 //!
-//! One idea per file: [`program`] compiles a function, with [`loader`] turning operations into
-//! constants and instructions, [`constexpr`] evaluating the weight ops at load, [`weights`]
-//! deciding which weights stay packed ([`packed`]) and [`liveness`] when each value is freed;
-//! [`run`] executes it with the kernels of [`ops`] (over the numerics crate's [`kernels`] and
-//! [`tensor`], within [`limits`]) and the Core ML states of [`state`]; [`package`] wraps a
-//! saved package's functions and contract; [`consts`] reads constants back by name; [`lift`]
-//! turns a program back into a graph another backend can replay; [`bulk`] copies and widens
-//! large buffers (the caches) across the thread pool.
+//! Two layers, as folders, and the package step on top; each imports only what is below it:
+//! - `exec/`, execution: tensors ([`tensor`]), the op kernels ([`ops`], over the numerics
+//!   crate's [`kernels`]) and the table that picks one per op, the packed-weight kernels
+//!   ([`packed`]), the values of Core ML states ([`States`]) and `slice_update`, large copies
+//!   across the thread pool (`bulk`), and the resource limits ([`limits`]). It knows no
+//!   program.
+//! - `compile/`, compilation: a saved function turned into a [`Program`] (the loader, the
+//!   constexpr weight ops evaluated at load, which weights stay packed, when each value is
+//!   freed) and everything done with one: running it over `exec`'s kernels, its constants read
+//!   back by name ([`ConstantReader`]), itself lifted into a graph ([`Lifted`]); and what every
+//!   caller sees: [`RuntimeError`], [`Options`], [`Stats`].
+//! - `package.rs`, on top: a saved package that follows the contract ([`Package`]), its
+//!   functions and contract, one step of it (stateful or not) and the rows of its state.
 
-pub(crate) mod bulk;
-mod constexpr;
-mod consts;
-mod lift;
-pub mod limits;
-mod liveness;
-mod loader;
-pub mod ops;
+mod compile;
+mod exec;
 mod package;
-pub mod packed;
-mod program;
-mod run;
-mod state;
-pub mod tensor;
-mod weights;
 
-use std::collections::BTreeMap;
-
-pub use hf2coreml_numerics::kernels;
-
-use crate::mil::DType;
-use crate::mlpackage::PackageError;
-pub use consts::ConstantReader;
-use kernels::{scan_f16, scan_f32};
-pub use lift::Lifted;
+pub use compile::{Compute, ConstantReader, Lifted, OpStat, Options, Program, RuntimeError, Stats};
+pub(crate) use exec::bulk;
+pub use exec::states::States;
+pub use exec::tensor::{Data, Tensor};
+pub use exec::{kernels, limits, ops, packed, tensor};
 pub(crate) use package::{check_step, concat_rows, split_state, state_tensors};
 pub use package::{Function, Package};
-pub use program::Program;
-pub use state::States;
-pub use tensor::{Data, Tensor};
-
-/// What can go wrong loading or running a program.
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    #[error(transparent)]
-    Package(#[from] PackageError),
-    /// An `.aimodel` needs Apple's runtime from the Python environment, which is unusable.
-    #[error("Python environment unusable")]
-    Environment(#[source] crate::error::EnvironmentError),
-    #[error("unsupported op `{op_type}` (producing `{output}`)")]
-    UnsupportedOp { op_type: String, output: String },
-    #[error("op `{op_type}` producing `{output}`: {msg}")]
-    Op {
-        op_type: String,
-        output: String,
-        msg: String,
-    },
-    #[error("program: {0}")]
-    Program(String),
-    #[error("input `{name}`: {msg}")]
-    Input { name: String, msg: String },
-    #[error("{path}: contract: {msg}")]
-    Contract { path: String, msg: String },
-    /// An interpreter option given for a model Apple's runtime executes.
-    #[error(
-        "{path}: {option} applies to hf2coreml's interpreter; Apple's Core AI runtime \
-             executes this model as it was built"
-    )]
-    NotInterpreted { path: String, option: &'static str },
-    /// A declared shape or a computed size above the interpreter's limits ([`limits`]).
-    #[error("{what}: {msg}")]
-    Limit { what: String, msg: String },
-}
-
-/// How floats are computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Compute {
-    /// Every result rounded to the dtype the program declares (what the device does).
-    #[default]
-    Declared,
-    /// Every float kept in f32 (debugging: separates range problems from logic errors).
-    F32,
-}
-
-/// Interpreter options.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Options {
-    pub compute: Compute,
-    /// Decode every weight when the program loads instead of reading packed weights in place
-    /// (the same results, bit for bit; benches compare the two).
-    pub dense_weights: bool,
-}
-
-/// Range statistics of one op kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct OpStat {
-    /// Largest finite |value| produced.
-    pub max_abs: f32,
-    /// inf or NaN values produced.
-    pub non_finite: u64,
-    /// Op executions seen.
-    pub count: u64,
-    /// Wall time spent in this op kind, in nanoseconds (for profiling the interpreter).
-    pub nanos: u64,
-}
-
-/// Per-op-kind statistics over one or more runs (pass the same collector to each run).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Stats {
-    pub ops: BTreeMap<String, OpStat>,
-}
-
-impl Stats {
-    fn record(&mut self, op_type: &str, t: &Tensor, nanos: u64) {
-        if !self.ops.contains_key(op_type) {
-            self.ops.insert(op_type.to_string(), OpStat::default());
-        }
-        let Some(s) = self.ops.get_mut(op_type) else {
-            return;
-        };
-        s.count += 1;
-        s.nanos += nanos;
-        let (max_abs, non_finite) = match &t.data {
-            Data::F(v) => scan_f32(v),
-            Data::Half(v) => scan_f16(v),
-            _ => return,
-        };
-        s.max_abs = s.max_abs.max(max_abs);
-        s.non_finite += non_finite;
-    }
-
-    /// Whether any op produced inf or NaN.
-    pub fn any_non_finite(&self) -> bool {
-        self.ops.values().any(|s| s.non_finite > 0)
-    }
-}
-
-/// The dtype a value of declared `dtype` computes in under `options`.
-fn effective_dtype(dtype: DType, options: Options) -> DType {
-    if options.compute == Compute::F32 && dtype.is_float() {
-        DType::F32
-    } else {
-        dtype
-    }
-}
-
-/// A constant labelled with the dtype it computes in under `options` (its data unchanged).
-fn conform_const(t: Tensor, options: Options) -> Tensor {
-    let d = effective_dtype(t.dtype, options);
-    Tensor::new(d, t.shape, t.data)
-}

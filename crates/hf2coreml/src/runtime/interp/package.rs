@@ -1,14 +1,18 @@
 //! A saved package that follows the contract ([`Package`]): its contract read from the metadata
 //! and checked against the program's inputs, a multifunction package's functions (`decode` and
-//! `prefill`, one picked per call by the number of tokens), and a step's arguments checked
-//! before it runs.
+//! `prefill`, one picked per call by the number of tokens), a step's arguments checked before
+//! it runs, and a stateful package's step, whose cache stays in the program's states between
+//! steps (its rows read and written for the KV-cache file).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use half::f16;
 
-use super::{Options, Program, RuntimeError, States, Stats, Tensor};
+use super::compile::{Options, Program, RuntimeError, Stats};
+use super::exec::bulk;
+use super::exec::states::States;
+use super::exec::tensor::{Data, Tensor};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::{self, MlPackage};
 use crate::runtime::per_layer_table::PerLayerRows;
@@ -19,10 +23,10 @@ use crate::runtime::{StepModel, StepOutput};
 #[derive(Debug)]
 pub struct Package {
     program: Program,
-    pub(super) contract: Contract,
+    contract: Contract,
     description: mlpackage::Description,
     /// A stateful package's cache (`kv_cache = "state"`), kept between steps.
-    pub(super) states: Option<std::sync::Mutex<States>>,
+    states: Option<std::sync::Mutex<States>>,
     /// A multifunction package's other functions (`prefill`), each with the contract as it
     /// follows it; `program` and `contract` are the default function's (`decode`).
     others: Vec<Function>,
@@ -120,7 +124,7 @@ impl Package {
 
     /// The function that takes `n` tokens a call, with its contract: how a step picks
     /// `decode` or `prefill` (the inputs it is then given do not matter here).
-    pub(super) fn function_for(&self, n: usize) -> Result<(&Program, &Contract), RuntimeError> {
+    fn function_for(&self, n: usize) -> Result<(&Program, &Contract), RuntimeError> {
         if n == self.contract.query_len {
             return Ok((&self.program, &self.contract));
         }
@@ -152,7 +156,7 @@ impl Package {
 
     /// The [`contract::PER_LAYER_ROWS`] input of a step of `input_ids`, for a package with a
     /// per-layer table.
-    pub(super) fn per_layer_input(
+    fn per_layer_input(
         &self,
         input_ids: &[i32],
     ) -> Result<Option<(&'static str, Tensor)>, RuntimeError> {
@@ -206,11 +210,11 @@ impl Package {
             (contract::POSITION, Tensor::i32(vec![1], &[pos])),
             (
                 contract::KEY_CACHE,
-                Tensor::f16(cache_shape.clone(), super::bulk::copied(key_cache)),
+                Tensor::f16(cache_shape.clone(), bulk::copied(key_cache)),
             ),
             (
                 contract::VALUE_CACHE,
-                Tensor::f16(cache_shape, super::bulk::copied(value_cache)),
+                Tensor::f16(cache_shape, bulk::copied(value_cache)),
             ),
         ];
         inputs.extend(self.per_layer_input(input_ids)?);
@@ -250,10 +254,209 @@ impl Package {
     }
 }
 
-pub(super) fn take_output(
-    out: &mut HashMap<String, Tensor>,
-    name: &str,
-) -> Result<Tensor, RuntimeError> {
+impl Package {
+    /// The logits parts of a step's outputs joined: [rows, V], rows being Q, or 1 for a
+    /// prefill function that returns the last position's only.
+    fn logits(c: &Contract, out: &mut HashMap<String, Tensor>) -> Result<Vec<f32>, RuntimeError> {
+        let parts = c
+            .logits_outputs()
+            .into_iter()
+            .map(|(name, width)| take_output(out, &name).map(|t| (t, width)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = c.logits_rows();
+        let logits = concat_rows(&parts, rows);
+        if logits.len() != rows * c.vocab_size {
+            return Err(RuntimeError::Contract {
+                path: String::new(),
+                msg: "output sizes do not match the contract's dimensions".into(),
+            });
+        }
+        Ok(logits)
+    }
+
+    /// One step of a stateful package: `input_ids` and `position` in, the logits out; the
+    /// program writes the new rows into its state. No update rows are returned.
+    fn state_step(
+        &self,
+        states: &std::sync::Mutex<States>,
+        (input_ids, valid): (&[i32], Option<usize>),
+        position: usize,
+        stats: Option<&mut Stats>,
+    ) -> Result<StepOutput, RuntimeError> {
+        // Every function of a multifunction package reads and writes the same state.
+        let (program, c) = self.function_for(input_ids.len())?;
+        let pos = check_step(c, input_ids, position, &[], &[], valid)?;
+        let mut inputs = vec![
+            (
+                contract::INPUT_IDS,
+                Tensor::i32(vec![1, c.query_len], input_ids),
+            ),
+            (contract::POSITION, Tensor::i32(vec![1], &[pos])),
+        ];
+        inputs.extend(self.per_layer_input(input_ids)?);
+        // A hybrid package keeps its recurrent state in its own states; a chunk says how many
+        // of its tokens are real (`check_step` bounded it by Q).
+        if c.recurrent.is_some() && c.query_len > 1 {
+            let valid = valid.unwrap_or(input_ids.len()) as i32;
+            inputs.push((contract::VALID_LEN, Tensor::i32(vec![1], &[valid])));
+        }
+        let mut guard = states.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = program.run_with_states(inputs, &mut guard, stats)?;
+        Ok(StepOutput {
+            logits: Self::logits(c, &mut out)?,
+            key_update: Vec::new(),
+            value_update: Vec::new(),
+            recurrent: Vec::new(),
+        })
+    }
+
+    /// Rows `[0, rows)` of the state's keys and values: [L, Hkv, rows, D] each.
+    fn read_state_rows(&self, rows: usize) -> Result<(Vec<f16>, Vec<f16>), RuntimeError> {
+        let (states, [l, hkv, s, d]) = self.kv_state(rows)?;
+        let guard = states.lock().unwrap_or_else(|p| p.into_inner());
+        let t = guard.get(contract::KV_STATE).ok_or_else(no_state)?;
+        let all = t.to_f16_vec();
+        let mut out = [Vec::new(), Vec::new()];
+        for (half, dst) in out.iter_mut().enumerate() {
+            dst.reserve(l * hkv * rows * d);
+            for lh in 0..l * hkv {
+                let at = (half * l * hkv + lh) * s * d;
+                dst.extend_from_slice(&all[at..at + rows * d]);
+            }
+        }
+        let [k, v] = out;
+        Ok((k, v))
+    }
+
+    /// Write [L, Hkv, rows, D] keys and values into the state's first rows.
+    fn write_state_rows(
+        &self,
+        rows: usize,
+        keys: &[f16],
+        values: &[f16],
+    ) -> Result<(), RuntimeError> {
+        let (states, [l, hkv, s, d]) = self.kv_state(rows)?;
+        let want = l * hkv * rows * d;
+        if keys.len() != want || values.len() != want {
+            return Err(RuntimeError::Input {
+                name: contract::KV_STATE.into(),
+                msg: format!(
+                    "{} key and {} value values for {rows} rows of {want}",
+                    keys.len(),
+                    values.len()
+                ),
+            });
+        }
+        let mut guard = states.lock().unwrap_or_else(|p| p.into_inner());
+        let t = guard.get_mut(contract::KV_STATE).ok_or_else(no_state)?;
+        let block = rows * d;
+        for (half, src) in [keys, values].into_iter().enumerate() {
+            for lh in 0..l * hkv {
+                let at = (half * l * hkv + lh) * s * d;
+                let from = &src[lh * block..(lh + 1) * block];
+                match &mut t.data {
+                    Data::Half(dst) => dst[at..at + block].copy_from_slice(from),
+                    Data::F(dst) => {
+                        for (o, i) in dst[at..at + block].iter_mut().zip(from) {
+                            *o = i.to_f32();
+                        }
+                    }
+                    _ => return Err(no_state()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A hybrid package's recurrent states (each of [`Recurrent::tensors`], in order), as one
+    /// list of values.
+    ///
+    /// [`Recurrent::tensors`]: contract::Recurrent::tensors
+    fn read_recurrent_states(&self) -> Result<Vec<f16>, RuntimeError> {
+        let states = self.states.as_ref().ok_or_else(no_state)?;
+        let guard = states.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for t in self.recurrent_tensors()? {
+            let held = guard.get(t.input).ok_or_else(|| no_recurrent(t.input))?;
+            if held.shape.iter().product::<usize>() != t.len() {
+                return Err(no_recurrent(t.input));
+            }
+            out.extend(held.to_f16_vec());
+        }
+        Ok(out)
+    }
+
+    /// Put `values` (as [`read_recurrent_states`](Self::read_recurrent_states) returned
+    /// them) back into the recurrent states.
+    fn write_recurrent_states(&self, values: &[f16]) -> Result<(), RuntimeError> {
+        let tensors = self.recurrent_tensors()?;
+        let want: usize = tensors.iter().map(|t| t.len()).sum();
+        if values.len() != want {
+            return Err(RuntimeError::Input {
+                name: "recurrent state".into(),
+                msg: format!("{} values for a state of {want}", values.len()),
+            });
+        }
+        let states = self.states.as_ref().ok_or_else(no_state)?;
+        let mut guard = states.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = 0;
+        for t in tensors {
+            let held = guard
+                .get_mut(t.input)
+                .ok_or_else(|| no_recurrent(t.input))?;
+            let from = &values[at..at + t.len()];
+            at += t.len();
+            match &mut held.data {
+                Data::Half(dst) if dst.len() == from.len() => dst.copy_from_slice(from),
+                Data::F(dst) if dst.len() == from.len() => {
+                    for (o, i) in dst.iter_mut().zip(from) {
+                        *o = i.to_f32();
+                    }
+                }
+                _ => return Err(no_recurrent(t.input)),
+            }
+        }
+        Ok(())
+    }
+
+    fn recurrent_tensors(&self) -> Result<Vec<contract::StateTensor>, RuntimeError> {
+        self.contract
+            .recurrent
+            .as_ref()
+            .map(|r| r.tensors())
+            .ok_or_else(|| RuntimeError::Program("the package has no recurrent state".into()))
+    }
+
+    /// The state holder and the state's [L, Hkv, S', D] (per half), with `rows` within S.
+    fn kv_state(
+        &self,
+        rows: usize,
+    ) -> Result<(&std::sync::Mutex<States>, [usize; 4]), RuntimeError> {
+        let c = &self.contract;
+        let states = self.states.as_ref().ok_or_else(no_state)?;
+        let shape =
+            contract::kv_state_shape(c.max_seq_len, c.num_layers, c.num_kv_heads, c.head_dim);
+        if rows > c.max_seq_len {
+            return Err(RuntimeError::Input {
+                name: contract::KV_STATE.into(),
+                msg: format!("{rows} rows of a {}-row cache", c.max_seq_len),
+            });
+        }
+        Ok((states, [c.num_layers, c.num_kv_heads, shape[2], c.head_dim]))
+    }
+}
+
+fn no_recurrent(name: &str) -> RuntimeError {
+    RuntimeError::Program(format!(
+        "the package holds no `{name}` state of its contract's shape"
+    ))
+}
+
+fn no_state() -> RuntimeError {
+    RuntimeError::Program("the package holds no `kv_cache` state".into())
+}
+
+fn take_output(out: &mut HashMap<String, Tensor>, name: &str) -> Result<Tensor, RuntimeError> {
     out.remove(name).ok_or_else(|| RuntimeError::Contract {
         path: String::new(),
         msg: format!("the program has no output `{name}`"),

@@ -2,8 +2,8 @@
 //! (docs/reference/mlpackage-format.md).
 
 use crate::mlpackage::{self, TensorTypeInfo, Values};
-use crate::runtime::interp::ops::OpError;
-use crate::runtime::interp::{Data, Tensor};
+use crate::runtime::interp::exec::ops::OpError;
+use crate::runtime::interp::exec::tensor::{Data, Tensor};
 
 /// iOS16/17 `constexpr_lut_to_dense`: one LUT of 2^nbits entries, indices packed LSB-first
 /// into uint8.

@@ -1,8 +1,8 @@
-//! A compiled [`Program`] lifted back into hf2coreml's graph IR, so that another backend can
-//! replay exactly what a saved package computes: the cross-check hands it to Apple's Core AI
-//! runtime. Op types and arguments are the saved program's; constants are the values the
-//! interpreter runs with, and weights still packed in the weight file keep their tables and
-//! indices (the other runtime decodes them itself).
+//! A compiled [`Program`](crate::runtime::interp::Program) lifted back into hf2coreml's graph
+//! IR, so that another backend can replay exactly what a saved package computes: the
+//! cross-check hands it to Apple's Core AI runtime. Op types and arguments are the saved
+//! program's; constants are the values the interpreter runs with, and weights still packed in
+//! the weight file keep their tables and indices (the other runtime decodes them itself).
 //!
 //! The graph spells small constant arguments inline, as the builders do (`axes`, `perm`,
 //! `epsilon`, a scalar operand); tensors stay named constants.
@@ -11,14 +11,17 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use half::f16;
 
-use super::packed::{Form, Packed};
-use super::program::{Arg, Instr, OpKind};
-use super::{Data, Program, RuntimeError, Tensor};
+use std::sync::Arc;
+
+use super::instr::{Arg, Instr, OpKind};
+use super::surface::RuntimeError;
 use crate::graph::{self, Const, ConstData, Graph, Input, Operation};
 use crate::mil::contract::Target;
 use crate::mil::{DType, Op};
 use crate::mlpackage::TensorTypeInfo;
 use crate::quant::GroupedLut;
+use crate::runtime::interp::exec::packed::{Form, Packed};
+use crate::runtime::interp::exec::tensor::{Data, Tensor};
 
 /// Arguments that carry tensors: a constant bound to one stays a named constant (a scalar is
 /// spelled inline, which the elementwise ops take as well).
@@ -141,76 +144,87 @@ fn scalar(t: &Tensor) -> Option<graph::Arg> {
     })
 }
 
-impl Program {
-    /// This program as a graph (see the module docs). Refused: states, ops the interpreter
-    /// does not know, and constants the graph IR cannot spell, each by name.
-    pub fn lift(&self) -> Result<Lifted, RuntimeError> {
-        if let Some((name, _, _)) = self.states.first() {
-            return Err(lift_err(format!(
-                "state `{name}`: only programs whose caches are inputs and outputs can be lifted"
-            )));
-        }
-        let float = if self.inputs.iter().any(|(_, _, t)| t.dtype == DType::F32) {
-            DType::F32
-        } else {
-            DType::F16
-        };
-        let mut l = Lifter::new(self);
-        let inputs = self
-            .inputs
-            .iter()
-            .map(|(name, s, ty)| {
-                l.names.insert(*s, name.clone());
-                Input {
-                    name: name.clone(),
-                    dtype: ty.dtype,
-                    shape: ty.shape.clone(),
-                    state: false,
-                }
-            })
-            .collect();
-        let mut ops = Vec::new();
-        let mut values = Vec::new();
-        for ins in &self.instrs {
-            let op = match &ins.op {
-                OpKind::Known(op) => *op,
-                OpKind::Unknown(name) => {
-                    return Err(RuntimeError::UnsupportedOp {
-                        op_type: name.clone(),
-                        output: ins.out_names.first().cloned().unwrap_or_default(),
-                    })
-                }
-            };
-            let args = l.args(op, ins)?;
-            for ((s, ty), name) in ins.outputs.iter().zip(&ins.out_names) {
-                l.names.insert(*s, name.clone());
-                values.push((name.clone(), ty.clone()));
-            }
-            ops.push(Operation {
-                op,
-                outputs: ins.out_names.clone(),
-                args,
-            });
-        }
-        let graph = Graph {
-            inputs,
-            consts: l.consts_out,
-            ops,
-            outputs: self.outputs.iter().map(|(n, _)| n.clone()).collect(),
-            float,
-            target: Target::CoreAi,
-        };
-        graph
-            .validate()
-            .map_err(|e| lift_err(format!("the lifted graph does not hang together: {e}")))?;
-        Ok(Lifted { graph, values })
+/// What a lift reads of a compiled program: its declared inputs and states, its instructions
+/// and outputs, and its constants (held, left packed, and their names).
+#[derive(Clone, Copy)]
+pub(super) struct Source<'p> {
+    pub(super) inputs: &'p [(String, usize, TensorTypeInfo)],
+    pub(super) states: &'p [(String, usize, TensorTypeInfo)],
+    pub(super) instrs: &'p [Instr],
+    pub(super) outputs: &'p [(String, usize)],
+    pub(super) consts: &'p [(usize, Arc<Tensor>)],
+    pub(super) packed: &'p HashMap<usize, Arc<Packed>>,
+    pub(super) const_names: &'p HashMap<String, usize>,
+}
+
+/// The program as a graph (see the module docs). Refused: states, ops the interpreter
+/// does not know, and constants the graph IR cannot spell, each by name.
+pub(super) fn lift(program: Source<'_>) -> Result<Lifted, RuntimeError> {
+    if let Some((name, _, _)) = program.states.first() {
+        return Err(lift_err(format!(
+            "state `{name}`: only programs whose caches are inputs and outputs can be lifted"
+        )));
     }
+    let float = if program.inputs.iter().any(|(_, _, t)| t.dtype == DType::F32) {
+        DType::F32
+    } else {
+        DType::F16
+    };
+    let mut l = Lifter::new(program);
+    let inputs = program
+        .inputs
+        .iter()
+        .map(|(name, s, ty)| {
+            l.names.insert(*s, name.clone());
+            Input {
+                name: name.clone(),
+                dtype: ty.dtype,
+                shape: ty.shape.clone(),
+                state: false,
+            }
+        })
+        .collect();
+    let mut ops = Vec::new();
+    let mut values = Vec::new();
+    for ins in program.instrs {
+        let op = match &ins.op {
+            OpKind::Known(op) => *op,
+            OpKind::Unknown(name) => {
+                return Err(RuntimeError::UnsupportedOp {
+                    op_type: name.clone(),
+                    output: ins.out_names.first().cloned().unwrap_or_default(),
+                })
+            }
+        };
+        let args = l.args(op, ins)?;
+        for ((s, ty), name) in ins.outputs.iter().zip(&ins.out_names) {
+            l.names.insert(*s, name.clone());
+            values.push((name.clone(), ty.clone()));
+        }
+        ops.push(Operation {
+            op,
+            outputs: ins.out_names.clone(),
+            args,
+        });
+    }
+    let graph = Graph {
+        inputs,
+        consts: l.consts_out,
+        ops,
+        outputs: program.outputs.iter().map(|(n, _)| n.clone()).collect(),
+        float,
+        target: Target::CoreAi,
+    };
+    graph
+        .validate()
+        .map_err(|e| lift_err(format!("the lifted graph does not hang together: {e}")))?;
+    Ok(Lifted { graph, values })
 }
 
 /// What a lift keeps while it walks the program: a name for every slot, the constants the
 /// graph declares so far.
 struct Lifter<'p> {
-    program: &'p Program,
+    program: Source<'p>,
     names: HashMap<usize, String>,
     consts: HashMap<usize, &'p Tensor>,
     taken: HashSet<String>,
@@ -220,7 +234,7 @@ struct Lifter<'p> {
 }
 
 impl<'p> Lifter<'p> {
-    fn new(program: &'p Program) -> Self {
+    fn new(program: Source<'p>) -> Self {
         let names: HashMap<usize, String> = program
             .const_names
             .iter()
@@ -228,7 +242,7 @@ impl<'p> Lifter<'p> {
             .collect();
         let mut taken: HashSet<String> = names.values().cloned().collect();
         taken.extend(program.inputs.iter().map(|(n, _, _)| n.clone()));
-        for ins in &program.instrs {
+        for ins in program.instrs {
             taken.extend(ins.out_names.iter().cloned());
         }
         Lifter {

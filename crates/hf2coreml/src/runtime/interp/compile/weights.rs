@@ -5,10 +5,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::instr::{Arg, Instr, OpKind};
 use super::loader::Loader;
-use super::program::{Arg, Instr, OpKind};
-use super::{packed, tensor, Data, RuntimeError, Tensor};
+use super::surface::RuntimeError;
 use crate::mil::{DType, Op};
+use crate::runtime::interp::exec::packed;
+use crate::runtime::interp::exec::tensor::{self, Data, Tensor};
 
 /// Keep packed the weights only `linear` and `conv` (as `weight`) and `gather` (as `x`,
 /// along axis 0) read; decode the others, counted with the constants, as dense constants.
@@ -20,7 +22,7 @@ pub(super) fn settle_packed(
     consts: &mut Vec<(usize, Arc<Tensor>)>,
 ) -> Result<HashMap<usize, Arc<packed::Packed>>, RuntimeError> {
     let mut kept = HashMap::new();
-    for (s, p) in std::mem::take(&mut ld.packed) {
+    for (s, p) in ld.take_packed() {
         let reads = |i: &&Instr| {
             i.inputs
                 .iter()

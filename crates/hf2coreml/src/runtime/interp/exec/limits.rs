@@ -16,7 +16,7 @@
 use std::path::Path;
 
 use super::ops::{self, Args, OpResult};
-use super::Tensor;
+use super::tensor::Tensor;
 use crate::mil::{DType, Op};
 use crate::mlpackage::TensorTypeInfo;
 

@@ -14,8 +14,8 @@
 
 use crate::mil::DType;
 use crate::mlpackage::TensorTypeInfo;
-use crate::runtime::interp::ops::OpError;
-use crate::runtime::interp::tensor::{Data, Tensor};
+use crate::runtime::interp::exec::ops::OpError;
+use crate::runtime::interp::exec::tensor::{Data, Tensor};
 
 /// Row-major strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {

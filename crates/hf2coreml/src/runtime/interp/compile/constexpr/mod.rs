@@ -3,16 +3,17 @@
 //! earlier constant ([`ios18`]). Every dense result is counted with the constants before it is
 //! made.
 
-pub(super) mod ios17;
-pub(super) mod ios18;
+pub(in crate::runtime::interp) mod ios17;
+pub(in crate::runtime::interp) mod ios18;
 
 use std::sync::Arc;
 
-use super::limits;
 use super::loader::Loader;
-use super::{conform_const, Options, RuntimeError, Tensor};
+use super::surface::{conform_const, Options, RuntimeError};
 use crate::mil::Op;
 use crate::mlpackage::{self, proto, TensorTypeInfo};
+use crate::runtime::interp::exec::limits;
+use crate::runtime::interp::exec::tensor::Tensor;
 
 /// Evaluate a `const` or constexpr op. Blob-backed values are decoded once per
 /// (file, offset), so a tied embedding shared by gather and lm_head costs one copy.
@@ -37,12 +38,12 @@ pub(super) fn evaluate(
                 .ok_or_else(|| RuntimeError::Program("const without `val`".into()))?;
             if let Some(proto::value::Value::BlobFileValue(b)) = &v.value {
                 let key = (b.file_name.clone(), b.offset, ty.shape.clone());
-                if let Some(t) = ld.const_cache.get(&key) {
+                if let Some(t) = ld.const_cache().get(&key) {
                     return Ok(t.clone());
                 }
                 let t = Tensor::from_const(ld.value(v, "const `val`")?);
-                let t = checked_const(t, ty, ld.options)?;
-                ld.const_cache.insert(key, t.clone());
+                let t = checked_const(t, ty, ld.options())?;
+                ld.cache_const(key, t.clone());
                 return Ok(t);
             } else {
                 Tensor::from_const(ld.value(v, "const `val`")?)
@@ -58,11 +59,7 @@ pub(super) fn evaluate(
             let lut = operand("lut")?;
             let shape = operand("shape")?;
             // The dense result is counted with the constants (its operands were, on decoding).
-            let total = ld.const_bytes.saturating_add(limits::type_bytes(ty));
-            ld.limits
-                .check_peak(total)
-                .map_err(|msg| ld.limit_err(&op.r#type, msg))?;
-            ld.const_bytes = total;
+            ld.count(limits::type_bytes(ty), &op.r#type)?;
             ios17::lut_to_dense(indices, lut, shape, ty)
                 .map_err(|e| RuntimeError::Program(e.to_string()))?
         }
@@ -72,7 +69,7 @@ pub(super) fn evaluate(
             )))
         }
     };
-    checked_const(t, ty, ld.options)
+    checked_const(t, ty, ld.options())
 }
 
 /// An iOS18 constexpr op: operands are inputs, each a value or the name of an earlier
@@ -96,9 +93,9 @@ fn evaluate_ios18(
             Some(proto::binding::Binding::Value(v)) => Ok(Some(Arc::new(Tensor::from_const(
                 ld.value(v, &format!("`{key}` of {}", op.r#type))?,
             )))),
-            Some(proto::binding::Binding::Name(n)) => match ld.constants.get(n) {
+            Some(proto::binding::Binding::Name(n)) => match ld.constants().get(n) {
                 Some(t) => Ok(Some(t.clone())),
-                None => match ld.packed_names.get(n).cloned() {
+                None => match ld.packed_names().get(n).cloned() {
                     Some(p) => Ok(Some(Arc::new(ld.unpack(&p, key)?))),
                     None => Err(RuntimeError::Program(format!(
                         "`{key}` names `{n}`, which is not a constant defined before it"
@@ -114,20 +111,12 @@ fn evaluate_ios18(
     let result = if kind == Op::ConstexprLutToDense {
         let (indices, lut) = (required("indices")?, required("lut")?);
         let axis = operand("vector_axis")?.and_then(|a| a.as_i64().first().copied());
-        let total = ld.const_bytes.saturating_add(limits::type_bytes(ty));
-        ld.limits
-            .check_peak(total)
-            .map_err(|msg| ld.limit_err(&op.r#type, msg))?;
-        ld.const_bytes = total;
+        ld.count(limits::type_bytes(ty), &op.r#type)?;
         ios18::lut_to_dense(&indices, &lut, axis, ty)
     } else {
         let (data, scale) = (required("data")?, required("scale")?);
         let offset = operand("offset")?;
-        let total = ld.const_bytes.saturating_add(limits::type_bytes(ty));
-        ld.limits
-            .check_peak(total)
-            .map_err(|msg| ld.limit_err(&op.r#type, msg))?;
-        ld.const_bytes = total;
+        ld.count(limits::type_bytes(ty), &op.r#type)?;
         ios18::shift_scale(&data, &scale, offset.as_deref(), ty)
     };
     result.map_err(|e| RuntimeError::Program(e.to_string()))
