@@ -13,7 +13,7 @@ use candle_core::{DType, Tensor, D};
 use serde::{Deserialize, Serialize};
 
 use super::plain::{embed_rows, max_abs, Observer, PlainModel, Point};
-use super::ReferenceError;
+use super::reference_error::{check_vocabulary, ReferenceError};
 use crate::arch::Role;
 use crate::checkpoint::Checkpoint;
 
@@ -526,7 +526,7 @@ pub fn calibrate(
     tokens: &[u32],
     options: &CalibrationOptions,
 ) -> Result<ActivationStats, ReferenceError> {
-    super::check_vocabulary(ckpt.spec(), tokens)?;
+    check_vocabulary(ckpt.spec(), tokens)?;
     let mut model = PlainModel::streaming(ckpt)?;
     let spec = model.spec().clone();
     let seg = options.segment_len.clamp(1, spec.package_context().max(1));

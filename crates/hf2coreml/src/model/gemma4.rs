@@ -5,7 +5,8 @@
 
 use candle_core::{Device, Tensor};
 
-use super::ReferenceError;
+use super::primitives;
+use super::reference_error::ReferenceError;
 use crate::arch::{ModelSpec, TensorId};
 use crate::checkpoint::Checkpoint;
 
@@ -37,7 +38,7 @@ impl PerLayerInput {
         if ckpt.spec().per_layer_input() == 0 {
             return Ok(None);
         }
-        let get = |id: TensorId| super::plain::load(ckpt, &id.hf_name(), device);
+        let get = |id: TensorId| primitives::load(ckpt, &id.hf_name(), device);
         Ok(Some(PerLayerInput {
             table: get(TensorId::PerLayerEmbedding)?,
             index: None,
@@ -79,7 +80,7 @@ impl PerLayerInput {
             .enumerate()
             .map(|(i, &t)| (t, i as u32))
             .collect();
-        let get = |id: TensorId| super::plain::load(ckpt, &id.hf_name(), device);
+        let get = |id: TensorId| primitives::load(ckpt, &id.hf_name(), device);
         Ok(Some(PerLayerInput {
             table: rows,
             index: Some(index),
@@ -117,7 +118,7 @@ impl PerLayerInput {
         let rows = (self.table.index_select(&ids, 0)? * g.per_layer_scale)?;
         let rows = rows.reshape((t, layers, p))?;
         let projected = (embedded.matmul(&self.projection.t()?)? * (h as f64).powf(-0.5))?;
-        let projected = super::plain::rms_norm(
+        let projected = primitives::rms_norm(
             &projected.reshape((t, layers, p))?,
             &self.norm,
             spec.rms_norm_eps,
@@ -140,8 +141,7 @@ impl PerLayerBlock {
         if ckpt.spec().per_layer_input() == 0 {
             return Ok(None);
         }
-        let get =
-            |t: LayerTensor| super::plain::load(ckpt, &crate::arch::tensor_name(l, t), device);
+        let get = |t: LayerTensor| primitives::load(ckpt, &crate::arch::tensor_name(l, t), device);
         Ok(Some(PerLayerBlock {
             gate: get(LayerTensor::PerLayerGate)?,
             projection: get(LayerTensor::PerLayerProjection)?,
@@ -157,9 +157,9 @@ impl PerLayerBlock {
         x: &Tensor,
         input: &Tensor,
     ) -> candle_core::Result<Tensor> {
-        let gate = super::plain::gelu_tanh(&x.matmul(&self.gate.t()?)?)?;
+        let gate = primitives::gelu_tanh(&x.matmul(&self.gate.t()?)?)?;
         let y = (gate * input)?.matmul(&self.projection.t()?)?;
-        x + super::plain::rms_norm(&y, &self.norm, spec.rms_norm_eps)?
+        x + primitives::rms_norm(&y, &self.norm, spec.rms_norm_eps)?
     }
 }
 

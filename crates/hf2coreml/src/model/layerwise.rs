@@ -8,7 +8,7 @@
 use candle_core::{Device, Tensor};
 
 use super::plain::{self, PlainModel};
-use super::{ctx, ReferenceError};
+use super::reference_error::{check_tokens, ctx, ReferenceError};
 use crate::arch::TensorId;
 use crate::checkpoint::{Checkpoint, TensorView};
 
@@ -67,7 +67,7 @@ pub fn logits_layerwise_sliced(
     slice_bytes: usize,
     on_block: &mut dyn FnMut(usize),
 ) -> Result<Vec<Vec<f32>>, ReferenceError> {
-    super::check_tokens(ckpt.spec(), tokens, 0)?;
+    check_tokens(ckpt.spec(), tokens, 0)?;
     let mut model = PlainModel::streaming(ckpt)?;
     let mut x = plain::embed_rows(ckpt, tokens)?;
     // Gemma 4's blocks read per-layer inputs and other blocks' keys and values: the sequence

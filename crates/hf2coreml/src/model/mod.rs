@@ -20,63 +20,24 @@ mod delta;
 mod gemma4;
 pub mod layerwise;
 pub mod plain;
+mod primitives;
+mod reference_error;
 
 pub use calibrate::{
     calibrate, ActivationStats, CalibrationOptions, Gram, GramSelection, InputSite, LayerStats,
     OpKind, F16_MAX,
 };
 pub use plain::PlainModel;
+pub use reference_error::ReferenceError;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
 use candle_transformers::models::{llama, mistral, qwen2};
-use thiserror::Error;
 
 use crate::arch::{Architecture, ModelSpec, RopeScaling};
-use crate::checkpoint::{Checkpoint, CheckpointError};
-
-/// What can go wrong in the reference forward pass.
-#[derive(Debug, Error)]
-pub enum ReferenceError {
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    #[error("reference forward pass, {context}: {source}")]
-    Candle {
-        context: String,
-        #[source]
-        source: candle_core::Error,
-    },
-    #[error("token id {token} at index {index} is outside the vocabulary (size {vocab})")]
-    TokenOutOfRange {
-        token: u32,
-        index: usize,
-        vocab: usize,
-    },
-    #[error(
-        "step at position {got}, but the reference holds {expected} tokens; a step must continue \
-         where the last one ended, or restart at 0"
-    )]
-    Position { expected: usize, got: usize },
-    #[error("{len} tokens exceed the model's context of {max} (max_position_embeddings)")]
-    ContextTooLong { len: usize, max: usize },
-    #[error(
-        "{len} tokens exceed the sliding window of {window}: the reference does not implement \
-         windowed attention"
-    )]
-    SlidingWindow { len: usize, window: usize },
-    #[error("no tokens given")]
-    Empty,
-}
-
-impl ReferenceError {
-    pub(crate) fn candle(context: impl Into<String>, source: candle_core::Error) -> Self {
-        ReferenceError::Candle {
-            context: context.into(),
-            source,
-        }
-    }
-}
+use crate::checkpoint::Checkpoint;
+use reference_error::{check_tokens, ctx};
 
 /// Which implementation computes the reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -276,10 +237,6 @@ impl SimpleBackend for CheckpointBackend<'_> {
     }
 }
 
-fn ctx<T>(r: candle_core::Result<T>, context: &str) -> Result<T, ReferenceError> {
-    r.map_err(|e| ReferenceError::candle(context, e))
-}
-
 impl Reference {
     /// Load the checkpoint with candle-transformers where it can express it, else with the
     /// plain implementation.
@@ -469,45 +426,6 @@ impl Reference {
             logits = self.step(&[next], pos)?;
         }
         Ok(out)
-    }
-}
-
-/// `tokens` at positions `start ..` are ones the reference can compute: not empty, in the
-/// vocabulary, within the context and any sliding window it does not model.
-fn check_tokens(spec: &ModelSpec, tokens: &[u32], start: usize) -> Result<(), ReferenceError> {
-    check_vocabulary(spec, tokens)?;
-    let len = start + tokens.len();
-    if len > spec.max_position_embeddings {
-        return Err(ReferenceError::ContextTooLong {
-            len,
-            max: spec.max_position_embeddings,
-        });
-    }
-    if let Some(window) = spec.unbuilt_window() {
-        if len > window {
-            return Err(ReferenceError::SlidingWindow { len, window });
-        }
-    }
-    Ok(())
-}
-
-/// `tokens` is not empty and every token is in the vocabulary (calibration's check: its text
-/// is cut into segments, so the context is not the whole list's length).
-fn check_vocabulary(spec: &ModelSpec, tokens: &[u32]) -> Result<(), ReferenceError> {
-    if tokens.is_empty() {
-        return Err(ReferenceError::Empty);
-    }
-    match tokens
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t as usize >= spec.vocab_size)
-    {
-        Some((index, &token)) => Err(ReferenceError::TokenOutOfRange {
-            token,
-            index,
-            vocab: spec.vocab_size,
-        }),
-        None => Ok(()),
     }
 }
 

@@ -8,6 +8,8 @@
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 
+use super::primitives::{gelu_tanh, load, rms_norm};
+use super::reference_error::ReferenceError;
 use crate::arch::{self, LayerTensor, Role, TensorId};
 use crate::arch::{ModelSpec, RopeScaling};
 use crate::checkpoint::Checkpoint;
@@ -158,36 +160,18 @@ pub struct PlainModel {
     cached: usize,
 }
 
-pub(super) fn load(
-    ckpt: &Checkpoint,
-    name: &str,
-    device: &Device,
-) -> Result<Tensor, super::ReferenceError> {
-    let view = ckpt.tensor(name)?;
-    Tensor::from_vec(view.to_f32(), view.shape, device)
-        .map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))
-}
-
 /// An RMSNorm weight as the norm multiplies by: w, or Gemma's 1 + w (in f32, as transformers).
-fn load_norm(
-    ckpt: &Checkpoint,
-    name: &str,
-    device: &Device,
-) -> Result<Tensor, super::ReferenceError> {
+fn load_norm(ckpt: &Checkpoint, name: &str, device: &Device) -> Result<Tensor, ReferenceError> {
     let w = load(ckpt, name, device)?;
     let offset = ckpt.spec().norm_offset() as f64;
     if offset == 0.0 {
         return Ok(w);
     }
-    (w + offset).map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))
+    (w + offset).map_err(|e| ReferenceError::candle(format!("loading `{name}`"), e))
 }
 
 /// Block `l`'s weights in f32 (norms as they multiply: Gemma's 1 + w).
-fn load_layer(
-    ckpt: &Checkpoint,
-    l: usize,
-    device: &Device,
-) -> Result<Layer, super::ReferenceError> {
+fn load_layer(ckpt: &Checkpoint, l: usize, device: &Device) -> Result<Layer, ReferenceError> {
     let get = |t: LayerTensor| load(ckpt, &arch::tensor_name(l, t), device);
     let norm = |t: LayerTensor| load_norm(ckpt, &arch::tensor_name(l, t), device);
     let optional = |t: LayerTensor, present: bool| -> Result<Option<Tensor>, _> {
@@ -223,7 +207,7 @@ fn load_layer(
             let taps = get(LayerTensor::Conv)?
                 .reshape((c.channels, c.kernel))
                 .and_then(|t| t.t()?.contiguous())
-                .map_err(|e| super::ReferenceError::candle(format!("loading `{name}`"), e))?;
+                .map_err(|e| ReferenceError::candle(format!("loading `{name}`"), e))?;
             (
                 Mixer::ShortConv(ConvWeights {
                     in_proj: get(LayerTensor::ConvIn)?,
@@ -238,13 +222,13 @@ fn load_layer(
         arch::LayerKind::GatedDelta(g) => {
             let err = |t: LayerTensor| {
                 let name = arch::tensor_name(l, t);
-                move |e| super::ReferenceError::candle(format!("loading `{name}`"), e)
+                move |e| ReferenceError::candle(format!("loading `{name}`"), e)
             };
             let taps = get(LayerTensor::DeltaConv)?
                 .reshape((g.conv_channels(), g.kernel))
                 .and_then(|t| t.t()?.contiguous())
                 .map_err(err(LayerTensor::DeltaConv))?;
-            let vector = |t: LayerTensor| -> Result<Vec<f32>, super::ReferenceError> {
+            let vector = |t: LayerTensor| -> Result<Vec<f32>, ReferenceError> {
                 get(t)?
                     .flatten_all()
                     .and_then(|x| x.to_vec1())
@@ -304,17 +288,14 @@ fn loaded(layers: &[Option<Layer>], l: usize) -> candle_core::Result<&Layer> {
 
 /// The embedding rows [T, H] of `tokens` in f32 (times Gemma's embedding scale), read from the
 /// checkpoint (one row at a time, never the whole table).
-pub(crate) fn embed_rows(
-    ckpt: &Checkpoint,
-    tokens: &[u32],
-) -> Result<Tensor, super::ReferenceError> {
+pub(crate) fn embed_rows(ckpt: &Checkpoint, tokens: &[u32]) -> Result<Tensor, ReferenceError> {
     let name = TensorId::Embedding.hf_name();
     let table = ckpt.tensor(&name)?;
     let hidden = ckpt.spec().hidden_size;
     let mut values = Vec::with_capacity(tokens.len() * hidden);
     for &t in tokens {
         let row = table.row(t as usize).ok_or_else(|| {
-            super::ReferenceError::candle(
+            ReferenceError::candle(
                 format!("reading `{name}`"),
                 candle_core::Error::Msg(format!("token {t} has no embedding row")),
             )
@@ -326,7 +307,7 @@ pub(crate) fn embed_rows(
         values.iter_mut().for_each(|v| *v *= scale);
     }
     Tensor::from_vec(values, (tokens.len(), hidden), &Device::Cpu)
-        .map_err(|e| super::ReferenceError::candle(format!("reading `{name}`"), e))
+        .map_err(|e| ReferenceError::candle(format!("reading `{name}`"), e))
 }
 
 /// Rotary inverse frequencies, one per rotated pair of head dimensions, with the config's
@@ -386,7 +367,7 @@ fn frequencies(spec: &ModelSpec, theta: f64, scaling: &RopeScaling, seq_len: usi
 }
 
 impl PlainModel {
-    pub fn load(ckpt: &Checkpoint) -> Result<Self, super::ReferenceError> {
+    pub fn load(ckpt: &Checkpoint) -> Result<Self, ReferenceError> {
         let device = Device::Cpu;
         let spec = ckpt.spec();
         let embed = load(ckpt, &TensorId::Embedding.hf_name(), &device)?;
@@ -404,7 +385,7 @@ impl PlainModel {
     }
 
     /// A model with no block, embedding or lm_head in memory (see the type's documentation).
-    pub fn streaming(ckpt: &Checkpoint) -> Result<Self, super::ReferenceError> {
+    pub fn streaming(ckpt: &Checkpoint) -> Result<Self, ReferenceError> {
         let layers = (0..ckpt.spec().num_hidden_layers).map(|_| None).collect();
         Self::assemble(ckpt, None, layers, None, true)
     }
@@ -415,7 +396,7 @@ impl PlainModel {
         layers: Vec<Option<Layer>>,
         lm_head: Option<Tensor>,
         streaming: bool,
-    ) -> Result<Self, super::ReferenceError> {
+    ) -> Result<Self, ReferenceError> {
         let spec = ckpt.spec().clone();
         honoured(&spec);
         let device = Device::Cpu;
@@ -441,7 +422,7 @@ impl PlainModel {
         &mut self,
         ckpt: &Checkpoint,
         l: usize,
-    ) -> Result<(), super::ReferenceError> {
+    ) -> Result<(), ReferenceError> {
         if self.layers.get(l).is_some_and(|w| w.is_none()) {
             self.layers[l] = Some(load_layer(ckpt, l, &self.device)?);
         }
@@ -450,7 +431,7 @@ impl PlainModel {
 
     /// Bring the lm_head (the embedding when tied) into memory: what [`PlainModel::head`]
     /// multiplies by (nothing to do if it is there).
-    pub(crate) fn fetch_head(&mut self, ckpt: &Checkpoint) -> Result<(), super::ReferenceError> {
+    pub(crate) fn fetch_head(&mut self, ckpt: &Checkpoint) -> Result<(), ReferenceError> {
         if self.lm_head.is_none() {
             let name = TensorId::head(&self.spec).hf_name();
             self.lm_head = Some(load(ckpt, &name, &self.device)?);
@@ -480,7 +461,7 @@ impl PlainModel {
         &mut self,
         ckpt: &Checkpoint,
         tokens: &[u32],
-    ) -> Result<(), super::ReferenceError> {
+    ) -> Result<(), ReferenceError> {
         self.per_layer = super::gemma4::PerLayerInput::load_rows(ckpt, tokens, &self.device)?;
         Ok(())
     }
@@ -1027,14 +1008,6 @@ fn out_norm(
     }
 }
 
-/// The tanh-approximated GELU (`gelu_pytorch_tanh`):
-/// 0.5 · g · (1 + tanh(√(2/π) · (g + 0.044715 · g³))).
-pub(super) fn gelu_tanh(gate: &Tensor) -> candle_core::Result<Tensor> {
-    let c = (2.0 / std::f64::consts::PI).sqrt();
-    let inner = ((gate + (gate.powf(3.0)? * 0.044715)?)? * c)?;
-    (gate * 0.5)? * (inner.tanh()? + 1.0)?
-}
-
 /// The gate's activation: Gemma's tanh-approximated GELU, else SiLU.
 fn activation(spec: &ModelSpec, gate: &Tensor) -> candle_core::Result<Tensor> {
     if spec.gemma.is_some() {
@@ -1222,13 +1195,6 @@ fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Result<Ten
 fn rms(x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
     x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)
-}
-
-/// x / sqrt(mean(x²) + eps) · w over the last dimension.
-pub(super) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    let inv = (ms + eps)?.sqrt()?.recip()?;
-    x.broadcast_mul(&inv)?.broadcast_mul(w)
 }
 
 /// HF rotate-half rope on [heads, T, D] with cos/sin [T, R/2]: the first R dimensions rotate,
