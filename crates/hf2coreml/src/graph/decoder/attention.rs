@@ -5,11 +5,14 @@
 //!
 //! Grouped-query attention reads each key/value head once: the G query heads that share it are
 //! stacked as rows ([1, H, Q, D] → [1, Hkv, G·Q, D], a reshape) and multiplied with the
-//! unrepeated cache rows, so no copy of the cache is made per query head.
+//! unrepeated cache rows, so no copy of the cache is made per query head (the default
+//! layout's core is [`super::attend`]; this file groups the masks for it, [`group_masks`]).
 
 use super::linear::{Projections, Weights};
 use super::lower::Lowering;
-use super::{Dims, Shared};
+use super::norms::{rms_norm_ranged, rms_normalize_ranged};
+use super::shared::Shared;
+use super::step::Dims;
 use crate::arch::{LayerTensor, TensorId};
 use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
 
@@ -175,7 +178,7 @@ fn qkv(
         // Gemma 4's heads are normalised whatever their size (no softmax scale follows):
         // ranged norms keep small heads' squares out of fp16's subnormals.
         let norm = |b: &mut Builder, x: &str, w: &str, name: &str| match shared.gemma4 {
-            Some(_) => Ok(super::rms_norm_ranged(b, x, w, eps, name)),
+            Some(_) => Ok(rms_norm_ranged(b, x, w, eps, name)),
             None => lower.head_norm(b, x, w, eps, name),
         };
         qh = norm(b, &qh, &qw, &format!("{tag}_q_norm"))?;
@@ -186,7 +189,7 @@ fn qkv(
     // Gemma 4's values pass an RMSNorm without weight.
     if let (Some(_), Some((_, vh))) = (&shared.gemma4, &mut kv) {
         let name = format!("{tag}_v_norm");
-        *vh = super::rms_normalize_ranged(b, vh, shared.plain_eps, &name);
+        *vh = rms_normalize_ranged(b, vh, shared.plain_eps, &name);
     }
     if !shared.rope_in_layer[l] {
         return Ok((qh, kv, gate));
@@ -204,46 +207,6 @@ fn qkv(
         None => None,
     };
     Ok((qr, kv, gate))
-}
-
-/// Scale applied to q and k before their per-head RMSNorm, with ε scaled by its square:
-/// RMSNorm is scale-invariant, and squares of |q| up to ~4,000 stay inside fp16 (no measurement
-/// covers q and k, so the headroom is fixed, a power of two so the scaling itself is exact).
-const HEAD_NORM_PRESCALE: f64 = 1.0 / 16.0;
-
-/// RMSNorm over `axis` (each head's D values) of the heads with weight [D] shaped to it.
-pub(super) fn head_norm(
-    b: &mut Builder,
-    x: &str,
-    w: &str,
-    eps: f64,
-    axis: i64,
-    name: &str,
-) -> String {
-    let c = HEAD_NORM_PRESCALE;
-    let xs = b.op(
-        Op::Mul,
-        &format!("{name}_prescaled"),
-        vec![("x", var(x)), ("y", Arg::Float(c))],
-    );
-    super::rms_norm(b, &xs, w, eps * c * c, axis, name)
-}
-
-/// [1, Q, n·D] → [1, n, Q, D].
-pub(super) fn heads(b: &mut Builder, t: &str, n: usize, dims: &Dims, name: &str) -> String {
-    let r = b.op(
-        Op::Reshape,
-        &format!("{name}_heads"),
-        vec![
-            ("x", var(t)),
-            ("shape", ints(&[1, dims.q as i64, n as i64, dims.d as i64])),
-        ],
-    );
-    b.op(
-        Op::Transpose,
-        &format!("{name}_bhqd"),
-        vec![("x", var(&r)), ("perm", ints(&[0, 2, 1, 3]))],
-    )
 }
 
 /// x·cos + rotate_half(x)·sin with rotate_half([a, b]) = [-b, a] along the heads' D `axis`
@@ -488,80 +451,4 @@ pub(super) fn group_masks(b: &mut Builder, shared: &mut Shared) {
     if let Some((_, _, window)) = &mut shared.local {
         *window = tile(b, window, base, "window_mask_grouped");
     }
-}
-
-/// softmax(q·kᵀ + mask)·v, heads merged back: [1, Q, H·D].
-pub(super) fn attend(
-    b: &mut Builder,
-    qs: &str,
-    keys: &str,
-    values: &str,
-    mask: &str,
-    dims: &Dims,
-    tag: &str,
-) -> String {
-    let groups = dims.h / dims.hkv;
-    let grouped_q = (groups * dims.q) as i64;
-    let (hkv, q, d) = (dims.hkv as i64, dims.q as i64, dims.d as i64);
-    let qs = if groups == 1 {
-        qs.to_string()
-    } else {
-        b.op(
-            Op::Reshape,
-            &format!("{tag}_q_grouped"),
-            vec![("x", var(qs)), ("shape", ints(&[1, hkv, grouped_q, d]))],
-        )
-    };
-    let scores = b.op(
-        Op::Matmul,
-        &format!("{tag}_scores"),
-        vec![
-            ("x", var(&qs)),
-            ("y", var(keys)),
-            ("transpose_x", Arg::Bool(false)),
-            ("transpose_y", Arg::Bool(true)),
-        ],
-    );
-    let scores = b.op(
-        Op::Add,
-        &format!("{tag}_scores_masked"),
-        vec![("x", var(&scores)), ("y", var(mask))],
-    );
-    let probs = b.op(
-        Op::Softmax,
-        &format!("{tag}_probs"),
-        vec![("x", var(&scores)), ("axis", Arg::Int(-1))],
-    );
-    let ctx = b.op(
-        Op::Matmul,
-        &format!("{tag}_context"),
-        vec![
-            ("x", var(&probs)),
-            ("y", var(values)),
-            ("transpose_x", Arg::Bool(false)),
-            ("transpose_y", Arg::Bool(false)),
-        ],
-    );
-    let ctx = if groups == 1 {
-        ctx
-    } else {
-        b.op(
-            Op::Reshape,
-            &format!("{tag}_context_heads"),
-            vec![("x", var(&ctx)), ("shape", ints(&[1, dims.h as i64, q, d]))],
-        )
-    };
-    let ctx = b.op(
-        Op::Transpose,
-        &format!("{tag}_context_bqhd"),
-        vec![("x", var(&ctx)), ("perm", ints(&[0, 2, 1, 3]))],
-    );
-    b.op(
-        Op::Reshape,
-        &format!("{tag}_context_flat"),
-        vec![
-            ("x", var(&ctx)),
-            ("shape", ints(&[1, q, (dims.h * dims.d) as i64])),
-        ],
-    )
 }

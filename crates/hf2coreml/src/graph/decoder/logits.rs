@@ -6,6 +6,9 @@
 //! the row-group names `validate` already reassembles), and the embedding gathers from them:
 //! each part is gathered at the token's row clamped into it, and `select` keeps the part that
 //! holds the token.
+//!
+//! A `prefill` function with `--prefill-logits last` takes its logits from one row: a padded
+//! chunk's last real token is [`last_real`], in either layout.
 
 use super::linear::Weights;
 use crate::arch::{mil_name, TensorId};
@@ -280,4 +283,22 @@ fn split_lut(
             })
         })
         .collect())
+}
+
+/// Row `valid_len − 1` of `x` along its token `axis`: a padded chunk's last real token.
+pub(super) fn last_real(b: &mut Builder, x: &str, valid: &str, axis: i64) -> String {
+    let last = b.op(
+        Op::Sub,
+        "last_position_index",
+        vec![("x", var(valid)), ("y", Arg::Int(1))],
+    );
+    b.op(
+        Op::Gather,
+        "last_position",
+        vec![
+            ("x", var(x)),
+            ("indices", var(&last)),
+            ("axis", Arg::Int(axis)),
+        ],
+    )
 }

@@ -1,15 +1,19 @@
-//! A block is written once ([`super::block`], [`super::attention`], [`super::mlp`]) and lowered
+//! A block is written once ([`super::blocks`], [`super::attention`], [`super::mlp`]) and lowered
 //! to the layout the package is built in: what differs between the default layout (tokens
 //! first, [1, Q, C]) and the Neural Engine's (channels first, [1, C, 1, Q], [`super::ane`]) is
 //! here, one method per step that differs: a norm's weight and the axis it reduces, a
 //! projection (`linear` or 1×1 `conv`), the heads' layout, the axis RoPE rotates, the cache
-//! rows of the new keys and values, and the attention core.
+//! rows of the new keys and values, and the attention core. The pieces each layout lowers to
+//! are [`super::attend`]'s and [`super::norms`]' (default) and [`super::ane_ops`]' (Neural
+//! Engine). Gemma's norm of a sublayer output ([`out_norm`]) is written once over them too.
 
-use super::ane::{self, Cf};
+use super::ane_ops::{self, Cf};
 use super::linear::{LinearWeight, Projections, Weights};
-use super::{Dims, Shared};
+use super::shared::Shared;
+use super::step::{Dims, TOKENS_CHANNELS};
+use super::{attend, norms};
 use crate::arch::TensorId;
-use crate::graph::{ints, var, Builder, GraphError, Op};
+use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
 
 /// The layout a block is lowered to.
 pub(super) enum Lowering<'a> {
@@ -31,16 +35,16 @@ impl Lowering<'_> {
         offset: f64,
     ) -> Result<String, GraphError> {
         match self {
-            Lowering::Default => super::norm_weight(b, weights, id, offset),
+            Lowering::Default => norms::norm_weight(b, weights, id, offset),
             Lowering::Ane(_) => {
-                let w = ane::norm_weight(b, weights, id)?;
-                Ok(super::plus_offset(b, w, id, offset))
+                let w = ane_ops::norm_weight(b, weights, id)?;
+                Ok(norms::plus_offset(b, w, id, offset))
             }
         }
     }
 
     /// RMSNorm of the residual stream over its channel axis (`ranged`: dividing each token by
-    /// its largest |x| first, [`super::rms_norm_ranged`]).
+    /// its largest |x| first, [`norms::rms_norm_ranged`]).
     pub(super) fn residual_norm(
         &self,
         b: &mut Builder,
@@ -51,10 +55,10 @@ impl Lowering<'_> {
         name: &str,
     ) -> Result<String, GraphError> {
         match self {
-            Lowering::Default => Ok(super::residual_norm(b, x, w, eps, ranged, name)),
+            Lowering::Default => Ok(norms::residual_norm(b, x, w, eps, ranged, name)),
             Lowering::Ane(_) => {
                 refuse_if(ranged, "ranged norms (Gemma)")?;
-                Ok(super::rms_norm(b, x, w, eps, ane::CHANNELS, name))
+                Ok(norms::rms_norm(b, x, w, eps, ane_ops::CHANNELS, name))
             }
         }
     }
@@ -71,7 +75,7 @@ impl Lowering<'_> {
     ) -> Result<String, GraphError> {
         match self {
             Lowering::Default => Ok(proj.apply(b, w, bias, x, name)),
-            Lowering::Ane(_) => ane::project(b, w, bias, x, name),
+            Lowering::Ane(_) => ane_ops::project(b, w, bias, x, name),
         }
     }
 
@@ -87,7 +91,7 @@ impl Lowering<'_> {
     ) -> String {
         match self {
             Lowering::Default => x.to_string(),
-            Lowering::Ane(_) => ane::tokens_first(b, x, c, q, name),
+            Lowering::Ane(_) => ane_ops::tokens_first(b, x, c, q, name),
         }
     }
 
@@ -102,7 +106,7 @@ impl Lowering<'_> {
     ) -> String {
         match self {
             Lowering::Default => x.to_string(),
-            Lowering::Ane(_) => ane::channels_first(b, x, c, q, name),
+            Lowering::Ane(_) => ane_ops::channels_first(b, x, c, q, name),
         }
     }
 
@@ -158,8 +162,8 @@ impl Lowering<'_> {
         name: &str,
     ) -> String {
         match self {
-            Lowering::Default => super::attention::heads(b, x, n, dims, name),
-            Lowering::Ane(_) => ane::heads(b, x, n, dims, name),
+            Lowering::Default => attend::heads(b, x, n, dims, name),
+            Lowering::Ane(_) => ane_ops::heads(b, x, n, dims, name),
         }
     }
 
@@ -181,10 +185,10 @@ impl Lowering<'_> {
         offset: f64,
     ) -> Result<String, GraphError> {
         match self {
-            Lowering::Default => super::norm_weight(b, weights, id, offset),
+            Lowering::Default => norms::norm_weight(b, weights, id, offset),
             Lowering::Ane(_) => {
-                let w = ane::head_norm_weight(b, weights, id)?;
-                Ok(super::plus_offset(b, w, id, offset))
+                let w = ane_ops::head_norm_weight(b, weights, id)?;
+                Ok(norms::plus_offset(b, w, id, offset))
             }
         }
     }
@@ -200,10 +204,10 @@ impl Lowering<'_> {
         name: &str,
     ) -> Result<String, GraphError> {
         let axis = match self {
-            Lowering::Default => super::TOKENS_CHANNELS,
+            Lowering::Default => TOKENS_CHANNELS,
             Lowering::Ane(_) => 2,
         };
-        Ok(super::attention::head_norm(b, x, w, eps, axis, name))
+        Ok(attend::head_norm(b, x, w, eps, axis, name))
     }
 
     /// The RoPE rows block `l` rotates with (`cos`, `sin`): Gemma's sliding blocks have their
@@ -227,8 +231,8 @@ impl Lowering<'_> {
         match self {
             Lowering::Default => (k, v),
             Lowering::Ane(_) => (
-                ane::rows(b, &k, &format!("{tag}_k_rows")),
-                ane::rows(b, &v, &format!("{tag}_v_rows")),
+                ane_ops::rows(b, &k, &format!("{tag}_k_rows")),
+                ane_ops::rows(b, &v, &format!("{tag}_v_rows")),
             ),
         }
     }
@@ -257,9 +261,9 @@ impl Lowering<'_> {
                     (_, Some((_, _, window_mask)), true) => window_mask,
                     _ => &shared.mask,
                 };
-                super::attention::attend(b, qs, keys, values, mask, &dims, tag)
+                attend::attend(b, qs, keys, values, mask, &dims, tag)
             }
-            Lowering::Ane(cf) => ane::per_group(b, cf, qs, keys, values, tag),
+            Lowering::Ane(cf) => ane_ops::per_group(b, cf, qs, keys, values, tag),
         }
     }
 }
@@ -278,4 +282,29 @@ fn refuse_if(cond: bool, what: &str) -> Result<(), GraphError> {
     } else {
         Ok(())
     }
+}
+
+/// Gemma's norm `id` of a sublayer output `x` (o_proj's or down_proj's, which carry α, so ε
+/// is scaled by α² as on the residual stream), its weight times α again: the normalised output
+/// joins a residual stream that carries α, and Gemma's large post-norm weights would overflow
+/// fp16 before a later scale.
+pub(super) fn out_norm(
+    b: &mut Builder,
+    weights: &mut Weights,
+    lower: &Lowering,
+    shared: &Shared,
+    id: TensorId,
+    x: &str,
+) -> Result<String, GraphError> {
+    let name = crate::arch::mil_name(&id.hf_name());
+    let mut nw = lower.norm_weight(b, weights, id, shared.norm_offset)?;
+    if shared.alpha != 1.0 {
+        nw = b.op(
+            Op::Mul,
+            &format!("{name}_scaled"),
+            vec![("x", var(&nw)), ("y", Arg::Float(shared.alpha))],
+        );
+    }
+    let ranged = shared.ranged_norms;
+    lower.residual_norm(b, x, &nw, shared.eps, ranged, &format!("{name}_out"))
 }

@@ -3,7 +3,7 @@
 
 use half::f16;
 
-use super::{Dims, MASK_VALUE};
+use super::step::{Dims, MASK_VALUE};
 use crate::arch::ModelSpec;
 use crate::graph::{ints, rope, var, Arg, Builder, ConstData, Op};
 

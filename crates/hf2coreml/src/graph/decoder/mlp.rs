@@ -2,7 +2,7 @@
 
 use super::linear::{Projections, Weights};
 use super::lower::Lowering;
-use super::Shared;
+use super::shared::Shared;
 use crate::arch::{LayerTensor, TensorId};
 use crate::graph::{var, Arg, Builder, GraphError, Op};
 

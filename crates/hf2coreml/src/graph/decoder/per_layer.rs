@@ -3,8 +3,11 @@
 //! its own after the MLP.
 
 use super::linear::{Projections, Weights};
-use super::lower::Lowering;
-use super::Shared;
+use super::lower::{out_norm, Lowering};
+use super::mlp::gelu_tanh;
+use super::norms::{norm_weight, residual_norm};
+use super::shared::Shared;
+use super::step::Part;
 use crate::arch::{LayerTensor, ModelSpec, TensorId};
 use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
 #[cfg(doc)]
@@ -47,10 +50,10 @@ pub(super) fn inputs(
         "per_layer_projected_blocks",
         vec![("x", var(&projected)), ("shape", ints(&[1, q, layers, p]))],
     );
-    let nw = super::norm_weight(b, weights, TensorId::PerLayerProjectionNorm, 0.0)?;
+    let nw = norm_weight(b, weights, TensorId::PerLayerProjectionNorm, 0.0)?;
     let eps = shared.eps * spec.hidden_size as f64;
     let ranged = shared.ranged_norms;
-    let normed = super::residual_norm(b, &projected, &nw, eps, ranged, "per_layer_projected_norm");
+    let normed = residual_norm(b, &projected, &nw, eps, ranged, "per_layer_projected_norm");
     let sum = b.op(
         Op::Add,
         "per_layer_sum",
@@ -72,7 +75,7 @@ pub(super) fn inputs(
 pub(super) fn declare(
     b: &mut Builder,
     spec: &ModelSpec,
-    part: &super::Part,
+    part: &Part,
     q: usize,
 ) -> (Option<String>, Option<String>) {
     let width = spec.num_hidden_layers * spec.per_layer_input();
@@ -96,7 +99,7 @@ pub(super) fn hand_on(
     b: &mut Builder,
     spec: &ModelSpec,
     shared: &Shared,
-    part: &super::Part,
+    part: &Part,
 ) -> Option<String> {
     let inputs = shared
         .per_layer
@@ -138,7 +141,7 @@ pub(super) fn block(
     let mut proj = Projections::new(shared.dims.q);
     let gw = weights.linear(b, id(LayerTensor::PerLayerGate), 1.0 / shared.alpha)?;
     let gate = lower.project(b, &mut proj, gw, None, x, &format!("{tag}_gate"))?;
-    let gate = super::mlp::gelu_tanh(b, &gate, &format!("{tag}_gate_act"));
+    let gate = gelu_tanh(b, &gate, &format!("{tag}_gate_act"));
     let at = l as i64;
     let input = b.op(
         Op::SliceByIndex,
@@ -161,7 +164,7 @@ pub(super) fn block(
     );
     let pw = weights.linear(b, id(LayerTensor::PerLayerProjection), shared.alpha)?;
     let y = lower.project(b, &mut proj, pw, None, &gated, &format!("{tag}_out"))?;
-    let y = super::out_norm(b, weights, lower, shared, id(LayerTensor::PerLayerNorm), &y)?;
+    let y = out_norm(b, weights, lower, shared, id(LayerTensor::PerLayerNorm), &y)?;
     Ok(b.op(
         Op::Add,
         &format!("{tag}_residual"),

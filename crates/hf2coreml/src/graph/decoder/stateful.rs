@@ -11,7 +11,7 @@
 //! package's over S' rows: row j is visible iff j < position, and position + Q <= S, so the
 //! rows from S on (never written, zero) are always masked.
 
-use super::{Dims, StepOptions};
+use super::step::Dims;
 use crate::graph::{var, Arg, Builder, ConstData, GraphError, Op};
 use crate::mil::contract::{self, KvCache, Target, KV_STATE};
 
@@ -51,14 +51,6 @@ pub fn check(
         );
     }
     Ok(())
-}
-
-/// The cache rows S the graph is built with: the state's padded row count in state mode.
-pub(super) fn rows(opts: &StepOptions) -> usize {
-    match opts.kv_cache {
-        KvCache::Io => opts.max_seq_len,
-        KvCache::State => opts.max_seq_len.next_multiple_of(contract::STATE_ALIGN),
-    }
 }
 
 /// Declare the state and read it.

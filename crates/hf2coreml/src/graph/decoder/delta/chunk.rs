@@ -16,20 +16,20 @@
 
 use half::f16;
 
-use super::{Heads, Ops};
+use super::delta_ops::{Heads, Ops};
 use crate::graph::{ints, var, Arg, Builder, ConstData, Op};
 
 /// The most tokens one chunk takes: the chunked form's matrices are n × n per value head.
-pub(in crate::graph::decoder) const CHUNK: usize = 64;
+const CHUNK: usize = 64;
 
 /// The fewest tokens a call takes before its DeltaNet blocks use the chunked form rather than
 /// the per-token loop: ops per block, per-token 18·Q + 3 against chunked 53 (Q = 2), 74 (3),
 /// 67 (4), 81 (8), 123 (64); the loop is smaller below 4 tokens and the chunked form past
 /// them, with more of its work in matrix products.
-pub(in crate::graph::decoder) const CHUNKED_FROM: usize = 4;
+pub(super) const CHUNKED_FROM: usize = 4;
 
 /// The constants every block's chunks of `n` tokens share.
-pub(in crate::graph::decoder) struct ChunkConsts {
+pub(super) struct ChunkConsts {
     n: usize,
     /// [n, n]: 1 where j ≤ i.
     on_or_below: String,
@@ -49,7 +49,7 @@ fn chunk_lengths(q: usize) -> Vec<usize> {
 }
 
 /// The constants of every distinct chunk length of a call of `q` tokens.
-pub(in crate::graph::decoder) fn chunk_consts(b: &mut Builder, q: usize) -> Vec<ChunkConsts> {
+pub(super) fn chunk_consts(b: &mut Builder, q: usize) -> Vec<ChunkConsts> {
     let mut lengths = chunk_lengths(q);
     lengths.dedup();
     lengths

@@ -1,5 +1,5 @@
 //! Qwen3.5's Gated DeltaNet block: `in_proj_qkv` through the depthwise causal convolution
-//! (the short-convolution block's lowering, [`super::conv`]) and SiLU, q and k L2-normalised
+//! (the short-convolution block's, [`super::causal_conv`]) and SiLU, q and k L2-normalised
 //! (q times Dk^-½, key heads repeated to the value heads), then per token and value head
 //! S ← S·exp(g); S ← S + k ⊗ β(v − Sᵀk); o = Sᵀq, with g = −exp(A_log)·softplus(a + dt_bias)
 //! and β = sigmoid(b); o through an RMSNorm gated by silu(z), then `out_proj`.
@@ -11,105 +11,24 @@
 //! real tokens.
 
 mod chunk;
-
-use half::f16;
+pub(super) mod delta_inputs;
+mod delta_ops;
 
 use super::linear::{Projections, Weights};
 use super::lower::Lowering;
-use super::Shared;
+use super::norms::rms_norm_ranged;
+use super::shared::Shared;
 use crate::arch::{GatedDelta, LayerTensor, TensorId};
-use crate::graph::{ints, var, Arg, Builder, ConstData, GraphError, Op};
+use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
+use delta_ops::{Heads, Ops};
 
 /// What q is multiplied by beyond Dk^-½ (a power of two: exact), and so the output Sᵀq before
 /// its RMSNorm, whose ε is scaled by its square. That output is small (rows of RMS 4e-5 to
 /// 3e-3 in transformers' fixture): in fp16 its squares fall below the smallest normal number
 /// and its smallest values lose bits; 64 lifts them while Sᵀq stays far below fp16's largest
 /// value (|q| ≤ Dk^-½ · 64 and S stays of v's size under the delta rule). The norm also divides
-/// each row by its largest |x| before squaring ([`super::rms_norm_ranged`]).
+/// each row by its largest |x| before squaring ([`super::norms::rms_norm_ranged`]).
 const OUT_PRESCALE: f64 = 64.0;
-
-/// What every DeltaNet block of a step reads besides its weights and the conv state.
-pub(super) struct DeltaInputs {
-    /// The `delta_state` input [Ld, Hv, Dk, Dv] (a stateful package: its value, read).
-    state: String,
-    /// A stateful package's Core ML state, where the update is stored.
-    pub(super) stored: Option<String>,
-    /// [1, Q, 1]: 1 for a real token, 0 for padding (Q > 1 only).
-    real: Option<String>,
-    /// The chunked form's constants (none when the call takes its tokens one by one).
-    chunks: Vec<chunk::ChunkConsts>,
-}
-
-impl DeltaInputs {
-    /// The inputs of a step with `layers` DeltaNet blocks of shape `g`, Q tokens; `valid` is
-    /// the `valid_len` input when Q > 1; `stateful` the `position` input of a `--kv-cache
-    /// state` package, whose DeltaNet state is a Core ML state.
-    pub(super) fn new(
-        b: &mut Builder,
-        (layers, g): (usize, &GatedDelta),
-        (q, valid): (usize, Option<&str>),
-        stateful: Option<&str>,
-    ) -> Self {
-        let fl = b.float();
-        let (name, shape) = (
-            crate::mil::contract::DELTA_STATE,
-            vec![layers, g.value_heads, g.key_dim, g.value_dim],
-        );
-        let (state, stored) = match stateful {
-            Some(position) => {
-                let (stored, value) = super::stateful::recurrent(b, name, shape, position);
-                (value, Some(stored))
-            }
-            None => (b.input(name, fl, shape), None),
-        };
-        let real = valid.map(|valid| {
-            let index = b.constant(
-                "delta_token_index",
-                vec![q],
-                ConstData::I32((0..q as i32).collect()),
-                None,
-            );
-            let is_real = b.op(
-                Op::Less,
-                "delta_token_is_real",
-                vec![("x", var(&index)), ("y", var(valid))],
-            );
-            let one = b.constant(
-                "delta_token_one",
-                vec![q],
-                ConstData::F16(vec![f16::ONE; q]),
-                None,
-            );
-            let zero = b.constant(
-                "delta_token_zero",
-                vec![q],
-                ConstData::F16(vec![f16::ZERO; q]),
-                None,
-            );
-            let m = b.op(
-                Op::Select,
-                "delta_token_real_flat",
-                vec![("cond", var(&is_real)), ("a", var(&one)), ("b", var(&zero))],
-            );
-            b.op(
-                Op::Reshape,
-                "delta_token_real",
-                vec![("x", var(&m)), ("shape", ints(&[1, q as i64, 1]))],
-            )
-        });
-        let chunks = if q >= chunk::CHUNKED_FROM {
-            chunk::chunk_consts(b, q)
-        } else {
-            Vec::new()
-        };
-        DeltaInputs {
-            state,
-            stored,
-            real,
-            chunks,
-        }
-    }
-}
 
 /// What the block hands back: its output [1, Q, H] (times α, as o_proj's), its new conv state
 /// [1, W, C] and its new DeltaNet state [1, Hv, Dk, Dv].
@@ -117,75 +36,6 @@ pub(super) struct DeltaOut {
     pub(super) out: String,
     pub(super) conv_state: String,
     pub(super) state: String,
-}
-
-/// A small helper over the builder: every op of the block named `{tag}_{what}`.
-struct Ops<'a> {
-    b: &'a mut Builder,
-    tag: String,
-}
-
-impl Ops<'_> {
-    fn op(&mut self, op: Op, what: &str, args: Vec<(&str, Arg)>) -> String {
-        self.b.op(op, &format!("{}_{what}", self.tag), args)
-    }
-
-    fn binary(&mut self, op: Op, what: &str, x: &str, y: Arg) -> String {
-        self.op(op, what, vec![("x", var(x)), ("y", y)])
-    }
-
-    fn unary(&mut self, op: Op, what: &str, x: &str) -> String {
-        self.op(op, what, vec![("x", var(x))])
-    }
-
-    fn reshape(&mut self, what: &str, x: &str, shape: &[i64]) -> String {
-        self.op(
-            Op::Reshape,
-            what,
-            vec![("x", var(x)), ("shape", ints(shape))],
-        )
-    }
-
-    fn slice(&mut self, what: &str, x: &str, begin: &[i64], end: &[i64]) -> String {
-        self.op(
-            Op::SliceByIndex,
-            what,
-            vec![("x", var(x)), ("begin", ints(begin)), ("end", ints(end))],
-        )
-    }
-
-    fn matmul(&mut self, what: &str, x: &str, y: &str) -> String {
-        self.op(Op::Matmul, what, vec![("x", var(x)), ("y", var(y))])
-    }
-
-    /// x · rsqrt(Σx² + 1e-6) over the last axis (transformers' `l2norm`).
-    fn l2norm(&mut self, what: &str, x: &str) -> String {
-        let sq = self.binary(Op::Mul, &format!("{what}_sq"), x, var(x));
-        let sum = self.op(
-            Op::ReduceSum,
-            &format!("{what}_sum"),
-            vec![
-                ("x", var(&sq)),
-                ("axes", ints(&[-1])),
-                ("keep_dims", Arg::Bool(true)),
-            ],
-        );
-        let inv = self.op(
-            Op::Rsqrt,
-            &format!("{what}_rsqrt"),
-            vec![("x", var(&sum)), ("epsilon", Arg::Float(1e-6))],
-        );
-        self.binary(Op::Mul, what, x, var(&inv))
-    }
-}
-
-/// Q and the DeltaNet's heads and head sizes.
-struct Heads {
-    q: i64,
-    hk: i64,
-    hv: i64,
-    dk: i64,
-    dv: i64,
 }
 
 impl Ops<'_> {
@@ -288,28 +138,6 @@ impl Ops<'_> {
         }
         (self.tokens_first(outs), s)
     }
-
-    /// The outputs [Hv, n, Dv] of successive tokens or chunks joined into [Q, Hv, Dv].
-    fn tokens_first(&mut self, mut outs: Vec<String>) -> String {
-        let joined = if outs.len() == 1 {
-            outs.pop().unwrap_or_default()
-        } else {
-            self.op(
-                Op::Concat,
-                "outs",
-                vec![
-                    ("values", Arg::Vars(outs)),
-                    ("axis", Arg::Int(1)),
-                    ("interleave", Arg::Bool(false)),
-                ],
-            )
-        };
-        self.op(
-            Op::Transpose,
-            "core",
-            vec![("x", var(&joined)), ("perm", ints(&[1, 0, 2]))],
-        )
-    }
 }
 
 /// Block `l`'s Gated DeltaNet over its normed input `hn` (in the layout's hidden form); `slot`
@@ -378,7 +206,7 @@ pub(super) fn gated_delta(
         o.chunked(&s0, (&qn, &kn, &vh), (&g_log, &beta), &dims, &delta.chunks)
     };
     let eps = shared.plain_eps * OUT_PRESCALE * OUT_PRESCALE;
-    let normed = super::rms_norm_ranged(o.b, &core, &norm_w, eps, &format!("{tag}_norm"));
+    let normed = rms_norm_ranged(o.b, &core, &norm_w, eps, &format!("{tag}_norm"));
     let zh = o.reshape("z_heads", &z, &[q, hv, dv]);
     let zs = o.unary(Op::Silu, "z_silu", &zh);
     let gated = o.binary(Op::Mul, "gated", &normed, var(&zs));
