@@ -242,6 +242,17 @@ pub enum LayerTensor {
 }
 
 impl LayerTensor {
+    /// The tensor a block's MLP input norm is: Gemma's `pre_feedforward_layernorm` (its
+    /// `post_attention_layernorm` normalises the attention output), else
+    /// `post_attention_layernorm`.
+    pub fn mlp_norm(spec: &ModelSpec) -> LayerTensor {
+        if spec.gemma.is_some() {
+            LayerTensor::PreFfnNorm
+        } else {
+            LayerTensor::PostNorm
+        }
+    }
+
     /// Every block tensor, in model order (the biases exist only with `attention_bias`, the
     /// q/k norms only with `qk_norm`, the conv tensors only in conv blocks, which have no
     /// attention tensors).

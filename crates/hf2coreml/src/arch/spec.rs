@@ -389,17 +389,6 @@ impl ModelSpec {
         }
     }
 
-    /// The tensor a block's MLP input norm is: Gemma's `pre_feedforward_layernorm` (its
-    /// `post_attention_layernorm` normalises the attention output), else
-    /// `post_attention_layernorm`.
-    pub fn mlp_norm(&self) -> super::LayerTensor {
-        if self.gemma.is_some() {
-            super::LayerTensor::PreFfnNorm
-        } else {
-            super::LayerTensor::PostNorm
-        }
-    }
-
     /// P, the width of each block's per-layer input (Gemma 4); 0 when the model has none.
     pub fn per_layer_input(&self) -> usize {
         self.gemma4.as_ref().map_or(0, |g| g.per_layer_input)

@@ -81,7 +81,7 @@ struct Layer {
     o_bias: Option<Tensor>,
     /// Gemma's norm of the attention output (`post_attention_layernorm`).
     attn_out_norm: Option<Tensor>,
-    /// The MLP's input norm (`spec.mlp_norm()`).
+    /// The MLP's input norm (`LayerTensor::mlp_norm`).
     post_norm: Tensor,
     gate: Tensor,
     up: Tensor,
@@ -262,7 +262,7 @@ fn load_layer(ckpt: &Checkpoint, l: usize, device: &Device) -> Result<Layer, Ref
         o,
         o_bias,
         attn_out_norm: optional_norm(LayerTensor::PostNorm, gemma)?,
-        post_norm: norm(spec.mlp_norm())?,
+        post_norm: norm(LayerTensor::mlp_norm(spec))?,
         gate: get(LayerTensor::Gate)?,
         up: get(LayerTensor::Up)?,
         down: get(LayerTensor::Down)?,
@@ -854,7 +854,7 @@ impl PlainModel {
     /// Which RMSNorm `weight_mut(l, Role::Norm, post)` returns, by its checkpoint tensor.
     pub(crate) fn norm_tensor(&self, post: bool) -> LayerTensor {
         if post {
-            self.spec.mlp_norm()
+            LayerTensor::mlp_norm(&self.spec)
         } else {
             LayerTensor::InputNorm
         }
