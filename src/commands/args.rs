@@ -1,5 +1,6 @@
 //! The flags several commands share: the recipe flags (`palettize`, `inspect`, `budget`,
-//! `convert`) and the package options' values.
+//! `convert`), the package options' values and the interpreter's precision (`run`,
+//! `validate`).
 
 use std::path::PathBuf;
 
@@ -162,6 +163,24 @@ impl From<KvCacheArg> for hf2coreml::mil::contract::KvCache {
         match k {
             KvCacheArg::Io => Self::Io,
             KvCacheArg::State => Self::State,
+        }
+    }
+}
+
+/// `--compute` of `run` and `validate`: the CPU interpreter's float precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeArg {
+    /// Round every op to the dtype the program declares, as the device does.
+    Fp16,
+    /// Keep every float in f32 (debugging: separates range problems from logic errors).
+    F32,
+}
+
+impl From<ComputeArg> for hf2coreml::runtime::interp::Compute {
+    fn from(c: ComputeArg) -> Self {
+        match c {
+            ComputeArg::Fp16 => Self::Declared,
+            ComputeArg::F32 => Self::F32,
         }
     }
 }

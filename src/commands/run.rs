@@ -8,14 +8,14 @@ use hf2coreml::runtime::chain_runner::Saved;
 use hf2coreml::runtime::chat::{ChatTemplate, Message};
 use hf2coreml::runtime::generate::{GenerateError, GenerateOptions, Generation, Generator};
 use hf2coreml::runtime::interp::kernels;
-use hf2coreml::runtime::interp::{Compute, Options};
+use hf2coreml::runtime::interp::Options;
 use hf2coreml::runtime::kvfile::KvFile;
 use hf2coreml::runtime::sampling::SamplingParams;
 use hf2coreml::runtime::text::{self, Conversation, Prompt, TextError};
 use hf2coreml::util::isa::Isa;
 use tokenizers::Tokenizer;
 
-use super::run_args::{Args, ComputeArg};
+use super::run_args::Args;
 use super::run_output::{report, save_cache, stop_reason};
 
 /// `X.tokenizer.json` → `X.tokenizer_config.json`, `tokenizer.json` → `tokenizer_config.json`.
@@ -131,10 +131,7 @@ fn prompt_ids(
 /// The package, with the cache --load-cache names restored into its generator.
 pub(super) fn load(args: &Args) -> anyhow::Result<(Generator<Saved>, Option<KvFile>)> {
     let options = Options {
-        compute: match args.compute {
-            ComputeArg::Fp16 => Compute::Declared,
-            ComputeArg::F32 => Compute::F32,
-        },
+        compute: args.compute.into(),
         dense_weights: args.dense_weights,
     };
     let package = Saved::load(&args.package, options)

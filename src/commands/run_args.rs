@@ -2,13 +2,7 @@
 
 use std::path::PathBuf;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ComputeArg {
-    /// Round every op to the dtype the program declares, as the device does.
-    Fp16,
-    /// Keep every float in f32 (debugging: separates range problems from logic errors).
-    F32,
-}
+use super::args::ComputeArg;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

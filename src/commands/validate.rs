@@ -4,17 +4,11 @@ use anyhow::Context;
 use hf2coreml::checkpoint::Checkpoint;
 use hf2coreml::error::CheckFailed;
 use hf2coreml::mil::contract::{self, Contract};
-use hf2coreml::runtime::interp::{Compute, Options};
+use hf2coreml::runtime::interp::Options;
+
+use super::args::ComputeArg;
 use hf2coreml::validate::gates::Gate;
 use hf2coreml::validate::run_checks::{validate_with_progress, ValidateOptions};
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum ComputeArg {
-    /// Round every op to the dtype the program declares (what the device does).
-    Fp16,
-    /// Keep every float in f32 (separates range problems from logic errors).
-    F32,
-}
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -119,10 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         text_name: &label,
         gates: args.gates.clone(),
         interp: Options {
-            compute: match args.compute {
-                ComputeArg::Fp16 => Compute::Declared,
-                ComputeArg::F32 => Compute::F32,
-            },
+            compute: args.compute.into(),
             dense_weights: args.dense_weights,
         },
         max_tokens: args.max_tokens,

@@ -261,47 +261,17 @@ impl Dims {
 /// Rope base, RMSNorm epsilon and the linear rope scaling factor (if any), checked.
 fn rope_and_norm(g: &GgufFile, arch: &str) -> Result<(f64, f64, Option<f64>), GgufError> {
     let key = |k: &str| format!("{arch}.{k}");
-    let rope_theta = g.get_float(&key("rope.freq_base"))?.unwrap_or(10_000.0);
-    if !(rope_theta.is_finite() && rope_theta > 0.0) {
-        return Err(meta_err(
-            g,
-            &key("rope.freq_base"),
-            format!("{rope_theta} must be positive"),
-        ));
-    }
-    let rms_norm_eps = g
-        .get_float(&key("attention.layer_norm_rms_epsilon"))?
-        .ok_or_else(|| {
-            meta_err(
-                g,
-                &key("attention.layer_norm_rms_epsilon"),
-                "missing".into(),
-            )
-        })?;
-    if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
-        return Err(meta_err(
-            g,
-            &key("attention.layer_norm_rms_epsilon"),
-            format!("{rms_norm_eps} must be positive"),
-        ));
-    }
+    let rope_theta = positive(g, &key("rope.freq_base"), Some(10_000.0), "missing")?;
+    let rms_norm_eps = positive(g, &key("attention.layer_norm_rms_epsilon"), None, "missing")?;
     let rope_linear_factor = match g.get_str(&key("rope.scaling.type"))? {
         None | Some("none") => None,
         Some("linear") => {
-            let f = g.get_float(&key("rope.scaling.factor"))?.ok_or_else(|| {
-                meta_err(
-                    g,
-                    &key("rope.scaling.factor"),
-                    "missing for linear scaling".into(),
-                )
-            })?;
-            if !(f.is_finite() && f > 0.0) {
-                return Err(meta_err(
-                    g,
-                    &key("rope.scaling.factor"),
-                    format!("{f} must be positive"),
-                ));
-            }
+            let f = positive(
+                g,
+                &key("rope.scaling.factor"),
+                None,
+                "missing for linear scaling",
+            )?;
             // llama.cpp writes factor 1 for "no scaling" in some converters.
             (f != 1.0).then_some(f)
         }
@@ -314,6 +284,24 @@ fn rope_and_norm(g: &GgufFile, arch: &str) -> Result<(f64, f64, Option<f64>), Gg
         }
     };
     Ok((rope_theta, rms_norm_eps, rope_linear_factor))
+}
+
+/// The finite positive float `key`, `default` when absent (without one, an error saying
+/// `missing`).
+fn positive(
+    g: &GgufFile,
+    key: &str,
+    default: Option<f64>,
+    missing: &str,
+) -> Result<f64, GgufError> {
+    let v = match (g.get_float(key)?, default) {
+        (Some(v), _) | (None, Some(v)) => v,
+        (None, None) => return Err(meta_err(g, key, missing.into())),
+    };
+    if !(v.is_finite() && v > 0.0) {
+        return Err(meta_err(g, key, format!("{v} must be positive")));
+    }
+    Ok(v)
 }
 
 /// Phi-3's LongRoPE, when the file holds its factor tensors (both, rotary_dim / 2 each) and
