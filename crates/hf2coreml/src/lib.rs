@@ -7,9 +7,10 @@
 //! `pipeline` orchestrating them for the commands. What each module may import is stated once,
 //! in docs/architecture.md.
 
-// Foundations: they import no other module of the library.
-pub mod error;
-pub mod fsutil;
+// Foundations: they import no other module of the library. The exit classes and the file
+// handling are the format crate's, re-exported where they belong.
+pub use hf2coreml_format::error;
+pub use hf2coreml_format::fsutil;
 pub mod progress;
 pub mod util;
 
@@ -18,8 +19,9 @@ pub mod util;
 // between comments, hence one each.
 // The embedded Python the bridges run in.
 pub mod pyenv;
-// What builder, bridge and reader share: element types, ops, the contract.
-pub mod mil;
+// What builder, bridge and reader share: element types, ops, the contract (the format
+// crate's).
+pub use hf2coreml_format::mil;
 // Architectures, tensor roles and names.
 pub mod arch;
 // Reading checkpoints: safetensors, config.json, GGUF.
@@ -36,11 +38,11 @@ pub mod graph;
 pub mod aimodel;
 // Serialization through coremltools and coreai-core.
 pub mod emit;
-// Reading packages back.
-pub mod mlpackage;
+// Reading packages back (the format crate's).
+pub use hf2coreml_format::mlpackage;
 // Neural Engine readiness of a saved package.
 pub mod lint;
-// The interpreter and generation.
+// The interpreter (the interp crate's) and generation.
 pub mod runtime;
 // Checking a package against its checkpoint.
 pub mod validate;

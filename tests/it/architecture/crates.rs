@@ -53,6 +53,40 @@ fn the_numerics_depend_on_no_crate_of_the_workspace() {
     assert!(lib.iter().any(|d| d == "hf2coreml-numerics"), "{lib:?}");
 }
 
+/// The format crate is the bottom of ours and the interpreter sits on it and the numerics
+/// alone: neither can reach the library, Python or the builders.
+#[test]
+fn the_format_and_the_interpreter_sit_below_the_library() {
+    let ours = |rel: &str, section: &str| -> Vec<String> {
+        names(&manifest(rel), section)
+            .into_iter()
+            .filter(|d| d.starts_with("hf2coreml"))
+            .collect()
+    };
+    for section in ["dependencies", "dev-dependencies"] {
+        assert!(ours("crates/format/Cargo.toml", section).is_empty());
+        for dep in ours("crates/interp/Cargo.toml", section) {
+            assert!(
+                ["hf2coreml-format", "hf2coreml-numerics"].contains(&dep.as_str()),
+                "the interpreter depends on {dep}"
+            );
+        }
+    }
+    let lib = ours("crates/hf2coreml/Cargo.toml", "dependencies");
+    for dep in ["hf2coreml-format", "hf2coreml-interp"] {
+        assert!(lib.iter().any(|d| d == dep), "{lib:?}");
+    }
+    for krate in ["crates/format/Cargo.toml", "crates/interp/Cargo.toml"] {
+        let deps = names(&manifest(krate), "dependencies");
+        for heavy in ["pyo3", "candle-core", "tokenizers"] {
+            assert!(
+                !deps.iter().any(|d| d == heavy),
+                "{krate} depends on {heavy}"
+            );
+        }
+    }
+}
+
 #[test]
 fn cargo_test_builds_the_library_and_the_command_line_not_the_tools() {
     let root = manifest("Cargo.toml");
@@ -69,7 +103,9 @@ fn cargo_test_builds_the_library_and_the_command_line_not_the_tools() {
         list("members"),
         [
             ".",
+            "crates/format",
             "crates/hf2coreml",
+            "crates/interp",
             "crates/numerics",
             "crates/testkit",
             "tools"
@@ -77,7 +113,14 @@ fn cargo_test_builds_the_library_and_the_command_line_not_the_tools() {
     );
     assert_eq!(
         list("default-members"),
-        [".", "crates/hf2coreml", "crates/numerics", "crates/testkit"]
+        [
+            ".",
+            "crates/format",
+            "crates/hf2coreml",
+            "crates/interp",
+            "crates/numerics",
+            "crates/testkit"
+        ]
     );
     let cli = names(&root, "dependencies");
     assert!(cli.iter().any(|d| d == "hf2coreml"), "{cli:?}");
@@ -98,6 +141,8 @@ fn the_test_kit_serves_tests_and_tools_only() {
         ("Cargo.toml", "dependencies"),
         ("crates/hf2coreml/Cargo.toml", "dependencies"),
         ("crates/numerics/Cargo.toml", "dependencies"),
+        ("crates/format/Cargo.toml", "dependencies"),
+        ("crates/interp/Cargo.toml", "dependencies"),
     ] {
         let deps = names(&manifest(manifest_path), section);
         assert!(

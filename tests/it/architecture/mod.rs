@@ -20,16 +20,19 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The library's sources.
-fn lib_src() -> PathBuf {
-    root().join("crates/hf2coreml/src")
-}
+/// The crates whose modules docs/architecture.md's tables list, each by the folder of its
+/// `lib.rs` (the binary's `src/` last).
+const TABLED: [&str; 4] = [
+    "crates/format/src",
+    "crates/interp/src",
+    "crates/hf2coreml/src",
+    "src",
+];
 
-/// Every Rust file of the library and of the binary, each with the folder its module names are
-/// relative to.
+/// Every Rust file of the tabled crates, each with the folder its module names are relative to.
 fn sources() -> Vec<(PathBuf, PathBuf)> {
     let mut out = Vec::new();
-    for dir in [lib_src(), root().join("src")] {
+    for dir in TABLED.map(|d| root().join(d)) {
         let mut files = Vec::new();
         rust_files(&dir, &mut files);
         out.extend(files.into_iter().map(|f| (dir.clone(), f)));
@@ -165,34 +168,51 @@ fn modules_import_only_what_docs_architecture_allows() {
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 
-/// The library's modules in the order its `lib.rs` declares them.
-fn declared_order() -> Vec<String> {
-    let lib = std::fs::read_to_string(lib_src().join("lib.rs")).unwrap();
-    lib.lines()
-        .filter_map(|l| l.trim().strip_prefix("pub mod "))
-        .map(|m| m.trim_end_matches(';').to_string())
-        .collect()
+/// The modules a crate's `lib.rs` declares, in order: `mod NAME;` (public or not), and the
+/// modules it takes from another crate of ours (`pub use hf2coreml_format::mil;`, `use
+/// hf2coreml_format::{error, mil};`), which count as declared where the `use` stands.
+fn declared_order(lib_rs: &Path) -> Vec<String> {
+    let lib = std::fs::read_to_string(lib_rs).unwrap();
+    let mut out = Vec::new();
+    for line in lib.lines().map(str::trim) {
+        let line = line.strip_prefix("pub ").unwrap_or(line);
+        if let Some(m) = line.strip_prefix("mod ") {
+            out.push(m.trim_end_matches(';').to_string());
+        } else if let Some(rest) = line.strip_prefix("use hf2coreml_") {
+            let Some((_, names)) = rest.split_once("::") else {
+                continue;
+            };
+            let names = names
+                .trim_end_matches(';')
+                .trim_matches(|c| c == '{' || c == '}');
+            out.extend(names.split(',').map(|n| n.trim().to_string()));
+        }
+    }
+    out
 }
 
 #[test]
-fn lib_rs_declares_every_module_after_what_it_may_import() {
+fn each_lib_rs_declares_every_module_after_what_it_may_import() {
     let allowed = allowed();
-    let order = declared_order();
-    let place = |m: &str| order.iter().position(|o| o == m);
     let mut problems = Vec::new();
-    for (i, module) in order.iter().enumerate() {
-        let Some(may) = allowed.get(module) else {
-            problems.push(format!(
-                "the library's lib.rs declares `{module}`, which the table lacks"
-            ));
-            continue;
-        };
-        for import in may {
-            match place(import) {
-                Some(j) if j < i => {}
-                _ => problems.push(format!(
-                    "`{module}` may import `{import}`, which the library's lib.rs does not declare above it"
-                )),
+    for dir in &TABLED[..3] {
+        let lib_rs = root().join(dir).join("lib.rs");
+        let order = declared_order(&lib_rs);
+        let place = |m: &str| order.iter().position(|o| o == m);
+        for (i, module) in order.iter().enumerate() {
+            let Some(may) = allowed.get(module) else {
+                problems.push(format!(
+                    "{dir}/lib.rs declares `{module}`, which the tables lack"
+                ));
+                continue;
+            };
+            for import in may {
+                match place(import) {
+                    Some(j) if j < i => {}
+                    _ => problems.push(format!(
+                        "`{module}` may import `{import}`, which {dir}/lib.rs does not declare above it"
+                    )),
+                }
             }
         }
     }
@@ -204,14 +224,20 @@ fn the_table_forbids_what_it_should() {
     // The test above is only as good as its reading of the table: check a few rows.
     let allowed = allowed();
     assert!(allowed["runtime"].contains("mlpackage"));
-    // runtime reads the graph IR's types to lift a program (docs/architecture.md), never emit.
+    // Validation reads only the saved package: runtime never reaches the graph or emit.
     assert!(!allowed["runtime"].contains("emit"));
+    assert!(!allowed["runtime"].contains("graph"));
+    assert!(!allowed["package"].contains("graph"));
+    assert_eq!(
+        allowed["exec"],
+        BTreeSet::from(["mil".into(), "mlpackage".into()])
+    );
     assert!(!allowed["mlpackage"].contains("emit"));
     assert!(!allowed["checkpoint"].contains("quant"));
     assert!(allowed["quant"].contains("util"));
     assert!(allowed["error"].is_empty());
     assert!(!allowed["commands"].contains("cli"));
-    assert_eq!(allowed.len(), 23, "{:?}", allowed.keys());
+    assert_eq!(allowed.len(), 28, "{:?}", allowed.keys());
     assert!(!allowed["aimodel"].contains("emit"));
     let refs = crate_refs(
         "use crate::graph::Graph; x = hf2coreml_crate::y; crate::quant::f(crate::VERSION)",
@@ -272,6 +298,7 @@ fn no_function_is_longer_than_150_lines() {
     let mut problems = Vec::new();
     let mut numerics = Vec::new();
     rust_files(&root().join("crates/numerics/src"), &mut numerics);
+    rust_files(&root().join("crates/testkit/src"), &mut numerics);
     let paths = sources().into_iter().map(|(_, p)| p).chain(numerics);
     for path in paths {
         let text = std::fs::read_to_string(&path).unwrap();
@@ -298,7 +325,10 @@ fn long_functions_are_found() {
 #[test]
 fn no_two_files_of_a_crate_share_a_name() {
     let mut problems = Vec::new();
-    for dir in ["crates/hf2coreml/src", "crates/numerics/src", "src"] {
+    for dir in TABLED
+        .iter()
+        .chain(&["crates/numerics/src", "crates/testkit/src"])
+    {
         let mut files = Vec::new();
         rust_files(&root().join(dir), &mut files);
         let mut seen: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();

@@ -1,5 +1,5 @@
 //! `validate PKG --cross-check coreai`: the saved package's program, as hf2coreml's MIL
-//! interpreter runs it, lifted into the graph IR ([`Program::lift`]) and replayed on Apple's
+//! interpreter runs it, lifted into the graph IR ([`lift`](super::lift)) and replayed on Apple's
 //! Core AI runtime in a scratch directory. Of a multifunction package the default function,
 //! `decode`, is lifted: it is what `validate` scores, and `prefill` is held to it by the
 //! functions check. Both runtimes score the same evaluation tokens; the
@@ -189,7 +189,7 @@ pub(super) fn cross_check(
     let program = pkg.program();
     let c = package.contract();
     progress.working_on("lifting the program for Apple's Core AI runtime");
-    let lifted = program.lift()?;
+    let lifted = super::lift::lift(program)?;
     let env = PythonEnv::discover(None).map_err(env_err)?;
     let scratch = crate::fsutil::scratch_dir("cross-check")
         .map_err(|e| ValidateError::CrossCheck(format!("a scratch directory: {e}")))?;
@@ -372,7 +372,7 @@ fn probe(
     program: &Program,
     package: &Saved,
     c: &Contract,
-    lifted: &crate::runtime::interp::Lifted,
+    lifted: &super::lift::Lifted,
     tokens: &[u32],
     position: usize,
     meta: &Metadata,

@@ -8,6 +8,7 @@ mod contract_items;
 pub mod crosscheck;
 pub mod functions;
 pub mod gates;
+mod lift;
 pub mod metrics;
 pub mod report;
 pub mod run_checks;

@@ -47,8 +47,8 @@ pub struct Lut {
 /// One weight left in its weight file.
 #[derive(Debug, Clone)]
 pub struct Packed {
-    pub(in crate::runtime::interp) file: Arc<BlobFile>,
-    pub(in crate::runtime::interp) offset: u64,
+    pub(crate) file: Arc<BlobFile>,
+    pub(crate) offset: u64,
     /// The dtype the program computes it in (fp16 rows feed the fp16 dot product).
     pub dtype: DType,
     pub shape: Vec<usize>,
@@ -112,7 +112,7 @@ impl Packed {
     }
 
     /// The blob's bytes as the weight file holds them.
-    pub(in crate::runtime::interp) fn blob(&self) -> Result<&[u8], crate::mlpackage::PackageError> {
+    pub fn blob(&self) -> Result<&[u8], crate::mlpackage::PackageError> {
         self.file.record(self.offset).map(|r| r.data)
     }
 
@@ -450,8 +450,8 @@ mod tests {
 
     use super::super::tensor;
     use super::*;
+    use crate::compile::constexpr::{ios17, ios18};
     use crate::mlpackage::{pack_bits, BlobWriter, TensorTypeInfo, Values};
-    use crate::runtime::interp::compile::constexpr::{ios17, ios18};
 
     /// A weight file holding `blobs`, mapped; the offsets in order.
     fn blob_file(blobs: &[(DType, Vec<u8>)]) -> (tempfile::TempDir, Arc<BlobFile>, Vec<u64>) {

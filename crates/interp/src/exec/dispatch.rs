@@ -9,7 +9,7 @@ use super::{limits, states};
 use crate::mil::{DType, Op};
 
 /// Run the kernel of one op that is computed per step.
-pub(in crate::runtime::interp) fn run_op(op: Op, args: &Args) -> ops::OpResult<Vec<Tensor>> {
+pub(crate) fn run_op(op: Op, args: &Args) -> ops::OpResult<Vec<Tensor>> {
     use Op::*;
     limits::guard(op, args)?;
     let one = |r: ops::OpResult<Tensor>| r.map(|t| vec![t]);

@@ -9,7 +9,7 @@
 //! Nothing here knows a program, a package or how either was loaded: the compiled program
 //! (`super::compile`) calls down into these, never the other way.
 
-pub(crate) mod bulk;
+pub mod bulk;
 pub(super) mod dispatch;
 pub mod limits;
 pub mod ops;

@@ -9,8 +9,8 @@ use super::instr::{Arg, Instr, OpKind, CONSTEXPR};
 use super::loader::Loader;
 use super::packing;
 use super::surface::{conform_const, RuntimeError};
+use crate::exec::tensor::Tensor;
 use crate::mlpackage::proto;
-use crate::runtime::interp::exec::tensor::Tensor;
 
 /// Compile one operation: a constant (returned, to be stored) or an instruction (pushed).
 pub(super) fn operation(

@@ -4,10 +4,10 @@
 use std::borrow::Cow;
 
 use super::surface::RuntimeError;
-use crate::runtime::interp::exec::packed;
+use crate::exec::packed;
 
 /// A program's constant, read a range of elements at a time
-/// ([`Program::constant_reader`](crate::runtime::interp::Program::constant_reader)).
+/// ([`Program::constant_reader`](crate::Program::constant_reader)).
 pub enum ConstantReader<'a> {
     /// Held decoded by the program (borrowed when it holds f32).
     Held(Cow<'a, [f32]>),
@@ -25,7 +25,7 @@ impl ConstantReader<'_> {
     }
 
     /// Elements `at..at + len` into `out` (cleared first), as
-    /// [`Program::constant`](crate::runtime::interp::Program::constant) gives them.
+    /// [`Program::constant`](crate::Program::constant) gives them.
     pub fn read(&self, at: usize, len: usize, out: &mut Vec<f32>) -> Result<(), RuntimeError> {
         let bad = |msg: String| RuntimeError::Program(format!("reading a constant: {msg}"));
         match self {

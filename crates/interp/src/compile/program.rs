@@ -8,7 +8,7 @@
 //! its declared dtype, values freed after their last reader; a state's value lives in its slot
 //! while a call runs (`read_state` shares it, `write_state` replaces it). What a compiled
 //! program exposes besides running it: its declared inputs, states and outputs, its constants
-//! by name, and itself as a graph ([`lift`]).
+//! by name, and its compiled form as it runs ([`ProgramView`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -16,18 +16,18 @@ use std::sync::Arc;
 
 use super::consts::ConstantReader;
 use super::instr::{Arg, Instr, OpKind, CONSTEXPR, LAYOUT_OPS, RESHAPE_OPS};
-use super::lift::{self, Lifted};
 use super::loader::Loader;
 use super::surface::{effective_dtype, Options, RuntimeError, Stats};
+use super::view::ProgramView;
 use super::{liveness, translate, weights};
+use crate::exec::dispatch;
+use crate::exec::limits::Limits;
+use crate::exec::ops::Args;
+use crate::exec::packed;
+use crate::exec::states::{update_window, States};
+use crate::exec::tensor::{self, Tensor};
 use crate::mil::{DType, Op};
 use crate::mlpackage::{self, proto, MlPackage, TensorTypeInfo};
-use crate::runtime::interp::exec::dispatch;
-use crate::runtime::interp::exec::limits::Limits;
-use crate::runtime::interp::exec::ops::Args;
-use crate::runtime::interp::exec::packed;
-use crate::runtime::interp::exec::states::{update_window, States};
-use crate::runtime::interp::exec::tensor::{self, Tensor};
 
 /// A compiled `main` function.
 #[derive(Debug)]
@@ -39,9 +39,9 @@ pub struct Program {
     packed: HashMap<usize, Arc<packed::Packed>>,
     /// The slots of the kept constants, by name (validate reads weights back through them).
     const_names: HashMap<String, usize>,
-    pub(in crate::runtime::interp) inputs: Vec<(String, usize, TensorTypeInfo)>,
+    pub(crate) inputs: Vec<(String, usize, TensorTypeInfo)>,
     /// Core ML states (iOS18): name, slot, the wrapped tensor type.
-    pub(in crate::runtime::interp) states: Vec<(String, usize, TensorTypeInfo)>,
+    pub(crate) states: Vec<(String, usize, TensorTypeInfo)>,
     instrs: Vec<Instr>,
     outputs: Vec<(String, usize)>,
     opset: String,
@@ -218,10 +218,9 @@ impl Program {
             .map(|(_, t)| ConstantReader::Held(t.as_f32()))
     }
 
-    /// This program as a graph (see [`Lifted`]). Refused: states, ops the interpreter does
-    /// not know, and constants the graph IR cannot spell, each by name.
-    pub fn lift(&self) -> Result<Lifted, RuntimeError> {
-        lift::lift(lift::Source {
+    /// The compiled form as it runs ([`ProgramView`]).
+    pub fn view(&self) -> ProgramView<'_> {
+        ProgramView {
             inputs: &self.inputs,
             states: &self.states,
             instrs: &self.instrs,
@@ -229,7 +228,7 @@ impl Program {
             consts: &self.consts,
             packed: &self.packed,
             const_names: &self.const_names,
-        })
+        }
     }
 }
 

@@ -8,22 +8,23 @@
 //! stay packed in the weight file; [`translate`] turns one operation into a constant or an
 //! instruction; [`weights`] settles which weights stay packed, fp16 or are dropped;
 //! [`liveness`] when each value is freed and which state updates are made in place;
-//! [`consts`] reads constants back by name; [`lift`] turns a program back into a graph;
+//! [`consts`] reads constants back by name; [`view`] shows a compiled program as it runs;
 //! [`program`] is the [`Program`] itself, compiled and run.
 
 pub(super) mod constexpr;
 mod consts;
 mod instr;
-mod lift;
 mod liveness;
 mod loader;
 mod packing;
 mod program;
 mod surface;
 mod translate;
+mod view;
 mod weights;
 
 pub use consts::ConstantReader;
-pub use lift::Lifted;
+pub use instr::{Arg, Instr, OpKind};
 pub use program::Program;
 pub use surface::{Compute, OpStat, Options, RuntimeError, Stats};
+pub use view::ProgramView;

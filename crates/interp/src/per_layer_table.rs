@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 
-use super::RuntimeError;
+use crate::compile::RuntimeError;
 use crate::mil::contract::{self, Contract, PerLayerTable};
 
 /// The table, memory-mapped: only the rows of tokens a step takes are read.

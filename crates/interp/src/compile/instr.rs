@@ -4,20 +4,20 @@
 
 use std::sync::Arc;
 
+use crate::exec::tensor::Tensor;
 use crate::mil::Op;
 use crate::mlpackage::TensorTypeInfo;
-use crate::runtime::interp::exec::tensor::Tensor;
 
 /// An instruction's argument: a value computed at run time (by slot) or a constant given inline.
 #[derive(Debug, Clone)]
-pub(super) enum Arg {
+pub enum Arg {
     Slot(usize),
     Const(Arc<Tensor>),
 }
 
 /// An instruction's operation, resolved once when the program loads.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum OpKind {
+pub enum OpKind {
     Known(Op),
     /// A name the interpreter does not implement: the program loads, running it fails with
     /// [`RuntimeError::UnsupportedOp`](super::surface::RuntimeError::UnsupportedOp).
@@ -25,30 +25,32 @@ pub(super) enum OpKind {
 }
 
 impl OpKind {
-    pub(super) fn parse(name: &str) -> Self {
+    pub(crate) fn parse(name: &str) -> Self {
         Op::from_name(name).map_or_else(|| OpKind::Unknown(name.to_string()), OpKind::Known)
     }
 
     /// The MIL name, for errors and statistics.
-    pub(super) fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         match self {
             OpKind::Known(op) => op.as_str(),
             OpKind::Unknown(name) => name,
         }
     }
 
-    pub(super) fn is(&self, ops: &[Op]) -> bool {
+    pub fn is(&self, ops: &[Op]) -> bool {
         matches!(self, OpKind::Known(op) if ops.contains(op))
     }
 }
 
 /// One operation of a compiled program, its arguments and outputs resolved to slots.
 #[derive(Debug)]
-pub(super) struct Instr {
-    pub(super) op: OpKind,
-    pub(super) inputs: Vec<(String, Vec<Arg>)>,
-    pub(super) outputs: Vec<(usize, TensorTypeInfo)>,
-    pub(super) out_names: Vec<String>,
+pub struct Instr {
+    pub op: OpKind,
+    /// Each argument's name and what is bound to it.
+    pub inputs: Vec<(String, Vec<Arg>)>,
+    /// The slots the results go to, with their declared types.
+    pub outputs: Vec<(usize, TensorTypeInfo)>,
+    pub out_names: Vec<String>,
     /// Slots whose last use is this instruction.
     pub(super) frees: Vec<usize>,
     /// A `slice_update` of a state's value that may write into the state's storage: the

@@ -3,17 +3,17 @@
 //! earlier constant ([`ios18`]). Every dense result is counted with the constants before it is
 //! made.
 
-pub(in crate::runtime::interp) mod ios17;
-pub(in crate::runtime::interp) mod ios18;
+pub(crate) mod ios17;
+pub(crate) mod ios18;
 
 use std::sync::Arc;
 
 use super::loader::Loader;
 use super::surface::{conform_const, Options, RuntimeError};
+use crate::exec::limits;
+use crate::exec::tensor::Tensor;
 use crate::mil::Op;
 use crate::mlpackage::{self, proto, TensorTypeInfo};
-use crate::runtime::interp::exec::limits;
-use crate::runtime::interp::exec::tensor::Tensor;
 
 /// Evaluate a `const` or constexpr op. Blob-backed values are decoded once per
 /// (file, offset), so a tied embedding shared by gather and lm_head costs one copy.

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use super::instr::{Arg, Instr, OpKind};
 use super::loader::Loader;
 use super::surface::RuntimeError;
+use crate::exec::packed;
+use crate::exec::tensor::{self, Data, Tensor};
 use crate::mil::{DType, Op};
-use crate::runtime::interp::exec::packed;
-use crate::runtime::interp::exec::tensor::{self, Data, Tensor};
 
 /// Keep packed the weights only `linear` and `conv` (as `weight`) and `gather` (as `x`,
 /// along axis 0) read; decode the others, counted with the constants, as dense constants.

@@ -16,18 +16,15 @@ use crate::mlpackage::TensorTypeInfo;
 /// `MLState`). New states are zero, as `model.makeState()` makes them.
 #[derive(Debug, Clone)]
 pub struct States {
-    pub(in crate::runtime::interp) names: Vec<String>,
-    pub(in crate::runtime::interp) values: Vec<Option<Arc<Tensor>>>,
+    pub(crate) names: Vec<String>,
+    pub(crate) values: Vec<Option<Arc<Tensor>>>,
     types: Vec<TensorTypeInfo>,
 }
 
 impl States {
     /// Zero-filled states of these declared types (each was checked against the interpreter's
     /// limits when the program loaded).
-    pub(in crate::runtime::interp) fn zeros(
-        decl: &[(String, usize, TensorTypeInfo)],
-        float: DType,
-    ) -> Self {
+    pub(crate) fn zeros(decl: &[(String, usize, TensorTypeInfo)], float: DType) -> Self {
         let mut s = States {
             names: decl.iter().map(|(n, _, _)| n.clone()).collect(),
             values: Vec::with_capacity(decl.len()),
@@ -57,7 +54,7 @@ impl States {
     }
 
     /// Zero every state whose value a failed call left behind (taken out mid-update).
-    pub(in crate::runtime::interp) fn refill(&mut self, float: DType) {
+    pub(crate) fn refill(&mut self, float: DType) {
         for (v, ty) in self.values.iter_mut().zip(&self.types) {
             if v.is_none() {
                 *v = Some(Arc::new(zero(ty, float)));

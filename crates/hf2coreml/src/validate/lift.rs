@@ -11,17 +11,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use half::f16;
 
-use std::sync::Arc;
-
-use super::instr::{Arg, Instr, OpKind};
-use super::surface::RuntimeError;
 use crate::graph::{self, Const, ConstData, Graph, Input, Operation};
 use crate::mil::contract::Target;
 use crate::mil::{DType, Op};
 use crate::mlpackage::TensorTypeInfo;
 use crate::quant::GroupedLut;
-use crate::runtime::interp::exec::packed::{Form, Packed};
-use crate::runtime::interp::exec::tensor::{Data, Tensor};
+use crate::runtime::interp::packed::{Form, Packed};
+use crate::runtime::interp::tensor::{Data, Tensor};
+use crate::runtime::interp::{Arg, Instr, OpKind, Program, ProgramView, RuntimeError};
 
 /// Arguments that carry tensors: a constant bound to one stays a named constant (a scalar is
 /// spelled inline, which the elementwise ops take as well).
@@ -144,22 +141,10 @@ fn scalar(t: &Tensor) -> Option<graph::Arg> {
     })
 }
 
-/// What a lift reads of a compiled program: its declared inputs and states, its instructions
-/// and outputs, and its constants (held, left packed, and their names).
-#[derive(Clone, Copy)]
-pub(super) struct Source<'p> {
-    pub(super) inputs: &'p [(String, usize, TensorTypeInfo)],
-    pub(super) states: &'p [(String, usize, TensorTypeInfo)],
-    pub(super) instrs: &'p [Instr],
-    pub(super) outputs: &'p [(String, usize)],
-    pub(super) consts: &'p [(usize, Arc<Tensor>)],
-    pub(super) packed: &'p HashMap<usize, Arc<Packed>>,
-    pub(super) const_names: &'p HashMap<String, usize>,
-}
-
 /// The program as a graph (see the module docs). Refused: states, ops the interpreter
 /// does not know, and constants the graph IR cannot spell, each by name.
-pub(super) fn lift(program: Source<'_>) -> Result<Lifted, RuntimeError> {
+pub fn lift(program: &Program) -> Result<Lifted, RuntimeError> {
+    let program = program.view();
     if let Some((name, _, _)) = program.states.first() {
         return Err(lift_err(format!(
             "state `{name}`: only programs whose caches are inputs and outputs can be lifted"
@@ -224,7 +209,7 @@ pub(super) fn lift(program: Source<'_>) -> Result<Lifted, RuntimeError> {
 /// What a lift keeps while it walks the program: a name for every slot, the constants the
 /// graph declares so far.
 struct Lifter<'p> {
-    program: Source<'p>,
+    program: ProgramView<'p>,
     names: HashMap<usize, String>,
     consts: HashMap<usize, &'p Tensor>,
     taken: HashSet<String>,
@@ -234,7 +219,7 @@ struct Lifter<'p> {
 }
 
 impl<'p> Lifter<'p> {
-    fn new(program: Source<'p>) -> Self {
+    fn new(program: ProgramView<'p>) -> Self {
         let names: HashMap<usize, String> = program
             .const_names
             .iter()

@@ -13,10 +13,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::instr::{Arg, Instr, OpKind};
+use crate::exec::limits;
+use crate::exec::tensor::Tensor;
 use crate::mil::Op;
 use crate::mlpackage::TensorTypeInfo;
-use crate::runtime::interp::exec::limits;
-use crate::runtime::interp::exec::tensor::Tensor;
 
 /// Free each computed value after its last reader; outputs and constants are kept. A value
 /// nobody reads is freed right after the instruction that made it.

@@ -15,11 +15,11 @@ use super::exec::states::States;
 use super::exec::tensor::{Data, Tensor};
 use crate::mil::contract::{self, Contract};
 use crate::mlpackage::{self, MlPackage};
-use crate::runtime::per_layer_table::PerLayerRows;
-use crate::runtime::{StepModel, StepOutput};
+use crate::per_layer_table::PerLayerRows;
+use crate::step::{StepModel, StepOutput};
 
 /// A saved package that follows the contract, ready to step (implements
-/// [`crate::runtime::StepModel`]).
+/// [`crate::StepModel`]).
 #[derive(Debug)]
 pub struct Package {
     program: Program,
@@ -465,7 +465,7 @@ fn take_output(out: &mut HashMap<String, Tensor>, name: &str) -> Result<Tensor, 
 
 /// A hybrid contract's state tensors (conv state, DeltaNet state), once the state a step is
 /// given holds exactly their values; none without one.
-pub(crate) fn state_tensors(
+pub fn state_tensors(
     c: &Contract,
     recurrent: Option<(usize, &[f16])>,
 ) -> Result<Vec<contract::StateTensor>, RuntimeError> {
@@ -489,7 +489,7 @@ pub(crate) fn state_tensors(
 }
 
 /// The host's recurrent state cut into its tensors' values (`state` holds their sum).
-pub(crate) fn split_state<'a, 't>(
+pub fn split_state<'a, 't>(
     tensors: &'t [contract::StateTensor],
     mut state: &'a [f16],
 ) -> Vec<(&'t contract::StateTensor, &'a [f16])> {
@@ -505,7 +505,7 @@ pub(crate) fn split_state<'a, 't>(
 
 /// The step's arguments against the contract: Q tokens, a position that leaves room for them,
 /// caches of [L, Hkv, S, D]. Returns the position as the int32 the programs take.
-pub(crate) fn check_step(
+pub fn check_step(
     c: &Contract,
     input_ids: &[i32],
     position: usize,
@@ -658,7 +658,7 @@ fn check_contract_inputs(program: &Program, c: &Contract) -> Result<(), String> 
 
 /// The logits parts ([1, Q, width] each) joined along the vocabulary: [Q, V] row-major. A part
 /// of the wrong size leaves the result short, which the caller's size check reports.
-pub(crate) fn concat_rows(parts: &[(Tensor, usize)], q: usize) -> Vec<f32> {
+pub fn concat_rows(parts: &[(Tensor, usize)], q: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(q * parts.iter().map(|(_, w)| w).sum::<usize>());
     let parts: Vec<_> = parts.iter().map(|(t, w)| (t.as_f32(), *w)).collect();
     if parts.iter().any(|(t, w)| t.len() != q * w) {

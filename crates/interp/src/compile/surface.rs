@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::exec::kernels::{scan_f16, scan_f32};
+use crate::exec::tensor::{Data, Tensor};
 use crate::mil::DType;
 use crate::mlpackage::PackageError;
-use crate::runtime::interp::exec::kernels::{scan_f16, scan_f32};
-use crate::runtime::interp::exec::tensor::{Data, Tensor};
 
 /// What can go wrong loading or running a program.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +39,7 @@ pub enum RuntimeError {
     )]
     NotInterpreted { path: String, option: &'static str },
     /// A declared shape or a computed size above the interpreter's limits
-    /// ([`limits`](crate::runtime::interp::limits)).
+    /// ([`limits`](crate::limits)).
     #[error("{what}: {msg}")]
     Limit { what: String, msg: String },
 }

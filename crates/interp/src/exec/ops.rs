@@ -1,7 +1,7 @@
 //! The op kernel set: one function per MIL op the interpreter runs per step, and the index
 //! arithmetic they share (broadcasting, strided windows, slices). One idea in one file, long
 //! because the ops are many. Each takes its named arguments and returns raw results; the caller
-//! (the compiled [`Program`](crate::runtime::interp::Program)) checks shapes against the
+//! (the compiled [`Program`](crate::Program)) checks shapes against the
 //! program's declared output types and rounds to the declared dtypes. Semantics follow
 //! coremltools' op definitions (iOS15..iOS17; docs/reference/mil-ops.md).
 
@@ -17,7 +17,7 @@ use crate::mil::{DType, Op};
 use crate::mlpackage::TensorTypeInfo;
 
 /// An op failure before it is tagged with the op's type and output name
-/// ([`RuntimeError::Op`](crate::runtime::interp::RuntimeError::Op)).
+/// ([`RuntimeError::Op`](crate::RuntimeError::Op)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OpError {
     #[error("missing argument `{0}`")]

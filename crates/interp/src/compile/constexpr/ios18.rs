@@ -12,10 +12,10 @@
 //! Every size is checked against the declared output type (itself checked against the limits
 //! before this runs) before the output is allocated.
 
+use crate::exec::ops::OpError;
+use crate::exec::tensor::{Data, Tensor};
 use crate::mil::DType;
 use crate::mlpackage::TensorTypeInfo;
-use crate::runtime::interp::exec::ops::OpError;
-use crate::runtime::interp::exec::tensor::{Data, Tensor};
 
 /// Row-major strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {
@@ -27,7 +27,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 }
 
 /// The width of an iOS18 LUT index type.
-pub(in crate::runtime::interp) fn index_bits(dtype: DType) -> Result<u32, OpError> {
+pub(crate) fn index_bits(dtype: DType) -> Result<u32, OpError> {
     match dtype {
         DType::U1 => Ok(1),
         DType::U2 => Ok(2),
@@ -67,7 +67,7 @@ fn step(m: &mut [usize], shape: &[usize]) {
 }
 
 /// iOS18 `constexpr_lut_to_dense`.
-pub(in crate::runtime::interp) fn lut_to_dense(
+pub(crate) fn lut_to_dense(
     indices: &Tensor,
     lut: &Tensor,
     vector_axis: Option<i64>,
@@ -140,7 +140,7 @@ pub(in crate::runtime::interp) fn lut_to_dense(
 }
 
 /// `constexpr_blockwise_shift_scale`.
-pub(in crate::runtime::interp) fn shift_scale(
+pub(crate) fn shift_scale(
     data: &Tensor,
     scale: &Tensor,
     offset: Option<&Tensor>,

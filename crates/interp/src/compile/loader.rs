@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::surface::{Options, RuntimeError};
+use crate::exec::limits::{self, Limits};
+use crate::exec::packed;
+use crate::exec::tensor::Tensor;
 use crate::mlpackage::{self, proto, MlPackage, TensorTypeInfo};
-use crate::runtime::interp::exec::limits::{self, Limits};
-use crate::runtime::interp::exec::packed;
-use crate::runtime::interp::exec::tensor::Tensor;
 
 /// Key of a decoded blob constant: file, offset, declared shape.
 pub(super) type ConstKey = (String, u64, Vec<usize>);

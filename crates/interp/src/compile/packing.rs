@@ -9,10 +9,10 @@ use std::sync::Arc;
 use super::constexpr::ios18::index_bits;
 use super::loader::Loader;
 use super::surface::{effective_dtype, RuntimeError};
+use crate::exec::packed::{Form, Lut, Packed};
+use crate::exec::tensor::Tensor;
 use crate::mil::{DType, Op};
 use crate::mlpackage::{proto, BlobFile, TensorTypeInfo, Values};
-use crate::runtime::interp::exec::packed::{Form, Lut, Packed};
-use crate::runtime::interp::exec::tensor::Tensor;
 
 /// The value bound to input `key` of an iOS18 op: a literal (decoded, counted with the
 /// constants) or an earlier dense constant; `None` for anything else.

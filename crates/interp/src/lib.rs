@@ -17,19 +17,34 @@
 //! - `compile/`, compilation: a saved function turned into a [`Program`] (the loader, the
 //!   constexpr weight ops evaluated at load, which weights stay packed, when each value is
 //!   freed) and everything done with one: running it over `exec`'s kernels, its constants read
-//!   back by name ([`ConstantReader`]), itself lifted into a graph ([`Lifted`]); and what every
-//!   caller sees: [`RuntimeError`], [`Options`], [`Stats`].
+//!   back by name ([`ConstantReader`]), its compiled form as it runs ([`ProgramView`], what
+//!   validate's cross-check lifts into a graph); and what every caller sees: [`RuntimeError`],
+//!   [`Options`], [`Stats`].
 //! - `package.rs`, on top: a saved package that follows the contract ([`Package`]), its
-//!   functions and contract, one step of it (stateful or not) and the rows of its state.
+//!   functions and contract, one step of it (stateful or not) and the rows of its state; with
+//!   [`StepModel`], the step every runner of the contract takes, and Gemma 4's per-layer table
+//!   beside a package ([`per_layer_table`]).
+//!
+//! The formats it reads (`mil`, `mlpackage`) and the foundations (`error`, `fsutil`) are the
+//! `hf2coreml-format` crate's.
+
+use hf2coreml_format::{error, fsutil, mil, mlpackage};
+
+mod exec;
 
 mod compile;
-mod exec;
+
+pub mod per_layer_table;
+mod step;
+
 mod package;
 
-pub use compile::{Compute, ConstantReader, Lifted, OpStat, Options, Program, RuntimeError, Stats};
-pub(crate) use exec::bulk;
+pub use compile::{
+    Arg, Compute, ConstantReader, Instr, OpKind, OpStat, Options, Program, ProgramView,
+    RuntimeError, Stats,
+};
 pub use exec::states::States;
 pub use exec::tensor::{Data, Tensor};
-pub use exec::{kernels, limits, ops, packed, tensor};
-pub(crate) use package::{check_step, concat_rows, split_state, state_tensors};
-pub use package::{Function, Package};
+pub use exec::{bulk, kernels, limits, ops, packed, tensor};
+pub use package::{check_step, concat_rows, split_state, state_tensors, Function, Package};
+pub use step::{StepModel, StepOutput};

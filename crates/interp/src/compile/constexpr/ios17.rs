@@ -1,13 +1,13 @@
 //! The iOS16/17 form of `constexpr_lut_to_dense`, whose operands are attributes
 //! (docs/reference/mlpackage-format.md).
 
+use crate::exec::ops::OpError;
+use crate::exec::tensor::{Data, Tensor};
 use crate::mlpackage::{self, TensorTypeInfo, Values};
-use crate::runtime::interp::exec::ops::OpError;
-use crate::runtime::interp::exec::tensor::{Data, Tensor};
 
 /// iOS16/17 `constexpr_lut_to_dense`: one LUT of 2^nbits entries, indices packed LSB-first
 /// into uint8.
-pub(in crate::runtime::interp) fn lut_to_dense(
+pub(crate) fn lut_to_dense(
     indices: mlpackage::TensorData,
     lut: mlpackage::TensorData,
     shape: mlpackage::TensorData,
