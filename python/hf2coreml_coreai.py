@@ -70,20 +70,53 @@ _NP_DTYPES = {"fp16": "float16", "fp32": "float32", "int32": "int32", "bool": "b
 
 
 def _dense_resource(np, packed, shape, nbits, name):
-    """A constant of type uint<nbits>[shape] whose storage is `packed` (a bit stream). The
-    authoring API's `constant(dtype=uint4)` stores one index per byte while the runtime reads
-    packed bits, so the bytes are handed over as a dense resource of the sub-byte type."""
+    """A constant of type uint<nbits>[shape] whose storage is `packed` (a bit stream), a
+    resource named `name`. The authoring API's `constant(dtype=uint4)` stores one index per byte
+    while the runtime reads packed bits, so the bytes are handed over as a dense resource of the
+    sub-byte type (8-bit indices too, so that no resource is named at random, see
+    `_named_constant`)."""
     from coreai._compiler.dialects._coreai_ops_gen import ConstantOp
     from coreai._compiler.ir import DenseResourceElementsAttr, IntegerType, RankedTensorType
     from coreai.authoring import Value
 
-    if nbits == 8:
-        from coreai.authoring.constant import constant
-
-        return constant(packed.reshape(shape))
     t = RankedTensorType.get(list(shape), IntegerType.get_unsigned(nbits))
     attr = DenseResourceElementsAttr.get_from_buffer(np.ascontiguousarray(packed), name, t)
     return Value._from_mlir(ConstantOp(value=attr).result)
+
+
+def _named_constant(np, arr, name):
+    """A tensor constant stored as a resource named after the graph's constant. The authoring
+    API names the resource of a large constant `resource_<random number>`, so two saves of one
+    program would differ in those names (and in the bytecode's hash)."""
+    from coreai._compiler.dialects._coreai_ops_gen import ConstantOp
+    from coreai._compiler.ir import (
+        DenseResourceElementsAttr,
+        F16Type,
+        F32Type,
+        IntegerType,
+        RankedTensorType,
+    )
+    from coreai.authoring import Value
+    from coreai.authoring.constant import constant
+
+    element = {
+        np.dtype(np.float16): F16Type.get,
+        np.dtype(np.float32): F32Type.get,
+        np.dtype(np.int32): lambda: IntegerType.get_signed(32),
+    }.get(arr.dtype)
+    if element is None or arr.ndim == 0:
+        return constant(arr)
+    t = RankedTensorType.get(list(arr.shape), element())
+    attr = DenseResourceElementsAttr.get_from_buffer(np.ascontiguousarray(arr), name, t)
+    v = Value._from_mlir(ConstantOp(value=attr).result)
+    _NAMED[v._to_mlir()] = (arr, name)
+    return v
+
+
+# The constants `_named_constant` made, by their MLIR value: the authoring API folds an op on
+# a constant (a weight reshaped for a 1x1 conv) into a new constant whose storage it names at
+# random, so `_Ops.op_reshape` reshapes these itself.
+_NAMED = {}
 
 
 def _lut_weight(np, ca, c, arrays, float_np):
@@ -103,11 +136,12 @@ def _lut_weight(np, ca, c, arrays, float_np):
     if indices.size != need:
         raise ValueError(f"{name}: {indices.size} bytes of packed indices, {need} expected")
     idx = _dense_resource(np, indices, shape, nbits, name)
-    w = ca.lut_to_dense(idx, constant(lut), constant(np.array(0, dtype=np.int16)))
+    table = _named_constant(np, lut, f"{name}_lut")
+    w = ca.lut_to_dense(idx, table, constant(np.array(0, dtype=np.int16)))
     if scale is None:
         return w
     scale = scale.view(np.float16).astype(float_np, copy=False).reshape([shape[0]] + [1] * (len(shape) - 1))
-    return ca.broadcasting_mul(w, constant(scale))
+    return ca.broadcasting_mul(w, _named_constant(np, scale, f"{name}_scale"))
 
 
 def _shape(v):
@@ -249,6 +283,10 @@ class _Ops:
 
     # Shapes and data movement.
     def op_reshape(self, x, shape):
+        named = _NAMED.get(x._to_mlir())
+        if named is not None:
+            arr, name = named
+            return _named_constant(self.np, arr.reshape(shape), f"{name}_{'x'.join(map(str, shape))}")
         return self.ca.reshape(x, self.i32(list(shape)))
 
     def op_expand_dims(self, x, axes):
@@ -383,7 +421,6 @@ def _function(name, desc, dense, luts):
     import numpy as np
     import coreai.authoring as ca
     from coreai.authoring import TensorType, graph
-    from coreai.authoring.constant import constant
 
     float_np = _np_float(np, desc["float"])
     # With `round_each_op` the program keeps its fp16 interface but computes every op in fp32
@@ -425,7 +462,7 @@ def _function(name, desc, dense, luts):
                 arr = dense[key]
                 if c["kind"] == "f16":
                     arr = arr.view(np.float16).astype(compute_np, copy=False)
-                env[cname] = constant(np.ascontiguousarray(arr.reshape(c["shape"])))
+                env[cname] = _named_constant(np, arr.reshape(c["shape"]), cname)
 
         def arg(a):
             kind, value = a["kind"], a.get("value")
@@ -473,6 +510,7 @@ def emit(desc_json, dense, luts, meta_json, out_dir):
     """
     desc = json.loads(desc_json)
     meta = json.loads(meta_json)
+    _NAMED.clear()
     with quiet() as captured:
         try:
             from pathlib import Path
@@ -486,6 +524,7 @@ def emit(desc_json, dense, luts, meta_json, out_dir):
                     _function(f["name"], f["graph"], dense, luts)
             dense.clear()
             luts.clear()
+            _NAMED.clear()
             counts = _op_counts(m)
             path = os.path.join(out_dir, "model.aimodel")
             AIProgram(m).save_asset(Path(path))
@@ -524,6 +563,11 @@ def _write_metadata(path, meta):
     with open(md_path) as f:
         md = json.load(f)
     md.setdefault("userDefined", {}).update(meta.get("user_defined", {}))
+    # Core AI stamps the second it saved (`20261207T044838Z`); the day alone, as coremltools
+    # records a package's conversion date, keeps two saves of one program the same bytes.
+    stamp = md.get("creationDate")
+    if isinstance(stamp, str) and len(stamp) == 16 and stamp[8] == "T" and stamp.endswith("Z"):
+        md["creationDate"] = stamp[:8] + "T000000Z"
     with open(md_path, "w") as f:
         json.dump(md, f, indent=2, sort_keys=True)
         f.write("\n")

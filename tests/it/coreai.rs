@@ -277,6 +277,45 @@ fn smollm3_fp16_asset_matches_transformers() {
 /// A palettized asset (grouped 4-bit LUTs with row scales, packed sub-byte indices) through
 /// `validate`: the report names Apple's runtime and the logits agree with the same recipe's
 /// Core ML package as the interpreter runs it.
+/// Two saves of one program are the same bytes, as two packages are
+/// (`convert::tiny::same_inputs_give_a_byte_identical_package`): the bridge names the storage
+/// of every weight (coreai-core names a large constant's at random) and keeps the day of
+/// `creationDate` alone. 8-bit indices (handed over as bytes), their tables and fp16
+/// constants; the asset still runs on Apple's runtime.
+#[test]
+fn same_inputs_give_a_byte_identical_asset() {
+    needs!(Python);
+    let dir = fixture("qwen3");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut assets = Vec::new();
+    for name in ["a.aimodel", "b.aimodel"] {
+        let asset = tmp.path().join(name);
+        convert(&dir, &asset, &["--data-free", "--nbits", "8"]);
+        assets.push(hf2coreml_testkit::files_under(&asset).unwrap());
+    }
+    let names: Vec<_> = assets[0].keys().map(|p| p.file_name().unwrap()).collect();
+    assert_eq!(names, ["main.hash", "main.mlirb", "metadata.json"]);
+    for (path, bytes) in &assets[0] {
+        assert!(
+            assets[1].get(path) == Some(bytes),
+            "{} differs between two saves",
+            path.display()
+        );
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&assets[0][Path::new("metadata.json")]).unwrap();
+    let stamp = meta["creationDate"].as_str().unwrap();
+    assert!(stamp.len() == 16 && stamp.ends_with("T000000Z"), "{stamp}");
+    let o = hf2coreml(&[
+        "validate",
+        tmp.path().join("a.aimodel").to_str().unwrap(),
+        "--against",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn validate_runs_a_palettized_asset_on_apples_runtime() {
     needs!(Python);
