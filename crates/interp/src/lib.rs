@@ -30,13 +30,16 @@
 
 use hf2coreml_format::{error, fsutil, mil, mlpackage};
 
+// Lowest layer first: a module imports only modules declared above it (docs/architecture.md;
+// rustfmt sorts modules between comments, hence one each).
+// Execution: it knows no program.
 mod exec;
-
+// Compilation, over the kernels of `exec`.
 mod compile;
-
+// The contract's step and Gemma 4's per-layer table.
 pub mod per_layer_table;
 mod step;
-
+// The package step, on top.
 mod package;
 
 pub use compile::{
