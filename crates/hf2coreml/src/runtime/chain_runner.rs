@@ -596,22 +596,10 @@ impl Chain {
         )
     }
 
-    /// One step through every part, optionally collecting range statistics (the
-    /// interpreter's parts only: Apple's runtime reports none).
-    pub fn step_with_stats(
-        &self,
-        input_ids: &[i32],
-        position: usize,
-        key_cache: &[f16],
-        value_cache: &[f16],
-        stats: Option<&mut Stats>,
-    ) -> Result<StepOutput, RuntimeError> {
-        let caches = (key_cache, value_cache);
-        self.step_full(input_ids, position, caches, None, stats)
-    }
-
     /// One step of any chain: `recurrent` is a hybrid model's (valid tokens, state in), as
-    /// [`StepModel::step_recurrent`] takes them; each part gets its own blocks' slots.
+    /// [`StepModel::step_recurrent`] takes them; each part gets its own blocks' slots;
+    /// optionally collecting range statistics (the interpreter's parts only: Apple's runtime
+    /// reports none). [`Saved::step_with_stats`] is the step without a recurrent state.
     pub fn step_full(
         &self,
         input_ids: &[i32],
