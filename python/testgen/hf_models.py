@@ -358,6 +358,15 @@ def randomize(model, gain, arch):
             centred = (gemma and not tower) or (qwen and "linear_attn.norm" not in name)
             if p.dim() == 1 and "norm" in name:
                 p.copy_((0.0 if centred else 1.0) + 0.1 * torch.randn(p.shape, generator=gen))
+                # Gemma 4 attends at scale 1: its q/k norm weights are the softmax's temperature,
+                # which training sets. At 1 the scores of unit-normed heads spread √D wide
+                # (every other fixture's 1/√D scale spreads them about 1), a softmax so sharp
+                # that transformers' own float32 logits drift from its float64 ones ten times
+                # further than other fixtures' do. D^-1/4 on each gives the scores the spread
+                # of 1/√D attention.
+                if arch.startswith("gemma4") and not tower and name.endswith(("q_norm.weight",
+                                                                              "k_norm.weight")):
+                    p.mul_(p.shape[0] ** -0.25)
                 big = POST_NORM.get(arch)
                 if big and ("post_attention" in name or "post_feedforward" in name):
                     p.add_(big)

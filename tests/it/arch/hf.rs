@@ -979,11 +979,6 @@ fn lfm2_inconsistent_configs_exit_2_naming_the_field() {
 /// The fp16 package of fixture `arch` at S = 64 passes validate and matches transformers'
 /// logits of its tokens: relative RMS ≤ 0.01, top-1 ≥ 0.99 (`support::logits::agreement`).
 pub(super) fn fp16_package_matches_transformers(arch: &str) {
-    fp16_package_within(arch, 0.01);
-}
-
-/// [`fp16_package_matches_transformers`] with a relative RMS of at most `max_rms`.
-pub(super) fn fp16_package_within(arch: &str, max_rms: f64) {
     use hf2coreml::runtime::generate::Generator;
     use hf2coreml::runtime::interp::Package;
     let dir = fixture(arch);
@@ -999,5 +994,5 @@ pub(super) fn fp16_package_within(arch: &str, max_rms: f64) {
     let (got, _) = prompt_logits(&mut g, &want.tokens, false);
     let (rms, top1) = crate::support::logits::agreement(&got, &want.logits);
     eprintln!("{arch} fp16: relative RMS {rms:e}, top-1 {top1}");
-    assert!(rms <= max_rms && top1 >= 0.99, "{arch}: {rms} {top1}");
+    assert!(rms <= 0.01 && top1 >= 0.99, "{arch}: {rms} {top1}");
 }
