@@ -93,7 +93,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let spec = &input.spec;
     hf2coreml::pipeline::job::check_context(spec, args.max_seq_len)?;
     let weights = input.weights_bytes(&recipe);
-    let b = budget::compute(spec, weights, args.max_seq_len, args.query_len, &limit);
+    let per_layer_bits = hf2coreml::pipeline::job::per_layer_bits(spec, &recipe)?;
+    let shape = (args.max_seq_len, args.query_len);
+    let b = budget::compute(spec, weights, shape, per_layer_bits, &limit);
     let package_limit = match (args.max_package_size, &args.device) {
         (Some(bytes), _) => bytes,
         (None, Some(id)) => devices.get(id)?.max_package_size_bytes,
@@ -241,11 +243,16 @@ fn print_budget(
         &format!("recipe: {}", recipe.origin()),
     );
     if b.mapped_bytes > 0 {
+        let stored = b
+            .per_layer_bits
+            .map_or("fp16".to_string(), |n| format!("{n}-bit LUT indices"));
         row(
             "per-layer table",
             b.mapped_bytes,
-            "a file beside the package, memory-mapped: not in the total (a step reads its \
-             tokens' rows)",
+            &format!(
+                "{stored}, a file beside the package, memory-mapped: not in the total (a step \
+                 reads its tokens' rows)"
+            ),
         );
     }
     row(

@@ -17,6 +17,9 @@ pub struct PerLayerRows {
     map: memmap2::Mmap,
     rows: usize,
     row_len: usize,
+    /// The LUT index bits and every block's LUT (`width` values each), for a `lut*` table.
+    luts: Option<(u8, Vec<f16>)>,
+    width: usize,
 }
 
 impl PerLayerRows {
@@ -50,20 +53,31 @@ impl PerLayerRows {
         let len = file.metadata().map_err(|e| bad(e.to_string()))?.len();
         if len != t.file_bytes() {
             return Err(bad(format!(
-                "{len} bytes; the contract declares {} rows of {} fp16 values ({} bytes)",
+                "{len} bytes; the contract declares {} rows of {} {} values ({} bytes)",
                 t.rows,
                 t.row_len(),
+                t.dtype,
                 t.file_bytes()
             )));
         }
         // SAFETY: the map is read-only; a table changed underneath us while we run is outside
         // what any reader can defend against (as for the checkpoint and weight.bin).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
+        let luts = t.lut_bits().map(|n| {
+            let head = &map[..t.luts_bytes() as usize];
+            let lut = head
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            (n, lut)
+        });
         Ok(PerLayerRows {
             path,
             map,
             rows: t.rows,
             row_len: t.row_len(),
+            luts,
+            width: t.width,
         })
     }
 
@@ -71,7 +85,10 @@ impl PerLayerRows {
     /// (a padded position's row too: any id the table has).
     pub fn gather(&self, input_ids: &[i32]) -> Result<Vec<f16>, RuntimeError> {
         let mut out = Vec::with_capacity(input_ids.len() * self.row_len);
-        let bytes = self.row_len * 2;
+        let (start, bytes) = match &self.luts {
+            Some((n, lut)) => (lut.len(), (self.row_len * *n as usize).div_ceil(8)),
+            None => (0, self.row_len * 2),
+        };
         for &id in input_ids {
             let row = usize::try_from(id)
                 .ok()
@@ -83,12 +100,24 @@ impl PerLayerRows {
                         self.rows
                     ),
                 })?;
-            let at = row * bytes;
+            let at = start * 2 + row * bytes;
             let raw = &self.map[at..at + bytes];
-            out.extend(
-                raw.chunks_exact(2)
-                    .map(|b| f16::from_le_bytes([b[0], b[1]])),
-            );
+            match &self.luts {
+                None => out.extend(
+                    raw.chunks_exact(2)
+                        .map(|b| f16::from_le_bytes([b[0], b[1]])),
+                ),
+                Some((n, lut)) => {
+                    let k = 1usize << n;
+                    let indices = hf2coreml_numerics::pack::unpack_indices(raw, *n, self.row_len);
+                    out.extend(
+                        indices
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &x)| lut[(i / self.width) * k + x as usize]),
+                    );
+                }
+            }
         }
         Ok(out)
     }
@@ -136,8 +165,36 @@ mod tests {
         assert!(rows.gather(&[3]).is_err() && rows.gather(&[-1]).is_err());
         assert!(open(&PerLayerTable {
             dtype: "int8".into(),
-            ..t
+            ..t.clone()
         })
         .is_err());
+
+        // lut4: block l's LUT holds 10·l + i at i; row r's values are indices r, r+1, r+2, r+3.
+        let t4 = PerLayerTable {
+            dtype: "lut4".into(),
+            ..t
+        };
+        let mut file: Vec<u8> = (0..2)
+            .flat_map(|l| (0..16).map(move |i| f16::from_f32((10 * l + i) as f32)))
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        for r in 0..3u8 {
+            file.extend([r | (r + 1) << 4, (r + 2) | (r + 3) << 4]);
+        }
+        std::fs::write(dir.path().join("m.per_layer.bin"), &file[..69]).unwrap();
+        let short = open(&t4).unwrap_err().to_string();
+        assert!(
+            short.contains("69 bytes") && short.contains("(70 bytes)"),
+            "{short}"
+        );
+        std::fs::write(dir.path().join("m.per_layer.bin"), &file).unwrap();
+        let got: Vec<f32> = open(&t4)
+            .unwrap()
+            .gather(&[2, 0])
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        assert_eq!(got, [2.0, 3.0, 14.0, 15.0, 0.0, 1.0, 12.0, 13.0]);
     }
 }

@@ -74,60 +74,92 @@ pub fn palettize_f16(
         }
     }
     let hist = Histogram::build(values, weights)?;
-    let distinct = hist.distinct_values();
-    let k = 1usize << nbits;
-
-    // Cluster means in f64, from the exact DP over the weighted distinct values.
-    let fit: Vec<(f64, f64)> = distinct
-        .iter()
-        .filter(|d| d.weight > 0.0)
-        .map(|d| (d.value, d.weight))
-        .collect();
-    let fit = if fit.is_empty() {
-        // every weight is zero (or the tensor is empty): fall back to plain counts.
-        distinct.iter().map(|d| (d.value, d.count as f64)).collect()
-    } else {
-        fit
-    };
-    let centers = optimal_centers(&fit, k);
-
-    // The LUT is f16: round the means, then re-assign every distinct value to its nearest stored
-    // entry, because rounding can move the boundary between two neighbouring clusters.
-    let mut lut: Vec<f16> = centers.iter().map(|&c| f16::from_f64(c)).collect();
-    lut.sort_by(|a, b| a.total_cmp(b));
-    let used = lut.len();
-    let pad = lut.last().copied().unwrap_or(f16::ZERO);
-    lut.resize(k, pad);
-    let lut_f64: Vec<f64> = lut[..used.max(1)].iter().map(|v| v.to_f64()).collect();
-
-    // A fixed-size table: indexing it with a u16 needs no bounds check in the per-element loop.
-    let mut table: Box<[u8; PATTERNS]> = Box::new([0u8; PATTERNS]);
-    let mut err_sum = 0.0f64;
-    let mut sig_sum = 0.0f64;
-    let mut j = 0usize;
-    for d in &distinct {
-        // distinct values are ascending, so the nearest entry only moves right.
-        while j + 1 < lut_f64.len()
-            && (lut_f64[j + 1] - d.value).abs() < (lut_f64[j] - d.value).abs()
-        {
-            j += 1;
-        }
-        for &p in &d.patterns[..d.npatterns] {
-            table[p as usize] = j as u8;
-        }
-        let e = d.value - lut_f64[j];
-        err_sum += d.count as f64 * e * e;
-        sig_sum += d.count as f64 * d.value * d.value;
-    }
-    let indices: Vec<u8> = values.iter().map(|v| table[v.to_bits() as usize]).collect();
-    let n = values.len().max(1) as f64;
+    let fit = hist.fit(nbits);
+    let indices: Vec<u8> = values.iter().map(|&v| fit.index(v)).collect();
     Ok(LutFit {
         nbits,
-        lut,
+        lut: fit.lut,
         indices,
-        mse: err_sum / n,
-        snr_db: snr_db(sig_sum, err_sum),
+        mse: fit.mse,
+        snr_db: fit.snr_db,
     })
+}
+
+/// A LUT fitted to a histogram of f16 values, and the nearest entry of every f16 pattern: for
+/// a tensor too large to hold, whose values are counted chunk by chunk ([`F16Counts`]) and
+/// assigned in a second pass.
+#[derive(Clone)]
+pub struct LutTable {
+    pub nbits: u8,
+    /// Sorted, `2^nbits` entries (as [`LutFit::lut`]).
+    pub lut: Vec<f16>,
+    /// Mean squared error per counted value.
+    pub mse: f64,
+    /// 10·log10(Σx² / Σ(x − x̂)²) over the counted values.
+    pub snr_db: f64,
+    table: Box<[u8; PATTERNS]>,
+}
+
+impl LutTable {
+    /// The LUT index of `v`: its nearest entry (any finite f16, counted or not, has one).
+    pub fn index(&self, v: f16) -> u8 {
+        self.table[v.to_bits() as usize]
+    }
+}
+
+impl std::fmt::Debug for LutTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LutTable")
+            .field("nbits", &self.nbits)
+            .field("lut", &self.lut)
+            .field("mse", &self.mse)
+            .field("snr_db", &self.snr_db)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often each f16 value occurs, added to chunk by chunk, then fitted exactly and at once
+/// ([`F16Counts::fit`]): what [`palettize_f16`] does with uniform weights, for values that
+/// never sit in memory together.
+#[derive(Debug, Clone)]
+pub struct F16Counts {
+    counts: Vec<u64>,
+}
+
+impl Default for F16Counts {
+    fn default() -> Self {
+        F16Counts {
+            counts: vec![0; PATTERNS],
+        }
+    }
+}
+
+impl F16Counts {
+    /// Count `values`.
+    pub fn add(&mut self, values: &[f16]) {
+        for v in values {
+            self.counts[v.to_bits() as usize] += 1;
+        }
+    }
+
+    /// The optimal LUT of `2^nbits` entries for the counted values: the same as
+    /// [`palettize_f16`] of all of them with uniform weights. NaN or Inf among them, or
+    /// unsupported `nbits`, is an error.
+    pub fn fit(&self, nbits: u8) -> Result<LutTable, NumericsError> {
+        check_nbits(nbits)?;
+        let bad: u64 = [0x7C00usize, 0xFC00]
+            .iter()
+            .map(|&e| self.counts[e..e + 0x400].iter().sum::<u64>())
+            .sum();
+        if bad > 0 {
+            return Err(NumericsError::NonFiniteCounted { count: bad });
+        }
+        let hist = Histogram {
+            counts: self.counts.clone(),
+            weights: None,
+        };
+        Ok(hist.fit(nbits))
+    }
 }
 
 /// 10·log10(signal / error), `+inf` for an exact reconstruction.
@@ -191,6 +223,65 @@ impl Histogram {
             }
         };
         Ok(Histogram { counts, weights })
+    }
+
+    /// The exact fit of `2^nbits` entries to the histogram, and every pattern's nearest entry.
+    fn fit(&self, nbits: u8) -> LutTable {
+        let distinct = self.distinct_values();
+        let k = 1usize << nbits;
+
+        // Cluster means in f64, from the exact DP over the weighted distinct values.
+        let fit: Vec<(f64, f64)> = distinct
+            .iter()
+            .filter(|d| d.weight > 0.0)
+            .map(|d| (d.value, d.weight))
+            .collect();
+        let fit = if fit.is_empty() {
+            // every weight is zero (or the tensor is empty): fall back to plain counts.
+            distinct.iter().map(|d| (d.value, d.count as f64)).collect()
+        } else {
+            fit
+        };
+        let centers = optimal_centers(&fit, k);
+
+        // The LUT is f16: round the means, then re-assign every distinct value to its nearest
+        // stored entry, because rounding can move the boundary between two neighbouring
+        // clusters.
+        let mut lut: Vec<f16> = centers.iter().map(|&c| f16::from_f64(c)).collect();
+        lut.sort_by(|a, b| a.total_cmp(b));
+        let used = lut.len();
+        let pad = lut.last().copied().unwrap_or(f16::ZERO);
+        lut.resize(k, pad);
+        let lut_f64: Vec<f64> = lut[..used.max(1)].iter().map(|v| v.to_f64()).collect();
+
+        // A fixed-size table: indexing it with a u16 needs no bounds check in the per-element
+        // loop.
+        let mut table: Box<[u8; PATTERNS]> = Box::new([0u8; PATTERNS]);
+        let mut err_sum = 0.0f64;
+        let mut sig_sum = 0.0f64;
+        let mut j = 0usize;
+        for d in &distinct {
+            // distinct values are ascending, so the nearest entry only moves right.
+            while j + 1 < lut_f64.len()
+                && (lut_f64[j + 1] - d.value).abs() < (lut_f64[j] - d.value).abs()
+            {
+                j += 1;
+            }
+            for &p in &d.patterns[..d.npatterns] {
+                table[p as usize] = j as u8;
+            }
+            let e = d.value - lut_f64[j];
+            err_sum += d.count as f64 * e * e;
+            sig_sum += d.count as f64 * d.value * d.value;
+        }
+        let n = self.counts.iter().sum::<u64>().max(1) as f64;
+        LutTable {
+            nbits,
+            lut,
+            mse: err_sum / n,
+            snr_db: snr_db(sig_sum, err_sum),
+            table,
+        }
     }
 
     /// Present values, ascending, with their accumulated weights.
@@ -593,6 +684,31 @@ impl Rows<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn counts_added_in_chunks_fit_what_one_palettization_fits() {
+        let values: Vec<f16> = (0..5000)
+            .map(|i| f16::from_f32(((i * 7919) % 1013) as f32 / 97.0 - 5.0))
+            .collect();
+        let mut counts = F16Counts::default();
+        for chunk in values.chunks(333) {
+            counts.add(chunk);
+        }
+        for nbits in [4, 8] {
+            let whole = palettize_f16(&values, nbits, None).unwrap();
+            let table = counts.fit(nbits).unwrap();
+            assert_eq!(table.lut, whole.lut);
+            assert_eq!((table.mse, table.snr_db), (whole.mse, whole.snr_db));
+            let indices: Vec<u8> = values.iter().map(|&v| table.index(v)).collect();
+            assert_eq!(indices, whole.indices);
+        }
+        counts.add(&[f16::INFINITY, f16::NAN]);
+        assert!(matches!(
+            counts.fit(4),
+            Err(NumericsError::NonFiniteCounted { count: 2 })
+        ));
+        assert!(counts.fit(5).is_err());
+    }
 
     /// The solvers sum the same f64 terms in different orders (and the fast one drops the
     /// clamp at zero), so equal optima agree to rounding, far below this.

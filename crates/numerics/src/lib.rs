@@ -29,6 +29,8 @@ pub enum NumericsError {
     UnsupportedNbits { nbits: u8 },
     #[error("element {index} is {value}: NaN/Inf (or beyond the f16 range) cannot be palettized")]
     NonFinite { index: usize, value: f32 },
+    #[error("{count} values are NaN/Inf (or beyond the f16 range): they cannot be palettized")]
+    NonFiniteCounted { count: u64 },
     #[error("importance weight {index} is {weight}: weights must be finite and >= 0")]
     BadWeight { index: usize, weight: f32 },
     #[error("{weights} importance weights for {values} values")]

@@ -179,7 +179,8 @@ fn gemma4_shared_blocks_stored_keys_and_values_are_left_unread() {
 
 /// `inspect` and `budget` count the caches that exist; a conversion that would split Gemma 4
 /// into a chain, build it in the Neural Engine layout or calibrate its blocks one at a time
-/// (mixed precision) is refused by name before any work.
+/// (mixed precision), or palettize its per-layer table in groups of rows, is refused by name
+/// before any work.
 #[test]
 fn gemma4_is_inspected_and_its_refusals_named() {
     let dir = fixture("gemma4");
@@ -231,12 +232,12 @@ fn gemma4_is_inspected_and_its_refusals_named() {
         assert!(err.contains(why), "{err}");
         assert!(!out.path().join("g.mlpackage").exists());
     }
-    // The per-layer table is written beside the package as fp16: a recipe that palettizes it
-    // is refused, not ignored.
+    // The per-layer table has one LUT per block: one per group of rows is refused.
     let recipe = out.path().join("table.toml");
     std::fs::write(
         &recipe,
-        "default = \"fp16\"\n[roles]\nper_layer_embedding = { palettize = { nbits = 4 } }\n",
+        "target = \"ios18\"\ndefault = \"fp16\"\n[roles]\nper_layer_embedding = { palettize = \
+         { nbits = 4, granularity = \"per_grouped_channel\", group_size = 16 } }\n",
     )
     .unwrap();
     let o = Cli::new()
@@ -251,7 +252,10 @@ fn gemma4_is_inspected_and_its_refusals_named() {
         .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("role `per_layer_embedding`"), "{err}");
+    assert!(
+        err.contains("role `per_layer_embedding`") && err.contains("lut4/g16"),
+        "{err}"
+    );
 }
 
 /// fp16 packages of the three fixtures transformers wrote (full blocks whose heads fill two
@@ -354,6 +358,114 @@ fn gemma4_states_functions_and_assets_validate() {
         assert_eq!(code, Some(0), "{name}: {err}\n{report:#}");
         assert!(kl < 2e-3, "{name}: {report:#}");
     }
+}
+
+/// A recipe that palettizes the per-layer table (role `per_layer_embedding`) gets it beside
+/// the package as LUT indices: one LUT per block, the exact k-means fit of that block's
+/// columns (`palettize_f16` of them gives the same LUT and indices), then the rows, each
+/// packed on its own as an LSB-first bit stream. `budget` counts that file; one package and a
+/// chain pass validate with it, under the gates of the table's bits.
+#[test]
+fn gemma4_per_layer_table_palettized_beside_the_package() {
+    use half::f16;
+    use hf2coreml::quant::palettize_f16;
+    needs!(Python);
+    let dir = fixture("gemma4");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let g = ckpt.spec().gemma4.clone().unwrap();
+    let (rows, layers, width) = (
+        g.per_layer_vocab,
+        ckpt.spec().num_hidden_layers,
+        g.per_layer_input,
+    );
+    let table = ckpt
+        .tensor("model.embed_tokens_per_layer.weight")
+        .unwrap()
+        .to_f16();
+    let out = tempfile::tempdir().unwrap();
+    let recipe = |nbits: u8| {
+        let path = out.path().join(format!("r{nbits}.toml"));
+        let text = format!(
+            "default = \"fp16\"\n[roles]\nper_layer_embedding = {{ palettize = {{ nbits = {nbits} }} }}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    for nbits in [8u8, 6, 4] {
+        let pkg = out.path().join(format!("t{nbits}.mlpackage"));
+        convert(&dir, &pkg)
+            .args(["--max-seq-len", "64", "--recipe"])
+            .arg(recipe(nbits))
+            .ok();
+        let bytes = std::fs::read(out.path().join(format!("t{nbits}.per_layer.bin"))).unwrap();
+        let k = 1usize << nbits;
+        let (head, body) = bytes.split_at(layers * k * 2);
+        let row_bytes = (layers * width * nbits as usize).div_ceil(8);
+        assert_eq!(body.len(), rows * row_bytes);
+        let indices: Vec<Vec<u8>> = body
+            .chunks_exact(row_bytes)
+            .map(|r| hf2coreml::quant::unpack_indices(r, nbits, layers * width))
+            .collect();
+        for l in 0..layers {
+            let column: Vec<f16> = (0..rows)
+                .flat_map(|r| table[(r * layers + l) * width..][..width].to_vec())
+                .collect();
+            let fit = palettize_f16(&column, nbits, None).unwrap();
+            let lut: Vec<f16> = head[l * k * 2..][..k * 2]
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            assert_eq!(lut, fit.lut, "block {l}'s LUT");
+            let stored: Vec<u8> = indices
+                .iter()
+                .flat_map(|r| r[l * width..][..width].to_vec())
+                .collect();
+            assert_eq!(stored, fit.indices, "block {l}'s indices");
+        }
+        let report: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(out.path().join(format!("t{nbits}.report.json"))).unwrap(),
+        )
+        .unwrap();
+        let t = &report["contract"]["per_layer"];
+        assert_eq!(t["dtype"], format!("lut{nbits}"));
+        assert_eq!(t["sha256"], hf2coreml::util::sha256_hex(&bytes));
+        let budget = Cli::new()
+            .arg("budget")
+            .arg(&dir)
+            .args([
+                "--max-seq-len",
+                "64",
+                "--device",
+                "iphone-15",
+                "--json",
+                "--recipe",
+            ])
+            .arg(recipe(nbits))
+            .output();
+        let budget: serde_json::Value = serde_json::from_slice(&budget.stdout).unwrap();
+        assert_eq!(budget["mapped_bytes"], bytes.len());
+        assert_eq!(budget["per_layer_bits"], nbits);
+        let (code, report, err) = validate(&pkg, &dir, 64);
+        let kl = report["behaviour"]["kl_mean"].as_f64().unwrap();
+        eprintln!("gemma4, the per-layer table at {nbits} bits: KL {kl}");
+        assert_eq!(code, Some(0), "{err}\n{report:#}");
+        assert!(kl < [2e-2, 2e-3][usize::from(nbits == 8)], "{kl}");
+    }
+    // A chain reads the same table beside it.
+    let chain = out.path().join("chain.mlpackage");
+    convert(&dir, &chain)
+        .args([
+            "--max-seq-len",
+            "64",
+            "--max-package-size",
+            "1450KB",
+            "--recipe",
+        ])
+        .arg(recipe(8))
+        .ok();
+    assert!(out.path().join("chain/chain.json").is_file() || chain.join("chain.json").is_file());
+    let (code, report, err) = validate(&chain, &dir, 64);
+    assert_eq!(code, Some(0), "{err}\n{report:#}");
 }
 
 /// The per-layer table lives beside the package, not in it: `X.per_layer.bin` holds the

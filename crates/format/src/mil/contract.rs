@@ -270,14 +270,18 @@ pub fn per_layer_file(package: &std::path::Path) -> std::path::PathBuf {
 pub const PER_LAYER_FILE_SUFFIX: &str = "per_layer.bin";
 
 /// Gemma 4's per-layer embedding table, kept out of the package (docs/contract.md, "The
-/// per-layer table"): a file beside it ([`per_layer_file`]) of `rows` rows of
-/// `layers · width` little-endian fp16 values, row t holding token t's per-layer input of
-/// every block (block l at `l · width`). The host reads the rows of a step's tokens and passes
-/// them as [`PER_LAYER_ROWS`]; the file is memory-mapped, so only the rows of tokens seen are
-/// read.
+/// per-layer table"): a file beside it ([`per_layer_file`]) of `rows` rows of `layers · width`
+/// values, row t holding token t's per-layer input of every block (block l at `l · width`).
+/// The host reads the rows of a step's tokens and passes them as [`PER_LAYER_ROWS`]; the file
+/// is memory-mapped, so only the rows of tokens seen are read.
+///
+/// `fp16` rows are little-endian fp16 values. A `lutN` file (N bits, 1 to 8) starts with one
+/// LUT per block (`layers` × 2^N fp16 entries, block l's at `l · 2^N`), then the rows as LUT
+/// indices, each row packed on its own as the package's palettized weights are: an LSB-first
+/// bit stream of ⌈L·P·N/8⌉ bytes (at 4 bits, the even value in the low four bits).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PerLayerTable {
-    /// `fp16`: how each value is stored.
+    /// `fp16` or `lutN` (N bits, 1 to 8): how each value is stored.
     pub dtype: String,
     /// Rows: the per-layer vocabulary (token ids at or past it have no row).
     pub rows: usize,
@@ -289,25 +293,52 @@ pub struct PerLayerTable {
     pub sha256: String,
 }
 
+/// The per-layer table's dtype when its values are LUT indices of `nbits` bits.
+pub fn per_layer_lut_dtype(nbits: u8) -> String {
+    format!("lut{nbits}")
+}
+
 impl PerLayerTable {
     /// The values of one row, L·P.
     pub fn row_len(&self) -> usize {
         self.layers.saturating_mul(self.width)
     }
 
+    /// The bits of a LUT index, or `None` for fp16 values.
+    pub fn lut_bits(&self) -> Option<u8> {
+        let bits: u8 = self.dtype.strip_prefix("lut")?.parse().ok()?;
+        (1..=8).contains(&bits).then_some(bits)
+    }
+
+    /// Bytes of the LUTs at the file's start (0 for fp16 rows).
+    pub fn luts_bytes(&self) -> u64 {
+        self.lut_bits()
+            .map_or(0, |n| (self.layers as u64).saturating_mul(2u64 << n))
+    }
+
+    /// Bytes of one row in the file.
+    pub fn row_bytes(&self) -> u64 {
+        let values = self.row_len() as u64;
+        match self.lut_bits() {
+            Some(n) => values.saturating_mul(n as u64).div_ceil(8),
+            None => values.saturating_mul(2),
+        }
+    }
+
     /// The file's size as the contract declares it (saturating: a foreign contract's numbers
     /// may be past any file).
     pub fn file_bytes(&self) -> u64 {
         (self.rows as u64)
-            .saturating_mul(self.row_len() as u64)
-            .saturating_mul(2)
+            .saturating_mul(self.row_bytes())
+            .saturating_add(self.luts_bytes())
     }
 
-    /// Whether the declared table is one this runner reads: fp16, rows of non-zero width.
+    /// Whether the declared table is one this runner reads: a known dtype and rows of
+    /// non-zero width.
     pub fn check(&self) -> Result<(), String> {
-        if self.dtype != "fp16" {
+        if self.dtype != "fp16" && self.lut_bits().is_none() {
             return Err(format!(
-                "per_layer: dtype `{}`; the table is stored as fp16",
+                "per_layer: dtype `{}`; the table is stored as fp16 or lut1 to lut8",
                 self.dtype
             ));
         }

@@ -394,12 +394,26 @@ impl ModelSpec {
         self.gemma4.as_ref().map_or(0, |g| g.per_layer_input)
     }
 
-    /// Bytes of the per-layer table's file beside the package (fp16 rows of L·P values, one
-    /// per token of the per-layer vocabulary); 0 when the model has none.
-    pub fn per_layer_table_bytes(&self) -> u64 {
+    /// Bytes of the per-layer table's file beside the package: rows of L·P values, one per
+    /// token of the per-layer vocabulary, as fp16 (`bits` `None`) or LUT indices of `bits`
+    /// after one LUT per block (docs/contract.md, "The per-layer table"); 0 when the model
+    /// has none.
+    pub fn per_layer_table_bytes(&self, bits: Option<u8>) -> u64 {
         self.gemma4.as_ref().map_or(0, |g| {
-            g.per_layer_vocab as u64 * self.num_hidden_layers as u64 * g.per_layer_input as u64 * 2
+            let (rows, layers) = (g.per_layer_vocab as u64, self.num_hidden_layers as u64);
+            let row_len = layers * g.per_layer_input as u64;
+            match bits {
+                None => rows * row_len * 2,
+                Some(n) => rows * (row_len * n as u64).div_ceil(8) + layers * (2u64 << n),
+            }
         })
+    }
+
+    /// The per-layer table's slot (role `per_layer_embedding`), when the model has one.
+    pub fn per_layer_slot(&self) -> Option<super::TensorSlot> {
+        super::expected_tensors(self)
+            .into_iter()
+            .find(|s| s.role == super::Role::PerLayerEmbedding)
     }
 
     /// Block `l`'s MLP width (Gemma 4's KV-sharing blocks may be twice as wide).

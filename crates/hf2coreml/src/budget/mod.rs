@@ -340,6 +340,9 @@ pub struct Budget {
     /// `total_bytes`; the rows a step reads are in the working set.
     #[serde(skip_serializing_if = "is_zero")]
     pub mapped_bytes: u64,
+    /// How that table stores its values: the bits of its LUT indices, absent for fp16.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_layer_bits: Option<u8>,
     pub kv_cache_bytes: u64,
     pub working_set_bytes: u64,
     pub runtime_overhead_bytes: u64,
@@ -394,12 +397,13 @@ pub fn working_set_bytes(spec: &ModelSpec, max_seq_len: usize, query_len: usize)
     logits + updates + scores + layer_kv + hidden + per_layer_rows
 }
 
-/// Compute the budget of a plan.
+/// Compute the budget of a plan whose per-layer table (Gemma 4's) is stored with
+/// `per_layer_bits` ([`ModelSpec::per_layer_table_bytes`]).
 pub fn compute(
     spec: &ModelSpec,
     weights_bytes: u64,
-    max_seq_len: usize,
-    query_len: usize,
+    (max_seq_len, query_len): (usize, usize),
+    per_layer_bits: Option<u8>,
     limit: &Limit,
 ) -> Budget {
     let total_at = |s: usize| {
@@ -437,7 +441,8 @@ pub fn compute(
         max_seq_len,
         query_len,
         weights_bytes,
-        mapped_bytes: spec.per_layer_table_bytes(),
+        mapped_bytes: spec.per_layer_table_bytes(per_layer_bits),
+        per_layer_bits,
         kv_cache_bytes: kv_cache_bytes(spec, max_seq_len),
         working_set_bytes: working_set_bytes(spec, max_seq_len, query_len),
         runtime_overhead_bytes: limit.runtime_overhead_bytes,
@@ -530,13 +535,13 @@ mod tests {
         let w = weights_bytes(&expected_tensors(&spec), default_storage);
         let limit = Limit::explicit(400 << 20, d.defaults);
         assert_eq!(limit.usable_bytes(), ((400u64 << 20) as f64 * 0.9) as u64);
-        let b = compute(&spec, w, 512, 1, &limit);
+        let b = compute(&spec, w, (512, 1), None, &limit);
         assert_eq!(b.runtime_overhead_bytes, 150 << 20);
         let bare = compute(
             &spec,
             w,
-            512,
-            1,
+            (512, 1),
+            None,
             &Limit::explicit(400 << 20, Allowances::NONE),
         );
         assert!(bare.max_seq_len_that_fits > b.max_seq_len_that_fits);
@@ -550,20 +555,20 @@ mod tests {
         let spec = smollm();
         let w = weights_bytes(&expected_tensors(&spec), default_storage);
         let limit = Limit::explicit(w + (100 << 20), Allowances::NONE);
-        let b = compute(&spec, w, 512, 1, &limit);
+        let b = compute(&spec, w, (512, 1), None, &limit);
         assert!(b.fits);
         let s = b.max_seq_len_that_fits;
         assert!(s > 512);
-        assert!(compute(&spec, w, s, 1, &limit).fits);
-        assert!(!compute(&spec, w, s + 1, 1, &limit).fits);
+        assert!(compute(&spec, w, (s, 1), None, &limit).fits);
+        assert!(!compute(&spec, w, (s + 1, 1), None, &limit).fits);
         // Memory for far more than the context still stops at the context.
         let roomy = Limit::explicit(w + (8 << 30), Allowances::NONE);
         assert_eq!(
-            compute(&spec, w, 512, 1, &roomy).max_seq_len_that_fits,
+            compute(&spec, w, (512, 1), None, &roomy).max_seq_len_that_fits,
             8192
         );
         let tiny = Limit::explicit(w / 2, Allowances::NONE);
-        let b = compute(&spec, w, 512, 1, &tiny);
+        let b = compute(&spec, w, (512, 1), None, &tiny);
         assert!(!b.fits);
         assert_eq!(b.max_seq_len_that_fits, 0);
     }

@@ -145,7 +145,12 @@ pub fn suggest(
         }
         let recipe = file.recipe;
         let weights = input.weights_bytes(&recipe);
-        let b = compute(&input.spec, weights, max_seq_len, query_len, limit);
+        // A built-in recipe stores the per-layer table as the file holds it.
+        let bits = input
+            .spec
+            .per_layer_slot()
+            .and_then(|slot| recipe.per_layer_bits(&slot).ok().flatten());
+        let b = compute(&input.spec, weights, (max_seq_len, query_len), bits, limit);
         let units = super::split::ModelBytes::measure(&input.spec, &input.slots, per_part, |s| {
             recipe.storage(s).bytes(s.numel())
         });

@@ -81,7 +81,7 @@ pub fn convert(
     let files = opts.source_hashes(ckpt)?;
     let mut outputs = outputs;
     let mut out = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
-    let per_layer = stage_per_layer_table(ckpt, &mut outputs, &mut out)?;
+    let per_layer = stage_per_layer_table(ckpt, opts.per_layer_bits, &mut outputs, &mut out)?;
     let contract = contract_for(ckpt, opts, &scaling, (recipe, files), per_layer)?;
     let model_name = ckpt
         .dir()

@@ -100,7 +100,7 @@ pub fn convert_chain(
     let sources = (job.recipe, opts.source_hashes(ckpt)?);
     let mut dir = Staged::new(&opts.output, opts.force).map_err(io_err(&opts.output))?;
     // Gemma 4's per-layer table, beside the chain as beside one package.
-    let per_layer = stage_per_layer_table(ckpt, &mut outputs, &mut dir)?;
+    let per_layer = stage_per_layer_table(ckpt, opts.per_layer_bits, &mut outputs, &mut dir)?;
     let contract = contract_for(ckpt, opts, &scaling, sources, per_layer)?;
     let model_name = ckpt
         .dir()

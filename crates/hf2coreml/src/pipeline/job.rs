@@ -107,27 +107,13 @@ pub fn check_prefill(
     Ok(q)
 }
 
-/// Refuse what a recipe asks of a model that the conversion would not do: palettizing Gemma
-/// 4's per-layer table (a file of fp16 rows beside the package), and the calibration its
-/// blocks cannot run (AWQ's search and the mixed-precision allocation run one block on its
-/// own, which a Gemma 4 block, with its per-layer input and the keys and values it shares, is
-/// not).
+/// Refuse what a recipe asks of a model that the conversion would not do: a per-layer table
+/// (Gemma 4's, beside the package) palettized otherwise than [`per_layer_bits`] writes it,
+/// and the calibration its blocks cannot run (AWQ's search and the mixed-precision allocation
+/// run one block on its own, which a Gemma 4 block, with its per-layer input and the keys and
+/// values it shares, is not).
 fn check_recipe(spec: &ModelSpec, recipe: &Recipe) -> Result<(), ConvertError> {
-    // Gemma 4's per-layer table is written beside the package as fp16 rows: a recipe that
-    // palettizes it would not be honoured.
-    let table = crate::arch::expected_tensors(spec)
-        .into_iter()
-        .find(|s| s.role == crate::arch::Role::PerLayerEmbedding);
-    if let Some(slot) = table {
-        if let crate::quant::Decision::Palettize { nbits, .. } = recipe.decide(&slot) {
-            return Err(ConvertError::State(format!(
-                "the recipe palettizes `{}` ({nbits} bits, role `per_layer_embedding`): the \
-                 per-layer table is written beside the package as fp16 rows \
-                 (docs/contract.md, \"The per-layer table\"); drop the rule",
-                slot.name
-            )));
-        }
-    }
+    per_layer_bits(spec, recipe)?;
     let Some(c) = recipe.calibration() else {
         return Ok(());
     };
@@ -145,6 +131,23 @@ fn check_recipe(spec: &ModelSpec, recipe: &Recipe) -> Result<(), ConvertError> {
         .into()),
         None => Ok(()),
     }
+}
+
+/// How the recipe stores Gemma 4's per-layer table beside the package (docs/contract.md, "The
+/// per-layer table"): `None` for fp16 rows, or the bits of its LUT indices (one LUT per
+/// block's columns, fitted to the table's values). A grouped palettization is refused.
+pub fn per_layer_bits(spec: &ModelSpec, recipe: &Recipe) -> Result<Option<u8>, ConvertError> {
+    let Some(slot) = spec.per_layer_slot() else {
+        return Ok(None);
+    };
+    recipe.per_layer_bits(&slot).map_err(|other| {
+        ConvertError::State(format!(
+            "the recipe stores `{}` (role `per_layer_embedding`) as {other}: the per-layer \
+             table beside the package is fp16 or palettized with one LUT per block, not in \
+             groups of rows (docs/contract.md, \"The per-layer table\")",
+            slot.name
+        ))
+    })
 }
 
 /// A max_sequence_length within the model's trained context.
@@ -466,13 +469,15 @@ impl Job {
         check_context(spec, self.max_seq_len)?;
         crate::graph::decoder::check_spec(spec, self.max_seq_len).map_err(ConvertError::from)?;
         check_recipe(spec, &self.recipe)?;
+        let per_layer_bits = per_layer_bits(spec, &self.recipe)?;
         let predicted = self.recipe.weights_bytes(&ckpt.package_slots());
         self.check_split(ckpt)?;
         let budget = match &self.device {
             Some(id) => {
                 let devices = Devices::builtin();
                 let limit = Limit::for_device(devices.get(id)?, self.increased_memory_limit);
-                let b = budget::compute(spec, predicted, self.max_seq_len, self.query_len, &limit);
+                let shape = (self.max_seq_len, self.query_len);
+                let b = budget::compute(spec, predicted, shape, per_layer_bits, &limit);
                 if !b.fits && !self.allow_over_budget {
                     return Err(JobError::OverBudget(CheckFailed(format!(
                         "the plan needs {} on {id} but only {} is usable (largest max_seq_len \
@@ -652,6 +657,7 @@ impl Job {
             kv_cache: self.package.kv_cache,
             prefill_len: self.prefill_len()?,
             prefill_logits: self.prefill_logits()?,
+            per_layer_bits: per_layer_bits(ckpt.spec(), &self.recipe)?,
         };
         Ok(super::convert::convert(
             ckpt, &opts, weights, applied, times, progress,

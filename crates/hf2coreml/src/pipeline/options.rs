@@ -73,6 +73,9 @@ pub struct ConvertOptions {
     pub prefill_len: usize,
     /// The rows of logits the prefill function returns (`--prefill-logits`).
     pub prefill_logits: contract::PrefillLogits,
+    /// Gemma 4's per-layer table beside the package: the bits of its LUT indices, or `None`
+    /// for fp16 rows ([`super::job::per_layer_bits`]).
+    pub per_layer_bits: Option<u8>,
 }
 
 impl ConvertOptions {

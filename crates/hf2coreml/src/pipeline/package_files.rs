@@ -60,10 +60,13 @@ impl Outputs {
 
 /// Gemma 4's per-layer table, staged beside the package in the form the contract describes
 /// ([`contract::PerLayerTable`]): row by row from the mapped checkpoint, rounded to fp16 and
-/// hashed on the way, so the table is never held in memory. `outputs` loses the file when the
-/// model has no table, and a file of that name an earlier output left goes at commit.
+/// hashed on the way, so the table is never held in memory. With `bits`, each block's columns
+/// get a LUT of 2^bits entries fitted exactly to their values (counted in a first pass over
+/// the rows) and the rows are written as LUT indices in a second. `outputs` loses the file
+/// when the model has no table, and a file of that name an earlier output left goes at commit.
 pub(super) fn stage_per_layer_table(
     ckpt: &Checkpoint,
+    bits: Option<u8>,
     outputs: &mut Outputs,
     staged: &mut Staged,
 ) -> Result<Option<contract::PerLayerTable>, ConvertError> {
@@ -90,27 +93,73 @@ pub(super) fn stage_per_layer_table(
             layers * width
         )));
     }
+    let row = |r: usize| table.row(r).expect("a row of the checked shape").to_f16();
+    let luts = match bits {
+        Some(n) => Some(per_layer_luts(&name, n, (rows, layers, width), &row)?),
+        None => None,
+    };
     let mut hash = Sha256::new();
     staged
         .add_file_with(&dest, |w| {
+            let mut put = |bytes: &[u8]| {
+                hash.update(bytes);
+                w.write_all(bytes)
+            };
+            if let Some(luts) = &luts {
+                let head: Vec<u8> = luts
+                    .iter()
+                    .flat_map(|t| t.lut.iter().flat_map(|x| x.to_le_bytes()))
+                    .collect();
+                put(&head)?;
+            }
             let mut bytes = Vec::with_capacity(layers * width * 2);
             for r in 0..rows {
-                let row = table.row(r).expect("a row of the checked shape");
+                let values = row(r);
                 bytes.clear();
-                bytes.extend(row.to_f16().iter().flat_map(|x| x.to_le_bytes()));
-                hash.update(&bytes);
-                w.write_all(&bytes)?;
+                match &luts {
+                    None => bytes.extend(values.iter().flat_map(|x| x.to_le_bytes())),
+                    Some(luts) => {
+                        let indices: Vec<u8> = (values.iter().enumerate())
+                            .map(|(i, &v)| luts[i / width].index(v))
+                            .collect();
+                        let n = bits.expect("LUTs are fitted for bits");
+                        bytes.extend(crate::quant::pack_indices(&indices, n));
+                    }
+                }
+                put(&bytes)?;
             }
             Ok(())
         })
         .map_err(io_err(&dest))?;
     Ok(Some(contract::PerLayerTable {
-        dtype: "fp16".into(),
+        dtype: bits.map_or("fp16".into(), contract::per_layer_lut_dtype),
         rows,
         layers,
         width,
         sha256: hash.finalize().iter().map(|b| format!("{b:02x}")).collect(),
     }))
+}
+
+/// One LUT of 2^`bits` entries per block's `width` columns of the per-layer table, fitted
+/// exactly to the fp16 values of every row (counted row by row: the table is never held).
+fn per_layer_luts(
+    name: &str,
+    bits: u8,
+    (rows, layers, width): (usize, usize, usize),
+    row: &dyn Fn(usize) -> Vec<half::f16>,
+) -> Result<Vec<crate::quant::kmeans::LutTable>, ConvertError> {
+    let mut counts = vec![crate::quant::kmeans::F16Counts::default(); layers];
+    for r in 0..rows {
+        let values = row(r);
+        for (c, block) in counts.iter_mut().zip(values.chunks_exact(width)) {
+            c.add(block);
+        }
+    }
+    counts
+        .iter()
+        .map(|c| c.fit(bits))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ConvertError::State(format!("`{name}`: {e}")))
 }
 
 /// The tokenizer and its config, staged to be placed beside the package with it; `outputs`

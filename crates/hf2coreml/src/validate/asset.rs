@@ -59,7 +59,7 @@ pub(super) fn validate_asset(
         package, &tokens, &got, &cache,
     )?);
     let gates = if opts.gates.is_empty() {
-        default_gates(RecipeKind::from_min_bits(min_bits))
+        default_gates(RecipeKind::of_package(min_bits, &c))
     } else {
         opts.gates.clone()
     };

@@ -49,23 +49,28 @@ fn recurrent_text(r: Option<&contract::Recurrent>) -> String {
     }
 }
 
-/// Gemma 4's per-layer table: the one the checkpoint's config makes against the contract's,
-/// and the file beside the package (`path`) against the hash the contract records.
+/// Gemma 4's per-layer table: the shape the checkpoint's config makes against the contract's
+/// (stored as the contract's dtype says: fp16 or LUT indices), and the file beside the
+/// package (`path`) against the hash the contract records.
 pub(super) fn per_layer_items(path: &Path, c: &Contract, ckpt: &Checkpoint) -> Vec<ContractItem> {
     let spec = ckpt.spec();
     let shape =
-        |rows: usize, layers: usize, width: usize| format!("{rows} rows of {layers}×{width} fp16");
+        |rows: usize, layers: usize, width: usize| format!("{rows} rows of {layers}×{width}");
     let expected = match &spec.gemma4 {
         Some(g) if g.per_layer_input > 0 => {
             shape(g.per_layer_vocab, spec.num_hidden_layers, g.per_layer_input)
         }
         _ => "none".into(),
     };
-    let found = c.per_layer.as_ref().map_or("none".into(), |t| {
-        format!("{} ({})", shape(t.rows, t.layers, t.width), t.dtype)
-            .replace(" fp16 (fp16)", " fp16")
-    });
-    let mut items = vec![item("per-layer table", expected, found)];
+    let found = c
+        .per_layer
+        .as_ref()
+        .map_or("none".into(), |t| shape(t.rows, t.layers, t.width));
+    let what = match &c.per_layer {
+        Some(t) => format!("per-layer table ({})", t.dtype),
+        None => "per-layer table".into(),
+    };
+    let mut items = vec![item(&what, expected, found)];
     if let Some(t) = &c.per_layer {
         let file = contract::per_layer_file(path);
         let hash = crate::fsutil::sha256_file(&file)

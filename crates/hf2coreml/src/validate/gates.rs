@@ -214,6 +214,22 @@ impl RecipeKind {
             Some(_) => RecipeKind::Bits4,
         }
     }
+
+    /// [`RecipeKind::from_min_bits`] of the package's weights (`min_bits`) and of the
+    /// per-layer table beside it that contract `c` declares (Gemma 4's, palettized or not):
+    /// its values reach the blocks as the weights' do.
+    pub fn of_package(min_bits: Option<u32>, c: &crate::mil::contract::Contract) -> Self {
+        let table = c
+            .per_layer
+            .as_ref()
+            .and_then(|t| t.lut_bits())
+            .map(u32::from);
+        let fewest = match (min_bits, table) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Self::from_min_bits(fewest)
+    }
 }
 
 fn gate(metric: Metric, cmp: Cmp, threshold: f64) -> Gate {

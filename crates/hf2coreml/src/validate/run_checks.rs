@@ -110,7 +110,7 @@ pub fn validate_with_progress(
         })
         .collect();
     let gates = if opts.gates.is_empty() {
-        default_gates(RecipeKind::from_min_bits(min_bits))
+        default_gates(RecipeKind::of_package(min_bits, &c))
     } else {
         opts.gates.clone()
     };

@@ -366,6 +366,21 @@ impl Recipe {
         &self.origin
     }
 
+    /// How Gemma 4's per-layer table (`slot`, role `per_layer_embedding`, a file beside the
+    /// package) is stored: `Ok(None)` as fp16 rows, `Ok(Some(bits))` as LUT indices with one
+    /// LUT per block; a grouped decision (one LUT per G rows), which the file does not hold,
+    /// is returned as the error.
+    pub fn per_layer_bits(&self, slot: &TensorSlot) -> Result<Option<u8>, Decision> {
+        match self.decide(slot) {
+            Decision::Fp16 => Ok(None),
+            Decision::Palettize {
+                nbits,
+                granularity: Granularity::PerTensor,
+            } => Ok(Some(nbits)),
+            other => Err(other),
+        }
+    }
+
     /// The decision for one tensor: name rule > role rule > default, then `--nbits`.
     pub fn decide(&self, slot: &TensorSlot) -> Decision {
         let d = self
