@@ -17,8 +17,8 @@ pub struct PerLayerRows {
     map: memmap2::Mmap,
     rows: usize,
     row_len: usize,
-    /// The LUT index bits and every block's LUT (`width` values each), for a `lut*` table.
-    luts: Option<(u8, Vec<f16>)>,
+    /// The bits of a LUT index, for a `lut*` table (its LUTs are read from the map).
+    lut_bits: Option<u8>,
     width: usize,
 }
 
@@ -63,20 +63,12 @@ impl PerLayerRows {
         // SAFETY: the map is read-only; a table changed underneath us while we run is outside
         // what any reader can defend against (as for the checkpoint and weight.bin).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
-        let luts = t.lut_bits().map(|n| {
-            let head = &map[..t.luts_bytes() as usize];
-            let lut = head
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]))
-                .collect();
-            (n, lut)
-        });
         Ok(PerLayerRows {
             path,
             map,
             rows: t.rows,
             row_len: t.row_len(),
-            luts,
+            lut_bits: t.lut_bits(),
             width: t.width,
         })
     }
@@ -85,8 +77,12 @@ impl PerLayerRows {
     /// (a padded position's row too: any id the table has).
     pub fn gather(&self, input_ids: &[i32]) -> Result<Vec<f16>, RuntimeError> {
         let mut out = Vec::with_capacity(input_ids.len() * self.row_len);
-        let (start, bytes) = match &self.luts {
-            Some((n, lut)) => (lut.len(), (self.row_len * *n as usize).div_ceil(8)),
+        // Past the LUTs (`layers` × 2^bits fp16), rows of packed indices; or fp16 rows.
+        let (start, bytes) = match self.lut_bits {
+            Some(n) => (
+                (self.row_len / self.width) << n,
+                (self.row_len * n as usize).div_ceil(8),
+            ),
             None => (0, self.row_len * 2),
         };
         for &id in input_ids {
@@ -102,19 +98,17 @@ impl PerLayerRows {
                 })?;
             let at = start * 2 + row * bytes;
             let raw = &self.map[at..at + bytes];
-            match &self.luts {
+            let value = |at: usize| f16::from_le_bytes([self.map[2 * at], self.map[2 * at + 1]]);
+            match self.lut_bits {
                 None => out.extend(
                     raw.chunks_exact(2)
                         .map(|b| f16::from_le_bytes([b[0], b[1]])),
                 ),
-                Some((n, lut)) => {
-                    let k = 1usize << n;
-                    let indices = hf2coreml_numerics::pack::unpack_indices(raw, *n, self.row_len);
+                Some(n) => {
+                    let indices = hf2coreml_numerics::pack::unpack_indices(raw, n, self.row_len);
                     out.extend(
-                        indices
-                            .iter()
-                            .enumerate()
-                            .map(|(i, &x)| lut[(i / self.width) * k + x as usize]),
+                        (indices.iter().enumerate())
+                            .map(|(i, &x)| value(((i / self.width) << n) + x as usize)),
                     );
                 }
             }

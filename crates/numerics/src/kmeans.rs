@@ -142,6 +142,13 @@ impl F16Counts {
         }
     }
 
+    /// Add the values `other` counted.
+    pub fn merge(&mut self, other: &F16Counts) {
+        for (c, o) in self.counts.iter_mut().zip(&other.counts) {
+            *c += o;
+        }
+    }
+
     /// The optimal LUT of `2^nbits` entries for the counted values: the same as
     /// [`palettize_f16`] of all of them with uniform weights. NaN or Inf among them, or
     /// unsupported `nbits`, is an error.
@@ -690,10 +697,11 @@ mod tests {
         let values: Vec<f16> = (0..5000)
             .map(|i| f16::from_f32(((i * 7919) % 1013) as f32 / 97.0 - 5.0))
             .collect();
-        let mut counts = F16Counts::default();
-        for chunk in values.chunks(333) {
-            counts.add(chunk);
+        let (mut counts, mut rest) = (F16Counts::default(), F16Counts::default());
+        for (i, chunk) in values.chunks(333).enumerate() {
+            [&mut counts, &mut rest][i % 2].add(chunk);
         }
+        counts.merge(&rest);
         for nbits in [4, 8] {
             let whole = palettize_f16(&values, nbits, None).unwrap();
             let table = counts.fit(nbits).unwrap();

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use serde::Serialize;
 
 use super::convert_error::{io_err, ConvertError};
@@ -58,12 +59,16 @@ impl Outputs {
     }
 }
 
+/// The per-layer table's rows encoded at once before they are written in order.
+const ROWS_AT_ONCE: usize = 2048;
+
 /// Gemma 4's per-layer table, staged beside the package in the form the contract describes
 /// ([`contract::PerLayerTable`]): row by row from the mapped checkpoint, rounded to fp16 and
 /// hashed on the way, so the table is never held in memory. With `bits`, each block's columns
 /// get a LUT of 2^bits entries fitted exactly to their values (counted in a first pass over
-/// the rows) and the rows are written as LUT indices in a second. `outputs` loses the file
-/// when the model has no table, and a file of that name an earlier output left goes at commit.
+/// the rows) and the rows are written as LUT indices in a second. Both passes take the rows
+/// a few thousand at a time on every core. `outputs` loses the file when the model has no
+/// table, and a file of that name an earlier output left goes at commit.
 pub(super) fn stage_per_layer_table(
     ckpt: &Checkpoint,
     bits: Option<u8>,
@@ -98,6 +103,19 @@ pub(super) fn stage_per_layer_table(
         Some(n) => Some(per_layer_luts(&name, n, (rows, layers, width), &row)?),
         None => None,
     };
+    // One row as the file stores it.
+    let encode = |r: usize| -> Vec<u8> {
+        let values = row(r);
+        match (&luts, bits) {
+            (Some(luts), Some(n)) => {
+                let indices: Vec<u8> = (values.iter().enumerate())
+                    .map(|(i, &v)| luts[i / width].index(v))
+                    .collect();
+                crate::quant::pack_indices(&indices, n)
+            }
+            _ => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    };
     let mut hash = Sha256::new();
     staged
         .add_file_with(&dest, |w| {
@@ -112,21 +130,12 @@ pub(super) fn stage_per_layer_table(
                     .collect();
                 put(&head)?;
             }
-            let mut bytes = Vec::with_capacity(layers * width * 2);
-            for r in 0..rows {
-                let values = row(r);
-                bytes.clear();
-                match &luts {
-                    None => bytes.extend(values.iter().flat_map(|x| x.to_le_bytes())),
-                    Some(luts) => {
-                        let indices: Vec<u8> = (values.iter().enumerate())
-                            .map(|(i, &v)| luts[i / width].index(v))
-                            .collect();
-                        let n = bits.expect("LUTs are fitted for bits");
-                        bytes.extend(crate::quant::pack_indices(&indices, n));
-                    }
+            for start in (0..rows).step_by(ROWS_AT_ONCE) {
+                let end = (start + ROWS_AT_ONCE).min(rows);
+                let encoded: Vec<Vec<u8>> = (start..end).into_par_iter().map(encode).collect();
+                for bytes in &encoded {
+                    put(bytes)?;
                 }
-                put(&bytes)?;
             }
             Ok(())
         })
@@ -146,13 +155,29 @@ fn per_layer_luts(
     name: &str,
     bits: u8,
     (rows, layers, width): (usize, usize, usize),
-    row: &dyn Fn(usize) -> Vec<half::f16>,
+    row: &(dyn Fn(usize) -> Vec<half::f16> + Sync),
 ) -> Result<Vec<crate::quant::kmeans::LutTable>, ConvertError> {
-    let mut counts = vec![crate::quant::kmeans::F16Counts::default(); layers];
-    for r in 0..rows {
-        let values = row(r);
-        for (c, block) in counts.iter_mut().zip(values.chunks_exact(width)) {
-            c.add(block);
+    use crate::quant::kmeans::F16Counts;
+    // A count per block per thread (512 KiB each), merged.
+    let threads = rayon::current_num_threads().clamp(1, rows.max(1));
+    let counted: Vec<Vec<F16Counts>> = (0..threads)
+        .into_par_iter()
+        .map(|t| {
+            let mut counts = vec![F16Counts::default(); layers];
+            for r in (t * rows / threads)..((t + 1) * rows / threads) {
+                let values = row(r);
+                for (c, block) in counts.iter_mut().zip(values.chunks_exact(width)) {
+                    c.add(block);
+                }
+            }
+            counts
+        })
+        .collect();
+    let mut counted = counted.into_iter();
+    let mut counts = counted.next().unwrap_or_default();
+    for other in counted {
+        for (c, o) in counts.iter_mut().zip(&other) {
+            c.merge(o);
         }
     }
     counts
