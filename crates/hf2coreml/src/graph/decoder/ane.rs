@@ -23,7 +23,7 @@ use super::blocks::{blocks, recurrent_updates, stack, Sorted};
 use super::linear::Weights;
 use super::logits::{self, last_real};
 use super::lower::Lowering;
-use super::norms::{plus_offset, rms_norm};
+use super::norms::{plus_offset, rms_norm, rms_norm_ranged};
 use super::shared::shared_inputs;
 use super::step::{Dims, Part, StepOptions};
 use crate::arch::{ModelSpec, TensorId};
@@ -56,7 +56,8 @@ pub(super) fn build_part(
     let shared =
         (!part.layers.is_empty()).then(|| shared_inputs(&mut b, spec, dims, part, alpha, opts).0);
     let (x, mut head) = if part.embedding {
-        embedding(&mut b, &mut weights, spec, (&first, q), alpha, part.head)?
+        let scale = alpha * spec.embedding_scale();
+        embedding(&mut b, &mut weights, spec, (&first, q), scale, part.head)?
     } else {
         (first, None)
     };
@@ -89,14 +90,11 @@ pub(super) fn build_part(
             let valid = shared.as_ref().and_then(|sh| sh.valid.as_deref());
             x = last_position(&mut b, &x, (spec.hidden_size, q), valid);
         }
-        let hn = rms_norm(
-            &mut b,
-            &x,
-            &nw,
-            spec.rms_norm_eps * alpha * alpha,
-            CHANNELS,
-            "final_norm",
-        );
+        let eps = spec.rms_norm_eps * alpha * alpha;
+        let hn = match spec.gemma.is_some() {
+            true => rms_norm_ranged(&mut b, &x, &nw, eps, CHANNELS, "final_norm"),
+            false => rms_norm(&mut b, &x, &nw, eps, CHANNELS, "final_norm"),
+        };
         logits_parts(
             &mut b,
             &parts,
@@ -128,9 +126,9 @@ fn check(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
             part.layers, spec.num_hidden_layers
         )));
     }
-    // Gemma 3's (1 + w) and extra norms, scaled embedding, GeGLU and windowed layers are
-    // built by the default layout only.
-    if spec.gemma.is_some() {
+    // Gemma 4's per-layer inputs, blocks grouped otherwise than the model and soft-capped
+    // logits are built by the default layout only.
+    if spec.gemma4.is_some() {
         return Err(GraphError::Unsupported(format!(
             "{} is not built in --layout ane: use --layout default",
             spec.architecture

@@ -18,7 +18,9 @@ pub(super) struct Cf<'a> {
     shared: &'a Shared,
     pub(super) cos: String,
     pub(super) sin: String,
-    mask: String,
+    pub(super) mask: String,
+    /// Gemma's sliding blocks' RoPE rows and window mask, transposed as the others.
+    pub(super) local: Option<(String, String, String)>,
 }
 
 impl<'a> Cf<'a> {
@@ -30,10 +32,18 @@ impl<'a> Cf<'a> {
                 vec![("x", var(x)), ("perm", ints(&[1, 0]))],
             )
         };
+        let local = shared.local.as_ref().map(|(cos, sin, window)| {
+            (
+                t(b, cos, "rope_cos_local_cf"),
+                t(b, sin, "rope_sin_local_cf"),
+                t(b, window, "window_mask_cf"),
+            )
+        });
         Cf {
             cos: t(b, &shared.cos, "rope_cos_cf"),
             sin: t(b, &shared.sin, "rope_sin_cf"),
             mask: t(b, &shared.mask, "mask_cf"),
+            local,
             shared,
         }
     }
@@ -210,6 +220,7 @@ pub(super) fn per_group(
     qs: &str,
     keys: &str,
     values: &str,
+    mask: &str,
     tag: &str,
 ) -> String {
     let dims = &cf.shared.dims;
@@ -244,7 +255,7 @@ pub(super) fn per_group(
         let masked = b.op(
             Op::Add,
             &format!("{t}_scores_masked"),
-            vec![("x", var(&scores)), ("y", var(&cf.mask))],
+            vec![("x", var(&scores)), ("y", var(mask))],
         );
         let probs = b.op(
             Op::Softmax,

@@ -178,7 +178,7 @@ fn qkv(
         // Gemma 4's heads are normalised whatever their size (no softmax scale follows):
         // ranged norms keep small heads' squares out of fp16's subnormals.
         let norm = |b: &mut Builder, x: &str, w: &str, name: &str| match shared.gemma4 {
-            Some(_) => Ok(rms_norm_ranged(b, x, w, eps, name)),
+            Some(_) => Ok(rms_norm_ranged(b, x, w, eps, lower.head_axis(), name)),
             None => lower.head_norm(b, x, w, eps, name),
         };
         qh = norm(b, &qh, &qw, &format!("{tag}_q_norm"))?;
@@ -189,7 +189,7 @@ fn qkv(
     // Gemma 4's values pass an RMSNorm without weight.
     if let (Some(_), Some((_, vh))) = (&shared.gemma4, &mut kv) {
         let name = format!("{tag}_v_norm");
-        *vh = rms_normalize_ranged(b, vh, shared.plain_eps, &name);
+        *vh = rms_normalize_ranged(b, vh, shared.plain_eps, lower.head_axis(), &name);
     }
     if !shared.rope_in_layer[l] {
         return Ok((qh, kv, gate));

@@ -56,10 +56,15 @@ impl Lowering<'_> {
     ) -> Result<String, GraphError> {
         match self {
             Lowering::Default => Ok(norms::residual_norm(b, x, w, eps, ranged, name)),
-            Lowering::Ane(_) => {
-                refuse_if(ranged, "ranged norms (Gemma)")?;
-                Ok(norms::rms_norm(b, x, w, eps, ane_ops::CHANNELS, name))
-            }
+            Lowering::Ane(_) if ranged => Ok(norms::rms_norm_ranged(
+                b,
+                x,
+                w,
+                eps,
+                ane_ops::CHANNELS,
+                name,
+            )),
+            Lowering::Ane(_) => Ok(norms::rms_norm(b, x, w, eps, ane_ops::CHANNELS, name)),
         }
     }
 
@@ -214,6 +219,10 @@ impl Lowering<'_> {
     /// own; the Neural Engine layout's are the transposed [D, Q] rows.
     pub(super) fn rope_tables<'s>(&'s self, shared: &'s Shared, l: usize) -> (&'s str, &'s str) {
         match (self, &shared.local, shared.sliding[l]) {
+            (Lowering::Ane(cf), _, true) if cf.local.is_some() => {
+                let (cos, sin, _) = cf.local.as_ref().expect("checked");
+                (cos, sin)
+            }
             (Lowering::Ane(cf), _, _) => (&cf.cos, &cf.sin),
             (Lowering::Default, Some((cos, sin, _)), true) => (cos, sin),
             _ => (&shared.cos, &shared.sin),
@@ -263,24 +272,15 @@ impl Lowering<'_> {
                 };
                 attend::attend(b, qs, keys, values, mask, &dims, tag)
             }
-            Lowering::Ane(cf) => ane_ops::per_group(b, cf, qs, keys, values, tag),
+            Lowering::Ane(cf) => {
+                // Gemma's sliding blocks attend within the window (its mask transposed too).
+                let mask = match (&cf.local, shared.sliding[l]) {
+                    (Some((_, _, window)), true) => window,
+                    _ => &cf.mask,
+                };
+                ane_ops::per_group(b, cf, qs, keys, values, mask, tag)
+            }
         }
-    }
-}
-
-/// What the Neural Engine layout does not build; `ane::check` refuses such a model before any
-/// block is lowered, so this is the second line.
-fn not_built(what: &str) -> GraphError {
-    GraphError::Unsupported(format!(
-        "{what} are not built in --layout ane: use --layout default"
-    ))
-}
-
-fn refuse_if(cond: bool, what: &str) -> Result<(), GraphError> {
-    if cond {
-        Err(not_built(what))
-    } else {
-        Ok(())
     }
 }
 

@@ -42,7 +42,7 @@ pub(super) fn residual_norm(
     name: &str,
 ) -> String {
     if ranged {
-        rms_norm_ranged(b, x, w, eps, name)
+        rms_norm_ranged(b, x, w, eps, TOKENS_CHANNELS, name)
     } else {
         rms_norm(b, x, w, eps, TOKENS_CHANNELS, name)
     }
@@ -58,15 +58,29 @@ const RANGED_FLOOR: f64 = 6.103_515_625e-5;
 /// square lies in [0, 1] and their mean in [1/H, 1]; ε is divided by m² too:
 /// x/m / sqrt(mean((x/m)²) + (√ε/m)²) = x / sqrt(mean(x²) + ε), exactly RMSNorm, for any
 /// m > 0: m is floored at √ε/255 as well, so (√ε/m)² stays within fp16 however small a row is
-/// (a DeltaNet's output rows reach 1e-5 against an ε of 4e-3).
-pub(super) fn rms_norm_ranged(b: &mut Builder, x: &str, w: &str, eps: f64, name: &str) -> String {
-    let n = rms_normalize_ranged(b, x, eps, name);
+/// (a DeltaNet's output rows reach 1e-5 against an ε of 4e-3). Over `axis`: the last of
+/// [1, Q, C] and of heads [1, n, Q, D], the channels of the Neural Engine's [1, C, 1, Q].
+pub(super) fn rms_norm_ranged(
+    b: &mut Builder,
+    x: &str,
+    w: &str,
+    eps: f64,
+    axis: i64,
+    name: &str,
+) -> String {
+    let n = rms_normalize_ranged(b, x, eps, axis, name);
     b.op(Op::Mul, name, vec![("x", var(&n)), ("y", var(w))])
 }
 
-/// [`rms_norm_ranged`] without a weight, named `{name}_normed`: over the last axis, so also
-/// per head of [1, n, Q, D] (Gemma 4's q, k and v norms, whose heads range from 1e-3 to 1e3).
-pub(super) fn rms_normalize_ranged(b: &mut Builder, x: &str, eps: f64, name: &str) -> String {
+/// [`rms_norm_ranged`] without a weight, named `{name}_normed`: over `axis`, so also per head
+/// (Gemma 4's q, k and v norms, whose heads range from 1e-3 to 1e3).
+pub(super) fn rms_normalize_ranged(
+    b: &mut Builder,
+    x: &str,
+    eps: f64,
+    axis: i64,
+    name: &str,
+) -> String {
     let floor = RANGED_FLOOR.max(eps.sqrt() / 255.0);
     let a = b.op(Op::Abs, &format!("{name}_abs"), vec![("x", var(x))]);
     let m = b.op(
@@ -74,7 +88,7 @@ pub(super) fn rms_normalize_ranged(b: &mut Builder, x: &str, eps: f64, name: &st
         &format!("{name}_max"),
         vec![
             ("x", var(&a)),
-            ("axes", ints(&[-1])),
+            ("axes", ints(&[axis])),
             ("keep_dims", Arg::Bool(true)),
         ],
     );
@@ -98,7 +112,7 @@ pub(super) fn rms_normalize_ranged(b: &mut Builder, x: &str, eps: f64, name: &st
         &format!("{name}_mean"),
         vec![
             ("x", var(&sq)),
-            ("axes", ints(&[-1])),
+            ("axes", ints(&[axis])),
             ("keep_dims", Arg::Bool(true)),
         ],
     );

@@ -206,7 +206,7 @@ pub(super) fn gated_delta(
         o.chunked(&s0, (&qn, &kn, &vh), (&g_log, &beta), &dims, &delta.chunks)
     };
     let eps = shared.plain_eps * OUT_PRESCALE * OUT_PRESCALE;
-    let normed = rms_norm_ranged(o.b, &core, &norm_w, eps, &format!("{tag}_norm"));
+    let normed = rms_norm_ranged(o.b, &core, &norm_w, eps, -1, &format!("{tag}_norm"));
     let zh = o.reshape("z_heads", &z, &[q, hv, dv]);
     let zs = o.unary(Op::Silu, "z_silu", &zh);
     let gated = o.binary(Op::Mul, "gated", &normed, var(&zs));
