@@ -206,14 +206,21 @@ fn gemma3_fp16_asset_matches_transformers() {
 
 /// The Neural Engine layout (1×1 `conv` projections on [1, C, 1, Q], attention per kv head)
 /// as an asset: Apple's runtime runs it as it runs the default layout, on the fixtures of
-/// architectures that layout builds (Gemma 4's it refuses): partial RoPE, Gemma 3's sliding
-/// blocks and ranged norms, and the hybrids' recurrent blocks, whose cores run on [1, Q, C]
-/// between the convs. Qwen3.5's worst row is
+/// architectures that layout builds: partial RoPE, Gemma 3's sliding blocks and ranged norms,
+/// Gemma 4's per-layer inputs and shared caches, and the hybrids' recurrent blocks, whose
+/// cores run on [1, Q, C] between the convs. Qwen3.5's worst row is
 /// held to the default layout's bound ([`qwen3_5_fp16_asset_matches_transformers`]).
 #[test]
 fn ane_layout_assets_match_transformers() {
     needs!(Python);
-    for arch in ["phi3", "phi3_partial", "smollm3", "lfm2_untied", "gemma3"] {
+    for arch in [
+        "phi3",
+        "phi3_partial",
+        "smollm3",
+        "lfm2_untied",
+        "gemma3",
+        "gemma4",
+    ] {
         fp16_matches_transformers_in(arch, "ane");
     }
     fp16_matches_transformers_within("qwen3_5", "ane", (0.015, MIN_TOP1));

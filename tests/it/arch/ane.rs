@@ -43,6 +43,9 @@ fn hybrids_partial_rope_and_gemma3_convert_in_the_ane_layout() {
         ("gemma3", 0.01),
         ("gemma3_big", 0.01),
         ("gemma3_vl", 0.01),
+        ("gemma4", 0.01),
+        ("gemma4_kv", 0.01),
+        ("gemma4_vl", 0.01),
     ] {
         let want = expected(&fixture(arch));
         let s = want.tokens.len().next_multiple_of(64);
@@ -99,6 +102,7 @@ fn ane_prefill_and_chains_match_one_package() {
         ("lfm2", "1250KB"),
         ("qwen3_5", "1300KB"),
         ("gemma3", "1250KB"),
+        ("gemma4", "1450KB"),
     ] {
         let dir = fixture(arch);
         let want = expected(&dir);

@@ -24,6 +24,7 @@ use super::linear::Weights;
 use super::logits::{self, last_real};
 use super::lower::Lowering;
 use super::norms::{plus_offset, rms_norm, rms_norm_ranged};
+use super::per_layer;
 use super::shared::shared_inputs;
 use super::step::{Dims, Part, StepOptions};
 use crate::arch::{ModelSpec, TensorId};
@@ -52,8 +53,9 @@ pub(super) fn build_part(
     } else {
         b.input(HIDDEN_IN, fl, vec![1, q, spec.hidden_size])
     };
+    let (per_layer_rows, per_layer_in) = per_layer::declare(&mut b, spec, part, q);
     // The io cache only: `--kv-cache state` is refused for this layout (`stateful::check`).
-    let shared =
+    let mut shared =
         (!part.layers.is_empty()).then(|| shared_inputs(&mut b, spec, dims, part, alpha, opts).0);
     let (x, mut head) = if part.embedding {
         let scale = alpha * spec.embedding_scale();
@@ -62,6 +64,14 @@ pub(super) fn build_part(
         (first, None)
     };
     let mut x = channels_first(&mut b, &x, spec.hidden_size, q, "hidden_cf");
+    // Gemma 4's per-layer inputs, [1, Q, L, P] in either layout: computed here from the rows
+    // and the embedded tokens, or given by the chain's first part.
+    if let (Some(sh), Some(rows)) = (&mut shared, &per_layer_rows) {
+        sh.per_layer = per_layer::inputs(&mut b, &mut weights, spec, sh, (rows, &x, true))?;
+    }
+    if let (Some(sh), Some(given)) = (&mut shared, &per_layer_in) {
+        sh.per_layer = Some(per_layer::given(&mut b, spec, sh, given));
+    }
     let Sorted {
         keys: key_rows,
         values: value_rows,
@@ -95,16 +105,16 @@ pub(super) fn build_part(
             true => rms_norm_ranged(&mut b, &x, &nw, eps, CHANNELS, "final_norm"),
             false => rms_norm(&mut b, &x, &nw, eps, CHANNELS, "final_norm"),
         };
-        logits_parts(
-            &mut b,
-            &parts,
-            &contract::logits_widths(spec.vocab_size),
-            &hn,
-            rows,
-        )
+        let widths = contract::logits_widths(spec.vocab_size);
+        let softcap = spec.gemma4.as_ref().and_then(|g| g.final_logit_softcapping);
+        logits_parts(&mut b, &parts, (&widths, softcap), &hn, rows)
     } else {
         let t = tokens_first(&mut b, &x, spec.hidden_size, q, "hidden_out_bqc");
-        vec![b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&t))])]
+        let hidden = b.op(Op::Identity, HIDDEN_OUT, vec![("x", var(&t))]);
+        let handed = shared
+            .as_ref()
+            .and_then(|sh| per_layer::hand_on(&mut b, spec, sh, part));
+        std::iter::once(hidden).chain(handed).collect()
     };
     // A hybrid model's part may hold no attention block, and then no cache.
     if !key_rows.is_empty() {
@@ -118,20 +128,13 @@ pub(super) fn build_part(
     b.finish(outputs)
 }
 
-/// What this layout does not build (yet): refused, never silently computed otherwise.
+/// A part within the model (what this layout does not build, rotated inputs, is refused where
+/// a projection meets one: [`super::ane_ops::project`]).
 fn check(spec: &ModelSpec, part: &Part) -> Result<(), GraphError> {
     if part.layers.end > spec.num_hidden_layers {
         return Err(GraphError::Unsupported(format!(
             "layers {:?} of a {}-layer model",
             part.layers, spec.num_hidden_layers
-        )));
-    }
-    // Gemma 4's per-layer inputs, blocks grouped otherwise than the model and soft-capped
-    // logits are built by the default layout only.
-    if spec.gemma4.is_some() {
-        return Err(GraphError::Unsupported(format!(
-            "{} is not built in --layout ane: use --layout default",
-            spec.architecture
         )));
     }
     Ok(())
@@ -201,11 +204,12 @@ fn conv_head(b: &mut Builder, head: logits::Head) -> Result<Vec<String>, GraphEr
     Ok(head.parts)
 }
 
-/// One conv per logits part, each [1, w, 1, Q] → [1, Q, w], named as the contract's outputs.
+/// One conv per logits part, each [1, w, 1, Q] → [1, Q, w], named as the contract's outputs;
+/// soft-capped as [`logits::logits`] caps them (Gemma 4).
 fn logits_parts(
     b: &mut Builder,
     parts: &[String],
-    widths: &[usize],
+    (widths, softcap): (&[usize], Option<f64>),
     hn: &str,
     q: usize,
 ) -> Vec<String> {
@@ -217,7 +221,13 @@ fn logits_parts(
         .map(|(i, (w, &width))| {
             let name = contract::logits_name(i, n);
             let y = conv(b, hn, w, None, &format!("{name}_cf"));
-            tokens_first(b, &y, width, q, &name)
+            match softcap {
+                None => tokens_first(b, &y, width, q, &name),
+                Some(c) => {
+                    let raw = tokens_first(b, &y, width, q, &format!("{name}_uncapped"));
+                    logits::soft_cap(b, &raw, c, &name)
+                }
+            }
         })
         .collect()
 }

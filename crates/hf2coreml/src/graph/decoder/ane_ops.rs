@@ -14,8 +14,7 @@ use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
 pub(super) const CHANNELS: i64 = 1;
 
 /// The shared values in the channels-first form: RoPE rows [D, Q] and the mask [S+Q, Q].
-pub(super) struct Cf<'a> {
-    shared: &'a Shared,
+pub(super) struct Cf {
     pub(super) cos: String,
     pub(super) sin: String,
     pub(super) mask: String,
@@ -23,8 +22,8 @@ pub(super) struct Cf<'a> {
     pub(super) local: Option<(String, String, String)>,
 }
 
-impl<'a> Cf<'a> {
-    pub(super) fn new(b: &mut Builder, shared: &'a Shared) -> Self {
+impl Cf {
+    pub(super) fn new(b: &mut Builder, shared: &Shared) -> Self {
         let t = |b: &mut Builder, x: &str, name: &str| {
             b.op(
                 Op::Transpose,
@@ -44,7 +43,6 @@ impl<'a> Cf<'a> {
             sin: t(b, &shared.sin, "rope_sin_cf"),
             mask: t(b, &shared.mask, "mask_cf"),
             local,
-            shared,
         }
     }
 }
@@ -216,14 +214,12 @@ pub(super) fn rows(b: &mut Builder, x: &str, name: &str) -> String {
 /// the groups joined and laid out as [1, H·D, 1, Q].
 pub(super) fn per_group(
     b: &mut Builder,
-    cf: &Cf,
     qs: &str,
     keys: &str,
     values: &str,
-    mask: &str,
+    (mask, dims): (&str, &Dims),
     tag: &str,
 ) -> String {
-    let dims = &cf.shared.dims;
     let (g, n) = (dims.h / dims.hkv, dims.s + dims.q);
     let (d, q) = (dims.d as i64, dims.q as i64);
     let slice = |b: &mut Builder, x: &str, from: usize, len: usize, last: [i64; 2], name: &str| {

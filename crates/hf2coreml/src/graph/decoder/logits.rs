@@ -82,15 +82,20 @@ pub(super) fn logits(b: &mut Builder, head: &Head, hn: &str, softcap: Option<f64
                 return b.op(Op::Linear, &name, args);
             };
             let raw = b.op(Op::Linear, &format!("{name}_uncapped"), args);
-            let t = b.op(
-                Op::Mul,
-                &format!("{name}_over_cap"),
-                vec![("x", var(&raw)), ("y", Arg::Float(1.0 / c))],
-            );
-            let t = b.op(Op::Tanh, &format!("{name}_tanh"), vec![("x", var(&t))]);
-            b.op(Op::Mul, &name, vec![("x", var(&t)), ("y", Arg::Float(c))])
+            soft_cap(b, &raw, c, &name)
         })
         .collect()
+}
+
+/// c·tanh(x / c), named `name`: Gemma 4's `final_logit_softcapping` of the logits `x`.
+pub(super) fn soft_cap(b: &mut Builder, x: &str, c: f64, name: &str) -> String {
+    let t = b.op(
+        Op::Mul,
+        &format!("{name}_over_cap"),
+        vec![("x", var(x)), ("y", Arg::Float(1.0 / c))],
+    );
+    let t = b.op(Op::Tanh, &format!("{name}_tanh"), vec![("x", var(&t))]);
+    b.op(Op::Mul, name, vec![("x", var(&t)), ("y", Arg::Float(c))])
 }
 
 /// The rows of `input_ids` [1, Q] from the table's parts: one `gather` when the table is one

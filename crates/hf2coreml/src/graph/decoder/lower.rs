@@ -16,15 +16,15 @@ use crate::arch::TensorId;
 use crate::graph::{ints, var, Arg, Builder, GraphError, Op};
 
 /// The layout a block is lowered to.
-pub(super) enum Lowering<'a> {
+pub(super) enum Lowering {
     /// Tokens first: [1, Q, C], heads [1, n, Q, D].
     Default,
     /// Channels first: [1, C, 1, Q], heads [1, n, D, Q], with the shared tables and mask
     /// transposed once for the whole step.
-    Ane(Cf<'a>),
+    Ane(Cf),
 }
 
-impl Lowering<'_> {
+impl Lowering {
     /// A norm's weight as it multiplies (with the (1 + w) offset of Gemma and Qwen3.5; a
     /// [C, 1, 1] constant in the Neural Engine layout).
     pub(super) fn norm_weight(
@@ -278,7 +278,8 @@ impl Lowering<'_> {
                     (Some((_, _, window)), true) => window,
                     _ => &cf.mask,
                 };
-                ane_ops::per_group(b, cf, qs, keys, values, mask, tag)
+                let dims = shared.dims_of(l);
+                ane_ops::per_group(b, qs, keys, values, (mask, &dims), tag)
             }
         }
     }

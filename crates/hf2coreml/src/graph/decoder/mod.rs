@@ -287,7 +287,8 @@ pub fn build_part(
         (first.clone(), None)
     };
     if let (Some(shared), Some(rows)) = (&mut shared, &per_layer_rows) {
-        shared.per_layer = per_layer::inputs(&mut b, &mut weights, spec, shared, (rows, &x))?;
+        shared.per_layer =
+            per_layer::inputs(&mut b, &mut weights, spec, shared, (rows, &x, false))?;
     }
     if let (Some(shared), Some(given)) = (&mut shared, &per_layer_in) {
         shared.per_layer = Some(per_layer::given(&mut b, spec, shared, given));

@@ -2,6 +2,7 @@
 //! the tokens and their embedding, [1, Q, L, P], and added by every block through a sub-block of
 //! its own after the MLP.
 
+use super::ane_ops;
 use super::linear::{Projections, Weights};
 use super::lower::{out_norm, Lowering};
 use super::mlp::gelu_tanh;
@@ -19,13 +20,15 @@ use crate::mil::contract;
 /// table beside the package); `None` for a model without them.
 ///
 /// `embedded` carries α and lacks the reference's 1/√H: RMSNorm is scale-free but for ε, so
-/// the norm takes ε·α²·H instead of scaling the projection.
+/// the norm takes ε·α²·H instead of scaling the projection. `embedded` is in the layout's
+/// hidden form: [1, Q, C], or the Neural Engine's [1, C, 1, Q] with `channels_first`, where
+/// the projection is a 1×1 conv whose output is turned back to [1, Q, L·P].
 pub(super) fn inputs(
     b: &mut Builder,
     weights: &mut Weights,
     spec: &ModelSpec,
     shared: &Shared,
-    (rows, embedded): (&str, &str),
+    (rows, embedded, channels_first): (&str, &str, bool),
 ) -> Result<Option<String>, GraphError> {
     let Some(g) = spec.gemma4.as_ref().filter(|g| g.per_layer_input > 0) else {
         return Ok(None);
@@ -43,8 +46,13 @@ pub(super) fn inputs(
         vec![("x", var(&rows)), ("shape", ints(&[1, q, layers, p]))],
     );
     let w = weights.linear(b, TensorId::PerLayerModelProjection, 1.0)?;
-    let projected =
-        Projections::new(shared.dims.q).apply(b, w, None, embedded, "per_layer_projected");
+    let projected = if channels_first {
+        let y = ane_ops::project(b, w, None, embedded, "per_layer_projected_cf")?;
+        let width = (layers * p) as usize;
+        ane_ops::tokens_first(b, &y, width, shared.dims.q, "per_layer_projected")
+    } else {
+        Projections::new(shared.dims.q).apply(b, w, None, embedded, "per_layer_projected")
+    };
     let projected = b.op(
         Op::Reshape,
         "per_layer_projected_blocks",
@@ -157,6 +165,7 @@ pub(super) fn block(
         &format!("{tag}_input_rows"),
         vec![("x", var(&input)), ("shape", ints(&[1, q, p]))],
     );
+    let input = lower.hidden(b, &input, p as usize, q as usize, &format!("{tag}_input_h"));
     let gated = b.op(
         Op::Mul,
         &format!("{tag}_gated"),
