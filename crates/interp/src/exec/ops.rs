@@ -1164,6 +1164,16 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
     let mut out = vec![0f32; nb * m * n];
     let work = |b: usize, ob: &mut [f32]| {
         let xb = &xv[bx[b] * m * k..(bx[b] + 1) * m * k];
+        let yb = by[b] * k * n..(by[b] + 1) * k * n;
+        if n == 1 && !ty {
+            // One column of y (the Neural Engine layout's decode step: scores of the cached
+            // keys against a query, then the values against the probabilities).
+            let col: Vec<f32> = match &yv {
+                Rhs::F(yv) => yv[yb].to_vec(),
+                Rhs::Half(h) => super::bulk::widened(&h[yb]),
+            };
+            return column_product(xb, &col, (m, k), tx, ob);
+        }
         let xt;
         let xb: &[f32] = if tx {
             xt = transpose2(xb, k, m);
@@ -1171,7 +1181,6 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         } else {
             xb
         };
-        let yb = by[b] * k * n..(by[b] + 1) * k * n;
         match &yv {
             Rhs::F(yv) => product(xb, &yv[yb], (m, k, n), ty, ob),
             Rhs::Half(h) => product_half(xb, &h[yb], (m, k, n), ty, ob),
@@ -1234,6 +1243,28 @@ fn product(xb: &[f32], yb: &[f32], (m, k, n): (usize, usize, usize), ty: bool, o
         // all m rows (at most AXPY_MAX_ROWS, or one column).
         for kk in 0..k {
             axpy_rows(xb, (m, k, kk), &yb[kk * n..(kk + 1) * n], ob);
+        }
+    }
+}
+
+/// x [m, k] (with `tx`, the stored x is [k, m]) times the column `y` [k] into `ob` [m]: each
+/// output sums x[i, kk]·y[kk] in kk order, a multiply then an add, as [`product`]'s row-by-row
+/// form does, so the same bits; but x is read in its stored order, row by row, never
+/// transposed nor walked down a column.
+fn column_product(xb: &[f32], y: &[f32], (m, k): (usize, usize), tx: bool, ob: &mut [f32]) {
+    if tx {
+        for (kk, &a) in y.iter().enumerate() {
+            for (o, &v) in ob.iter_mut().zip(&xb[kk * m..(kk + 1) * m]) {
+                *o += v * a;
+            }
+        }
+    } else {
+        for (o, row) in ob.iter_mut().zip(xb.chunks_exact(k.max(1))) {
+            let mut s = 0f32;
+            for (&v, &a) in row.iter().zip(y) {
+                s += v * a;
+            }
+            *o = s;
         }
     }
 }
