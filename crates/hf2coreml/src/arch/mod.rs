@@ -699,6 +699,13 @@ pub fn unread_tensor(spec: &ModelSpec, name: &str) -> bool {
             .any(|t| t.suffix() == suffix)
 }
 
+/// Gemma 4's per-layer table's slot (role `per_layer_embedding`), when the model has one.
+pub fn per_layer_slot(spec: &ModelSpec) -> Option<TensorSlot> {
+    expected_tensors(spec)
+        .into_iter()
+        .find(|s| s.role == Role::PerLayerEmbedding)
+}
+
 /// Every tensor the checkpoint must hold, in model order (see [`tensor_ids`]).
 pub fn expected_tensors(spec: &ModelSpec) -> Vec<TensorSlot> {
     tensor_ids(spec).into_iter().map(|t| t.slot(spec)).collect()

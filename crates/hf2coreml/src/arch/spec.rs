@@ -409,13 +409,6 @@ impl ModelSpec {
         })
     }
 
-    /// The per-layer table's slot (role `per_layer_embedding`), when the model has one.
-    pub fn per_layer_slot(&self) -> Option<super::TensorSlot> {
-        super::expected_tensors(self)
-            .into_iter()
-            .find(|s| s.role == super::Role::PerLayerEmbedding)
-    }
-
     /// Block `l`'s MLP width (Gemma 4's KV-sharing blocks may be twice as wide).
     pub fn intermediate(&self, l: usize) -> usize {
         match &self.gemma4 {

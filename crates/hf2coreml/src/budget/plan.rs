@@ -146,9 +146,7 @@ pub fn suggest(
         let recipe = file.recipe;
         let weights = input.weights_bytes(&recipe);
         // A built-in recipe stores the per-layer table as the file holds it.
-        let bits = input
-            .spec
-            .per_layer_slot()
+        let bits = crate::arch::per_layer_slot(&input.spec)
             .and_then(|slot| recipe.per_layer_bits(&slot).ok().flatten());
         let b = compute(&input.spec, weights, (max_seq_len, query_len), bits, limit);
         let units = super::split::ModelBytes::measure(&input.spec, &input.slots, per_part, |s| {

@@ -137,7 +137,7 @@ fn check_recipe(spec: &ModelSpec, recipe: &Recipe) -> Result<(), ConvertError> {
 /// per-layer table"): `None` for fp16 rows, or the bits of its LUT indices (one LUT per
 /// block's columns, fitted to the table's values). A grouped palettization is refused.
 pub fn per_layer_bits(spec: &ModelSpec, recipe: &Recipe) -> Result<Option<u8>, ConvertError> {
-    let Some(slot) = spec.per_layer_slot() else {
+    let Some(slot) = crate::arch::per_layer_slot(spec) else {
         return Ok(None);
     };
     recipe.per_layer_bits(&slot).map_err(|other| {
