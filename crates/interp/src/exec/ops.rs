@@ -1162,17 +1162,41 @@ pub fn matmul(args: &Args) -> OpResult<Tensor> {
         _ => Rhs::F(y.as_f32()),
     };
     let mut out = vec![0f32; nb * m * n];
+    let column = |b: usize| -> Vec<f32> {
+        let yb = by[b] * k..(by[b] + 1) * k;
+        match &yv {
+            Rhs::F(yv) => yv[yb].to_vec(),
+            Rhs::Half(h) => super::bulk::widened(&h[yb]),
+        }
+    };
+    if n == 1 && !ty && nb > 1 && bx.iter().all(|&i| i == bx[0]) {
+        // One x for every batch, each with its own column (the Neural Engine layout's decode
+        // attention: a group's query heads against the same cached keys and values): x is
+        // read once for all of them.
+        let xb = &xv[bx[0] * m * k..(bx[0] + 1) * m * k];
+        let cols: Vec<Vec<f32>> = (0..nb).map(column).collect();
+        let t = shared_x_columns(xb, &cols, (m, k), tx);
+        for (i, row) in t.chunks_exact(nb).enumerate() {
+            for (b, &v) in row.iter().enumerate() {
+                out[b * m + i] = v;
+            }
+        }
+        let mut shape = batch;
+        if !x1 {
+            shape.push(m);
+        }
+        if !y1 {
+            shape.push(1);
+        }
+        return Ok(Tensor::new(DType::F32, shape, Data::F(out)));
+    }
     let work = |b: usize, ob: &mut [f32]| {
         let xb = &xv[bx[b] * m * k..(bx[b] + 1) * m * k];
         let yb = by[b] * k * n..(by[b] + 1) * k * n;
         if n == 1 && !ty {
             // One column of y (the Neural Engine layout's decode step: scores of the cached
             // keys against a query, then the values against the probabilities).
-            let col: Vec<f32> = match &yv {
-                Rhs::F(yv) => yv[yb].to_vec(),
-                Rhs::Half(h) => super::bulk::widened(&h[yb]),
-            };
-            return column_product(xb, &col, (m, k), tx, ob);
+            return column_product(xb, &column(b), (m, k), tx, ob);
         }
         let xt;
         let xb: &[f32] = if tx {
@@ -1267,6 +1291,44 @@ fn column_product(xb: &[f32], y: &[f32], (m, k): (usize, usize), tx: bool, ob: &
             *o = s;
         }
     }
+}
+
+/// [`column_product`] of one x by several columns, x read once: [m, columns], row i holding
+/// every column's output i, each the same sum in the same order as [`column_product`]'s. The
+/// rows are shared among the cores, and the columns' sums run side by side (independent
+/// chains, each in its own order).
+fn shared_x_columns(xb: &[f32], cols: &[Vec<f32>], (m, k): (usize, usize), tx: bool) -> Vec<f32> {
+    const ROWS: usize = 64;
+    let nc = cols.len();
+    let mut t = vec![0f32; m * nc];
+    // The columns interleaved, [k, columns]: element kk of every column side by side.
+    let ct: Vec<f32> = (0..k)
+        .flat_map(|kk| cols.iter().map(move |c| c[kk]))
+        .collect();
+    t.par_chunks_mut(ROWS * nc).enumerate().for_each(|(c, tc)| {
+        let (first, len) = (c * ROWS, tc.len() / nc);
+        if tx {
+            // x stored [k, m]: output i sums x[kk, i]·col[kk] over kk.
+            for (kk, cs) in ct.chunks_exact(nc).enumerate() {
+                let xr = &xb[kk * m + first..kk * m + first + len];
+                for (o, &v) in tc.chunks_exact_mut(nc).zip(xr) {
+                    for (ob, &a) in o.iter_mut().zip(cs) {
+                        *ob += v * a;
+                    }
+                }
+            }
+        } else {
+            for (r, o) in tc.chunks_exact_mut(nc).enumerate() {
+                let xr = &xb[(first + r) * k..(first + r + 1) * k];
+                for (&v, cs) in xr.iter().zip(ct.chunks_exact(nc)) {
+                    for (ob, &a) in o.iter_mut().zip(cs) {
+                        *ob += v * a;
+                    }
+                }
+            }
+        }
+    });
+    t
 }
 
 /// `ob[i, ..] += x[i, kk] · yrow` for every row i of x (a multiply then an add, unfused).
@@ -1636,6 +1698,46 @@ mod tests {
                 assert_eq!(got.shape, vec![b, m, n]);
                 assert_eq!(got.as_f32().into_owned(), want, "m={m} tx={tx} ty={ty}");
             }
+        }
+    }
+
+    /// One x [1, 1, m, k] (or [1, 1, k, m] transposed) against a column per batch [1, G, k, 1],
+    /// read once for all of them (the Neural Engine layout's decode attention), gives the bits
+    /// of the same x repeated for each batch, with rows past one parallel chunk.
+    #[test]
+    fn a_shared_x_by_one_column_per_batch_is_each_batch_s_product() {
+        let (g, m, k) = (3, 150, 37);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7) % 23) as f32 * 0.37 - 4.0)
+            .collect();
+        let y: Vec<f32> = (0..g * k)
+            .map(|i| ((i * 5) % 13) as f32 * 0.11 - 0.6)
+            .collect();
+        let flag = |v: bool| Tensor::new(DType::Bool, vec![], Data::B(vec![v]));
+        let yt = Tensor::f32(vec![1, g, k, 1], y);
+        for tx in [false, true] {
+            let (rows, cols) = if tx { (k, m) } else { (m, k) };
+            let stored = if tx { transpose2(&x, m, k) } else { x.clone() };
+            let run = |xt: &Tensor| {
+                let fx = flag(tx);
+                let args = Args {
+                    map: HashMap::from([
+                        ("x", vec![xt]),
+                        ("y", vec![&yt]),
+                        ("transpose_x", vec![&fx]),
+                    ]),
+                    outputs: &[],
+                };
+                matmul(&args).unwrap()
+            };
+            let shared = run(&Tensor::f32(vec![1, 1, rows, cols], stored.clone()));
+            let repeated = stored.repeat(g);
+            let each = run(&Tensor::f32(vec![1, g, rows, cols], repeated));
+            assert_eq!(shared.shape, vec![1, g, m, 1]);
+            assert_eq!(shared.shape, each.shape);
+            let bits =
+                |t: &Tensor| -> Vec<u32> { t.as_f32().iter().map(|v| v.to_bits()).collect() };
+            assert_eq!(bits(&shared), bits(&each), "tx={tx}");
         }
     }
 
