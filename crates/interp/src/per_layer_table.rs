@@ -190,5 +190,22 @@ mod tests {
             .map(|v| v.to_f32())
             .collect();
         assert_eq!(got, [2.0, 3.0, 14.0, 15.0, 0.0, 1.0, 12.0, 13.0]);
+
+        // Foreign contracts: bits outside 1 to 8 are no dtype, and sizes past any file are
+        // refused against the file's length before anything is mapped or allocated.
+        for dtype in ["lut0", "lut9", "lut", "lut-4"] {
+            let bad = PerLayerTable {
+                dtype: dtype.into(),
+                ..t4.clone()
+            };
+            assert!(open(&bad).unwrap_err().to_string().contains("dtype"), "{dtype}");
+        }
+        let huge = PerLayerTable {
+            layers: usize::MAX / 2,
+            rows: usize::MAX,
+            ..t4
+        };
+        let err = open(&huge).unwrap_err().to_string();
+        assert!(err.contains("70 bytes"), "{err}");
     }
 }
