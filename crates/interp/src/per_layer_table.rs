@@ -198,7 +198,10 @@ mod tests {
                 dtype: dtype.into(),
                 ..t4.clone()
             };
-            assert!(open(&bad).unwrap_err().to_string().contains("dtype"), "{dtype}");
+            assert!(
+                open(&bad).unwrap_err().to_string().contains("dtype"),
+                "{dtype}"
+            );
         }
         let huge = PerLayerTable {
             layers: usize::MAX / 2,
