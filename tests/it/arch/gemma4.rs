@@ -207,22 +207,27 @@ fn gemma4_is_inspected_and_its_refusals_named() {
         "{budget}"
     );
     let out = tempfile::tempdir().unwrap();
-    let o = Cli::new()
-        .arg("convert")
-        .arg(&dir)
-        .arg("-o")
-        .arg(out.path().join("g.mlpackage"))
-        .args(["--keep-fp16", "*", "--max-seq-len", "64"])
-        .args(["--target-bpw", "5"])
-        .python()
-        .output();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("`target_bpw (--target-bpw)` does not carry"),
-        "{err}"
+    // Refused with exit 2 naming `needles`, nothing written.
+    let refused = |args: &[&std::ffi::OsStr], needles: &[&str]| {
+        let o = Cli::new()
+            .arg("convert")
+            .arg(&dir)
+            .arg("-o")
+            .arg(out.path().join("g.mlpackage"))
+            .args(["--max-seq-len", "64"])
+            .args(args)
+            .python()
+            .output();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(needles.iter().all(|n| err.contains(n)), "{err}");
+        assert!(!out.path().join("g.mlpackage").exists());
+    };
+    let os = |a: &'static str| std::ffi::OsStr::new(a);
+    refused(
+        &[os("--keep-fp16"), os("*"), os("--target-bpw"), os("5")],
+        &["`target_bpw (--target-bpw)` does not carry"],
     );
-    assert!(!out.path().join("g.mlpackage").exists());
     // The per-layer table has one LUT per block: one per group of rows is refused.
     let recipe = out.path().join("table.toml");
     std::fs::write(
@@ -231,21 +236,9 @@ fn gemma4_is_inspected_and_its_refusals_named() {
          { nbits = 4, granularity = \"per_grouped_channel\", group_size = 16 } }\n",
     )
     .unwrap();
-    let o = Cli::new()
-        .arg("convert")
-        .arg(&dir)
-        .arg("-o")
-        .arg(out.path().join("g.mlpackage"))
-        .arg("--recipe")
-        .arg(&recipe)
-        .args(["--max-seq-len", "64"])
-        .python()
-        .output();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("role `per_layer_embedding`") && err.contains("lut4/g16"),
-        "{err}"
+    refused(
+        &[os("--recipe"), recipe.as_os_str()],
+        &["role `per_layer_embedding`", "lut4/g16"],
     );
 }
 
